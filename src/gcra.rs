@@ -1,0 +1,616 @@
+//! The Generic Cell Rate Algorithm, in exact integer nanoseconds.
+//!
+//! A [`Limit`] holds `burst` tokens and refills `count` tokens per `period`. GCRA keeps no
+//! token count: a bucket's whole state is its **TAT** (theoretical arrival time), the Unix
+//! time at which the bucket would be full again. Two durations derive from the limit:
+//!
+//! - the **emission interval** `ei = period / count` (truncating), the time one token takes
+//!   to come back, and
+//! - the **burst offset** (tolerance, τ) `bo = ei * burst`, how far past `now` the TAT may
+//!   lie before a request is denied.
+//!
+//! A spend of `cost` tokens moves the TAT forward by `ei * cost`, starting from `now` when
+//! the TAT is in the past: a missing bucket and one whose TAT has passed are the same full
+//! bucket, so expired buckets can be dropped without losing anything.
+//!
+//! Everything here is pure: functions take the previous TAT and `now` and return a
+//! [`Decision`] plus the TAT to store. The stores do the read-decide-write atomically.
+//! No floats: every division truncates toward zero, as Rust's `/` on `i64` does.
+
+use crate::clock::Nanos;
+
+/// Why a limit cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    #[error("count must be at least 1")]
+    ZeroCount,
+    #[error("period must be positive")]
+    NonPositivePeriod,
+    #[error("{field} {value} is too large (at most {max})", max = i64::MAX)]
+    TooLarge { field: &'static str, value: u64 },
+    #[error(
+        "count {count} per period {period}ns gives an emission interval of 0ns: \
+         at most one token per nanosecond"
+    )]
+    ZeroEmissionInterval { count: u64, period: Nanos },
+    #[error("burst {burst} times the emission interval {ei}ns overflows 64-bit nanoseconds")]
+    Overflow { burst: u64, ei: Nanos },
+}
+
+/// A validated limit: `burst` capacity, `count` tokens per `period`.
+///
+/// ```
+/// use cellrate::gcra::Limit;
+/// let limit = Limit::new(20, 20, 1_000_000_000).unwrap();
+/// assert_eq!(limit.emission_interval(), 50_000_000); // 50ms
+/// assert_eq!(limit.burst_offset(), 1_000_000_000); // 1s
+/// assert!(Limit::new(1, 2_000_000_000, 1_000_000_000).is_err()); // ei would be 0
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    burst: i64,
+    count: i64,
+    period: Nanos,
+    ei: Nanos,
+    bo: Nanos,
+}
+
+impl Limit {
+    /// Builds a limit, rejecting zero values, an emission interval of 0 and overflow.
+    pub fn new(burst: u64, count: u64, period: Nanos) -> Result<Limit, LimitError> {
+        if burst == 0 {
+            return Err(LimitError::ZeroBurst);
+        }
+        if count == 0 {
+            return Err(LimitError::ZeroCount);
+        }
+        if period <= 0 {
+            return Err(LimitError::NonPositivePeriod);
+        }
+        let burst_i = i64::try_from(burst).map_err(|_| LimitError::TooLarge {
+            field: "burst",
+            value: burst,
+        })?;
+        let count_i = i64::try_from(count).map_err(|_| LimitError::TooLarge {
+            field: "count",
+            value: count,
+        })?;
+        let ei = period / count_i;
+        if ei == 0 {
+            return Err(LimitError::ZeroEmissionInterval { count, period });
+        }
+        let bo = ei
+            .checked_mul(burst_i)
+            .ok_or(LimitError::Overflow { burst, ei })?;
+        Ok(Limit {
+            burst: burst_i,
+            count: count_i,
+            period,
+            ei,
+            bo,
+        })
+    }
+
+    /// Bucket capacity in tokens.
+    pub fn burst(&self) -> u64 {
+        self.burst as u64
+    }
+
+    /// Tokens added per `period`.
+    pub fn count(&self) -> u64 {
+        self.count as u64
+    }
+
+    /// The refill period in nanoseconds.
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+
+    /// `period / count`: the time one token takes to come back.
+    pub fn emission_interval(&self) -> Nanos {
+        self.ei
+    }
+
+    /// `emission_interval * burst`: how far past now a TAT may lie (the tolerance τ).
+    pub fn burst_offset(&self) -> Nanos {
+        self.bo
+    }
+
+    /// `ei * cost`, saturating: a cost above `burst` can never pass anyway.
+    fn increment(&self, cost: u64) -> Nanos {
+        self.ei
+            .saturating_mul(i64::try_from(cost).unwrap_or(i64::MAX))
+    }
+
+    /// Tokens in the bucket at `now` when its TAT is `t` (rounded down).
+    fn balance(&self, now: Nanos, t: Nanos) -> i64 {
+        now.saturating_sub(t.saturating_sub(self.bo)) / self.ei
+    }
+}
+
+/// The answer for one bucket (or the overall answer of a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the cost was (or, in a denied batch, would have been) admitted.
+    pub allowed: bool,
+    /// Tokens in the bucket after the call, rounded down; negative when the TAT lies
+    /// beyond `now + bo` (after a limit was lowered).
+    pub remaining: i64,
+    /// Denied: time until `cost` tokens exist. Allowed: time before an identical request
+    /// would be allowed (0 when it would be now).
+    pub retry_in: Nanos,
+    /// Time until the bucket is full.
+    pub reset_in: Nanos,
+}
+
+impl Decision {
+    /// Whether `self` is stricter than `other`: denied beats allowed, then the longer
+    /// `retry_in`, then the smaller `remaining`. Equal decisions are not stricter.
+    ///
+    /// ```
+    /// use cellrate::gcra::Decision;
+    /// let ok = Decision { allowed: true, remaining: 0, retry_in: 5, reset_in: 9 };
+    /// let no = Decision { allowed: false, remaining: 3, retry_in: 1, reset_in: 2 };
+    /// assert!(no.is_stricter_than(&ok));
+    /// assert!(!ok.is_stricter_than(&no));
+    /// ```
+    pub fn is_stricter_than(&self, other: &Decision) -> bool {
+        let key = |d: &Decision| (!d.allowed, d.retry_in, -(d.remaining as i128));
+        key(self) > key(other)
+    }
+}
+
+/// Spends `cost` tokens at `now` from a bucket whose TAT is `tat` (`None`: no bucket).
+///
+/// Returns the decision and the TAT to store: `Some` only when the spend was allowed and
+/// `cost > 0`; a denial or a peek (`cost == 0`) changes nothing. A `cost` above the
+/// limit's burst is always denied (callers reject it as an error before getting here).
+///
+/// ```
+/// use cellrate::gcra::{spend, Limit};
+/// let limit = Limit::new(20, 20, 1_000_000_000).unwrap();
+/// let (d, tat) = spend(&limit, 0, None, 1);
+/// assert!(d.allowed);
+/// assert_eq!((d.remaining, d.retry_in, tat), (19, 0, Some(50_000_000)));
+/// ```
+pub fn spend(
+    limit: &Limit,
+    now: Nanos,
+    tat: Option<Nanos>,
+    cost: u64,
+) -> (Decision, Option<Nanos>) {
+    let t = tat.map_or(now, |tat| tat.max(now));
+    let inc = limit.increment(cost);
+    let new_tat = t.saturating_add(inc);
+    let diff = now.saturating_sub(new_tat.saturating_sub(limit.bo));
+    if diff < 0 {
+        let decision = Decision {
+            allowed: false,
+            remaining: limit.balance(now, t),
+            retry_in: diff.saturating_neg(),
+            reset_in: t - now,
+        };
+        return (decision, None);
+    }
+    let decision = Decision {
+        allowed: true,
+        remaining: diff / limit.ei,
+        retry_in: if diff < inc { inc - diff } else { 0 },
+        reset_in: new_tat - now,
+    };
+    (decision, (cost > 0).then_some(new_tat))
+}
+
+/// Gives `cost` tokens back at `now` to a bucket whose TAT is `tat`.
+///
+/// Never fuller than full and never creates a bucket: a missing or full bucket stays as
+/// it is and reports `allowed = false`. Otherwise `allowed` says whether the TAT moved.
+/// Returns the decision and the TAT to store (`Some` only when it changed).
+///
+/// ```
+/// use cellrate::gcra::{refund, spend, Limit};
+/// let limit = Limit::new(10, 10, 1_000_000_000).unwrap();
+/// let (_, tat) = spend(&limit, 0, None, 3);
+/// let (d, tat) = refund(&limit, 0, tat, 5); // clamped at full
+/// assert!(d.allowed);
+/// assert_eq!((d.remaining, tat), (10, Some(0)));
+/// ```
+pub fn refund(
+    limit: &Limit,
+    now: Nanos,
+    tat: Option<Nanos>,
+    cost: u64,
+) -> (Decision, Option<Nanos>) {
+    let full = Decision {
+        allowed: false,
+        remaining: limit.burst,
+        retry_in: 0,
+        reset_in: 0,
+    };
+    let Some(tat) = tat.filter(|&tat| tat >= now) else {
+        return (full, None);
+    };
+    let new_tat = tat.saturating_sub(limit.increment(cost)).max(now);
+    let decision = Decision {
+        allowed: new_tat != tat,
+        remaining: limit.balance(now, new_tat),
+        retry_in: 0,
+        reset_in: new_tat - now,
+    };
+    (decision, decision.allowed.then_some(new_tat))
+}
+
+/// How an item takes part in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Decide, and spend when the whole batch is allowed.
+    #[default]
+    CheckAndSpend,
+    /// Decide and count toward the batch, never spend.
+    CheckOnly,
+    /// Left out of the batch's decision; spent only when this bucket has the tokens and
+    /// the batch is allowed.
+    SpendOnly,
+}
+
+impl Mode {
+    /// Whether the item's decision counts toward the batch's.
+    pub fn counts(self) -> bool {
+        !matches!(self, Mode::SpendOnly)
+    }
+}
+
+/// One item of a batch, as the pure decision sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem<'a> {
+    pub limit: &'a Limit,
+    pub cost: u64,
+    pub mode: Mode,
+}
+
+/// What a batch decided: per-item decisions and the TATs to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Whether every counting item was allowed (so the spends were written).
+    pub allowed: bool,
+    /// One decision per item, in order, describing each bucket after the call.
+    pub decisions: Vec<Decision>,
+    /// One entry per item: the TAT to store, or `None` to leave the bucket as it is.
+    pub writes: Vec<Option<Nanos>>,
+}
+
+/// Decides a batch all-or-nothing at `now`, given each item's current TAT.
+///
+/// Every item is decided against the current state. The spends are written only if every
+/// counting item (not [`Mode::SpendOnly`]) is allowed; a spend-only item is written only if
+/// it is allowed itself. An item that was allowed but not written (check-only, or in a
+/// denied batch) reports `allowed = true` with its bucket as it is now (a peek), since
+/// nothing was spent. Items must name distinct buckets.
+///
+/// ```
+/// use cellrate::gcra::{spend_batch, BatchItem, Limit, Mode};
+/// let ample = Limit::new(10, 10, 1_000_000_000).unwrap();
+/// let tight = Limit::new(1, 1, 1_000_000_000).unwrap();
+/// let items = [
+///     BatchItem { limit: &ample, cost: 1, mode: Mode::CheckAndSpend },
+///     BatchItem { limit: &tight, cost: 1, mode: Mode::CheckAndSpend },
+/// ];
+/// // The tight bucket is empty (TAT one second ahead): nothing is spent anywhere.
+/// let out = spend_batch(0, &items, &[None, Some(1_000_000_000)]);
+/// assert!(!out.allowed);
+/// assert_eq!(out.writes, vec![None, None]);
+/// assert_eq!(out.decisions[0].remaining, 10);
+/// ```
+pub fn spend_batch(now: Nanos, items: &[BatchItem<'_>], tats: &[Option<Nanos>]) -> BatchOutcome {
+    debug_assert_eq!(items.len(), tats.len());
+    let mut decisions = Vec::with_capacity(items.len());
+    let mut writes = Vec::with_capacity(items.len());
+    let mut allowed = true;
+    for (item, &tat) in items.iter().zip(tats) {
+        let (decision, write) = spend(item.limit, now, tat, item.cost);
+        allowed &= decision.allowed || !item.mode.counts();
+        decisions.push(decision);
+        writes.push(write);
+    }
+    for ((item, &tat), (decision, write)) in items
+        .iter()
+        .zip(tats)
+        .zip(decisions.iter_mut().zip(writes.iter_mut()))
+    {
+        let applied = allowed && item.mode != Mode::CheckOnly && write.is_some();
+        if !applied && write.is_some() {
+            // Allowed but not spent: report the bucket as it stands.
+            *decision = spend(item.limit, now, tat, 0).0;
+            *write = None;
+        }
+    }
+    BatchOutcome {
+        allowed,
+        decisions,
+        writes,
+    }
+}
+
+/// The overall decision of a batch: the strictest of `decisions`, or `None` if empty.
+pub fn strictest<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Option<Decision> {
+    decisions.into_iter().fold(None, |acc, d| match acc {
+        Some(best) if !d.is_stricter_than(&best) => Some(best),
+        _ => Some(*d),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SECOND;
+
+    const MS: Nanos = 1_000_000;
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn seed_limit() -> Limit {
+        Limit::new(20, 20, SECOND).unwrap()
+    }
+
+    #[test]
+    fn limit_rejects_zero_values_zero_interval_and_overflow() {
+        assert_eq!(Limit::new(0, 1, 1), Err(LimitError::ZeroBurst));
+        assert_eq!(Limit::new(1, 0, 1), Err(LimitError::ZeroCount));
+        assert_eq!(Limit::new(1, 1, 0), Err(LimitError::NonPositivePeriod));
+        assert_eq!(Limit::new(1, 1, -5), Err(LimitError::NonPositivePeriod));
+        assert_eq!(
+            Limit::new(1, 3, 2),
+            Err(LimitError::ZeroEmissionInterval {
+                count: 3,
+                period: 2
+            })
+        );
+        assert!(matches!(
+            Limit::new(u64::MAX, 1, 1),
+            Err(LimitError::TooLarge { field: "burst", .. })
+        ));
+        assert!(matches!(
+            Limit::new(1, u64::MAX, 1),
+            Err(LimitError::TooLarge { field: "count", .. })
+        ));
+        assert_eq!(
+            Limit::new(3, 1, i64::MAX / 2),
+            Err(LimitError::Overflow {
+                burst: 3,
+                ei: i64::MAX / 2
+            })
+        );
+        // count == period in ns is the finest limit there is: ei = 1ns.
+        assert_eq!(Limit::new(1, 1000, 1000).unwrap().emission_interval(), 1);
+    }
+
+    #[test]
+    fn emission_interval_truncates() {
+        let limit = Limit::new(3, 3, 10).unwrap();
+        assert_eq!((limit.emission_interval(), limit.burst_offset()), (3, 9));
+    }
+
+    #[test]
+    fn seed_000_walkthrough_with_design_correction() {
+        let limit = seed_limit();
+        let mut tat = None;
+        for i in 1..=20 {
+            let (d, w) = spend(&limit, T0, tat, 1);
+            assert!(d.allowed, "request {i}");
+            assert_eq!(d.remaining, 20 - i);
+            tat = w;
+        }
+        assert_eq!(tat, Some(T0 + SECOND));
+        let (d, w) = spend(&limit, T0, tat, 1);
+        assert!(!d.allowed);
+        assert_eq!(
+            (d.remaining, d.retry_in, d.reset_in, w),
+            (0, 50 * MS, SECOND, None)
+        );
+        // One nanosecond early is still too early.
+        assert!(!spend(&limit, T0 + 50 * MS - 1, tat, 1).0.allowed);
+        let (d, w) = spend(&limit, T0 + 50 * MS, tat, 1);
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.retry_in), (0, 50 * MS));
+        assert_eq!(w, Some(T0 + SECOND + 50 * MS));
+        // Weeks of idling: the TAT is in the past, the bucket is simply full.
+        let later = T0 + 14 * 86_400 * SECOND;
+        let (d, w) = spend(&limit, later, w, 1);
+        assert_eq!(
+            (d.allowed, d.remaining, w),
+            (true, 19, Some(later + 50 * MS))
+        );
+    }
+
+    #[test]
+    fn allowed_retry_in_is_zero_while_tokens_remain() {
+        let limit = seed_limit();
+        let (d, _) = spend(&limit, T0, None, 1);
+        assert_eq!((d.retry_in, d.reset_in), (0, 50 * MS));
+    }
+
+    #[test]
+    fn cost_zero_is_a_peek_that_writes_nothing() {
+        let limit = seed_limit();
+        assert_eq!(
+            spend(&limit, T0, None, 0),
+            (
+                Decision {
+                    allowed: true,
+                    remaining: 20,
+                    retry_in: 0,
+                    reset_in: 0
+                },
+                None
+            )
+        );
+        let tat = Some(T0 + 300 * MS);
+        let (d, w) = spend(&limit, T0, tat, 0);
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_in, w),
+            (true, 14, 300 * MS, None)
+        );
+    }
+
+    #[test]
+    fn cost_above_burst_never_passes_even_when_full() {
+        let limit = seed_limit();
+        let (d, w) = spend(&limit, T0, None, 21);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_in, w), (20, 50 * MS, None));
+        // Saturates instead of overflowing on absurd costs.
+        let (d, _) = spend(&limit, T0, None, u64::MAX);
+        assert!(!d.allowed);
+    }
+
+    #[test]
+    fn tat_in_the_past_is_a_full_bucket() {
+        let limit = seed_limit();
+        let past = spend(&limit, T0, Some(T0 - 7 * SECOND), 1);
+        let missing = spend(&limit, T0, None, 1);
+        assert_eq!(past, missing);
+    }
+
+    #[test]
+    fn remaining_goes_negative_after_a_limit_is_lowered() {
+        let generous = Limit::new(100, 100, SECOND).unwrap(); // ei 10ms
+        let mut tat = None;
+        for _ in 0..100 {
+            tat = spend(&generous, T0, tat, 1).1.or(tat);
+        }
+        assert_eq!(tat, Some(T0 + SECOND));
+        let lowered = Limit::new(10, 10, 10 * SECOND).unwrap(); // ei 1s, bo 10s: fine
+        assert_eq!(spend(&lowered, T0, tat, 0).0.remaining, 9);
+        let strict = Limit::new(2, 4, SECOND).unwrap(); // ei 250ms, bo 500ms
+        let (d, _) = spend(&strict, T0, tat, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, -2);
+        assert_eq!(d.retry_in, 750 * MS);
+    }
+
+    #[test]
+    fn refund_clamps_at_full() {
+        let limit = seed_limit();
+        let (_, tat) = spend(&limit, T0, None, 5);
+        let (d, w) = refund(&limit, T0, tat, 2);
+        assert_eq!((d.allowed, d.remaining, d.retry_in), (true, 17, 0));
+        assert_eq!(w, Some(T0 + 150 * MS));
+        let (d, w) = refund(&limit, T0, w, 10);
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_in, w),
+            (true, 20, 0, Some(T0))
+        );
+    }
+
+    #[test]
+    fn refund_on_missing_or_full_bucket_changes_nothing() {
+        let limit = seed_limit();
+        let full = Decision {
+            allowed: false,
+            remaining: 20,
+            retry_in: 0,
+            reset_in: 0,
+        };
+        assert_eq!(refund(&limit, T0, None, 1), (full, None));
+        assert_eq!(refund(&limit, T0, Some(T0 - 1), 1), (full, None));
+        assert_eq!(refund(&limit, T0, Some(T0), 1), (full, None));
+    }
+
+    #[test]
+    fn refund_of_zero_reports_without_change() {
+        let limit = seed_limit();
+        let (d, w) = refund(&limit, T0, Some(T0 + 100 * MS), 0);
+        assert_eq!((d.allowed, d.remaining, w), (false, 18, None));
+    }
+
+    #[test]
+    fn batch_is_all_or_nothing() {
+        let ample = seed_limit();
+        let tat_full = Some(T0 + SECOND);
+        let items = [
+            BatchItem {
+                limit: &ample,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+            BatchItem {
+                limit: &ample,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(T0, &items, &[None, tat_full]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, None]);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(out.decisions[0].remaining, 20);
+        assert!(!out.decisions[1].allowed);
+        let overall = strictest(&out.decisions).unwrap();
+        assert_eq!((overall.allowed, overall.retry_in), (false, 50 * MS));
+
+        let out = spend_batch(T0, &items, &[None, None]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![Some(T0 + 50 * MS); 2]);
+        assert_eq!(out.decisions[0].remaining, 19);
+    }
+
+    #[test]
+    fn check_only_decides_but_never_writes() {
+        let limit = seed_limit();
+        let items = [BatchItem {
+            limit: &limit,
+            cost: 3,
+            mode: Mode::CheckOnly,
+        }];
+        let out = spend_batch(T0, &items, &[None]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![None]);
+        assert_eq!(out.decisions[0].remaining, 20);
+        let out = spend_batch(T0, &items, &[Some(T0 + SECOND)]);
+        assert!(!out.allowed);
+    }
+
+    #[test]
+    fn spend_only_is_best_effort() {
+        let limit = seed_limit();
+        let spend_only = BatchItem {
+            limit: &limit,
+            cost: 1,
+            mode: Mode::SpendOnly,
+        };
+        let normal = BatchItem {
+            mode: Mode::CheckAndSpend,
+            ..spend_only
+        };
+        // An empty spend-only bucket does not deny the batch and is not written.
+        let out = spend_batch(T0, &[normal, spend_only], &[None, Some(T0 + SECOND)]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![Some(T0 + 50 * MS), None]);
+        assert!(!out.decisions[1].allowed);
+        // A denied batch writes no spend-only item either.
+        let out = spend_batch(T0, &[normal, spend_only], &[Some(T0 + SECOND), None]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, None]);
+    }
+
+    #[test]
+    fn strictest_orders_denied_then_retry_then_remaining() {
+        let d = |allowed, remaining, retry_in| Decision {
+            allowed,
+            remaining,
+            retry_in,
+            reset_in: 0,
+        };
+        let all = [
+            d(true, 5, 0),
+            d(true, 2, 0),
+            d(false, 9, 10),
+            d(false, 1, 30),
+            d(false, 0, 30),
+        ];
+        assert_eq!(strictest(&all), Some(d(false, 0, 30)));
+        assert_eq!(strictest(&all[..2]), Some(d(true, 2, 0)));
+        assert_eq!(strictest(&[]), None);
+    }
+}

@@ -1,0 +1,51 @@
+//! cellrate: an exact GCRA rate-limit decision service over gRPC.
+//!
+//! Callers ask "may this happen now?" and get an exact answer. Envoy and Istio ask through
+//! Envoy's Rate Limit Service protocol; services use the native API (`Check`, `Refund`);
+//! operators use the admin API (`Reset`, `Inspect`), `grpcurl` and the CLI.
+//!
+//! # Layout
+//!
+//! Dependencies point one way, from the edges to a core that knows no I/O:
+//!
+//! ```text
+//! main.rs, cli.rs          parse flags, init tracing, call app / simulate
+//! app.rs                   the composition root: store, limits, tonic services, serve, drain
+//! simulate.rs              `cellrate simulate`: a scripted timeline on a fake clock
+//! service/                 Decider (request -> batch -> decision; StoreError -> Status),
+//!                          native.rs (protobuf <-> domain for cellrate.v1)
+//! store/                   Store trait; memory.rs (sharded, all-or-nothing batches)
+//! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
+//!                          validated, immutable LimitTable)
+//! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
+//! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
+//! shutdown.rs              SIGINT | SIGTERM as a future
+//! ```
+//!
+//! A request flows: tonic service -> [`service::native`] converts it to
+//! [`service::ItemSpec`]s -> [`service::Decider`] resolves names and ids against the current
+//! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
+//! [`gcra`] atomically over the batch's TATs.
+
+pub mod app;
+pub mod cli;
+pub mod clock;
+pub mod gcra;
+pub mod limits;
+pub mod service;
+pub mod shutdown;
+pub mod simulate;
+pub mod store;
+
+/// Generated protobuf types and tonic stubs.
+pub mod proto {
+    /// `cellrate.v1`: the native and admin APIs.
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("cellrate.v1");
+    }
+
+    /// The encoded descriptor set of `proto/`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/cellrate_descriptor.bin"));
+}

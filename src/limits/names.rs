@@ -1,0 +1,644 @@
+//! Limit names, id formats and bucket keys.
+//!
+//! Every limit has a [`Name`] with a stable number; a bucket's key is `"<number>:<id>"`
+//! with the id in its format's canonical form ([`BucketKey`]). Numbers are part of stored
+//! state (Redis keys), so they are never reused or renumbered. The nine built-in names
+//! carry Boulder's numbers; users declare their own (number >= 100) in `names.yaml`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// The smallest number a user-declared name may take.
+pub const FIRST_USER_NUMBER: u32 = 100;
+
+/// The number of inline limits' buckets (`"0:<key>"`), apart from every name.
+pub const INLINE_NUMBER: u32 = 0;
+
+/// The longest `string` id, in bytes.
+pub const MAX_STRING_ID: usize = 256;
+
+/// How a name's ids are written, and their canonical form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdFormat {
+    /// IPv4 or IPv6; canonical text (RFC 5952 for v6), IPv4-mapped v6 becomes v4.
+    IpAddress,
+    /// An IPv6 /48, `2001:db8::/48`; a plain IPv6 address is masked to its /48.
+    Ipv6RangeCidr,
+    /// An unsigned 64-bit decimal, leading zeros dropped.
+    RegId,
+    /// A domain reduced to its registrable domain (eTLD+1), lowercase.
+    Domain,
+    /// Comma-separated domains; the id is the SHA-256 hex of the lowercased,
+    /// de-duplicated, sorted list.
+    FqdnSet,
+    /// An opaque id: 1..=256 bytes of printable text.
+    String,
+    /// `regId:domain` with the exact (lowercased) domain; overrides use the regId.
+    RegIdFqdn,
+    /// `regId:domain` with the domain reduced to eTLD+1; overrides use the regId.
+    RegIdRegisteredDomain,
+}
+
+impl IdFormat {
+    /// The formats a user-declared name may use, by their config spelling.
+    pub fn from_config(text: &str) -> Option<IdFormat> {
+        Some(match text {
+            "ipAddress" => IdFormat::IpAddress,
+            "ipv6RangeCIDR" => IdFormat::Ipv6RangeCidr,
+            "regId" => IdFormat::RegId,
+            "domain" => IdFormat::Domain,
+            "fqdnSet" => IdFormat::FqdnSet,
+            "string" => IdFormat::String,
+            _ => return None,
+        })
+    }
+
+    /// The config spellings accepted by [`IdFormat::from_config`].
+    pub const CONFIG_NAMES: &'static str =
+        "ipAddress, ipv6RangeCIDR, regId, domain, fqdnSet, string";
+
+    /// Canonicalises `id`, or says why it does not fit this format.
+    ///
+    /// ```
+    /// use cellrate::limits::names::IdFormat;
+    /// assert_eq!(IdFormat::IpAddress.canonicalize("2001:0db8:0000::0001").unwrap(), "2001:db8::1");
+    /// assert_eq!(IdFormat::Domain.canonicalize("WWW.Example.CO.UK.").unwrap(), "example.co.uk");
+    /// assert!(IdFormat::RegId.canonicalize("-1").is_err());
+    /// ```
+    pub fn canonicalize(self, id: &str) -> Result<String, IdError> {
+        match self {
+            IdFormat::IpAddress => canonical_ip(id),
+            IdFormat::Ipv6RangeCidr => canonical_ipv6_range(id),
+            IdFormat::RegId => canonical_reg_id(id),
+            IdFormat::Domain => registrable_domain(id),
+            IdFormat::FqdnSet => fqdn_set_hash(id),
+            IdFormat::String => canonical_string(id),
+            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => {
+                let (reg_id, domain) = id.split_once(':').ok_or_else(|| {
+                    IdError::new(
+                        id,
+                        "expected \"regId:domain\", e.g. \"12345678:example.com\"",
+                    )
+                })?;
+                let reg_id = canonical_reg_id(reg_id)?;
+                let domain = if self == IdFormat::RegIdFqdn {
+                    canonical_hostname(domain)?
+                } else {
+                    registrable_domain(domain)?
+                };
+                Ok(format!("{reg_id}:{domain}"))
+            }
+        }
+    }
+
+    /// The format of the ids that overrides list for this name: a composite
+    /// `regId:domain` name is overridden per regId.
+    pub fn override_format(self) -> IdFormat {
+        match self {
+            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => IdFormat::RegId,
+            other => other,
+        }
+    }
+
+    /// The part of a canonical id that overrides are looked up by.
+    pub fn override_id(self, canonical: &str) -> &str {
+        match self {
+            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => canonical
+                .split_once(':')
+                .map_or(canonical, |(reg_id, _)| reg_id),
+            _ => canonical,
+        }
+    }
+}
+
+impl fmt::Display for IdFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdFormat::IpAddress => "ipAddress",
+            IdFormat::Ipv6RangeCidr => "ipv6RangeCIDR",
+            IdFormat::RegId => "regId",
+            IdFormat::Domain => "domain",
+            IdFormat::FqdnSet => "fqdnSet",
+            IdFormat::String => "string",
+            IdFormat::RegIdFqdn => "regId:fqdn",
+            IdFormat::RegIdRegisteredDomain => "regId:domain",
+        })
+    }
+}
+
+/// An id that does not fit its format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("id {id:?}: {reason}")]
+pub struct IdError {
+    pub id: String,
+    pub reason: String,
+}
+
+impl IdError {
+    fn new(id: &str, reason: impl Into<String>) -> IdError {
+        // Long garbage ids are cut in messages; the reason says what was wrong.
+        let id = match id.char_indices().nth(64) {
+            Some((cut, _)) => format!("{}...", &id[..cut]),
+            None => id.to_string(),
+        };
+        IdError {
+            id,
+            reason: reason.into(),
+        }
+    }
+}
+
+fn canonical_ip(id: &str) -> Result<String, IdError> {
+    if id.contains('%') {
+        return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
+    }
+    let ip: IpAddr = id
+        .parse()
+        .map_err(|_| IdError::new(id, "not an IPv4 or IPv6 address"))?;
+    Ok(ip.to_canonical().to_string())
+}
+
+fn canonical_ipv6_range(id: &str) -> Result<String, IdError> {
+    let addr = match id.split_once('/') {
+        Some((addr, "48")) => addr,
+        Some((_, other)) => {
+            return Err(IdError::new(
+                id,
+                format!("prefix /{other} is not /48 (ipv6RangeCIDR is an IPv6 /48)"),
+            ))
+        }
+        None => id,
+    };
+    if addr.contains('%') {
+        return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
+    }
+    let ip: Ipv6Addr = addr
+        .parse()
+        .map_err(|_| IdError::new(id, "not an IPv6 address or /48 range"))?;
+    let masked = Ipv6Addr::from(u128::from(ip) & !(u128::MAX >> 48));
+    Ok(format!("{masked}/48"))
+}
+
+fn canonical_reg_id(id: &str) -> Result<String, IdError> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(IdError::new(id, "not an unsigned decimal registration id"));
+    }
+    let n: u64 = id
+        .parse()
+        .map_err(|_| IdError::new(id, "registration id exceeds 64 bits"))?;
+    Ok(n.to_string())
+}
+
+/// A hostname lowercased, without a trailing dot, checked label by label.
+fn canonical_hostname(id: &str) -> Result<String, IdError> {
+    if !id.is_ascii() {
+        return Err(IdError::new(
+            id,
+            "domain is not ASCII: write internationalised names as A-labels (xn--...)",
+        ));
+    }
+    let host = id.strip_suffix('.').unwrap_or(id).to_ascii_lowercase();
+    if host.is_empty() || host.len() > 253 {
+        return Err(IdError::new(id, "domain must be 1 to 253 characters"));
+    }
+    if host.parse::<IpAddr>().is_ok() {
+        return Err(IdError::new(id, "an IP address is not a domain"));
+    }
+    for label in host.split('.') {
+        let ok = (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err(IdError::new(
+                id,
+                format!("label {label:?} is not 1 to 63 letters, digits or inner hyphens"),
+            ));
+        }
+    }
+    Ok(host)
+}
+
+fn registrable_domain(id: &str) -> Result<String, IdError> {
+    let host = canonical_hostname(id)?;
+    match psl::domain_str(&host) {
+        Some(domain) => Ok(domain.to_string()),
+        None => Err(IdError::new(
+            id,
+            "is a public suffix or has no registrable domain (eTLD+1)",
+        )),
+    }
+}
+
+fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
+    let mut names = id
+        .split(',')
+        .map(|name| canonical_hostname(name.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| IdError::new(id, format!("in the set: {e}")))?;
+    names.sort_unstable();
+    names.dedup();
+    let digest = Sha256::digest(names.join(",").as_bytes());
+    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn canonical_string(id: &str) -> Result<String, IdError> {
+    if id.is_empty() || id.len() > MAX_STRING_ID {
+        return Err(IdError::new(
+            id,
+            format!("must be 1 to {MAX_STRING_ID} bytes, is {}", id.len()),
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(IdError::new(id, "contains a control character"));
+    }
+    Ok(id.to_string())
+}
+
+/// A limit name: its text, stable number and id format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Name {
+    pub text: Arc<str>,
+    pub number: u32,
+    pub format: IdFormat,
+    pub description: Option<String>,
+}
+
+impl Name {
+    /// The bucket key of `id` under this name, canonicalising the id.
+    ///
+    /// ```
+    /// use cellrate::limits::names::Names;
+    /// let names = Names::builtin();
+    /// let orders = names.get("NewOrdersPerAccount").unwrap();
+    /// assert_eq!(orders.bucket_key("012345678").unwrap().as_str(), "3:12345678");
+    /// ```
+    pub fn bucket_key(&self, id: &str) -> Result<BucketKey, IdError> {
+        let canonical = self.format.canonicalize(id)?;
+        Ok(BucketKey::new(self.number, &canonical))
+    }
+}
+
+/// The built-in names, with Boulder's numbers.
+const BUILTIN: [(&str, u32, IdFormat); 9] = [
+    ("NewRegistrationsPerIPAddress", 1, IdFormat::IpAddress),
+    ("NewRegistrationsPerIPv6Range", 2, IdFormat::Ipv6RangeCidr),
+    ("NewOrdersPerAccount", 3, IdFormat::RegId),
+    (
+        "FailedAuthorizationsPerDomainPerAccount",
+        4,
+        IdFormat::RegIdFqdn,
+    ),
+    ("CertificatesPerDomain", 5, IdFormat::Domain),
+    (
+        "CertificatesPerDomainPerAccount",
+        6,
+        IdFormat::RegIdRegisteredDomain,
+    ),
+    ("CertificatesPerFQDNSet", 7, IdFormat::FqdnSet),
+    (
+        "FailedAuthorizationsForPausingPerDomainPerAccount",
+        8,
+        IdFormat::RegIdFqdn,
+    ),
+    ("LimitOverrideRequestsPerIPAddress", 9, IdFormat::IpAddress),
+];
+
+/// Why a user-declared name cannot be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("name {0:?} must start with a letter and hold only letters, digits and '_'")]
+    BadText(String),
+    #[error("name {0:?} is already declared")]
+    DuplicateName(String),
+    #[error("number {number} of {name:?} is already taken by {other:?}")]
+    DuplicateNumber {
+        name: String,
+        number: u32,
+        other: String,
+    },
+    #[error(
+        "number {number} of {name:?} is below {FIRST_USER_NUMBER} (reserved for built-in names)"
+    )]
+    ReservedNumber { name: String, number: u32 },
+}
+
+/// The registry of names: built-in plus user-declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    names: Vec<Name>,
+    by_text: HashMap<Arc<str>, usize>,
+    by_number: HashMap<u32, usize>,
+}
+
+impl Names {
+    /// The nine built-in names.
+    pub fn builtin() -> Names {
+        let mut names = Names {
+            names: Vec::new(),
+            by_text: HashMap::new(),
+            by_number: HashMap::new(),
+        };
+        for (text, number, format) in BUILTIN {
+            names.insert(Name {
+                text: text.into(),
+                number,
+                format,
+                description: None,
+            });
+        }
+        names
+    }
+
+    fn insert(&mut self, name: Name) {
+        let index = self.names.len();
+        self.by_text.insert(name.text.clone(), index);
+        self.by_number.insert(name.number, index);
+        self.names.push(name);
+    }
+
+    /// Declares a user name (number >= 100, a format users may choose).
+    pub fn declare(
+        &mut self,
+        text: &str,
+        number: u32,
+        format: IdFormat,
+        description: Option<String>,
+    ) -> Result<(), NameError> {
+        let well_formed = text.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && text.len() <= 128;
+        if !well_formed {
+            return Err(NameError::BadText(text.to_string()));
+        }
+        if self.by_text.contains_key(text) {
+            return Err(NameError::DuplicateName(text.to_string()));
+        }
+        if number < FIRST_USER_NUMBER {
+            return Err(NameError::ReservedNumber {
+                name: text.to_string(),
+                number,
+            });
+        }
+        if let Some(&other) = self.by_number.get(&number) {
+            return Err(NameError::DuplicateNumber {
+                name: text.to_string(),
+                number,
+                other: self.names[other].text.to_string(),
+            });
+        }
+        self.insert(Name {
+            text: text.into(),
+            number,
+            format,
+            description,
+        });
+        Ok(())
+    }
+
+    /// The name spelled `text`.
+    pub fn get(&self, text: &str) -> Option<&Name> {
+        self.by_text.get(text).map(|&i| &self.names[i])
+    }
+
+    /// The name numbered `number`.
+    pub fn by_number(&self, number: u32) -> Option<&Name> {
+        self.by_number.get(&number).map(|&i| &self.names[i])
+    }
+
+    /// Every name, built-in first, then in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = &Name> {
+        self.names.iter()
+    }
+}
+
+/// A bucket's key: `"<number>:<id>"` with a canonical id.
+///
+/// ```
+/// use cellrate::limits::names::BucketKey;
+/// let key = BucketKey::new(1, "2001:db8::1");
+/// assert_eq!(key.as_str(), "1:2001:db8::1");
+/// assert_eq!(key.parts(), (1, "2001:db8::1")); // split at the first colon only
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey(Box<str>);
+
+impl BucketKey {
+    /// The key of canonical `id` under name `number`.
+    pub fn new(number: u32, id: &str) -> BucketKey {
+        BucketKey(format!("{number}:{id}").into_boxed_str())
+    }
+
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name number and the id, split at the first colon.
+    pub fn parts(&self) -> (u32, &str) {
+        let (number, id) = self.0.split_once(':').unwrap_or(("0", &self.0));
+        (number.parse().unwrap_or(INLINE_NUMBER), id)
+    }
+}
+
+impl fmt::Display for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(format: IdFormat, id: &str) -> String {
+        format
+            .canonicalize(id)
+            .unwrap_or_else(|e| panic!("{format} {id:?}: {e}"))
+    }
+
+    fn bad(format: IdFormat, id: &str) -> String {
+        match format.canonicalize(id) {
+            Ok(c) => panic!("{format} {id:?} was accepted as {c:?}"),
+            Err(e) => e.reason,
+        }
+    }
+
+    #[test]
+    fn ip_address_canonical_text() {
+        use IdFormat::IpAddress as F;
+        assert_eq!(ok(F, "10.0.0.1"), "10.0.0.1");
+        assert_eq!(ok(F, "192.168.1.1"), "192.168.1.1"); // private is allowed
+        assert_eq!(ok(F, "127.0.0.1"), "127.0.0.1");
+        assert_eq!(
+            ok(F, "2001:0db8:0000:0000:0000:ff00:0042:8329"),
+            "2001:db8::ff00:42:8329"
+        );
+        assert_eq!(ok(F, "2001:DB8::1"), "2001:db8::1");
+        assert_eq!(ok(F, "::ffff:10.1.2.3"), "10.1.2.3");
+        assert_eq!(ok(F, "::1"), "::1");
+        assert!(bad(F, "10.0.0.256").contains("not an IPv4"));
+        assert!(bad(F, "010.0.0.1").contains("not an IPv4"));
+        assert!(bad(F, "fe80::1%eth0").contains("zone"));
+        assert!(bad(F, "").contains("not an IPv4"));
+        assert!(bad(F, "example.com").contains("not an IPv4"));
+        assert!(bad(F, " 10.0.0.1").contains("not an IPv4"));
+    }
+
+    #[test]
+    fn ipv6_range_masks_to_48() {
+        use IdFormat::Ipv6RangeCidr as F;
+        assert_eq!(ok(F, "2001:0db8:0000::/48"), "2001:db8::/48");
+        assert_eq!(ok(F, "2001:db8:1234:5678::1"), "2001:db8:1234::/48");
+        assert_eq!(ok(F, "2001:db8:1234:ffff::/48"), "2001:db8:1234::/48");
+        assert!(bad(F, "2001:db8::/64").contains("/64 is not /48"));
+        assert!(bad(F, "10.0.0.1").contains("not an IPv6"));
+        assert!(bad(F, "10.0.0.0/48").contains("not an IPv6"));
+        assert!(bad(F, "fe80::1%lo/48").contains("zone"));
+    }
+
+    #[test]
+    fn reg_id_is_unsigned_decimal() {
+        use IdFormat::RegId as F;
+        assert_eq!(ok(F, "12345678"), "12345678");
+        assert_eq!(ok(F, "000123"), "123");
+        assert_eq!(ok(F, "0"), "0");
+        assert_eq!(ok(F, "18446744073709551615"), "18446744073709551615");
+        assert!(bad(F, "18446744073709551616").contains("64 bits"));
+        assert!(bad(F, "-1").contains("unsigned decimal"));
+        assert!(bad(F, "+1").contains("unsigned decimal"));
+        assert!(bad(F, "1e3").contains("unsigned decimal"));
+        assert!(bad(F, "").contains("unsigned decimal"));
+    }
+
+    #[test]
+    fn domain_reduces_to_registrable_domain() {
+        use IdFormat::Domain as F;
+        assert_eq!(ok(F, "example.com"), "example.com");
+        assert_eq!(ok(F, "WWW.Example.COM"), "example.com");
+        assert_eq!(ok(F, "a.b.example.co.uk."), "example.co.uk");
+        assert_eq!(ok(F, "xn--bcher-kva.example"), "xn--bcher-kva.example");
+        assert_eq!(ok(F, "build.corp.internal"), "corp.internal");
+        assert!(bad(F, "co.uk").contains("public suffix"));
+        assert!(bad(F, "com").contains("public suffix"));
+        assert!(bad(F, "bücher.de").contains("A-labels"));
+        assert!(bad(F, "-bad.example.com").contains("label"));
+        assert!(bad(F, "a..example.com").contains("label"));
+        assert!(bad(F, "under_score.com").contains("label"));
+        assert!(bad(F, "10.0.0.1").contains("IP address"));
+        assert!(bad(F, "").contains("1 to 253"));
+        assert!(bad(F, &format!("{}.com", "a".repeat(64))).contains("label"));
+    }
+
+    #[test]
+    fn fqdn_set_is_normalised_then_hashed() {
+        use IdFormat::FqdnSet as F;
+        let a = ok(F, "example.com,example.org");
+        assert_eq!(a, ok(F, "EXAMPLE.org, example.com,example.com"));
+        assert_eq!(a.len(), 64);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // Exact names, not reduced to eTLD+1.
+        assert_ne!(ok(F, "www.example.com"), ok(F, "example.com"));
+        // SHA-256 of "example.com" (a one-name set).
+        assert_eq!(
+            ok(F, "example.com"),
+            "a379a6f6eeafb9a55e378c118034e2751e682fab9f2d30ab13d2125586ce1947"
+        );
+        assert!(bad(F, "example.com,,example.org").contains("in the set"));
+        assert!(bad(F, "").contains("in the set"));
+    }
+
+    #[test]
+    fn string_is_printable_and_bounded() {
+        use IdFormat::String as F;
+        assert_eq!(ok(F, "key-abc-123"), "key-abc-123");
+        assert_eq!(ok(F, "user name:with colon"), "user name:with colon");
+        assert_eq!(ok(F, &"k".repeat(256)), "k".repeat(256));
+        assert!(bad(F, &"k".repeat(257)).contains("1 to 256 bytes"));
+        assert!(bad(F, "").contains("1 to 256 bytes"));
+        assert!(bad(F, "a\nb").contains("control"));
+        assert!(bad(F, "a\0b").contains("control"));
+    }
+
+    #[test]
+    fn composite_reg_id_domain() {
+        assert_eq!(
+            ok(IdFormat::RegIdRegisteredDomain, "0042:WWW.Example.com"),
+            "42:example.com"
+        );
+        assert_eq!(
+            ok(IdFormat::RegIdFqdn, "42:WWW.Example.com"),
+            "42:www.example.com"
+        );
+        assert!(bad(IdFormat::RegIdFqdn, "42").contains("regId:domain"));
+        assert!(bad(IdFormat::RegIdFqdn, "x:example.com").contains("unsigned"));
+        assert_eq!(IdFormat::RegIdFqdn.override_id("42:www.example.com"), "42");
+        assert_eq!(IdFormat::IpAddress.override_id("::1"), "::1");
+        assert_eq!(IdFormat::RegIdFqdn.override_format(), IdFormat::RegId);
+    }
+
+    #[test]
+    fn error_messages_cut_long_ids() {
+        let e = IdFormat::RegId.canonicalize(&"x".repeat(1000)).unwrap_err();
+        assert!(e.id.len() < 100);
+    }
+
+    #[test]
+    fn builtin_numbers_follow_boulder() {
+        let names = Names::builtin();
+        assert_eq!(names.get("NewOrdersPerAccount").unwrap().number, 3);
+        assert_eq!(
+            names.by_number(9).unwrap().text.as_ref(),
+            "LimitOverrideRequestsPerIPAddress"
+        );
+        assert_eq!(names.iter().count(), 9);
+        let key = names
+            .get("CertificatesPerDomainPerAccount")
+            .unwrap()
+            .bucket_key("12345678:www.example.com")
+            .unwrap();
+        assert_eq!(key.as_str(), "6:12345678:example.com");
+        assert_eq!(key.parts(), (6, "12345678:example.com"));
+    }
+
+    #[test]
+    fn user_names_are_checked() {
+        let mut names = Names::builtin();
+        names
+            .declare("ApiRequestsPerKey", 100, IdFormat::String, None)
+            .unwrap();
+        assert_eq!(names.by_number(100).unwrap().format, IdFormat::String);
+        assert!(matches!(
+            names.declare("ApiRequestsPerKey", 101, IdFormat::String, None),
+            Err(NameError::DuplicateName(_))
+        ));
+        assert!(matches!(
+            names.declare("Other", 100, IdFormat::String, None),
+            Err(NameError::DuplicateNumber { .. })
+        ));
+        assert!(matches!(
+            names.declare("Low", 99, IdFormat::String, None),
+            Err(NameError::ReservedNumber { .. })
+        ));
+        assert!(matches!(
+            names.declare("NewOrdersPerAccount", 200, IdFormat::String, None),
+            Err(NameError::DuplicateName(_))
+        ));
+        assert!(matches!(
+            names.declare("9Lives", 201, IdFormat::String, None),
+            Err(NameError::BadText(_))
+        ));
+        assert!(matches!(
+            names.declare("has space", 202, IdFormat::String, None),
+            Err(NameError::BadText(_))
+        ));
+    }
+}

@@ -1,0 +1,126 @@
+//! The `cellrate` binary: parse flags, start tracing, run a command, map failures to exit
+//! codes (64 for bad configuration or usage, 1 for anything else).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
+use cellrate::limits::config::LimitTable;
+
+/// EX_USAGE from sysexits.h: the configuration or the command line is wrong.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    match cli.command {
+        Command::Validate { dir } => match LimitTable::load_dir(&dir) {
+            Ok(table) => {
+                println!(
+                    "OK: {} ({} overrides, version {})",
+                    dir.display(),
+                    table.override_count(),
+                    table.version()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for error in &errors.0 {
+                    println!("{error}");
+                }
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::Serve(args) => serve(args),
+        Command::Simulate(args) => {
+            let result =
+                cellrate::simulate::Script::from_args(&args.limits, args.config.as_deref())
+                    .and_then(|script| {
+                        let stdin = std::io::stdin().lock();
+                        let stdout = std::io::stdout().lock();
+                        script.run(stdin, stdout).map_err(|e| e.to_string())
+                    });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("cellrate simulate: {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    // Bad config exits 64 before any port is bound.
+    let limits = match LimitTable::load_dir(&args.config) {
+        Ok(limits) => limits,
+        Err(errors) => {
+            for error in &errors.0 {
+                tracing::error!(%error, "invalid limits configuration");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve_async(args, limits)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "cellrate stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> {
+    let decisions = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    tracing::info!(
+        listen = %decisions.local_addr()?,
+        admin = %admin.local_addr()?,
+        config = %args.config.display(),
+        version = limits.version(),
+        "cellrate serving"
+    );
+    let settings = cellrate::app::Settings {
+        max_buckets: args.max_buckets,
+        grace: Duration::from_secs(args.grace_seconds),
+        ..Default::default()
+    };
+    cellrate::app::run(
+        limits,
+        cellrate::app::Listeners { decisions, admin },
+        Arc::new(cellrate::clock::SystemClock),
+        settings,
+        cellrate::shutdown::signal(),
+    )
+    .await?;
+    tracing::info!("cellrate stopped");
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,271 @@
+//! The native API (`cellrate.v1.RateLimiter` and `cellrate.v1.Admin`): protobuf <-> domain
+//! conversion only; deciding is the [`Decider`]'s.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::clock::{Nanos, SECOND};
+use crate::gcra::{Decision, Limit, Mode};
+use crate::proto::v1 as pb;
+use crate::service::{BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
+
+/// The decision service (`Check`, `Refund`), served on the decision listener.
+pub struct RateLimiterService {
+    decider: Arc<Decider>,
+}
+
+impl RateLimiterService {
+    pub fn new(decider: Arc<Decider>) -> RateLimiterService {
+        RateLimiterService { decider }
+    }
+}
+
+/// The admin service (`Reset`, `Inspect`), served only on the admin listener.
+pub struct AdminService {
+    decider: Arc<Decider>,
+}
+
+impl AdminService {
+    pub fn new(decider: Arc<Decider>) -> AdminService {
+        AdminService { decider }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let items = item_specs(&request.get_ref().items, Use::Check)?;
+        let result = self.decider.check(&items).await?;
+        let (overall, items) = decisions(&result);
+        Ok(Response::new(pb::CheckResponse {
+            overall: Some(overall),
+            items,
+        }))
+    }
+
+    async fn refund(
+        &self,
+        request: Request<pb::RefundRequest>,
+    ) -> Result<Response<pb::RefundResponse>, Status> {
+        let items = item_specs(&request.get_ref().items, Use::Refund)?;
+        let result = self.decider.refund(&items).await?;
+        let (overall, items) = decisions(&result);
+        Ok(Response::new(pb::RefundResponse {
+            overall: Some(overall),
+            items,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        let items = item_specs(&request.get_ref().items, Use::Admin)?;
+        let deleted = self.decider.reset(&items).await?;
+        Ok(Response::new(pb::ResetResponse { deleted }))
+    }
+
+    async fn inspect(
+        &self,
+        request: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::InspectResponse>, Status> {
+        let items = item_specs(&request.get_ref().items, Use::Admin)?;
+        let result = self.decider.inspect(&items).await?;
+        Ok(Response::new(pb::InspectResponse {
+            items: decisions(&result).1,
+        }))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Check,
+    Refund,
+    Admin,
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// Converts request items, saying which item and field is wrong.
+fn item_specs(items: &[pb::Item], usage: Use) -> Result<Vec<ItemSpec>, Status> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| item_spec(i, item, usage))
+        .collect()
+}
+
+fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec, Status> {
+    let target = match (&item.inline, item.name.is_empty()) {
+        (Some(_), false) => {
+            return Err(invalid(format!(
+                "items[{i}]: give either name and id, or inline, not both"
+            )))
+        }
+        (None, true) => {
+            return Err(invalid(format!(
+                "items[{i}].name: empty (give name and id, or inline)"
+            )))
+        }
+        (None, false) => Target::Named {
+            name: item.name.clone(),
+            id: item.id.clone(),
+        },
+        (Some(inline), true) => {
+            if !item.id.is_empty() {
+                return Err(invalid(format!(
+                    "items[{i}].id: an inline limit takes inline.key, not id"
+                )));
+            }
+            let period = inline
+                .period
+                .as_ref()
+                .ok_or_else(|| invalid(format!("items[{i}].inline.period: missing")))
+                .and_then(|d| {
+                    duration_nanos(d)
+                        .ok_or_else(|| invalid(format!("items[{i}].inline.period: out of range")))
+                })?;
+            let limit = Limit::new(inline.burst, inline.count, period)
+                .map_err(|e| invalid(format!("items[{i}].inline: {e}")))?;
+            Target::Inline {
+                key: inline.key.clone(),
+                limit,
+            }
+        }
+    };
+    let mode = pb::Mode::try_from(item.mode)
+        .map_err(|_| invalid(format!("items[{i}].mode: unknown mode {}", item.mode)))?;
+    let mode = match mode {
+        pb::Mode::CheckAndSpend => Mode::CheckAndSpend,
+        pb::Mode::CheckOnly => Mode::CheckOnly,
+        pb::Mode::SpendOnly => Mode::SpendOnly,
+    };
+    match usage {
+        Use::Check => {}
+        Use::Refund if mode != Mode::CheckAndSpend => {
+            return Err(invalid(format!(
+                "items[{i}].mode: Refund takes no mode (leave it unset)"
+            )))
+        }
+        Use::Refund => {}
+        Use::Admin if mode != Mode::CheckAndSpend || item.cost.is_some() => {
+            return Err(invalid(format!(
+                "items[{i}]: Reset and Inspect take no cost or mode (leave them unset)"
+            )))
+        }
+        Use::Admin => {}
+    }
+    Ok(ItemSpec {
+        target,
+        cost: item.cost,
+        mode,
+    })
+}
+
+/// A protobuf duration as nanoseconds; `None` if negative or out of range.
+fn duration_nanos(d: &prost_types::Duration) -> Option<Nanos> {
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return None;
+    }
+    d.seconds
+        .checked_mul(SECOND)?
+        .checked_add(i64::from(d.nanos))
+}
+
+/// Nanoseconds as a protobuf duration.
+pub fn duration(nanos: Nanos) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: nanos.div_euclid(SECOND),
+        nanos: nanos.rem_euclid(SECOND) as i32,
+    }
+}
+
+fn limit_info(item: &ItemResult) -> Option<pb::LimitInfo> {
+    let limit = match item.rule {
+        Rule::Limited(limit) => Some(limit),
+        _ => None,
+    };
+    Some(pb::LimitInfo {
+        name: item.name.to_string(),
+        burst: limit.map_or(0, |l| l.burst()),
+        count: limit.map_or(0, |l| l.count()),
+        period: limit.map(|l| duration(l.period())),
+        key: item.key.to_string(),
+    })
+}
+
+fn policy(rule: Rule) -> pb::Policy {
+    match rule {
+        Rule::Limited(_) => pb::Policy::Limited,
+        Rule::Unlimited => pb::Policy::Unlimited,
+        Rule::Denied => pb::Policy::Denied,
+        Rule::NotConfigured => pb::Policy::NotConfigured,
+    }
+}
+
+fn decision(d: &Decision, limit: Option<pb::LimitInfo>, rule: pb::Policy) -> pb::Decision {
+    pb::Decision {
+        allowed: d.allowed,
+        remaining: d.remaining,
+        retry_after: Some(duration(d.retry_in)),
+        reset_after: Some(duration(d.reset_in)),
+        limit,
+        policy: rule as i32,
+    }
+}
+
+/// The overall and per-item decisions of a batch.
+fn decisions(result: &BatchResult) -> (pb::Decision, Vec<pb::Decision>) {
+    let items = result
+        .items
+        .iter()
+        .map(|item| decision(&item.decision, limit_info(item), policy(item.rule)))
+        .collect();
+    let overall = match result.overall_item {
+        Some(i) => {
+            let item = &result.items[i];
+            decision(&result.overall, limit_info(item), policy(item.rule))
+        }
+        None => {
+            // Nothing restricted the batch: say why (an allow-listed item, or no limit).
+            let rule = if result.items.iter().any(|i| i.rule == Rule::Unlimited) {
+                pb::Policy::Unlimited
+            } else {
+                pb::Policy::NotConfigured
+            };
+            decision(&result.overall, None, rule)
+        }
+    };
+    (overall, items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_trip_and_reject_negatives() {
+        let d = duration(1_500_000_000);
+        assert_eq!((d.seconds, d.nanos), (1, 500_000_000));
+        assert_eq!(duration_nanos(&d), Some(1_500_000_000));
+        let negative = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert_eq!(duration_nanos(&negative), None);
+        let huge = prost_types::Duration {
+            seconds: i64::MAX,
+            nanos: 0,
+        };
+        assert_eq!(duration_nanos(&huge), None);
+    }
+}

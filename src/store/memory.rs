@@ -1,0 +1,293 @@
+//! The in-memory store: TATs in a fixed number of mutex-guarded hash-map shards.
+//!
+//! A batch locks the shards its keys fall in, in ascending shard order (so overlapping
+//! batches cannot deadlock), decides with [`crate::gcra::spend_batch`] and writes before
+//! unlocking: batches are atomic without a global lock, and batches on disjoint shards run
+//! in parallel.
+//!
+//! Expired buckets (TAT <= now) are full buckets and carry no information; [`MemoryStore::sweep`]
+//! drops them (the app runs it on a timer).
+//!
+//! **Bound on live buckets.** Each shard holds at most `max_buckets / shards` (rounded up)
+//! buckets. A batch that would create buckets in a full shard first sweeps that shard's
+//! expired buckets; if it is still full, the batch fails with a transient [`StoreError`]
+//! ("bucket capacity reached"), which the service answers with UNAVAILABLE, and writes
+//! nothing. Existing buckets keep working, denials and refunds are unaffected. Envoy's
+//! `failure_mode_deny` then decides whether such requests pass.
+
+use std::collections::hash_map::{Entry, RandomState};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::clock::{Clock, Nanos};
+use crate::gcra::{self, BatchItem, Decision};
+use crate::limits::names::BucketKey;
+use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
+
+/// Default number of shards: enough that two batches rarely meet.
+pub const DEFAULT_SHARDS: usize = 128;
+
+/// Default bound on live buckets.
+pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
+
+type Buckets = HashMap<BucketKey, Nanos>;
+
+/// One shard, on its own cache lines so that neighbouring locks do not share one.
+#[repr(align(128))]
+struct Shard(Mutex<Buckets>);
+
+/// TATs in memory, sharded. See the module docs.
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    per_shard: usize,
+}
+
+impl MemoryStore {
+    /// A store with the default shard count and bound.
+    pub fn new(clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore::with_capacity(clock, DEFAULT_SHARDS, DEFAULT_MAX_BUCKETS)
+    }
+
+    /// A store of `shards` shards holding at most about `max_buckets` live buckets.
+    pub fn with_capacity(clock: Arc<dyn Clock>, shards: usize, max_buckets: usize) -> MemoryStore {
+        let shards = shards.max(1);
+        MemoryStore {
+            shards: (0..shards)
+                .map(|_| Shard(Mutex::new(HashMap::new())))
+                .collect(),
+            hasher: RandomState::new(),
+            clock,
+            per_shard: max_buckets.div_ceil(shards).max(1),
+        }
+    }
+
+    fn shard_of(&self, key: &BucketKey) -> usize {
+        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Buckets> {
+        // A panic while holding a shard cannot leave a TAT half-written: keep going.
+        self.shards[shard]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Locks the shards of `keys` in ascending order; returns each key's shard position
+    /// in the returned guards.
+    fn lock_all<'a>(
+        &'a self,
+        keys: impl Iterator<Item = &'a BucketKey>,
+    ) -> (Vec<MutexGuard<'a, Buckets>>, Vec<usize>) {
+        let shard_ids: Vec<usize> = keys.map(|k| self.shard_of(k)).collect();
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&s| self.lock(s)).collect();
+        let positions = shard_ids
+            .iter()
+            .map(|s| order.binary_search(s).unwrap_or(0))
+            .collect();
+        (guards, positions)
+    }
+
+    /// Decides a batch now (the synchronous core of [`Store::spend`]).
+    pub fn spend_now(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+        let (mut guards, positions) = self.lock_all(items.iter().map(|i| &i.key));
+        let now = self.clock.now();
+        let tats: Vec<Option<Nanos>> = items
+            .iter()
+            .zip(&positions)
+            .map(|(item, &p)| guards[p].get(&item.key).copied())
+            .collect();
+        let batch: Vec<BatchItem<'_>> = items
+            .iter()
+            .map(|i| BatchItem {
+                limit: &i.limit,
+                cost: i.cost,
+                mode: i.mode,
+            })
+            .collect();
+        let out = gcra::spend_batch(now, &batch, &tats);
+        self.make_room(&mut guards, &positions, &tats, &out.writes, now)?;
+        for ((item, &p), write) in items.iter().zip(&positions).zip(&out.writes) {
+            if let Some(tat) = write {
+                guards[p].insert(item.key.clone(), *tat);
+            }
+        }
+        Ok(Outcome {
+            allowed: out.allowed,
+            decisions: out.decisions,
+        })
+    }
+
+    /// Checks that every shard receiving new buckets has room, sweeping it if not.
+    fn make_room(
+        &self,
+        guards: &mut [MutexGuard<'_, Buckets>],
+        positions: &[usize],
+        tats: &[Option<Nanos>],
+        writes: &[Option<Nanos>],
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let mut new_per_guard = vec![0usize; guards.len()];
+        for ((&p, tat), write) in positions.iter().zip(tats).zip(writes) {
+            if tat.is_none() && write.is_some() {
+                new_per_guard[p] += 1;
+            }
+        }
+        for (guard, new) in guards.iter_mut().zip(new_per_guard) {
+            if new > 0 && guard.len() + new > self.per_shard {
+                guard.retain(|_, tat| *tat > now);
+                if guard.len() + new > self.per_shard {
+                    return Err(StoreError::transient(format!(
+                        "bucket capacity reached ({} live buckets per shard)",
+                        self.per_shard
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refunds a batch now (the synchronous core of [`Store::refund`]).
+    pub fn refund_now(&self, items: &[StoreItem]) -> Vec<Decision> {
+        let (mut guards, positions) = self.lock_all(items.iter().map(|i| &i.key));
+        let now = self.clock.now();
+        items
+            .iter()
+            .zip(&positions)
+            .map(|(item, &p)| {
+                let shard = &mut guards[p];
+                let (decision, write) =
+                    gcra::refund(&item.limit, now, shard.get(&item.key).copied(), item.cost);
+                match write {
+                    // Refunded to full: a full bucket is no bucket.
+                    Some(tat) if tat <= now => {
+                        shard.remove(&item.key);
+                    }
+                    Some(tat) => {
+                        if let Entry::Occupied(mut e) = shard.entry(item.key.clone()) {
+                            e.insert(tat);
+                        }
+                    }
+                    None => {}
+                }
+                decision
+            })
+            .collect()
+    }
+
+    /// Deletes buckets now; returns how many were not full.
+    pub fn reset_now(&self, keys: &[BucketKey]) -> u32 {
+        let (mut guards, positions) = self.lock_all(keys.iter());
+        let now = self.clock.now();
+        keys.iter()
+            .zip(&positions)
+            .filter(|(key, &p)| guards[p].remove(*key).is_some_and(|tat| tat > now))
+            .count() as u32
+    }
+
+    /// Drops every bucket whose TAT has passed; returns how many.
+    pub fn sweep(&self) -> usize {
+        let mut dropped = 0;
+        for shard in 0..self.shards.len() {
+            let mut guard = self.lock(shard);
+            let now = self.clock.now();
+            let before = guard.len();
+            guard.retain(|_, tat| *tat > now);
+            dropped += before - guard.len();
+        }
+        dropped
+    }
+
+    /// Buckets held, including expired ones not yet swept.
+    pub fn live_buckets(&self) -> usize {
+        (0..self.shards.len()).map(|s| self.lock(s).len()).sum()
+    }
+
+    /// The stored TAT of `key` (tests and debugging).
+    pub fn tat(&self, key: &BucketKey) -> Option<Nanos> {
+        self.lock(self.shard_of(key)).get(key).copied()
+    }
+}
+
+impl Store for MemoryStore {
+    fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
+        Box::pin(std::future::ready(self.spend_now(items)))
+    }
+
+    fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
+        Box::pin(std::future::ready(Ok(self.refund_now(items))))
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
+        Box::pin(std::future::ready(Ok(self.reset_now(keys))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{FakeClock, SECOND};
+    use crate::gcra::{Limit, Mode};
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn item(key: &str, cost: u64) -> StoreItem {
+        StoreItem {
+            key: BucketKey::new(100, key),
+            limit: Limit::new(2, 2, SECOND).unwrap(),
+            cost,
+            mode: Mode::CheckAndSpend,
+        }
+    }
+
+    #[test]
+    fn bound_is_enforced_after_sweeping_and_writes_nothing() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_capacity(Arc::new(clock.clone()), 1, 2);
+        assert!(store.spend_now(&[item("a", 1)]).unwrap().allowed);
+        assert!(store.spend_now(&[item("b", 1)]).unwrap().allowed);
+        let err = store.spend_now(&[item("a", 1), item("c", 1)]).unwrap_err();
+        assert!(err.transient && err.message.contains("capacity"), "{err}");
+        // Nothing of the failed batch was written: "a" still has one token left.
+        assert_eq!(store.tat(&item("a", 1).key), Some(T0 + SECOND / 2));
+        // Existing buckets keep working; a denial needs no room.
+        assert!(store.spend_now(&[item("a", 1)]).unwrap().allowed);
+        assert!(!store.spend_now(&[item("a", 1)]).unwrap().allowed);
+        // Once buckets expire there is room again, without waiting for the sweeper.
+        clock.advance(2 * SECOND);
+        assert!(store.spend_now(&[item("c", 1)]).unwrap().allowed);
+        assert_eq!(store.live_buckets(), 1);
+    }
+
+    #[test]
+    fn sweep_drops_only_expired_buckets() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        store.spend_now(&[item("short", 1)]).unwrap();
+        store.spend_now(&[item("long", 2)]).unwrap();
+        clock.advance(SECOND / 2);
+        assert_eq!(store.sweep(), 1);
+        assert_eq!(store.tat(&item("long", 1).key), Some(T0 + SECOND));
+        assert_eq!(store.tat(&item("short", 1).key), None);
+    }
+
+    #[test]
+    fn refund_to_full_removes_the_bucket_and_reset_counts_live_ones() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        store.spend_now(&[item("a", 1), item("b", 1)]).unwrap();
+        let d = store.refund_now(&[item("a", 5), item("never", 1)]);
+        assert!(d[0].allowed && !d[1].allowed);
+        assert_eq!(store.tat(&item("a", 1).key), None);
+        assert_eq!(store.tat(&item("never", 1).key), None);
+        let keys = [item("a", 1).key, item("b", 1).key];
+        assert_eq!(store.reset_now(&keys), 1);
+        assert_eq!(store.live_buckets(), 0);
+    }
+}

@@ -1,0 +1,79 @@
+//! Where bucket TATs live: the [`Store`] trait and its implementations.
+//!
+//! A store owns the read-decide-write of a batch: it reads every item's TAT, runs the pure
+//! arithmetic of [`crate::gcra`] (or, for Redis, the same arithmetic server-side), writes the
+//! new TATs only when the batch is allowed, and returns every item's [`Decision`]. A store
+//! also owns its clock: the memory store reads an injected [`crate::clock::Clock`]; a
+//! shared store may use its own server's time so that replicas agree.
+//!
+//! Contract for every implementation (the store scenario tests hold each one to it):
+//! - a batch is atomic: no other batch sees some of its writes and not others;
+//! - all-or-nothing: spends are written only when every counting item is allowed;
+//! - a denial, a check-only item and a cost-0 peek write nothing;
+//! - a refund never creates a bucket and never makes one fuller than full;
+//! - items of one batch name distinct buckets (the caller checks).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::gcra::{Decision, Limit, Mode};
+use crate::limits::names::BucketKey;
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// A boxed future returned by [`Store`] methods (the trait is used as `dyn Store`).
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// One bucket of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreItem {
+    pub key: BucketKey,
+    pub limit: Limit,
+    pub cost: u64,
+    pub mode: Mode,
+}
+
+/// The answer of a spend batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether every counting item was allowed, so the spends were written.
+    pub allowed: bool,
+    /// One decision per item, in order.
+    pub decisions: Vec<Decision>,
+}
+
+/// A store that could not answer. Being rate limited is never an error: it is a
+/// [`Decision`] with `allowed == false`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    pub message: String,
+    /// Whether trying again later may succeed (a timeout, a full store) as opposed to a
+    /// fault that needs an operator.
+    pub transient: bool,
+}
+
+impl StoreError {
+    /// A transient failure.
+    pub fn transient(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            transient: true,
+        }
+    }
+}
+
+/// A place to keep TATs and decide batches atomically.
+pub trait Store: Send + Sync + 'static {
+    /// Decides `items` all-or-nothing and writes the spends if allowed.
+    fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome>;
+
+    /// Refunds each item's cost (its mode is ignored). Per item, `allowed` says whether
+    /// the bucket changed.
+    fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>>;
+
+    /// Deletes buckets (each becomes full); returns how many were not full before.
+    fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32>;
+}

@@ -1,0 +1,103 @@
+//! Test harness: a served cellrate on loopback with a fake clock, and its clients.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cellrate::app::{Listeners, Settings};
+use cellrate::clock::{FakeClock, Nanos, SECOND};
+use cellrate::limits::config::LimitTable;
+use cellrate::proto::v1 as pb;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+/// The fake clock's start in served tests.
+pub const T0: Nanos = 1_700_000_000 * SECOND;
+pub const MS: Nanos = 1_000_000;
+
+/// A running server; stops when dropped.
+pub struct Served {
+    pub clock: FakeClock,
+    pub decisions: pb::rate_limiter_client::RateLimiterClient<Channel>,
+    pub admin: pb::admin_client::AdminClient<Channel>,
+    pub decisions_addr: std::net::SocketAddr,
+    pub admin_addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Served {
+    /// Serves the limits in `dir` (the repository's `config/` when `None`).
+    pub async fn start(dir: Option<&Path>) -> Served {
+        let dir = dir.map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("config"),
+            Path::to_path_buf,
+        );
+        let limits = LimitTable::load_dir(&dir).expect("test config loads");
+        Served::with_limits(limits).await
+    }
+
+    pub async fn with_limits(limits: LimitTable) -> Served {
+        let clock = FakeClock::new(T0);
+        let decisions = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let decisions_addr = decisions.local_addr().unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(cellrate::app::run(
+            limits,
+            Listeners { decisions, admin },
+            Arc::new(clock.clone()),
+            Settings::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let task = tokio::spawn(async move {
+            task.await.unwrap().unwrap();
+        });
+        let channel = |addr: std::net::SocketAddr| async move {
+            Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap()
+        };
+        Served {
+            clock,
+            decisions: pb::rate_limiter_client::RateLimiterClient::new(
+                channel(decisions_addr).await,
+            ),
+            admin: pb::admin_client::AdminClient::new(channel(admin_addr).await),
+            decisions_addr,
+            admin_addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the server and waits for it to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+}
+
+/// A named item with an optional cost.
+pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
+    pb::Item {
+        name: name.to_string(),
+        id: id.to_string(),
+        cost,
+        ..Default::default()
+    }
+}
+
+pub fn nanos(d: &Option<prost_types::Duration>) -> Nanos {
+    let d = d.as_ref().expect("duration present");
+    d.seconds * SECOND + i64::from(d.nanos)
+}
