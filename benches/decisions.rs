@@ -1,1 +1,98 @@
-fn main() {}
+//! Decision costs without the network: the pure GCRA step and the memory store's
+//! single-item check, on 1 key and on 1 M keys, with 1 and 2 threads.
+//! Run: `cargo bench --bench decisions`. Figures are recorded in BENCHMARKS.md.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellrate::clock::{FakeClock, Nanos, SECOND};
+use cellrate::gcra::{spend, Limit, Mode};
+use cellrate::limits::names::BucketKey;
+use cellrate::store::{MemoryStore, StoreItem};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+const T0: Nanos = 1_700_000_000 * SECOND;
+
+fn gcra(c: &mut Criterion) {
+    let limit = Limit::new(20, 20, SECOND).unwrap();
+    c.bench_function("gcra/spend", |b| {
+        let mut now = T0;
+        b.iter(|| {
+            now += 1;
+            black_box(spend(black_box(&limit), now, Some(now + 500_000_000), 1))
+        })
+    });
+}
+
+/// Items for `keys` distinct buckets under a limit no request exhausts (so every
+/// decision writes, the store's most expensive path).
+fn items(keys: usize) -> Vec<StoreItem> {
+    let limit = Limit::new(1_000_000_000, 1_000_000_000, SECOND).unwrap();
+    (0..keys)
+        .map(|i| StoreItem {
+            key: BucketKey::new(100, &format!("user-{i}")),
+            limit,
+            cost: 1,
+            mode: Mode::CheckAndSpend,
+        })
+        .collect()
+}
+
+/// Runs `iters` single-item checks split over `threads` threads; returns the wall time.
+fn run(
+    store: &Arc<MemoryStore>,
+    items: &Arc<Vec<StoreItem>>,
+    iters: u64,
+    threads: u64,
+) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (store, items) = (store.clone(), items.clone());
+            scope.spawn(move || {
+                let n = items.len() as u64;
+                for i in 0..iters / threads {
+                    // Threads walk the keys from different offsets.
+                    let item = &items[((i * 7919 + t * 104_729) % n) as usize];
+                    black_box(store.spend_now(std::slice::from_ref(item)).unwrap());
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn memory_store(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_store/check");
+    for keys in [1usize, 1_000_000] {
+        let clock = FakeClock::new(T0);
+        let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+        let items = Arc::new(items(keys));
+        // Fill every bucket first, so that the run measures lookups of live buckets.
+        for item in items.iter() {
+            store.spend_now(std::slice::from_ref(item)).unwrap();
+        }
+        for threads in [1u64, 2] {
+            let label = format!(
+                "{}_keys/{threads}_threads",
+                if keys == 1 {
+                    "1".into()
+                } else {
+                    "1M".to_string()
+                }
+            );
+            group.bench_function(label, |b| {
+                b.iter_custom(|iters| run(&store, &items, iters, threads))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3));
+    targets = gcra, memory_store
+}
+criterion_main!(benches);

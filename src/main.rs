@@ -83,6 +83,8 @@ fn serve(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> {
+    // Installed before the ports are announced, so that an early SIGTERM still drains.
+    let shutdown = cellrate::shutdown::signal();
     let decisions = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
@@ -106,7 +108,7 @@ async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> 
         cellrate::app::Listeners { decisions, admin },
         Arc::new(cellrate::clock::SystemClock),
         settings,
-        cellrate::shutdown::signal(),
+        shutdown,
     )
     .await?;
     tracing::info!("cellrate stopped");

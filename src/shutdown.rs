@@ -1,25 +1,35 @@
 //! The process's stop signal: SIGINT or SIGTERM, as a future.
 
-/// Resolves on the first SIGINT or SIGTERM (on non-Unix systems, Ctrl-C only).
-pub async fn signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+use std::future::Future;
+
+/// A future that resolves on the first SIGINT or SIGTERM.
+///
+/// The handlers are installed when this function is called, not when the future is first
+/// polled, so a signal that arrives while the server is still starting is not lost to the
+/// default action (which would kill the process without draining).
+pub fn signal() -> impl Future<Output = ()> + Send {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM received"),
+                        _ = int.recv() => tracing::info!("SIGINT received"),
+                    }
+                }
+                _ => {
+                    tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+                    std::future::pending::<()>().await
                 }
             }
-            Err(_) => ctrl_c.await,
         }
     }
     #[cfg(not(unix))]
-    ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

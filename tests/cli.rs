@@ -1,0 +1,162 @@
+//! The `cellrate` binary's `simulate` and `validate` commands, run as processes.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cellrate");
+const MS: i64 = 1_000_000;
+
+fn simulate(args: &[&str], input: &str) -> Vec<Value> {
+    let mut child = Command::new(BIN)
+        .arg("simulate")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "simulate failed: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn spend_at(at_ns: i64) -> String {
+    format!("{{\"at_ns\": {at_ns}, \"op\": \"spend\"}}\n")
+}
+
+#[test]
+fn seed_000_walkthrough_through_simulate() {
+    let mut input = String::new();
+    for _ in 0..21 {
+        input += &spend_at(0);
+    }
+    input += &spend_at(50 * MS - 1);
+    input += &spend_at(50 * MS);
+    input += &spend_at(14 * 86_400 * 1_000 * MS);
+    let out = simulate(&["--limit", "api=20/20/1s"], &input);
+    assert_eq!(out.len(), 24);
+    for (i, line) in out[..20].iter().enumerate() {
+        assert_eq!(line["allowed"], true, "request {}", i + 1);
+        assert_eq!(line["remaining"], 19 - i as i64);
+    }
+    assert_eq!(out[19]["reset_in_ns"], 1_000 * MS);
+    assert_eq!(out[20]["allowed"], false);
+    assert_eq!(out[20]["retry_in_ns"], 50 * MS);
+    assert_eq!(out[20]["remaining"], 0);
+    assert_eq!(out[21]["allowed"], false);
+    assert_eq!(out[21]["retry_in_ns"], 1);
+    assert_eq!(out[22]["allowed"], true);
+    assert_eq!(out[22]["retry_in_ns"], 50 * MS);
+    assert_eq!(out[23]["allowed"], true);
+    assert_eq!(out[23]["remaining"], 19);
+}
+
+#[test]
+fn simulate_batches_checks_refunds_and_resets() {
+    let input = r#"{"at_ns": 0, "op": "spend", "bucket": "a", "cost": 2}
+{"at_ns": 0, "op": "check", "bucket": "a", "cost": 1}
+{"at_ns": 0, "op": "spend", "items": [{"bucket": "b"}, {"bucket": "a"}]}
+{"at_ns": 0, "op": "refund", "bucket": "a", "cost": 1}
+{"at_ns": 0, "op": "spend", "items": [{"bucket": "b"}, {"bucket": "a", "mode": "spend_only", "cost": 2}]}
+{"at_ns": 0, "op": "reset", "bucket": "b"}
+"#;
+    let out = simulate(&["--limit", "a=2/2/1s", "--limit", "b=5/5/1s"], input);
+    assert_eq!(
+        (out[0]["allowed"].clone(), out[0]["remaining"].clone()),
+        (true.into(), 0.into())
+    );
+    assert_eq!(out[1]["allowed"], false);
+    // a is empty: the batch is denied and b is not spent.
+    assert_eq!(out[2]["allowed"], false);
+    assert_eq!(out[2]["items"][0]["allowed"], true);
+    assert_eq!(out[2]["items"][0]["remaining"], 5);
+    assert_eq!(out[2]["items"][1]["retry_in_ns"], 500 * MS);
+    assert_eq!(
+        (out[3]["allowed"].clone(), out[3]["remaining"].clone()),
+        (true.into(), 1.into())
+    );
+    // spend_only a lacks two tokens: left out, b is spent.
+    assert_eq!(out[4]["allowed"], true);
+    assert_eq!(out[4]["items"][0]["remaining"], 4);
+    assert_eq!(out[4]["items"][1]["allowed"], false);
+    assert_eq!(out[5]["remaining"], 5);
+}
+
+#[test]
+fn simulate_with_a_config_directory() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let input = r#"{"at_ns": 0, "op": "spend", "bucket": "NewOrdersPerAccount:12345678"}
+{"at_ns": 0, "op": "spend", "bucket": "NewOrdersPerAccount:1"}
+{"at_ns": 0, "op": "spend", "bucket": "NoSuch:1"}
+"#;
+    let out = simulate(&["--config", config], input);
+    assert_eq!(out[0]["reset_in_ns"], 18_000 * MS);
+    assert_eq!(out[1]["reset_in_ns"], 36_000 * MS);
+    assert!(out[2]["error"]
+        .as_str()
+        .unwrap()
+        .contains("unknown limit name"));
+}
+
+#[test]
+fn validate_prints_ok_or_every_error_with_exit_64() {
+    let good = Command::new(BIN)
+        .args(["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")])
+        .output()
+        .unwrap();
+    assert_eq!(good.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&good.stdout).starts_with("OK"));
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "NewOrdersPerAccount: {burst: 0, count: 1, period: 1s}\nNope: {burst: 1, count: 1, period: 1s}\n",
+    )
+    .unwrap();
+    let bad = Command::new(BIN)
+        .arg("validate")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert!(
+        text.contains("defaults.yaml: NewOrdersPerAccount: burst must be at least 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("defaults.yaml: Nope: unknown limit name"),
+        "{text}"
+    );
+}
+
+#[test]
+fn serve_exits_64_on_bad_config_before_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("defaults.yaml"), "garbage: [").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("defaults.yaml"));
+}
