@@ -282,14 +282,11 @@ impl Decider {
             })
             .collect();
         let changed = items.iter().any(|i| i.decision.allowed);
-        Ok(BatchResult {
-            overall: Decision {
-                allowed: changed,
-                ..UNCHANGED
-            },
-            overall_item: None,
-            items,
-        })
+        // The overall refund reports the strictest bucket, and whether anything changed.
+        let modes = vec![Mode::CheckAndSpend; items.len()];
+        let mut result = with_overall(items, &modes);
+        result.overall.allowed = changed;
+        Ok(result)
     }
 
     /// Reports each item's bucket without spending (a cost-0 peek).

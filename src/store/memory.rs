@@ -114,8 +114,14 @@ impl MemoryStore {
         let out = gcra::spend_batch(now, &batch, &tats);
         self.make_room(&mut guards, &positions, &tats, &out.writes, now)?;
         for ((item, &p), write) in items.iter().zip(&positions).zip(&out.writes) {
-            if let Some(tat) = write {
-                guards[p].insert(item.key.clone(), *tat);
+            if let Some(tat) = *write {
+                // Update in place: cloning the key is only needed for a new bucket.
+                match guards[p].get_mut(&item.key) {
+                    Some(stored) => *stored = tat,
+                    None => {
+                        guards[p].insert(item.key.clone(), tat);
+                    }
+                }
             }
         }
         Ok(Outcome {
