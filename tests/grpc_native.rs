@@ -241,7 +241,10 @@ async fn refund_gives_tokens_back_never_past_full() {
     assert_eq!(r.items[0].remaining, 6);
     let overall = r.overall.unwrap();
     assert!(overall.allowed);
-    assert_eq!((overall.remaining, overall.policy), (6, pb::Policy::Limited as i32));
+    assert_eq!(
+        (overall.remaining, overall.policy),
+        (6, pb::Policy::Limited as i32)
+    );
     let r = s
         .decisions
         .refund(refund(vec![key(Some(10))]))
