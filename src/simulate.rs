@@ -180,6 +180,7 @@ impl Script {
                     Ok(ItemSpec {
                         target: self.target(item.bucket.as_deref())?,
                         cost: item.cost,
+                        limit: None,
                         mode: match (item.mode, line.op) {
                             (None, Op::Check) => Mode::CheckOnly,
                             (None, _) => Mode::CheckAndSpend,
@@ -193,6 +194,7 @@ impl Script {
             None => vec![ItemSpec {
                 target: self.target(line.bucket.as_deref())?,
                 cost: line.cost,
+                limit: None,
                 mode: if line.op == Op::Check {
                     Mode::CheckOnly
                 } else {

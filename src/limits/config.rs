@@ -28,8 +28,9 @@ use crate::limits::names::{IdFormat, Name, Names};
 /// What applies to a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Decide with this limit.
-    Limited(Limit),
+    /// Decide with this limit. In shadow mode, Envoy's answers report OK even when the
+    /// limit denies (the decision is still made, spent when allowed, and counted).
+    Limited { limit: Limit, shadow: bool },
     /// On the allow list: always allowed, nothing stored.
     Unlimited,
     /// On the deny list: always denied, nothing stored.
@@ -76,7 +77,7 @@ impl fmt::Display for LoadError {
 #[derive(Debug, Clone)]
 pub struct LimitTable {
     names: Names,
-    defaults: HashMap<u32, Limit>,
+    defaults: HashMap<u32, Policy>,
     /// name number -> override id (canonical) -> policy
     overrides: HashMap<u32, HashMap<Box<str>, Policy>>,
     version: String,
@@ -202,8 +203,8 @@ impl LimitTable {
             };
             let number = name.number;
             match limit.build() {
-                Ok(limit) => {
-                    self.defaults.insert(number, limit);
+                Ok(policy) => {
+                    self.defaults.insert(number, policy);
                 }
                 Err(reason) => report(Some(text), reason),
             }
@@ -284,18 +285,16 @@ impl LimitTable {
         self.overrides
             .get(&name.number)
             .and_then(|ids| ids.get(override_id))
+            .or_else(|| self.defaults.get(&name.number))
             .copied()
-            .or_else(|| {
-                self.defaults
-                    .get(&name.number)
-                    .copied()
-                    .map(Policy::Limited)
-            })
     }
 
     /// The default limit of `name`, if any.
     pub fn default_limit(&self, name: &Name) -> Option<Limit> {
-        self.defaults.get(&name.number).copied()
+        match self.defaults.get(&name.number) {
+            Some(Policy::Limited { limit, .. }) => Some(*limit),
+            _ => None,
+        }
     }
 
     /// Number of override ids, over all names.
@@ -405,12 +404,18 @@ struct RawLimit {
     burst: u64,
     count: u64,
     period: String,
+    #[serde(default)]
+    shadow: bool,
 }
 
 impl RawLimit {
-    fn build(&self) -> Result<Limit, String> {
+    fn build(&self) -> Result<Policy, String> {
         let period = parse_duration(&self.period).map_err(|e| format!("period: {e}"))?;
-        Limit::new(self.burst, self.count, period).map_err(|e| e.to_string())
+        let limit = Limit::new(self.burst, self.count, period).map_err(|e| e.to_string())?;
+        Ok(Policy::Limited {
+            limit,
+            shadow: self.shadow,
+        })
     }
 }
 
@@ -424,6 +429,8 @@ struct RawOverride {
     unlimited: bool,
     #[serde(default)]
     deny: bool,
+    #[serde(default)]
+    shadow: bool,
     #[serde(default)]
     ids: Vec<IdEntry>,
 }
@@ -440,9 +447,10 @@ impl RawOverride {
                 burst: self.burst.unwrap_or_default(),
                 count: self.count.unwrap_or_default(),
                 period: self.period.clone().unwrap_or_default(),
+                shadow: self.shadow,
             }
-            .build()
-            .map(Policy::Limited),
+            .build(),
+            _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),
             (true, false, [false, false, false]) => Ok(Policy::Unlimited),
             (false, true, [false, false, false]) => Ok(Policy::Denied),
             (true, true, _) => Err("unlimited and deny exclude each other".to_string()),
@@ -680,7 +688,12 @@ NewOrdersPerAccount:
         let names = table.names();
         let ip = names.get("NewRegistrationsPerIPAddress").unwrap();
         let orders = names.get("NewOrdersPerAccount").unwrap();
-        let limit = |b, c, p| Some(Policy::Limited(Limit::new(b, c, p).unwrap()));
+        let limit = |b, c, p| {
+            Some(Policy::Limited {
+                limit: Limit::new(b, c, p).unwrap(),
+                shadow: false,
+            })
+        };
         assert_eq!(table.policy(ip, "10.0.0.2"), limit(20, 40, SECOND));
         assert_eq!(table.policy(ip, "10.0.0.3"), limit(20, 20, SECOND));
         assert_eq!(
@@ -723,7 +736,7 @@ NewOrdersPerAccount:
         assert_eq!(table.policy(name, "key-abuser"), Some(Policy::Denied));
         assert!(matches!(
             table.policy(name, "other"),
-            Some(Policy::Limited(_))
+            Some(Policy::Limited { .. })
         ));
     }
 
@@ -740,7 +753,7 @@ NewOrdersPerAccount:
             .unwrap();
         assert!(matches!(
             table.policy(name, "42:example.com"),
-            Some(Policy::Limited(_))
+            Some(Policy::Limited { .. })
         ));
         assert_eq!(table.policy(name, "43:example.com"), None);
     }

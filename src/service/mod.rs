@@ -40,6 +40,9 @@ pub struct ItemSpec {
     /// Tokens; `None` means 1.
     pub cost: Option<u64>,
     pub mode: Mode,
+    /// A limit given by the caller for this bucket (Envoy's descriptor `limit`), in place
+    /// of the configured one. Allow and deny lists still apply.
+    pub limit: Option<Limit>,
 }
 
 impl ItemSpec {
@@ -52,8 +55,21 @@ impl ItemSpec {
             },
             cost: None,
             mode: Mode::CheckAndSpend,
+            limit: None,
         }
     }
+}
+
+/// How a front end wants a batch decided.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// A cost above the limit's burst denies the item (and so the batch) instead of being
+    /// an error. Envoy cannot act on a per-descriptor error.
+    pub oversize_denies: bool,
+    /// Honour the `shadow` flag of configured limits: decide and spend, never deny.
+    pub honour_shadow: bool,
+    /// Treat every limit as shadow (global shadow mode).
+    pub shadow_all: bool,
 }
 
 /// Which rule decided an item.
@@ -73,6 +89,10 @@ pub struct ItemResult {
     /// The limit's name (or [`INLINE_NAME`]).
     pub name: Arc<str>,
     pub key: BucketKey,
+    /// Decided in shadow mode: a denial here did not deny the batch.
+    pub shadow: bool,
+    /// The cost exceeded the burst ([`CheckOptions::oversize_denies`]): denied for good.
+    pub oversize: bool,
 }
 
 /// A batch's answer.
@@ -86,12 +106,45 @@ pub struct BatchResult {
     pub items: Vec<ItemResult>,
 }
 
+/// A malformed request, and where: nothing was spent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// The item at fault, if one is.
+    pub item: Option<usize>,
+    /// The field within the item (e.g. `.id`), or empty.
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Invalid {
+    fn at(item: usize, field: &'static str, message: String) -> Invalid {
+        Invalid {
+            item: Some(item),
+            field,
+            message,
+        }
+    }
+
+    /// The message with the item named by `label` (front ends name items their way).
+    pub fn describe(&self, label: impl Fn(usize) -> String) -> String {
+        match self.item {
+            Some(i) => format!("{}{}: {}", label(i), self.field, self.message),
+            None => format!("items: {}", self.message),
+        }
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe(|i| format!("items[{i}]")))
+    }
+}
+
 /// Why a request was not decided.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
-    /// The request is malformed: nothing was spent.
     #[error("{0}")]
-    Invalid(String),
+    Invalid(Invalid),
     #[error("store: {0}")]
     Store(#[from] StoreError),
 }
@@ -99,12 +152,17 @@ pub enum DecideError {
 impl From<DecideError> for tonic::Status {
     fn from(error: DecideError) -> tonic::Status {
         match error {
-            DecideError::Invalid(message) => tonic::Status::invalid_argument(message),
-            // UNAVAILABLE, never UNKNOWN: Envoy treats UNKNOWN as "allow", while UNAVAILABLE
-            // lets its failure_mode_deny decide. A full memory store is transient too.
-            DecideError::Store(e) => tonic::Status::unavailable(format!("store: {}", e.message)),
+            DecideError::Invalid(invalid) => tonic::Status::invalid_argument(invalid.to_string()),
+            DecideError::Store(e) => store_unavailable(&e),
         }
     }
+}
+
+/// The one mapping of a store failure to a gRPC status: UNAVAILABLE, never UNKNOWN. Envoy
+/// treats UNKNOWN as "allow", while UNAVAILABLE lets its `failure_mode_deny` decide. A
+/// full memory store is transient too.
+pub fn store_unavailable(error: &StoreError) -> tonic::Status {
+    tonic::Status::unavailable(format!("store: {}", error.message))
 }
 
 /// A resolved item.
@@ -114,6 +172,8 @@ struct Resolved {
     rule: Rule,
     cost: u64,
     mode: Mode,
+    shadow: bool,
+    oversize: bool,
 }
 
 /// Decides requests against the current limits and a store.
@@ -128,88 +188,134 @@ impl Decider {
         Decider { limits, store }
     }
 
-    /// The limits in force.
+    /// The limits in force. Take one snapshot per request, so that a reload never splits
+    /// a request.
     pub fn limits(&self) -> Arc<LimitTable> {
         self.limits.load_full()
     }
 
-    fn resolve(&self, items: &[ItemSpec]) -> Result<Vec<Resolved>, DecideError> {
+    fn resolve(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec],
+        options: CheckOptions,
+    ) -> Result<Vec<Resolved>, DecideError> {
+        let invalid = |i, field, message| DecideError::Invalid(Invalid::at(i, field, message));
         if items.is_empty() {
-            return Err(DecideError::Invalid("items: empty batch".to_string()));
+            return Err(DecideError::Invalid(Invalid {
+                item: None,
+                field: "",
+                message: "empty batch".to_string(),
+            }));
         }
         if items.len() > MAX_BATCH {
-            return Err(DecideError::Invalid(format!(
-                "items: {} items, at most {MAX_BATCH} per request",
-                items.len()
-            )));
+            return Err(DecideError::Invalid(Invalid {
+                item: None,
+                field: "",
+                message: format!("{} items, at most {MAX_BATCH} per request", items.len()),
+            }));
         }
-        // One snapshot for the whole batch: a reload never splits a request.
-        let table = self.limits.load();
         let mut resolved = Vec::with_capacity(items.len());
         let mut seen: HashMap<BucketKey, usize> = HashMap::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let (key, name, rule) = match &item.target {
+            let (key, name, policy) = match &item.target {
                 Target::Named { name, id } => {
-                    let found = table.names().get(name).ok_or_else(|| {
-                        DecideError::Invalid(format!("items[{i}]: unknown limit name {name:?}"))
-                    })?;
+                    let found = table
+                        .names()
+                        .get(name)
+                        .ok_or_else(|| invalid(i, "", format!("unknown limit name {name:?}")))?;
                     let canonical = found.format.canonicalize(id).map_err(|e| {
-                        DecideError::Invalid(format!(
-                            "items[{i}].id: {e} (format {} of {name})",
-                            found.format
-                        ))
+                        invalid(i, ".id", format!("{e} (format {} of {name})", found.format))
                     })?;
-                    let rule = match table.policy(found, &canonical) {
-                        Some(Policy::Limited(limit)) => Rule::Limited(limit),
-                        Some(Policy::Unlimited) => Rule::Unlimited,
-                        Some(Policy::Denied) => Rule::Denied,
-                        None => Rule::NotConfigured,
-                    };
+                    let policy = table.policy(found, &canonical);
                     let key = BucketKey::new(found.number, &canonical);
-                    (key, found.text.clone(), rule)
+                    (key, found.text.clone(), policy)
                 }
                 Target::Inline { key, limit } => {
                     let canonical = IdFormat::String
                         .canonicalize(key)
-                        .map_err(|e| DecideError::Invalid(format!("items[{i}].inline.key: {e}")))?;
+                        .map_err(|e| invalid(i, ".inline.key", e.to_string()))?;
                     let key = BucketKey::new(INLINE_NUMBER, &canonical);
-                    (key, Arc::from(INLINE_NAME), Rule::Limited(*limit))
+                    let policy = Policy::Limited {
+                        limit: *limit,
+                        shadow: false,
+                    };
+                    (key, Arc::from(INLINE_NAME), Some(policy))
                 }
             };
-            let cost = item.cost.unwrap_or(1);
+            let (rule, configured_shadow) = match (policy, item.limit) {
+                (Some(Policy::Unlimited), _) => (Rule::Unlimited, false),
+                (Some(Policy::Denied), _) => (Rule::Denied, false),
+                (Some(Policy::Limited { shadow, .. }), Some(given)) => {
+                    (Rule::Limited(given), shadow)
+                }
+                (Some(Policy::Limited { limit, shadow }), None) => (Rule::Limited(limit), shadow),
+                (None, Some(given)) => (Rule::Limited(given), false),
+                (None, None) => (Rule::NotConfigured, false),
+            };
+            let shadow = options.shadow_all || (options.honour_shadow && configured_shadow);
+            let mut cost = item.cost.unwrap_or(1);
+            let mut oversize = false;
             if let Rule::Limited(limit) = rule {
                 if cost > limit.burst() {
-                    return Err(DecideError::Invalid(format!(
-                        "items[{i}]: cost {cost} exceeds the burst {} of {name}: it can never \
-                         be allowed",
-                        limit.burst()
-                    )));
+                    if !options.oversize_denies {
+                        return Err(invalid(
+                            i,
+                            "",
+                            format!(
+                                "cost {cost} exceeds the burst {} of {name}: it can never be \
+                                 allowed",
+                                limit.burst()
+                            ),
+                        ));
+                    }
+                    // Report the bucket as it is (a peek); the item is denied below.
+                    oversize = true;
+                    cost = 0;
                 }
             }
             if let Some(first) = seen.insert(key.clone(), i) {
-                return Err(DecideError::Invalid(format!(
-                    "items[{i}]: bucket {key} is already items[{first}] (each bucket once per \
-                     request)"
-                )));
+                return Err(invalid(
+                    i,
+                    "",
+                    format!(
+                        "bucket {key} is already items[{first}] (each bucket once per request)"
+                    ),
+                ));
             }
             resolved.push(Resolved {
                 key,
                 name,
                 rule,
                 cost,
-                mode: item.mode,
+                mode: if shadow { Mode::SpendOnly } else { item.mode },
+                shadow,
+                oversize,
             });
         }
         Ok(resolved)
     }
 
-    /// Decides `items` all-or-nothing and spends when allowed.
+    /// Decides `items` all-or-nothing against the current limits and spends when allowed.
     pub async fn check(&self, items: &[ItemSpec]) -> Result<BatchResult, DecideError> {
-        let resolved = self.resolve(items)?;
-        // A deny-listed item that counts denies the batch: decide the rest without spending.
-        let denied = resolved
+        self.check_with(&self.limits(), items, CheckOptions::default())
+            .await
+    }
+
+    /// Decides `items` against `table` (a snapshot the caller already used, e.g. to map
+    /// Envoy descriptors) with `options`.
+    pub async fn check_with(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec],
+        options: CheckOptions,
+    ) -> Result<BatchResult, DecideError> {
+        let resolved = self.resolve(table, items, options)?;
+        // A counting item that can never pass (deny-listed, or oversize) denies the batch:
+        // decide the rest without spending.
+        let blocked = resolved
             .iter()
-            .any(|r| r.rule == Rule::Denied && r.mode.counts());
+            .any(|r| (r.rule == Rule::Denied || r.oversize) && r.mode.counts());
         let store_items: Vec<StoreItem> = resolved
             .iter()
             .filter_map(|r| match r.rule {
@@ -217,7 +323,11 @@ impl Decider {
                     key: r.key.clone(),
                     limit,
                     cost: r.cost,
-                    mode: if denied { Mode::CheckOnly } else { r.mode },
+                    mode: if blocked || r.oversize {
+                        Mode::CheckOnly
+                    } else {
+                        r.mode
+                    },
                 }),
                 _ => None,
             })
@@ -232,16 +342,23 @@ impl Decider {
         let items: Vec<ItemResult> = resolved
             .into_iter()
             .map(|r| {
-                let decision = match r.rule {
+                let mut decision = match r.rule {
                     Rule::Limited(_) => store_decisions.next().unwrap_or(UNLIMITED),
                     Rule::Denied => DENIED,
                     Rule::Unlimited | Rule::NotConfigured => UNLIMITED,
                 };
+                if r.oversize {
+                    // Never allowed: no retry time would help.
+                    decision.allowed = false;
+                    decision.retry_in = 0;
+                }
                 ItemResult {
                     decision,
                     rule: r.rule,
                     name: r.name,
                     key: r.key,
+                    shadow: r.shadow,
+                    oversize: r.oversize,
                 }
             })
             .collect();
@@ -250,7 +367,7 @@ impl Decider {
 
     /// Refunds each item's cost. Per item, `allowed` says whether its bucket changed.
     pub async fn refund(&self, items: &[ItemSpec]) -> Result<BatchResult, DecideError> {
-        let resolved = self.resolve(items)?;
+        let resolved = self.resolve(&self.limits(), items, CheckOptions::default())?;
         let store_items: Vec<StoreItem> = resolved
             .iter()
             .filter_map(|r| match r.rule {
@@ -279,6 +396,8 @@ impl Decider {
                 rule: r.rule,
                 name: r.name,
                 key: r.key,
+                shadow: false,
+                oversize: false,
             })
             .collect();
         let changed = items.iter().any(|i| i.decision.allowed);
@@ -304,7 +423,11 @@ impl Decider {
 
     /// Deletes the items' buckets; returns how many were not full.
     pub async fn reset(&self, items: &[ItemSpec]) -> Result<u32, DecideError> {
-        let keys: Vec<BucketKey> = self.resolve(items)?.into_iter().map(|r| r.key).collect();
+        let keys: Vec<BucketKey> = self
+            .resolve(&self.limits(), items, CheckOptions::default())?
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
         Ok(self.store.reset(&keys).await?)
     }
 }

@@ -168,6 +168,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec, Status> 
         target,
         cost: item.cost,
         mode,
+        limit: None,
     })
 }
 
