@@ -19,9 +19,11 @@ use crate::clock::Clock;
 use crate::limits::config::LimitTable;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
+use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::Decider;
 use crate::store::MemoryStore;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
 /// How the service runs, beyond its listeners.
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct Settings {
     pub sweep_interval: Duration,
     /// How long in-flight RPCs may take to finish after shutdown begins.
     pub grace: Duration,
+    /// How Envoy's ShouldRateLimit answers (headers, global shadow mode).
+    pub envoy: EnvoyOptions,
 }
 
 impl Default for Settings {
@@ -40,13 +44,14 @@ impl Default for Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             sweep_interval: Duration::from_secs(10),
             grace: Duration::from_secs(10),
+            envoy: EnvoyOptions::default(),
         }
     }
 }
 
 /// The bound sockets the service answers on.
 pub struct Listeners {
-    /// `RateLimiter` (and later Envoy's RLS), health, reflection.
+    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection.
     pub decisions: TcpListener,
     /// `Admin`, health, reflection. Loopback by default.
     pub admin: TcpListener,
@@ -119,6 +124,9 @@ pub async fn run(
         .set_serving::<RateLimiterServer<RateLimiterService>>()
         .await;
     health.set_serving::<AdminServer<AdminService>>().await;
+    health
+        .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
+        .await;
 
     let services = [RATE_LIMITER, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
@@ -135,6 +143,10 @@ pub async fn run(
         .add_service(reflection!(build_v1alpha, services))
         .add_service(RateLimiterServer::new(RateLimiterService::new(
             decider.clone(),
+        )))
+        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
+            decider.clone(),
+            settings.envoy,
         )))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.decisions),
@@ -165,6 +177,9 @@ pub async fn run(
         .set_not_serving::<RateLimiterServer<RateLimiterService>>()
         .await;
     health.set_not_serving::<AdminServer<AdminService>>().await;
+    health
+        .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
+        .await;
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;

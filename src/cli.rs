@@ -62,6 +62,19 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 
+    /// Rate-limit headers in Envoy responses (Retry-After is always sent on OVER_LIMIT).
+    #[arg(
+        long,
+        env = "CELLRATE_RATE_LIMIT_HEADERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub rate_limit_headers: crate::service::envoy::HeaderStyle,
+
+    /// Global shadow mode for Envoy: decide, spend and count, but always answer OK.
+    #[arg(long, env = "CELLRATE_SHADOW")]
+    pub shadow: bool,
+
     /// Seconds that in-flight RPCs may take to finish after SIGTERM.
     #[arg(long, env = "CELLRATE_GRACE_SECONDS", default_value_t = 10)]
     pub grace_seconds: u64,

@@ -101,6 +101,10 @@ async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> 
     let settings = cellrate::app::Settings {
         max_buckets: args.max_buckets,
         grace: Duration::from_secs(args.grace_seconds),
+        envoy: cellrate::service::envoy::EnvoyOptions {
+            headers: args.rate_limit_headers,
+            shadow: args.shadow,
+        },
         ..Default::default()
     };
     cellrate::app::run(

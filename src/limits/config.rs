@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `names.yaml` | user-declared names: `Name: {number, format, description}` |
 //! | `defaults.yaml` | `Name: {burst, count, period}`, one per name |
+//! | `descriptors.yaml` | Envoy descriptor rules per domain (see [`crate::limits::descriptors`]) |
 //! | `overrides*.yaml` | a list of `- Name: {burst, count, period, ids: [...]}`, or `unlimited: true` / `deny: true` instead of the three numbers |
 //!
 //! Loading is a pure function of the files' contents ([`LimitTable::from_files`]), so a
@@ -23,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::Nanos;
 use crate::gcra::Limit;
+use crate::limits::descriptors::{DescriptorRules, RawRule};
 use crate::limits::names::{IdFormat, Name, Names};
 
 /// What applies to a bucket.
@@ -80,6 +82,7 @@ pub struct LimitTable {
     defaults: HashMap<u32, Policy>,
     /// name number -> override id (canonical) -> policy
     overrides: HashMap<u32, HashMap<Box<str>, Policy>>,
+    descriptors: DescriptorRules,
     version: String,
 }
 
@@ -90,6 +93,7 @@ impl LimitTable {
             names: Names::builtin(),
             defaults: HashMap::new(),
             overrides: HashMap::new(),
+            descriptors: DescriptorRules::default(),
             version: content_version(&[]),
         }
     }
@@ -116,8 +120,8 @@ impl LimitTable {
                 None => errors.push(ConfigError {
                     file: file.clone(),
                     entry: None,
-                    reason: "unknown limits file: expected names.yaml, defaults.yaml or \
-                             overrides*.yaml"
+                    reason: "unknown limits file: expected names.yaml, defaults.yaml, \
+                             overrides*.yaml or descriptors.yaml"
                         .to_string(),
                 }),
             }
@@ -128,6 +132,7 @@ impl LimitTable {
             names: Names::builtin(),
             defaults: HashMap::new(),
             overrides: HashMap::new(),
+            descriptors: DescriptorRules::default(),
             version: content_version(files),
         };
         // Where each override id was set, to name both places of a duplicate.
@@ -151,6 +156,12 @@ impl LimitTable {
                 },
                 FileKind::Overrides => match parse::<Vec<BTreeMap<String, RawOverride>>>(text) {
                     Ok(raw) => table.add_overrides(file, raw, &mut override_origin, &mut report),
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Descriptors => match parse::<BTreeMap<String, Vec<RawRule>>>(text) {
+                    Ok(raw) => {
+                        table.descriptors = DescriptorRules::build(raw, &table.names, &mut report)
+                    }
                     Err(reason) => report(None, reason),
                 },
             }
@@ -289,6 +300,11 @@ impl LimitTable {
             .copied()
     }
 
+    /// How Envoy descriptors map to names and ids.
+    pub fn descriptors(&self) -> &DescriptorRules {
+        &self.descriptors
+    }
+
     /// The default limit of `name`, if any.
     pub fn default_limit(&self, name: &Name) -> Option<Limit> {
         match self.defaults.get(&name.number) {
@@ -314,6 +330,7 @@ enum FileKind {
     Names,
     Defaults,
     Overrides,
+    Descriptors,
 }
 
 impl FileKind {
@@ -324,6 +341,7 @@ impl FileKind {
         match stem {
             "names" => Some(FileKind::Names),
             "defaults" => Some(FileKind::Defaults),
+            "descriptors" => Some(FileKind::Descriptors),
             _ if stem.starts_with("overrides") => Some(FileKind::Overrides),
             _ => None,
         }

@@ -1,4 +1,6 @@
-//! Limits: names and id formats ([`names`]) and the validated configuration ([`config`]).
+//! Limits: names and id formats ([`names`]), the validated configuration ([`config`]) and
+//! Envoy descriptor mapping ([`descriptors`]).
 
 pub mod config;
+pub mod descriptors;
 pub mod names;

@@ -16,6 +16,7 @@ use crate::limits::config::{LimitTable, Policy};
 use crate::limits::names::{BucketKey, IdFormat, INLINE_NUMBER};
 use crate::store::{Store, StoreError, StoreItem};
 
+pub mod envoy;
 pub mod native;
 
 /// The most items one request may name.

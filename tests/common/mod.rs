@@ -8,6 +8,7 @@ use cellrate::app::{Listeners, Settings};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
@@ -20,6 +21,7 @@ pub struct Served {
     pub clock: FakeClock,
     pub decisions: pb::rate_limiter_client::RateLimiterClient<Channel>,
     pub admin: pb::admin_client::AdminClient<Channel>,
+    pub envoy: RateLimitServiceClient<Channel>,
     pub decisions_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -38,6 +40,10 @@ impl Served {
     }
 
     pub async fn with_limits(limits: LimitTable) -> Served {
+        Served::with_settings(limits, Settings::default()).await
+    }
+
+    pub async fn with_settings(limits: LimitTable, settings: Settings) -> Served {
         let clock = FakeClock::new(T0);
         let decisions = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -48,7 +54,7 @@ impl Served {
             limits,
             Listeners { decisions, admin },
             Arc::new(clock.clone()),
-            Settings::default(),
+            settings,
             async move {
                 let _ = stopped.await;
             },
@@ -69,6 +75,7 @@ impl Served {
                 channel(decisions_addr).await,
             ),
             admin: pb::admin_client::AdminClient::new(channel(admin_addr).await),
+            envoy: RateLimitServiceClient::new(channel(decisions_addr).await),
             decisions_addr,
             admin_addr,
             stop: Some(stop),

@@ -1,0 +1,434 @@
+//! Envoy descriptors -> limit names and ids (`descriptors.yaml`).
+//!
+//! Per Envoy domain, an ordered list of rules. A rule matches a descriptor whose entries
+//! have exactly the rule's keys, in order (and the rule's value, where it fixes one); it
+//! maps the descriptor to one or more names, with the id built from the entries' values by
+//! a template such as `{remote_address}` or `{account_id}:{domain}`. The first matching rule
+//! wins. Without a matching rule, the convention applies in every domain: a descriptor of a
+//! single entry whose key is a limit name maps to that name, with the value as id. Anything
+//! else maps to nothing (allowed, unlimited).
+//!
+//! ```yaml
+//! edge:
+//!   - match: [{key: generic_key, value: signup}, {key: remote_address}]
+//!     limits: [NewRegistrationsPerIPAddress]
+//!   - match: [{key: api_key}]
+//!     limits: [ApiRequestsPerKey, ApiRequestsPerKeyDaily]
+//!     id: "{api_key}"
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::limits::names::Names;
+
+/// The descriptor rules of every domain.
+#[derive(Debug, Clone, Default)]
+pub struct DescriptorRules {
+    by_domain: HashMap<String, Vec<DescriptorRule>>,
+}
+
+#[derive(Debug, Clone)]
+struct DescriptorRule {
+    entries: Vec<EntryMatch>,
+    names: Vec<Arc<str>>,
+    id: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+struct EntryMatch {
+    key: String,
+    value: Option<String>,
+}
+
+/// A piece of an id template: literal text, or the value of the entry at an index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Entry(usize),
+}
+
+/// Where a descriptor leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapping<'a> {
+    /// Names (one or more) and the id built for them.
+    Limits { names: Vec<&'a str>, id: String },
+    /// No rule and no convention: not limited.
+    Unmatched,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRule {
+    #[serde(rename = "match")]
+    entries: Vec<RawEntry>,
+    limits: Vec<String>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntry {
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+}
+
+impl DescriptorRules {
+    /// Validates raw rules against `names`; problems go to `report(entry, reason)`.
+    pub(crate) fn build(
+        raw: BTreeMap<String, Vec<RawRule>>,
+        names: &Names,
+        report: &mut impl FnMut(Option<String>, String),
+    ) -> DescriptorRules {
+        let mut rules = DescriptorRules::default();
+        for (domain, raw_rules) in raw {
+            if domain.is_empty() {
+                report(None, "a domain name is empty".to_string());
+                continue;
+            }
+            let mut built = Vec::new();
+            for (index, rule) in raw_rules.into_iter().enumerate() {
+                let at = Some(format!("{domain} rule {}", index + 1));
+                match DescriptorRule::build(rule, names) {
+                    Ok(rule) => built.push(rule),
+                    Err(reason) => report(at, reason),
+                }
+            }
+            rules.by_domain.insert(domain, built);
+        }
+        rules
+    }
+
+    /// Maps one descriptor of `domain` (entries as `(key, value)`).
+    ///
+    /// ```
+    /// use cellrate::limits::descriptors::{DescriptorRules, Mapping};
+    /// use cellrate::limits::names::Names;
+    /// let rules = DescriptorRules::default();
+    /// let names = Names::builtin();
+    /// assert_eq!(
+    ///     rules.map(&names, "any", &[("NewOrdersPerAccount", "42")]),
+    ///     Mapping::Limits { names: vec!["NewOrdersPerAccount"], id: "42".into() }
+    /// );
+    /// assert_eq!(rules.map(&names, "any", &[("path", "/")]), Mapping::Unmatched);
+    /// ```
+    pub fn map<'a>(
+        &'a self,
+        names: &'a Names,
+        domain: &str,
+        entries: &[(&str, &str)],
+    ) -> Mapping<'a> {
+        if let Some(rules) = self.by_domain.get(domain) {
+            for rule in rules {
+                if let Some(id) = rule.apply(entries) {
+                    return Mapping::Limits {
+                        names: rule.names.iter().map(|n| n.as_ref()).collect(),
+                        id,
+                    };
+                }
+            }
+        }
+        // Convention: one entry whose key is a limit name.
+        if let [(key, value)] = entries {
+            if let Some(name) = names.get(key) {
+                return Mapping::Limits {
+                    names: vec![name.text.as_ref()],
+                    id: value.to_string(),
+                };
+            }
+        }
+        Mapping::Unmatched
+    }
+
+    /// Number of rules over all domains.
+    pub fn rule_count(&self) -> usize {
+        self.by_domain.values().map(Vec::len).sum()
+    }
+}
+
+impl DescriptorRule {
+    fn build(raw: RawRule, names: &Names) -> Result<DescriptorRule, String> {
+        if raw.entries.is_empty() {
+            return Err("match lists no entries".to_string());
+        }
+        let mut entries: Vec<EntryMatch> = Vec::new();
+        for entry in raw.entries {
+            if entry.key.is_empty() {
+                return Err("a match entry has an empty key".to_string());
+            }
+            if entries.iter().any(|e| e.key == entry.key) {
+                return Err(format!("match names key {:?} twice", entry.key));
+            }
+            entries.push(EntryMatch {
+                key: entry.key,
+                value: entry.value,
+            });
+        }
+        if raw.limits.is_empty() {
+            return Err("limits lists no names".to_string());
+        }
+        let mut rule_names = Vec::new();
+        for text in &raw.limits {
+            let name = names
+                .get(text)
+                .ok_or_else(|| format!("unknown limit name {text:?}"))?;
+            rule_names.push(name.text.clone());
+        }
+        let template = match raw.id {
+            Some(template) => template,
+            None => {
+                let open: Vec<&EntryMatch> = entries.iter().filter(|e| e.value.is_none()).collect();
+                match open[..] {
+                    [only] => format!("{{{}}}", only.key),
+                    _ => {
+                        return Err(
+                            "id is required unless exactly one match entry has no fixed value"
+                                .to_string(),
+                        )
+                    }
+                }
+            }
+        };
+        let id = parse_template(&template, &entries)?;
+        // A template without placeholders is one fixed id: check it now, for every name.
+        if id.iter().all(|part| matches!(part, Part::Text(_))) {
+            let fixed = fixed_text(&id);
+            for text in &raw.limits {
+                if let Some(name) = names.get(text) {
+                    name.format.canonicalize(&fixed).map_err(|e| {
+                        format!("fixed id does not fit {text} ({}): {e}", name.format)
+                    })?;
+                }
+            }
+        }
+        Ok(DescriptorRule {
+            entries,
+            names: rule_names,
+            id,
+        })
+    }
+
+    /// The id for `entries` if this rule matches them.
+    fn apply(&self, entries: &[(&str, &str)]) -> Option<String> {
+        if entries.len() != self.entries.len() {
+            return None;
+        }
+        let matches = self
+            .entries
+            .iter()
+            .zip(entries)
+            .all(|(rule, (key, value))| {
+                rule.key == *key && rule.value.as_deref().is_none_or(|fixed| fixed == *value)
+            });
+        if !matches {
+            return None;
+        }
+        let mut id = String::new();
+        for part in &self.id {
+            match part {
+                Part::Text(text) => id.push_str(text),
+                Part::Entry(i) => id.push_str(entries[*i].1),
+            }
+        }
+        Some(id)
+    }
+}
+
+fn fixed_text(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(t) => t.as_str(),
+            Part::Entry(_) => "",
+        })
+        .collect()
+}
+
+/// Parses `{key}` placeholders; every key must be one of the rule's entries.
+fn parse_template(template: &str, entries: &[EntryMatch]) -> Result<Vec<Part>, String> {
+    let mut parts = Vec::new();
+    let mut rest = template;
+    while !rest.is_empty() {
+        match rest.find(['{', '}']) {
+            None => {
+                parts.push(Part::Text(rest.to_string()));
+                break;
+            }
+            Some(at) if rest.as_bytes()[at] == b'}' => {
+                return Err(format!("id template {template:?} has an unmatched '}}'"))
+            }
+            Some(at) => {
+                if at > 0 {
+                    parts.push(Part::Text(rest[..at].to_string()));
+                }
+                let close = rest[at..]
+                    .find('}')
+                    .ok_or_else(|| format!("id template {template:?} has an unclosed '{{'"))?;
+                let key = &rest[at + 1..at + close];
+                let index = entries.iter().position(|e| e.key == key).ok_or_else(|| {
+                    format!("id template {template:?} names {{{key}}}, which is not a match key")
+                })?;
+                parts.push(Part::Entry(index));
+                rest = &rest[at + close + 1..];
+            }
+        }
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(yaml: &str) -> Result<(DescriptorRules, Names), Vec<String>> {
+        let names = Names::builtin();
+        let raw: BTreeMap<String, Vec<RawRule>> = serde_yaml_ng::from_str(yaml).unwrap();
+        let mut errors = Vec::new();
+        let built = DescriptorRules::build(raw, &names, &mut |entry, reason| {
+            errors.push(format!("{}: {reason}", entry.unwrap_or_default()))
+        });
+        if errors.is_empty() {
+            Ok((built, names))
+        } else {
+            Err(errors)
+        }
+    }
+
+    const EDGE: &str = r#"
+edge:
+  - match: [{key: generic_key, value: signup}, {key: remote_address}]
+    limits: [NewRegistrationsPerIPAddress]
+  - match: [{key: account}, {key: domain}]
+    limits: [CertificatesPerDomainPerAccount, FailedAuthorizationsPerDomainPerAccount]
+    id: "{account}:{domain}"
+"#;
+
+    #[test]
+    fn rules_match_keys_in_order_with_fixed_values() {
+        let (rules, names) = rules(EDGE).unwrap();
+        assert_eq!(
+            rules.map(
+                &names,
+                "edge",
+                &[("generic_key", "signup"), ("remote_address", "10.0.0.1")]
+            ),
+            Mapping::Limits {
+                names: vec!["NewRegistrationsPerIPAddress"],
+                id: "10.0.0.1".into()
+            }
+        );
+        assert_eq!(
+            rules.map(
+                &names,
+                "edge",
+                &[("generic_key", "login"), ("remote_address", "10.0.0.1")]
+            ),
+            Mapping::Unmatched
+        );
+        assert_eq!(
+            rules.map(
+                &names,
+                "edge",
+                &[("remote_address", "10.0.0.1"), ("generic_key", "signup")]
+            ),
+            Mapping::Unmatched
+        );
+        assert_eq!(
+            rules.map(
+                &names,
+                "edge",
+                &[("account", "42"), ("domain", "www.example.com")]
+            ),
+            Mapping::Limits {
+                names: vec![
+                    "CertificatesPerDomainPerAccount",
+                    "FailedAuthorizationsPerDomainPerAccount"
+                ],
+                id: "42:www.example.com".into()
+            }
+        );
+        // Rules are per domain; the convention works everywhere.
+        assert_eq!(
+            rules.map(
+                &names,
+                "other",
+                &[("generic_key", "signup"), ("remote_address", "10.0.0.1")]
+            ),
+            Mapping::Unmatched
+        );
+        assert_eq!(
+            rules.map(&names, "other", &[("NewOrdersPerAccount", "7")]),
+            Mapping::Limits {
+                names: vec!["NewOrdersPerAccount"],
+                id: "7".into()
+            }
+        );
+        assert_eq!(rules.rule_count(), 2);
+    }
+
+    #[test]
+    fn rule_errors_are_reported() {
+        let cases = [
+            (
+                "d: [{match: [], limits: [NewOrdersPerAccount]}]",
+                "match lists no entries",
+            ),
+            (
+                "d: [{match: [{key: ''}], limits: [NewOrdersPerAccount]}]",
+                "empty key",
+            ),
+            (
+                "d: [{match: [{key: a}, {key: a}], limits: [NewOrdersPerAccount]}]",
+                "twice",
+            ),
+            ("d: [{match: [{key: a}], limits: []}]", "no names"),
+            (
+                "d: [{match: [{key: a}], limits: [Nope]}]",
+                "unknown limit name \"Nope\"",
+            ),
+            (
+                "d: [{match: [{key: a}, {key: b}], limits: [NewOrdersPerAccount]}]",
+                "id is required",
+            ),
+            (
+                "d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: '{b}'}]",
+                "not a match key",
+            ),
+            (
+                "d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: '{a'}]",
+                "unclosed",
+            ),
+            (
+                "d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: 'a}'}]",
+                "unmatched",
+            ),
+            (
+                "d: [{match: [{key: a, value: x}], limits: [NewOrdersPerAccount], id: 'abc'}]",
+                "fixed id does not fit NewOrdersPerAccount",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let errors = rules(yaml).unwrap_err();
+            assert!(errors[0].starts_with("d rule 1: "), "{errors:?}");
+            assert!(errors[0].contains(expected), "{yaml}: {errors:?}");
+        }
+    }
+
+    #[test]
+    fn fixed_ids_are_allowed_when_they_fit() {
+        let (rules, names) =
+            rules("d: [{match: [{key: generic_key, value: global}], limits: [NewOrdersPerAccount], id: '0'}]")
+                .unwrap();
+        assert_eq!(
+            rules.map(&names, "d", &[("generic_key", "global")]),
+            Mapping::Limits {
+                names: vec!["NewOrdersPerAccount"],
+                id: "0".into()
+            }
+        );
+    }
+}
