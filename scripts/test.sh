@@ -16,6 +16,15 @@ if ! command -v grpcurl >/dev/null 2>&1; then
 fi
 grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2; exit 1; }
 
+# The second Envoy RLS client: Python grpcio with envoy-data-plane, in a venv of our own.
+venv=target/test-venv
+if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane' >/dev/null 2>&1; then
+  echo "installing grpcio and envoy-data-plane from PyPI into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check grpcio envoy-data-plane
+fi
+export CELLRATE_TEST_PYTHON="$PWD/$venv/bin/python"
+
 cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked

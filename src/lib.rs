@@ -13,16 +13,18 @@
 //! app.rs                   the composition root: store, limits, tonic services, serve, drain
 //! simulate.rs              `cellrate simulate`: a scripted timeline on a fake clock
 //! service/                 Decider (request -> batch -> decision; StoreError -> Status),
-//!                          native.rs (protobuf <-> domain for cellrate.v1)
+//!                          native.rs (protobuf <-> domain for cellrate.v1),
+//!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses)
 //! store/                   Store trait; memory.rs (sharded, all-or-nothing batches)
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
-//!                          validated, immutable LimitTable)
+//!                          validated, immutable LimitTable), descriptors.rs (Envoy
+//!                          descriptors -> names and ids)
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
 //! shutdown.rs              SIGINT | SIGTERM as a future
 //! ```
 //!
-//! A request flows: tonic service -> [`service::native`] converts it to
+//! A request flows: tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
 //! [`service::ItemSpec`]s -> [`service::Decider`] resolves names and ids against the current
 //! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
 //! [`gcra`] atomically over the batch's TATs.

