@@ -1,41 +1,54 @@
-//! The composition root: builds the store and the decider, assembles the tonic services
-//! on their listeners, serves until shutdown, then drains.
+//! The composition root: builds the store, the decider and the reloader, assembles the
+//! tonic services on their listeners, serves until shutdown, then drains.
 //!
 //! `run` takes already-bound listeners, a clock and a shutdown future, so that `main`
 //! passes real ones and tests pass `127.0.0.1:0`, a [`crate::clock::FakeClock`] and a
-//! oneshot.
+//! oneshot. [`run_with_store`] also takes the store, so that tests can bring a store that
+//! fails or stalls.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::admin::{AdminAuth, TlsPem};
 use crate::clock::Clock;
 use crate::limits::config::LimitTable;
+use crate::limits::reload::{ReloadSettings, Reloader};
+use crate::metrics::{MeasuredStore, Metrics};
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::Decider;
-use crate::store::MemoryStore;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::store::{MemoryStore, Store};
 
 /// How the service runs, beyond its listeners.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     /// Bound on live buckets in the memory store.
     pub max_buckets: usize,
     /// How often expired buckets are swept from the memory store.
     pub sweep_interval: Duration,
-    /// How long in-flight RPCs may take to finish after shutdown begins.
+    /// After SIGTERM, how long health reports NOT_SERVING while requests are still served
+    /// (so that load balancers stop sending before the listeners close).
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight RPCs may take to finish.
     pub grace: Duration,
     /// How Envoy's ShouldRateLimit answers (headers, global shadow mode).
     pub envoy: EnvoyOptions,
+    /// Hot reload of the limits directory; `None`: the limits never change.
+    pub reload: Option<ReloadSettings>,
+    /// Bearer token required on admin RPCs.
+    pub admin_token: Option<String>,
+    /// TLS on both gRPC listeners.
+    pub tls: Option<TlsPem>,
 }
 
 impl Default for Settings {
@@ -43,8 +56,12 @@ impl Default for Settings {
         Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             sweep_interval: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
             envoy: EnvoyOptions::default(),
+            reload: None,
+            admin_token: None,
+            tls: None,
         }
     }
 }
@@ -55,6 +72,8 @@ pub struct Listeners {
     pub decisions: TcpListener,
     /// `Admin`, health, reflection. Loopback by default.
     pub admin: TcpListener,
+    /// HTTP: `/metrics`, `/healthz`, `/readyz`.
+    pub metrics: Option<TcpListener>,
 }
 
 /// Why serving failed.
@@ -64,6 +83,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("serving: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("metrics listener: {0}")]
+    Metrics(#[from] std::io::Error),
 }
 
 const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
@@ -87,7 +108,7 @@ macro_rules! reflection {
     }};
 }
 
-/// Serves until `shutdown` resolves, then drains in-flight RPCs for up to `grace`.
+/// Serves with the in-memory store until `shutdown` resolves, then drains.
 pub async fn run(
     limits: LimitTable,
     listeners: Listeners,
@@ -96,26 +117,77 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let store = Arc::new(MemoryStore::with_capacity(
-        clock,
+        clock.clone(),
         crate::store::memory::DEFAULT_SHARDS,
         settings.max_buckets,
     ));
-    let limits = Arc::new(ArcSwap::from_pointee(limits));
-    let decider = Arc::new(Decider::new(limits, store.clone()));
+    run_with_store(limits, listeners, store, clock, settings, shutdown).await
+}
 
-    // The sweeper drops expired buckets; it holds only the store and is aborted below.
+/// Serves with `store` until `shutdown` resolves: health NOT_SERVING, wait the shutdown
+/// delay, stop accepting, drain in-flight RPCs for up to the grace period.
+pub async fn run_with_store(
+    limits: LimitTable,
+    listeners: Listeners,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let metrics = Metrics::new();
+    metrics.config_loaded(limits.version(), clock.now());
+    let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
+    let limits = Arc::new(ArcSwap::from_pointee(limits));
+    let decider = Arc::new(Decider::new(limits.clone(), store.clone()));
+
+    // Every background task watches `stop_tasks` and ends when it flips, after the drain.
+    let (stop_tasks, tasks_stopped) = watch::channel(false);
+
+    // The sweeper drops expired buckets and keeps the live-bucket gauge current.
     let sweeper = tokio::spawn({
-        let store = store.clone();
+        let (store, metrics) = (store.clone(), metrics.clone());
         let every = settings.sweep_interval;
+        let mut stopped = tasks_stopped.clone();
         async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
                 let dropped = store.sweep();
-                tracing::debug!(dropped, "swept expired buckets");
+                metrics.swept_buckets.inc_by(dropped as u64);
+                if let Some(live) = store.live_buckets() {
+                    metrics.live_buckets.set(live as i64);
+                }
             }
         }
+    });
+
+    // The reloader swaps new limits into `limits`; decisions in flight keep the snapshot
+    // they started with.
+    let reloader = settings.reload.clone().map(|reload| {
+        let reloader = Arc::new(Reloader::new(
+            reload.dir.clone(),
+            limits.clone(),
+            metrics.clone(),
+            clock.clone(),
+        ));
+        tokio::spawn(reloader.run(reload, tasks_stopped.clone()))
+    });
+
+    // The metrics listener serves until the tasks stop, so that a drain can be watched.
+    let metrics_server = listeners.metrics.map(|listener| {
+        let routes = crate::metrics::http_routes(metrics.clone());
+        let mut stopped = tasks_stopped.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, routes)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        })
     });
 
     // One health service for both listeners, so that shutdown flips both at once.
@@ -123,40 +195,51 @@ pub async fn run(
     health
         .set_serving::<RateLimiterServer<RateLimiterService>>()
         .await;
-    health.set_serving::<AdminServer<AdminService>>().await;
     health
         .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
         .await;
+    health.set_serving::<AdminServer<AdminService>>().await;
 
     let services = [RATE_LIMITER, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
 
-    // Both servers stop when `stop` flips; each gets its own receiver.
+    // Both gRPC servers stop accepting when `stop` flips; each gets its own receiver.
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let decisions = Server::builder()
+    let mut decisions_server = Server::builder();
+    let mut admin_server = Server::builder();
+    if let Some(tls) = &settings.tls {
+        decisions_server = decisions_server.tls_config(tls.decisions())?;
+        admin_server = admin_server.tls_config(tls.admin())?;
+    }
+    let decisions = decisions_server
         .add_service(health_service.clone())
         .add_service(reflection!(build_v1, services))
         .add_service(reflection!(build_v1alpha, services))
         .add_service(RateLimiterServer::new(RateLimiterService::new(
             decider.clone(),
+            metrics.clone(),
         )))
         .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
             decider.clone(),
             settings.envoy,
+            metrics.clone(),
         )))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.decisions),
             until_stopped(stopped.clone()),
         );
-    let admin = Server::builder()
+    let admin = admin_server
         .add_service(health_service)
         .add_service(reflection!(build_v1, admin_services))
         .add_service(reflection!(build_v1alpha, admin_services))
-        .add_service(AdminServer::new(AdminService::new(decider)))
+        .add_service(AdminServer::with_interceptor(
+            AdminService::new(decider, metrics.clone()),
+            AdminAuth::new(settings.admin_token.as_deref()),
+        ))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.admin),
             until_stopped(stopped),
@@ -164,33 +247,62 @@ pub async fn run(
     let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };
     tokio::pin!(servers);
 
-    tokio::select! {
-        result = &mut servers => {
-            sweeper.abort();
-            return result.map_err(ServeError::from);
-        }
-        _ = shutdown => {}
-    }
-
-    tracing::info!("shutting down: health NOT_SERVING, draining in-flight RPCs");
-    health
-        .set_not_serving::<RateLimiterServer<RateLimiterService>>()
-        .await;
-    health.set_not_serving::<AdminServer<AdminService>>().await;
-    health
-        .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
-    let _ = stop.send(true);
-    let result = match tokio::time::timeout(settings.grace, &mut servers).await {
-        Ok(result) => result.map_err(ServeError::from),
-        Err(_) => {
-            tracing::warn!(grace = ?settings.grace, "grace period over; abandoning in-flight RPCs");
-            Ok(())
+    let result = tokio::select! {
+        result = &mut servers => result.map_err(ServeError::from),
+        _ = shutdown => {
+            tracing::info!(
+                delay = ?settings.shutdown_delay,
+                grace = ?settings.grace,
+                "shutting down: health NOT_SERVING, then draining in-flight RPCs"
+            );
+            health
+                .set_not_serving::<RateLimiterServer<RateLimiterService>>()
+                .await;
+            health
+                .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
+                .await;
+            health.set_not_serving::<AdminServer<AdminService>>().await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            metrics.set_not_ready();
+            // Still serving: load balancers see NOT_SERVING and move away first.
+            tokio::select! {
+                _ = tokio::time::sleep(settings.shutdown_delay) => {}
+                result = &mut servers => return finish(result.map_err(ServeError::from), stop_tasks, sweeper, reloader, metrics_server).await,
+            }
+            let _ = stop.send(true);
+            match tokio::time::timeout(settings.grace, &mut servers).await {
+                Ok(result) => result.map_err(ServeError::from),
+                Err(_) => {
+                    tracing::warn!(grace = ?settings.grace, "grace period over; abandoning in-flight RPCs");
+                    Ok(())
+                }
+            }
         }
     };
-    sweeper.abort();
+    finish(result, stop_tasks, sweeper, reloader, metrics_server).await
+}
+
+/// Stops the background tasks and returns the servers' result.
+async fn finish(
+    result: Result<(), ServeError>,
+    stop_tasks: watch::Sender<bool>,
+    sweeper: tokio::task::JoinHandle<()>,
+    reloader: Option<tokio::task::JoinHandle<()>>,
+    metrics_server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> Result<(), ServeError> {
+    let _ = stop_tasks.send(true);
+    let _ = sweeper.await;
+    if let Some(reloader) = reloader {
+        let _ = reloader.await;
+    }
+    if let Some(server) = metrics_server {
+        if let Ok(Err(e)) = server.await {
+            if result.is_ok() {
+                return Err(ServeError::Metrics(e));
+            }
+        }
+    }
     result
 }

@@ -34,7 +34,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve decisions (and the admin API on its own listener).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a limits directory: prints OK or every error; exit 0, or 64 if invalid.
     Validate {
         /// The limits directory.
@@ -54,9 +54,41 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = "127.0.0.1:8082")]
     pub admin_listen: SocketAddr,
 
-    /// The limits directory.
+    /// Metrics listener (HTTP): /metrics, /healthz, /readyz.
+    #[arg(long, env = "CELLRATE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// The limits directory (reloaded when it changes, on SIGHUP and on a timer).
     #[arg(long, env = "CELLRATE_CONFIG", default_value = "config/")]
     pub config: PathBuf,
+
+    /// Watch the limits directory for changes (false: SIGHUP and the timer only).
+    #[arg(long, env = "CELLRATE_WATCH_CONFIG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_config: bool,
+
+    /// Re-read the limits directory this often, whatever the watcher says.
+    #[arg(long, env = "CELLRATE_RELOAD_INTERVAL_SECONDS", default_value_t = 60)]
+    pub reload_interval_seconds: u64,
+
+    /// Quiet time after the last file event before a reload, in milliseconds.
+    #[arg(long, env = "CELLRATE_RELOAD_DEBOUNCE_MS", default_value_t = 200)]
+    pub reload_debounce_ms: u64,
+
+    /// Bearer token required on admin RPCs (Reset, Inspect).
+    #[arg(long, env = "CELLRATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// TLS certificate (PEM) for both gRPC listeners; needs --tls-key.
+    #[arg(long, env = "CELLRATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS private key (PEM) for both gRPC listeners; needs --tls-cert.
+    #[arg(long, env = "CELLRATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA (PEM) whose client certificates the admin listener requires (mTLS); needs TLS.
+    #[arg(long, env = "CELLRATE_ADMIN_CLIENT_CA", requires = "tls_cert")]
+    pub admin_client_ca: Option<PathBuf>,
 
     /// Bound on live buckets in the memory store.
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
@@ -75,7 +107,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_SHADOW")]
     pub shadow: bool,
 
-    /// Seconds that in-flight RPCs may take to finish after SIGTERM.
+    /// Seconds that health reports NOT_SERVING, still serving, after SIGTERM.
+    #[arg(long, env = "CELLRATE_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
+    pub shutdown_delay_seconds: u64,
+
+    /// Seconds that in-flight RPCs may then take to finish.
     #[arg(long, env = "CELLRATE_GRACE_SECONDS", default_value_t = 10)]
     pub grace_seconds: u64,
 }

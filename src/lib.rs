@@ -29,11 +29,13 @@
 //! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
 //! [`gcra`] atomically over the batch's TATs.
 
+pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod gcra;
 pub mod limits;
+pub mod metrics;
 pub mod service;
 pub mod shutdown;
 pub mod simulate;

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
         },
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Simulate(args) => {
             let result =
                 cellrate::simulate::Script::from_args(&args.limits, args.config.as_deref())
@@ -66,6 +66,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let tls = match read_tls(&args) {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "invalid TLS settings");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -73,7 +80,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve_async(args, limits)) {
+    match runtime.block_on(serve_async(args, limits, tls)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
@@ -82,7 +89,26 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> {
+/// Reads the TLS files named by the flags.
+fn read_tls(args: &ServeArgs) -> anyhow::Result<Option<cellrate::admin::TlsPem>> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    };
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    Ok(Some(cellrate::admin::TlsPem {
+        cert: read(cert)?,
+        key: read(key)?,
+        admin_client_ca: args.admin_client_ca.as_deref().map(read).transpose()?,
+    }))
+}
+
+async fn serve_async(
+    args: ServeArgs,
+    limits: LimitTable,
+    tls: Option<cellrate::admin::TlsPem>,
+) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
     let shutdown = cellrate::shutdown::signal();
     let decisions = tokio::net::TcpListener::bind(args.listen)
@@ -91,9 +117,15 @@ async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> 
     let admin = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    let metrics = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
     tracing::info!(
         listen = %decisions.local_addr()?,
         admin = %admin.local_addr()?,
+        metrics = %metrics.local_addr()?,
+        tls = tls.is_some(),
+        admin_token = args.admin_token.is_some(),
         config = %args.config.display(),
         version = limits.version(),
         "cellrate serving"
@@ -101,6 +133,16 @@ async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> 
     let settings = cellrate::app::Settings {
         max_buckets: args.max_buckets,
         grace: Duration::from_secs(args.grace_seconds),
+        shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
+        reload: Some(cellrate::limits::reload::ReloadSettings {
+            dir: args.config.clone(),
+            watch: args.watch_config,
+            debounce: Duration::from_millis(args.reload_debounce_ms),
+            interval: Duration::from_secs(args.reload_interval_seconds.max(1)),
+            sighup: true,
+        }),
+        admin_token: args.admin_token.clone(),
+        tls,
         envoy: cellrate::service::envoy::EnvoyOptions {
             headers: args.rate_limit_headers,
             shadow: args.shadow,
@@ -109,7 +151,11 @@ async fn serve_async(args: ServeArgs, limits: LimitTable) -> anyhow::Result<()> 
     };
     cellrate::app::run(
         limits,
-        cellrate::app::Listeners { decisions, admin },
+        cellrate::app::Listeners {
+            decisions,
+            admin,
+            metrics: Some(metrics),
+        },
         Arc::new(cellrate::clock::SystemClock),
         settings,
         shutdown,

@@ -571,8 +571,11 @@ async fn a_failing_store_is_unavailable_never_unknown() {
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let service =
-        cellrate::service::envoy::EnvoyRateLimitService::new(decider, EnvoyOptions::default());
+    let service = cellrate::service::envoy::EnvoyRateLimitService::new(
+        decider,
+        EnvoyOptions::default(),
+        cellrate::metrics::Metrics::new(),
+    );
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(service))

@@ -4,3 +4,4 @@
 pub mod config;
 pub mod descriptors;
 pub mod names;
+pub mod reload;

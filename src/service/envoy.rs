@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -26,6 +27,7 @@ use tonic::{Request, Response, Status};
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::descriptors::Mapping;
+use crate::metrics::{Metrics, Outcomes};
 use crate::service::{
     store_unavailable, CheckOptions, DecideError, Decider, ItemResult, ItemSpec, Rule, Target,
 };
@@ -54,11 +56,20 @@ pub struct EnvoyOptions {
 pub struct EnvoyRateLimitService {
     decider: Arc<Decider>,
     options: EnvoyOptions,
+    metrics: Arc<Metrics>,
 }
 
 impl EnvoyRateLimitService {
-    pub fn new(decider: Arc<Decider>, options: EnvoyOptions) -> EnvoyRateLimitService {
-        EnvoyRateLimitService { decider, options }
+    pub fn new(
+        decider: Arc<Decider>,
+        options: EnvoyOptions,
+        metrics: Arc<Metrics>,
+    ) -> EnvoyRateLimitService {
+        EnvoyRateLimitService {
+            decider,
+            options,
+            metrics,
+        }
     }
 }
 
@@ -130,7 +141,15 @@ impl RateLimitService for EnvoyRateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
+        let start = Instant::now();
+        let answer = self.decide(request.into_inner()).await;
+        self.metrics.rpc("ShouldRateLimit", start);
+        answer.map(Response::new)
+    }
+}
+
+impl EnvoyRateLimitService {
+    async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         if request.domain.is_empty() {
             return Err(invalid("domain: empty".to_string()));
         }
@@ -191,6 +210,9 @@ impl RateLimitService for EnvoyRateLimitService {
                 // An unmatched descriptor that brings its own limit is limited by it, on a
                 // bucket named after the domain and entries (as envoyproxy/ratelimit does).
                 Mapping::Unmatched => {
+                    if given.is_none() {
+                        self.metrics.decision("envoy", "", Outcomes::Unmatched);
+                    }
                     if let Some(limit) = given {
                         items.push(spec(Target::Inline {
                             key: descriptor_key(&request.domain, &entries),
@@ -220,11 +242,8 @@ impl RateLimitService for EnvoyRateLimitService {
                 Err(DecideError::Store(e)) => return Err(store_unavailable(&e)),
             }
         };
-        Ok(Response::new(self.respond(
-            request.descriptors.len(),
-            &owner,
-            &results,
-        )))
+        self.metrics.decisions("envoy", &results);
+        Ok(self.respond(request.descriptors.len(), &owner, &results))
     }
 }
 

@@ -2,33 +2,37 @@
 //! conversion only; deciding is the [`Decider`]'s.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
+use crate::metrics::Metrics;
 use crate::proto::v1 as pb;
 use crate::service::{BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
     decider: Arc<Decider>,
+    metrics: Arc<Metrics>,
 }
 
 impl RateLimiterService {
-    pub fn new(decider: Arc<Decider>) -> RateLimiterService {
-        RateLimiterService { decider }
+    pub fn new(decider: Arc<Decider>, metrics: Arc<Metrics>) -> RateLimiterService {
+        RateLimiterService { decider, metrics }
     }
 }
 
 /// The admin service (`Reset`, `Inspect`), served only on the admin listener.
 pub struct AdminService {
     decider: Arc<Decider>,
+    metrics: Arc<Metrics>,
 }
 
 impl AdminService {
-    pub fn new(decider: Arc<Decider>) -> AdminService {
-        AdminService { decider }
+    pub fn new(decider: Arc<Decider>, metrics: Arc<Metrics>) -> AdminService {
+        AdminService { decider, metrics }
     }
 }
 
@@ -38,8 +42,12 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Check)?;
-        let result = self.decider.check(&items).await?;
+        let result = self.decider.check(&items).await;
+        self.metrics.rpc("Check", start);
+        let result = result?;
+        self.metrics.decisions("native", &result.items);
         let (overall, items) = decisions(&result);
         Ok(Response::new(pb::CheckResponse {
             overall: Some(overall),
@@ -51,8 +59,11 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         &self,
         request: Request<pb::RefundRequest>,
     ) -> Result<Response<pb::RefundResponse>, Status> {
+        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Refund)?;
-        let result = self.decider.refund(&items).await?;
+        let result = self.decider.refund(&items).await;
+        self.metrics.rpc("Refund", start);
+        let result = result?;
         let (overall, items) = decisions(&result);
         Ok(Response::new(pb::RefundResponse {
             overall: Some(overall),
@@ -67,8 +78,12 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
+        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Admin)?;
-        let deleted = self.decider.reset(&items).await?;
+        let deleted = self.decider.reset(&items).await;
+        self.metrics.rpc("Reset", start);
+        let deleted = deleted?;
+        tracing::info!(items = items.len(), deleted, "admin reset");
         Ok(Response::new(pb::ResetResponse { deleted }))
     }
 
@@ -76,8 +91,11 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
+        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Admin)?;
-        let result = self.decider.inspect(&items).await?;
+        let result = self.decider.inspect(&items).await;
+        self.metrics.rpc("Inspect", start);
+        let result = result?;
         Ok(Response::new(pb::InspectResponse {
             items: decisions(&result).1,
         }))

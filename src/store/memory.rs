@@ -233,6 +233,14 @@ impl Store for MemoryStore {
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
         Box::pin(std::future::ready(Ok(self.reset_now(keys))))
     }
+
+    fn sweep(&self) -> usize {
+        MemoryStore::sweep(self)
+    }
+
+    fn live_buckets(&self) -> Option<usize> {
+        Some(MemoryStore::live_buckets(self))
+    }
 }
 
 #[cfg(test)]

@@ -76,4 +76,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes buckets (each becomes full); returns how many were not full before.
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32>;
+
+    /// Drops expired buckets, for stores that must do so themselves; returns how many.
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    /// Buckets held, for stores that can tell cheaply.
+    fn live_buckets(&self) -> Option<usize> {
+        None
+    }
 }

@@ -56,7 +56,11 @@ impl Served {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(cellrate::app::run(
             limits,
-            Listeners { decisions, admin },
+            Listeners {
+                decisions,
+                admin,
+                metrics: None,
+            },
             Arc::new(clock.clone()),
             settings,
             async move {
@@ -118,6 +122,7 @@ pub struct Process {
     pub child: Child,
     pub listen: String,
     pub admin: String,
+    pub metrics: String,
 }
 
 impl Drop for Process {
@@ -130,16 +135,22 @@ impl Drop for Process {
 /// Starts `cellrate serve` (the example config) on loopback port 0 and reads the bound
 /// ports from its log.
 pub fn serve() -> Process {
+    serve_with(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config")),
+        &[],
+    )
+}
+
+/// Starts `cellrate serve` on `config` with `extra` flags, every listener on loopback
+/// port 0, and reads the bound ports from its log.
+pub fn serve_with(config: &Path, extra: &[&str]) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cellrate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--log-format", "json", "--config"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .arg(config)
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .expect("cellrate starts");
@@ -150,20 +161,40 @@ pub fn serve() -> Process {
             if let Ok(v) = serde_json::from_str::<Value>(&line) {
                 if v["fields"]["message"] == "cellrate serving" {
                     let f = &v["fields"];
-                    let _ = tx.send((
-                        f["listen"].as_str().unwrap().to_string(),
-                        f["admin"].as_str().unwrap().to_string(),
-                    ));
+                    let field = |name: &str| f[name].as_str().unwrap().to_string();
+                    let _ = tx.send((field("listen"), field("admin"), field("metrics")));
                 }
             }
         }
     });
-    let (listen, admin) = rx
+    let (listen, admin, metrics) = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("cellrate logs its listeners");
     Process {
         child,
         listen,
         admin,
+        metrics,
     }
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status code, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
 }

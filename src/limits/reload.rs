@@ -1,0 +1,164 @@
+//! Hot reload of the limits directory.
+//!
+//! Three things ask for a reload, all funnelled into one channel so that reloads never
+//! overlap: a file-system watcher on the **directory** (editors and Kubernetes replace files
+//! by rename or by swapping the ConfigMap's `..data` symlink, which a watch on a file would
+//! miss), `SIGHUP`, and a slow timer as a safety net (a watch can be lost, e.g. when the
+//! directory itself is replaced). A reload re-reads every file through its path (following
+//! symlinks), validates the whole directory, compares the content hash with the limits in
+//! force, and swaps the new [`LimitTable`] in atomically only when it is valid and
+//! different. On any error the old limits stay, and the error is logged, counted and shown
+//! by `/healthz`. Buckets are untouched: the new limits read the old TATs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use notify::{EventKind, RecursiveMode};
+use notify_debouncer_full::{new_debouncer, DebounceEventResult};
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::Clock;
+use crate::limits::config::{LimitTable, LoadError};
+use crate::metrics::Metrics;
+
+/// How reloads are triggered.
+#[derive(Debug, Clone)]
+pub struct ReloadSettings {
+    /// The limits directory.
+    pub dir: PathBuf,
+    /// Watch the directory for changes (off: SIGHUP and the timer only).
+    pub watch: bool,
+    /// Quiet time after the last file event before reloading.
+    pub debounce: Duration,
+    /// Re-read this often regardless of events.
+    pub interval: Duration,
+    /// Reload on SIGHUP.
+    pub sighup: bool,
+}
+
+/// Loads the directory and swaps valid, changed limits in.
+pub struct Reloader {
+    dir: PathBuf,
+    limits: Arc<ArcSwap<LimitTable>>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Reloader {
+    pub fn new(
+        dir: PathBuf,
+        limits: Arc<ArcSwap<LimitTable>>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Reloader {
+        Reloader {
+            dir,
+            limits,
+            metrics,
+            clock,
+        }
+    }
+
+    /// Reloads now. `Ok(true)`: new limits are in force; `Ok(false)`: unchanged content.
+    pub fn reload(&self, cause: &str) -> Result<bool, LoadError> {
+        match LimitTable::load_dir(&self.dir) {
+            Ok(table) if table.version() == self.limits.load().version() => {
+                tracing::debug!(cause, version = table.version(), "limits unchanged");
+                self.metrics.reload(Ok(false));
+                Ok(false)
+            }
+            Ok(table) => {
+                let version = table.version().to_string();
+                self.limits.store(Arc::new(table));
+                self.metrics.config_loaded(&version, self.clock.now());
+                self.metrics.reload(Ok(true));
+                tracing::info!(cause, version, "limits reloaded");
+                Ok(true)
+            }
+            Err(errors) => {
+                let message = errors.to_string();
+                for error in &errors.0 {
+                    tracing::error!(cause, %error, "limits reload rejected; the previous limits stay in force");
+                }
+                self.metrics.reload(Err(&message));
+                Err(errors)
+            }
+        }
+    }
+
+    /// Reloads on file events, SIGHUP and the timer until `stop` flips.
+    pub async fn run(self: Arc<Self>, settings: ReloadSettings, mut stop: watch::Receiver<bool>) {
+        // Capacity 1: events that arrive while a reload is pending fold into it.
+        let (tx, mut rx) = mpsc::channel::<&'static str>(1);
+
+        // The debouncer runs its own thread and calls back with batches of events; it
+        // lives (and watches) as long as this task holds it.
+        let _debouncer = if settings.watch {
+            let tx = tx.clone();
+            let handler = move |result: DebounceEventResult| match result {
+                Ok(events) => {
+                    // Our own reads produce access events: they are no reason to reload.
+                    if events
+                        .iter()
+                        .any(|e| !matches!(e.event.kind, EventKind::Access(_)))
+                    {
+                        let _ = tx.try_send("file change");
+                    }
+                }
+                Err(errors) => {
+                    tracing::warn!(?errors, "watching the limits directory");
+                    let _ = tx.try_send("watch error");
+                }
+            };
+            match new_debouncer(settings.debounce, None, handler) {
+                Ok(mut debouncer) => {
+                    match debouncer.watch(&settings.dir, RecursiveMode::NonRecursive) {
+                        Ok(()) => Some(debouncer),
+                        Err(e) => {
+                            tracing::warn!(error = %e, dir = %settings.dir.display(), "cannot watch the limits directory; reloading on SIGHUP and timer only");
+                            None
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the file watcher");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
+        #[cfg(unix)]
+        let mut hangup = if settings.sighup {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+        } else {
+            None
+        };
+        let mut timer = tokio::time::interval(settings.interval);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        timer.tick().await; // the first tick is immediate; the limits were just loaded
+
+        loop {
+            let cause = tokio::select! {
+                Some(cause) = rx.recv() => cause,
+                _ = timer.tick() => "timer",
+                _ = async {
+                    #[cfg(unix)]
+                    if let Some(h) = hangup.as_mut() {
+                        h.recv().await;
+                        return;
+                    }
+                    std::future::pending::<()>().await
+                } => "SIGHUP",
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            };
+            // Loading reads files: keep it off the runtime's worker threads. The outcome is
+            // already logged and counted by `reload`.
+            let reloader = self.clone();
+            let _ = tokio::task::spawn_blocking(move || reloader.reload(cause)).await;
+        }
+    }
+}
