@@ -134,6 +134,16 @@ pub async fn run_with_store(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let addr = |l: &TcpListener| {
+        l.local_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string())
+    };
+    let decisions_addr = addr(&listeners.decisions);
+    let admin_addr = addr(&listeners.admin);
+    let metrics_addr = listeners
+        .metrics
+        .as_ref()
+        .map_or_else(|| "off".to_string(), addr);
     let metrics = Metrics::new();
     metrics.config_loaded(limits.version(), clock.now());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
@@ -174,7 +184,7 @@ pub async fn run_with_store(
             metrics.clone(),
             clock.clone(),
         ));
-        tokio::spawn(reloader.run(reload, tasks_stopped.clone()))
+        reloader.spawn(reload, tasks_stopped.clone())
     });
 
     // The metrics listener serves until the tasks stop, so that a drain can be watched.
@@ -244,6 +254,17 @@ pub async fn run_with_store(
             TcpListenerStream::new(listeners.admin),
             until_stopped(stopped),
         );
+    // Announced once everything is in place (tests and operators wait for this line).
+    tracing::info!(
+        listen = %decisions_addr,
+        admin = %admin_addr,
+        metrics = %metrics_addr,
+        tls = settings.tls.is_some(),
+        admin_token = settings.admin_token.is_some(),
+        config = ?settings.reload.as_ref().map(|r| &r.dir),
+        version = limits.load().version(),
+        "cellrate serving"
+    );
     let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };
     tokio::pin!(servers);
 

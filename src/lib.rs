@@ -18,7 +18,9 @@
 //! store/                   Store trait; memory.rs (sharded, all-or-nothing batches)
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
-//!                          descriptors -> names and ids)
+//!                          descriptors -> names and ids), reload.rs (watch, debounce, swap)
+//! metrics.rs               Prometheus metrics, the store timing decorator, /metrics etc.
+//! admin.rs                 admin bearer token (interceptor), TLS settings
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
 //! shutdown.rs              SIGINT | SIGTERM as a future

@@ -120,16 +120,6 @@ async fn serve_async(
     let metrics = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    tracing::info!(
-        listen = %decisions.local_addr()?,
-        admin = %admin.local_addr()?,
-        metrics = %metrics.local_addr()?,
-        tls = tls.is_some(),
-        admin_token = args.admin_token.is_some(),
-        config = %args.config.display(),
-        version = limits.version(),
-        "cellrate serving"
-    );
     let settings = cellrate::app::Settings {
         max_buckets: args.max_buckets,
         grace: Duration::from_secs(args.grace_seconds),

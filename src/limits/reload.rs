@@ -23,6 +23,45 @@ use crate::clock::Clock;
 use crate::limits::config::{LimitTable, LoadError};
 use crate::metrics::Metrics;
 
+type Watcher = notify_debouncer_full::Debouncer<
+    notify::RecommendedWatcher,
+    notify_debouncer_full::RecommendedCache,
+>;
+
+/// Watches `settings.dir` (not recursively), sending a reload request after each debounced
+/// batch of events other than accesses. `None` (logged) when watching is impossible.
+fn watch_dir(settings: &ReloadSettings, tx: mpsc::Sender<&'static str>) -> Option<Watcher> {
+    let handler = move |result: DebounceEventResult| match result {
+        Ok(events) => {
+            // Our own reads produce access events: they are no reason to reload.
+            if events
+                .iter()
+                .any(|e| !matches!(e.event.kind, EventKind::Access(_)))
+            {
+                let _ = tx.try_send("file change");
+            }
+        }
+        Err(errors) => {
+            tracing::warn!(?errors, "watching the limits directory");
+            let _ = tx.try_send("watch error");
+        }
+    };
+    let mut debouncer = match new_debouncer(settings.debounce, None, handler) {
+        Ok(debouncer) => debouncer,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the file watcher; reloading on SIGHUP and timer only");
+            return None;
+        }
+    };
+    match debouncer.watch(&settings.dir, RecursiveMode::NonRecursive) {
+        Ok(()) => Some(debouncer),
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %settings.dir.display(), "cannot watch the limits directory; reloading on SIGHUP and timer only");
+            None
+        }
+    }
+}
+
 /// How reloads are triggered.
 #[derive(Debug, Clone)]
 pub struct ReloadSettings {
@@ -88,55 +127,44 @@ impl Reloader {
         }
     }
 
-    /// Reloads on file events, SIGHUP and the timer until `stop` flips.
-    pub async fn run(self: Arc<Self>, settings: ReloadSettings, mut stop: watch::Receiver<bool>) {
+    /// Starts watching now (so that no change after this call is missed) and returns the
+    /// task that reloads on file events, SIGHUP and the timer until `stop` flips.
+    pub fn spawn(
+        self: Arc<Self>,
+        settings: ReloadSettings,
+        stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
         // Capacity 1: events that arrive while a reload is pending fold into it.
-        let (tx, mut rx) = mpsc::channel::<&'static str>(1);
-
-        // The debouncer runs its own thread and calls back with batches of events; it
-        // lives (and watches) as long as this task holds it.
-        let _debouncer = if settings.watch {
-            let tx = tx.clone();
-            let handler = move |result: DebounceEventResult| match result {
-                Ok(events) => {
-                    // Our own reads produce access events: they are no reason to reload.
-                    if events
-                        .iter()
-                        .any(|e| !matches!(e.event.kind, EventKind::Access(_)))
-                    {
-                        let _ = tx.try_send("file change");
-                    }
-                }
-                Err(errors) => {
-                    tracing::warn!(?errors, "watching the limits directory");
-                    let _ = tx.try_send("watch error");
-                }
-            };
-            match new_debouncer(settings.debounce, None, handler) {
-                Ok(mut debouncer) => {
-                    match debouncer.watch(&settings.dir, RecursiveMode::NonRecursive) {
-                        Ok(()) => Some(debouncer),
-                        Err(e) => {
-                            tracing::warn!(error = %e, dir = %settings.dir.display(), "cannot watch the limits directory; reloading on SIGHUP and timer only");
-                            None
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the file watcher");
-                    None
-                }
-            }
+        let (tx, rx) = mpsc::channel::<&'static str>(1);
+        let debouncer = if settings.watch {
+            watch_dir(&settings, tx)
         } else {
             None
         };
-
+        // Installed now: SIGHUP's default action would end the process.
         #[cfg(unix)]
-        let mut hangup = if settings.sighup {
+        let hangup = if settings.sighup {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
         } else {
             None
         };
+        #[cfg(not(unix))]
+        let hangup: Option<()> = None;
+        tokio::spawn(async move {
+            // The debouncer's thread watches as long as this task holds it.
+            let _debouncer = debouncer;
+            self.run(settings, rx, hangup, stop).await
+        })
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        settings: ReloadSettings,
+        mut rx: mpsc::Receiver<&'static str>,
+        #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
+        #[cfg(not(unix))] _hangup: Option<()>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut timer = tokio::time::interval(settings.interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timer.tick().await; // the first tick is immediate; the limits were just loaded

@@ -28,6 +28,7 @@ pub struct Served {
     pub envoy: RateLimitServiceClient<Channel>,
     pub decisions_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
+    pub metrics_addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -48,46 +49,88 @@ impl Served {
     }
 
     pub async fn with_settings(limits: LimitTable, settings: Settings) -> Served {
+        Served::full(limits, settings, None).await
+    }
+
+    /// Serves `limits` with `settings`, on `store` (the memory store when `None`), with a
+    /// metrics listener. Clients connect lazily, so a TLS server does not fail the start.
+    pub async fn full(
+        limits: LimitTable,
+        settings: Settings,
+        store: Option<Arc<dyn cellrate::store::Store>>,
+    ) -> Served {
         let clock = FakeClock::new(T0);
         let decisions = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let decisions_addr = decisions.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
+        let metrics_addr = metrics.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(cellrate::app::run(
-            limits,
-            Listeners {
-                decisions,
-                admin,
-                metrics: None,
-            },
-            Arc::new(clock.clone()),
-            settings,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let listeners = Listeners {
+            decisions,
+            admin,
+            metrics: Some(metrics),
+        };
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let clock_arc: Arc<dyn cellrate::clock::Clock> = Arc::new(clock.clone());
+        let task = match store {
+            None => tokio::spawn(cellrate::app::run(
+                limits, listeners, clock_arc, settings, shutdown,
+            )),
+            Some(store) => tokio::spawn(cellrate::app::run_with_store(
+                limits, listeners, store, clock_arc, settings, shutdown,
+            )),
+        };
         let task = tokio::spawn(async move {
             task.await.unwrap().unwrap();
         });
-        let channel = |addr: std::net::SocketAddr| async move {
+        // Ready once /readyz answers: the watcher, sweeper and services are then in place.
+        let mut ready = false;
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(metrics_addr).await.is_ok()
+                && http_get_async(metrics_addr, "/readyz").await.0 == 200
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            ready,
+            "the served cellrate did not become ready within 10 s"
+        );
+        let channel = |addr: std::net::SocketAddr| {
             Channel::from_shared(format!("http://{addr}"))
                 .unwrap()
-                .connect()
-                .await
-                .unwrap()
+                .connect_lazy()
         };
         Served {
             clock,
-            decisions: pb::rate_limiter_client::RateLimiterClient::new(
-                channel(decisions_addr).await,
-            ),
-            admin: pb::admin_client::AdminClient::new(channel(admin_addr).await),
-            envoy: RateLimitServiceClient::new(channel(decisions_addr).await),
+            decisions: pb::rate_limiter_client::RateLimiterClient::new(channel(decisions_addr)),
+            admin: pb::admin_client::AdminClient::new(channel(admin_addr)),
+            envoy: RateLimitServiceClient::new(channel(decisions_addr)),
             decisions_addr,
             admin_addr,
+            metrics_addr,
             stop: Some(stop),
             task: Some(task),
+        }
+    }
+
+    /// Begins shutdown without waiting for it.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits for the server task to end (after `begin_stop`).
+    pub async fn finished(mut self) {
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
         }
     }
 
@@ -197,4 +240,37 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string());
     (status, body)
+}
+
+/// An HTTP/1.0 GET on loopback from async code: (status code, body).
+pub async fn http_get_async(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .expect("HTTP answer within 10 s")
+    .unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// The value of the sample `series` (name with labels, exactly as exposed), if present.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
 }
