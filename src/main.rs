@@ -8,8 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
+use cellrate::app::StoreSettings;
+use cellrate::cli::{Cli, Command, LogFormat, ServeArgs, StoreKind};
 use cellrate::limits::config::LimitTable;
+use cellrate::store::redis::RedisSettings;
 
 /// EX_USAGE from sysexits.h: the configuration or the command line is wrong.
 const EXIT_CONFIG: u8 = 64;
@@ -66,6 +68,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let store = match store_settings(&args, &limits) {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "invalid store settings");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let tls = match read_tls(&args) {
         Ok(tls) => tls,
         Err(e) => {
@@ -80,7 +89,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve_async(args, limits, tls)) {
+    match runtime.block_on(serve_async(args, limits, tls, store)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
@@ -104,10 +113,48 @@ fn read_tls(args: &ServeArgs) -> anyhow::Result<Option<cellrate::admin::TlsPem>>
     }))
 }
 
+/// The store the flags describe.
+fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<StoreSettings> {
+    if args.store == StoreKind::Memory {
+        return Ok(StoreSettings::Memory);
+    }
+    if args.redis_url.is_none() && args.redis_cluster_nodes.is_empty() {
+        anyhow::bail!("--store redis needs --redis-url or --redis-cluster-nodes");
+    }
+    let tag_by_id = if args.redis_tag_by_id.iter().any(|n| n == "*") {
+        None
+    } else {
+        let mut numbers = std::collections::HashSet::new();
+        for name in &args.redis_tag_by_id {
+            let found = limits
+                .names()
+                .get(name)
+                .with_context(|| format!("--redis-tag-by-id: unknown limit name {name:?}"))?;
+            numbers.insert(found.number);
+        }
+        Some(numbers)
+    };
+    Ok(StoreSettings::Redis {
+        settings: RedisSettings {
+            url: args.redis_url.clone(),
+            cluster_nodes: args.redis_cluster_nodes.clone(),
+            prefix: args.redis_prefix.clone(),
+            timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+            clock: args.redis_clock,
+            failure: args.redis_failure_policy,
+            local_divisor: args.redis_local_divisor.max(1),
+            tag_by_id,
+            ..RedisSettings::default()
+        },
+        required_for_ready: args.redis_required_for_ready,
+    })
+}
+
 async fn serve_async(
     args: ServeArgs,
     limits: LimitTable,
     tls: Option<cellrate::admin::TlsPem>,
+    store: StoreSettings,
 ) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
     let shutdown = cellrate::shutdown::signal();
@@ -133,6 +180,7 @@ async fn serve_async(
         }),
         admin_token: args.admin_token.clone(),
         tls,
+        store,
         envoy: cellrate::service::envoy::EnvoyOptions {
             headers: args.rate_limit_headers,
             shadow: args.shadow,

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub live_buckets: IntGauge,
     pub swept_buckets: IntCounter,
     reloads: IntCounterVec,
+    store_fallbacks: IntCounterVec,
+    store_compensations: IntCounter,
+    store_breaker_rejections: IntCounter,
     config_info: IntGaugeVec,
     config_loaded: Gauge,
     /// The last reload error, for `/healthz`; `None` after a good load.
@@ -43,6 +46,8 @@ pub struct Metrics {
     config_version: Mutex<String>,
     /// Cleared when shutdown begins: `/readyz` then answers 503.
     ready: AtomicBool,
+    /// When set, `/readyz` also needs the store to be answering.
+    store_health: Mutex<Option<Arc<AtomicBool>>>,
 }
 
 /// The `result` label of a decision.
@@ -148,6 +153,28 @@ impl Metrics {
                 )
                 .expect("valid counter"),
             ),
+            store_fallbacks: counter_vec(
+                "cellrate_store_fallbacks_total",
+                "Requests answered by the failure policy while the store failed, by policy.",
+                &["policy"],
+            ),
+            store_compensations: registered(
+                r,
+                IntCounter::new(
+                    "cellrate_store_compensations_total",
+                    "Cross-slot batches whose spent slot groups were refunded because another \
+                     group denied.",
+                )
+                .expect("valid counter"),
+            ),
+            store_breaker_rejections: registered(
+                r,
+                IntCounter::new(
+                    "cellrate_store_breaker_rejections_total",
+                    "Store calls failed fast by an open circuit breaker.",
+                )
+                .expect("valid counter"),
+            ),
             reloads: counter_vec(
                 "cellrate_config_reloads_total",
                 "Limits reloads, by result (success, failure, unchanged).",
@@ -176,6 +203,7 @@ impl Metrics {
             last_reload_error: Mutex::new(None),
             config_version: Mutex::new(String::new()),
             ready: AtomicBool::new(true),
+            store_health: Mutex::new(None),
         })
     }
 
@@ -220,6 +248,34 @@ impl Metrics {
             }
         };
         self.reloads.with_label_values(&[label]).inc();
+    }
+
+    /// Counts a request answered by the store's failure policy.
+    pub fn store_fallback(&self, policy: &str) {
+        self.store_fallbacks.with_label_values(&[policy]).inc();
+    }
+
+    /// Counts a cross-slot batch that had to be refunded.
+    pub fn store_compensation(&self) {
+        self.store_compensations.inc();
+    }
+
+    /// Counts a call failed fast by an open breaker.
+    pub fn store_breaker_rejection(&self) {
+        self.store_breaker_rejections.inc();
+    }
+
+    /// Makes readiness depend on `healthy` (the store's last call succeeded).
+    pub fn require_store_health(&self, healthy: Arc<AtomicBool>) {
+        *lock(&self.store_health) = Some(healthy);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+            && lock(&self.store_health)
+                .as_ref()
+                .is_none_or(|h| h.load(Ordering::Relaxed))
     }
 
     /// Marks the service as shutting down (`/readyz` answers 503).
@@ -334,7 +390,7 @@ pub fn http_routes(metrics: Arc<Metrics>) -> axum::Router {
         .route(
             "/readyz",
             get(move || {
-                let ready = metrics.ready.load(Ordering::SeqCst);
+                let ready = metrics.ready();
                 async move {
                     if ready {
                         (StatusCode::OK, "ready")

@@ -20,6 +20,7 @@ use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::names::BucketKey;
 
 pub mod memory;
+pub mod redis;
 
 pub use memory::MemoryStore;
 

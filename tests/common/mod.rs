@@ -274,3 +274,5 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
         (name == series).then(|| value.parse().ok())?
     })
 }
+
+pub mod redis_server;

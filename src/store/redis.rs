@@ -1,0 +1,693 @@
+//! The Redis store: TATs shared by many replicas, standalone or Redis Cluster.
+//!
+//! Every batch is one server-side script (`redis_batch.lua`, sent with EVALSHA and loaded
+//! again on NOSCRIPT): it reads the batch's TATs, decides all-or-nothing which to write,
+//! writes them with an expiry at the TAT, and returns `now` and the TATs it read. The
+//! reported decisions are then computed here by [`crate::gcra`], the same code the memory
+//! store runs, so the two stores answer identically for the same `now` and state.
+//!
+//! Time comes from Redis `TIME` (replicas' clocks drift; the store's clock is the one they
+//! share), at microsecond resolution, or from cellrate's clock with [`RedisClock::Local`].
+//!
+//! **Redis Cluster.** Keys are grouped by hash slot and the groups run in parallel, each
+//! atomically. When a cross-slot batch has a group that denies while others spent, the
+//! spent groups are refunded (a compensation, counted in
+//! `cellrate_store_compensations_total`); between the spend and the refund another request
+//! may see those tokens gone, so a cross-slot batch is all-or-nothing in its result but
+//! not isolated. Tag a name's keys by id (`--redis-tag-by-id`) so that one id's limits share
+//! a slot and its batches stay single-slot. Ids are escaped (`{` `}` `%`) so that callers
+//! cannot pick slots.
+//!
+//! **Failures.** Every call has a deadline (default 10 ms, below Envoy's 20 ms). A circuit
+//! breaker per slot (one for standalone) fails fast after repeated errors and lets a trial
+//! through after a cool-down. On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
+//! default; Envoy's `failure_mode_deny` then decides), allow, deny, or decide locally in
+//! memory with a share of each limit. Connections re-establish by themselves.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::clock::{Clock, Nanos};
+use crate::gcra::{self, BatchItem, Decision, Limit, Mode};
+use crate::limits::names::BucketKey;
+use crate::metrics::Metrics;
+use crate::store::{MemoryStore, Outcome, Store, StoreError, StoreFuture, StoreItem};
+
+/// Whose clock decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RedisClock {
+    /// Redis `TIME` inside the script: one clock for every replica.
+    #[default]
+    Redis,
+    /// cellrate's own clock, passed to the script.
+    Local,
+}
+
+/// What a request gets when Redis cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// gRPC UNAVAILABLE (Envoy's `failure_mode_deny` decides).
+    #[default]
+    Unavailable,
+    /// Allow (fail open).
+    Allow,
+    /// Deny (fail closed).
+    Deny,
+    /// Decide in this replica's memory with `1/divisor` of each limit.
+    Local,
+}
+
+/// How to reach Redis and behave around it.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    pub url: Option<String>,
+    /// Redis Cluster seed nodes (URLs); used instead of `url` when not empty.
+    pub cluster_nodes: Vec<String>,
+    /// Prefix of every key.
+    pub prefix: String,
+    /// Deadline of every Redis call.
+    pub timeout: Duration,
+    pub clock: RedisClock,
+    pub failure: FailurePolicy,
+    /// With [`FailurePolicy::Local`]: each limit's burst and count are divided by this
+    /// (rounded up), e.g. the number of replicas.
+    pub local_divisor: u64,
+    /// Name numbers whose keys are tagged by id (`{id}`), so that one id's limits share a
+    /// cluster slot; `None` tags every name.
+    pub tag_by_id: Option<HashSet<u32>>,
+    /// Consecutive failures that open a breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker fails fast.
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for RedisSettings {
+    fn default() -> RedisSettings {
+        RedisSettings {
+            url: None,
+            cluster_nodes: Vec::new(),
+            prefix: "cellrate:".to_string(),
+            timeout: Duration::from_millis(10),
+            clock: RedisClock::Redis,
+            failure: FailurePolicy::Unavailable,
+            local_divisor: 1,
+            tag_by_id: Some(HashSet::new()),
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The script, compiled into the binary.
+const SCRIPT: &str = include_str!("redis_batch.lua");
+
+/// Number of Redis Cluster hash slots.
+const SLOTS: usize = 16_384;
+
+enum Connection {
+    Single(ConnectionManager),
+    /// Connected on first use (retried on the next call while that fails; one attempt at
+    /// a time); the cluster connection then reconnects to nodes by itself.
+    Cluster {
+        client: Box<redis::cluster::ClusterClient>,
+        connection: AsyncMutex<Option<ClusterConnection>>,
+    },
+}
+
+/// A circuit breaker: counts consecutive failures; open until a monotonic deadline.
+#[derive(Default)]
+struct Breaker {
+    failures: AtomicU32,
+    open_until: AtomicI64,
+}
+
+/// The Redis store. See the module docs.
+pub struct RedisStore {
+    connection: Connection,
+    script: redis::Script,
+    settings: RedisSettings,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    fallback: Option<MemoryStore>,
+    breakers: Box<[Breaker]>,
+    started: Instant,
+    /// Whether the last Redis call succeeded (for readiness, when required).
+    healthy: Arc<AtomicBool>,
+}
+
+/// The operation a script call performs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Spend,
+    Refund,
+    Reset,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Spend => "spend",
+            Op::Refund => "refund",
+            Op::Reset => "reset",
+        }
+    }
+}
+
+/// What one script call read: `now` and each key's TAT.
+struct Read {
+    now: Nanos,
+    tats: Vec<Option<Nanos>>,
+}
+
+fn store_error(context: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::transient(format!("redis {context}: {e}"))
+}
+
+/// Escapes `%`, `{` and `}` so that an id can neither pick a cluster slot nor collide
+/// with another id's escape.
+fn escape(id: &str) -> std::borrow::Cow<'_, str> {
+    if !id.contains(['%', '{', '}']) {
+        return id.into();
+    }
+    id.replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
+        .into()
+}
+
+/// CRC16/XMODEM, the checksum of Redis Cluster key slots.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The hash slot of a key: of its `{tag}` when it has a non-empty one, else of the key.
+pub fn slot(key: &str) -> usize {
+    let bytes = key.as_bytes();
+    let hashed = match key.find('{') {
+        Some(open) => match key[open + 1..].find('}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    usize::from(crc16(hashed)) % SLOTS
+}
+
+impl RedisStore {
+    /// A store for `settings`. Standalone connections are made lazily and re-made after
+    /// failures; so are cluster connections. Fails only on unusable settings.
+    pub fn new(
+        settings: RedisSettings,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisStore, StoreError> {
+        let connection = if settings.cluster_nodes.is_empty() {
+            let url = settings
+                .url
+                .as_deref()
+                .ok_or_else(|| StoreError::transient("redis: no --redis-url or cluster nodes"))?;
+            let client = redis::Client::open(url).map_err(|e| store_error("url", e))?;
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(100))))
+                .set_response_timeout(Some(settings.timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            let manager = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| store_error("connection", e))?;
+            Connection::Single(manager)
+        } else {
+            let client = redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
+                .connection_timeout(settings.timeout.max(Duration::from_millis(100)))
+                .response_timeout(settings.timeout)
+                .retries(1)
+                .build()
+                .map_err(|e| store_error("cluster nodes", e))?;
+            Connection::Cluster {
+                client: Box::new(client),
+                connection: AsyncMutex::new(None),
+            }
+        };
+        let breakers = if settings.cluster_nodes.is_empty() {
+            1
+        } else {
+            SLOTS
+        };
+        let fallback =
+            (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
+        Ok(RedisStore {
+            connection,
+            script: redis::Script::new(SCRIPT),
+            settings,
+            clock,
+            metrics,
+            fallback,
+            breakers: (0..breakers).map(|_| Breaker::default()).collect(),
+            started: Instant::now(),
+            healthy: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// Whether the last Redis call succeeded.
+    pub fn healthy(&self) -> Arc<AtomicBool> {
+        self.healthy.clone()
+    }
+
+    /// The Redis key of a bucket: prefix, then `<number>:<id>` or, tagged,
+    /// `<number>:{<id>}`; the id escaped.
+    pub fn redis_key(&self, key: &BucketKey) -> String {
+        let (number, id) = key.parts();
+        let tagged = self
+            .settings
+            .tag_by_id
+            .as_ref()
+            .is_none_or(|names| names.contains(&number));
+        let id = escape(id);
+        if tagged {
+            format!("{}{number}:{{{id}}}", self.settings.prefix)
+        } else {
+            format!("{}{number}:{id}", self.settings.prefix)
+        }
+    }
+
+    fn mono(&self) -> i64 {
+        self.started.elapsed().as_nanos() as i64
+    }
+
+    fn breaker(&self, slot: usize) -> &Breaker {
+        &self.breakers[slot % self.breakers.len()]
+    }
+
+    fn note(&self, slot: usize, ok: bool) {
+        let breaker = self.breaker(slot);
+        self.healthy.store(ok, Ordering::Relaxed);
+        if ok {
+            breaker.failures.store(0, Ordering::Relaxed);
+            return;
+        }
+        let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= self.settings.breaker_threshold {
+            let until = self.mono() + self.settings.breaker_cooldown.as_nanos() as i64;
+            breaker.open_until.store(until, Ordering::Relaxed);
+        }
+    }
+
+    /// One script call over `keys` (all in one slot), with the deadline and breaker.
+    async fn call(
+        &self,
+        op: Op,
+        slot: usize,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Read, StoreError> {
+        if self.breaker(slot).open_until.load(Ordering::Relaxed) > self.mono() {
+            self.metrics.store_breaker_rejection();
+            return Err(StoreError::transient(
+                "redis: circuit open after repeated failures",
+            ));
+        }
+        let now_arg = match self.settings.clock {
+            RedisClock::Redis => String::new(),
+            RedisClock::Local => self.clock.now().to_string(),
+        };
+        let mut invocation = self.script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        invocation.arg(op.name()).arg(now_arg);
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let result = tokio::time::timeout(self.settings.timeout, async {
+            match &self.connection {
+                Connection::Single(manager) => {
+                    let mut manager = manager.clone();
+                    invocation
+                        .invoke_async::<Vec<String>>(&mut manager)
+                        .await
+                        .map_err(|e| store_error(op.name(), e))
+                }
+                Connection::Cluster { client, connection } => {
+                    let mut conn = {
+                        let mut guard = connection.lock().await;
+                        match guard.as_ref() {
+                            Some(conn) => conn.clone(),
+                            None => {
+                                let conn = client
+                                    .get_async_connection()
+                                    .await
+                                    .map_err(|e| store_error("cluster connection", e))?;
+                                *guard = Some(conn.clone());
+                                conn
+                            }
+                        }
+                    };
+                    invocation
+                        .invoke_async::<Vec<String>>(&mut conn)
+                        .await
+                        .map_err(|e| store_error(op.name(), e))
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::transient(format!(
+                "redis {}: no answer within {:?}",
+                op.name(),
+                self.settings.timeout
+            )))
+        });
+        let read = result.and_then(|values| parse_read(&values, keys.len()));
+        self.note(slot, read.is_ok());
+        read
+    }
+
+    /// Groups item indices by slot (one group for standalone), in slot order.
+    fn groups(&self, keys: &[String]) -> Vec<(usize, Vec<usize>)> {
+        if matches!(self.connection, Connection::Single(_)) {
+            return vec![(0, (0..keys.len()).collect())];
+        }
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            groups.entry(slot(key)).or_default().push(i);
+        }
+        groups.into_iter().collect()
+    }
+
+    async fn spend_redis(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+        let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        let groups = self.groups(&keys);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let args: Vec<String> = members
+                .iter()
+                .flat_map(|&i| {
+                    let item = &items[i];
+                    let ei = item.limit.emission_interval();
+                    let inc = ei.saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX));
+                    let mode = match item.mode {
+                        Mode::CheckAndSpend => "0",
+                        Mode::CheckOnly => "1",
+                        Mode::SpendOnly => "2",
+                    };
+                    [
+                        inc.to_string(),
+                        item.limit.burst_offset().to_string(),
+                        mode.to_string(),
+                    ]
+                })
+                .collect();
+            async move { self.call(Op::Spend, *slot, &group_keys, &args).await }
+        });
+        let reads = futures_util::future::join_all(calls).await;
+
+        // Replay each group's decision exactly as the script made it.
+        let mut outcomes = Vec::with_capacity(groups.len());
+        let mut failure = None;
+        for ((_, members), read) in groups.iter().zip(reads) {
+            match read {
+                Ok(read) => {
+                    let batch: Vec<BatchItem<'_>> = members
+                        .iter()
+                        .map(|&i| batch_item(&items[i], items[i].mode))
+                        .collect();
+                    let out = gcra::spend_batch(read.now, &batch, &read.tats);
+                    outcomes.push(Some((read, out)));
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    outcomes.push(None);
+                }
+            }
+        }
+        let all_allowed = failure.is_none()
+            && outcomes
+                .iter()
+                .all(|o| o.as_ref().is_some_and(|(_, out)| out.allowed));
+        if !all_allowed {
+            self.compensate(items, &keys, &groups, &outcomes).await;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+
+        let mut decisions = vec![UNDECIDED; items.len()];
+        for ((_, members), outcome) in groups.iter().zip(&outcomes) {
+            let Some((read, out)) = outcome else {
+                continue;
+            };
+            let group_decisions = if all_allowed {
+                out.decisions.clone()
+            } else {
+                // Nothing stays spent: report each bucket as a check would.
+                let batch: Vec<BatchItem<'_>> = members
+                    .iter()
+                    .map(|&i| batch_item(&items[i], Mode::CheckOnly))
+                    .collect();
+                gcra::spend_batch(read.now, &batch, &read.tats).decisions
+            };
+            for (&i, d) in members.iter().zip(group_decisions) {
+                decisions[i] = d;
+            }
+        }
+        Ok(Outcome {
+            allowed: all_allowed,
+            decisions,
+        })
+    }
+
+    /// Refunds what groups spent in a batch that was not allowed as a whole.
+    async fn compensate(
+        &self,
+        items: &[StoreItem],
+        keys: &[String],
+        groups: &[(usize, Vec<usize>)],
+        outcomes: &[Option<(Read, gcra::BatchOutcome)>],
+    ) {
+        let mut counted = false;
+        for ((slot, members), outcome) in groups.iter().zip(outcomes) {
+            let Some((_, out)) = outcome else { continue };
+            let spent: Vec<usize> = members
+                .iter()
+                .zip(&out.writes)
+                .filter(|(_, w)| w.is_some())
+                .map(|(&i, _)| i)
+                .collect();
+            if spent.is_empty() {
+                continue;
+            }
+            if !counted {
+                self.metrics.store_compensation();
+                counted = true;
+            }
+            let group_keys: Vec<String> = spent.iter().map(|&i| keys[i].clone()).collect();
+            let args: Vec<String> = spent.iter().map(|&i| increment(&items[i])).collect();
+            if let Err(e) = self.call(Op::Refund, *slot, &group_keys, &args).await {
+                tracing::warn!(error = %e, "could not refund a partly spent cross-slot batch");
+            }
+        }
+    }
+
+    async fn refund_redis(&self, items: &[StoreItem]) -> Result<Vec<Decision>, StoreError> {
+        let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        let mut decisions = vec![UNDECIDED; items.len()];
+        for (slot, members) in self.groups(&keys) {
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let args: Vec<String> = members.iter().map(|&i| increment(&items[i])).collect();
+            let read = self.call(Op::Refund, slot, &group_keys, &args).await?;
+            for (&i, tat) in members.iter().zip(&read.tats) {
+                decisions[i] = gcra::refund(&items[i].limit, read.now, *tat, items[i].cost).0;
+            }
+        }
+        Ok(decisions)
+    }
+
+    async fn reset_redis(&self, keys: &[BucketKey]) -> Result<u32, StoreError> {
+        let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(k)).collect();
+        let mut live = 0;
+        for (slot, members) in self.groups(&redis_keys) {
+            let group_keys: Vec<String> = members.iter().map(|&i| redis_keys[i].clone()).collect();
+            let read = self.call(Op::Reset, slot, &group_keys, &[]).await?;
+            live += read
+                .tats
+                .iter()
+                .filter(|t| t.is_some_and(|t| t > read.now))
+                .count();
+        }
+        Ok(live as u32)
+    }
+
+    /// The answer when Redis failed, by policy.
+    fn on_failure(&self, items: &[StoreItem], error: StoreError) -> Result<Outcome, StoreError> {
+        let policy = self.settings.failure;
+        if policy != FailurePolicy::Unavailable {
+            self.metrics.store_fallback(match policy {
+                FailurePolicy::Allow => "allow",
+                FailurePolicy::Deny => "deny",
+                _ => "local",
+            });
+        }
+        tracing::debug!(error = %error, ?policy, "redis failed; applying the failure policy");
+        let fixed = |allowed: bool| Outcome {
+            allowed,
+            decisions: items
+                .iter()
+                .map(|i| Decision {
+                    allowed,
+                    remaining: if allowed { i.limit.burst() as i64 } else { 0 },
+                    retry_in: 0,
+                    reset_in: 0,
+                })
+                .collect(),
+        };
+        match (policy, &self.fallback) {
+            (FailurePolicy::Allow, _) => Ok(fixed(true)),
+            (FailurePolicy::Deny, _) => Ok(fixed(false)),
+            (FailurePolicy::Local, Some(local)) => local.spend_now(&self.local_share(items)),
+            _ => Err(error),
+        }
+    }
+
+    /// The items with each limit divided by the local divisor.
+    fn local_share(&self, items: &[StoreItem]) -> Vec<StoreItem> {
+        let divisor = self.settings.local_divisor.max(1);
+        items
+            .iter()
+            .map(|item| {
+                let l = item.limit;
+                let share = Limit::new(
+                    l.burst().div_ceil(divisor),
+                    l.count().div_ceil(divisor),
+                    l.period(),
+                )
+                .unwrap_or(l);
+                StoreItem {
+                    limit: share,
+                    cost: item.cost.min(share.burst()),
+                    ..item.clone()
+                }
+            })
+            .collect()
+    }
+}
+
+/// Placeholder for decisions not yet filled (every slot is filled before use).
+const UNDECIDED: Decision = Decision {
+    allowed: false,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};
+
+fn batch_item(item: &StoreItem, mode: Mode) -> BatchItem<'_> {
+    BatchItem {
+        limit: &item.limit,
+        cost: item.cost,
+        mode,
+    }
+}
+
+fn increment(item: &StoreItem) -> String {
+    item.limit
+        .emission_interval()
+        .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
+        .to_string()
+}
+
+/// Parses the script's `{now, tat...}`.
+fn parse_read(values: &[String], keys: usize) -> Result<Read, StoreError> {
+    let bad = || StoreError::transient("redis: malformed script reply");
+    if values.len() != keys + 1 {
+        return Err(bad());
+    }
+    let now = values[0].parse::<Nanos>().map_err(|_| bad())?;
+    let tats = values[1..]
+        .iter()
+        .map(|v| {
+            if v.is_empty() {
+                Ok(None)
+            } else {
+                v.parse::<Nanos>().map(Some).map_err(|_| bad())
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Read { now, tats })
+}
+
+impl Store for RedisStore {
+    fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            match self.spend_redis(items).await {
+                Ok(outcome) => Ok(outcome),
+                Err(e) => self.on_failure(items, e),
+            }
+        })
+    }
+
+    fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
+        Box::pin(async move {
+            match (self.refund_redis(items).await, &self.fallback) {
+                (Ok(d), _) => Ok(d),
+                (Err(_), Some(local)) => Ok(local.refund_now(&self.local_share(items))),
+                (Err(e), None) => Err(e),
+            }
+        })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
+        Box::pin(async move { self.reset_redis(keys).await })
+    }
+
+    fn sweep(&self) -> usize {
+        // Redis expires keys at their TAT; only the local fallback needs sweeping.
+        self.fallback.as_ref().map_or(0, MemoryStore::sweep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_cluster_spec() {
+        // Examples from the Redis Cluster specification and redis-cli.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12_182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}")); // empty tag: the whole key
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
+        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
+    }
+
+    #[test]
+    fn ids_cannot_pick_slots() {
+        assert_eq!(escape("plain"), "plain");
+        assert_eq!(escape("a{b}c%"), "a%7Bb%7Dc%25");
+        assert_ne!(escape("%7B"), escape("{"));
+    }
+
+    #[test]
+    fn script_replies_are_checked() {
+        let ok = parse_read(&["5".into(), "".into(), "7".into()], 2).unwrap();
+        assert_eq!((ok.now, ok.tats), (5, vec![None, Some(7)]));
+        assert!(parse_read(&["5".into()], 2).is_err());
+        assert!(parse_read(&["x".into(), "".into()], 1).is_err());
+    }
+}

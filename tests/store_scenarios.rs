@@ -1,0 +1,308 @@
+//! One scenario suite, every store: the memory store, Redis standalone and a 3-master
+//! Redis Cluster answer every GCRA and batch scenario identically (on a fake clock that
+//! the Redis store passes to its script).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellrate::clock::{FakeClock, Nanos, SECOND};
+use cellrate::gcra::{Decision, Limit, Mode};
+use cellrate::limits::names::BucketKey;
+use cellrate::metrics::Metrics;
+use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
+use cellrate::store::{MemoryStore, Store, StoreItem};
+use common::redis_server::{RedisCluster, RedisServer};
+
+const T0: Nanos = 1_700_000_000 * SECOND;
+const MS: Nanos = 1_000_000;
+
+/// A store under test, its clock and metrics.
+struct Subject {
+    store: Arc<dyn Store>,
+    clock: FakeClock,
+    metrics: Arc<Metrics>,
+    cluster: bool,
+}
+
+fn memory() -> Subject {
+    let clock = FakeClock::new(T0);
+    Subject {
+        store: Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        clock,
+        metrics: Metrics::new(),
+        cluster: false,
+    }
+}
+
+fn redis(url: Option<String>, nodes: Vec<String>, prefix: &str) -> Subject {
+    let clock = FakeClock::new(T0);
+    let metrics = Metrics::new();
+    let cluster = !nodes.is_empty();
+    let settings = RedisSettings {
+        url,
+        cluster_nodes: nodes,
+        prefix: prefix.to_string(),
+        // Generous: debug builds on a shared 2-core machine. Deadlines are tested apart.
+        timeout: Duration::from_secs(2),
+        clock: RedisClock::Local,
+        ..RedisSettings::default()
+    };
+    let store = RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap();
+    Subject {
+        store: Arc::new(store),
+        clock,
+        metrics,
+        cluster,
+    }
+}
+
+fn item(key: &str, limit: Limit, cost: u64, mode: Mode) -> StoreItem {
+    StoreItem {
+        key: BucketKey::new(100, key),
+        limit,
+        cost,
+        mode,
+    }
+}
+
+fn spend(key: &str, limit: Limit, cost: u64) -> StoreItem {
+    item(key, limit, cost, Mode::CheckAndSpend)
+}
+
+fn d(allowed: bool, remaining: i64, retry_in: Nanos, reset_in: Nanos) -> Decision {
+    Decision {
+        allowed,
+        remaining,
+        retry_in,
+        reset_in,
+    }
+}
+
+async fn one(s: &Subject, item: StoreItem) -> Decision {
+    let out = s.store.spend(std::slice::from_ref(&item)).await.unwrap();
+    out.decisions[0]
+}
+
+fn seed() -> Limit {
+    Limit::new(20, 20, SECOND).unwrap()
+}
+
+async fn seed_000(s: &Subject) {
+    for i in 1..=20 {
+        let got = one(s, spend("seed", seed(), 1)).await;
+        assert_eq!(
+            got,
+            d(true, 20 - i, if i == 20 { 50 * MS } else { 0 }, i * 50 * MS),
+            "request {i}"
+        );
+    }
+    assert_eq!(
+        one(s, spend("seed", seed(), 1)).await,
+        d(false, 0, 50 * MS, SECOND)
+    );
+    s.clock.advance(50 * MS - 1);
+    assert_eq!(
+        one(s, spend("seed", seed(), 1)).await,
+        d(false, 0, 1, SECOND - 50 * MS + 1)
+    );
+    s.clock.advance(1);
+    assert_eq!(
+        one(s, spend("seed", seed(), 1)).await,
+        d(true, 0, 50 * MS, SECOND)
+    );
+    s.clock.advance(14 * 86_400 * SECOND);
+    assert_eq!(
+        one(s, spend("seed", seed(), 1)).await,
+        d(true, 19, 0, 50 * MS)
+    );
+}
+
+async fn peek_and_oversize(s: &Subject) {
+    assert_eq!(one(s, spend("peek", seed(), 0)).await, d(true, 20, 0, 0));
+    one(s, spend("peek", seed(), 3)).await;
+    assert_eq!(
+        one(s, spend("peek", seed(), 0)).await,
+        d(true, 17, 0, 150 * MS)
+    );
+    assert_eq!(
+        one(s, spend("peek", seed(), 0)).await,
+        d(true, 17, 0, 150 * MS),
+        "a peek wrote"
+    );
+    assert_eq!(
+        one(s, spend("peek", seed(), 21)).await,
+        d(false, 17, 200 * MS, 150 * MS)
+    );
+}
+
+async fn all_or_nothing(s: &Subject) {
+    let tight = Limit::new(2, 2, SECOND).unwrap();
+    // Ids chosen to fall in different cluster slots (checked below), so that the cluster
+    // store has to compensate.
+    let (a, b, c) = ("aon-a", "aon-b", "aon-c");
+    one(s, spend(c, tight, 2)).await;
+    let batch = [spend(a, seed(), 1), spend(b, seed(), 5), spend(c, tight, 1)];
+    let out = s.store.spend(&batch).await.unwrap();
+    assert!(!out.allowed);
+    assert_eq!(
+        out.decisions,
+        vec![
+            d(true, 20, 0, 0),
+            d(true, 20, 0, 0),
+            d(false, 0, 500 * MS, SECOND)
+        ]
+    );
+    // Nothing stayed spent.
+    assert_eq!(one(s, spend(a, seed(), 0)).await, d(true, 20, 0, 0));
+    assert_eq!(one(s, spend(b, seed(), 0)).await, d(true, 20, 0, 0));
+    s.clock.advance(500 * MS);
+    let out = s.store.spend(&batch).await.unwrap();
+    assert!(out.allowed);
+    assert_eq!(
+        out.decisions,
+        vec![
+            d(true, 19, 0, 50 * MS),
+            d(true, 15, 0, 250 * MS),
+            d(true, 0, 500 * MS, SECOND)
+        ]
+    );
+    if s.cluster {
+        let slots: Vec<usize> = [a, b, c]
+            .iter()
+            .map(|id| cellrate::store::redis::slot(&format!("t:100:{id}")))
+            .collect();
+        assert!(
+            slots[0] != slots[2] && slots[1] != slots[2],
+            "ids share a slot: {slots:?}"
+        );
+        let text = s.metrics.render();
+        assert!(
+            text.contains("cellrate_store_compensations_total 1"),
+            "no compensation counted"
+        );
+    }
+}
+
+async fn modes(s: &Subject) {
+    let check = item("m-check", seed(), 4, Mode::CheckOnly);
+    let out = s.store.spend(&[check]).await.unwrap();
+    assert_eq!((out.allowed, out.decisions[0]), (true, d(true, 20, 0, 0)));
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    one(s, spend("m-spare", tight, 1)).await;
+    let out = s
+        .store
+        .spend(&[
+            spend("m-main", seed(), 1),
+            item("m-spare", tight, 1, Mode::SpendOnly),
+        ])
+        .await
+        .unwrap();
+    assert!(out.allowed);
+    assert_eq!(
+        out.decisions,
+        vec![d(true, 19, 0, 50 * MS), d(false, 0, SECOND, SECOND)]
+    );
+    // A denied batch does not write its spend-only item either.
+    let out = s
+        .store
+        .spend(&[
+            spend("m-spare", tight, 1),
+            item("m-other", seed(), 1, Mode::SpendOnly),
+        ])
+        .await
+        .unwrap();
+    assert!(!out.allowed);
+    assert_eq!(one(s, spend("m-other", seed(), 0)).await, d(true, 20, 0, 0));
+}
+
+async fn refunds(s: &Subject) {
+    one(s, spend("r", seed(), 5)).await;
+    let refund = |key: &str, cost| vec![spend(key, seed(), cost)];
+    assert_eq!(
+        s.store.refund(&refund("r", 2)).await.unwrap(),
+        vec![d(true, 17, 0, 150 * MS)]
+    );
+    assert_eq!(
+        s.store.refund(&refund("r", 10)).await.unwrap(),
+        vec![d(true, 20, 0, 0)]
+    );
+    assert_eq!(
+        s.store.refund(&refund("r", 1)).await.unwrap(),
+        vec![d(false, 20, 0, 0)]
+    );
+    assert_eq!(
+        s.store.refund(&refund("never", 1)).await.unwrap(),
+        vec![d(false, 20, 0, 0)]
+    );
+    assert_eq!(
+        one(s, spend("never", seed(), 0)).await,
+        d(true, 20, 0, 0),
+        "a refund created a bucket"
+    );
+}
+
+async fn resets(s: &Subject) {
+    one(s, spend("x1", seed(), 20)).await;
+    let keys = [BucketKey::new(100, "x1"), BucketKey::new(100, "x2")];
+    assert_eq!(s.store.reset(&keys).await.unwrap(), 1);
+    assert_eq!(one(s, spend("x1", seed(), 0)).await, d(true, 20, 0, 0));
+    assert_eq!(s.store.reset(&keys).await.unwrap(), 0);
+}
+
+async fn lowered_limit(s: &Subject) {
+    let generous = Limit::new(100, 100, SECOND).unwrap();
+    one(s, spend("low", generous, 100)).await;
+    let strict = Limit::new(2, 4, SECOND).unwrap();
+    assert_eq!(
+        one(s, spend("low", strict, 1)).await,
+        d(false, -2, 750 * MS, SECOND)
+    );
+}
+
+async fn past_tat_is_full(s: &Subject) {
+    one(s, spend("past", seed(), 20)).await;
+    s.clock.advance(2 * SECOND);
+    assert_eq!(
+        one(s, spend("past", seed(), 1)).await,
+        d(true, 19, 0, 50 * MS)
+    );
+}
+
+/// Runs every scenario on stores made by `make` (a fresh store per scenario).
+macro_rules! scenarios {
+    ($make:expr) => {{
+        let make = $make;
+        seed_000(&make("seed")).await;
+        peek_and_oversize(&make("peek")).await;
+        all_or_nothing(&make("aon")).await;
+        modes(&make("modes")).await;
+        refunds(&make("refunds")).await;
+        resets(&make("resets")).await;
+        lowered_limit(&make("lowered")).await;
+        past_tat_is_full(&make("past")).await;
+    }};
+}
+
+#[tokio::test]
+async fn every_scenario_on_the_memory_store() {
+    scenarios!(|_: &str| memory());
+}
+
+#[tokio::test]
+async fn every_scenario_on_redis_standalone() {
+    let server = RedisServer::start();
+    scenarios!(|name: &str| redis(Some(server.url()), vec![], &format!("{name}:")));
+}
+
+#[tokio::test]
+async fn every_scenario_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    // The all-or-nothing scenario checks slots with the prefix "t:".
+    scenarios!(|name: &str| redis(
+        None,
+        cluster.urls(),
+        if name == "aon" { "t:" } else { name }
+    ));
+}
