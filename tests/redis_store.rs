@@ -1,0 +1,354 @@
+//! The Redis store against real redis-server processes: script reloading, expiry, exact
+//! values, Redis TIME, failures and recovery, a killed cluster primary, and two cellrate
+//! processes sharing one Redis.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellrate::clock::{FakeClock, Nanos, SECOND};
+use cellrate::gcra::{Limit, Mode};
+use cellrate::limits::names::BucketKey;
+use cellrate::metrics::Metrics;
+use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
+use cellrate::store::{Store, StoreItem};
+use common::redis_server::{RedisCluster, RedisServer};
+
+const T0: Nanos = 1_700_000_000 * SECOND + 123_456_789;
+
+fn settings(url: &str) -> RedisSettings {
+    RedisSettings {
+        url: Some(url.to_string()),
+        timeout: Duration::from_millis(500),
+        clock: RedisClock::Local,
+        ..RedisSettings::default()
+    }
+}
+
+fn store(settings: RedisSettings, clock: &FakeClock) -> (RedisStore, Arc<Metrics>) {
+    let metrics = Metrics::new();
+    (
+        RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap(),
+        metrics,
+    )
+}
+
+fn spend(id: &str, limit: Limit, cost: u64) -> StoreItem {
+    StoreItem {
+        key: BucketKey::new(100, id),
+        limit,
+        cost,
+        mode: Mode::CheckAndSpend,
+    }
+}
+
+fn per_10s() -> Limit {
+    Limit::new(10, 1, 10 * SECOND).unwrap() // ei 10s, bo 100s
+}
+
+#[tokio::test]
+async fn noscript_after_script_flush_is_reloaded() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let (store, _) = store(settings(&server.url()), &clock);
+    assert!(
+        store
+            .spend(&[spend("ns", per_10s(), 1)])
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
+    let out = store.spend(&[spend("ns", per_10s(), 1)]).await.unwrap();
+    assert!(out.allowed);
+    assert_eq!(out.decisions[0].remaining, 8);
+}
+
+#[tokio::test]
+async fn values_are_exact_nanoseconds_and_expire_at_the_tat() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let (store, _) = store(settings(&server.url()), &clock);
+    store.spend(&[spend("exact", per_10s(), 1)]).await.unwrap();
+    let key = store.redis_key(&BucketKey::new(100, "exact"));
+    assert_eq!(key, "cellrate:100:exact");
+    // T0 has nanoseconds that a double would lose: stored to the digit.
+    let stored = server.cli(&["GET", &key]).unwrap();
+    assert_eq!(stored.trim(), (T0 + 10 * SECOND).to_string());
+    let pttl: i64 = server.cli(&["PTTL", &key]).unwrap().trim().parse().unwrap();
+    assert!(
+        (9_000..=10_000).contains(&pttl),
+        "PTTL {pttl} is not the 10 s until the TAT"
+    );
+    // A second spend moves the TAT and the expiry with it.
+    store.spend(&[spend("exact", per_10s(), 2)]).await.unwrap();
+    assert_eq!(
+        server.cli(&["GET", &key]).unwrap().trim(),
+        (T0 + 30 * SECOND).to_string()
+    );
+    let pttl: i64 = server.cli(&["PTTL", &key]).unwrap().trim().parse().unwrap();
+    assert!((29_000..=30_000).contains(&pttl), "PTTL {pttl}");
+    // A refund to full deletes the key; a denial writes nothing.
+    store.refund(&[spend("exact", per_10s(), 3)]).await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", &key]).unwrap().trim(), "0");
+    // Ids cannot pick slots: braces are escaped; tagged names put the id in a hash tag.
+    let escaped = store.redis_key(&BucketKey::new(100, "{x}"));
+    assert_eq!(escaped, "cellrate:100:%7Bx%7D");
+    let tagged = RedisSettings {
+        tag_by_id: None,
+        ..settings(&server.url())
+    };
+    let (tagged, _) = self::store(tagged, &clock);
+    assert_eq!(
+        tagged.redis_key(&BucketKey::new(3, "42")),
+        "cellrate:3:{42}"
+    );
+}
+
+#[tokio::test]
+async fn redis_time_decides_by_default() {
+    let server = RedisServer::start();
+    // The local clock is far in the past: with Redis TIME it must not matter.
+    let clock = FakeClock::new(1);
+    let settings = RedisSettings {
+        clock: RedisClock::Redis,
+        ..settings(&server.url())
+    };
+    let (store, _) = store(settings, &clock);
+    let limit = Limit::new(3, 3, 3_600 * SECOND).unwrap();
+    for left in [2, 1, 0] {
+        let out = store.spend(&[spend("time", limit, 1)]).await.unwrap();
+        assert_eq!((out.allowed, out.decisions[0].remaining), (true, left));
+    }
+    let out = store.spend(&[spend("time", limit, 1)]).await.unwrap();
+    assert!(!out.allowed);
+    // The stored TAT is about now (Redis's clock) plus three tokens of 20 minutes.
+    let stored: i64 = server
+        .cli(&["GET", "cellrate:100:time"])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let wall = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .unwrap()
+        .as_nanos() as i64;
+    assert!(
+        (stored - wall - 3_600 * SECOND).abs() < 60 * SECOND,
+        "TAT {stored} vs wall {wall}"
+    );
+}
+
+#[tokio::test]
+async fn failure_policies_deadline_and_recovery() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let make = |policy| {
+        let s = RedisSettings {
+            failure: policy,
+            timeout: Duration::from_millis(50),
+            local_divisor: 2,
+            breaker_threshold: 1_000,
+            ..settings(&server.url())
+        };
+        store(s, &clock)
+    };
+    let (unavailable, _) = make(FailurePolicy::Unavailable);
+    let (allow, metrics) = make(FailurePolicy::Allow);
+    let (deny, _) = make(FailurePolicy::Deny);
+    let (local, _) = make(FailurePolicy::Local);
+    let limit = Limit::new(4, 4, SECOND).unwrap();
+    for s in [&unavailable, &allow, &deny, &local] {
+        assert!(
+            s.spend(&[spend("f", limit, 1)]).await.unwrap().allowed,
+            "before the failure"
+        );
+    }
+    server.kill();
+
+    let started = Instant::now();
+    let e = unavailable
+        .spend(&[spend("f", limit, 1)])
+        .await
+        .unwrap_err();
+    assert!(e.transient, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no answer within the deadline: {:?}",
+        started.elapsed()
+    );
+    assert!(allow.spend(&[spend("f", limit, 1)]).await.unwrap().allowed);
+    assert!(metrics
+        .render()
+        .contains("cellrate_store_fallbacks_total{policy=\"allow\"} 1"));
+    assert!(!deny.spend(&[spend("f", limit, 1)]).await.unwrap().allowed);
+    // Local: this replica's share, 4 / 2 = 2 tokens.
+    let decided: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(local.spend(&[spend("f", limit, 1)]).await.unwrap().allowed);
+        }
+        v
+    };
+    assert_eq!(decided, vec![true, true, false]);
+
+    // Redis comes back (empty): the same store recovers without a restart.
+    server.restart();
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(out) = unavailable.spend(&[spend("back", limit, 1)]).await {
+            assert_eq!(out.decisions[0].remaining, 3);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        recovered,
+        "the store did not recover within 5 s of Redis restarting"
+    );
+}
+
+#[tokio::test]
+async fn an_open_breaker_fails_fast() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let s = RedisSettings {
+        breaker_threshold: 2,
+        breaker_cooldown: Duration::from_secs(60),
+        timeout: Duration::from_millis(50),
+        ..settings(&server.url())
+    };
+    let (store, metrics) = store(s, &clock);
+    server.kill();
+    for _ in 0..5 {
+        assert!(store.spend(&[spend("b", per_10s(), 1)]).await.is_err());
+    }
+    let text = metrics.render();
+    assert!(
+        text.contains("cellrate_store_breaker_rejections_total 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn healthy_cluster_slots_keep_working_when_a_primary_dies() {
+    let mut cluster = RedisCluster::start();
+    let clock = FakeClock::new(T0);
+    let s = RedisSettings {
+        url: None,
+        cluster_nodes: cluster.urls(),
+        breaker_threshold: 1_000,
+        ..settings("unused")
+    };
+    let (store, _) = store(s, &clock);
+    // One id per node.
+    let mut by_node: Vec<Option<String>> = vec![None; 3];
+    for i in 0..200 {
+        let id = format!("node-{i}");
+        let slot = cellrate::store::redis::slot(&store.redis_key(&BucketKey::new(100, &id)));
+        let node = cluster.node_of_slot(slot);
+        by_node[node].get_or_insert(id);
+    }
+    let ids: Vec<String> = by_node
+        .into_iter()
+        .map(|id| id.expect("an id for every node"))
+        .collect();
+    for id in &ids {
+        assert!(
+            store
+                .spend(&[spend(id, per_10s(), 1)])
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    cluster.nodes[0].kill();
+    assert!(
+        store.spend(&[spend(&ids[0], per_10s(), 1)]).await.is_err(),
+        "the dead node's slots answered"
+    );
+    for id in &ids[1..] {
+        let mut ok = false;
+        for _ in 0..50 {
+            if let Ok(out) = store.spend(&[spend(id, per_10s(), 1)]).await {
+                assert!(out.allowed);
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(ok, "slots of a healthy node stopped working");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
+    use cellrate::proto::v1 as pb;
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 50 per hour: nothing comes back during the test.
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "NewOrdersPerAccount: {burst: 50, count: 50, period: 1h}\n",
+    )
+    .unwrap();
+    let url = server.url();
+    let flags = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "1000",
+    ];
+    let a = common::serve_with(dir.path(), &flags);
+    let b = common::serve_with(dir.path(), &flags);
+    let hammer = |addr: String| async move {
+        let mut client =
+            pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap();
+        let mut allowed = 0;
+        for _ in 0..60 {
+            let r = client
+                .check(pb::CheckRequest {
+                    items: vec![common::item("NewOrdersPerAccount", "777", None)],
+                })
+                .await
+                .unwrap();
+            if r.into_inner().overall.unwrap().allowed {
+                allowed += 1;
+            }
+        }
+        allowed
+    };
+    let (x, y) = tokio::join!(
+        tokio::spawn(hammer(a.listen.clone())),
+        tokio::spawn(hammer(b.listen.clone()))
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    assert_eq!(x + y, 50, "two replicas admitted {x} + {y}");
+    assert!(x > 0 && y > 0, "both replicas decided: {x} and {y}");
+    // With Redis gone, Envoy gets UNAVAILABLE (its failure_mode_deny decides).
+    drop(server);
+    let mut envoy = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", a.listen),
+    )
+    .await
+    .unwrap();
+    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+            entries: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
+                key: "NewOrdersPerAccount".into(),
+                value: "778".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let e = envoy.should_rate_limit(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+}
