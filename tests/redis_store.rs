@@ -138,6 +138,9 @@ async fn redis_time_decides_by_default() {
         (stored - wall - 3_600 * SECOND).abs() < 60 * SECOND,
         "TAT {stored} vs wall {wall}"
     );
+    // The one difference from the memory store: Redis TIME has microsecond resolution, so
+    // `now` (and a TAT made of now plus whole emission intervals) is a multiple of 1000 ns.
+    assert_eq!(stored % 1_000, 0, "now was not Redis TIME's microseconds");
 }
 
 #[tokio::test]
