@@ -236,6 +236,7 @@ async fn serve(
             limits.clone(),
             metrics.clone(),
             clock.clone(),
+            store.clone(),
         ));
         reloader.spawn(reload, tasks_stopped.clone())
     });

@@ -148,6 +148,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_REDIS_TAG_BY_ID", value_delimiter = ',')]
     pub redis_tag_by_id: Vec<String>,
 
+    /// Entries of the local deny cache (0: off): repeat requests for a bucket Redis just
+    /// denied are denied here while the denial is provable, without a round trip.
+    #[arg(long, env = "CELLRATE_REDIS_DENY_CACHE", default_value_t = 0)]
+    pub redis_deny_cache: usize,
+
     /// Make /readyz fail while Redis does (by default readiness ignores Redis).
     #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]
     pub redis_required_for_ready: bool,

@@ -144,6 +144,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
             failure: args.redis_failure_policy,
             local_divisor: args.redis_local_divisor.max(1),
             tag_by_id,
+            deny_cache: args.redis_deny_cache,
             ..RedisSettings::default()
         },
         required_for_ready: args.redis_required_for_ready,

@@ -38,6 +38,7 @@ pub struct Metrics {
     store_fallbacks: IntCounterVec,
     store_compensations: IntCounter,
     store_breaker_rejections: IntCounter,
+    deny_cache_hits: IntCounter,
     config_info: IntGaugeVec,
     config_loaded: Gauge,
     /// The last reload error, for `/healthz`; `None` after a good load.
@@ -175,6 +176,14 @@ impl Metrics {
                 )
                 .expect("valid counter"),
             ),
+            deny_cache_hits: registered(
+                r,
+                IntCounter::new(
+                    "cellrate_store_deny_cache_hits_total",
+                    "Requests denied by the Redis store's local deny cache without a round trip.",
+                )
+                .expect("valid counter"),
+            ),
             reloads: counter_vec(
                 "cellrate_config_reloads_total",
                 "Limits reloads, by result (success, failure, unchanged).",
@@ -258,6 +267,11 @@ impl Metrics {
     /// Counts a cross-slot batch that had to be refunded.
     pub fn store_compensation(&self) {
         self.store_compensations.inc();
+    }
+
+    /// Counts a request the local deny cache answered.
+    pub fn deny_cache_hit(&self) {
+        self.deny_cache_hits.inc();
     }
 
     /// Counts a call failed fast by an open breaker.
@@ -362,6 +376,10 @@ impl Store for MeasuredStore {
 
     fn live_buckets(&self) -> Option<usize> {
         self.inner.live_buckets()
+    }
+
+    fn limits_changed(&self) {
+        self.inner.limits_changed()
     }
 }
 

@@ -355,3 +355,46 @@ async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
     let e = envoy.should_rate_limit(request).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
 }
+
+#[tokio::test]
+async fn the_deny_cache_answers_repeat_denials_without_redis() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let s = RedisSettings {
+        deny_cache: 100,
+        timeout: Duration::from_millis(200),
+        ..settings(&server.url())
+    };
+    let (store, metrics) = store(s, &clock);
+    let one = Limit::new(1, 1, 10 * SECOND).unwrap();
+    assert!(store.spend(&[spend("dc", one, 1)]).await.unwrap().allowed);
+    let denied = store.spend(&[spend("dc", one, 1)]).await.unwrap();
+    assert!(!denied.allowed);
+    // Redis is gone, yet the repeat is denied: the cache answered, with Redis's numbers.
+    server.kill();
+    let cached = store.spend(&[spend("dc", one, 1)]).await.unwrap();
+    assert_eq!(cached.decisions, denied.decisions);
+    assert!(metrics
+        .render()
+        .contains("cellrate_store_deny_cache_hits_total 1"));
+    // Once the denial is no longer provable, the request goes to Redis again.
+    server.restart();
+    clock.advance(10 * SECOND);
+    // The first call after the restart may meet the dead connection; it reconnects.
+    let mut answer = None;
+    for _ in 0..50 {
+        if let Ok(out) = store.spend(&[spend("dc", one, 1)]).await {
+            answer = Some(out.allowed);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(answer, Some(true), "Redis was asked again and allowed");
+    assert!(!store.spend(&[spend("dc", one, 1)]).await.unwrap().allowed);
+    // A refund through this replica clears the entry: the next request asks Redis.
+    store.refund(&[spend("dc", one, 1)]).await.unwrap();
+    assert!(store.spend(&[spend("dc", one, 1)]).await.unwrap().allowed);
+    assert!(metrics
+        .render()
+        .contains("cellrate_store_deny_cache_hits_total 1"));
+}

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::Clock;
 use crate::limits::config::{LimitTable, LoadError};
 use crate::metrics::Metrics;
+use crate::store::Store;
 
 type Watcher = notify_debouncer_full::Debouncer<
     notify::RecommendedWatcher,
@@ -83,6 +84,8 @@ pub struct Reloader {
     limits: Arc<ArcSwap<LimitTable>>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
+    /// Told after every swap, so that nothing derived from the old limits survives.
+    store: Arc<dyn Store>,
 }
 
 impl Reloader {
@@ -91,12 +94,14 @@ impl Reloader {
         limits: Arc<ArcSwap<LimitTable>>,
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
+        store: Arc<dyn Store>,
     ) -> Reloader {
         Reloader {
             dir,
             limits,
             metrics,
             clock,
+            store,
         }
     }
 
@@ -111,6 +116,7 @@ impl Reloader {
             Ok(table) => {
                 let version = table.version().to_string();
                 self.limits.store(Arc::new(table));
+                self.store.limits_changed();
                 self.metrics.config_loaded(&version, self.clock.now());
                 self.metrics.reload(Ok(true));
                 tracing::info!(cause, version, "limits reloaded");

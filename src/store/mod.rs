@@ -87,4 +87,7 @@ pub trait Store: Send + Sync + 'static {
     fn live_buckets(&self) -> Option<usize> {
         None
     }
+
+    /// The limits changed (a reload): drop anything derived from the old ones.
+    fn limits_changed(&self) {}
 }

@@ -82,6 +82,8 @@ pub struct RedisSettings {
     /// Name numbers whose keys are tagged by id (`{id}`), so that one id's limits share a
     /// cluster slot; `None` tags every name.
     pub tag_by_id: Option<HashSet<u32>>,
+    /// Entries of the local deny cache; 0 turns it off.
+    pub deny_cache: usize,
     /// Consecutive failures that open a breaker.
     pub breaker_threshold: u32,
     /// How long an open breaker fails fast.
@@ -99,6 +101,7 @@ impl Default for RedisSettings {
             failure: FailurePolicy::Unavailable,
             local_divisor: 1,
             tag_by_id: Some(HashSet::new()),
+            deny_cache: 0,
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(1),
         }
@@ -140,6 +143,41 @@ pub struct RedisStore {
     started: Instant,
     /// Whether the last Redis call succeeded (for readiness, when required).
     healthy: Arc<AtomicBool>,
+    /// Recent denials, by Redis key (see [`DenyCache`]).
+    deny_cache: Option<DenyCache>,
+}
+
+/// The local deny cache: a denied bucket's TAT is a lower bound (TATs only grow, but for
+/// refunds and resets), so later requests for that bucket can be denied here, without a
+/// round trip, while that bound still proves the denial.
+///
+/// Time is anchored on the monotonic clock at *send* time of the request that learned the
+/// TAT: Redis read `now` after that, so the local estimate of Redis's time runs ahead of
+/// it, and an estimate-based denial is never one Redis would have allowed (unless another
+/// replica refunded or reset the bucket; refunds and resets through this replica, and
+/// reloads, clear the entries). Single-item batches only; bounded in size. The numbers it
+/// reports are computed at the estimated time, so they may differ from Redis's by the
+/// round-trip time.
+struct DenyCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, DenyEntry>>,
+    capacity: usize,
+}
+
+#[derive(Clone, Copy)]
+struct DenyEntry {
+    tat: Nanos,
+    /// Redis's `now` when the TAT was read.
+    now: Nanos,
+    /// The monotonic time (ns since the store started) when that request was sent.
+    sent: i64,
+}
+
+impl DenyCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, DenyEntry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The operation a script call performs.
@@ -250,6 +288,7 @@ impl RedisStore {
         } else {
             SLOTS
         };
+        let deny_cache = settings.deny_cache;
         let fallback =
             (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
         Ok(RedisStore {
@@ -262,6 +301,10 @@ impl RedisStore {
             breakers: (0..breakers).map(|_| Breaker::default()).collect(),
             started: Instant::now(),
             healthy: Arc::new(AtomicBool::new(true)),
+            deny_cache: (deny_cache > 0).then(|| DenyCache {
+                entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+                capacity: deny_cache,
+            }),
         })
     }
 
@@ -391,8 +434,79 @@ impl RedisStore {
         groups.into_iter().collect()
     }
 
+    /// A denial proven by the deny cache, for a single counting item.
+    fn cached_denial(&self, items: &[StoreItem], key: &str) -> Option<Outcome> {
+        let cache = self.deny_cache.as_ref()?;
+        let [item] = items else { return None };
+        if !item.mode.counts() {
+            return None;
+        }
+        let mut entries = cache.lock();
+        let entry = *entries.get(key)?;
+        let estimated_now = match self.settings.clock {
+            RedisClock::Local => self.clock.now(),
+            RedisClock::Redis => entry.now.saturating_add(self.mono() - entry.sent),
+        };
+        let (decision, _) = gcra::spend(&item.limit, estimated_now, Some(entry.tat), item.cost);
+        if decision.allowed {
+            entries.remove(key);
+            return None;
+        }
+        self.metrics.deny_cache_hit();
+        Some(Outcome {
+            allowed: false,
+            decisions: vec![decision],
+        })
+    }
+
+    /// Remembers (or forgets) a single item's outcome in the deny cache.
+    fn learn(&self, items: &[StoreItem], key: &str, sent: i64, read: &Read, allowed: bool) {
+        let Some(cache) = &self.deny_cache else {
+            return;
+        };
+        let [item] = items else { return };
+        let mut entries = cache.lock();
+        match read.tats.first().copied().flatten() {
+            Some(tat) if !allowed && item.mode.counts() => {
+                if entries.len() >= cache.capacity && !entries.contains_key(key) {
+                    // Full: drop what no longer proves anything, else skip this one.
+                    let now = self.mono();
+                    entries.retain(|_, e| e.now.saturating_add(now - e.sent) < e.tat);
+                    if entries.len() >= cache.capacity {
+                        return;
+                    }
+                }
+                entries.insert(
+                    key.to_string(),
+                    DenyEntry {
+                        tat,
+                        now: read.now,
+                        sent,
+                    },
+                );
+            }
+            _ => {
+                entries.remove(key);
+            }
+        }
+    }
+
+    /// Forgets cached denials of `keys` (a refund or reset through this replica).
+    fn forget(&self, keys: &[String]) {
+        if let Some(cache) = &self.deny_cache {
+            let mut entries = cache.lock();
+            for key in keys {
+                entries.remove(key);
+            }
+        }
+    }
+
     async fn spend_redis(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        if let Some(outcome) = keys.first().and_then(|key| self.cached_denial(items, key)) {
+            return Ok(outcome);
+        }
+        let sent = self.mono();
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|(slot, members)| {
             let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
@@ -448,6 +562,9 @@ impl RedisStore {
             return Err(e);
         }
 
+        if let (Some(key), Some(Some((read, _)))) = (keys.first(), outcomes.first()) {
+            self.learn(items, key, sent, read, all_allowed);
+        }
         let mut decisions = vec![UNDECIDED; items.len()];
         for ((_, members), outcome) in groups.iter().zip(&outcomes) {
             let Some((read, out)) = outcome else {
@@ -507,6 +624,7 @@ impl RedisStore {
 
     async fn refund_redis(&self, items: &[StoreItem]) -> Result<Vec<Decision>, StoreError> {
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        self.forget(&keys);
         let mut decisions = vec![UNDECIDED; items.len()];
         for (slot, members) in self.groups(&keys) {
             let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
@@ -521,6 +639,7 @@ impl RedisStore {
 
     async fn reset_redis(&self, keys: &[BucketKey]) -> Result<u32, StoreError> {
         let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(k)).collect();
+        self.forget(&redis_keys);
         let mut live = 0;
         for (slot, members) in self.groups(&redis_keys) {
             let group_keys: Vec<String> = members.iter().map(|&i| redis_keys[i].clone()).collect();
@@ -658,6 +777,12 @@ impl Store for RedisStore {
     fn sweep(&self) -> usize {
         // Redis expires keys at their TAT; only the local fallback needs sweeping.
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
+    }
+
+    fn limits_changed(&self) {
+        if let Some(cache) = &self.deny_cache {
+            cache.lock().clear();
+        }
     }
 }
 
