@@ -1,0 +1,38 @@
+# cellrate: a small image that serves the example limits by default.
+#   docker build -t cellrate .
+#   docker run --rm -p 8081:8081 -p 9090:9090 cellrate
+# Mount your own limits directory over /etc/cellrate (a Kubernetes ConfigMap mounted as a
+# directory reloads in place).
+
+# --- build: dependencies first, in their own cached layer -------------------------------
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+# Only the manifests, the build script and the protos: this layer is rebuilt when
+# dependencies change, not when the code does. No system protoc is needed (protox).
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+RUN mkdir -p src benches \
+    && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs \
+    && cargo build --release --locked --bin cellrate \
+    && rm -rf src benches
+COPY src ./src
+COPY benches ./benches
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin cellrate
+
+# --- run: distroless with libc, no shell, non-root ------------------------------------
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/cellrate /usr/local/bin/cellrate
+COPY config /etc/cellrate
+# The binary's defaults listen on 0.0.0.0:8081 (decisions) and 0.0.0.0:9090 (metrics);
+# admin stays on 127.0.0.1:8082 unless CELLRATE_ADMIN_LISTEN says otherwise.
+ENV CELLRATE_CONFIG=/etc/cellrate \
+    CELLRATE_LOG_FORMAT=json
+# Decisions (gRPC), admin (gRPC), metrics (HTTP).
+EXPOSE 8081 8082 9090
+# uid 65532 ("nonroot" in distroless).
+USER 65532:65532
+# No HEALTHCHECK: distroless has no shell or curl, and Kubernetes uses gRPC probes on
+# grpc.health.v1 instead. Outside Kubernetes, probe http://HOST:9090/readyz.
+ENTRYPOINT ["/usr/local/bin/cellrate"]
+CMD ["serve"]
