@@ -1,0 +1,187 @@
+//! A small gRPC load generator on raw HTTP/2 (the `h2` crate): pre-encoded request bodies,
+//! C connections with S streams each, a fixed duration, per-request latency, and the
+//! server's CPU time and RSS read from /proc. It decodes nothing but the grpc-status, so
+//! that its own cost stays small and equal for every server it drives.
+//!
+//! ```text
+//! loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID
+//!   RPC       envoy | check
+//!   SCENARIO  hot (one key, all allowed) | distinct (100 000 keys) | denied (one key, denied)
+//! ```
+//! Prints one line: `rps=.. p50_us=.. p99_us=.. cpu_us_per_req=.. rss_kib=.. errors=..`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cellrate::proto::v1 as pb;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use prost::Message;
+
+/// A gRPC frame: uncompressed flag, 4-byte big-endian length, message.
+fn frame(message: &impl Message) -> Bytes {
+    let body = message.encode_to_vec();
+    let mut out = Vec::with_capacity(body.len() + 5);
+    out.push(0);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    Bytes::from(out)
+}
+
+fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
+    let (name, keys) = match scenario {
+        "hot" => ("BenchHot", 1),
+        "distinct" => ("BenchKeys", 100_000),
+        "denied" => ("BenchDenied", 1),
+        other => panic!("unknown scenario {other}"),
+    };
+    let ids = (0..keys).map(|i| format!("key-{i}"));
+    match rpc {
+        "envoy" => (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            ids.map(|id| {
+                frame(&RateLimitRequest {
+                    domain: "bench".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry { key: name.into(), value: id }],
+                        ..Default::default()
+                    }],
+                    hits_addend: 0,
+                })
+            })
+            .collect(),
+        ),
+        "check" => (
+            "/cellrate.v1.RateLimiter/Check",
+            ids.map(|id| {
+                frame(&pb::CheckRequest {
+                    items: vec![pb::Item { name: name.into(), id, ..Default::default() }],
+                })
+            })
+            .collect(),
+        ),
+        other => panic!("unknown rpc {other}"),
+    }
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the command name: state is field 3; utime and stime are fields 14 and 15.
+    let get = |i: usize| fields.get(i - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    get(14) + get(15)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, addr, rpc, scenario, connections, streams, seconds, pid] = &args[..] else {
+        eprintln!("usage: loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID");
+        std::process::exit(2);
+    };
+    let connections: usize = connections.parse().unwrap();
+    let streams: usize = streams.parse().unwrap();
+    let duration = Duration::from_secs(seconds.parse().unwrap());
+    let pid: u32 = pid.parse().unwrap();
+    let (path, bodies) = bodies(rpc, scenario);
+    let bodies = Arc::new(bodies);
+    let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
+
+    // One thread: the machine has two cores, and the server should get the other.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let counter = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let measuring = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..connections {
+            let tcp = tokio::net::TcpStream::connect(addr.as_str()).await.expect("connect");
+            tcp.set_nodelay(true).unwrap();
+            let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            for _ in 0..streams {
+                let (mut client, bodies, uri) = (client.clone(), bodies.clone(), uri.clone());
+                let (counter, errors, measuring, stop) =
+                    (counter.clone(), errors.clone(), measuring.clone(), stop.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies: Vec<u32> = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let n = counter.fetch_add(1, Ordering::Relaxed) as usize;
+                        let body = bodies[n % bodies.len()].clone();
+                        let request = http::Request::post(uri.clone())
+                            .header("content-type", "application/grpc")
+                            .header("te", "trailers")
+                            .body(())
+                            .unwrap();
+                        let start = Instant::now();
+                        let ok = async {
+                            client = client.clone().ready().await.ok()?;
+                            let (response, mut send) = client.send_request(request, false).ok()?;
+                            send.send_data(body, true).ok()?;
+                            let mut body = response.await.ok()?.into_body();
+                            while let Some(chunk) = body.data().await {
+                                let chunk = chunk.ok()?;
+                                let _ = body.flow_control().release_capacity(chunk.len());
+                            }
+                            let trailers = body.trailers().await.ok()??;
+                            (trailers.get("grpc-status")?.as_bytes() == b"0").then_some(())
+                        }
+                        .await
+                        .is_some();
+                        if measuring.load(Ordering::Relaxed) {
+                            latencies.push(start.elapsed().as_micros() as u32);
+                            if !ok {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    latencies
+                }));
+            }
+        }
+        // Warm up for a second, then measure.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (ticks, started) = (cpu_ticks(pid), Instant::now());
+        measuring.store(true, Ordering::Relaxed);
+        tokio::time::sleep(duration).await;
+        measuring.store(false, Ordering::Relaxed);
+        let (cpu, elapsed) = (cpu_ticks(pid) - ticks, started.elapsed());
+        let rss = rss_kib(pid);
+        stop.store(true, Ordering::Relaxed);
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(task.await.unwrap());
+        }
+        latencies.sort_unstable();
+        let n = latencies.len().max(1);
+        let pct = |p: f64| latencies.get(((n as f64 * p) as usize).min(n - 1)).copied().unwrap_or(0);
+        // Clock ticks are 1/100 s on Linux.
+        let cpu_us = cpu as f64 * 10_000.0;
+        println!(
+            "rps={:.0} p50_us={} p99_us={} cpu_us_per_req={:.2} rss_kib={} errors={}",
+            latencies.len() as f64 / elapsed.as_secs_f64(),
+            pct(0.50),
+            pct(0.99),
+            cpu_us / n as f64,
+            rss,
+            errors.load(Ordering::Relaxed)
+        );
+    });
+}

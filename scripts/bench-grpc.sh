@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# End-to-end gRPC benchmark: cellrate against the constant-answer baseline server (the
+# physical limit of tonic + tokio on this machine), alternating A B A B in one run.
+#
+#   scripts/bench-grpc.sh [rounds] [seconds]
+#
+# Scenarios (ShouldRateLimit unless noted; loadgen on one thread, 4 connections x 64
+# streams for saturation, 1 x 1 for latency):
+#   hot       one key, every request allowed
+#   distinct  100 000 keys in turn, allowed
+#   denied    one key, every request denied
+#   check     the native Check, one key, allowed
+#   latency   one stream, hot key: p50/p99 of a lone caller
+# Prints requests/s, p50/p99 latency (µs), server CPU µs per request and RSS, per round,
+# then the min-max over rounds of each cellrate/baseline ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+seconds=${2:-5}
+
+cargo build --release --quiet --bin cellrate --example baseline --example loadgen
+bin=target/release
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+base_port=$(free_port)
+"$bin/examples/baseline" "127.0.0.1:$base_port" 2>/dev/null &
+base_pid=$!
+cr_port=$(free_port)
+"$bin/cellrate" serve --listen "127.0.0.1:$cr_port" --admin-listen 127.0.0.1:0 \
+  --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
+cr_pid=$!
+trap 'kill $base_pid $cr_pid 2>/dev/null' EXIT
+sleep 1
+
+run() { # target scenario -> loadgen output
+  local port pid rpc scenario conns streams
+  if [ "$1" = baseline ]; then port=$base_port; pid=$base_pid; else port=$cr_port; pid=$cr_pid; fi
+  rpc=envoy; scenario=$2; conns=4; streams=64
+  case $2 in
+    check) rpc=check; scenario=hot ;;
+    latency) scenario=hot; conns=1; streams=1 ;;
+  esac
+  "$bin/examples/loadgen" "127.0.0.1:$port" "$rpc" "$scenario" "$conns" "$streams" "$seconds" "$pid"
+}
+
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+results=$(mktemp)
+printf '%-6s %-9s %-9s %10s %8s %8s %12s %9s %6s\n' round scenario server req/s p50_us p99_us cpu_us/req rss_kib errors
+for round in $(seq "$rounds"); do
+  for scenario in hot distinct denied check latency; do
+    for target in baseline cellrate; do
+      out=$(run "$target" "$scenario")
+      printf '%-6s %-9s %-9s %10s %8s %8s %12s %9s %6s\n' "$round" "$scenario" "$target" \
+        "$(echo "$out" | field rps)" "$(echo "$out" | field p50_us)" "$(echo "$out" | field p99_us)" \
+        "$(echo "$out" | field cpu_us_per_req)" "$(echo "$out" | field rss_kib)" "$(echo "$out" | field errors)"
+      echo "$round $scenario $target $out" >> "$results"
+    done
+  done
+done
+
+echo
+echo "cellrate / baseline, min - max over $rounds rounds:"
+python3 - "$results" <<'PY'
+import re, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r, scenario, target, rest = line.split(' ', 3)
+    vals = dict(kv.split('=') for kv in rest.split())
+    rows.setdefault((scenario, r), {})[target] = {k: float(v) for k, v in vals.items()}
+ratios = {}
+for (scenario, r), t in rows.items():
+    for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
+        b, c = t['baseline'][key], t['cellrate'][key]
+        if b > 0:
+            ratios.setdefault((scenario, key), []).append(c / b)
+for scenario in ('hot', 'distinct', 'denied', 'check', 'latency'):
+    parts = []
+    for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
+        v = ratios.get((scenario, key))
+        if v:
+            parts.append(f"{key} {min(v):.2f}-{max(v):.2f}")
+    print(f"  {scenario:9s} " + "  ".join(parts))
+PY
+rm -f "$results"
