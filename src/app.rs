@@ -14,7 +14,6 @@ use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
 use crate::admin::{AdminAuth, TlsPem};
@@ -293,7 +292,7 @@ async fn serve(
             metrics.clone(),
         )))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.decisions),
+            incoming(listeners.decisions),
             until_stopped(stopped.clone()),
         );
     let admin = admin_server
@@ -304,10 +303,7 @@ async fn serve(
             AdminService::new(decider, metrics.clone()),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.admin),
-            until_stopped(stopped),
-        );
+        .serve_with_incoming_shutdown(incoming(listeners.admin), until_stopped(stopped));
     // Announced once everything is in place (tests and operators wait for this line).
     tracing::info!(
         listen = %decisions_addr,
@@ -357,6 +353,12 @@ async fn serve(
         }
     };
     finish(result, stop_tasks, sweeper, reloader, metrics_server).await
+}
+
+/// Accepted connections with TCP_NODELAY: rate-limit RPCs are small, and Nagle's algorithm
+/// with delayed ACKs would hold answers back by tens of milliseconds.
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Stops the background tasks and returns the servers' result.

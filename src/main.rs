@@ -13,6 +13,10 @@ use cellrate::cli::{Cli, Command, LogFormat, ServeArgs, StoreKind};
 use cellrate::limits::config::LimitTable;
 use cellrate::store::redis::RedisSettings;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// EX_USAGE from sysexits.h: the configuration or the command line is wrong.
 const EXIT_CONFIG: u8 = 64;
 

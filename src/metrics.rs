@@ -25,12 +25,22 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
+/// The RPCs that are timed.
+const RPCS: [&str; 5] = ["Check", "Refund", "Reset", "Inspect", "ShouldRateLimit"];
+
+/// The store operations that are timed.
+const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
+
 /// Every metric cellrate exports.
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
     rpc_duration: HistogramVec,
+    /// [`RPCS`]' series, resolved once: a label lookup costs a hash and a lock per call.
+    rpc_series: Vec<prometheus::Histogram>,
     store_duration: HistogramVec,
+    /// [`STORE_OPS`]' series, resolved once.
+    store_series: Vec<prometheus::Histogram>,
     store_errors: IntCounterVec,
     pub live_buckets: IntGauge,
     pub swept_buckets: IntCounter,
@@ -116,22 +126,32 @@ impl Metrics {
                 IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"),
             )
         };
+        let rpc_duration = histogram(
+            "cellrate_rpc_duration_seconds",
+            "Time to answer an RPC, by RPC.",
+            "rpc",
+        );
+        let store_duration = histogram(
+            "cellrate_store_operation_duration_seconds",
+            "Time of a store operation (one per request), by operation.",
+            "operation",
+        );
         Arc::new(Metrics {
+            rpc_series: RPCS
+                .iter()
+                .map(|rpc| rpc_duration.with_label_values(&[rpc]))
+                .collect(),
+            store_series: STORE_OPS
+                .iter()
+                .map(|op| store_duration.with_label_values(&[op]))
+                .collect(),
+            rpc_duration,
+            store_duration,
             decisions: counter_vec(
                 "cellrate_decisions_total",
                 "Decisions per limit: api (native, envoy), limit name, result (allowed, denied, \
                  shadow_denied, unlimited, not_configured, unmatched).",
                 &["api", "limit", "result"],
-            ),
-            rpc_duration: histogram(
-                "cellrate_rpc_duration_seconds",
-                "Time to answer an RPC, by RPC.",
-                "rpc",
-            ),
-            store_duration: histogram(
-                "cellrate_store_operation_duration_seconds",
-                "Time of a store operation (one per request), by operation.",
-                "operation",
             ),
             store_errors: counter_vec(
                 "cellrate_store_errors_total",
@@ -232,9 +252,11 @@ impl Metrics {
 
     /// Times an RPC from `start`.
     pub fn rpc(&self, rpc: &str, start: Instant) {
-        self.rpc_duration
-            .with_label_values(&[rpc])
-            .observe(start.elapsed().as_secs_f64());
+        let seconds = start.elapsed().as_secs_f64();
+        match RPCS.iter().position(|r| *r == rpc) {
+            Some(i) => self.rpc_series[i].observe(seconds),
+            None => self.rpc_duration.with_label_values(&[rpc]).observe(seconds),
+        }
     }
 
     /// Records a loaded configuration (at startup or by reload).
@@ -332,10 +354,15 @@ impl MeasuredStore {
     }
 
     fn observe<T>(&self, op: &str, start: Instant, result: &Result<T, StoreError>) {
-        self.metrics
-            .store_duration
-            .with_label_values(&[op])
-            .observe(start.elapsed().as_secs_f64());
+        let seconds = start.elapsed().as_secs_f64();
+        match STORE_OPS.iter().position(|o| *o == op) {
+            Some(i) => self.metrics.store_series[i].observe(seconds),
+            None => self
+                .metrics
+                .store_duration
+                .with_label_values(&[op])
+                .observe(seconds),
+        }
         if result.is_err() {
             self.metrics.store_errors.with_label_values(&[op]).inc();
         }

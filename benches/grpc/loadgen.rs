@@ -46,7 +46,10 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
                 frame(&RateLimitRequest {
                     domain: "bench".into(),
                     descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry { key: name.into(), value: id }],
+                        entries: vec![Entry {
+                            key: name.into(),
+                            value: id,
+                        }],
                         ..Default::default()
                     }],
                     hits_addend: 0,
@@ -58,7 +61,11 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
             "/cellrate.v1.RateLimiter/Check",
             ids.map(|id| {
                 frame(&pb::CheckRequest {
-                    items: vec![pb::Item { name: name.into(), id, ..Default::default() }],
+                    items: vec![pb::Item {
+                        name: name.into(),
+                        id,
+                        ..Default::default()
+                    }],
                 })
             })
             .collect(),
@@ -73,7 +80,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
     // After the command name: state is field 3; utime and stime are fields 14 and 15.
-    let get = |i: usize| fields.get(i - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let get = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     get(14) + get(15)
 }
 
@@ -102,7 +114,10 @@ fn main() {
     let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
 
     // One thread: the machine has two cores, and the server should get the other.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async move {
         let counter = Arc::new(AtomicU64::new(0));
         let errors = Arc::new(AtomicU64::new(0));
@@ -110,7 +125,9 @@ fn main() {
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for _ in 0..connections {
-            let tcp = tokio::net::TcpStream::connect(addr.as_str()).await.expect("connect");
+            let tcp = tokio::net::TcpStream::connect(addr.as_str())
+                .await
+                .expect("connect");
             tcp.set_nodelay(true).unwrap();
             let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
             tokio::spawn(async move {
@@ -118,8 +135,12 @@ fn main() {
             });
             for _ in 0..streams {
                 let (mut client, bodies, uri) = (client.clone(), bodies.clone(), uri.clone());
-                let (counter, errors, measuring, stop) =
-                    (counter.clone(), errors.clone(), measuring.clone(), stop.clone());
+                let (counter, errors, measuring, stop) = (
+                    counter.clone(),
+                    errors.clone(),
+                    measuring.clone(),
+                    stop.clone(),
+                );
                 tasks.push(tokio::spawn(async move {
                     let mut latencies: Vec<u32> = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
@@ -171,7 +192,12 @@ fn main() {
         }
         latencies.sort_unstable();
         let n = latencies.len().max(1);
-        let pct = |p: f64| latencies.get(((n as f64 * p) as usize).min(n - 1)).copied().unwrap_or(0);
+        let pct = |p: f64| {
+            latencies
+                .get(((n as f64 * p) as usize).min(n - 1))
+                .copied()
+                .unwrap_or(0)
+        };
         // Clock ticks are 1/100 s on Linux.
         let cpu_us = cpu as f64 * 10_000.0;
         println!(

@@ -329,7 +329,12 @@ impl EnvoyRateLimitService {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             response_headers_to_add: headers,
-            dynamic_metadata: Some(metadata(over, fired, owner, results)),
+            // Only when there is something to say: building it costs allocations.
+            dynamic_metadata: (over
+                || results
+                    .iter()
+                    .any(|i| i.shadow && restricts(i) && !i.decision.allowed))
+            .then(|| metadata(over, fired, owner, results)),
             ..Default::default()
         }
     }

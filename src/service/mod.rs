@@ -6,7 +6,6 @@
 //! items to the [`Store`] in one call and assembles per-item and overall decisions.
 //! This is also the single place where a [`StoreError`] becomes a `tonic::Status`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -216,8 +215,7 @@ impl Decider {
                 message: format!("{} items, at most {MAX_BATCH} per request", items.len()),
             }));
         }
-        let mut resolved = Vec::with_capacity(items.len());
-        let mut seen: HashMap<BucketKey, usize> = HashMap::with_capacity(items.len());
+        let mut resolved: Vec<Resolved> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let (key, name, policy) = match &item.target {
                 Target::Named { name, id } => {
@@ -275,7 +273,8 @@ impl Decider {
                     cost = 0;
                 }
             }
-            if let Some(first) = seen.insert(key.clone(), i) {
+            // At most 64 items: a scan beats hashing, and allocates nothing.
+            if let Some(first) = resolved.iter().position(|r| r.key == key) {
                 return Err(invalid(
                     i,
                     "",

@@ -1,4 +1,5 @@
-//! The in-memory store: TATs in a fixed number of mutex-guarded hash-map shards.
+//! The in-memory store: TATs in a fixed number of mutex-guarded hash-map shards, keyed by a
+//! 128-bit keyed hash of the bucket key (24 bytes an entry, whatever the id's length).
 //!
 //! A batch locks the shards its keys fall in, in ascending shard order (so overlapping
 //! batches cannot deadlock), decides with [`crate::gcra::spend_batch`] and writes before
@@ -31,7 +32,41 @@ pub const DEFAULT_SHARDS: usize = 128;
 /// Default bound on live buckets.
 pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
 
-type Buckets = HashMap<BucketKey, Nanos>;
+/// A bucket key's 128-bit keyed hash (two SipHash-1-3 with process-random keys), stored
+/// instead of the key: 16 bytes whatever the id's length, and no allocation per bucket.
+/// Two distinct keys share a bucket only if both 64-bit halves collide: with 10 M live
+/// buckets, a chance below 10^-24, and the keys are secret so callers cannot aim for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint(u64, u64);
+
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+    }
+}
+
+/// The table's hasher: the fingerprint is already a keyed hash, so hash it no further.
+#[derive(Default)]
+struct FirstWord(u64);
+
+impl std::hash::Hasher for FirstWord {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (by `Fingerprint`); fold anything else in anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Buckets = HashMap<Fingerprint, Nanos, std::hash::BuildHasherDefault<FirstWord>>;
 
 /// One shard, on its own cache lines so that neighbouring locks do not share one.
 #[repr(align(128))]
@@ -40,7 +75,7 @@ struct Shard(Mutex<Buckets>);
 /// TATs in memory, sharded. See the module docs.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    hashers: [RandomState; 2],
     clock: Arc<dyn Clock>,
     per_shard: usize,
 }
@@ -56,16 +91,21 @@ impl MemoryStore {
         let shards = shards.max(1);
         MemoryStore {
             shards: (0..shards)
-                .map(|_| Shard(Mutex::new(HashMap::new())))
+                .map(|_| Shard(Mutex::new(HashMap::default())))
                 .collect(),
-            hasher: RandomState::new(),
+            hashers: [RandomState::new(), RandomState::new()],
             clock,
             per_shard: max_buckets.div_ceil(shards).max(1),
         }
     }
 
-    fn shard_of(&self, key: &BucketKey) -> usize {
-        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    fn fingerprint(&self, key: &BucketKey) -> Fingerprint {
+        Fingerprint(self.hashers[0].hash_one(key), self.hashers[1].hash_one(key))
+    }
+
+    /// The shard of a bucket: by the half the tables do not index by.
+    fn shard_of(&self, print: Fingerprint) -> usize {
+        (print.1 % self.shards.len() as u64) as usize
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Buckets> {
@@ -78,11 +118,8 @@ impl MemoryStore {
 
     /// Locks the shards of `keys` in ascending order; returns each key's shard position
     /// in the returned guards.
-    fn lock_all<'a>(
-        &'a self,
-        keys: impl Iterator<Item = &'a BucketKey>,
-    ) -> (Vec<MutexGuard<'a, Buckets>>, Vec<usize>) {
-        let shard_ids: Vec<usize> = keys.map(|k| self.shard_of(k)).collect();
+    fn lock_all(&self, prints: &[Fingerprint]) -> (Vec<MutexGuard<'_, Buckets>>, Vec<usize>) {
+        let shard_ids: Vec<usize> = prints.iter().map(|&p| self.shard_of(p)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -96,12 +133,16 @@ impl MemoryStore {
 
     /// Decides a batch now (the synchronous core of [`Store::spend`]).
     pub fn spend_now(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
-        let (mut guards, positions) = self.lock_all(items.iter().map(|i| &i.key));
+        if let [item] = items {
+            return self.spend_one(item);
+        }
+        let prints: Vec<Fingerprint> = items.iter().map(|i| self.fingerprint(&i.key)).collect();
+        let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
-        let tats: Vec<Option<Nanos>> = items
+        let tats: Vec<Option<Nanos>> = prints
             .iter()
             .zip(&positions)
-            .map(|(item, &p)| guards[p].get(&item.key).copied())
+            .map(|(print, &p)| guards[p].get(print).copied())
             .collect();
         let batch: Vec<BatchItem<'_>> = items
             .iter()
@@ -113,21 +154,61 @@ impl MemoryStore {
             .collect();
         let out = gcra::spend_batch(now, &batch, &tats);
         self.make_room(&mut guards, &positions, &tats, &out.writes, now)?;
-        for ((item, &p), write) in items.iter().zip(&positions).zip(&out.writes) {
+        for ((&print, &p), write) in prints.iter().zip(&positions).zip(&out.writes) {
             if let Some(tat) = *write {
-                // Update in place: cloning the key is only needed for a new bucket.
-                match guards[p].get_mut(&item.key) {
-                    Some(stored) => *stored = tat,
-                    None => {
-                        guards[p].insert(item.key.clone(), tat);
-                    }
-                }
+                guards[p].insert(print, tat);
             }
         }
         Ok(Outcome {
             allowed: out.allowed,
             decisions: out.decisions,
         })
+    }
+
+    /// The single-item batch (most requests): one shard lock, one hash lookup for an
+    /// existing bucket, no bookkeeping vectors.
+    fn spend_one(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
+        let print = self.fingerprint(&item.key);
+        let mut shard = self.lock(self.shard_of(print));
+        let now = self.clock.now();
+        let batch = [BatchItem {
+            limit: &item.limit,
+            cost: item.cost,
+            mode: item.mode,
+        }];
+        let out = match shard.get_mut(&print) {
+            Some(stored) => {
+                let out = gcra::spend_batch(now, &batch, &[Some(*stored)]);
+                if let Some(tat) = out.writes[0] {
+                    *stored = tat;
+                }
+                out
+            }
+            None => {
+                let out = gcra::spend_batch(now, &batch, &[None]);
+                if let Some(tat) = out.writes[0] {
+                    if shard.len() >= self.per_shard {
+                        shard.retain(|_, tat| *tat > now);
+                        if shard.len() >= self.per_shard {
+                            return Err(self.full());
+                        }
+                    }
+                    shard.insert(print, tat);
+                }
+                out
+            }
+        };
+        Ok(Outcome {
+            allowed: out.allowed,
+            decisions: out.decisions,
+        })
+    }
+
+    fn full(&self) -> StoreError {
+        StoreError::transient(format!(
+            "bucket capacity reached ({} live buckets per shard)",
+            self.per_shard
+        ))
     }
 
     /// Checks that every shard receiving new buckets has room, sweeping it if not.
@@ -149,10 +230,7 @@ impl MemoryStore {
             if new > 0 && guard.len() + new > self.per_shard {
                 guard.retain(|_, tat| *tat > now);
                 if guard.len() + new > self.per_shard {
-                    return Err(StoreError::transient(format!(
-                        "bucket capacity reached ({} live buckets per shard)",
-                        self.per_shard
-                    )));
+                    return Err(self.full());
                 }
             }
         }
@@ -161,22 +239,24 @@ impl MemoryStore {
 
     /// Refunds a batch now (the synchronous core of [`Store::refund`]).
     pub fn refund_now(&self, items: &[StoreItem]) -> Vec<Decision> {
-        let (mut guards, positions) = self.lock_all(items.iter().map(|i| &i.key));
+        let prints: Vec<Fingerprint> = items.iter().map(|i| self.fingerprint(&i.key)).collect();
+        let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
         items
             .iter()
+            .zip(&prints)
             .zip(&positions)
-            .map(|(item, &p)| {
+            .map(|((item, print), &p)| {
                 let shard = &mut guards[p];
                 let (decision, write) =
-                    gcra::refund(&item.limit, now, shard.get(&item.key).copied(), item.cost);
+                    gcra::refund(&item.limit, now, shard.get(print).copied(), item.cost);
                 match write {
                     // Refunded to full: a full bucket is no bucket.
                     Some(tat) if tat <= now => {
-                        shard.remove(&item.key);
+                        shard.remove(print);
                     }
                     Some(tat) => {
-                        if let Entry::Occupied(mut e) = shard.entry(item.key.clone()) {
+                        if let Entry::Occupied(mut e) = shard.entry(*print) {
                             e.insert(tat);
                         }
                     }
@@ -189,11 +269,13 @@ impl MemoryStore {
 
     /// Deletes buckets now; returns how many were not full.
     pub fn reset_now(&self, keys: &[BucketKey]) -> u32 {
-        let (mut guards, positions) = self.lock_all(keys.iter());
+        let prints: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
+        let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
-        keys.iter()
+        prints
+            .iter()
             .zip(&positions)
-            .filter(|(key, &p)| guards[p].remove(*key).is_some_and(|tat| tat > now))
+            .filter(|(print, &p)| guards[p].remove(*print).is_some_and(|tat| tat > now))
             .count() as u32
     }
 
@@ -217,7 +299,8 @@ impl MemoryStore {
 
     /// The stored TAT of `key` (tests and debugging).
     pub fn tat(&self, key: &BucketKey) -> Option<Nanos> {
-        self.lock(self.shard_of(key)).get(key).copied()
+        let print = self.fingerprint(key);
+        self.lock(self.shard_of(print)).get(&print).copied()
     }
 }
 
