@@ -25,7 +25,7 @@ use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
-use crate::service::Decider;
+use crate::service::{Decider, MAX_MESSAGE_BYTES};
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{MemoryStore, Store, StoreError};
 
@@ -282,15 +282,18 @@ async fn serve(
         .add_service(health_service.clone())
         .add_service(reflection!(build_v1, services))
         .add_service(reflection!(build_v1alpha, services))
-        .add_service(RateLimiterServer::new(RateLimiterService::new(
-            decider.clone(),
-            metrics.clone(),
-        )))
-        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
-            decider.clone(),
-            settings.envoy,
-            metrics.clone(),
-        )))
+        .add_service(
+            RateLimiterServer::new(RateLimiterService::new(decider.clone(), metrics.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimitServiceServer::new(EnvoyRateLimitService::new(
+                decider.clone(),
+                settings.envoy,
+                metrics.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             incoming(listeners.decisions),
             until_stopped(stopped.clone()),
@@ -299,8 +302,9 @@ async fn serve(
         .add_service(health_service)
         .add_service(reflection!(build_v1, admin_services))
         .add_service(reflection!(build_v1alpha, admin_services))
-        .add_service(AdminServer::with_interceptor(
-            AdminService::new(decider, metrics.clone()),
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AdminServer::new(AdminService::new(decider, metrics.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
         .serve_with_incoming_shutdown(incoming(listeners.admin), until_stopped(stopped));

@@ -73,6 +73,13 @@ impl EnvoyRateLimitService {
     }
 }
 
+/// Input limits of ShouldRateLimit (each a clear INVALID_ARGUMENT when exceeded).
+pub const MAX_DOMAIN: usize = 256;
+pub const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_ENTRIES: usize = 16;
+pub const MAX_ENTRY_KEY: usize = 256;
+pub const MAX_ENTRY_VALUE: usize = 1024;
+
 /// Unit lengths as envoyproxy/ratelimit counts them (a month is 30 days, a year 365).
 const UNITS: [(Unit, Nanos); 7] = [
     (Unit::Second, SECOND),
@@ -156,6 +163,15 @@ impl EnvoyRateLimitService {
         if request.descriptors.is_empty() {
             return Err(invalid("descriptors: empty".to_string()));
         }
+        if request.domain.len() > MAX_DOMAIN {
+            return Err(invalid(format!("domain: longer than {MAX_DOMAIN} bytes")));
+        }
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(invalid(format!(
+                "descriptors: {} descriptors, at most {MAX_DESCRIPTORS}",
+                request.descriptors.len()
+            )));
+        }
         // One snapshot for mapping and deciding: a reload never splits a request.
         let table = self.decider.limits();
         // hits_addend 0 means 1.
@@ -166,8 +182,26 @@ impl EnvoyRateLimitService {
             if descriptor.entries.is_empty() {
                 return Err(invalid(format!("descriptors[{d}].entries: empty")));
             }
+            if descriptor.entries.len() > MAX_ENTRIES {
+                return Err(invalid(format!(
+                    "descriptors[{d}].entries: {} entries, at most {MAX_ENTRIES}",
+                    descriptor.entries.len()
+                )));
+            }
             if let Some(e) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
                 return Err(invalid(format!("descriptors[{d}].entries[{e}].key: empty")));
+            }
+            for (e, entry) in descriptor.entries.iter().enumerate() {
+                if entry.key.len() > MAX_ENTRY_KEY {
+                    return Err(invalid(format!(
+                        "descriptors[{d}].entries[{e}].key: longer than {MAX_ENTRY_KEY} bytes"
+                    )));
+                }
+                if entry.value.len() > MAX_ENTRY_VALUE {
+                    return Err(invalid(format!(
+                        "descriptors[{d}].entries[{e}].value: longer than {MAX_ENTRY_VALUE} bytes"
+                    )));
+                }
             }
             if descriptor.is_negative_hits {
                 return Err(invalid(format!(

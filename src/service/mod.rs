@@ -21,6 +21,12 @@ pub mod native;
 /// The most items one request may name.
 pub const MAX_BATCH: usize = 64;
 
+/// The longest limit name a request may give (declared names are at most 128 bytes).
+pub const MAX_NAME: usize = 128;
+
+/// The largest request message any gRPC service decodes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// The name reported for inline limits.
 pub const INLINE_NAME: &str = "inline";
 
@@ -219,6 +225,9 @@ impl Decider {
         for (i, item) in items.iter().enumerate() {
             let (key, name, policy) = match &item.target {
                 Target::Named { name, id } => {
+                    if name.len() > MAX_NAME {
+                        return Err(invalid(i, ".name", format!("longer than {MAX_NAME} bytes")));
+                    }
                     let found = table
                         .names()
                         .get(name)

@@ -1,0 +1,152 @@
+//! Input limits: every one is a clear INVALID_ARGUMENT (or, for the message size, a refusal
+//! before decoding), and nothing is spent.
+
+mod common;
+
+use cellrate::proto::v1 as pb;
+use common::{item, Served};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Code;
+
+fn descriptor(entries: usize, key_len: usize, value_len: usize) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: (0..entries)
+            .map(|i| {
+                // Distinct keys of exactly `key_len` bytes.
+                let prefix = i.to_string();
+                let key = format!(
+                    "{prefix}{}",
+                    "k".repeat(key_len.saturating_sub(prefix.len()))
+                );
+                Entry {
+                    key,
+                    value: "v".repeat(value_len),
+                }
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test]
+async fn envoy_request_limits() {
+    let mut s = Served::start(None).await;
+    let cases = [
+        (
+            request(&"d".repeat(257), vec![descriptor(1, 4, 4)]),
+            "domain: longer than 256 bytes",
+        ),
+        (
+            request("edge", (0..65).map(|_| descriptor(1, 4, 4)).collect()),
+            "descriptors: 65 descriptors, at most 64",
+        ),
+        (
+            request("edge", vec![descriptor(17, 4, 4)]),
+            "descriptors[0].entries: 17 entries, at most 16",
+        ),
+        (
+            request("edge", vec![descriptor(1, 257, 4)]),
+            "descriptors[0].entries[0].key: longer than 256 bytes",
+        ),
+        (
+            request("edge", vec![descriptor(1, 4, 1025)]),
+            "descriptors[0].entries[0].value: longer than 1024 bytes",
+        ),
+    ];
+    for (r, expected) in cases {
+        let e = s.envoy.should_rate_limit(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{expected}");
+        assert!(
+            e.message().contains(expected),
+            "{:?} does not contain {expected:?}",
+            e.message()
+        );
+    }
+    // At each limit exactly, the request is fine (the 64 KiB message limit bounds the total).
+    for r in [
+        request(
+            &"d".repeat(256),
+            (0..64).map(|_| descriptor(1, 8, 8)).collect(),
+        ),
+        request("edge", vec![descriptor(16, 256, 1024)]),
+    ] {
+        let ok = s.envoy.should_rate_limit(r).await;
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}
+
+#[tokio::test]
+async fn native_request_limits() {
+    let mut s = Served::start(None).await;
+    let e = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item(&"N".repeat(129), "x", None)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("items[0].name: longer than 128 bytes"),
+        "{}",
+        e.message()
+    );
+    // Ids longer than their format allows are rejected with a shortened echo.
+    let e = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item("ApiRequestsPerKey", &"x".repeat(10_000), None)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("must be 1 to 256 bytes, is 10000"),
+        "{}",
+        e.message()
+    );
+    assert!(
+        e.message().len() < 300,
+        "the error echoes the whole id: {} bytes",
+        e.message().len()
+    );
+}
+
+#[tokio::test]
+async fn oversized_messages_are_refused_before_decoding() {
+    let mut s = Served::start(None).await;
+    // 64 items of 1 KiB ids: above the 64 KiB message limit.
+    let items = (0..64)
+        .map(|i| {
+            item(
+                "ApiRequestsPerKey",
+                &format!("{i}{}", "x".repeat(1_100)),
+                None,
+            )
+        })
+        .collect();
+    let e = s
+        .decisions
+        .check(pb::CheckRequest { items })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    let r = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("ApiRequestsPerKey", "0", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().items[0].remaining, 10, "nothing was spent");
+}
