@@ -218,24 +218,12 @@ fn starts_and_answers_health(args: &[String], env: &[(String, String)]) {
             .enable_all()
             .build()
             .unwrap();
-        runtime.block_on(async {
-            let channel = tonic::transport::Channel::from_shared(format!("http://{listen}"))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-            let status = health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .unwrap();
-            assert_eq!(
-                status.into_inner().status,
-                tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            );
-        });
+        let listen: std::net::SocketAddr = listen.parse().unwrap();
+        let status = runtime.block_on(common::health_status(listen));
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
         assert_eq!(common::http_get(&metrics, "/readyz").0, 200);
     });
     let _ = child.kill();

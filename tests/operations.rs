@@ -347,20 +347,8 @@ async fn the_admin_token_is_required_when_set() {
         .await
         .is_ok());
     // Health on the admin port needs no token (probes).
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.admin_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap();
     assert_eq!(
-        status.into_inner().status,
+        common::health_status(s.admin_addr).await,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }

@@ -231,6 +231,11 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    status_and_body(&response)
+}
+
+/// An HTTP response's status code (0 if unreadable) and body.
+fn status_and_body(response: &str) -> (u16, String) {
     let status = response
         .split(' ')
         .nth(1)
@@ -240,6 +245,20 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string());
     (status, body)
+}
+
+/// The overall gRPC health status (`grpc.health.v1`, service "") served at `addr`.
+pub async fn health_status(addr: std::net::SocketAddr) -> i32 {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    health.check(request).await.unwrap().into_inner().status
 }
 
 /// An HTTP/1.0 GET on loopback from async code: (status code, body).
@@ -256,15 +275,7 @@ pub async fn http_get_async(addr: std::net::SocketAddr, path: &str) -> (u16, Str
     .await
     .expect("HTTP answer within 10 s")
     .unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_string());
-    (status, body)
+    status_and_body(&response)
 }
 
 /// The value of the sample `series` (name with labels, exactly as exposed), if present.
