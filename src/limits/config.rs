@@ -74,14 +74,21 @@ impl fmt::Display for LoadError {
     }
 }
 
+/// One name's default and overrides.
+#[derive(Debug, Clone, Default)]
+struct NamePolicies {
+    default: Option<Policy>,
+    /// override id (canonical) -> policy
+    overrides: HashMap<Box<str>, Policy>,
+}
+
 /// The validated limits: names, defaults and overrides. Immutable; a reload builds a new
 /// one and swaps it in.
 #[derive(Debug, Clone)]
 pub struct LimitTable {
     names: Names,
-    defaults: HashMap<u32, Policy>,
-    /// name number -> override id (canonical) -> policy
-    overrides: HashMap<u32, HashMap<Box<str>, Policy>>,
+    /// name number -> its default and overrides: one lookup by number per decision.
+    policies: HashMap<u32, NamePolicies>,
     descriptors: DescriptorRules,
     version: String,
 }
@@ -91,8 +98,7 @@ impl LimitTable {
     pub fn empty() -> LimitTable {
         LimitTable {
             names: Names::builtin(),
-            defaults: HashMap::new(),
-            overrides: HashMap::new(),
+            policies: HashMap::new(),
             descriptors: DescriptorRules::default(),
             version: content_version(&[]),
         }
@@ -130,8 +136,7 @@ impl LimitTable {
 
         let mut table = LimitTable {
             names: Names::builtin(),
-            defaults: HashMap::new(),
-            overrides: HashMap::new(),
+            policies: HashMap::new(),
             descriptors: DescriptorRules::default(),
             version: content_version(files),
         };
@@ -215,7 +220,7 @@ impl LimitTable {
             let number = name.number;
             match limit.build() {
                 Ok(policy) => {
-                    self.defaults.insert(number, policy);
+                    self.policies.entry(number).or_default().default = Some(policy);
                 }
                 Err(reason) => report(Some(text), reason),
             }
@@ -276,9 +281,10 @@ impl LimitTable {
                     continue;
                 }
                 origin.insert((name.number, canonical.clone()), here);
-                self.overrides
+                self.policies
                     .entry(name.number)
                     .or_default()
+                    .overrides
                     .insert(canonical.into_boxed_str(), policy);
             }
         }
@@ -292,12 +298,14 @@ impl LimitTable {
     /// What applies to `canonical_id` under `name`: its override, else the name's
     /// default, else `None` (not enforced).
     pub fn policy(&self, name: &Name, canonical_id: &str) -> Option<Policy> {
-        let override_id = name.format.override_id(canonical_id);
-        self.overrides
-            .get(&name.number)
-            .and_then(|ids| ids.get(override_id))
-            .or_else(|| self.defaults.get(&name.number))
-            .copied()
+        let policies = self.policies.get(&name.number)?;
+        if !policies.overrides.is_empty() {
+            let override_id = name.format.override_id(canonical_id);
+            if let Some(policy) = policies.overrides.get(override_id) {
+                return Some(*policy);
+            }
+        }
+        policies.default
     }
 
     /// How Envoy descriptors map to names and ids.
@@ -307,15 +315,15 @@ impl LimitTable {
 
     /// The default limit of `name`, if any.
     pub fn default_limit(&self, name: &Name) -> Option<Limit> {
-        match self.defaults.get(&name.number) {
-            Some(Policy::Limited { limit, .. }) => Some(*limit),
+        match self.policies.get(&name.number).and_then(|p| p.default) {
+            Some(Policy::Limited { limit, .. }) => Some(limit),
             _ => None,
         }
     }
 
     /// Number of override ids, over all names.
     pub fn override_count(&self) -> usize {
-        self.overrides.values().map(HashMap::len).sum()
+        self.policies.values().map(|p| p.overrides.len()).sum()
     }
 
     /// A short hash of the loaded files' names and contents: equal contents, equal version.

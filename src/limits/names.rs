@@ -5,6 +5,7 @@
 //! state (Redis keys), so they are never reused or renumbered. The nine built-in names
 //! carry Boulder's numbers; users declare their own (number >= 100) in `names.yaml`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
@@ -70,13 +71,29 @@ impl IdFormat {
     /// assert!(IdFormat::RegId.canonicalize("-1").is_err());
     /// ```
     pub fn canonicalize(self, id: &str) -> Result<String, IdError> {
+        self.canonicalize_cow(id).map(Cow::into_owned)
+    }
+
+    /// As [`IdFormat::canonicalize`], borrowing `id` when it already is canonical (the
+    /// common case for `string` and `regId` ids: no copy on the request path).
+    pub fn canonicalize_cow(self, id: &str) -> Result<Cow<'_, str>, IdError> {
+        match self {
+            IdFormat::String => check_string(id).map(|()| Cow::Borrowed(id)),
+            IdFormat::RegId if !id.starts_with('0') || id == "0" => {
+                canonical_reg_id(id).map(|_| Cow::Borrowed(id))
+            }
+            other => other.canonicalize_owned(id).map(Cow::Owned),
+        }
+    }
+
+    fn canonicalize_owned(self, id: &str) -> Result<String, IdError> {
         match self {
             IdFormat::IpAddress => canonical_ip(id),
             IdFormat::Ipv6RangeCidr => canonical_ipv6_range(id),
             IdFormat::RegId => canonical_reg_id(id),
             IdFormat::Domain => registrable_domain(id),
             IdFormat::FqdnSet => fqdn_set_hash(id),
-            IdFormat::String => canonical_string(id),
+            IdFormat::String => check_string(id).map(|()| id.to_string()),
             IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => {
                 let (reg_id, domain) = id.split_once(':').ok_or_else(|| {
                     IdError::new(
@@ -248,7 +265,7 @@ fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
     Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn canonical_string(id: &str) -> Result<String, IdError> {
+fn check_string(id: &str) -> Result<(), IdError> {
     if id.is_empty() || id.len() > MAX_STRING_ID {
         return Err(IdError::new(
             id,
@@ -258,7 +275,7 @@ fn canonical_string(id: &str) -> Result<String, IdError> {
     if id.chars().any(char::is_control) {
         return Err(IdError::new(id, "contains a control character"));
     }
-    Ok(id.to_string())
+    Ok(())
 }
 
 /// A limit name: its text, stable number and id format.
@@ -432,7 +449,23 @@ pub struct BucketKey(Box<str>);
 impl BucketKey {
     /// The key of canonical `id` under name `number`.
     pub fn new(number: u32, id: &str) -> BucketKey {
-        BucketKey(format!("{number}:{id}").into_boxed_str())
+        // Built by hand, not with format!: this runs for every item of every request.
+        let mut digits = [0u8; 10];
+        let mut n = number;
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut key = String::with_capacity(digits.len() - at + 1 + id.len());
+        key.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+        key.push(':');
+        key.push_str(id);
+        BucketKey(key.into_boxed_str())
     }
 
     /// The key as stored.
@@ -583,6 +616,32 @@ mod tests {
         assert_eq!(IdFormat::RegIdFqdn.override_id("42:www.example.com"), "42");
         assert_eq!(IdFormat::IpAddress.override_id("::1"), "::1");
         assert_eq!(IdFormat::RegIdFqdn.override_format(), IdFormat::RegId);
+    }
+
+    #[test]
+    fn canonical_ids_are_borrowed_and_keys_built_exactly() {
+        use std::borrow::Cow;
+        assert!(matches!(
+            IdFormat::String.canonicalize_cow("k-1"),
+            Ok(Cow::Borrowed("k-1"))
+        ));
+        assert!(matches!(
+            IdFormat::RegId.canonicalize_cow("42"),
+            Ok(Cow::Borrowed("42"))
+        ));
+        assert!(matches!(
+            IdFormat::RegId.canonicalize_cow("0"),
+            Ok(Cow::Borrowed("0"))
+        ));
+        assert_eq!(IdFormat::RegId.canonicalize_cow("007").unwrap(), "7");
+        assert!(IdFormat::RegId.canonicalize_cow("4x").is_err());
+        assert!(IdFormat::String.canonicalize_cow("").is_err());
+        for number in [0, 7, 10, 100, 4_294_967_295] {
+            assert_eq!(
+                BucketKey::new(number, "id").as_str(),
+                format!("{number}:id")
+            );
+        }
     }
 
     #[test]

@@ -232,7 +232,7 @@ impl Decider {
                         .names()
                         .get(name)
                         .ok_or_else(|| invalid(i, "", format!("unknown limit name {name:?}")))?;
-                    let canonical = found.format.canonicalize(id).map_err(|e| {
+                    let canonical = found.format.canonicalize_cow(id).map_err(|e| {
                         invalid(i, ".id", format!("{e} (format {} of {name})", found.format))
                     })?;
                     let policy = table.policy(found, &canonical);
