@@ -1,0 +1,288 @@
+//! Faults under load (bounded, loopback only): the limits directory replaced by garbage and
+//! then by a good config while requests flow; SIGTERM while requests flow; Redis killed
+//! and restarted while requests flow.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellrate::app::Settings;
+use cellrate::limits::config::LimitTable;
+use cellrate::limits::reload::ReloadSettings;
+use cellrate::proto::v1 as pb;
+use common::{item, sample, Served};
+use tonic::Code;
+
+/// Counts of what a load task saw.
+#[derive(Default)]
+struct Seen {
+    ok: AtomicU64,
+    unavailable: AtomicU64,
+    other: AtomicU64,
+}
+
+/// Sends Check requests on `client` until `stop`, at most `limit` of them.
+async fn hammer(
+    mut client: pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>,
+    name: &'static str,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+    limit: u64,
+) {
+    for i in 0..limit {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let request = pb::CheckRequest {
+            items: vec![item(name, &format!("k{}", i % 500), None)],
+        };
+        match client.check(request).await {
+            Ok(_) => seen.ok.fetch_add(1, Ordering::Relaxed),
+            // UNAVAILABLE: refused (store down, or listener closed). CANCELLED: the client's
+            // own connection ended (GOAWAY) before it sent the request.
+            Err(e) if matches!(e.code(), Code::Unavailable | Code::Cancelled) => {
+                seen.unavailable.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(e) => {
+                eprintln!("unexpected status: {:?} {}", e.code(), e.message());
+                seen.other.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("names.yaml"),
+        "Api: {number: 100, format: string}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "Api: {burst: 10, count: 10, period: 1s}\n",
+    )
+    .unwrap();
+    let settings = Settings {
+        reload: Some(ReloadSettings {
+            dir: dir.path().to_path_buf(),
+            watch: true,
+            debounce: Duration::from_millis(50),
+            interval: Duration::from_secs(3600),
+            sighup: false,
+        }),
+        ..Settings::default()
+    };
+    let s = Served::full(LimitTable::load_dir(dir.path()).unwrap(), settings, None).await;
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(hammer(
+                s.decisions.clone(),
+                "Api",
+                stop.clone(),
+                seen.clone(),
+                100_000,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Garbage of every kind the loader might choke on, written over the good files.
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        b"\xff\xfe\x00garbage: [{{{",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("names.yaml"), "Api: {number: 7}").unwrap();
+    let mut failures = None;
+    for _ in 0..100 {
+        failures = sample(
+            &common::http_get_async(s.metrics_addr, "/metrics").await.1,
+            "cellrate_config_reloads_total{result=\"failure\"}",
+        );
+        if failures.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        failures.unwrap_or(0.0) >= 1.0,
+        "the garbage was not seen and rejected"
+    );
+    let peek = |mut admin: pb::admin_client::AdminClient<tonic::transport::Channel>| async move {
+        let r = admin
+            .inspect(pb::InspectRequest {
+                items: vec![item("Api", "probe", None)],
+            })
+            .await
+            .unwrap();
+        r.into_inner().items[0].limit.as_ref().unwrap().burst
+    };
+    assert_eq!(
+        peek(s.admin.clone()).await,
+        10,
+        "the old limits stay in force"
+    );
+
+    // A good config again: it applies, under load.
+    std::fs::write(
+        dir.path().join("names.yaml"),
+        "Api: {number: 100, format: string}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "Api: {burst: 30, count: 30, period: 1s}\n",
+    )
+    .unwrap();
+    let mut burst = 0;
+    for _ in 0..100 {
+        burst = peek(s.admin.clone()).await;
+        if burst == 30 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(burst, 30, "the good config did not apply within 2 s");
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+    assert!(
+        seen.ok.load(Ordering::Relaxed) > 100,
+        "too little load to mean anything"
+    );
+    assert_eq!(
+        seen.unavailable.load(Ordering::Relaxed) + seen.other.load(Ordering::Relaxed),
+        0,
+        "requests failed during the reloads"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_drains_and_exits_cleanly() {
+    let mut p = common::serve();
+    let client =
+        pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{}", p.listen))
+            .await
+            .unwrap();
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(hammer(
+                client.clone(),
+                "ApiRequestsPerKey",
+                stop.clone(),
+                seen.clone(),
+                100_000,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = seen.ok.load(Ordering::Relaxed);
+    assert!(before > 0, "no load before SIGTERM");
+    std::process::Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = p.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no exit within 20 s of SIGTERM under load"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("load tasks end: no hang");
+    }
+    assert_eq!(exit.code(), Some(0));
+    // Requests either completed or were refused as UNAVAILABLE once the listener closed:
+    // never a broken answer.
+    assert_eq!(
+        seen.other.load(Ordering::Relaxed),
+        0,
+        "requests failed other than UNAVAILABLE"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers() {
+    use cellrate::app::StoreSettings;
+    use cellrate::store::redis::{FailurePolicy, RedisSettings};
+    let mut redis = common::redis_server::RedisServer::start();
+    let limits =
+        LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
+    let settings = Settings {
+        store: StoreSettings::Redis {
+            settings: RedisSettings {
+                url: Some(redis.url()),
+                timeout: Duration::from_millis(100),
+                failure: FailurePolicy::Unavailable,
+                breaker_threshold: 3,
+                breaker_cooldown: Duration::from_millis(200),
+                ..RedisSettings::default()
+            },
+            required_for_ready: false,
+        },
+        ..Settings::default()
+    };
+    let s = Served::full(limits, settings, None).await;
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(hammer(
+                s.decisions.clone(),
+                "ApiRequestsPerKeyDaily",
+                stop.clone(),
+                seen.clone(),
+                100_000,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let unavailable_while_down = seen.unavailable.load(Ordering::Relaxed);
+    assert!(
+        unavailable_while_down > 0,
+        "no UNAVAILABLE while Redis was down"
+    );
+    redis.restart();
+    // Recovery: successes resume without restarting cellrate.
+    let ok_at_restart = seen.ok.load(Ordering::Relaxed);
+    let mut recovered = false;
+    for _ in 0..100 {
+        if seen.ok.load(Ordering::Relaxed) > ok_at_restart + 50 {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("no hang")
+            .unwrap();
+    }
+    assert!(
+        recovered,
+        "decisions did not resume within 5 s of Redis restarting"
+    );
+    assert_eq!(
+        seen.other.load(Ordering::Relaxed),
+        0,
+        "failures other than UNAVAILABLE"
+    );
+}
