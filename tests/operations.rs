@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
@@ -485,7 +485,8 @@ async fn shutdown_flips_health_and_drains_the_rpc_in_flight() {
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
-        shutdown_delay: Duration::from_millis(400),
+        // Long enough that a loaded machine still sees the delay (health answers during it).
+        shutdown_delay: Duration::from_secs(2),
         grace: Duration::from_secs(10),
         ..Settings::default()
     };
@@ -525,7 +526,8 @@ async fn shutdown_flips_health_and_drains_the_rpc_in_flight() {
     s.begin_stop();
     // During the shutdown delay health says NOT_SERVING while the server still answers.
     let mut flipped = false;
-    for _ in 0..50 {
+    let watch_until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < watch_until {
         if status(&mut health).await == ServingStatus::NotServing as i32 {
             flipped = true;
             break;
