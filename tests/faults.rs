@@ -40,9 +40,13 @@ async fn hammer(
         };
         match client.check(request).await {
             Ok(_) => seen.ok.fetch_add(1, Ordering::Relaxed),
-            // UNAVAILABLE: refused (store down, or listener closed). CANCELLED: the client's
-            // own connection ended (GOAWAY) before it sent the request.
+            // Refusals: UNAVAILABLE (store down, or listener closed); CANCELLED (the client's
+            // connection ended, GOAWAY, before it sent the request); INTERNAL "h2 protocol
+            // error" (a stream racing the server's GOAWAY at shutdown). None was answered.
             Err(e) if matches!(e.code(), Code::Unavailable | Code::Cancelled) => {
+                seen.unavailable.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(e) if e.code() == Code::Internal && e.message().contains("h2 protocol error") => {
                 seen.unavailable.fetch_add(1, Ordering::Relaxed)
             }
             Err(e) => {
@@ -185,6 +189,11 @@ async fn sigterm_under_load_drains_and_exits_cleanly() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = seen.ok.load(Ordering::Relaxed);
     assert!(before > 0, "no load before SIGTERM");
+    assert_eq!(
+        seen.unavailable.load(Ordering::Relaxed),
+        0,
+        "refusals before SIGTERM"
+    );
     std::process::Command::new("kill")
         .args(["-TERM", &p.child.id().to_string()])
         .status()
