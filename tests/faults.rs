@@ -57,19 +57,21 @@ async fn hammer(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() {
-    let dir = tempfile::tempdir().unwrap();
+/// A good limits directory: the name `Api` with `burst` per second.
+fn write_limits(dir: &std::path::Path, burst: u32) {
     std::fs::write(
-        dir.path().join("names.yaml"),
+        dir.join("names.yaml"),
         "Api: {number: 100, format: string}\n",
     )
     .unwrap();
-    std::fs::write(
-        dir.path().join("defaults.yaml"),
-        "Api: {burst: 10, count: 10, period: 1s}\n",
-    )
-    .unwrap();
+    let defaults = format!("Api: {{burst: {burst}, count: {burst}, period: 1s}}\n");
+    std::fs::write(dir.join("defaults.yaml"), defaults).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    write_limits(dir.path(), 10);
     let settings = Settings {
         reload: Some(ReloadSettings {
             dir: dir.path().to_path_buf(),
@@ -133,16 +135,7 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
     );
 
     // A good config again: it applies, under load.
-    std::fs::write(
-        dir.path().join("names.yaml"),
-        "Api: {number: 100, format: string}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("defaults.yaml"),
-        "Api: {burst: 30, count: 30, period: 1s}\n",
-    )
-    .unwrap();
+    write_limits(dir.path(), 30);
     let mut burst = 0;
     for _ in 0..100 {
         burst = peek(s.admin.clone()).await;
