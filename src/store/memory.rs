@@ -287,7 +287,19 @@ impl MemoryStore {
             let now = self.clock.now();
             let before = guard.len();
             guard.retain(|_, tat| *tat > now);
-            dropped += before - guard.len();
+            let live = guard.len();
+            dropped += before - live;
+            // A removal leaves a tombstone that only a rehash clears, and hashbrown rehashes
+            // in place only while a table is at most half full: under churn (new keys in,
+            // expired ones out) a shard would double for good. Rebuilding a shard whose
+            // free room has fallen below a quarter of its live entries keeps it at the size
+            // those entries need (the soak in RELIABILITY.md: half the RSS).
+            if guard.capacity() - live < live / 4 {
+                let mut rebuilt =
+                    Buckets::with_capacity_and_hasher(live + live / 4, Default::default());
+                rebuilt.extend(guard.drain());
+                *guard = rebuilt;
+            }
         }
         dropped
     }
@@ -386,5 +398,34 @@ mod tests {
         let keys = [item("a", 1).key, item("b", 1).key];
         assert_eq!(store.reset_now(&keys), 1);
         assert_eq!(store.live_buckets(), 0);
+    }
+
+    #[test]
+    fn churn_does_not_grow_the_tables() {
+        // 1 000 new keys a second, each bucket living 10 s: about 10 000 live. Without the
+        // rebuild in `sweep`, tombstones make hashbrown double the table (to 32 768 slots).
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = MemoryStore::with_capacity(clock.clone(), 1, 1_000_000);
+        let limit = Limit::new(1, 1, 10 * SECOND).unwrap();
+        let mut largest = 0;
+        for second in 0..300u64 {
+            let items: Vec<StoreItem> = (0..1000)
+                .map(|i| StoreItem {
+                    key: BucketKey::new(100, &format!("{second}-{i}")),
+                    limit,
+                    cost: 1,
+                    mode: Mode::CheckAndSpend,
+                })
+                .collect();
+            for item in &items {
+                assert!(store.spend_now(std::slice::from_ref(item)).unwrap().allowed);
+            }
+            store.sweep();
+            largest = largest.max(store.lock(0).capacity());
+            clock.advance(SECOND);
+        }
+        let live = store.live_buckets();
+        assert!((9_000..=11_000).contains(&live), "{live} live");
+        assert!(largest < 16_384, "a table grew to capacity {largest}");
     }
 }
