@@ -145,7 +145,7 @@ impl Script {
         output.flush()
     }
 
-    fn target(&self, bucket: Option<&str>) -> Result<Target, String> {
+    fn target(&self, bucket: Option<&str>) -> Result<Target<'static>, String> {
         let bucket = match bucket {
             Some(bucket) => bucket,
             None if self.labels.len() == 1 => self.labels.keys().next().map_or("", |k| k),
@@ -153,14 +153,14 @@ impl Script {
         };
         if let Some(limit) = self.labels.get(bucket) {
             return Ok(Target::Inline {
-                key: bucket.to_string(),
+                key: bucket.to_string().into(),
                 limit: *limit,
             });
         }
         match (bucket.split_once(':'), &self.table) {
             (Some((name, id)), Some(_)) => Ok(Target::Named {
-                name: name.to_string(),
-                id: id.to_string(),
+                name: name.to_string().into(),
+                id: id.to_string().into(),
             }),
             _ => Err(format!(
                 "unknown bucket {bucket:?}: a --limit label, or Name:id with --config"

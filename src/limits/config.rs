@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::Nanos;
 use crate::gcra::Limit;
 use crate::limits::descriptors::{DescriptorRules, RawRule};
+use crate::limits::hash::ConfigMap;
 use crate::limits::names::{IdFormat, Name, Names};
 
 /// What applies to a bucket.
@@ -79,7 +80,7 @@ impl fmt::Display for LoadError {
 struct NamePolicies {
     default: Option<Policy>,
     /// override id (canonical) -> policy
-    overrides: HashMap<Box<str>, Policy>,
+    overrides: ConfigMap<Box<str>, Policy>,
 }
 
 /// The validated limits: names, defaults and overrides. Immutable; a reload builds a new
@@ -88,7 +89,7 @@ struct NamePolicies {
 pub struct LimitTable {
     names: Names,
     /// name number -> its default and overrides: one lookup by number per decision.
-    policies: HashMap<u32, NamePolicies>,
+    policies: ConfigMap<u32, NamePolicies>,
     descriptors: DescriptorRules,
     version: String,
 }
@@ -98,7 +99,7 @@ impl LimitTable {
     pub fn empty() -> LimitTable {
         LimitTable {
             names: Names::builtin(),
-            policies: HashMap::new(),
+            policies: ConfigMap::default(),
             descriptors: DescriptorRules::default(),
             version: content_version(&[]),
         }
@@ -136,7 +137,7 @@ impl LimitTable {
 
         let mut table = LimitTable {
             names: Names::builtin(),
-            policies: HashMap::new(),
+            policies: ConfigMap::default(),
             descriptors: DescriptorRules::default(),
             version: content_version(files),
         };

@@ -17,17 +17,19 @@
 //!     id: "{api_key}"
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::limits::hash::ConfigMap;
 use crate::limits::names::Names;
 
 /// The descriptor rules of every domain.
 #[derive(Debug, Clone, Default)]
 pub struct DescriptorRules {
-    by_domain: HashMap<String, Vec<DescriptorRule>>,
+    by_domain: ConfigMap<String, Vec<DescriptorRule>>,
 }
 
 #[derive(Debug, Clone)]
@@ -50,11 +52,15 @@ enum Part {
     Entry(usize),
 }
 
-/// Where a descriptor leads.
+/// Where a descriptor leads: borrowed from the rules (`'a`) and the descriptor (`'e`), so
+/// that mapping allocates only for ids built from a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mapping<'a> {
+pub enum Mapping<'a, 'e> {
     /// Names (one or more) and the id built for them.
-    Limits { names: Vec<&'a str>, id: String },
+    Limits {
+        names: &'a [Arc<str>],
+        id: Cow<'e, str>,
+    },
     /// No rule and no convention: not limited.
     Unmatched,
 }
@@ -110,23 +116,25 @@ impl DescriptorRules {
     /// use cellrate::limits::names::Names;
     /// let rules = DescriptorRules::default();
     /// let names = Names::builtin();
-    /// assert_eq!(
-    ///     rules.map(&names, "any", &[("NewOrdersPerAccount", "42")]),
-    ///     Mapping::Limits { names: vec!["NewOrdersPerAccount"], id: "42".into() }
-    /// );
+    /// let Mapping::Limits { names: found, id } =
+    ///     rules.map(&names, "any", &[("NewOrdersPerAccount", "42")])
+    /// else {
+    ///     panic!("a limit name maps by convention")
+    /// };
+    /// assert_eq!((&*found[0], &*id), ("NewOrdersPerAccount", "42"));
     /// assert_eq!(rules.map(&names, "any", &[("path", "/")]), Mapping::Unmatched);
     /// ```
-    pub fn map<'a>(
+    pub fn map<'a, 'e>(
         &'a self,
         names: &'a Names,
         domain: &str,
-        entries: &[(&str, &str)],
-    ) -> Mapping<'a> {
+        entries: &[(&'e str, &'e str)],
+    ) -> Mapping<'a, 'e> {
         if let Some(rules) = self.by_domain.get(domain) {
             for rule in rules {
                 if let Some(id) = rule.apply(entries) {
                     return Mapping::Limits {
-                        names: rule.names.iter().map(|n| n.as_ref()).collect(),
+                        names: &rule.names,
                         id,
                     };
                 }
@@ -136,8 +144,8 @@ impl DescriptorRules {
         if let [(key, value)] = entries {
             if let Some(name) = names.get(key) {
                 return Mapping::Limits {
-                    names: vec![name.text.as_ref()],
-                    id: value.to_string(),
+                    names: std::slice::from_ref(&name.text),
+                    id: Cow::Borrowed(value),
                 };
             }
         }
@@ -213,7 +221,7 @@ impl DescriptorRule {
     }
 
     /// The id for `entries` if this rule matches them.
-    fn apply(&self, entries: &[(&str, &str)]) -> Option<String> {
+    fn apply<'e>(&self, entries: &[(&'e str, &'e str)]) -> Option<Cow<'e, str>> {
         if entries.len() != self.entries.len() {
             return None;
         }
@@ -227,6 +235,10 @@ impl DescriptorRule {
         if !matches {
             return None;
         }
+        // The common template, `{key}`: the entry's value as it is.
+        if let [Part::Entry(i)] = self.id[..] {
+            return Some(Cow::Borrowed(entries[i].1));
+        }
         let mut id = String::new();
         for part in &self.id {
             match part {
@@ -234,7 +246,7 @@ impl DescriptorRule {
                 Part::Entry(i) => id.push_str(entries[*i].1),
             }
         }
-        Some(id)
+        Some(Cow::Owned(id))
     }
 }
 
@@ -284,6 +296,17 @@ fn parse_template(template: &str, entries: &[EntryMatch]) -> Result<Vec<Part>, S
 mod tests {
     use super::*;
 
+    /// A mapping as owned names and id (`None` when unmatched), to compare.
+    fn mapped<'a>(mapping: Mapping<'a, '_>) -> Option<(Vec<&'a str>, String)> {
+        match mapping {
+            Mapping::Limits { names, id } => Some((
+                names.iter().map(|n| -> &str { n }).collect(),
+                id.into_owned(),
+            )),
+            Mapping::Unmatched => None,
+        }
+    }
+
     fn rules(yaml: &str) -> Result<(DescriptorRules, Names), Vec<String>> {
         let names = Names::builtin();
         let raw: BTreeMap<String, Vec<RawRule>> = serde_yaml_ng::from_str(yaml).unwrap();
@@ -311,61 +334,55 @@ edge:
     fn rules_match_keys_in_order_with_fixed_values() {
         let (rules, names) = rules(EDGE).unwrap();
         assert_eq!(
-            rules.map(
+            mapped(rules.map(
                 &names,
                 "edge",
                 &[("generic_key", "signup"), ("remote_address", "10.0.0.1")]
-            ),
-            Mapping::Limits {
-                names: vec!["NewRegistrationsPerIPAddress"],
-                id: "10.0.0.1".into()
-            }
+            )),
+            Some((vec!["NewRegistrationsPerIPAddress"], "10.0.0.1".to_string()))
         );
         assert_eq!(
-            rules.map(
+            mapped(rules.map(
                 &names,
                 "edge",
                 &[("generic_key", "login"), ("remote_address", "10.0.0.1")]
-            ),
-            Mapping::Unmatched
+            )),
+            None
         );
         assert_eq!(
-            rules.map(
+            mapped(rules.map(
                 &names,
                 "edge",
                 &[("remote_address", "10.0.0.1"), ("generic_key", "signup")]
-            ),
-            Mapping::Unmatched
+            )),
+            None
         );
         assert_eq!(
-            rules.map(
+            mapped(rules.map(
                 &names,
                 "edge",
                 &[("account", "42"), ("domain", "www.example.com")]
-            ),
-            Mapping::Limits {
-                names: vec![
+            )),
+            Some((
+                vec![
                     "CertificatesPerDomainPerAccount",
                     "FailedAuthorizationsPerDomainPerAccount"
                 ],
-                id: "42:www.example.com".into()
-            }
+                "42:www.example.com".to_string()
+            ))
         );
         // Rules are per domain; the convention works everywhere.
         assert_eq!(
-            rules.map(
+            mapped(rules.map(
                 &names,
                 "other",
                 &[("generic_key", "signup"), ("remote_address", "10.0.0.1")]
-            ),
-            Mapping::Unmatched
+            )),
+            None
         );
         assert_eq!(
-            rules.map(&names, "other", &[("NewOrdersPerAccount", "7")]),
-            Mapping::Limits {
-                names: vec!["NewOrdersPerAccount"],
-                id: "7".into()
-            }
+            mapped(rules.map(&names, "other", &[("NewOrdersPerAccount", "7")])),
+            Some((vec!["NewOrdersPerAccount"], "7".to_string()))
         );
         assert_eq!(rules.rule_count(), 2);
     }
@@ -424,11 +441,8 @@ edge:
             rules("d: [{match: [{key: generic_key, value: global}], limits: [NewOrdersPerAccount], id: '0'}]")
                 .unwrap();
         assert_eq!(
-            rules.map(&names, "d", &[("generic_key", "global")]),
-            Mapping::Limits {
-                names: vec!["NewOrdersPerAccount"],
-                id: "0".into()
-            }
+            mapped(rules.map(&names, "d", &[("generic_key", "global")])),
+            Some((vec!["NewOrdersPerAccount"], "0".to_string()))
         );
     }
 }

@@ -6,12 +6,13 @@
 //! carry Boulder's numbers; users declare their own (number >= 100) in `names.yaml`.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+
+use crate::limits::hash::ConfigMap;
 
 /// The smallest number a user-declared name may take.
 pub const FIRST_USER_NUMBER: u32 = 100;
@@ -350,8 +351,8 @@ pub enum NameError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     names: Vec<Name>,
-    by_text: HashMap<Arc<str>, usize>,
-    by_number: HashMap<u32, usize>,
+    by_text: ConfigMap<Arc<str>, usize>,
+    by_number: ConfigMap<u32, usize>,
 }
 
 impl Names {
@@ -359,8 +360,8 @@ impl Names {
     pub fn builtin() -> Names {
         let mut names = Names {
             names: Vec::new(),
-            by_text: HashMap::new(),
-            by_number: HashMap::new(),
+            by_text: ConfigMap::default(),
+            by_number: ConfigMap::default(),
         };
         for (text, number, format) in BUILTIN {
             names.insert(Name {
@@ -444,7 +445,7 @@ impl Names {
 /// assert_eq!(key.parts(), (1, "2001:db8::1")); // split at the first colon only
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BucketKey(Box<str>);
+pub struct BucketKey(Arc<str>);
 
 impl BucketKey {
     /// The key of canonical `id` under name `number`.
@@ -465,7 +466,7 @@ impl BucketKey {
         key.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
         key.push(':');
         key.push_str(id);
-        BucketKey(key.into_boxed_str())
+        BucketKey(Arc::from(key))
     }
 
     /// The key as stored.

@@ -8,6 +8,7 @@
 //!   above the burst is OVER_LIMIT for that descriptor, and a store failure is UNAVAILABLE;
 //! - `overall_code` is OK or OVER_LIMIT, never UNKNOWN.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -217,11 +218,12 @@ impl EnvoyRateLimitService {
             let cost = descriptor
                 .hits_addend
                 .map_or(request_cost, |explicit| explicit.value);
-            let entries: Vec<(&str, &str)> = descriptor
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect();
+            // At most MAX_ENTRIES (checked above): on the stack.
+            let mut entry_buf = [("", ""); MAX_ENTRIES];
+            for (slot, e) in entry_buf.iter_mut().zip(&descriptor.entries) {
+                *slot = (e.key.as_str(), e.value.as_str());
+            }
+            let entries = &entry_buf[..descriptor.entries.len()];
             let spec = |target| ItemSpec {
                 target,
                 cost: Some(cost),
@@ -230,12 +232,12 @@ impl EnvoyRateLimitService {
             };
             match table
                 .descriptors()
-                .map(table.names(), &request.domain, &entries)
+                .map(table.names(), &request.domain, entries)
             {
                 Mapping::Limits { names, id } => {
                     for name in names {
                         items.push(spec(Target::Named {
-                            name: name.to_string(),
+                            name: Cow::Borrowed(name),
                             id: id.clone(),
                         }));
                         owner.push(d);
@@ -249,7 +251,7 @@ impl EnvoyRateLimitService {
                     }
                     if let Some(limit) = given {
                         items.push(spec(Target::Inline {
-                            key: descriptor_key(&request.domain, &entries),
+                            key: Cow::Owned(descriptor_key(&request.domain, entries)),
                             limit,
                         }));
                         owner.push(d);
@@ -327,14 +329,14 @@ impl EnvoyRateLimitService {
         owner: &[usize],
         results: &[ItemResult],
     ) -> RateLimitResponse {
-        let mut by_descriptor: Vec<Vec<&ItemResult>> = vec![Vec::new(); descriptors];
-        for (item, &d) in results.iter().zip(owner) {
-            by_descriptor[d].push(item);
+        // Items are in descriptor order: each descriptor's items are one run of `results`.
+        let mut statuses = Vec::with_capacity(descriptors);
+        let mut start = 0;
+        for d in 0..descriptors {
+            let run = owner[start..].iter().take_while(|&&o| o == d).count();
+            statuses.push(descriptor_status(&results[start..start + run]));
+            start += run;
         }
-        let statuses = by_descriptor
-            .iter()
-            .map(|items| descriptor_status(items))
-            .collect();
         let over = results.iter().any(enforced_denial);
 
         // The item that fired (or, when allowed, the one closest to firing).
@@ -374,12 +376,12 @@ impl EnvoyRateLimitService {
     }
 }
 
-fn descriptor_status(items: &[&ItemResult]) -> DescriptorStatus {
-    let over = items.iter().any(|i| enforced_denial(i));
+fn descriptor_status(items: &[ItemResult]) -> DescriptorStatus {
+    let over = items.iter().any(enforced_denial);
     let shown = if over {
-        strictest(items.iter().copied().filter(|i| enforced_denial(i)))
+        strictest(items.iter().filter(|i| enforced_denial(i)))
     } else {
-        strictest(items.iter().copied().filter(|i| restricts(i)))
+        strictest(items.iter().filter(|i| restricts(i)))
     };
     let Some(item) = shown else {
         // Unmatched, unlimited or not configured.

@@ -6,6 +6,7 @@
 //! items to the [`Store`] in one call and assembles per-item and overall decisions.
 //! This is also the single place where a [`StoreError`] becomes a `tonic::Status`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -30,19 +31,23 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// The name reported for inline limits.
 pub const INLINE_NAME: &str = "inline";
 
-/// Which bucket an item names.
+/// Which bucket an item names. The strings borrow from the request where they can: the
+/// request path copies no name or id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub enum Target<'a> {
     /// A configured name and an id in its format.
-    Named { name: String, id: String },
+    Named {
+        name: Cow<'a, str>,
+        id: Cow<'a, str>,
+    },
     /// A limit given in the request, keyed `"0:<key>"`.
-    Inline { key: String, limit: Limit },
+    Inline { key: Cow<'a, str>, limit: Limit },
 }
 
 /// One item of a request, before resolution.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ItemSpec {
-    pub target: Target,
+pub struct ItemSpec<'a> {
+    pub target: Target<'a>,
     /// Tokens; `None` means 1.
     pub cost: Option<u64>,
     pub mode: Mode,
@@ -51,13 +56,13 @@ pub struct ItemSpec {
     pub limit: Option<Limit>,
 }
 
-impl ItemSpec {
+impl<'a> ItemSpec<'a> {
     /// A named item of cost 1.
-    pub fn named(name: &str, id: &str) -> ItemSpec {
+    pub fn named(name: &'a str, id: &'a str) -> ItemSpec<'a> {
         ItemSpec {
             target: Target::Named {
-                name: name.to_string(),
-                id: id.to_string(),
+                name: Cow::Borrowed(name),
+                id: Cow::Borrowed(id),
             },
             cost: None,
             mode: Mode::CheckAndSpend,
@@ -99,6 +104,8 @@ pub struct ItemResult {
     pub shadow: bool,
     /// The cost exceeded the burst ([`CheckOptions::oversize_denies`]): denied for good.
     pub oversize: bool,
+    /// How the item took part (a shadow item is spend-only).
+    pub mode: Mode,
 }
 
 /// A batch's answer.
@@ -203,7 +210,7 @@ impl Decider {
     fn resolve(
         &self,
         table: &LimitTable,
-        items: &[ItemSpec],
+        items: &[ItemSpec<'_>],
         options: CheckOptions,
     ) -> Result<Vec<Resolved>, DecideError> {
         let invalid = |i, field, message| DecideError::Invalid(Invalid::at(i, field, message));
@@ -241,7 +248,7 @@ impl Decider {
                 }
                 Target::Inline { key, limit } => {
                     let canonical = IdFormat::String
-                        .canonicalize(key)
+                        .canonicalize_cow(key)
                         .map_err(|e| invalid(i, ".inline.key", e.to_string()))?;
                     let key = BucketKey::new(INLINE_NUMBER, &canonical);
                     let policy = Policy::Limited {
@@ -306,7 +313,7 @@ impl Decider {
     }
 
     /// Decides `items` all-or-nothing against the current limits and spends when allowed.
-    pub async fn check(&self, items: &[ItemSpec]) -> Result<BatchResult, DecideError> {
+    pub async fn check(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
         self.check_with(&self.limits(), items, CheckOptions::default())
             .await
     }
@@ -316,7 +323,7 @@ impl Decider {
     pub async fn check_with(
         &self,
         table: &LimitTable,
-        items: &[ItemSpec],
+        items: &[ItemSpec<'_>],
         options: CheckOptions,
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;
@@ -341,7 +348,6 @@ impl Decider {
                 _ => None,
             })
             .collect();
-        let modes: Vec<Mode> = resolved.iter().map(|r| r.mode).collect();
         let mut store_decisions = if store_items.is_empty() {
             Vec::new()
         } else {
@@ -368,14 +374,15 @@ impl Decider {
                     key: r.key,
                     shadow: r.shadow,
                     oversize: r.oversize,
+                    mode: r.mode,
                 }
             })
             .collect();
-        Ok(with_overall(items, &modes))
+        Ok(with_overall(items))
     }
 
     /// Refunds each item's cost. Per item, `allowed` says whether its bucket changed.
-    pub async fn refund(&self, items: &[ItemSpec]) -> Result<BatchResult, DecideError> {
+    pub async fn refund(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(&self.limits(), items, CheckOptions::default())?;
         let store_items: Vec<StoreItem> = resolved
             .iter()
@@ -407,18 +414,18 @@ impl Decider {
                 key: r.key,
                 shadow: false,
                 oversize: false,
+                mode: Mode::CheckAndSpend,
             })
             .collect();
         let changed = items.iter().any(|i| i.decision.allowed);
         // The overall refund reports the strictest bucket, and whether anything changed.
-        let modes = vec![Mode::CheckAndSpend; items.len()];
-        let mut result = with_overall(items, &modes);
+        let mut result = with_overall(items);
         result.overall.allowed = changed;
         Ok(result)
     }
 
     /// Reports each item's bucket without spending (a cost-0 peek).
-    pub async fn inspect(&self, items: &[ItemSpec]) -> Result<BatchResult, DecideError> {
+    pub async fn inspect(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
         let peeks: Vec<ItemSpec> = items
             .iter()
             .map(|item| ItemSpec {
@@ -431,7 +438,7 @@ impl Decider {
     }
 
     /// Deletes the items' buckets; returns how many were not full.
-    pub async fn reset(&self, items: &[ItemSpec]) -> Result<u32, DecideError> {
+    pub async fn reset(&self, items: &[ItemSpec<'_>]) -> Result<u32, DecideError> {
         let keys: Vec<BucketKey> = self
             .resolve(&self.limits(), items, CheckOptions::default())?
             .into_iter()
@@ -443,11 +450,11 @@ impl Decider {
 
 /// Adds the overall decision: the strictest of the counting items that are limited or
 /// deny-listed (unlimited and not-configured items never restrict).
-fn with_overall(items: Vec<ItemResult>, modes: &[Mode]) -> BatchResult {
+fn with_overall(items: Vec<ItemResult>) -> BatchResult {
     let mut overall_item = None;
     let mut overall = UNLIMITED;
-    for (i, (item, mode)) in items.iter().zip(modes).enumerate() {
-        let restricts = matches!(item.rule, Rule::Limited(_) | Rule::Denied) && mode.counts();
+    for (i, item) in items.iter().enumerate() {
+        let restricts = matches!(item.rule, Rule::Limited(_) | Rule::Denied) && item.mode.counts();
         if restricts && (overall_item.is_none() || item.decision.is_stricter_than(&overall)) {
             overall = item.decision;
             overall_item = Some(i);

@@ -1,6 +1,7 @@
 //! The native API (`cellrate.v1.RateLimiter` and `cellrate.v1.Admin`): protobuf <-> domain
 //! conversion only; deciding is the [`Decider`]'s.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -114,7 +115,7 @@ fn invalid(message: String) -> Status {
 }
 
 /// Converts request items, saying which item and field is wrong.
-fn item_specs(items: &[pb::Item], usage: Use) -> Result<Vec<ItemSpec>, Status> {
+fn item_specs(items: &[pb::Item], usage: Use) -> Result<Vec<ItemSpec<'_>>, Status> {
     items
         .iter()
         .enumerate()
@@ -122,7 +123,7 @@ fn item_specs(items: &[pb::Item], usage: Use) -> Result<Vec<ItemSpec>, Status> {
         .collect()
 }
 
-fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec, Status> {
+fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Status> {
     let target = match (&item.inline, item.name.is_empty()) {
         (Some(_), false) => {
             return Err(invalid(format!(
@@ -135,8 +136,8 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec, Status> 
             )))
         }
         (None, false) => Target::Named {
-            name: item.name.clone(),
-            id: item.id.clone(),
+            name: Cow::Borrowed(&item.name),
+            id: Cow::Borrowed(&item.id),
         },
         (Some(inline), true) => {
             if !item.id.is_empty() {
@@ -155,7 +156,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec, Status> 
             let limit = Limit::new(inline.burst, inline.count, period)
                 .map_err(|e| invalid(format!("items[{i}].inline: {e}")))?;
             Target::Inline {
-                key: inline.key.clone(),
+                key: Cow::Borrowed(&inline.key),
                 limit,
             }
         }
