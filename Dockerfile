@@ -11,13 +11,17 @@ WORKDIR /src
 # dependencies change, not when the code does. No system protoc is needed (protox).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
-RUN mkdir -p src benches \
+# Every target Cargo.toml names must exist for cargo to load the manifest: stubs.
+RUN mkdir -p src benches/grpc \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs \
+    && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs \
+       benches/grpc/baseline.rs benches/grpc/loadgen.rs \
     && cargo build --release --locked --bin cellrate \
     && rm -rf src benches
 COPY src ./src
 COPY benches ./benches
+# The library embeds the example limits (src/fuzzing.rs).
+COPY config ./config
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin cellrate
 
 # --- run: distroless with libc, no shell, non-root ------------------------------------
