@@ -24,6 +24,7 @@
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
 //! shutdown.rs              SIGINT | SIGTERM as a future
+//! fuzzing.rs               fuzz harnesses (bytes in, properties checked) for fuzz/ and tests
 //! ```
 //!
 //! A request flows: tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
@@ -35,6 +36,7 @@ pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod clock;
+pub mod fuzzing;
 pub mod gcra;
 pub mod limits;
 pub mod metrics;

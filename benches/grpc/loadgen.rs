@@ -4,10 +4,14 @@
 //! that its own cost stays small and equal for every server it drives.
 //!
 //! ```text
-//! loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID
+//! loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID [RATE]
 //!   RPC       envoy | check
 //!   SCENARIO  hot (one key, all allowed) | distinct (100 000 keys) | denied (one key, denied)
+//!             | fresh (a new key every request: scripts/soak.sh)
+//!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
+//! With `LOADGEN_TOTAL=N` in the environment it sends exactly N requests, measured from the
+//! first, and ignores SECONDS (scripts/bench-callgrind.sh counts instructions per request).
 //! Prints one line: `rps=.. p50_us=.. p99_us=.. cpu_us_per_req=.. rss_kib=.. errors=..`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,46 +35,50 @@ fn frame(message: &impl Message) -> Bytes {
     Bytes::from(out)
 }
 
+/// The request bodies of a scenario, pre-encoded; `fresh` encodes each request's body
+/// with [`body`] as it goes instead.
 fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
     let (name, keys) = match scenario {
         "hot" => ("BenchHot", 1),
         "distinct" => ("BenchKeys", 100_000),
         "denied" => ("BenchDenied", 1),
+        "fresh" => ("BenchFresh", 0),
         other => panic!("unknown scenario {other}"),
     };
-    let ids = (0..keys).map(|i| format!("key-{i}"));
-    match rpc {
-        "envoy" => (
-            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            ids.map(|id| {
-                frame(&RateLimitRequest {
-                    domain: "bench".into(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: name.into(),
-                            value: id,
-                        }],
-                        ..Default::default()
-                    }],
-                    hits_addend: 0,
-                })
-            })
-            .collect(),
-        ),
-        "check" => (
-            "/cellrate.v1.RateLimiter/Check",
-            ids.map(|id| {
-                frame(&pb::CheckRequest {
-                    items: vec![pb::Item {
-                        name: name.into(),
-                        id,
-                        ..Default::default()
-                    }],
-                })
-            })
-            .collect(),
-        ),
+    let path = match rpc {
+        "envoy" => "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        "check" => "/cellrate.v1.RateLimiter/Check",
         other => panic!("unknown rpc {other}"),
+    };
+    (
+        path,
+        (0..keys)
+            .map(|i| body(rpc, name, format!("key-{i}")))
+            .collect(),
+    )
+}
+
+/// One request body of `rpc` for `name` and `id`.
+fn body(rpc: &str, name: &str, id: String) -> Bytes {
+    match rpc {
+        "envoy" => frame(&RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: name.into(),
+                    value: id,
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        }),
+        _ => frame(&pb::CheckRequest {
+            items: vec![pb::Item {
+                name: name.into(),
+                id,
+                ..Default::default()
+            }],
+        }),
     }
 }
 
@@ -101,15 +109,29 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, addr, rpc, scenario, connections, streams, seconds, pid] = &args[..] else {
-        eprintln!("usage: loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID");
-        std::process::exit(2);
+    let (addr, rpc, scenario, connections, streams, seconds, pid, rate) = match &args[..] {
+        [_, a, r, s, c, st, se, p] => (a, r, s, c, st, se, p, None),
+        [_, a, r, s, c, st, se, p, rate] => (a, r, s, c, st, se, p, Some(rate)),
+        _ => {
+            eprintln!(
+                "usage: loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID [RATE]"
+            );
+            std::process::exit(2);
+        }
     };
+    let rate: Option<f64> = rate.map(|r| r.parse().unwrap());
+    let total: Option<u64> = std::env::var("LOADGEN_TOTAL")
+        .ok()
+        .map(|t| t.parse().unwrap());
+    let rpc: &'static str = if rpc == "envoy" { "envoy" } else { "check" };
     let connections: usize = connections.parse().unwrap();
     let streams: usize = streams.parse().unwrap();
     let duration = Duration::from_secs(seconds.parse().unwrap());
     let pid: u32 = pid.parse().unwrap();
     let (path, bodies) = bodies(rpc, scenario);
+    // Paced: each stream sends every `total streams / rate` seconds, the streams staggered.
+    let total_streams = (connections * streams) as u32;
+    let period = rate.map(|r| Duration::from_secs_f64(f64::from(total_streams) / r));
     let bodies = Arc::new(bodies);
     let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
 
@@ -121,7 +143,7 @@ fn main() {
     runtime.block_on(async move {
         let counter = Arc::new(AtomicU64::new(0));
         let errors = Arc::new(AtomicU64::new(0));
-        let measuring = Arc::new(AtomicBool::new(false));
+        let measuring = Arc::new(AtomicBool::new(total.is_some()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for _ in 0..connections {
@@ -134,6 +156,7 @@ fn main() {
                 let _ = connection.await;
             });
             for _ in 0..streams {
+                let offset = period.map(|p| p * (tasks.len() as u32) / total_streams);
                 let (mut client, bodies, uri) = (client.clone(), bodies.clone(), uri.clone());
                 let (counter, errors, measuring, stop) = (
                     counter.clone(),
@@ -143,9 +166,25 @@ fn main() {
                 );
                 tasks.push(tokio::spawn(async move {
                     let mut latencies: Vec<u32> = Vec::new();
+                    let mut pace = period.zip(offset).map(|(period, offset)| {
+                        let mut pace =
+                            tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
+                        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                        pace
+                    });
                     while !stop.load(Ordering::Relaxed) {
+                        if let Some(pace) = pace.as_mut() {
+                            pace.tick().await;
+                        }
                         let n = counter.fetch_add(1, Ordering::Relaxed) as usize;
-                        let body = bodies[n % bodies.len()].clone();
+                        if total.is_some_and(|total| n as u64 >= total) {
+                            break;
+                        }
+                        let body = if bodies.is_empty() {
+                            body(rpc, "BenchFresh", format!("soak-{n}"))
+                        } else {
+                            bodies[n % bodies.len()].clone()
+                        };
                         let request = http::Request::post(uri.clone())
                             .header("content-type", "application/grpc")
                             .header("te", "trailers")
@@ -177,16 +216,41 @@ fn main() {
                 }));
             }
         }
-        // Warm up for a second, then measure.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Warm up for a second, then measure (a counted run measures from the first).
+        if total.is_none() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         let (ticks, started) = (cpu_ticks(pid), Instant::now());
         measuring.store(true, Ordering::Relaxed);
-        tokio::time::sleep(duration).await;
+        // A progress line every 10 s on stderr, for long (soak) runs.
+        let mut left = if total.is_some() {
+            Duration::ZERO
+        } else {
+            duration
+        };
+        while !left.is_zero() {
+            let step = left.min(Duration::from_secs(10));
+            tokio::time::sleep(step).await;
+            left -= step;
+            if duration > Duration::from_secs(10) {
+                eprintln!(
+                    "progress elapsed_s={} sent={} errors={}",
+                    started.elapsed().as_secs(),
+                    counter.load(Ordering::Relaxed),
+                    errors.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let mut latencies = Vec::new();
+        if total.is_some() {
+            for task in tasks.drain(..) {
+                latencies.extend(task.await.unwrap());
+            }
+        }
         measuring.store(false, Ordering::Relaxed);
         let (cpu, elapsed) = (cpu_ticks(pid) - ticks, started.elapsed());
         let rss = rss_kib(pid);
         stop.store(true, Ordering::Relaxed);
-        let mut latencies = Vec::new();
         for task in tasks {
             latencies.extend(task.await.unwrap());
         }

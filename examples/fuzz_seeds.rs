@@ -1,0 +1,26 @@
+//! Writes the fuzzers' seed corpus, `fuzz/seeds/<target>/<n>`, from `cellrate::fuzzing::seeds`
+//! (built from config/ and the README's requests). Run from the repository root:
+//! `cargo run --example fuzz_seeds`. The test suite checks the committed files match.
+
+use std::path::Path;
+
+use cellrate::fuzzing::{seeds, TARGETS};
+
+fn main() -> std::io::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz")
+        .join("seeds");
+    for (target, _) in TARGETS {
+        let dir = root.join(target);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        let seeds = seeds(target);
+        for (n, seed) in seeds.iter().enumerate() {
+            std::fs::write(dir.join(format!("seed-{n:02}")), seed)?;
+        }
+        println!("{}: {} seeds", dir.display(), seeds.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Instructions per request, cellrate against the constant-answer baseline, counted by
+# valgrind's callgrind: repeatable for the same binaries and inputs whatever else the
+# machine is doing (unlike CPU time on a shared machine), so it tells small changes apart.
+# It counts instructions, not time: cache misses and lock waits do not show.
+#
+#   scripts/bench-callgrind.sh [requests] [scenarios...]
+#
+# Each server runs under callgrind with instrumentation off; after a warm-up of 500 requests,
+# instrumentation is switched on for exactly `requests` requests (loadgen, LOADGEN_TOTAL, 1
+# connection x 16 streams), then dumped. Prints instructions per request, the ratio, and
+# keeps the profiles in target/callgrind/ for callgrind_annotate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+requests=${1:-20000}
+shift || true
+scenarios=${*:-hot distinct denied check}
+
+command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
+export CARGO_TARGET_DIR=target/callgrind
+CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+  cargo build --release --quiet --bin cellrate --example baseline --example loadgen
+bin=$CARGO_TARGET_DIR/release
+out=$CARGO_TARGET_DIR/profiles
+mkdir -p "$out"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { # bounded: 120 x 0.5 s
+  for _ in $(seq 120); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),1)" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  echo "server on port $1 did not start" >&2; return 1
+}
+
+count() { # server scenario -> instructions per request
+  local server=$1 scenario=$2 port pid file rpc=envoy load=$2
+  [ "$scenario" = check ] && { rpc=check; load=hot; }
+  port=$(free_port)
+  file="$out/$server-$scenario.callgrind"
+  rm -f "$file" "$file".*
+  if [ "$server" = baseline ]; then
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+      "$bin/examples/baseline" "127.0.0.1:$port" 2>/dev/null &
+  else
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+      "$bin/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+      --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
+  fi
+  pid=$!
+  wait_port "$port"
+  LOADGEN_TOTAL=500 "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
+  callgrind_control -i on $pid >/dev/null
+  LOADGEN_TOTAL=$requests "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
+  callgrind_control -d $pid >/dev/null
+  callgrind_control -i off $pid >/dev/null
+  kill $pid; wait $pid 2>/dev/null || true
+  # The dump (file.1) holds the measured window only.
+  mv "$file.1" "$file"
+  awk -v n="$requests" '/^totals:/ { print int($2 / n); exit }' "$file"
+}
+
+printf '%-9s %14s %14s %7s\n' scenario baseline_ir/req cellrate_ir/req ratio
+for scenario in $scenarios; do
+  b=$(count baseline "$scenario")
+  c=$(count cellrate "$scenario")
+  printf '%-9s %14s %14s %7s\n' "$scenario" "$b" "$c" "$(python3 -c "print(f'{$c/$b:.3f}')")"
+done
+echo "profiles: $out (callgrind_annotate --inclusive=yes FILE)"

@@ -1,0 +1,552 @@
+//! Fuzz harnesses: each takes arbitrary bytes, runs one part of cellrate on them and checks
+//! what must hold whatever the input (a broken property panics, which the fuzzer reports).
+//!
+//! The `fuzz/` crate's libFuzzer targets call these, and `tests/fuzz_regressions.rs` runs
+//! the committed seeds and reproducers (and a bounded batch of random inputs) through the
+//! same functions in the normal test suite, so a crash found once stays fixed.
+//!
+//! | harness                 | input                                           |
+//! |-------------------------|-------------------------------------------------|
+//! | [`limits_config`]       | four config files, separated by NUL bytes       |
+//! | [`id_canonicalisation`] | a format selector byte, then an id              |
+//! | [`descriptor_mapping`]  | a domain line, then `key=value` lines           |
+//! | [`should_rate_limit`]   | an encoded Envoy `RateLimitRequest`             |
+//! | [`check`]               | an encoded `cellrate.v1.CheckRequest` (also run |
+//! |                         | as a `RefundRequest`: the same field numbers)   |
+
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use prost::Message;
+
+use crate::clock::{FakeClock, SECOND};
+use crate::limits::config::LimitTable;
+use crate::limits::descriptors::Mapping;
+use crate::limits::names::IdFormat;
+use crate::metrics::Metrics;
+use crate::proto::v1 as pb;
+use crate::proto::v1::rate_limiter_server::RateLimiter;
+use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService, HeaderStyle};
+use crate::service::native::RateLimiterService;
+use crate::service::Decider;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+
+/// The example configuration (`config/`), which the decision harnesses decide against.
+pub const EXAMPLE_CONFIG: [(&str, &str); 4] = [
+    ("names.yaml", include_str!("../config/names.yaml")),
+    ("defaults.yaml", include_str!("../config/defaults.yaml")),
+    ("overrides.yaml", include_str!("../config/overrides.yaml")),
+    (
+        "descriptors.yaml",
+        include_str!("../config/descriptors.yaml"),
+    ),
+];
+
+/// The example configuration as a table.
+pub fn example_table() -> Arc<LimitTable> {
+    static TABLE: OnceLock<Arc<LimitTable>> = OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            let files: Vec<(String, String)> = EXAMPLE_CONFIG
+                .iter()
+                .map(|(f, t)| (f.to_string(), t.to_string()))
+                .collect();
+            match LimitTable::from_files(&files) {
+                Ok(table) => Arc::new(table),
+                Err(e) => panic!("the example config does not load: {e}"),
+            }
+        })
+        .clone()
+}
+
+/// Every id format, in selector order.
+pub const FORMATS: [IdFormat; 8] = [
+    IdFormat::IpAddress,
+    IdFormat::Ipv6RangeCidr,
+    IdFormat::RegId,
+    IdFormat::Domain,
+    IdFormat::FqdnSet,
+    IdFormat::String,
+    IdFormat::RegIdFqdn,
+    IdFormat::RegIdRegisteredDomain,
+];
+
+/// The config loader on four files (names, defaults, overrides, descriptors) cut from
+/// `data` at NUL bytes. Holds: a rejected config says at least one non-empty reason, each
+/// naming its file; an accepted one loads again to the same version, and answers lookups
+/// for every name and every example descriptor.
+pub fn limits_config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let files: Vec<(String, String)> = text
+        .split('\0')
+        .zip(EXAMPLE_CONFIG.iter())
+        .map(|(part, (file, _))| (file.to_string(), part.to_string()))
+        .collect();
+    match LimitTable::from_files(&files) {
+        Err(error) => {
+            assert!(!error.0.is_empty(), "a rejected config gives no reason");
+            for e in &error.0 {
+                assert!(!e.reason.is_empty(), "an empty reason in {e:?}");
+                assert!(
+                    files.iter().any(|(f, _)| *f == e.file),
+                    "an error names no file: {e:?}"
+                );
+            }
+            assert!(!error.to_string().is_empty());
+        }
+        Ok(table) => {
+            let again = LimitTable::from_files(&files).expect("loads once, not twice");
+            assert_eq!(table.version(), again.version());
+            for name in table.names().iter() {
+                let _ = table.default_limit(name);
+                let _ = table.policy(name, "1");
+            }
+            let names = table.names();
+            for domain in ["edge", "", "api"] {
+                for entries in [
+                    &[("remote_address", "192.0.2.1")][..],
+                    &[("generic_key", "signup"), ("remote_address", "192.0.2.1")],
+                    &[("api_key", "k")],
+                ] {
+                    if let Mapping::Limits { names: found, .. } =
+                        table.descriptors().map(names, domain, entries)
+                    {
+                        assert!(!found.is_empty());
+                        for n in found {
+                            assert!(names.get(n).is_some(), "a rule maps to unknown {n:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Id canonicalisation: the first byte picks the format, the rest (as UTF-8, as gRPC
+/// delivers strings) is the id. Holds: the borrowing and owning paths agree; a canonical
+/// id is its own canonical form (except `fqdnSet`, whose canonical form is a hash: 64
+/// lowercase hex digits, the same for the list reversed); a bucket key parses back.
+pub fn id_canonicalisation(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(id) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let format = FORMATS[usize::from(selector) % FORMATS.len()];
+    let owned = format.canonicalize(id);
+    let borrowed = format.canonicalize_cow(id);
+    match (&owned, &borrowed) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b.as_ref(), "{format}: {id:?}"),
+        (Err(_), Err(_)) => {}
+        _ => panic!("{format}: {id:?}: owned {owned:?}, borrowed {borrowed:?}"),
+    }
+    let Ok(canonical) = owned else {
+        return;
+    };
+    assert!(
+        !canonical.is_empty(),
+        "{format}: {id:?} is canonically empty"
+    );
+    if format == IdFormat::FqdnSet {
+        assert_eq!(canonical.len(), 64, "{id:?}");
+        assert!(canonical
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        let reversed: Vec<&str> = id.split(',').rev().collect();
+        assert_eq!(
+            format.canonicalize(&reversed.join(",")).as_deref(),
+            Ok(canonical.as_str()),
+            "{id:?} reversed"
+        );
+    } else {
+        assert_eq!(
+            format.canonicalize(&canonical).as_deref(),
+            Ok(canonical.as_str()),
+            "{format}: {id:?} -> {canonical:?} is not stable"
+        );
+    }
+    let key = crate::limits::names::BucketKey::new(7, &canonical);
+    assert_eq!(key.parts(), (7, canonical.as_str()));
+    // Overrides name the same bucket through their own format (fqdnSet overrides list
+    // domains, which hash: nothing to compare there).
+    if format != IdFormat::FqdnSet {
+        let override_id = format.override_id(&canonical);
+        assert_eq!(
+            format
+                .override_format()
+                .canonicalize(override_id)
+                .as_deref(),
+            Ok(override_id),
+            "{format}: {canonical:?}"
+        );
+    }
+}
+
+/// Descriptor mapping against the example rules: the first line is the domain, each
+/// further line `key=value` is an entry. Holds: a mapping names at least one limit, all
+/// declared; a single-entry descriptor named after a limit (and matched by no rule of the
+/// domain) maps with its value as the id.
+pub fn descriptor_mapping(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.split('\n');
+    let domain = lines.next().unwrap_or_default();
+    let entries: Vec<(&str, &str)> = lines
+        .take(32)
+        .map(|line| line.split_once('=').unwrap_or((line, "")))
+        .collect();
+    let table = example_table();
+    let names = table.names();
+    match table.descriptors().map(names, domain, &entries) {
+        Mapping::Limits { names: found, id } => {
+            assert!(!found.is_empty(), "{domain:?} {entries:?}");
+            for n in found {
+                assert!(names.get(n).is_some(), "maps to undeclared {n:?}");
+            }
+            if let ([(key, value)], [only]) = (&entries[..], found) {
+                if **only == **key {
+                    assert_eq!(id, *value);
+                }
+            }
+        }
+        Mapping::Unmatched => {
+            if let [(key, _)] = entries[..] {
+                assert!(
+                    names.get(key).is_none(),
+                    "{key:?} is a limit name, yet unmatched"
+                );
+            }
+        }
+    }
+}
+
+/// A fresh decider on the example config and an empty memory store at a fixed time.
+fn fresh() -> (Arc<Decider>, Arc<MemoryStore>, Arc<Metrics>) {
+    static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+    let clock = Arc::new(FakeClock::new(1_700_000_000 * SECOND));
+    let store = Arc::new(MemoryStore::with_capacity(clock, 4, 4096));
+    let limits = Arc::new(ArcSwap::new(example_table()));
+    let decider = Arc::new(Decider::new(limits, store.clone() as Arc<dyn Store>));
+    (decider, store, METRICS.get_or_init(Metrics::new).clone())
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime");
+    }
+    RUNTIME.with(|rt| rt.block_on(future))
+}
+
+/// What every refusal must look like: INVALID_ARGUMENT with a message that says where
+/// (`field: reason`), and nothing written to the store.
+fn assert_clean_refusal(status: &tonic::Status, store: &MemoryStore) {
+    assert_eq!(
+        status.code(),
+        tonic::Code::InvalidArgument,
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains(": "),
+        "the message does not say where: {:?}",
+        status.message()
+    );
+    assert_eq!(store.live_buckets(), 0, "a refused request wrote buckets");
+}
+
+/// Envoy's `ShouldRateLimit` on protobuf bytes, through the service a client reaches
+/// (every header style, so every response path runs). Holds: one status per descriptor;
+/// a refusal is a clean INVALID_ARGUMENT; an OVER_LIMIT answer (no shadow in the example
+/// config) spent nothing, since the store was empty and the batch is all-or-nothing.
+pub fn should_rate_limit(data: &[u8]) {
+    let Ok(request) = RateLimitRequest::decode(data) else {
+        return;
+    };
+    let headers = [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf];
+    let style = headers[data.len() % headers.len()];
+    let (decider, store, metrics) = fresh();
+    let service = EnvoyRateLimitService::new(
+        decider,
+        EnvoyOptions {
+            headers: style,
+            shadow: false,
+        },
+        metrics,
+    );
+    let descriptors = request.descriptors.len();
+    match block_on(service.should_rate_limit(tonic::Request::new(request))) {
+        Err(status) => assert_clean_refusal(&status, &store),
+        Ok(response) => {
+            let response = response.into_inner();
+            assert_eq!(response.statuses.len(), descriptors);
+            let over = response.overall_code == Code::OverLimit as i32;
+            assert!(over || response.overall_code == Code::Ok as i32);
+            assert_eq!(
+                over,
+                response
+                    .statuses
+                    .iter()
+                    .any(|s| s.code == Code::OverLimit as i32),
+                "the overall code disagrees with the statuses"
+            );
+            if over {
+                assert_eq!(store.live_buckets(), 0, "a denied batch spent");
+            }
+        }
+    }
+}
+
+/// The native `Check`, then the same bytes as a `Refund`, on protobuf bytes. Holds: one
+/// decision per item and an overall one; a refusal is a clean INVALID_ARGUMENT; a denied
+/// batch spent nothing (the store was empty); a refused refund changes nothing, a refund
+/// creates no bucket, and refunding what an allowed check spent leaves every limited
+/// bucket full again (`remaining` = burst) and reports it reset (`reset_after` = 0).
+pub fn check(data: &[u8]) {
+    let Ok(request) = pb::CheckRequest::decode(data) else {
+        return;
+    };
+    let (decider, store, metrics) = fresh();
+    let service = RateLimiterService::new(decider, metrics);
+    let items = request.items.len();
+    let mut allowed = false;
+    match block_on(service.check(tonic::Request::new(request))) {
+        Err(status) => assert_clean_refusal(&status, &store),
+        Ok(response) => {
+            let response = response.into_inner();
+            assert_eq!(response.items.len(), items);
+            let overall = response.overall.expect("an overall decision");
+            allowed = overall.allowed;
+            if !allowed {
+                assert_eq!(store.live_buckets(), 0, "a denied batch spent");
+            }
+        }
+    }
+    let Ok(refund) = pb::RefundRequest::decode(data) else {
+        return;
+    };
+    let before = store.live_buckets();
+    match block_on(service.refund(tonic::Request::new(refund))) {
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert_eq!(
+                store.live_buckets(),
+                before,
+                "a refused refund changed buckets"
+            );
+        }
+        Ok(response) => {
+            let response = response.into_inner();
+            assert!(response.overall.is_some());
+            assert!(store.live_buckets() <= before, "a refund created buckets");
+            if allowed {
+                for (i, d) in response.items.iter().enumerate() {
+                    if d.policy != pb::Policy::Limited as i32 {
+                        continue;
+                    }
+                    let burst = d.limit.as_ref().map_or(0, |l| l.burst);
+                    assert_eq!(
+                        u64::try_from(d.remaining).ok(),
+                        Some(burst),
+                        "items[{i}] not full after refunding what was spent: {d:?}"
+                    );
+                    let reset = d.reset_after.unwrap_or_default();
+                    assert_eq!((reset.seconds, reset.nanos), (0, 0), "items[{i}]: {d:?}");
+                }
+            }
+        }
+    }
+}
+
+/// A harness: bytes in, panics when a property breaks.
+pub type Harness = fn(&[u8]);
+
+/// The harnesses by target name (the `fuzz/` targets and seed directories use these names).
+pub const TARGETS: [(&str, Harness); 5] = [
+    ("limits_config", limits_config),
+    ("id_canonicalisation", id_canonicalisation),
+    ("descriptor_mapping", descriptor_mapping),
+    ("should_rate_limit", should_rate_limit),
+    ("check", check),
+];
+
+/// Seed inputs for `target`, built from the examples (config/, the README's requests):
+/// the fuzzers' starting corpus (`cargo run --example fuzz_seeds` writes them to
+/// `fuzz/seeds/`), and inputs the test suite runs.
+pub fn seeds(target: &str) -> Vec<Vec<u8>> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+    let descriptors: [&[(&str, &str)]; 6] = [
+        &[("generic_key", "signup"), ("remote_address", "192.0.2.1")],
+        &[("api_key", "key-1")],
+        &[("api_key", "key-revoked-0001")],
+        &[("NewOrdersPerAccount", "012345678")],
+        &[("remote_address", "2001:db8::1")],
+        &[("path", "/"), ("method", "GET")],
+    ];
+    match target {
+        "limits_config" => {
+            let all: Vec<&str> = EXAMPLE_CONFIG.iter().map(|(_, text)| *text).collect();
+            vec![
+                all.join("\0").into_bytes(),
+                all[0].as_bytes().to_vec(),
+                format!("\0{}", all[1]).into_bytes(),
+                b"\0\0\0".to_vec(),
+            ]
+        }
+        "id_canonicalisation" => {
+            let ids = [
+                "192.0.2.1",
+                "2001:DB8:0::1",
+                "::ffff:192.0.2.1",
+                "2001:db8:1::/48",
+                "012345678",
+                "WWW.Example.CO.UK.",
+                "b.example.com,A.example.com",
+                "key-1",
+                "12345:www.example.com",
+            ];
+            let mut seeds = Vec::new();
+            for (selector, _) in FORMATS.iter().enumerate() {
+                for id in ids {
+                    let mut seed = vec![selector as u8];
+                    seed.extend_from_slice(id.as_bytes());
+                    seeds.push(seed);
+                }
+            }
+            seeds
+        }
+        "descriptor_mapping" => descriptors
+            .iter()
+            .flat_map(|entries| {
+                ["edge", "any"].map(|domain| {
+                    let mut text = domain.to_string();
+                    for (key, value) in entries.iter() {
+                        text.push_str(&format!("\n{key}={value}"));
+                    }
+                    text.into_bytes()
+                })
+            })
+            .collect(),
+        "should_rate_limit" => {
+            let descriptor =
+                |entries: &[(&str, &str)], limit: Option<RateLimitOverride>| RateLimitDescriptor {
+                    entries: entries
+                        .iter()
+                        .map(|(key, value)| Entry {
+                            key: key.to_string(),
+                            value: value.to_string(),
+                        })
+                        .collect(),
+                    limit,
+                    ..Default::default()
+                };
+            let mut seeds: Vec<Vec<u8>> = descriptors
+                .iter()
+                .map(|entries| RateLimitRequest {
+                    domain: "edge".to_string(),
+                    descriptors: vec![descriptor(entries, None)],
+                    hits_addend: 0,
+                })
+                .map(|r| r.encode_to_vec())
+                .collect();
+            seeds.push(
+                RateLimitRequest {
+                    domain: "edge".to_string(),
+                    descriptors: descriptors.iter().map(|e| descriptor(e, None)).collect(),
+                    hits_addend: 3,
+                }
+                .encode_to_vec(),
+            );
+            seeds.push(
+                RateLimitRequest {
+                    domain: "any".to_string(),
+                    descriptors: vec![descriptor(
+                        &[("user", "u1")],
+                        Some(RateLimitOverride {
+                            requests_per_unit: 2,
+                            unit: 1,
+                        }),
+                    )],
+                    hits_addend: 5,
+                }
+                .encode_to_vec(),
+            );
+            seeds
+        }
+        "check" => {
+            let named = |name: &str, id: &str, cost: Option<u64>, mode: pb::Mode| pb::Item {
+                name: name.to_string(),
+                id: id.to_string(),
+                inline: None,
+                cost,
+                mode: mode as i32,
+            };
+            let inline = pb::Item {
+                inline: Some(pb::InlineLimit {
+                    key: "export:42".to_string(),
+                    burst: 5,
+                    count: 1,
+                    period: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                }),
+                cost: Some(2),
+                ..Default::default()
+            };
+            let requests = [
+                vec![named(
+                    "NewOrdersPerAccount",
+                    "12345678",
+                    None,
+                    pb::Mode::CheckAndSpend,
+                )],
+                vec![
+                    named(
+                        "NewOrdersPerAccount",
+                        "42",
+                        Some(1),
+                        pb::Mode::CheckAndSpend,
+                    ),
+                    named(
+                        "CertificatesPerDomain",
+                        "www.example.com",
+                        Some(0),
+                        pb::Mode::CheckOnly,
+                    ),
+                    named("ApiRequestsPerKey", "key-1", Some(3), pb::Mode::SpendOnly),
+                ],
+                vec![named(
+                    "ApiRequestsPerKey",
+                    "key-revoked-0001",
+                    None,
+                    pb::Mode::CheckAndSpend,
+                )],
+                vec![
+                    named(
+                        "NewRegistrationsPerIPAddress",
+                        "2001:db8::1",
+                        None,
+                        pb::Mode::CheckAndSpend,
+                    ),
+                    inline.clone(),
+                ],
+                vec![inline],
+            ];
+            requests
+                .into_iter()
+                .map(|items| pb::CheckRequest { items }.encode_to_vec())
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
