@@ -379,6 +379,13 @@ impl Store for MeasuredStore {
         })
     }
 
+    fn try_spend_now(&self, items: &[StoreItem]) -> Option<Result<Outcome, StoreError>> {
+        let start = Instant::now();
+        let result = self.inner.try_spend_now(items)?;
+        self.observe("spend", start, &result);
+        Some(result)
+    }
+
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(async move {
             let start = Instant::now();

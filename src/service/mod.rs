@@ -350,6 +350,8 @@ impl Decider {
             .collect();
         let mut store_decisions = if store_items.is_empty() {
             Vec::new()
+        } else if let Some(outcome) = self.store.try_spend_now(&store_items) {
+            outcome?.decisions
         } else {
             self.store.spend(&store_items).await?.decisions
         }

@@ -321,6 +321,10 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(self.spend_now(items)))
     }
 
+    fn try_spend_now(&self, items: &[StoreItem]) -> Option<Result<Outcome, StoreError>> {
+        Some(self.spend_now(items))
+    }
+
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(std::future::ready(Ok(self.refund_now(items))))
     }

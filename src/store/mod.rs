@@ -71,6 +71,12 @@ pub trait Store: Send + Sync + 'static {
     /// Decides `items` all-or-nothing and writes the spends if allowed.
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome>;
 
+    /// [`Store::spend`] at once, for a store that never waits (the memory store); `None`
+    /// means "await `spend`". Saves the request path a boxed future per decorator.
+    fn try_spend_now(&self, _items: &[StoreItem]) -> Option<Result<Outcome, StoreError>> {
+        None
+    }
+
     /// Refunds each item's cost (its mode is ignored). Per item, `allowed` says whether
     /// the bucket changed.
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>>;
