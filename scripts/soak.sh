@@ -4,15 +4,17 @@
 # 1 per minute), so the store holds about rate x 60 buckets once warm and the sweeper must
 # keep RSS flat from then on. Not part of the test suite (RELIABILITY.md has the figures).
 #
-#   scripts/soak.sh [minutes] [fraction of max load] [rpc: envoy|check]
+#   scripts/soak.sh [minutes] [fraction of max load] [rpc: envoy|check] [rate]
 #
 # First measures the max rate of this load for 5 s, then runs at the given fraction of it
+# (or at `rate` requests/s when given, to compare runs on a machine whose speed varies)
 # for the given minutes, sampling every 10 s; prints a table and a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-10}
 fraction=${2:-0.5}
 rpc=${3:-envoy}
+fixed_rate=${4:-}
 
 cargo build --release --quiet --bin cellrate --example loadgen
 bin=target/release
@@ -31,8 +33,8 @@ metric() { curl -s "http://127.0.0.1:$metrics_port/metrics" | awk -v m="$1" '$1 
 rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status"; }
 
 max=$("$bin/examples/loadgen" "127.0.0.1:$port" "$rpc" fresh 4 64 5 "$pid" | field rps)
-rate=$(python3 -c "print(int($max * $fraction))")
-echo "max ${max} req/s; soaking at ${rate} req/s (${fraction}) for ${minutes} min, rpc ${rpc}"
+rate=${fixed_rate:-$(python3 -c "print(int($max * $fraction))")}
+echo "max ${max} req/s; soaking at ${rate} req/s for ${minutes} min, rpc ${rpc}"
 # Let the buckets of the max-rate probe expire before the soak starts.
 sleep 65
 "$bin/examples/loadgen" "127.0.0.1:$port" "$rpc" fresh 4 64 $((minutes * 60)) "$pid" "$rate" \
@@ -52,8 +54,12 @@ wait $load
 final=$(cat "$progress.out")
 echo "loadgen: $final"
 echo "store errors: $(metric cellrate_store_errors_total)"
-# RSS after the first bucket lifetime (t = 70 s) against the end, and the largest.
-awk 'NR > 1 && $1 >= 70 { if (!start) start = $2; end = $2; if ($2 > max) max = $2 }
+# RSS after the first bucket lifetime (t = 70 s) against the end, and the largest; then
+# the second half alone (flat means the sweeper keeps up and nothing leaks).
+awk -v half=$((minutes * 30)) 'NR > 1 && $1 >= 70 { if (!start) start = $2; end = $2; if ($2 > max) max = $2 }
+     NR > 1 && $1 >= half { if (!h) h = $2; if ($2 > hmax) hmax = $2 }
      END { if (start) printf "rss after warm-up %d KiB, at end %d KiB, max %d KiB: growth %.1f%%\n",
-           start, end, max, (end - start) * 100 / start }' "$progress.table"
+           start, end, max, (end - start) * 100 / start;
+           if (h) printf "second half: rss %d KiB at its start, max %d KiB: growth %.1f%%\n",
+           h, hmax, (hmax - h) * 100 / h }' "$progress.table"
 rm -f "$progress.out" "$progress.table"
