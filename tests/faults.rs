@@ -104,17 +104,17 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
     )
     .unwrap();
     std::fs::write(dir.path().join("names.yaml"), "Api: {number: 7}").unwrap();
-    let mut failures = None;
-    for _ in 0..100 {
-        failures = sample(
-            &common::http_get_async(s.metrics_addr, "/metrics").await.1,
-            "cellrate_config_reloads_total{result=\"failure\"}",
-        );
-        if failures.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let failures = common::poll_until(
+        Duration::from_secs(2),
+        async || {
+            sample(
+                &common::http_get_async(s.metrics_addr, "/metrics").await.1,
+                "cellrate_config_reloads_total{result=\"failure\"}",
+            )
+        },
+        Option::is_some,
+    )
+    .await;
     assert!(
         failures.unwrap_or(0.0) >= 1.0,
         "the garbage was not seen and rejected"
@@ -136,14 +136,12 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
 
     // A good config again: it applies, under load.
     write_limits(dir.path(), 30);
-    let mut burst = 0;
-    for _ in 0..100 {
-        burst = peek(s.admin.clone()).await;
-        if burst == 30 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let burst = common::poll_until(
+        Duration::from_secs(2),
+        async || peek(s.admin.clone()).await,
+        |&b| b == 30,
+    )
+    .await;
     assert_eq!(burst, 30, "the good config did not apply within 2 s");
     stop.store(true, Ordering::Relaxed);
     for task in load {
@@ -263,14 +261,12 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
     redis.restart();
     // Recovery: successes resume without restarting cellrate.
     let ok_at_restart = seen.ok.load(Ordering::Relaxed);
-    let mut recovered = false;
-    for _ in 0..100 {
-        if seen.ok.load(Ordering::Relaxed) > ok_at_restart + 50 {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = common::poll_until(
+        Duration::from_secs(5),
+        async || seen.ok.load(Ordering::Relaxed) > ok_at_restart + 50,
+        |&ok| ok,
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     for task in load {
         tokio::time::timeout(Duration::from_secs(10), task)

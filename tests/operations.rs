@@ -11,7 +11,7 @@ use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
-use common::{http_get_async, item, sample, Served};
+use common::{http_get_async, item, poll_until, sample, Served};
 use tonic::Code;
 
 fn defaults(burst: u64) -> String {
@@ -48,16 +48,13 @@ async fn burst(s: &mut Served) -> u64 {
 
 /// Polls until the burst in force is `want`, for at most 2 s (the bound).
 async fn burst_becomes(s: &mut Served, want: u64) {
-    for _ in 0..100 {
-        if burst(s).await == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "the burst did not become {want} within 2 s (it is {})",
-        burst(s).await
-    );
+    let now = poll_until(
+        Duration::from_secs(2),
+        async || burst(s).await,
+        |&b| b == want,
+    )
+    .await;
+    assert_eq!(now, want, "the burst did not become {want} within 2 s");
 }
 
 async fn scrape(s: &Served) -> String {
@@ -162,17 +159,17 @@ async fn an_invalid_file_keeps_the_old_limits_and_counts_a_failure() {
         "ApiRequestsPerKey: {burst: 0, count: 1, period: 1s}\n",
     )
     .unwrap();
-    let mut failures = None;
-    for _ in 0..100 {
-        failures = sample(
-            &scrape(&s).await,
-            "cellrate_config_reloads_total{result=\"failure\"}",
-        );
-        if failures.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let failures = poll_until(
+        Duration::from_secs(2),
+        async || {
+            sample(
+                &scrape(&s).await,
+                "cellrate_config_reloads_total{result=\"failure\"}",
+            )
+        },
+        Option::is_some,
+    )
+    .await;
     assert_eq!(failures, Some(1.0), "the failed reload is counted");
     assert_eq!(burst(&mut s).await, 10, "the old limits stay in force");
     let (_, health) = http_get_async(s.metrics_addr, "/healthz").await;
@@ -245,14 +242,12 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
         Some(1_700_000_000.0)
     );
     // The sweeper keeps the live-bucket gauge current.
-    let mut live = None;
-    for _ in 0..100 {
-        live = sample(&scrape(&s).await, "cellrate_live_buckets");
-        if live == Some(1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let live = poll_until(
+        Duration::from_secs(2),
+        async || sample(&scrape(&s).await, "cellrate_live_buckets"),
+        |live| *live == Some(1.0),
+    )
+    .await;
     assert_eq!(live, Some(1.0));
     let (status, _) = http_get_async(s.metrics_addr, "/readyz").await;
     assert_eq!(status, 200);

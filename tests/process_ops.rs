@@ -51,14 +51,12 @@ async fn sighup_reloads_when_watching_is_off() {
         .status()
         .unwrap();
     assert!(status.success());
-    let mut now = 0;
-    for _ in 0..100 {
-        now = burst(&p.admin).await;
-        if now == 7 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let now = common::poll_until(
+        Duration::from_secs(2),
+        async || burst(&p.admin).await,
+        |&b| b == 7,
+    )
+    .await;
     assert_eq!(now, 7, "SIGHUP did not reload within 2 s");
     let metrics = http_get(&p.metrics, "/metrics").1;
     assert_eq!(

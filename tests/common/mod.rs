@@ -287,3 +287,23 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 pub mod redis_server;
+
+/// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
+/// returns; returns the last value either way, for the caller's assertion to report.
+pub async fn poll_until<T>(
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let every = Duration::from_millis(20);
+    let tries = (within.as_millis() / every.as_millis()).max(1);
+    let mut value = probe().await;
+    for _ in 0..tries {
+        if done(&value) {
+            break;
+        }
+        tokio::time::sleep(every).await;
+        value = probe().await;
+    }
+    value
+}
