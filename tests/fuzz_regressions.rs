@@ -7,6 +7,7 @@ use std::path::Path;
 
 use cellrate::fuzzing::{seeds, TARGETS};
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 
 fn harness(target: &str) -> fn(&[u8]) {
     TARGETS
@@ -108,46 +109,48 @@ fn mutated(target: &'static str) -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
-    #[test]
-    fn limits_config_holds(bytes in prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..512),
-        mutated("limits_config"),
-    ]) {
-        harness("limits_config")(&bytes);
+/// Runs `target`'s harness over 256 inputs: random bytes up to `max_len`, or a mutated
+/// seed. proptest shrinks and reports a failing input.
+fn holds_for_random_and_mutated_inputs(target: &'static str, max_len: usize) {
+    let run = harness(target);
+    let inputs = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..max_len),
+        mutated(target),
+    ];
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    if let Err(e) = runner.run(&inputs, |bytes| {
+        run(&bytes);
+        Ok(())
+    }) {
+        panic!("{target}: {e}");
     }
+}
 
-    #[test]
-    fn id_canonicalisation_holds(bytes in prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..128),
-        mutated("id_canonicalisation"),
-    ]) {
-        harness("id_canonicalisation")(&bytes);
-    }
+#[test]
+fn limits_config_holds() {
+    holds_for_random_and_mutated_inputs("limits_config", 512);
+}
 
-    #[test]
-    fn descriptor_mapping_holds(bytes in prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..256),
-        mutated("descriptor_mapping"),
-    ]) {
-        harness("descriptor_mapping")(&bytes);
-    }
+#[test]
+fn id_canonicalisation_holds() {
+    holds_for_random_and_mutated_inputs("id_canonicalisation", 128);
+}
 
-    #[test]
-    fn should_rate_limit_holds(bytes in prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..256),
-        mutated("should_rate_limit"),
-    ]) {
-        harness("should_rate_limit")(&bytes);
-    }
+#[test]
+fn descriptor_mapping_holds() {
+    holds_for_random_and_mutated_inputs("descriptor_mapping", 256);
+}
 
-    #[test]
-    fn check_holds(bytes in prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..256),
-        mutated("check"),
-    ]) {
-        harness("check")(&bytes);
-    }
+#[test]
+fn should_rate_limit_holds() {
+    holds_for_random_and_mutated_inputs("should_rate_limit", 256);
+}
+
+#[test]
+fn check_holds() {
+    holds_for_random_and_mutated_inputs("check", 256);
 }
