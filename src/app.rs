@@ -18,6 +18,7 @@ use tonic::transport::Server;
 
 use crate::admin::{AdminAuth, TlsPem};
 use crate::clock::Clock;
+use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
 use crate::limits::config::LimitTable;
 use crate::limits::reload::{ReloadSettings, Reloader};
 use crate::metrics::{MeasuredStore, Metrics};
@@ -51,6 +52,85 @@ pub struct Settings {
     pub tls: Option<TlsPem>,
     /// Where buckets live.
     pub store: StoreSettings,
+    /// Bounds and timeouts on every listener.
+    pub server: ServerLimits,
+}
+
+/// Bounds and timeouts on the listeners (see [`crate::listener`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    pub decisions: ConnectionLimits,
+    pub admin: ConnectionLimits,
+    pub metrics: ConnectionLimits,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on both gRPC listeners.
+    pub max_streams_per_connection: u32,
+    /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
+    pub max_in_flight: usize,
+    /// Longest time a gRPC request may take, body included (a caller's shorter
+    /// `grpc-timeout` wins).
+    pub request_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> ServerLimits {
+        ServerLimits {
+            decisions: ConnectionLimits::default(),
+            admin: ConnectionLimits {
+                max_connections: 256,
+                ..ConnectionLimits::default()
+            },
+            metrics: ConnectionLimits {
+                max_connections: 64,
+                idle_timeout: Duration::from_secs(60),
+                ..ConnectionLimits::default()
+            },
+            max_streams_per_connection: 100,
+            max_in_flight: 4096,
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Descriptors kept free for everything but connections (files, Redis, logs).
+const RESERVED_FDS: u64 = 256;
+
+impl ServerLimits {
+    /// These limits with connection bounds that fit the process's descriptor limit
+    /// (raised to its hard limit first).
+    fn fitted(mut self) -> ServerLimits {
+        let wanted = [
+            self.decisions.max_connections,
+            self.admin.max_connections,
+            self.metrics.max_connections,
+        ];
+        let fitted = crate::listener::fit_to_fd_limit(
+            &wanted,
+            crate::listener::raise_fd_limit(),
+            RESERVED_FDS,
+        );
+        if fitted != wanted {
+            tracing::warn!(
+                ?wanted,
+                ?fitted,
+                "connection bounds lowered to fit the open-files limit (raise `ulimit -n`)"
+            );
+        }
+        self.decisions.max_connections = fitted[0];
+        self.admin.max_connections = fitted[1];
+        self.metrics.max_connections = fitted[2];
+        self
+    }
+
+    /// A gRPC server builder with the HTTP/2 limits.
+    fn grpc_server(&self) -> Server {
+        Server::builder()
+            .max_concurrent_streams(self.max_streams_per_connection)
+            .timeout(self.request_timeout)
+            // tonic passes None for both, which disables h2's defences against reset floods.
+            .http2_max_pending_accept_reset_streams(Some(20))
+            .http2_max_local_error_reset_streams(Some(1024))
+            .http2_max_header_list_size(16 * 1024)
+    }
 }
 
 /// Where buckets live.
@@ -78,6 +158,7 @@ impl Default for Settings {
             admin_token: None,
             tls: None,
             store: StoreSettings::Memory,
+            server: ServerLimits::default(),
         }
     }
 }
@@ -122,7 +203,7 @@ macro_rules! reflection {
         for service in $services {
             builder = builder.with_service_name(service);
         }
-        builder.$build()?
+        builder.$build()?.max_decoding_message_size(MAX_MESSAGE_BYTES)
     }};
 }
 
@@ -241,20 +322,23 @@ async fn serve(
     });
 
     // The metrics listener serves until the tasks stop, so that a drain can be watched.
+    let server_limits = settings.server.fitted();
     let metrics_server = listeners.metrics.map(|listener| {
         let routes = crate::metrics::http_routes(metrics.clone());
         let mut stopped = tasks_stopped.clone();
+        let listener = GuardedListener::new(listener, server_limits.metrics, "metrics");
         tokio::spawn(async move {
-            axum::serve(listener, routes)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
+            let stopped = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            crate::listener::serve_http1(listener, routes, stopped, Duration::from_secs(1)).await;
+            Ok::<(), std::io::Error>(())
         })
     });
 
     // One health service for both listeners, so that shutdown flips both at once.
     let (health, health_service) = tonic_health::server::health_reporter();
+    let health_service = health_service.max_decoding_message_size(MAX_MESSAGE_BYTES);
     health
         .set_serving::<RateLimiterServer<RateLimiterService>>()
         .await;
@@ -272,13 +356,17 @@ async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let mut decisions_server = Server::builder();
-    let mut admin_server = Server::builder();
+    let mut decisions_server = server_limits.grpc_server();
+    let mut admin_server = server_limits.grpc_server();
     if let Some(tls) = &settings.tls {
         decisions_server = decisions_server.tls_config(tls.decisions())?;
         admin_server = admin_server.tls_config(tls.admin())?;
     }
+    let decisions_incoming =
+        GuardedListener::new(listeners.decisions, server_limits.decisions, "decisions");
+    let admin_incoming = GuardedListener::new(listeners.admin, server_limits.admin, "admin");
     let decisions = decisions_server
+        .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service.clone())
         .add_service(reflection!(build_v1, services))
         .add_service(reflection!(build_v1alpha, services))
@@ -295,10 +383,11 @@ async fn serve(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(
-            incoming(listeners.decisions),
+            decisions_incoming.into_stream(),
             until_stopped(stopped.clone()),
         );
     let admin = admin_server
+        .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service)
         .add_service(reflection!(build_v1, admin_services))
         .add_service(reflection!(build_v1alpha, admin_services))
@@ -307,7 +396,7 @@ async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
-        .serve_with_incoming_shutdown(incoming(listeners.admin), until_stopped(stopped));
+        .serve_with_incoming_shutdown(admin_incoming.into_stream(), until_stopped(stopped));
     // Announced once everything is in place (tests and operators wait for this line).
     tracing::info!(
         listen = %decisions_addr,
@@ -357,12 +446,6 @@ async fn serve(
         }
     };
     finish(result, stop_tasks, sweeper, reloader, metrics_server).await
-}
-
-/// Accepted connections with TCP_NODELAY: rate-limit RPCs are small, and Nagle's algorithm
-/// with delayed ACKs would hold answers back by tens of milliseconds.
-fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Stops the background tasks and returns the servers' result.

@@ -174,6 +174,38 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_SHADOW")]
     pub shadow: bool,
 
+    /// Open connections at most on the decision listener (more wait in the backlog).
+    #[arg(long, env = "CELLRATE_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Open connections at most on the admin listener.
+    #[arg(long, env = "CELLRATE_ADMIN_MAX_CONNECTIONS", default_value_t = 256)]
+    pub admin_max_connections: usize,
+
+    /// Open connections at most on the metrics listener.
+    #[arg(long, env = "CELLRATE_METRICS_MAX_CONNECTIONS", default_value_t = 64)]
+    pub metrics_max_connections: usize,
+
+    /// Seconds a new connection has to send its first bytes (and HTTP/1 its headers).
+    #[arg(long, env = "CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub handshake_timeout_seconds: u64,
+
+    /// Seconds without a byte from a gRPC client before its connection is closed.
+    #[arg(long, env = "CELLRATE_IDLE_TIMEOUT_SECONDS", default_value_t = 300)]
+    pub idle_timeout_seconds: u64,
+
+    /// Concurrent HTTP/2 streams per gRPC connection.
+    #[arg(long, env = "CELLRATE_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    pub max_streams_per_connection: u32,
+
+    /// Requests handled at once per gRPC listener; more get UNAVAILABLE at once.
+    #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = 4096)]
+    pub max_in_flight: usize,
+
+    /// Longest a gRPC request may take, body included, in milliseconds.
+    #[arg(long, env = "CELLRATE_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
+    pub request_timeout_ms: u64,
+
     /// Seconds that health reports NOT_SERVING, still serving, after SIGTERM.
     #[arg(long, env = "CELLRATE_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
     pub shutdown_delay_seconds: u64,

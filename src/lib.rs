@@ -21,6 +21,8 @@
 //!                          descriptors -> names and ids), reload.rs (watch, debounce, swap)
 //! metrics.rs               Prometheus metrics, the store timing decorator, /metrics etc.
 //! admin.rs                 admin bearer token (interceptor), TLS settings
+//! listener.rs              every listener's bounds and timeouts: connections, handshake,
+//!                          idle, accept back-off, requests in flight; the HTTP/1 server
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
 //! shutdown.rs              SIGINT | SIGTERM as a future
@@ -38,6 +40,7 @@ pub mod cli;
 pub mod clock;
 pub mod fuzzing;
 pub mod gcra;
+pub mod listener;
 pub mod limits;
 pub mod metrics;
 pub mod service;

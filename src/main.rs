@@ -86,6 +86,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(token) = &args.admin_token {
+        if token.trim().is_empty() {
+            tracing::error!(
+                "--admin-token (CELLRATE_ADMIN_TOKEN) is empty: set a real token, or unset it \
+                 to serve admin RPCs without one"
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -186,6 +195,7 @@ async fn serve_async(
         admin_token: args.admin_token.clone(),
         tls,
         store,
+        server: server_limits(&args),
         envoy: cellrate::service::envoy::EnvoyOptions {
             headers: args.rate_limit_headers,
             shadow: args.shadow,
@@ -206,6 +216,28 @@ async fn serve_async(
     .await?;
     tracing::info!("cellrate stopped");
     Ok(())
+}
+
+/// The listeners' bounds and timeouts the flags describe.
+fn server_limits(args: &ServeArgs) -> cellrate::app::ServerLimits {
+    let connections = |max_connections| cellrate::listener::ConnectionLimits {
+        max_connections,
+        handshake_timeout: Duration::from_secs(args.handshake_timeout_seconds.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
+        ..Default::default()
+    };
+    cellrate::app::ServerLimits {
+        decisions: connections(args.max_connections),
+        admin: connections(args.admin_max_connections),
+        metrics: cellrate::listener::ConnectionLimits {
+            // HTTP/1 scrapes and probes come and go: idle connections are not kept long.
+            idle_timeout: Duration::from_secs(args.idle_timeout_seconds.clamp(1, 60)),
+            ..connections(args.metrics_max_connections)
+        },
+        max_streams_per_connection: args.max_streams_per_connection.max(1),
+        max_in_flight: args.max_in_flight.max(1),
+        request_timeout: Duration::from_millis(args.request_timeout_ms.max(1)),
+    }
 }
 
 fn init_tracing(format: LogFormat) {

@@ -1,0 +1,475 @@
+//! Accepting connections from a hostile network: the bounds and timeouts every listener
+//! shares (both gRPC listeners, the metrics listener).
+//!
+//! A rate limiter must survive the abuse it protects others from, so no client gets to
+//! hold resources without limit:
+//!
+//! - **Connections** are bounded per listener ([`ConnectionLimits::max_connections`]): at
+//!   the bound the listener stops accepting (new clients wait in the kernel's backlog)
+//!   until a connection closes. The bound is clamped below the process's file-descriptor
+//!   limit, so that no listener can starve the others of descriptors.
+//! - **Accept errors back off** (10 ms doubling to 1 s) instead of spinning on a full
+//!   descriptor table.
+//! - **Handshake timeout**: a connection must deliver its first 16 bytes (of the HTTP/2
+//!   preface, a TLS ClientHello, an HTTP/1 request line) within
+//!   [`ConnectionLimits::handshake_timeout`]; HTTP/1 headers must be complete by then.
+//! - **Idle timeout**: a connection from which nothing was read for
+//!   [`ConnectionLimits::idle_timeout`] is closed (between one and two idle periods after
+//!   its last byte). A client that stops reading is closed the same way once a write has
+//!   been stuck for that long.
+//! - **TCP keepalive** finds peers that vanished without a FIN.
+//!
+//! The HTTP/2 limits (streams per connection, local resets, request timeout, in-flight
+//! requests) are set where the servers are built, in [`crate::app`].
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Bounds and timeouts of one listener's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at most; more wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Time for a new connection's first bytes.
+    pub handshake_timeout: Duration,
+    /// Time without a byte read (or with a write stuck) before a connection is closed.
+    pub idle_timeout: Duration,
+    /// Idle time before TCP keepalive probes start.
+    pub tcp_keepalive: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            tcp_keepalive: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (as Go's runtime does) and
+/// returns the limit now in force, or `None` where it cannot be read.
+pub fn raise_fd_limit() -> Option<u64> {
+    rlimit::increase_nofile_limit(u64::MAX).ok()
+}
+
+/// Clamps each listener's connection bound so that together they stay below `fd_limit`,
+/// keeping `reserve` descriptors for everything else (config files, Redis, logs).
+/// Returns the clamped bounds in the same order.
+pub fn fit_to_fd_limit(wanted: &[usize], fd_limit: Option<u64>, reserve: u64) -> Vec<usize> {
+    let Some(limit) = fd_limit else {
+        return wanted.to_vec();
+    };
+    let available = limit.saturating_sub(reserve).max(wanted.len() as u64) as u128;
+    let total: u128 = wanted.iter().map(|&w| w as u128).sum();
+    if total <= available {
+        return wanted.to_vec();
+    }
+    // Shrink every listener in proportion, each keeping at least one connection.
+    wanted
+        .iter()
+        .map(|&w| ((w as u128 * available / total) as usize).max(1))
+        .collect()
+}
+
+/// A listener that applies [`ConnectionLimits`].
+pub struct GuardedListener {
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    permits: Arc<Semaphore>,
+    /// Pause after the next accept error.
+    backoff: Duration,
+    /// Which listener, for logs.
+    name: &'static str,
+}
+
+/// What a connection must send within the handshake timeout: as long as an HTTP/1 request
+/// line (`GET / HTTP/1.1\r\n`), less than the HTTP/2 preface or a TLS ClientHello. A
+/// client trickling its first bytes is closed.
+const HANDSHAKE_BYTES: usize = 16;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+impl GuardedListener {
+    pub fn new(listener: TcpListener, limits: ConnectionLimits, name: &'static str) -> Self {
+        GuardedListener {
+            listener,
+            permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            limits,
+            backoff: FIRST_BACKOFF,
+            name,
+        }
+    }
+
+    /// The next connection, once the bound leaves room for one.
+    pub async fn accept(&mut self) -> (GuardedStream, SocketAddr) {
+        loop {
+            // Taken before accepting: at the bound, connections wait in the backlog.
+            let Ok(permit) = self.permits.clone().acquire_owned().await else {
+                // The semaphore is never closed; wait forever rather than spin.
+                std::future::pending::<()>().await;
+                continue;
+            };
+            match self.listener.accept().await {
+                Ok((stream, peer)) => {
+                    self.backoff = FIRST_BACKOFF;
+                    configure(&stream, &self.limits);
+                    return (GuardedStream::new(stream, permit, &self.limits), peer);
+                }
+                // The failed connection's own problem: the next accept is fine.
+                Err(e) if is_connection_error(&e) => {}
+                Err(e) => {
+                    // Typically EMFILE/ENFILE: accepting again at once would spin.
+                    tracing::warn!(listener = self.name, error = %e, pause = ?self.backoff, "accept failed; pausing");
+                    drop(permit);
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// The connections as a stream, for tonic's `serve_with_incoming_shutdown`.
+    pub fn into_stream(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<GuardedStream, io::Error>> + Send + 'static {
+        futures_util::stream::unfold(self, |mut listener| async move {
+            let (stream, _) = listener.accept().await;
+            Some((Ok(stream), listener))
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// TCP_NODELAY (rate-limit RPCs are small: Nagle's algorithm with delayed ACKs would hold
+/// answers back by tens of milliseconds) and TCP keepalive.
+fn configure(stream: &TcpStream, limits: &ConnectionLimits) {
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new().with_time(limits.tcp_keepalive);
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
+}
+
+/// An accepted connection: holds its place under the connection bound until dropped, and
+/// fails its reads and writes with `TimedOut` when the handshake or idle timeout passes.
+pub struct GuardedStream {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    remote: Option<SocketAddr>,
+    /// Fires at the end of the current read window.
+    read_deadline: Pin<Box<Sleep>>,
+    /// Whether anything was read in the current window (no clock read per read).
+    read_in_window: bool,
+    /// Bytes still due before the handshake deadline.
+    handshake_due: usize,
+    idle: Duration,
+    /// Armed while a write is stuck (the peer does not read).
+    write_deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl GuardedStream {
+    fn new(stream: TcpStream, permit: OwnedSemaphorePermit, limits: &ConnectionLimits) -> Self {
+        GuardedStream {
+            remote: stream.peer_addr().ok(),
+            stream,
+            _permit: permit,
+            read_deadline: Box::pin(tokio::time::sleep(limits.handshake_timeout)),
+            read_in_window: false,
+            handshake_due: HANDSHAKE_BYTES,
+            idle: limits.idle_timeout,
+            write_deadline: None,
+        }
+    }
+
+    /// The peer's address, if known.
+    pub fn remote_addr(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+
+    fn timed_out(what: &str) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, what.to_string())
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                let read = buf.filled().len() - before;
+                if read > 0 {
+                    this.read_in_window = true;
+                    this.handshake_due = this.handshake_due.saturating_sub(read);
+                }
+                return Poll::Ready(result);
+            }
+            Poll::Pending => {}
+        }
+        // Nothing to read: is the window over?
+        loop {
+            ready!(this.read_deadline.as_mut().poll(cx));
+            if this.handshake_due > 0 || !this.read_in_window {
+                return Poll::Ready(Err(GuardedStream::timed_out(
+                    "too few bytes from the peer within the handshake or idle timeout",
+                )));
+            }
+            this.read_in_window = false;
+            let next = Instant::now() + this.idle;
+            this.read_deadline.as_mut().reset(next);
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Ready(result) => {
+                this.write_deadline = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let deadline = this
+                    .write_deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                ready!(deadline.as_mut().poll(cx));
+                Poll::Ready(Err(GuardedStream::timed_out(
+                    "the peer has not read for the idle timeout",
+                )))
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
+            Poll::Ready(result) => {
+                this.write_deadline = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let deadline = this
+                    .write_deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                ready!(deadline.as_mut().poll(cx));
+                Poll::Ready(Err(GuardedStream::timed_out(
+                    "the peer has not read for the idle timeout",
+                )))
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for GuardedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.stream.local_addr().ok(),
+            remote_addr: self.remote,
+        }
+    }
+}
+
+/// Serves `router` over HTTP/1.1 on `listener` until `shutdown` resolves, then lets
+/// requests in progress finish for up to `grace`. Request headers must arrive within the
+/// handshake timeout and fit in 16 KiB.
+pub async fn serve_http1(
+    mut listener: GuardedListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
+) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(listener.limits.handshake_timeout)
+        .max_buf_size(16 * 1024);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            (stream, _) = listener.accept() => {
+                let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+}
+
+/// A bound on the requests one gRPC server handles at once, over all its connections.
+///
+/// Streams per connection are bounded by HTTP/2 (`max_concurrent_streams`), but a request
+/// waiting for its body holds memory until the request timeout, and connections are many:
+/// this bound keeps the total finite. A request over it is answered at once with
+/// UNAVAILABLE ("overloaded"), without reading its body.
+#[derive(Clone)]
+pub struct InFlightLayer {
+    permits: Arc<Semaphore>,
+}
+
+impl InFlightLayer {
+    pub fn new(max_in_flight: usize) -> InFlightLayer {
+        InFlightLayer {
+            permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for InFlightLayer {
+    type Service = InFlight<S>;
+
+    fn layer(&self, inner: S) -> InFlight<S> {
+        InFlight {
+            inner,
+            permits: self.permits.clone(),
+        }
+    }
+}
+
+/// The service of [`InFlightLayer`].
+#[derive(Clone)]
+pub struct InFlight<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+}
+
+type GrpcResponse = http::Response<tonic::body::Body>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for InFlight<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = GrpcResponse>,
+{
+    type Response = GrpcResponse;
+    type Error = S::Error;
+    type Future = InFlightFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => InFlightFuture::Admitted {
+                inner: self.inner.call(request),
+                _permit: permit,
+            },
+            Err(_) => InFlightFuture::Refused {
+                response: Some(
+                    tonic::Status::unavailable(
+                        "overloaded: too many requests in flight; retry with backoff",
+                    )
+                    .into_http(),
+                ),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`InFlight`]: the inner call holding its permit, or a refusal.
+    #[project = InFlightProj]
+    pub enum InFlightFuture<F> {
+        Admitted { #[pin] inner: F, _permit: OwnedSemaphorePermit },
+        Refused { response: Option<GrpcResponse> },
+    }
+}
+
+impl<F, E> Future for InFlightFuture<F>
+where
+    F: Future<Output = Result<GrpcResponse, E>>,
+{
+    type Output = Result<GrpcResponse, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            InFlightProj::Admitted { inner, .. } => inner.poll(cx),
+            InFlightProj::Refused { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_shrink_to_the_descriptor_limit() {
+        assert_eq!(
+            fit_to_fd_limit(&[4096, 4096, 64], Some(1_048_576), 256),
+            vec![4096, 4096, 64]
+        );
+        assert_eq!(
+            fit_to_fd_limit(&[4096, 4096, 64], None, 256),
+            vec![4096, 4096, 64]
+        );
+        let fitted = fit_to_fd_limit(&[4096, 4096, 64], Some(1024), 256);
+        assert!(fitted.iter().sum::<usize>() <= 1024 - 256, "{fitted:?}");
+        assert!(fitted.iter().all(|&n| n >= 1), "{fitted:?}");
+        assert_eq!(fit_to_fd_limit(&[10, 10], Some(4), 256), vec![1, 1]);
+    }
+}

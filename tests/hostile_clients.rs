@@ -1,0 +1,321 @@
+//! Hostile clients on the listeners: stream floods, clients that never read, silent and
+//! slow connections, connection floods. Each test plays the attacker with raw HTTP/2
+//! frames over a real socket and checks that the bound holds and that a well-behaved
+//! client still gets its answers.
+
+mod common;
+
+use std::time::Duration;
+
+use cellrate::app::{ServerLimits, Settings};
+use cellrate::limits::config::LimitTable;
+use cellrate::listener::ConnectionLimits;
+use cellrate::proto::v1 as pb;
+use common::{http_get_async, item, poll_until, Served};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::Code;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// HPACK literal fields without indexing, no Huffman (every length below 127).
+fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0x00);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+/// A gRPC Check whose body never comes: the stream stays open, waiting.
+fn stalled_check(stream: u32) -> Vec<u8> {
+    let block = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/cellrate.v1.RateLimiter/Check"),
+        (":authority", "cellrate"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
+    frame(HEADERS, END_HEADERS, stream, &block)
+}
+
+/// A request without :path: the server resets the stream (a local error reset).
+fn malformed_request(stream: u32) -> Vec<u8> {
+    let block = header_block(&[(":method", "GET")]);
+    frame(HEADERS, END_HEADERS | END_STREAM, stream, &block)
+}
+
+/// Connects and sends the client preface and an empty SETTINGS frame.
+async fn h2_connect(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(PREFACE).await.unwrap();
+    stream.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    stream
+}
+
+/// Reads one frame: (type, flags, stream, payload); `None` at EOF or error.
+async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+    let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], id, payload))
+}
+
+/// The server's SETTINGS_MAX_CONCURRENT_STREAMS, from its first SETTINGS frame.
+fn max_concurrent_streams(payload: &[u8]) -> Option<u32> {
+    payload.chunks_exact(6).find_map(|p| {
+        (u16::from_be_bytes([p[0], p[1]]) == 0x3).then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+    })
+}
+
+fn limits() -> LimitTable {
+    LimitTable::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
+}
+
+async fn serve(server: ServerLimits) -> Served {
+    Served::with_settings(
+        limits(),
+        Settings {
+            server,
+            ..Settings::default()
+        },
+    )
+    .await
+}
+
+/// A well-behaved Check through tonic, with a deadline.
+async fn well_behaved(s: &mut Served) -> Result<pb::CheckResponse, tonic::Status> {
+    let mut request = tonic::Request::new(pb::CheckRequest {
+        items: vec![item("ApiRequestsPerKey", "polite", Some(0))],
+    });
+    request.set_timeout(Duration::from_secs(2));
+    s.decisions.check(request).await.map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn a_stream_flood_is_capped_per_connection_and_times_out() {
+    let mut s = serve(ServerLimits {
+        request_timeout: Duration::from_millis(500),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut flood = h2_connect(s.decisions_addr).await;
+    let (kind, _, _, payload) = read_frame(&mut flood).await.unwrap();
+    assert_eq!(kind, SETTINGS);
+    assert_eq!(max_concurrent_streams(&payload), Some(100), "advertised stream cap");
+    flood.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+
+    // 300 streams that never send a body: the server takes 100 and refuses the rest.
+    let mut burst = Vec::new();
+    for i in 0..300u32 {
+        burst.extend(stalled_check(2 * i + 1));
+    }
+    flood.write_all(&burst).await.unwrap();
+
+    // Meanwhile a well-behaved client on its own connection is answered.
+    let answer = well_behaved(&mut s).await.expect("answered during the flood");
+    assert!(answer.overall.unwrap().allowed);
+
+    // Every flood stream ends: 200 refused at once, 100 answered at the request timeout.
+    let (mut refused, mut answered) = (0, 0);
+    let read_all = async {
+        while refused + answered < 300 {
+            match read_frame(&mut flood).await {
+                Some((RST_STREAM, _, _, p)) if p == [0, 0, 0, 7] => refused += 1,
+                Some((HEADERS, flags, _, _)) if flags & END_STREAM != 0 => answered += 1,
+                Some(_) => {}
+                None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), read_all).await;
+    assert_eq!(
+        (refused, answered),
+        (200, 100),
+        "refused (REFUSED_STREAM) and answered-by-timeout flood streams"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn requests_beyond_the_in_flight_bound_are_refused_at_once() {
+    let mut s = serve(ServerLimits {
+        max_in_flight: 20,
+        request_timeout: Duration::from_millis(800),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut hog = h2_connect(s.decisions_addr).await;
+    let mut burst = Vec::new();
+    for i in 0..20u32 {
+        burst.extend(stalled_check(2 * i + 1));
+    }
+    hog.write_all(&burst).await.unwrap();
+    // Once the 20 stalled requests are in, a 21st is refused with a clear status.
+    let refused = poll_until(
+        Duration::from_secs(2),
+        async || well_behaved(&mut s).await,
+        |r| r.is_err(),
+    )
+    .await
+    .expect_err("refused while 20 requests are in flight");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("overloaded"), "{refused:?}");
+    // The stalled requests end at the request timeout and free their places.
+    let after = poll_until(
+        Duration::from_secs(5),
+        async || well_behaved(&mut s).await,
+        |r| r.is_ok(),
+    )
+    .await;
+    assert!(after.is_ok(), "answered once the stalled requests timed out: {after:?}");
+    drop(hog);
+    s.stop().await;
+}
+
+/// Reads until EOF or error, for at most `within`; whether the peer closed by then.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn silent_slow_and_idle_connections_are_closed() {
+    let quick = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_millis(400),
+        ..ConnectionLimits::default()
+    };
+    let mut s = serve(ServerLimits {
+        decisions: quick,
+        admin: quick,
+        metrics: quick,
+        ..ServerLimits::default()
+    })
+    .await;
+    for addr in [s.decisions_addr, s.admin_addr, s.metrics_addr] {
+        // Silent: nothing sent at all.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut silent, Duration::from_secs(3)).await, "{addr}: silent");
+
+        // Slow: the preface one byte every 100 ms (16 bytes would take 1.6 s).
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        let mut closed = false;
+        for &byte in PREFACE.iter().take(16) {
+            if slow.write_all(&[byte]).await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            closed || closed_within(&mut slow, Duration::from_millis(100)).await,
+            "{addr}: a connection trickling its first bytes outlived the handshake timeout"
+        );
+    }
+    // Idle: a complete HTTP/2 handshake, then nothing.
+    let mut idle = h2_connect(s.decisions_addr).await;
+    assert!(closed_within(&mut idle, Duration::from_secs(3)).await, "idle");
+    // A client that keeps talking is not cut off: requests 200 ms apart for 1.2 s.
+    for _ in 0..6 {
+        well_behaved(&mut s).await.expect("an active client keeps its connection");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_cut_off() {
+    let mut s = serve(ServerLimits::default()).await;
+    let mut deaf = h2_connect(s.decisions_addr).await;
+    // Malformed requests make the server reset each stream; this client never reads the
+    // resets. After 1 024 local resets the server sends GOAWAY and closes.
+    let mut cut_off = false;
+    for batch in 0..50u32 {
+        let mut frames = Vec::new();
+        for i in 0..200u32 {
+            frames.extend(malformed_request(2 * (batch * 200 + i) + 1));
+        }
+        let write = tokio::time::timeout(Duration::from_secs(5), deaf.write_all(&frames)).await;
+        if !matches!(write, Ok(Ok(()))) {
+            cut_off = true;
+            break;
+        }
+    }
+    if !cut_off {
+        // Everything fit in the socket buffers: the connection must be closed anyway.
+        let mut goaway = false;
+        while let Ok(Some((kind, ..))) =
+            tokio::time::timeout(Duration::from_secs(5), read_frame(&mut deaf)).await
+        {
+            goaway |= kind == GOAWAY;
+        }
+        cut_off = goaway;
+    }
+    assert!(cut_off, "10 000 malformed streams from a deaf client did not end its connection");
+    well_behaved(&mut s).await.expect("others are still answered");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_connection_bound_holds_and_health_still_answers() {
+    let mut s = serve(ServerLimits {
+        decisions: ConnectionLimits {
+            max_connections: 4,
+            ..ConnectionLimits::default()
+        },
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = h2_connect(s.decisions_addr).await;
+        assert_eq!(read_frame(&mut c).await.map(|f| f.0), Some(SETTINGS), "accepted");
+        held.push(c);
+    }
+    // A fifth connection waits in the backlog: no SETTINGS comes.
+    let mut fifth = h2_connect(s.decisions_addr).await;
+    let waited = tokio::time::timeout(Duration::from_millis(300), read_frame(&mut fifth)).await;
+    assert!(waited.is_err(), "a fifth connection was served: {waited:?}");
+    // The metrics listener is not starved.
+    assert_eq!(http_get_async(s.metrics_addr, "/healthz").await.0, 200);
+    // One connection closes: the waiting one is served.
+    drop(held.pop());
+    let served = tokio::time::timeout(Duration::from_secs(3), read_frame(&mut fifth)).await;
+    assert_eq!(served.ok().flatten().map(|f| f.0), Some(SETTINGS), "served once room was made");
+    drop(held);
+    drop(fifth);
+    well_behaved(&mut s).await.expect("answered");
+    s.stop().await;
+}
