@@ -18,15 +18,15 @@ use tonic::transport::Server;
 
 use crate::admin::{AdminAuth, TlsPem};
 use crate::clock::Clock;
-use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
 use crate::limits::config::LimitTable;
 use crate::limits::reload::{ReloadSettings, Reloader};
+use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
 use crate::metrics::{MeasuredStore, Metrics};
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
-use crate::service::{Decider, MAX_MESSAGE_BYTES};
+use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{MemoryStore, Store, StoreError};
 
@@ -35,6 +35,10 @@ use crate::store::{MemoryStore, Store, StoreError};
 pub struct Settings {
     /// Bound on live buckets in the memory store.
     pub max_buckets: usize,
+    /// Percent of `max_buckets` that buckets under caller-given limits may hold.
+    pub caller_bucket_share: usize,
+    /// Bounds on limits that callers give (or none at all).
+    pub caller: CallerLimits,
     /// How often expired buckets are swept from the memory store.
     pub sweep_interval: Duration,
     /// After SIGTERM, how long health reports NOT_SERVING while requests are still served
@@ -150,6 +154,8 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
+            caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            caller: CallerLimits::default(),
             sweep_interval: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
@@ -203,7 +209,9 @@ macro_rules! reflection {
         for service in $services {
             builder = builder.with_service_name(service);
         }
-        builder.$build()?.max_decoding_message_size(MAX_MESSAGE_BYTES)
+        builder
+            .$build()?
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }};
 }
 
@@ -217,10 +225,11 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
     let store: Arc<dyn Store> = match &settings.store {
-        StoreSettings::Memory => Arc::new(MemoryStore::with_capacity(
+        StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
             crate::store::memory::DEFAULT_SHARDS,
             settings.max_buckets,
+            settings.caller_bucket_share,
         )),
         StoreSettings::Redis {
             settings: redis,
@@ -281,7 +290,8 @@ async fn serve(
     metrics.config_loaded(limits.version(), clock.now());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));
-    let decider = Arc::new(Decider::new(limits.clone(), store.clone()));
+    let decider =
+        Arc::new(Decider::new(limits.clone(), store.clone()).with_caller_limits(settings.caller));
 
     // Every background task watches `stop_tasks` and ends when it flips, after the drain.
     let (stop_tasks, tasks_stopped) = watch::channel(false);

@@ -161,6 +161,27 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 
+    /// Accept limits given by callers (native inline limits, Envoy descriptor `limit`s).
+    /// Off: inline limits are INVALID_ARGUMENT and descriptor limits are ignored.
+    #[arg(long, env = "CELLRATE_CALLER_LIMITS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub caller_limits: bool,
+
+    /// Longest period (and time to refill a full burst) of a caller-given limit, e.g. 1h.
+    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_PERIOD", default_value = "1d", value_parser = parse_period)]
+    pub caller_limit_max_period: i64,
+
+    /// Largest burst of a caller-given limit.
+    #[arg(
+        long,
+        env = "CELLRATE_CALLER_LIMIT_MAX_BURST",
+        default_value_t = 1_000_000
+    )]
+    pub caller_limit_max_burst: u64,
+
+    /// Percent of --max-buckets that buckets under caller-given limits may hold.
+    #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub caller_limit_bucket_share: u8,
+
     /// Rate-limit headers in Envoy responses (Retry-After is always sent on OVER_LIMIT).
     #[arg(
         long,
@@ -195,7 +216,11 @@ pub struct ServeArgs {
     pub idle_timeout_seconds: u64,
 
     /// Concurrent HTTP/2 streams per gRPC connection.
-    #[arg(long, env = "CELLRATE_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    #[arg(
+        long,
+        env = "CELLRATE_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 100
+    )]
     pub max_streams_per_connection: u32,
 
     /// Requests handled at once per gRPC listener; more get UNAVAILABLE at once.
@@ -224,4 +249,9 @@ pub struct SimulateArgs {
     /// A limits directory; buckets are then written Name:id.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).
+fn parse_period(text: &str) -> Result<i64, String> {
+    crate::limits::config::parse_duration(text)
 }

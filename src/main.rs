@@ -183,6 +183,12 @@ async fn serve_async(
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
     let settings = cellrate::app::Settings {
         max_buckets: args.max_buckets,
+        caller_bucket_share: usize::from(args.caller_limit_bucket_share),
+        caller: cellrate::service::CallerLimits {
+            enabled: args.caller_limits,
+            max_period: args.caller_limit_max_period,
+            max_burst: args.caller_limit_max_burst,
+        },
         grace: Duration::from_secs(args.grace_seconds),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
         reload: Some(cellrate::limits::reload::ReloadSettings {

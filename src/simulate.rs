@@ -114,7 +114,8 @@ impl Script {
         let clock = FakeClock::new(T0);
         let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
         let table = self.table.clone().unwrap_or_else(LimitTable::empty);
-        let decider = Decider::new(Arc::new(ArcSwap::from_pointee(table)), store);
+        let decider = Decider::new(Arc::new(ArcSwap::from_pointee(table)), store)
+            .with_caller_limits(crate::service::CallerLimits::unbounded());
         let runtime = tokio::runtime::Builder::new_current_thread().build()?;
         let mut last_at = 0;
         for line in input.lines() {

@@ -169,7 +169,7 @@ async fn cost_zero_peeks_and_inline_limits_work() {
     let r = check(&mut s, vec![inline(Some(5))]).await.overall.unwrap();
     assert!(r.allowed);
     assert_eq!(r.remaining, 0);
-    assert_eq!(r.limit.as_ref().unwrap().key, "0:user42");
+    assert_eq!(r.limit.as_ref().unwrap().key, "0:i/5/1/2000000000/user42");
     assert_eq!(r.limit.unwrap().name, "inline");
     let r = check(&mut s, vec![inline(Some(0))]).await.overall.unwrap();
     assert!(r.allowed, "a peek of an empty bucket is allowed");

@@ -86,7 +86,8 @@ async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
 /// The server's SETTINGS_MAX_CONCURRENT_STREAMS, from its first SETTINGS frame.
 fn max_concurrent_streams(payload: &[u8]) -> Option<u32> {
     payload.chunks_exact(6).find_map(|p| {
-        (u16::from_be_bytes([p[0], p[1]]) == 0x3).then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+        (u16::from_be_bytes([p[0], p[1]]) == 0x3)
+            .then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
     })
 }
 
@@ -124,8 +125,15 @@ async fn a_stream_flood_is_capped_per_connection_and_times_out() {
     let mut flood = h2_connect(s.decisions_addr).await;
     let (kind, _, _, payload) = read_frame(&mut flood).await.unwrap();
     assert_eq!(kind, SETTINGS);
-    assert_eq!(max_concurrent_streams(&payload), Some(100), "advertised stream cap");
-    flood.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+    assert_eq!(
+        max_concurrent_streams(&payload),
+        Some(100),
+        "advertised stream cap"
+    );
+    flood
+        .write_all(&frame(SETTINGS, 0x1, 0, &[]))
+        .await
+        .unwrap();
 
     // 300 streams that never send a body: the server takes 100 and refuses the rest.
     let mut burst = Vec::new();
@@ -135,7 +143,9 @@ async fn a_stream_flood_is_capped_per_connection_and_times_out() {
     flood.write_all(&burst).await.unwrap();
 
     // Meanwhile a well-behaved client on its own connection is answered.
-    let answer = well_behaved(&mut s).await.expect("answered during the flood");
+    let answer = well_behaved(&mut s)
+        .await
+        .expect("answered during the flood");
     assert!(answer.overall.unwrap().allowed);
 
     // Every flood stream ends: 200 refused at once, 100 answered at the request timeout.
@@ -190,7 +200,10 @@ async fn requests_beyond_the_in_flight_bound_are_refused_at_once() {
         |r| r.is_ok(),
     )
     .await;
-    assert!(after.is_ok(), "answered once the stalled requests timed out: {after:?}");
+    assert!(
+        after.is_ok(),
+        "answered once the stalled requests timed out: {after:?}"
+    );
     drop(hog);
     s.stop().await;
 }
@@ -227,7 +240,10 @@ async fn silent_slow_and_idle_connections_are_closed() {
     for addr in [s.decisions_addr, s.admin_addr, s.metrics_addr] {
         // Silent: nothing sent at all.
         let mut silent = TcpStream::connect(addr).await.unwrap();
-        assert!(closed_within(&mut silent, Duration::from_secs(3)).await, "{addr}: silent");
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(3)).await,
+            "{addr}: silent"
+        );
 
         // Slow: the preface one byte every 100 ms (16 bytes would take 1.6 s).
         let mut slow = TcpStream::connect(addr).await.unwrap();
@@ -246,10 +262,15 @@ async fn silent_slow_and_idle_connections_are_closed() {
     }
     // Idle: a complete HTTP/2 handshake, then nothing.
     let mut idle = h2_connect(s.decisions_addr).await;
-    assert!(closed_within(&mut idle, Duration::from_secs(3)).await, "idle");
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(3)).await,
+        "idle"
+    );
     // A client that keeps talking is not cut off: requests 200 ms apart for 1.2 s.
     for _ in 0..6 {
-        well_behaved(&mut s).await.expect("an active client keeps its connection");
+        well_behaved(&mut s)
+            .await
+            .expect("an active client keeps its connection");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     s.stop().await;
@@ -283,8 +304,13 @@ async fn a_client_that_never_reads_is_cut_off() {
         }
         cut_off = goaway;
     }
-    assert!(cut_off, "10 000 malformed streams from a deaf client did not end its connection");
-    well_behaved(&mut s).await.expect("others are still answered");
+    assert!(
+        cut_off,
+        "10 000 malformed streams from a deaf client did not end its connection"
+    );
+    well_behaved(&mut s)
+        .await
+        .expect("others are still answered");
     s.stop().await;
 }
 
@@ -301,7 +327,11 @@ async fn the_connection_bound_holds_and_health_still_answers() {
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut c = h2_connect(s.decisions_addr).await;
-        assert_eq!(read_frame(&mut c).await.map(|f| f.0), Some(SETTINGS), "accepted");
+        assert_eq!(
+            read_frame(&mut c).await.map(|f| f.0),
+            Some(SETTINGS),
+            "accepted"
+        );
         held.push(c);
     }
     // A fifth connection waits in the backlog: no SETTINGS comes.
@@ -313,7 +343,11 @@ async fn the_connection_bound_holds_and_health_still_answers() {
     // One connection closes: the waiting one is served.
     drop(held.pop());
     let served = tokio::time::timeout(Duration::from_secs(3), read_frame(&mut fifth)).await;
-    assert_eq!(served.ok().flatten().map(|f| f.0), Some(SETTINGS), "served once room was made");
+    assert_eq!(
+        served.ok().flatten().map(|f| f.0),
+        Some(SETTINGS),
+        "served once room was made"
+    );
     drop(held);
     drop(fifth);
     well_behaved(&mut s).await.expect("answered");

@@ -17,7 +17,8 @@ use crate::limits::hash::ConfigMap;
 /// The smallest number a user-declared name may take.
 pub const FIRST_USER_NUMBER: u32 = 100;
 
-/// The number of inline limits' buckets (`"0:<key>"`), apart from every name.
+/// The number of caller-given limits' buckets (`"0:..."`, see [`BucketKey::caller_given`]),
+/// apart from every name.
 pub const INLINE_NUMBER: u32 = 0;
 
 /// The longest `string` id, in bytes.
@@ -467,6 +468,39 @@ impl BucketKey {
         key.push(':');
         key.push_str(id);
         BucketKey(Arc::from(key))
+    }
+
+    /// The key of a bucket under a caller-given limit: `0:<kind>/<burst>/<count>/<period
+    /// ns>/<rest>`. The limit is part of the key, so a caller-given limit never reads or
+    /// writes a configured bucket, nor a bucket of another limit. Kinds: `i` native inline
+    /// (rest: the caller's key), `n` a configured name under a caller's limit (rest:
+    /// `<number>:<id>`), `d` an unmatched Envoy descriptor (rest: a hash of domain and
+    /// entries).
+    ///
+    /// ```
+    /// use cellrate::gcra::Limit;
+    /// use cellrate::limits::names::BucketKey;
+    /// let limit = Limit::new(20, 10, 1_000_000_000).unwrap();
+    /// let key = BucketKey::caller_given('i', &limit, "checkout");
+    /// assert_eq!(key.as_str(), "0:i/20/10/1000000000/checkout");
+    /// assert!(key.is_caller_given());
+    /// assert!(!BucketKey::new(3, "12345").is_caller_given());
+    /// ```
+    pub fn caller_given(kind: char, limit: &crate::gcra::Limit, rest: &str) -> BucketKey {
+        BucketKey::new(
+            INLINE_NUMBER,
+            &format!(
+                "{kind}/{}/{}/{}/{rest}",
+                limit.burst(),
+                limit.count(),
+                limit.period()
+            ),
+        )
+    }
+
+    /// Whether this bucket is under a caller-given limit (bounded apart from the rest).
+    pub fn is_caller_given(&self) -> bool {
+        self.0.starts_with("0:")
     }
 
     /// The key as stored.

@@ -214,7 +214,9 @@ impl EnvoyRateLimitService {
                 .as_ref()
                 .map(override_limit)
                 .transpose()
-                .map_err(|e| invalid(format!("descriptors[{d}].limit: {e}")))?;
+                .map_err(|e| invalid(format!("descriptors[{d}].limit: {e}")))?
+                // Caller-given limits turned off: the field is ignored.
+                .filter(|_| self.decider.caller_limits().enabled);
             let cost = descriptor
                 .hits_addend
                 .map_or(request_cost, |explicit| explicit.value);
@@ -250,8 +252,8 @@ impl EnvoyRateLimitService {
                         self.metrics.decision("envoy", "", Outcomes::Unmatched);
                     }
                     if let Some(limit) = given {
-                        items.push(spec(Target::Inline {
-                            key: Cow::Owned(descriptor_key(&request.domain, entries)),
+                        items.push(spec(Target::Descriptor {
+                            digest: descriptor_digest(&request.domain, entries),
                             limit,
                         }));
                         owner.push(d);
@@ -283,16 +285,23 @@ impl EnvoyRateLimitService {
     }
 }
 
-/// The bucket key of an unmatched descriptor with its own limit: `domain|k=v|k=v`.
-fn descriptor_key(domain: &str, entries: &[(&str, &str)]) -> String {
-    let mut key = domain.to_string();
-    for (k, v) in entries {
-        key.push('|');
-        key.push_str(k);
-        key.push('=');
-        key.push_str(v);
+/// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
+/// and entries, each length-prefixed, so that no two different descriptors (nor a domain
+/// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
+/// whatever the entries' lengths.
+fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    let mut field = |text: &str| {
+        hash.update((text.len() as u64).to_le_bytes());
+        hash.update(text.as_bytes());
+    };
+    field(domain);
+    for (key, value) in entries {
+        field(key);
+        field(value);
     }
-    key
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An item that decides: limited (including shadow) or deny-listed.

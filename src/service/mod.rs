@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::clock::Nanos;
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
-use crate::limits::names::{BucketKey, IdFormat, INLINE_NUMBER};
+use crate::limits::names::{BucketKey, IdFormat};
 use crate::store::{Store, StoreError, StoreItem};
 
 pub mod envoy;
@@ -40,8 +41,77 @@ pub enum Target<'a> {
         name: Cow<'a, str>,
         id: Cow<'a, str>,
     },
-    /// A limit given in the request, keyed `"0:<key>"`.
+    /// A limit given in the request (native inline), on the caller's key.
     Inline { key: Cow<'a, str>, limit: Limit },
+    /// An unmatched Envoy descriptor with its own limit; `digest` identifies its domain
+    /// and entries unambiguously (see [`envoy`]).
+    Descriptor { digest: String, limit: Limit },
+}
+
+/// Bounds on limits that callers give (native inline limits, Envoy descriptor `limit`s).
+///
+/// A caller-given limit chooses how long its bucket lives, so without bounds one client
+/// could fill the store with buckets that never expire. Their buckets live in a key space
+/// of their own whose keys include the limit ([`BucketKey::caller_given`]), under a share
+/// of the store's bucket bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallerLimits {
+    /// Off: native inline limits are INVALID_ARGUMENT, and Envoy's descriptor `limit`s are
+    /// ignored (the configured limits apply).
+    pub enabled: bool,
+    /// Longest period, and longest time to refill a whole burst (how long a bucket lives).
+    pub max_period: Nanos,
+    /// Largest burst.
+    pub max_burst: u64,
+}
+
+impl Default for CallerLimits {
+    fn default() -> CallerLimits {
+        CallerLimits {
+            enabled: true,
+            max_period: 86_400 * crate::clock::SECOND,
+            max_burst: 1_000_000,
+        }
+    }
+}
+
+impl CallerLimits {
+    /// No bounds beyond GCRA's own (for operators' tools such as `simulate`).
+    pub fn unbounded() -> CallerLimits {
+        CallerLimits {
+            enabled: true,
+            max_period: Nanos::MAX,
+            max_burst: u64::MAX,
+        }
+    }
+
+    /// Why `limit` is not accepted from a caller, if it is not.
+    pub fn refuse(&self, limit: &Limit) -> Option<String> {
+        let seconds = |n: Nanos| n as f64 / crate::clock::SECOND as f64;
+        if limit.burst() > self.max_burst {
+            return Some(format!(
+                "burst {} is above this server's maximum {} for caller-given limits",
+                limit.burst(),
+                self.max_burst
+            ));
+        }
+        if limit.period() > self.max_period {
+            return Some(format!(
+                "period {}s is above this server's maximum {}s for caller-given limits",
+                seconds(limit.period()),
+                seconds(self.max_period)
+            ));
+        }
+        if limit.burst_offset() > self.max_period {
+            return Some(format!(
+                "a full burst takes {}s to refill, above this server's maximum {}s for \
+                 caller-given limits",
+                seconds(limit.burst_offset()),
+                seconds(self.max_period)
+            ));
+        }
+        None
+    }
 }
 
 /// One item of a request, before resolution.
@@ -193,12 +263,28 @@ struct Resolved {
 pub struct Decider {
     limits: Arc<ArcSwap<LimitTable>>,
     store: Arc<dyn Store>,
+    caller: CallerLimits,
 }
 
 impl Decider {
     /// A decider reading limits from `limits` (swapped by reload) and buckets from `store`.
     pub fn new(limits: Arc<ArcSwap<LimitTable>>, store: Arc<dyn Store>) -> Decider {
-        Decider { limits, store }
+        Decider {
+            limits,
+            store,
+            caller: CallerLimits::default(),
+        }
+    }
+
+    /// This decider with other bounds on caller-given limits.
+    pub fn with_caller_limits(mut self, caller: CallerLimits) -> Decider {
+        self.caller = caller;
+        self
+    }
+
+    /// The bounds on caller-given limits.
+    pub fn caller_limits(&self) -> CallerLimits {
+        self.caller
     }
 
     /// The limits in force. Take one snapshot per request, so that a reload never splits
@@ -230,6 +316,25 @@ impl Decider {
         }
         let mut resolved: Vec<Resolved> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
+            // A caller-given limit outside the bounds: an error, or for Envoy a denial.
+            let mut refused = false;
+            let mut check_caller = |limit: &Limit| -> Result<(), DecideError> {
+                if !self.caller.enabled {
+                    return Err(invalid(
+                        i,
+                        ".inline",
+                        "caller-given limits are turned off on this server".to_string(),
+                    ));
+                }
+                match self.caller.refuse(limit) {
+                    Some(_) if options.oversize_denies => {
+                        refused = true;
+                        Ok(())
+                    }
+                    Some(reason) => Err(invalid(i, ".inline", reason)),
+                    None => Ok(()),
+                }
+            };
             let (key, name, policy) = match &item.target {
                 Target::Named { name, id } => {
                     if name.len() > MAX_NAME {
@@ -243,14 +348,32 @@ impl Decider {
                         invalid(i, ".id", format!("{e} (format {} of {name})", found.format))
                     })?;
                     let policy = table.policy(found, &canonical);
-                    let key = BucketKey::new(found.number, &canonical);
+                    let key = match item.limit {
+                        // The caller's limit on a configured name: a bucket of its own.
+                        Some(given) => BucketKey::caller_given(
+                            'n',
+                            &given,
+                            BucketKey::new(found.number, &canonical).as_str(),
+                        ),
+                        None => BucketKey::new(found.number, &canonical),
+                    };
                     (key, found.text.clone(), policy)
                 }
                 Target::Inline { key, limit } => {
+                    check_caller(limit)?;
                     let canonical = IdFormat::String
                         .canonicalize_cow(key)
                         .map_err(|e| invalid(i, ".inline.key", e.to_string()))?;
-                    let key = BucketKey::new(INLINE_NUMBER, &canonical);
+                    let key = BucketKey::caller_given('i', limit, &canonical);
+                    let policy = Policy::Limited {
+                        limit: *limit,
+                        shadow: false,
+                    };
+                    (key, Arc::from(INLINE_NAME), Some(policy))
+                }
+                Target::Descriptor { digest, limit } => {
+                    check_caller(limit)?;
+                    let key = BucketKey::caller_given('d', limit, digest);
                     let policy = Policy::Limited {
                         limit: *limit,
                         shadow: false,
@@ -258,6 +381,9 @@ impl Decider {
                     (key, Arc::from(INLINE_NAME), Some(policy))
                 }
             };
+            if let Some(given) = &item.limit {
+                check_caller(given)?;
+            }
             let (rule, configured_shadow) = match (policy, item.limit) {
                 (Some(Policy::Unlimited), _) => (Rule::Unlimited, false),
                 (Some(Policy::Denied), _) => (Rule::Denied, false),
@@ -271,7 +397,11 @@ impl Decider {
             let shadow = options.shadow_all || (options.honour_shadow && configured_shadow);
             let mut cost = item.cost.unwrap_or(1);
             let mut oversize = false;
-            if let Rule::Limited(limit) = rule {
+            if refused {
+                // Never allowed, whatever the bucket holds (as a cost above the burst).
+                oversize = true;
+                cost = 0;
+            } else if let Rule::Limited(limit) = rule {
                 if cost > limit.burst() {
                     if !options.oversize_denies {
                         return Err(invalid(

@@ -10,7 +10,9 @@
 //! drops them (the app runs it on a timer).
 //!
 //! **Bound on live buckets.** Each shard holds at most `max_buckets / shards` (rounded up)
-//! buckets. A batch that would create buckets in a full shard first sweeps that shard's
+//! buckets. Buckets under caller-given limits ([`BucketKey::is_caller_given`]) live in
+//! tables of their own with their own bound (a share of `max_buckets`), so that callers
+//! who choose their own limits cannot crowd out the configured ones. A batch that would create buckets in a full shard first sweeps that shard's
 //! expired buckets; if it is still full, the batch fails with a transient [`StoreError`]
 //! ("bucket capacity reached"), which the service answers with UNAVAILABLE, and writes
 //! nothing. Existing buckets keep working, denials and refunds are unaffected. Envoy's
@@ -68,17 +70,56 @@ impl std::hash::Hasher for FirstWord {
 
 type Buckets = HashMap<Fingerprint, Nanos, std::hash::BuildHasherDefault<FirstWord>>;
 
+/// Which table of a shard a bucket lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Space {
+    Configured = 0,
+    CallerGiven = 1,
+}
+
+impl Space {
+    fn of(key: &BucketKey) -> Space {
+        if key.is_caller_given() {
+            Space::CallerGiven
+        } else {
+            Space::Configured
+        }
+    }
+}
+
+/// A shard's tables, one per [`Space`].
+#[derive(Default)]
+struct Tables([Buckets; 2]);
+
+impl Tables {
+    fn get(&self, (print, space): (Fingerprint, Space)) -> Option<Nanos> {
+        self.0[space as usize].get(&print).copied()
+    }
+
+    fn table(&mut self, space: Space) -> &mut Buckets {
+        &mut self.0[space as usize]
+    }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(HashMap::len).sum()
+    }
+}
+
 /// One shard, on its own cache lines so that neighbouring locks do not share one.
 #[repr(align(128))]
-struct Shard(Mutex<Buckets>);
+struct Shard(Mutex<Tables>);
 
 /// TATs in memory, sharded. See the module docs.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hashers: [RandomState; 2],
     clock: Arc<dyn Clock>,
-    per_shard: usize,
+    /// Bucket bound per shard, by [`Space`].
+    per_shard: [usize; 2],
 }
+
+/// The share of `max_buckets` that caller-given limits may hold, in percent, by default.
+pub const DEFAULT_CALLER_SHARE_PERCENT: usize = 10;
 
 impl MemoryStore {
     /// A store with the default shard count and bound.
@@ -86,29 +127,47 @@ impl MemoryStore {
         MemoryStore::with_capacity(clock, DEFAULT_SHARDS, DEFAULT_MAX_BUCKETS)
     }
 
-    /// A store of `shards` shards holding at most about `max_buckets` live buckets.
+    /// A store of `shards` shards holding at most about `max_buckets` live buckets, of
+    /// which caller-given limits may hold the default share.
     pub fn with_capacity(clock: Arc<dyn Clock>, shards: usize, max_buckets: usize) -> MemoryStore {
+        MemoryStore::with_caller_share(clock, shards, max_buckets, DEFAULT_CALLER_SHARE_PERCENT)
+    }
+
+    /// As [`MemoryStore::with_capacity`], with `caller_percent` of `max_buckets` for
+    /// buckets under caller-given limits and the rest for configured limits.
+    pub fn with_caller_share(
+        clock: Arc<dyn Clock>,
+        shards: usize,
+        max_buckets: usize,
+        caller_percent: usize,
+    ) -> MemoryStore {
         let shards = shards.max(1);
+        let caller = (max_buckets as u128 * caller_percent.min(100) as u128 / 100) as usize;
+        let configured = max_buckets - caller;
         MemoryStore {
             shards: (0..shards)
-                .map(|_| Shard(Mutex::new(HashMap::default())))
+                .map(|_| Shard(Mutex::new(Tables::default())))
                 .collect(),
             hashers: [RandomState::new(), RandomState::new()],
             clock,
-            per_shard: max_buckets.div_ceil(shards).max(1),
+            per_shard: [
+                configured.div_ceil(shards).max(1),
+                caller.div_ceil(shards).max(1),
+            ],
         }
     }
 
-    fn fingerprint(&self, key: &BucketKey) -> Fingerprint {
-        Fingerprint(self.hashers[0].hash_one(key), self.hashers[1].hash_one(key))
+    fn fingerprint(&self, key: &BucketKey) -> (Fingerprint, Space) {
+        let print = Fingerprint(self.hashers[0].hash_one(key), self.hashers[1].hash_one(key));
+        (print, Space::of(key))
     }
 
     /// The shard of a bucket: by the half the tables do not index by.
-    fn shard_of(&self, print: Fingerprint) -> usize {
+    fn shard_of(&self, (print, _): (Fingerprint, Space)) -> usize {
         (print.1 % self.shards.len() as u64) as usize
     }
 
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Buckets> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Tables> {
         // A panic while holding a shard cannot leave a TAT half-written: keep going.
         self.shards[shard]
             .0
@@ -118,7 +177,10 @@ impl MemoryStore {
 
     /// Locks the shards of `keys` in ascending order; returns each key's shard position
     /// in the returned guards.
-    fn lock_all(&self, prints: &[Fingerprint]) -> (Vec<MutexGuard<'_, Buckets>>, Vec<usize>) {
+    fn lock_all(
+        &self,
+        prints: &[(Fingerprint, Space)],
+    ) -> (Vec<MutexGuard<'_, Tables>>, Vec<usize>) {
         let shard_ids: Vec<usize> = prints.iter().map(|&p| self.shard_of(p)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
@@ -136,13 +198,14 @@ impl MemoryStore {
         if let [item] = items {
             return self.spend_one(item);
         }
-        let prints: Vec<Fingerprint> = items.iter().map(|i| self.fingerprint(&i.key)).collect();
+        let prints: Vec<(Fingerprint, Space)> =
+            items.iter().map(|i| self.fingerprint(&i.key)).collect();
         let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
         let tats: Vec<Option<Nanos>> = prints
             .iter()
             .zip(&positions)
-            .map(|(print, &p)| guards[p].get(print).copied())
+            .map(|(&print, &p)| guards[p].get(print))
             .collect();
         let batch: Vec<BatchItem<'_>> = items
             .iter()
@@ -153,10 +216,10 @@ impl MemoryStore {
             })
             .collect();
         let out = gcra::spend_batch(now, &batch, &tats);
-        self.make_room(&mut guards, &positions, &tats, &out.writes, now)?;
-        for ((&print, &p), write) in prints.iter().zip(&positions).zip(&out.writes) {
+        self.make_room(&mut guards, &prints, &positions, &tats, &out.writes, now)?;
+        for ((&(print, space), &p), write) in prints.iter().zip(&positions).zip(&out.writes) {
             if let Some(tat) = *write {
-                guards[p].insert(print, tat);
+                guards[p].table(space).insert(print, tat);
             }
         }
         Ok(Outcome {
@@ -168,8 +231,9 @@ impl MemoryStore {
     /// The single-item batch (most requests): one shard lock, one hash lookup for an
     /// existing bucket, no bookkeeping vectors.
     fn spend_one(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
-        let print = self.fingerprint(&item.key);
-        let mut shard = self.lock(self.shard_of(print));
+        let (print, space) = self.fingerprint(&item.key);
+        let mut tables = self.lock(self.shard_of((print, space)));
+        let shard = tables.table(space);
         let now = self.clock.now();
         let batch = [BatchItem {
             limit: &item.limit,
@@ -187,10 +251,10 @@ impl MemoryStore {
             None => {
                 let out = gcra::spend_batch(now, &batch, &[None]);
                 if let Some(tat) = out.writes[0] {
-                    if shard.len() >= self.per_shard {
+                    if shard.len() >= self.per_shard[space as usize] {
                         shard.retain(|_, tat| *tat > now);
-                        if shard.len() >= self.per_shard {
-                            return Err(self.full());
+                        if shard.len() >= self.per_shard[space as usize] {
+                            return Err(self.full(space));
                         }
                     }
                     shard.insert(print, tat);
@@ -204,33 +268,44 @@ impl MemoryStore {
         })
     }
 
-    fn full(&self) -> StoreError {
-        StoreError::transient(format!(
-            "bucket capacity reached ({} live buckets per shard)",
-            self.per_shard
-        ))
+    fn full(&self, space: Space) -> StoreError {
+        StoreError::transient(match space {
+            Space::Configured => format!(
+                "bucket capacity reached ({} live buckets per shard)",
+                self.per_shard[0]
+            ),
+            Space::CallerGiven => format!(
+                "bucket capacity for caller-given limits reached ({} live buckets per shard)",
+                self.per_shard[1]
+            ),
+        })
     }
 
     /// Checks that every shard receiving new buckets has room, sweeping it if not.
     fn make_room(
         &self,
-        guards: &mut [MutexGuard<'_, Buckets>],
+        guards: &mut [MutexGuard<'_, Tables>],
+        prints: &[(Fingerprint, Space)],
         positions: &[usize],
         tats: &[Option<Nanos>],
         writes: &[Option<Nanos>],
         now: Nanos,
     ) -> Result<(), StoreError> {
-        let mut new_per_guard = vec![0usize; guards.len()];
-        for ((&p, tat), write) in positions.iter().zip(tats).zip(writes) {
+        let mut new_per_guard = vec![[0usize; 2]; guards.len()];
+        for (((&p, (_, space)), tat), write) in positions.iter().zip(prints).zip(tats).zip(writes) {
             if tat.is_none() && write.is_some() {
-                new_per_guard[p] += 1;
+                new_per_guard[p][*space as usize] += 1;
             }
         }
         for (guard, new) in guards.iter_mut().zip(new_per_guard) {
-            if new > 0 && guard.len() + new > self.per_shard {
-                guard.retain(|_, tat| *tat > now);
-                if guard.len() + new > self.per_shard {
-                    return Err(self.full());
+            for space in [Space::Configured, Space::CallerGiven] {
+                let (new, bound) = (new[space as usize], self.per_shard[space as usize]);
+                let table = guard.table(space);
+                if new > 0 && table.len() + new > bound {
+                    table.retain(|_, tat| *tat > now);
+                    if table.len() + new > bound {
+                        return Err(self.full(space));
+                    }
                 }
             }
         }
@@ -239,15 +314,17 @@ impl MemoryStore {
 
     /// Refunds a batch now (the synchronous core of [`Store::refund`]).
     pub fn refund_now(&self, items: &[StoreItem]) -> Vec<Decision> {
-        let prints: Vec<Fingerprint> = items.iter().map(|i| self.fingerprint(&i.key)).collect();
+        let prints: Vec<(Fingerprint, Space)> =
+            items.iter().map(|i| self.fingerprint(&i.key)).collect();
         let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
         items
             .iter()
             .zip(&prints)
             .zip(&positions)
-            .map(|((item, print), &p)| {
-                let shard = &mut guards[p];
+            .map(|((item, &(print, space)), &p)| {
+                let shard = guards[p].table(space);
+                let print = &print;
                 let (decision, write) =
                     gcra::refund(&item.limit, now, shard.get(print).copied(), item.cost);
                 match write {
@@ -269,13 +346,18 @@ impl MemoryStore {
 
     /// Deletes buckets now; returns how many were not full.
     pub fn reset_now(&self, keys: &[BucketKey]) -> u32 {
-        let prints: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
+        let prints: Vec<(Fingerprint, Space)> = keys.iter().map(|k| self.fingerprint(k)).collect();
         let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
         prints
             .iter()
             .zip(&positions)
-            .filter(|(print, &p)| guards[p].remove(*print).is_some_and(|tat| tat > now))
+            .filter(|(&(print, space), &p)| {
+                guards[p]
+                    .table(space)
+                    .remove(&print)
+                    .is_some_and(|tat| tat > now)
+            })
             .count() as u32
     }
 
@@ -283,22 +365,10 @@ impl MemoryStore {
     pub fn sweep(&self) -> usize {
         let mut dropped = 0;
         for shard in 0..self.shards.len() {
-            let mut guard = self.lock(shard);
+            let mut tables = self.lock(shard);
             let now = self.clock.now();
-            let before = guard.len();
-            guard.retain(|_, tat| *tat > now);
-            let live = guard.len();
-            dropped += before - live;
-            // A removal leaves a tombstone that only a rehash clears, and hashbrown rehashes
-            // in place only while a table is at most half full: under churn (new keys in,
-            // expired ones out) a shard would double for good. Rebuilding a shard whose
-            // free room has fallen below a quarter of its live entries keeps it at the size
-            // those entries need (the soak in RELIABILITY.md: half the RSS).
-            if guard.capacity() - live < live / 4 {
-                let mut rebuilt =
-                    Buckets::with_capacity_and_hasher(live + live / 4, Default::default());
-                rebuilt.extend(guard.drain());
-                *guard = rebuilt;
+            for guard in tables.0.iter_mut() {
+                dropped += sweep_table(guard, now);
             }
         }
         dropped
@@ -312,8 +382,26 @@ impl MemoryStore {
     /// The stored TAT of `key` (tests and debugging).
     pub fn tat(&self, key: &BucketKey) -> Option<Nanos> {
         let print = self.fingerprint(key);
-        self.lock(self.shard_of(print)).get(&print).copied()
+        self.lock(self.shard_of(print)).get(print)
     }
+}
+
+/// Drops a table's expired buckets; returns how many.
+fn sweep_table(table: &mut Buckets, now: Nanos) -> usize {
+    let before = table.len();
+    table.retain(|_, tat| *tat > now);
+    let live = table.len();
+    // A removal leaves a tombstone that only a rehash clears, and hashbrown rehashes in
+    // place only while a table is at most half full: under churn (new keys in, expired
+    // ones out) a table would double for good. Rebuilding a table whose free room has
+    // fallen below a quarter of its live entries keeps it at the size those entries need
+    // (the soak in RELIABILITY.md: half the RSS).
+    if table.capacity() - live < live / 4 {
+        let mut rebuilt = Buckets::with_capacity_and_hasher(live + live / 4, Default::default());
+        rebuilt.extend(table.drain());
+        *table = rebuilt;
+    }
+    before - live
 }
 
 impl Store for MemoryStore {
@@ -379,6 +467,43 @@ mod tests {
     }
 
     #[test]
+    fn caller_given_buckets_have_their_own_share() {
+        let clock = FakeClock::new(T0);
+        // 100 buckets, 10 % for caller-given limits, one shard so the bound is exact.
+        let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), 1, 100, 10);
+        let limit = Limit::new(1, 1, 3_600 * SECOND).unwrap();
+        let caller = |i: usize| StoreItem {
+            key: BucketKey::caller_given('i', &limit, &format!("k{i}")),
+            limit,
+            cost: 1,
+            mode: Mode::CheckAndSpend,
+        };
+        for i in 0..10 {
+            assert!(store.spend_now(&[caller(i)]).unwrap().allowed);
+        }
+        let err = store.spend_now(&[caller(10)]).unwrap_err();
+        assert!(err.message.contains("caller-given"), "{err}");
+        // Configured limits keep their 90 buckets while the caller share is full.
+        for i in 0..90 {
+            assert!(
+                store
+                    .spend_now(&[item(&format!("c{i}"), 1)])
+                    .unwrap()
+                    .allowed,
+                "{i}"
+            );
+        }
+        assert!(store.spend_now(&[item("c90", 1)]).is_err());
+        // A batch mixing both spaces is refused whole when one space is full.
+        let mixed = store.spend_now(&[item("c0", 1), caller(11)]);
+        assert!(mixed.is_err());
+        assert_eq!(store.live_buckets(), 100);
+        // Resetting a caller bucket makes room in its space only.
+        assert_eq!(store.reset_now(&[caller(0).key]), 1);
+        assert!(store.spend_now(&[caller(11)]).unwrap().allowed);
+    }
+
+    #[test]
     fn sweep_drops_only_expired_buckets() {
         let clock = FakeClock::new(T0);
         let store = MemoryStore::new(Arc::new(clock.clone()));
@@ -425,7 +550,7 @@ mod tests {
                 assert!(store.spend_now(std::slice::from_ref(item)).unwrap().allowed);
             }
             store.sweep();
-            largest = largest.max(store.lock(0).capacity());
+            largest = largest.max(store.lock(0).0[0].capacity());
             clock.advance(SECOND);
         }
         let live = store.live_buckets();
