@@ -37,7 +37,24 @@ pub enum LimitError {
     ZeroEmissionInterval { count: u64, period: Nanos },
     #[error("burst {burst} times the emission interval {ei}ns overflows 64-bit nanoseconds")]
     Overflow { burst: u64, ei: Nanos },
+    #[error(
+        "a full burst takes {days} days to refill (burst x period / count), more than the \
+         {max} days a bucket may take",
+        days = bo / DAY,
+        max = MAX_BURST_OFFSET / DAY
+    )]
+    TooLong { bo: Nanos },
 }
+
+const DAY: Nanos = 86_400 * crate::clock::SECOND;
+
+/// The longest time a whole burst may take to come back (`ei * burst`): 3 650 days.
+///
+/// A TAT never lies more than one burst offset past `now`, and a spend computes at most
+/// `now + 2 * bo` on the way (a cost is at most the burst). Unix nanoseconds in an `i64`
+/// end in 2262, so with this bound every TAT stays exact until about 2242: no accepted
+/// limit can reach the saturation at which GCRA would stop counting.
+pub const MAX_BURST_OFFSET: Nanos = 3_650 * DAY;
 
 /// A validated limit: `burst` capacity, `count` tokens per `period`.
 ///
@@ -84,6 +101,9 @@ impl Limit {
         let bo = ei
             .checked_mul(burst_i)
             .ok_or(LimitError::Overflow { burst, ei })?;
+        if bo > MAX_BURST_OFFSET {
+            return Err(LimitError::TooLong { bo });
+        }
         Ok(Limit {
             burst: burst_i,
             count: count_i,
@@ -383,6 +403,44 @@ mod tests {
         );
         // count == period in ns is the finest limit there is: ei = 1ns.
         assert_eq!(Limit::new(1, 1000, 1000).unwrap().emission_interval(), 1);
+        // 250 years for one token (`period: 91250d`): longer than a bucket may take.
+        assert!(matches!(
+            Limit::new(1, 1, 91_250 * DAY),
+            Err(LimitError::TooLong { .. })
+        ));
+        assert!(matches!(
+            Limit::new(2, 1, MAX_BURST_OFFSET),
+            Err(LimitError::TooLong { .. })
+        ));
+        assert!(Limit::new(1, 1, MAX_BURST_OFFSET).is_ok());
+    }
+
+    #[test]
+    fn the_longest_accepted_limit_admits_exactly_its_burst_until_2242() {
+        // Burst 1 and the longest accepted period, near today and near the end of the
+        // range: exactly one admitted, the arithmetic never saturates.
+        let longest = Limit::new(1, 1, MAX_BURST_OFFSET).unwrap();
+        let also = Limit::new(5, 5, MAX_BURST_OFFSET).unwrap();
+        let year = 365 * DAY;
+        for now in [1_700_000_000 * SECOND, 272 * year] {
+            for limit in [longest, also] {
+                let mut tat = None;
+                let mut admitted = 0;
+                for _ in 0..20 {
+                    let (d, write) = spend(&limit, now, tat, 1);
+                    if d.allowed {
+                        admitted += 1;
+                        tat = write;
+                    }
+                    assert!(d.retry_in >= 0 && d.reset_in >= 0, "{d:?}");
+                }
+                assert_eq!(admitted, limit.burst(), "at {now}");
+                // The whole burst at once, on a fresh bucket: allowed, and no more.
+                let (d, write) = spend(&limit, now, None, limit.burst());
+                assert!(d.allowed && d.remaining == 0);
+                assert!(!spend(&limit, now, write, 1).0.allowed);
+            }
+        }
     }
 
     #[test]

@@ -214,6 +214,56 @@ async fn failure_policies_deadline_and_recovery() {
 }
 
 #[tokio::test]
+async fn a_poisoned_bucket_fails_alone_and_never_opens_the_breaker() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let s = RedisSettings {
+        breaker_threshold: 2,
+        breaker_cooldown: Duration::from_secs(60),
+        failure: FailurePolicy::Allow,
+        ..settings(&server.url())
+    };
+    let (store, metrics) = store(s, &clock);
+    // A TAT above the int64 range, as an unbounded limit once made the script store.
+    let key = store.redis_key(&BucketKey::new(100, "poisoned"));
+    server
+        .cli(&["SET", &key, "9300000000000000000000"])
+        .unwrap();
+    for _ in 0..10 {
+        let e = store
+            .spend(&[spend("poisoned", per_10s(), 1)])
+            .await
+            .expect_err("a poisoned bucket cannot be decided");
+        assert!(e.message.contains("no TAT"), "{e}");
+        // Redis answers fine, so the breaker stays closed for everyone else.
+        let ok = store.spend(&[spend("healthy", per_10s(), 1)]).await;
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+    let text = metrics.render();
+    assert!(
+        !text.contains("cellrate_store_breaker_rejections_total 1"),
+        "{text}"
+    );
+    // The fail-open policy did not turn the data error into an allow.
+    assert!(!text.contains("cellrate_store_fallbacks_total"), "{text}");
+    // A reset clears it.
+    assert_eq!(
+        store
+            .reset(&[BucketKey::new(100, "poisoned")])
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        store
+            .spend(&[spend("poisoned", per_10s(), 1)])
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test]
 async fn an_open_breaker_fails_fast() {
     let mut server = RedisServer::start();
     let clock = FakeClock::new(T0);

@@ -829,6 +829,12 @@ NewOrdersPerAccount:
                 "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, brust: 2}",
                 "unknown field `brust`",
             ),
+            // a bucket that would take 250 years to refill (TATs would saturate)
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 91250d}",
+                "defaults.yaml: NewOrdersPerAccount: a full burst takes 91250 days to refill",
+            ),
             // unknown name
             (
                 "defaults.yaml",

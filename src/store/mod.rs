@@ -52,7 +52,7 @@ pub struct Outcome {
 pub struct StoreError {
     pub message: String,
     /// Whether trying again later may succeed (a timeout, a full store) as opposed to a
-    /// fault that needs an operator.
+    /// fault of the data that needs an operator (a bucket holding an unreadable value).
     pub transient: bool,
 }
 
@@ -63,6 +63,19 @@ impl StoreError {
             message: message.into(),
             transient: true,
         }
+    }
+
+    /// A bucket's stored value is unusable: the store itself works.
+    pub fn data(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    /// Whether this is a data error ([`StoreError::data`]).
+    pub fn is_data_error(&self) -> bool {
+        !self.transient
     }
 }
 

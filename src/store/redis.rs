@@ -145,6 +145,8 @@ pub struct RedisStore {
     healthy: Arc<AtomicBool>,
     /// Recent denials, by Redis key (see [`DenyCache`]).
     deny_cache: Option<DenyCache>,
+    /// Data errors already logged, so that a bad bucket logs once, not per request.
+    data_errors_logged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The local deny cache: a denied bucket's TAT is a lower bound (TATs only grow, but for
@@ -301,6 +303,7 @@ impl RedisStore {
             breakers: (0..breakers).map(|_| Breaker::default()).collect(),
             started: Instant::now(),
             healthy: Arc::new(AtomicBool::new(true)),
+            data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
                 entries: std::sync::Mutex::new(std::collections::HashMap::new()),
                 capacity: deny_cache,
@@ -417,8 +420,17 @@ impl RedisStore {
                 self.settings.timeout
             )))
         });
-        let read = result.and_then(|values| parse_read(&values, keys.len()));
-        self.note(slot, read.is_ok());
+        // A reset deletes whatever a key held, readable or not.
+        let read = result.and_then(|values| parse_read(&values, keys, op == Op::Reset));
+        match &read {
+            // A bucket's own bad value is that bucket's problem, not Redis's: it must not
+            // open the breaker for every other caller.
+            Err(e) if e.is_data_error() => {
+                self.note(slot, true);
+                self.log_data_error_once(&e.message);
+            }
+            read => self.note(slot, read.is_ok()),
+        }
         read
     }
 
@@ -653,8 +665,26 @@ impl RedisStore {
         Ok(live as u32)
     }
 
+    /// Logs a data error the first time its message is seen (a bounded set of them).
+    fn log_data_error_once(&self, message: &str) {
+        let mut seen = self
+            .data_errors_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() < 1024 && seen.insert(message.to_string()) {
+            tracing::error!(
+                error = message,
+                "unreadable bucket in Redis; its requests fail until it is reset or expires"
+            );
+        }
+    }
+
     /// The answer when Redis failed, by policy.
     fn on_failure(&self, items: &[StoreItem], error: StoreError) -> Result<Outcome, StoreError> {
+        if error.is_data_error() {
+            // Redis is fine; this bucket is not: no policy would decide it better.
+            return Err(error);
+        }
         let policy = self.settings.failure;
         if policy != FailurePolicy::Unavailable {
             self.metrics.store_fallback(match policy {
@@ -730,20 +760,30 @@ fn increment(item: &StoreItem) -> String {
         .to_string()
 }
 
-/// Parses the script's `{now, tat...}`.
-fn parse_read(values: &[String], keys: usize) -> Result<Read, StoreError> {
+/// Parses the script's `{now, tat...}` for `keys`. A reply of the wrong shape is Redis
+/// misbehaving; a stored value that is no TAT is a data error of that bucket.
+/// `lenient`: an unreadable value counts as a bucket that was not full.
+fn parse_read(values: &[String], keys: &[String], lenient: bool) -> Result<Read, StoreError> {
     let bad = || StoreError::transient("redis: malformed script reply");
-    if values.len() != keys + 1 {
+    if values.len() != keys.len() + 1 {
         return Err(bad());
     }
     let now = values[0].parse::<Nanos>().map_err(|_| bad())?;
     let tats = values[1..]
         .iter()
-        .map(|v| {
+        .zip(keys)
+        .map(|(v, key)| {
             if v.is_empty() {
                 Ok(None)
+            } else if lenient {
+                Ok(Some(v.parse::<Nanos>().unwrap_or(Nanos::MAX)))
             } else {
-                v.parse::<Nanos>().map(Some).map_err(|_| bad())
+                v.parse::<Nanos>().map(Some).map_err(|_| {
+                    StoreError::data(format!(
+                        "redis: bucket {key} holds {:?}, which is no TAT; reset it",
+                        v.chars().take(40).collect::<String>()
+                    ))
+                })
             }
         })
         .collect::<Result<_, _>>()?;
@@ -810,9 +850,15 @@ mod tests {
 
     #[test]
     fn script_replies_are_checked() {
-        let ok = parse_read(&["5".into(), "".into(), "7".into()], 2).unwrap();
+        let keys = ["a".to_string(), "b".to_string()];
+        let ok = parse_read(&["5".into(), "".into(), "7".into()], &keys, false).unwrap();
         assert_eq!((ok.now, ok.tats), (5, vec![None, Some(7)]));
-        assert!(parse_read(&["5".into()], 2).is_err());
-        assert!(parse_read(&["x".into(), "".into()], 1).is_err());
+        assert!(parse_read(&["5".into()], &keys, false).is_err());
+        assert!(parse_read(&["x".into(), "".into()], &keys[..1], false).is_err());
+        let reply = ["5".to_string(), "99999999999999999999".to_string()];
+        let poisoned = parse_read(&reply, &keys[..1], false);
+        assert!(poisoned.unwrap_err().is_data_error());
+        let reset = parse_read(&reply, &keys[..1], true).unwrap();
+        assert_eq!(reset.tats, vec![Some(Nanos::MAX)]);
     }
 }

@@ -20,6 +20,8 @@
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
 
 local BILLION = 1000000000
+-- The last whole second of Unix nanoseconds in an int64 (2262): no TAT is stored past it.
+local MAX_SECONDS = 9223372035
 
 local function parse(s)
   local len = #s
@@ -103,7 +105,7 @@ if op == 'spend' then
       t = max(now, parse(tats[i]))
     end
     local new = add(t, inc)
-    local ok = not less(now, sub(new, bo))
+    local ok = not less(now, sub(new, bo)) and new[1] < MAX_SECONDS
     news[i], oks[i] = new, ok
     if not ok and mode ~= '2' then
       allowed = false
