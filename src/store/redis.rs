@@ -857,7 +857,7 @@ mod tests {
         assert!(parse_read(&["x".into(), "".into()], &keys[..1], false).is_err());
         let reply = ["5".to_string(), "99999999999999999999".to_string()];
         let poisoned = parse_read(&reply, &keys[..1], false);
-        assert!(poisoned.unwrap_err().is_data_error());
+        assert!(poisoned.is_err_and(|e| e.is_data_error()));
         let reset = parse_read(&reply, &keys[..1], true).unwrap();
         assert_eq!(reset.tats, vec![Some(Nanos::MAX)]);
     }
