@@ -363,7 +363,8 @@ pub async fn serve_http1(
 /// Streams per connection are bounded by HTTP/2 (`max_concurrent_streams`), but a request
 /// waiting for its body holds memory until the request timeout, and connections are many:
 /// this bound keeps the total finite. A request over it is answered at once with
-/// UNAVAILABLE ("overloaded"), without reading its body.
+/// UNAVAILABLE ("overloaded"), without reading its body. Admitted requests' bodies are
+/// checked by [`OneMessage`].
 #[derive(Clone)]
 pub struct InFlightLayer {
     permits: Arc<Semaphore>,
@@ -397,9 +398,11 @@ pub struct InFlight<S> {
 
 type GrpcResponse = http::Response<tonic::body::Body>;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 impl<S, B> tower_service::Service<http::Request<B>> for InFlight<S>
 where
-    S: tower_service::Service<http::Request<B>, Response = GrpcResponse>,
+    S: tower_service::Service<http::Request<OneMessage<B>>, Response = GrpcResponse>,
 {
     type Response = GrpcResponse;
     type Error = S::Error;
@@ -412,7 +415,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => InFlightFuture::Admitted {
-                inner: self.inner.call(request),
+                inner: self.inner.call(OneMessage::wrap(request)),
                 _permit: permit,
             },
             Err(_) => InFlightFuture::Refused {
@@ -450,6 +453,120 @@ where
                 None => Poll::Pending,
             },
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that fails with INVALID_ARGUMENT when a unary call carries a second
+    /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
+    /// byte, a 4-byte length, the message) across data frames without buffering.
+    /// Streaming calls (server reflection) pass through unchecked.
+    pub struct OneMessage<B> {
+        #[pin]
+        inner: B,
+        unary: bool,
+        // Bytes of the current frame header seen (0 = at a frame boundary).
+        header_seen: usize,
+        header: [u8; 5],
+        payload_left: u64,
+        messages: u32,
+    }
+}
+
+impl<B> OneMessage<B> {
+    fn wrap(request: http::Request<B>) -> http::Request<OneMessage<B>> {
+        // Every cellrate and Envoy RPC is unary in its request; reflection streams.
+        let unary = !request.uri().path().starts_with("/grpc.reflection.");
+        request.map(|inner| OneMessage {
+            inner,
+            unary,
+            header_seen: 0,
+            header: [0; 5],
+            payload_left: 0,
+            messages: 0,
+        })
+    }
+}
+
+impl<B> OneMessage<B> {
+    /// Follows the framing through `data`; false when a second message begins.
+    fn follow(
+        header_seen: &mut usize,
+        header: &mut [u8; 5],
+        payload_left: &mut u64,
+        messages: &mut u32,
+        mut data: &[u8],
+    ) -> bool {
+        while !data.is_empty() {
+            if *payload_left > 0 {
+                let n = (*payload_left).min(data.len() as u64) as usize;
+                *payload_left -= n as u64;
+                data = &data[n..];
+                continue;
+            }
+            if *header_seen == 0 {
+                *messages += 1;
+                if *messages > 1 {
+                    return false;
+                }
+            }
+            let n = (5 - *header_seen).min(data.len());
+            header[*header_seen..*header_seen + n].copy_from_slice(&data[..n]);
+            *header_seen += n;
+            data = &data[n..];
+            if *header_seen == 5 {
+                *payload_left = u64::from(u32::from_be_bytes([
+                    header[1], header[2], header[3], header[4],
+                ]));
+                *header_seen = 0;
+            }
+        }
+        true
+    }
+}
+
+impl<B> http_body::Body for OneMessage<B>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.project();
+        let frame = match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            None => return Poll::Ready(None),
+        };
+        if *this.unary {
+            if let Some(data) = frame.data_ref() {
+                if !OneMessage::<B>::follow(
+                    this.header_seen,
+                    this.header,
+                    this.payload_left,
+                    this.messages,
+                    data,
+                ) {
+                    return Poll::Ready(Some(Err(Box::new(tonic::Status::invalid_argument(
+                        "request: a unary call carries exactly one message; a second one followed",
+                    )))));
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

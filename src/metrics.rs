@@ -15,6 +15,7 @@ use prometheus::{
 
 use crate::clock::Nanos;
 use crate::gcra::Decision;
+use crate::limits::config::LoadError;
 use crate::limits::names::BucketKey;
 use crate::service::{ItemResult, Rule};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
@@ -268,13 +269,27 @@ impl Metrics {
         *lock(&self.last_reload_error) = None;
     }
 
-    /// Counts a reload attempt; a failure's message is kept for `/healthz`.
-    pub fn reload(&self, result: Result<bool, &str>) {
+    /// Counts a reload attempt. A failure's first error (cut to 1 KiB) and count are kept
+    /// for `/healthz`; any success, or a reload finding the limits in force unchanged (the
+    /// operator reverted), clears them.
+    pub fn reload(&self, result: Result<bool, &LoadError>) {
         let label = match result {
             Ok(true) => "success",
-            Ok(false) => "unchanged",
-            Err(message) => {
-                *lock(&self.last_reload_error) = Some(message.to_string());
+            Ok(false) => {
+                *lock(&self.last_reload_error) = None;
+                "unchanged"
+            }
+            Err(errors) => {
+                let first = errors
+                    .0
+                    .first()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let mut summary: String = first.chars().take(1024).collect();
+                if errors.0.len() > 1 {
+                    summary.push_str(&format!(" (and {} more)", errors.0.len() - 1));
+                }
+                *lock(&self.last_reload_error) = Some(summary);
                 "failure"
             }
         };
@@ -463,7 +478,17 @@ mod tests {
         let m = Metrics::new();
         m.decision("native", "NewOrdersPerAccount", Outcomes::Denied);
         m.config_loaded("abc", 1_700_000_000_000_000_000);
-        m.reload(Err("bad"));
+        let bad = |reason: &str, n: usize| {
+            LoadError(vec![
+                crate::limits::config::ConfigError {
+                    file: "defaults.yaml".into(),
+                    entry: None,
+                    reason: reason.into(),
+                };
+                n
+            ])
+        };
+        m.reload(Err(&bad("bad", 1)));
         let text = m.render();
         assert!(text.contains(
             "cellrate_decisions_total{api=\"native\",limit=\"NewOrdersPerAccount\",result=\"denied\"} 1"
@@ -471,7 +496,18 @@ mod tests {
         assert!(text.contains("cellrate_config_info{version=\"abc\"} 1"));
         assert!(text.contains("cellrate_config_reloads_total{result=\"failure\"} 1"));
         assert!(text.contains("cellrate_config_loaded_timestamp_seconds 1700000000"));
-        assert!(m.health().contains("\"last_reload_error\":\"bad\""));
+        assert!(m
+            .health()
+            .contains("\"last_reload_error\":\"defaults.yaml: bad\""));
+        // Many long errors: /healthz keeps the first, cut, and a count.
+        m.reload(Err(&bad(&"x".repeat(5_000), 1_000)));
+        let health = m.health();
+        assert!(health.len() < 1_200, "{} bytes", health.len());
+        assert!(health.contains("(and 999 more)"), "{health}");
+        // A reload that finds the limits in force (the operator reverted) clears it.
+        m.reload(Ok(false));
+        assert!(m.health().contains("\"last_reload_error\":null"));
+        m.reload(Err(&bad("bad", 1)));
         m.config_loaded("def", 0);
         assert!(!m.render().contains("version=\"abc\""));
         assert!(m.health().contains("\"last_reload_error\":null"));

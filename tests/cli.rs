@@ -160,3 +160,35 @@ fn serve_exits_64_on_bad_config_before_binding() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("defaults.yaml"));
 }
+
+#[test]
+fn serve_exits_64_on_an_empty_admin_token() {
+    // An empty Secret value must not become a token that `Bearer ` satisfies.
+    for (flag, env) in [(Some(""), None), (None, Some("   ")), (Some(" \t"), None)] {
+        let mut command = Command::new(BIN);
+        command.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        ]);
+        if let Some(token) = flag {
+            command.args(["--admin-token", token]);
+        }
+        if let Some(token) = env {
+            command.env("CELLRATE_ADMIN_TOKEN", token);
+        }
+        let out = command.output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{flag:?} {env:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("admin-token"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

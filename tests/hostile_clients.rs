@@ -353,3 +353,98 @@ async fn the_connection_bound_holds_and_health_still_answers() {
     well_behaved(&mut s).await.expect("answered");
     s.stop().await;
 }
+
+/// One gRPC message frame: flag 0, big-endian length, the message.
+fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend(body);
+    framed
+}
+
+#[tokio::test]
+async fn a_second_message_in_a_unary_call_is_refused() {
+    let mut s = serve(ServerLimits::default()).await;
+    let tcp = TcpStream::connect(s.decisions_addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let check = pb::CheckRequest {
+        items: vec![item("ApiRequestsPerKey", "twice", None)],
+    };
+    // Two messages, split across data frames at an awkward place.
+    let mut body = grpc_frame(&check);
+    body.extend(grpc_frame(&check));
+    let request = http::Request::post(format!(
+        "http://{}/cellrate.v1.RateLimiter/Check",
+        s.decisions_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let (first, second) = body.split_at(7);
+    send.send_data(bytes::Bytes::copy_from_slice(first), false)
+        .unwrap();
+    send.send_data(bytes::Bytes::copy_from_slice(second), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    let mut status = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut message = response
+        .headers()
+        .get("grpc-message")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut recv = response.into_body();
+    while let Some(chunk) = recv.data().await {
+        chunk.unwrap();
+    }
+    if let Some(trailers) = recv.trailers().await.unwrap() {
+        status = status.or(trailers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string()));
+        message = message.or(trailers
+            .get("grpc-message")
+            .map(|v| v.to_str().unwrap().to_string()));
+    }
+    assert_eq!(
+        status.as_deref(),
+        Some("3"),
+        "INVALID_ARGUMENT; message {message:?}"
+    );
+    assert!(
+        message.unwrap_or_default().contains("second"),
+        "names the problem"
+    );
+    // Nothing was spent.
+    let r = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("ApiRequestsPerKey", "twice", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().items[0].remaining, 10);
+    // One message is fine.
+    let one = grpc_frame(&check);
+    let request = http::Request::post(format!(
+        "http://{}/cellrate.v1.RateLimiter/Check",
+        s.decisions_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(bytes::Bytes::from(one), true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(
+        response.headers().get("grpc-status"),
+        None,
+        "not trailers-only: answered"
+    );
+    s.stop().await;
+}

@@ -28,6 +28,32 @@ use crate::limits::descriptors::{DescriptorRules, RawRule};
 use crate::limits::hash::ConfigMap;
 use crate::limits::names::{IdFormat, Name, Names};
 
+/// Errors collected in one load at most; more are counted ("and N more errors").
+pub const MAX_ERRORS: usize = 100;
+
+/// The longest reason (or entry name) an error quotes, in characters: errors go to logs and
+/// `/healthz`, and must not echo a file's contents.
+pub const MAX_QUOTE: usize = 200;
+
+/// The largest limits file, and all files of the directory together.
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+pub const MAX_DIR_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The most directory entries read (of any kind).
+pub const MAX_DIR_ENTRIES: usize = 1_000;
+
+/// The most override entries in one file, counted while parsing so that YAML aliases
+/// cannot expand a small file into millions of entries.
+pub const MAX_OVERRIDE_ENTRIES: usize = 1_000_000;
+
+/// `text` cut to [`MAX_QUOTE`] characters, marked when cut.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTE) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}... [cut]", &text[..at]),
+    }
+}
+
 /// What applies to a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -124,8 +150,9 @@ impl LimitTable {
         for (file, text) in files {
             match FileKind::of(file) {
                 Some(kind) => kinds.push((kind, file, text)),
+                None if errors.len() >= MAX_ERRORS => {}
                 None => errors.push(ConfigError {
-                    file: file.clone(),
+                    file: short(file),
                     entry: None,
                     reason: "unknown limits file: expected names.yaml, defaults.yaml, \
                              overrides*.yaml or descriptors.yaml"
@@ -143,12 +170,17 @@ impl LimitTable {
         };
         // Where each override id was set, to name both places of a duplicate.
         let mut override_origin: HashMap<(u32, String), String> = HashMap::new();
+        let mut suppressed = 0usize;
         for (kind, file, text) in kinds {
             let mut report = |entry: Option<String>, reason: String| {
+                if errors.len() >= MAX_ERRORS {
+                    suppressed += 1;
+                    return;
+                }
                 errors.push(ConfigError {
-                    file: file.to_string(),
-                    entry,
-                    reason,
+                    file: short(file),
+                    entry: entry.as_deref().map(short),
+                    reason: short(&reason),
                 })
             };
             match kind {
@@ -160,8 +192,8 @@ impl LimitTable {
                     Ok(raw) => table.add_defaults(raw, &mut report),
                     Err(reason) => report(None, reason),
                 },
-                FileKind::Overrides => match parse::<Vec<BTreeMap<String, RawOverride>>>(text) {
-                    Ok(raw) => table.add_overrides(file, raw, &mut override_origin, &mut report),
+                FileKind::Overrides => match parse::<OverrideEntries>(text) {
+                    Ok(raw) => table.add_overrides(file, raw.0, &mut override_origin, &mut report),
                     Err(reason) => report(None, reason),
                 },
                 FileKind::Descriptors => match parse::<BTreeMap<String, Vec<RawRule>>>(text) {
@@ -171,6 +203,13 @@ impl LimitTable {
                     Err(reason) => report(None, reason),
                 },
             }
+        }
+        if suppressed > 0 {
+            errors.push(ConfigError {
+                file: "(all files)".to_string(),
+                entry: None,
+                reason: format!("and {suppressed} more errors"),
+            });
         }
         if errors.is_empty() {
             Ok(table)
@@ -367,21 +406,47 @@ pub fn is_config_file(file_name: &str) -> bool {
 fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read directory: {e}"))?;
     let mut files = Vec::new();
-    for entry in entries {
+    let mut total = 0u64;
+    for (seen, entry) in entries.enumerate() {
+        if seen >= MAX_DIR_ENTRIES {
+            return Err(format!(
+                "more than {MAX_DIR_ENTRIES} directory entries: is this the limits directory?"
+            ));
+        }
         let entry = entry.map_err(|e| format!("cannot read directory: {e}"))?;
-        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let file_name = short(&entry.file_name().to_string_lossy());
         if !is_config_file(&file_name) {
             continue;
         }
         let path = entry.path();
         // `metadata` follows symlinks; a dangling link or a directory named *.yaml is an error.
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => {}
+        let size = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => meta.len(),
             Ok(_) => return Err(format!("{file_name}: not a regular file")),
             Err(e) => return Err(format!("{file_name}: {e}")),
+        };
+        total += size;
+        if size > MAX_FILE_BYTES || total > MAX_DIR_BYTES {
+            return Err(format!(
+                "{file_name}: too large ({size} bytes; at most {MAX_FILE_BYTES} per file and \
+                 {MAX_DIR_BYTES} in all)"
+            ));
         }
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{file_name}: cannot read: {e}"))?;
+        // Read at most one byte past the bound, in case the file grew since `metadata`.
+        let mut text = String::new();
+        std::fs::File::open(&path)
+            .and_then(|f| {
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(f, MAX_FILE_BYTES + 1),
+                    &mut text,
+                )
+            })
+            .map_err(|e| format!("{file_name}: cannot read: {e}"))?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(format!(
+                "{file_name}: too large (at most {MAX_FILE_BYTES} bytes)"
+            ));
+        }
         files.push((file_name, text));
     }
     files.sort();
@@ -443,6 +508,37 @@ impl RawLimit {
             limit,
             shadow: self.shadow,
         })
+    }
+}
+
+/// An overrides file's entries, at most [`MAX_OVERRIDE_ENTRIES`] of them.
+#[derive(Debug, Default)]
+struct OverrideEntries(Vec<BTreeMap<String, RawOverride>>);
+
+impl<'de> Deserialize<'de> for OverrideEntries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = OverrideEntries;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of override entries")
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element()? {
+                    if entries.len() == MAX_OVERRIDE_ENTRIES {
+                        return Err(de::Error::custom(format!(
+                            "more than {MAX_OVERRIDE_ENTRIES} override entries"
+                        )));
+                    }
+                    entries.push(entry);
+                }
+                Ok(OverrideEntries(entries))
+            }
+        }
+        deserializer.deserialize_seq(Entries)
     }
 }
 
@@ -930,7 +1026,7 @@ NewOrdersPerAccount:
             (
                 "overrides.yaml",
                 "NewOrdersPerAccount: {unlimited: true}",
-                "invalid type: map, expected a sequence",
+                "invalid type: map, expected a list of override entries",
             ),
             // names
             (
@@ -977,6 +1073,69 @@ NewOrdersPerAccount:
         .unwrap_err()
         .0;
         assert_eq!(errors.len(), 3, "{errors:?}");
+    }
+
+    #[test]
+    fn an_alias_bomb_gives_a_bounded_error_list_of_short_quotes() {
+        // 3 000 aliases of one override: 2 999 duplicate-id errors, reported as 100.
+        let mut text = String::from("- &o\n  NewOrdersPerAccount: {deny: true, ids: [\"1\"]}\n");
+        for _ in 0..3_000 {
+            text.push_str("- *o\n");
+        }
+        let errors = load(&[("overrides.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), MAX_ERRORS + 1, "capped, plus the count line");
+        assert!(
+            errors[MAX_ERRORS].reason.starts_with("and ")
+                && errors[MAX_ERRORS].reason.ends_with(" more errors"),
+            "{}",
+            errors[MAX_ERRORS]
+        );
+        // A file whose contents end up in an error message is quoted briefly.
+        let secret = format!("root:{}", "x".repeat(10_000));
+        let errors = load(&[("overrides.yaml", &secret)]).unwrap_err().0;
+        assert!(
+            errors[0].reason.chars().count() <= MAX_QUOTE + 10,
+            "{}",
+            errors[0]
+        );
+        assert!(
+            !errors[0].reason.contains(&"x".repeat(MAX_QUOTE)),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn override_entries_are_counted_while_parsing() {
+        // More entries than allowed (as aliases could produce): refused while parsing.
+        let mut text = String::from("- &o\n  NewOrdersPerAccount: {deny: true, ids: [\"1\"]}\n");
+        text.push_str(&"- *o\n".repeat(MAX_OVERRIDE_ENTRIES));
+        let errors = load(&[("overrides.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .reason
+                .contains("more than 1000000 override entries"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn oversized_files_and_directories_are_refused_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![b'#'; (MAX_FILE_BYTES + 1) as usize];
+        std::fs::write(dir.path().join("overrides.yaml"), big).unwrap();
+        let errors = LimitTable::load_dir(dir.path()).unwrap_err().0;
+        assert!(errors[0].reason.contains("too large"), "{}", errors[0]);
+        // A symlink to some other file is read like any file, and quoted briefly if bad.
+        std::fs::remove_file(dir.path().join("overrides.yaml")).unwrap();
+        let other = dir.path().join("secret.txt");
+        std::fs::write(&other, format!("password: {}", "s".repeat(5_000))).unwrap();
+        std::os::unix::fs::symlink(&other, dir.path().join("defaults.yaml")).unwrap();
+        let errors = LimitTable::load_dir(dir.path()).unwrap_err().0;
+        let text = LoadError(errors).to_string();
+        assert!(text.len() < 600, "{text}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! by `/healthz`. Buckets are untouched: the new limits read the old TATs.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -86,6 +86,8 @@ pub struct Reloader {
     clock: Arc<dyn Clock>,
     /// Told after every swap, so that nothing derived from the old limits survives.
     store: Arc<dyn Store>,
+    /// The errors of the last rejected reload, to log a repeat in one line.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Reloader {
@@ -102,6 +104,7 @@ impl Reloader {
             metrics,
             clock,
             store,
+            last_failure: Mutex::new(None),
         }
     }
 
@@ -109,11 +112,21 @@ impl Reloader {
     pub fn reload(&self, cause: &str) -> Result<bool, LoadError> {
         match LimitTable::load_dir(&self.dir) {
             Ok(table) if table.version() == self.limits.load().version() => {
-                tracing::debug!(cause, version = table.version(), "limits unchanged");
+                // Logged, so that every reload leaves a line; after a rejected reload this
+                // is also the operator's revert taking effect.
+                tracing::info!(cause, version = table.version(), "limits unchanged");
+                *self
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
                 self.metrics.reload(Ok(false));
                 Ok(false)
             }
             Ok(table) => {
+                *self
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
                 let version = table.version().to_string();
                 self.limits.store(Arc::new(table));
                 self.store.limits_changed();
@@ -124,10 +137,21 @@ impl Reloader {
             }
             Err(errors) => {
                 let message = errors.to_string();
-                for error in &errors.0 {
-                    tracing::error!(cause, %error, "limits reload rejected; the previous limits stay in force");
+                let mut last = self
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if last.as_deref() == Some(message.as_str()) {
+                    // The timer retries a broken directory every interval: one line, not
+                    // every error again.
+                    tracing::warn!(cause, errors = errors.0.len(), "limits reload still rejected (same errors); the previous limits stay in force");
+                } else {
+                    for error in &errors.0 {
+                        tracing::error!(cause, %error, "limits reload rejected; the previous limits stay in force");
+                    }
+                    *last = Some(message);
                 }
-                self.metrics.reload(Err(&message));
+                self.metrics.reload(Err(&errors));
                 Err(errors)
             }
         }
