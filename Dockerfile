@@ -15,7 +15,7 @@ COPY proto ./proto
 RUN mkdir -p src benches/grpc \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs \
-       benches/grpc/baseline.rs benches/grpc/loadgen.rs \
+       benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
     && cargo build --release --locked --bin cellrate \
     && rm -rf src benches
 COPY src ./src
