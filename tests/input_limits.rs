@@ -150,3 +150,53 @@ async fn oversized_messages_are_refused_before_decoding() {
         .unwrap();
     assert_eq!(r.into_inner().items[0].remaining, 10, "nothing was spent");
 }
+
+#[tokio::test]
+async fn health_and_reflection_share_the_message_cap() {
+    let s = Served::start(None).await;
+    for addr in [s.decisions_addr, s.admin_addr] {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        // Health: a 70 KiB service name.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let e = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "x".repeat(70 * 1024),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange, "health on {addr}: {e:?}");
+        // Reflection: a 70 KiB request on its stream is not decoded (tonic-reflection then
+        // ends the stream without an answer); the same request at 1 KiB is answered.
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::{server_reflection_request, ServerReflectionRequest};
+        let mut reflection = ServerReflectionClient::new(channel);
+        let mut ask = async |host_len: usize| {
+            let request = ServerReflectionRequest {
+                host: "x".repeat(host_len),
+                message_request: Some(server_reflection_request::MessageRequest::ListServices(
+                    String::new(),
+                )),
+            };
+            match reflection
+                .server_reflection_info(tokio_stream::iter(vec![request]))
+                .await
+            {
+                Err(e) => Err(e),
+                Ok(response) => response.into_inner().message().await,
+            }
+        };
+        let small = ask(1024).await;
+        assert!(
+            matches!(small, Ok(Some(_))),
+            "reflection on {addr}: {:?}",
+            small.err()
+        );
+        let big = ask(70 * 1024).await;
+        assert!(
+            matches!(big, Ok(None) | Err(_)),
+            "reflection on {addr} answered a 70 KiB request"
+        );
+    }
+}
