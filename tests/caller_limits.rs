@@ -259,3 +259,39 @@ async fn descriptor_buckets_are_unambiguous_and_take_long_values() {
 fn config() -> LimitTable {
     LimitTable::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
 }
+
+#[tokio::test]
+async fn configured_limits_keep_working_when_the_caller_share_is_full() {
+    // 1 280 buckets, 10 % (128, one per shard) for caller-given limits.
+    let settings = Settings {
+        max_buckets: 1_280,
+        ..Settings::default()
+    };
+    let mut s = Served::with_settings(config(), settings).await;
+    let mut full = None;
+    for i in 0..10_000 {
+        if let Err(e) = check(
+            &mut s,
+            vec![inline(&format!("fill-{i}"), 1, 1, 3_600, None)],
+        )
+        .await
+        {
+            full = Some(e);
+            break;
+        }
+    }
+    let e = full.expect("the caller share fills up");
+    assert_eq!(e.code(), Grpc::Unavailable, "{e:?}");
+    assert!(e.message().contains("caller-given"), "{e:?}");
+    // New configured buckets are still created and decided.
+    for id in 0..5 {
+        let r = check(
+            &mut s,
+            vec![item("NewOrdersPerAccount", &id.to_string(), None)],
+        )
+        .await
+        .expect("configured limits keep working");
+        assert_eq!(r.overall.unwrap().remaining, 299);
+    }
+    s.stop().await;
+}
