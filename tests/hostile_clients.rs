@@ -448,3 +448,45 @@ async fn a_second_message_in_a_unary_call_is_refused() {
     );
     s.stop().await;
 }
+
+/// utime + stime of `pid`, in clock ticks (100 a second on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the command name, utime and stime are the 12th and 13th fields.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn a_small_descriptor_limit_shrinks_the_bounds_instead_of_spinning() {
+    // 300 open files: the bounds shrink to fit, and 300 connections on the decision port
+    // neither spin the accept loop nor starve the metrics listener.
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let server = common::serve_with_nofile(&config, &[], 300);
+    let addr: std::net::SocketAddr = server.listen.parse().unwrap();
+    let metrics: std::net::SocketAddr = server.metrics.parse().unwrap();
+    // 300 connections at once (those beyond the bound and the backlog time out).
+    let attempts =
+        (0..300).map(|_| tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)));
+    let held: Vec<TcpStream> = futures_util::future::join_all(attempts)
+        .await
+        .into_iter()
+        .filter_map(|c| c.ok().and_then(Result::ok))
+        .collect();
+    assert!(held.len() > 100, "{} connections", held.len());
+    let pid = server.child.id();
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spent = cpu_ticks(pid) - before;
+    assert!(
+        spent < 100,
+        "{spent} ticks of CPU in 2 s while idle at the bound: spinning"
+    );
+    assert_eq!(
+        http_get_async(metrics, "/healthz").await.0,
+        200,
+        "metrics starved"
+    );
+    drop(held);
+}

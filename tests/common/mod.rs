@@ -187,7 +187,21 @@ pub fn serve() -> Process {
 /// Starts `cellrate serve` on `config` with `extra` flags, every listener on loopback
 /// port 0, and reads the bound ports from its log.
 pub fn serve_with(config: &Path, extra: &[&str]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cellrate"))
+    serve_command(Command::new(env!("CARGO_BIN_EXE_cellrate")), config, extra)
+}
+
+/// As [`serve_with`], with at most `nofile` open files (set by the shell, soft and hard).
+pub fn serve_with_nofile(config: &Path, extra: &[&str], nofile: u32) -> Process {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_cellrate"));
+    serve_command(command, config, extra)
+}
+
+fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process {
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(["--admin-listen", "127.0.0.1:0"])
         .args(["--metrics-listen", "127.0.0.1:0"])
