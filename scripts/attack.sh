@@ -14,8 +14,10 @@ shift || true
 attacks=("$@")
 [ ${#attacks[@]} -gt 0 ] || attacks=(none streams deaf slowloris idle connections caller-fill config)
 
-cargo build --release --quiet --bin cellrate --example attack
-bin=target/release
+# ATTACK_BIN_DIR: binaries built earlier (cellrate, examples/attack), to measure a build
+# other than the working tree's.
+bin=${ATTACK_BIN_DIR:-target/release}
+[ -n "${ATTACK_BIN_DIR:-}" ] || cargo build --release --quiet --bin cellrate --example attack
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pid=""

@@ -44,7 +44,7 @@ pub const MAX_DIR_ENTRIES: usize = 1_000;
 
 /// The most override entries in one file, counted while parsing so that YAML aliases
 /// cannot expand a small file into millions of entries.
-pub const MAX_OVERRIDE_ENTRIES: usize = 1_000_000;
+pub const MAX_OVERRIDE_ENTRIES: usize = 500_000;
 
 /// `text` cut to [`MAX_QUOTE`] characters, marked when cut.
 fn short(text: &str) -> String {
@@ -270,11 +270,11 @@ impl LimitTable {
     fn add_overrides(
         &mut self,
         file: &str,
-        raw: Vec<BTreeMap<String, RawOverride>>,
+        raw: Vec<OverrideEntry>,
         origin: &mut HashMap<(u32, String), String>,
         report: &mut impl FnMut(Option<String>, String),
     ) {
-        for (index, entry) in raw.into_iter().enumerate() {
+        for (index, OverrideEntry(entry)) in raw.into_iter().enumerate() {
             let at = |text: &str| format!("entry {} ({text})", index + 1);
             if entry.len() != 1 {
                 report(
@@ -513,7 +513,37 @@ impl RawLimit {
 
 /// An overrides file's entries, at most [`MAX_OVERRIDE_ENTRIES`] of them.
 #[derive(Debug, Default)]
-struct OverrideEntries(Vec<BTreeMap<String, RawOverride>>);
+struct OverrideEntries(Vec<OverrideEntry>);
+
+/// One entry: a map that should hold exactly one limit name, kept as its pairs (a
+/// `BTreeMap` would allocate a whole node, over a kilobyte, per entry).
+#[derive(Debug)]
+struct OverrideEntry(Vec<(String, RawOverride)>);
+
+impl<'de> Deserialize<'de> for OverrideEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> Visitor<'de> for Pairs {
+            type Value = OverrideEntry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from one limit name to its override")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::with_capacity(1);
+                while let Some(pair) = map.next_entry()? {
+                    if pairs.len() == 16 {
+                        return Err(de::Error::custom("an override entry with over 16 keys"));
+                    }
+                    pairs.push(pair);
+                }
+                Ok(OverrideEntry(pairs))
+            }
+        }
+        deserializer.deserialize_map(Pairs)
+    }
+}
 
 impl<'de> Deserialize<'de> for OverrideEntries {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -1115,7 +1145,7 @@ NewOrdersPerAccount:
         assert!(
             errors[0]
                 .reason
-                .contains("more than 1000000 override entries"),
+                .contains("more than 500000 override entries"),
             "{}",
             errors[0]
         );
