@@ -268,11 +268,17 @@ pub enum Mode {
     /// Decide, and spend when the whole batch is allowed.
     #[default]
     CheckAndSpend,
-    /// Decide and count toward the batch, never spend.
+    /// Decide what a spend of the cost would get and count toward the batch, never spend
+    /// (Boulder's `Check`): an allowed item in an allowed batch reports the bucket as the
+    /// spend would leave it. Cost 0 is the peek.
     CheckOnly,
     /// Left out of the batch's decision; spent only when this bucket has the tokens and
     /// the batch is allowed.
     SpendOnly,
+    /// Decide and count, never spend, and report the bucket as it stands: for the items
+    /// of a batch already known to be denied (a deny-listed or oversize item), whose
+    /// answers must say what is there, not what a spend would leave.
+    Probe,
 }
 
 impl Mode {
@@ -305,9 +311,10 @@ pub struct BatchOutcome {
 ///
 /// Every item is decided against the current state. The spends are written only if every
 /// counting item (not [`Mode::SpendOnly`]) is allowed; a spend-only item is written only if
-/// it is allowed itself. An item that was allowed but not written (check-only, or in a
-/// denied batch) reports `allowed = true` with its bucket as it is now (a peek), since
-/// nothing was spent. Items must name distinct buckets.
+/// it is allowed itself. A check-only item of an allowed batch reports what its spend would
+/// leave (nothing is written); any other item that was allowed but not written (in a
+/// denied batch, a probe) reports `allowed = true` with its bucket as it is now (a peek),
+/// since nothing was spent. Items must name distinct buckets.
 ///
 /// ```
 /// use cellrate::gcra::{spend_batch, BatchItem, Limit, Mode};
@@ -339,11 +346,18 @@ pub fn spend_batch(now: Nanos, items: &[BatchItem<'_>], tats: &[Option<Nanos>]) 
         .zip(tats)
         .zip(decisions.iter_mut().zip(writes.iter_mut()))
     {
-        let applied = allowed && item.mode != Mode::CheckOnly && write.is_some();
-        if !applied && write.is_some() {
-            // Allowed but not spent: report the bucket as it stands.
-            *decision = spend(item.limit, now, tat, 0).0;
-            *write = None;
+        if write.is_none() {
+            continue;
+        }
+        match (allowed, item.mode) {
+            (true, Mode::CheckAndSpend | Mode::SpendOnly) => {}
+            // Check-only in an allowed batch: the hypothetical spend stands, unwritten.
+            (true, Mode::CheckOnly) => *write = None,
+            // Allowed but not spent (a denied batch, a probe): the bucket as it stands.
+            _ => {
+                *decision = spend(item.limit, now, tat, 0).0;
+                *write = None;
+            }
         }
     }
     BatchOutcome {
@@ -624,9 +638,46 @@ mod tests {
         let out = spend_batch(T0, &items, &[None]);
         assert!(out.allowed);
         assert_eq!(out.writes, vec![None]);
-        assert_eq!(out.decisions[0].remaining, 20);
+        // What a spend of 3 would leave: 17 tokens, full again in 150 ms.
+        assert_eq!(
+            (out.decisions[0].remaining, out.decisions[0].reset_in),
+            (17, 150 * MS)
+        );
         let out = spend_batch(T0, &items, &[Some(T0 + SECOND)]);
         assert!(!out.allowed);
+        // Beside an item that denies the batch, it reports the bucket as it stands.
+        let empty = Limit::new(1, 1, SECOND).unwrap();
+        let items = [
+            items[0],
+            BatchItem {
+                limit: &empty,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(T0, &items, &[None, Some(T0 + SECOND)]);
+        assert!(!out.allowed);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(
+            (out.decisions[0].remaining, out.decisions[0].reset_in),
+            (20, 0)
+        );
+    }
+
+    #[test]
+    fn a_probe_reports_the_bucket_as_it_stands() {
+        let limit = seed_limit();
+        let items = [BatchItem {
+            limit: &limit,
+            cost: 3,
+            mode: Mode::Probe,
+        }];
+        let out = spend_batch(T0, &items, &[None]);
+        assert_eq!(out.writes, vec![None]);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(out.decisions[0].remaining, 20);
+        let out = spend_batch(T0, &items, &[Some(T0 + SECOND)]);
+        assert!(!out.allowed && !out.decisions[0].allowed);
     }
 
     #[test]

@@ -186,9 +186,15 @@ async fn all_or_nothing(s: &Subject) {
 }
 
 async fn modes(s: &Subject) {
+    // Check-only reports what the spend would leave, and writes nothing (twice the same).
     let check = item("m-check", seed(), 4, Mode::CheckOnly);
-    let out = s.store.spend(&[check]).await.unwrap();
-    assert_eq!((out.allowed, out.decisions[0]), (true, d(true, 20, 0, 0)));
+    for _ in 0..2 {
+        let out = s.store.spend(std::slice::from_ref(&check)).await.unwrap();
+        assert_eq!(
+            (out.allowed, out.decisions[0]),
+            (true, d(true, 16, 0, 200 * MS))
+        );
+    }
     let tight = Limit::new(1, 1, SECOND).unwrap();
     one(s, spend("m-spare", tight, 1)).await;
     let out = s

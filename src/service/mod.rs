@@ -470,7 +470,7 @@ impl Decider {
                     limit,
                     cost: r.cost,
                     mode: if blocked || r.oversize {
-                        Mode::CheckOnly
+                        Mode::Probe
                     } else {
                         r.mode
                     },
@@ -478,19 +478,19 @@ impl Decider {
                 _ => None,
             })
             .collect();
-        let mut store_decisions = if store_items.is_empty() {
+        let store_decisions = if store_items.is_empty() {
             Vec::new()
         } else if let Some(outcome) = self.store.try_spend_now(&store_items) {
             outcome?.decisions
         } else {
             self.store.spend(&store_items).await?.decisions
-        }
-        .into_iter();
+        };
+        let mut store_decisions = one_each(store_decisions, store_items.len())?.into_iter();
         let items: Vec<ItemResult> = resolved
             .into_iter()
             .map(|r| {
                 let mut decision = match r.rule {
-                    Rule::Limited(_) => store_decisions.next().unwrap_or(UNLIMITED),
+                    Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
                     Rule::Denied => DENIED,
                     Rule::Unlimited | Rule::NotConfigured => UNLIMITED,
                 };
@@ -528,12 +528,12 @@ impl Decider {
                 _ => None,
             })
             .collect();
-        let mut decisions = if store_items.is_empty() {
+        let decisions = if store_items.is_empty() {
             Vec::new()
         } else {
             self.store.refund(&store_items).await?
-        }
-        .into_iter();
+        };
+        let mut decisions = one_each(decisions, store_items.len())?.into_iter();
         let items: Vec<ItemResult> = resolved
             .into_iter()
             .map(|r| ItemResult {
@@ -549,11 +549,7 @@ impl Decider {
                 mode: Mode::CheckAndSpend,
             })
             .collect();
-        let changed = items.iter().any(|i| i.decision.allowed);
-        // The overall refund reports the strictest bucket, and whether anything changed.
-        let mut result = with_overall(items);
-        result.overall.allowed = changed;
-        Ok(result)
+        Ok(refund_overall(items))
     }
 
     /// Reports each item's bucket without spending (a cost-0 peek).
@@ -562,7 +558,7 @@ impl Decider {
             .iter()
             .map(|item| ItemSpec {
                 cost: Some(0),
-                mode: Mode::CheckOnly,
+                mode: Mode::Probe,
                 ..item.clone()
             })
             .collect();
@@ -577,6 +573,44 @@ impl Decider {
             .map(|r| r.key)
             .collect();
         Ok(self.store.reset(&keys).await?)
+    }
+}
+
+/// The store's decisions, checked to be one per item: a store that answers for fewer
+/// items must not turn the rest into allows.
+fn one_each(decisions: Vec<Decision>, items: usize) -> Result<Vec<Decision>, DecideError> {
+    if decisions.len() == items {
+        Ok(decisions)
+    } else {
+        Err(DecideError::Store(StoreError::transient(format!(
+            "the store answered {} decisions for {items} items",
+            decisions.len()
+        ))))
+    }
+}
+
+/// A refund's overall decision: `allowed` when any bucket changed; the other fields those
+/// of the limited bucket with the fewest tokens after the refund (then the one furthest
+/// from full), which is what a caller deciding whether to retry needs.
+fn refund_overall(items: Vec<ItemResult>) -> BatchResult {
+    let changed = items.iter().any(|i| i.decision.allowed);
+    let overall_item = items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| matches!(item.rule, Rule::Limited(_)))
+        .min_by_key(|(_, item)| {
+            (
+                item.decision.remaining,
+                std::cmp::Reverse(item.decision.reset_in),
+            )
+        })
+        .map(|(i, _)| i);
+    let mut overall = overall_item.map_or(UNCHANGED, |i| items[i].decision);
+    overall.allowed = changed;
+    BatchResult {
+        overall,
+        overall_item,
+        items,
     }
 }
 

@@ -530,7 +530,7 @@ impl RedisStore {
                     let inc = ei.saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX));
                     let mode = match item.mode {
                         Mode::CheckAndSpend => "0",
-                        Mode::CheckOnly => "1",
+                        Mode::CheckOnly | Mode::Probe => "1",
                         Mode::SpendOnly => "2",
                     };
                     [
@@ -585,10 +585,10 @@ impl RedisStore {
             let group_decisions = if all_allowed {
                 out.decisions.clone()
             } else {
-                // Nothing stays spent: report each bucket as a check would.
+                // Nothing stays spent: report each bucket as it stands.
                 let batch: Vec<BatchItem<'_>> = members
                     .iter()
-                    .map(|&i| batch_item(&items[i], Mode::CheckOnly))
+                    .map(|&i| batch_item(&items[i], Mode::Probe))
                     .collect();
                 gcra::spend_batch(read.now, &batch, &read.tats).decisions
             };
