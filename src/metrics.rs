@@ -71,6 +71,7 @@ pub enum Outcomes {
     Unlimited,
     NotConfigured,
     Unmatched,
+    Invalid,
 }
 
 impl Outcomes {
@@ -82,6 +83,7 @@ impl Outcomes {
             Outcomes::Unlimited => "unlimited",
             Outcomes::NotConfigured => "not_configured",
             Outcomes::Unmatched => "unmatched",
+            Outcomes::Invalid => "invalid",
         }
     }
 
@@ -91,6 +93,7 @@ impl Outcomes {
             Rule::Unlimited => Outcomes::Unlimited,
             Rule::NotConfigured => Outcomes::NotConfigured,
             Rule::Denied => Outcomes::Denied,
+            Rule::InvalidId { .. } => Outcomes::Invalid,
             Rule::Limited(_) if item.decision.allowed => Outcomes::Allowed,
             Rule::Limited(_) if item.shadow => Outcomes::ShadowDenied,
             Rule::Limited(_) => Outcomes::Denied,

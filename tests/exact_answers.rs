@@ -164,3 +164,127 @@ async fn a_store_answering_for_fewer_items_is_an_error_not_an_allow() {
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     s.stop().await;
 }
+
+mod invalid_ids {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as Envoy;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    const OK: i32 = Envoy::Ok as i32;
+    const OVER: i32 = Envoy::OverLimit as i32;
+
+    /// The example config plus two domains choosing the other policies.
+    async fn serve() -> (Served, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        for file in std::fs::read_dir(&config).unwrap() {
+            let file = file.unwrap();
+            std::fs::copy(file.path(), dir.path().join(file.file_name())).unwrap();
+        }
+        let mut descriptors = std::fs::read_to_string(dir.path().join("descriptors.yaml")).unwrap();
+        descriptors.push_str(
+            "lenient:\n  invalid_id: ignore\nstrict:\n  invalid_id: reject\n  rules: []\n",
+        );
+        std::fs::write(dir.path().join("descriptors.yaml"), descriptors).unwrap();
+        (Served::start(Some(dir.path())).await, dir)
+    }
+
+    fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: domain.into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    async fn orders_left(s: &mut Served, id: &str) -> i64 {
+        let r = s
+            .admin
+            .inspect(pb::InspectRequest {
+                items: vec![item("NewOrdersPerAccount", id, None)],
+            })
+            .await
+            .unwrap();
+        r.into_inner().items[0].remaining
+    }
+
+    #[tokio::test]
+    async fn deny_by_default_ignore_and_reject_by_domain() {
+        let (mut s, _dir) = serve().await;
+        let valid = || descriptor("NewOrdersPerAccount", "7");
+        let garbage = || descriptor("NewOrdersPerAccount", "abc");
+
+        // deny (default): the bad descriptor is OVER_LIMIT without Retry-After, the batch
+        // is denied as a whole (nothing spent on the good one): no bypass by bad headers.
+        let r = s
+            .envoy
+            .should_rate_limit(request("edge", vec![valid(), garbage()]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!((r.statuses[0].code, r.statuses[1].code), (OK, OVER));
+        assert!(!r
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == "Retry-After"));
+        assert_eq!(orders_left(&mut s, "7").await, 300);
+
+        // ignore: the bad descriptor is unmatched; the rest is decided and spent.
+        let r = s
+            .envoy
+            .should_rate_limit(request("lenient", vec![valid(), garbage()]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, OK);
+        assert_eq!((r.statuses[0].code, r.statuses[1].code), (OK, OK));
+        assert_eq!(orders_left(&mut s, "7").await, 299);
+
+        // reject: INVALID_ARGUMENT naming Envoy's field.
+        let e = s
+            .envoy
+            .should_rate_limit(request("strict", vec![valid(), garbage()]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("descriptors[1].entries: "), "{e:?}");
+        assert_eq!(orders_left(&mut s, "7").await, 299);
+
+        // Counted as invalid; the rejected request's unmatched descriptor is not counted.
+        let unmatched = || descriptor("path", "/");
+        let e = s
+            .envoy
+            .should_rate_limit(request("strict", vec![unmatched(), garbage()]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let metrics = common::http_get_async(s.metrics_addr, "/metrics").await.1;
+        let invalid = "cellrate_decisions_total{api=\"envoy\",limit=\"NewOrdersPerAccount\",result=\"invalid\"}";
+        assert_eq!(
+            common::sample(&metrics, invalid),
+            Some(2.0),
+            "deny and ignore"
+        );
+        let unmatched_series =
+            "cellrate_decisions_total{api=\"envoy\",limit=\"\",result=\"unmatched\"}";
+        assert_eq!(
+            common::sample(&metrics, unmatched_series),
+            None,
+            "{metrics}"
+        );
+        s.stop().await;
+    }
+}

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::Nanos;
 use crate::gcra::Limit;
-use crate::limits::descriptors::{DescriptorRules, RawRule};
+use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
 use crate::limits::names::{IdFormat, Name, Names};
 
@@ -196,7 +196,7 @@ impl LimitTable {
                     Ok(raw) => table.add_overrides(file, raw.0, &mut override_origin, &mut report),
                     Err(reason) => report(None, reason),
                 },
-                FileKind::Descriptors => match parse::<BTreeMap<String, Vec<RawRule>>>(text) {
+                FileKind::Descriptors => match parse::<BTreeMap<String, RawDomain>>(text) {
                     Ok(raw) => {
                         table.descriptors = DescriptorRules::build(raw, &table.names, &mut report)
                     }
@@ -960,6 +960,17 @@ NewOrdersPerAccount:
                 "defaults.yaml",
                 "NewOrdersPerAccount: {burst: 1, count: 1, period: 91250d}",
                 "defaults.yaml: NewOrdersPerAccount: a full burst takes 91250 days to refill",
+            ),
+            // a domain's invalid-id policy
+            (
+                "descriptors.yaml",
+                "edge: {invalid_id: maybe, rules: []}",
+                "unknown variant `maybe`, expected one of `reject`, `deny`, `ignore`",
+            ),
+            (
+                "descriptors.yaml",
+                "edge: {invalid_ids: deny}",
+                "unknown field `invalid_ids`",
             ),
             // unknown name
             (

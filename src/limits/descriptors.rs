@@ -30,6 +30,78 @@ use crate::limits::names::Names;
 #[derive(Debug, Clone, Default)]
 pub struct DescriptorRules {
     by_domain: ConfigMap<String, Vec<DescriptorRule>>,
+    /// Domains whose `invalid_id` policy is not the default ([`InvalidIds::Deny`]).
+    invalid_ids: ConfigMap<String, InvalidIds>,
+}
+
+/// What a descriptor (or native item) whose id does not fit its name's format does to
+/// the request. Envoy domains choose in `descriptors.yaml` (`invalid_id`, default `deny`);
+/// the native API always rejects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidIds {
+    /// The request is INVALID_ARGUMENT.
+    #[default]
+    Reject,
+    /// That item is denied for good (OVER_LIMIT, no retry time helps); the rest are
+    /// decided as usual.
+    Deny,
+    /// That item is left out, as if it mapped to nothing.
+    Ignore,
+}
+
+/// A domain in `descriptors.yaml`: a list of rules, or `{invalid_id, rules}`.
+#[derive(Debug, Default)]
+pub(crate) struct RawDomain {
+    invalid_id: Option<InvalidIds>,
+    rules: Vec<RawRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDomainMap {
+    #[serde(default)]
+    invalid_id: Option<InvalidIds>,
+    #[serde(default)]
+    rules: Vec<RawRule>,
+}
+
+impl<'de> Deserialize<'de> for RawDomain {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Domain;
+        impl<'de> serde::de::Visitor<'de> for Domain {
+            type Value = RawDomain;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of rules, or a map with `rules` and `invalid_id`")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<RawDomain, A::Error> {
+                let rules =
+                    Vec::<RawRule>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(RawDomain {
+                    invalid_id: None,
+                    rules,
+                })
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawDomain, A::Error> {
+                let raw =
+                    RawDomainMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawDomain {
+                    invalid_id: raw.invalid_id,
+                    rules: raw.rules,
+                })
+            }
+        }
+        deserializer.deserialize_any(Domain)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -86,16 +158,20 @@ struct RawEntry {
 impl DescriptorRules {
     /// Validates raw rules against `names`; problems go to `report(entry, reason)`.
     pub(crate) fn build(
-        raw: BTreeMap<String, Vec<RawRule>>,
+        raw: BTreeMap<String, RawDomain>,
         names: &Names,
         report: &mut impl FnMut(Option<String>, String),
     ) -> DescriptorRules {
         let mut rules = DescriptorRules::default();
-        for (domain, raw_rules) in raw {
+        for (domain, raw_domain) in raw {
             if domain.is_empty() {
                 report(None, "a domain name is empty".to_string());
                 continue;
             }
+            if let Some(policy) = raw_domain.invalid_id.filter(|p| *p != InvalidIds::Deny) {
+                rules.invalid_ids.insert(domain.clone(), policy);
+            }
+            let raw_rules = raw_domain.rules;
             let mut built = Vec::new();
             for (index, rule) in raw_rules.into_iter().enumerate() {
                 let at = Some(format!("{domain} rule {}", index + 1));
@@ -150,6 +226,17 @@ impl DescriptorRules {
             }
         }
         Mapping::Unmatched
+    }
+
+    /// What an invalid id does in `domain` (`deny` unless the domain says otherwise).
+    pub fn invalid_ids(&self, domain: &str) -> InvalidIds {
+        if self.invalid_ids.is_empty() {
+            return InvalidIds::Deny;
+        }
+        self.invalid_ids
+            .get(domain)
+            .copied()
+            .unwrap_or(InvalidIds::Deny)
     }
 
     /// Number of rules over all domains.
@@ -309,7 +396,7 @@ mod tests {
 
     fn rules(yaml: &str) -> Result<(DescriptorRules, Names), Vec<String>> {
         let names = Names::builtin();
-        let raw: BTreeMap<String, Vec<RawRule>> = serde_yaml_ng::from_str(yaml).unwrap();
+        let raw: BTreeMap<String, RawDomain> = serde_yaml_ng::from_str(yaml).unwrap();
         let mut errors = Vec::new();
         let built = DescriptorRules::build(raw, &names, &mut |entry, reason| {
             errors.push(format!("{}: {reason}", entry.unwrap_or_default()))

@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -58,6 +59,10 @@ pub struct EnvoyRateLimitService {
     decider: Arc<Decider>,
     options: EnvoyOptions,
     metrics: Arc<Metrics>,
+    /// Invalid-id descriptors not yet logged, and the second (since start) of the last line.
+    invalid_unlogged: AtomicU64,
+    invalid_logged_at: AtomicU64,
+    started: Instant,
 }
 
 impl EnvoyRateLimitService {
@@ -70,6 +75,9 @@ impl EnvoyRateLimitService {
             decider,
             options,
             metrics,
+            invalid_unlogged: AtomicU64::new(0),
+            invalid_logged_at: AtomicU64::new(0),
+            started: Instant::now(),
         }
     }
 }
@@ -179,6 +187,8 @@ impl EnvoyRateLimitService {
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut items: Vec<ItemSpec> = Vec::new();
         let mut owner: Vec<usize> = Vec::new();
+        // Counted once the request is decided (a rejected request decided nothing).
+        let mut unmatched = 0;
         for (d, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.entries.is_empty() {
                 return Err(invalid(format!("descriptors[{d}].entries: empty")));
@@ -249,7 +259,7 @@ impl EnvoyRateLimitService {
                 // bucket named after the domain and entries (as envoyproxy/ratelimit does).
                 Mapping::Unmatched => {
                     if given.is_none() {
-                        self.metrics.decision("envoy", "", Outcomes::Unmatched);
+                        unmatched += 1;
                     }
                     if let Some(limit) = given {
                         items.push(spec(Target::Descriptor {
@@ -266,6 +276,7 @@ impl EnvoyRateLimitService {
             Vec::new()
         } else {
             let options = CheckOptions {
+                invalid_ids: table.descriptors().invalid_ids(&request.domain),
                 oversize_denies: true,
                 honour_shadow: true,
                 shadow_all: self.options.shadow,
@@ -273,15 +284,81 @@ impl EnvoyRateLimitService {
             match self.decider.check_with(&table, &items, options).await {
                 Ok(result) => result.items,
                 Err(DecideError::Invalid(e)) => {
-                    return Err(invalid(
-                        e.describe(|i| format!("descriptors[{}]", owner[i])),
-                    ))
+                    // Envoy's fields: an id is built from the descriptor's entries.
+                    let message = match e.item {
+                        Some(i) => format!(
+                            "descriptors[{}]{}: {}",
+                            owner[i],
+                            if e.field == ".id" {
+                                ".entries"
+                            } else {
+                                e.field
+                            },
+                            e.message
+                        ),
+                        None => format!("descriptors: {}", e.message),
+                    };
+                    return Err(invalid(message));
                 }
                 Err(DecideError::Store(e)) => return Err(store_unavailable(&e)),
             }
         };
+        for _ in 0..unmatched {
+            self.metrics.decision("envoy", "", Outcomes::Unmatched);
+        }
+        self.log_invalid_ids(&request, &owner, &results);
         self.metrics.decisions("envoy", &results);
         Ok(self.respond(request.descriptors.len(), &owner, &results))
+    }
+}
+
+impl EnvoyRateLimitService {
+    /// Logs descriptors whose id did not fit its name's format: at most one line a
+    /// second (a client sending garbage must not flood the logs), with how many there were.
+    fn log_invalid_ids(&self, request: &RateLimitRequest, owner: &[usize], results: &[ItemResult]) {
+        let Some(i) = results
+            .iter()
+            .position(|r| matches!(r.rule, Rule::InvalidId { .. }))
+        else {
+            return;
+        };
+        let count = results
+            .iter()
+            .filter(|r| matches!(r.rule, Rule::InvalidId { .. }))
+            .count() as u64;
+        let pending = self.invalid_unlogged.fetch_add(count, Ordering::Relaxed) + count;
+        // Seconds since start, plus one, so that the first line is written at once.
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.invalid_logged_at.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .invalid_logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.invalid_unlogged.fetch_sub(pending, Ordering::Relaxed);
+            let descriptor = &request.descriptors[owner[i]];
+            let entries: Vec<String> = descriptor
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", short(&e.key), short(&e.value)))
+                .collect();
+            tracing::warn!(
+                domain = short(&request.domain),
+                limit = %results[i].name,
+                example = entries.join(","),
+                since_last_line = pending,
+                "descriptors with an id that does not fit the limit's format"
+            );
+        }
+    }
+}
+
+/// At most 64 characters of a caller's text, for a log line.
+fn short(text: &str) -> &str {
+    match text.char_indices().nth(64) {
+        Some((at, _)) => &text[..at],
+        None => text,
     }
 }
 
@@ -306,7 +383,7 @@ fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
 
 /// An item that decides: limited (including shadow) or deny-listed.
 fn restricts(item: &ItemResult) -> bool {
-    matches!(item.rule, Rule::Limited(_) | Rule::Denied)
+    item.rule.restricts()
 }
 
 /// A denial that is enforced (not in shadow mode).

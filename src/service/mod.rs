@@ -14,6 +14,7 @@ use arc_swap::ArcSwap;
 use crate::clock::Nanos;
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
+pub use crate::limits::descriptors::InvalidIds;
 use crate::limits::names::{BucketKey, IdFormat};
 use crate::store::{Store, StoreError, StoreItem};
 
@@ -151,6 +152,8 @@ pub struct CheckOptions {
     pub honour_shadow: bool,
     /// Treat every limit as shadow (global shadow mode).
     pub shadow_all: bool,
+    /// What an id that does not fit its name's format does to the request.
+    pub invalid_ids: InvalidIds,
 }
 
 /// Which rule decided an item.
@@ -160,6 +163,20 @@ pub enum Rule {
     Unlimited,
     Denied,
     NotConfigured,
+    /// The id does not fit the name's format; `deny` under [`InvalidIds::Deny`].
+    InvalidId {
+        deny: bool,
+    },
+}
+
+impl Rule {
+    /// Whether the rule can restrict a batch (limited, deny-listed, a denied invalid id).
+    pub fn restricts(&self) -> bool {
+        matches!(
+            self,
+            Rule::Limited(_) | Rule::Denied | Rule::InvalidId { deny: true }
+        )
+    }
 }
 
 /// One item's answer.
@@ -344,9 +361,35 @@ impl Decider {
                         .names()
                         .get(name)
                         .ok_or_else(|| invalid(i, "", format!("unknown limit name {name:?}")))?;
-                    let canonical = found.format.canonicalize_cow(id).map_err(|e| {
-                        invalid(i, ".id", format!("{e} (format {} of {name})", found.format))
-                    })?;
+                    let canonical = match found.format.canonicalize_cow(id) {
+                        Ok(canonical) => canonical,
+                        Err(e) if options.invalid_ids == InvalidIds::Reject => {
+                            return Err(invalid(
+                                i,
+                                ".id",
+                                format!("{e} (format {} of {name})", found.format),
+                            ))
+                        }
+                        Err(_) => {
+                            // No bucket: decided without the store, never a duplicate.
+                            resolved.push(Resolved {
+                                key: BucketKey::new(found.number, ""),
+                                name: found.text.clone(),
+                                rule: Rule::InvalidId {
+                                    deny: options.invalid_ids == InvalidIds::Deny,
+                                },
+                                cost: 0,
+                                mode: if options.shadow_all {
+                                    Mode::SpendOnly
+                                } else {
+                                    item.mode
+                                },
+                                shadow: options.shadow_all,
+                                oversize: false,
+                            });
+                            continue;
+                        }
+                    };
                     let policy = table.policy(found, &canonical);
                     let key = match item.limit {
                         // The caller's limit on a configured name: a bucket of its own.
@@ -420,7 +463,10 @@ impl Decider {
                 }
             }
             // At most 64 items: a scan beats hashing, and allocates nothing.
-            if let Some(first) = resolved.iter().position(|r| r.key == key) {
+            if let Some(first) = resolved
+                .iter()
+                .position(|r| r.key == key && !matches!(r.rule, Rule::InvalidId { .. }))
+            {
                 return Err(invalid(
                     i,
                     "",
@@ -459,9 +505,10 @@ impl Decider {
         let resolved = self.resolve(table, items, options)?;
         // A counting item that can never pass (deny-listed, or oversize) denies the batch:
         // decide the rest without spending.
-        let blocked = resolved
-            .iter()
-            .any(|r| (r.rule == Rule::Denied || r.oversize) && r.mode.counts());
+        let blocked = resolved.iter().any(|r| {
+            (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true }) || r.oversize)
+                && r.mode.counts()
+        });
         let store_items: Vec<StoreItem> = resolved
             .iter()
             .filter_map(|r| match r.rule {
@@ -491,8 +538,10 @@ impl Decider {
             .map(|r| {
                 let mut decision = match r.rule {
                     Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
-                    Rule::Denied => DENIED,
-                    Rule::Unlimited | Rule::NotConfigured => UNLIMITED,
+                    Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
+                    Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
+                        UNLIMITED
+                    }
                 };
                 if r.oversize {
                     // Never allowed: no retry time would help.
@@ -620,7 +669,7 @@ fn with_overall(items: Vec<ItemResult>) -> BatchResult {
     let mut overall_item = None;
     let mut overall = UNLIMITED;
     for (i, item) in items.iter().enumerate() {
-        let restricts = matches!(item.rule, Rule::Limited(_) | Rule::Denied) && item.mode.counts();
+        let restricts = item.rule.restricts() && item.mode.counts();
         if restricts && (overall_item.is_none() || item.decision.is_stricter_than(&overall)) {
             overall = item.decision;
             overall_item = Some(i);

@@ -227,7 +227,9 @@ fn policy(rule: Rule) -> pb::Policy {
     match rule {
         Rule::Limited(_) => pb::Policy::Limited,
         Rule::Unlimited => pb::Policy::Unlimited,
-        Rule::Denied => pb::Policy::Denied,
+        Rule::Denied | Rule::InvalidId { deny: true } => pb::Policy::Denied,
+        // Never reached: the native API rejects invalid ids.
+        Rule::InvalidId { deny: false } => pb::Policy::NotConfigured,
         Rule::NotConfigured => pb::Policy::NotConfigured,
     }
 }
