@@ -264,6 +264,58 @@ async fn a_poisoned_bucket_fails_alone_and_never_opens_the_breaker() {
 }
 
 #[tokio::test]
+async fn a_half_open_breaker_lets_one_trial_through() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let s = RedisSettings {
+        breaker_threshold: 2,
+        breaker_cooldown: Duration::from_millis(300),
+        timeout: Duration::from_millis(100),
+        ..settings(&server.url())
+    };
+    let (store, metrics) = store(s, &clock);
+    let store = Arc::new(store);
+    assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_ok());
+    server.kill();
+    for _ in 0..2 {
+        assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
+    }
+    let rejections = |text: &str| common::sample(text, "cellrate_store_breaker_rejections_total");
+    assert_eq!(rejections(&metrics.render()), Some(0.0), "open only now");
+    // After the cool-down, ten concurrent calls: one trial reaches Redis, nine fail fast.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let calls = (0..10).map(|_| {
+        let store = store.clone();
+        async move { store.spend(&[spend("h", per_10s(), 1)]).await }
+    });
+    let results = futures_util::future::join_all(calls).await;
+    assert!(results.iter().all(Result::is_err));
+    assert_eq!(
+        rejections(&metrics.render()),
+        Some(9.0),
+        "exactly one trial"
+    );
+    // The trial failed: open again at once.
+    assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
+    assert_eq!(rejections(&metrics.render()), Some(10.0));
+    // Redis back: after the cool-down the trial succeeds and closes the breaker.
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let mut closed = false;
+    for _ in 0..20 {
+        if store.spend(&[spend("h2", per_10s(), 1)]).await.is_ok() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(350)).await;
+    }
+    assert!(closed, "the breaker never closed after Redis came back");
+    for _ in 0..5 {
+        assert!(store.spend(&[spend("h2", per_10s(), 1)]).await.is_ok());
+    }
+}
+
+#[tokio::test]
 async fn an_open_breaker_fails_fast() {
     let mut server = RedisServer::start();
     let clock = FakeClock::new(T0);
@@ -334,6 +386,25 @@ async fn healthy_cluster_slots_keep_working_when_a_primary_dies() {
         }
         assert!(ok, "slots of a healthy node stopped working");
     }
+    // Readiness follows Redis as a whole, not whichever slot answered last.
+    let healthy = store.healthy();
+    assert!(store.spend(&[spend(&ids[0], per_10s(), 1)]).await.is_err());
+    assert!(
+        healthy.load(std::sync::atomic::Ordering::Relaxed),
+        "one dead primary made the store unready"
+    );
+    // A refund across slots runs on each; the error says what was applied.
+    let e = store
+        .refund(&[spend(&ids[0], per_10s(), 1), spend(&ids[1], per_10s(), 1)])
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains(&format!(
+            "refund applied to 100:{}; not to 100:{}",
+            ids[1], ids[0]
+        )),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,13 +19,13 @@
 //! cannot pick slots.
 //!
 //! **Failures.** Every call has a deadline (default 10 ms, below Envoy's 20 ms). A circuit
-//! breaker per slot (one for standalone) fails fast after repeated errors and lets a trial
-//! through after a cool-down. On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
+//! breaker per slot (one for standalone) fails fast after repeated errors and lets exactly
+//! one trial through after a cool-down (half-open). On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
 //! default; Envoy's `failure_mode_deny` then decides), allow, deny, or decide locally in
 //! memory with a share of each limit. Connections re-establish by themselves.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,11 +124,21 @@ enum Connection {
     },
 }
 
-/// A circuit breaker: counts consecutive failures; open until a monotonic deadline.
+/// A circuit breaker: counts consecutive failures; after `breaker_threshold` it opens
+/// (calls fail fast) until a monotonic deadline, then is half-open: exactly one call goes
+/// through as a trial, the others still fail fast; the trial's success closes it, its
+/// failure opens it for another cool-down.
 #[derive(Default)]
 struct Breaker {
     failures: AtomicU32,
+    /// 0: closed; else the monotonic time (ns since start, at least 1) it opened until.
     open_until: AtomicI64,
+    /// Half-open: a trial call is in flight.
+    trial: AtomicBool,
+    /// Whether the last call through this breaker failed (for readiness).
+    failing: AtomicBool,
+    /// Whether any call went through this breaker (cluster slots).
+    used: AtomicBool,
 }
 
 /// The Redis store. See the module docs.
@@ -141,8 +151,12 @@ pub struct RedisStore {
     fallback: Option<MemoryStore>,
     breakers: Box<[Breaker]>,
     started: Instant,
-    /// Whether the last Redis call succeeded (for readiness, when required).
+    /// Whether Redis answers: some used slot's last call succeeded (for readiness, when
+    /// required).
     healthy: Arc<AtomicBool>,
+    /// Breakers whose last call failed, and (cluster) breakers that saw a call.
+    failing_slots: AtomicUsize,
+    used_slot_count: AtomicUsize,
     /// Recent denials, by Redis key (see [`DenyCache`]).
     deny_cache: Option<DenyCache>,
     /// Data errors already logged, so that a bad bucket logs once, not per request.
@@ -161,8 +175,54 @@ pub struct RedisStore {
 /// reports are computed at the estimated time, so they may differ from Redis's by the
 /// round-trip time.
 struct DenyCache {
-    entries: std::sync::Mutex<std::collections::HashMap<String, DenyEntry>>,
+    entries: std::sync::Mutex<DenyEntries>,
     capacity: usize,
+}
+
+/// The cache's map, and its keys in insertion order for O(1) eviction of the oldest (a
+/// full cache under attack must not scan itself on every new denial). Keys removed from
+/// the map stay in `order` until they reach its front, or until `order` grows past twice
+/// the capacity and is compacted.
+#[derive(Default)]
+struct DenyEntries {
+    map: std::collections::HashMap<String, DenyEntry>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl DenyEntries {
+    fn insert(&mut self, key: &str, entry: DenyEntry, capacity: usize) {
+        if let Some(existing) = self.map.get_mut(key) {
+            *existing = entry;
+            return;
+        }
+        while self.map.len() >= capacity {
+            match self.order.pop_front() {
+                Some(oldest) => {
+                    self.map.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        self.map.insert(key.to_string(), entry);
+        self.order.push_back(key.to_string());
+        if self.order.len() > 2 * capacity {
+            let map = &self.map;
+            self.order.retain(|k| map.contains_key(k));
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<DenyEntry> {
+        self.map.get(key).copied()
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.map.remove(key);
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.order.clear();
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -175,7 +235,7 @@ struct DenyEntry {
 }
 
 impl DenyCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, DenyEntry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DenyEntries> {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -303,9 +363,11 @@ impl RedisStore {
             breakers: (0..breakers).map(|_| Breaker::default()).collect(),
             started: Instant::now(),
             healthy: Arc::new(AtomicBool::new(true)),
+            failing_slots: AtomicUsize::new(0),
+            used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
-                entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+                entries: std::sync::Mutex::new(DenyEntries::default()),
                 capacity: deny_cache,
             }),
         })
@@ -341,18 +403,58 @@ impl RedisStore {
         &self.breakers[slot % self.breakers.len()]
     }
 
+    /// Whether a call to `slot` may go ahead: the breaker is closed, or this call is the
+    /// half-open breaker's one trial.
+    fn admit(&self, slot: usize) -> bool {
+        let breaker = self.breaker(slot);
+        let open_until = breaker.open_until.load(Ordering::Relaxed);
+        open_until == 0
+            || (self.mono() >= open_until
+                && breaker
+                    .trial
+                    .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok())
+    }
+
     fn note(&self, slot: usize, ok: bool) {
         let breaker = self.breaker(slot);
-        self.healthy.store(ok, Ordering::Relaxed);
+        let was_failing = breaker.failing.swap(!ok, Ordering::Relaxed);
+        if was_failing != !ok {
+            if ok {
+                self.failing_slots.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.failing_slots.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Ready while some slot answers: in a cluster, one dead primary must not make
+        // every replica unready (its slots fail; the others serve), nor may readiness
+        // follow whichever slot answered last.
+        let failing = self.failing_slots.load(Ordering::Relaxed);
+        self.healthy.store(
+            failing == 0 || failing < self.used_slots(),
+            Ordering::Relaxed,
+        );
         if ok {
             breaker.failures.store(0, Ordering::Relaxed);
+            breaker.open_until.store(0, Ordering::Relaxed);
+            breaker.trial.store(false, Ordering::Relaxed);
             return;
         }
         let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= self.settings.breaker_threshold {
+        let half_open = breaker.open_until.load(Ordering::Relaxed) != 0;
+        if half_open || failures >= self.settings.breaker_threshold {
             let until = self.mono() + self.settings.breaker_cooldown.as_nanos() as i64;
-            breaker.open_until.store(until, Ordering::Relaxed);
+            breaker.open_until.store(until.max(1), Ordering::Relaxed);
+            breaker.trial.store(false, Ordering::Relaxed);
         }
+    }
+
+    /// Breakers that have seen a call.
+    fn used_slots(&self) -> usize {
+        if self.breakers.len() == 1 {
+            return 1;
+        }
+        self.used_slot_count.load(Ordering::Relaxed)
     }
 
     /// One script call over `keys` (all in one slot), with the deadline and breaker.
@@ -363,11 +465,14 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Read, StoreError> {
-        if self.breaker(slot).open_until.load(Ordering::Relaxed) > self.mono() {
+        if !self.admit(slot) {
             self.metrics.store_breaker_rejection();
             return Err(StoreError::transient(
                 "redis: circuit open after repeated failures",
             ));
+        }
+        if self.breakers.len() > 1 && !self.breaker(slot).used.swap(true, Ordering::Relaxed) {
+            self.used_slot_count.fetch_add(1, Ordering::Relaxed);
         }
         let now_arg = match self.settings.clock {
             RedisClock::Redis => String::new(),
@@ -454,7 +559,7 @@ impl RedisStore {
             return None;
         }
         let mut entries = cache.lock();
-        let entry = *entries.get(key)?;
+        let entry = entries.get(key)?;
         let estimated_now = match self.settings.clock {
             RedisClock::Local => self.clock.now(),
             RedisClock::Redis => entry.now.saturating_add(self.mono() - entry.sent),
@@ -480,22 +585,13 @@ impl RedisStore {
         let mut entries = cache.lock();
         match read.tats.first().copied().flatten() {
             Some(tat) if !allowed && item.mode.counts() => {
-                if entries.len() >= cache.capacity && !entries.contains_key(key) {
-                    // Full: drop what no longer proves anything, else skip this one.
-                    let now = self.mono();
-                    entries.retain(|_, e| e.now.saturating_add(now - e.sent) < e.tat);
-                    if entries.len() >= cache.capacity {
-                        return;
-                    }
-                }
-                entries.insert(
-                    key.to_string(),
-                    DenyEntry {
-                        tat,
-                        now: read.now,
-                        sent,
-                    },
-                );
+                // Full: the oldest entry goes (it is the likeliest to prove nothing now).
+                let entry = DenyEntry {
+                    tat,
+                    now: read.now,
+                    sent,
+                };
+                entries.insert(key, entry, cache.capacity);
             }
             _ => {
                 entries.remove(key);
@@ -634,14 +730,62 @@ impl RedisStore {
         }
     }
 
+    /// Runs `op` on every slot group of `keys` in parallel. Each group is atomic; when
+    /// some fail, the error says which buckets were applied and which were not.
+    async fn per_group(
+        &self,
+        op: Op,
+        keys: &[String],
+        buckets: &[&BucketKey],
+        args: impl Fn(usize) -> Option<String>,
+    ) -> Result<Vec<(Vec<usize>, Read)>, StoreError> {
+        let groups = self.groups(keys);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let group_args: Vec<String> = members.iter().filter_map(|&i| args(i)).collect();
+            async move { self.call(op, *slot, &group_keys, &group_args).await }
+        });
+        let reads = futures_util::future::join_all(calls).await;
+        let mut done = Vec::with_capacity(groups.len());
+        let (mut applied, mut failed, mut error) = (Vec::new(), Vec::new(), None);
+        for ((_, members), read) in groups.into_iter().zip(reads) {
+            let names = members.iter().map(|&i| buckets[i].to_string());
+            match read {
+                Ok(read) => {
+                    applied.extend(names);
+                    done.push((members, read));
+                }
+                Err(e) => {
+                    failed.extend(names);
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        match error {
+            None => Ok(done),
+            Some(e) if applied.is_empty() => Err(e),
+            Some(e) => Err(StoreError {
+                message: format!(
+                    "{}: {} applied to {}; not to {}",
+                    e.message,
+                    op.name(),
+                    applied.join(", "),
+                    failed.join(", ")
+                ),
+                ..e
+            }),
+        }
+    }
+
     async fn refund_redis(&self, items: &[StoreItem]) -> Result<Vec<Decision>, StoreError> {
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
         self.forget(&keys);
+        let buckets: Vec<&BucketKey> = items.iter().map(|i| &i.key).collect();
+        let done = self
+            .per_group(Op::Refund, &keys, &buckets, |i| Some(increment(&items[i])))
+            .await?;
         let mut decisions = vec![UNDECIDED; items.len()];
-        for (slot, members) in self.groups(&keys) {
-            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
-            let args: Vec<String> = members.iter().map(|&i| increment(&items[i])).collect();
-            let read = self.call(Op::Refund, slot, &group_keys, &args).await?;
+        for (members, read) in done {
             for (&i, tat) in members.iter().zip(&read.tats) {
                 decisions[i] = gcra::refund(&items[i].limit, read.now, *tat, items[i].cost).0;
             }
@@ -652,16 +796,19 @@ impl RedisStore {
     async fn reset_redis(&self, keys: &[BucketKey]) -> Result<u32, StoreError> {
         let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(k)).collect();
         self.forget(&redis_keys);
-        let mut live = 0;
-        for (slot, members) in self.groups(&redis_keys) {
-            let group_keys: Vec<String> = members.iter().map(|&i| redis_keys[i].clone()).collect();
-            let read = self.call(Op::Reset, slot, &group_keys, &[]).await?;
-            live += read
-                .tats
-                .iter()
-                .filter(|t| t.is_some_and(|t| t > read.now))
-                .count();
-        }
+        let buckets: Vec<&BucketKey> = keys.iter().collect();
+        let done = self
+            .per_group(Op::Reset, &redis_keys, &buckets, |_| None)
+            .await?;
+        let live: usize = done
+            .iter()
+            .map(|(_, read)| {
+                read.tats
+                    .iter()
+                    .filter(|t| t.is_some_and(|t| t > read.now))
+                    .count()
+            })
+            .sum();
         Ok(live as u32)
     }
 
@@ -829,6 +976,32 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_deny_cache_evicts_its_oldest_entry_when_full() {
+        let entry = |tat| DenyEntry {
+            tat,
+            now: 0,
+            sent: 0,
+        };
+        let mut cache = DenyEntries::default();
+        for i in 0..1_000 {
+            cache.insert(&format!("k{i}"), entry(i), 100);
+            assert!(cache.map.len() <= 100);
+            assert!(cache.order.len() <= 200);
+        }
+        assert_eq!(cache.get("k999").map(|e| e.tat), Some(999));
+        assert!(cache.get("k899").is_none(), "the oldest went first");
+        assert_eq!(cache.get("k900").map(|e| e.tat), Some(900));
+        // Removed keys leave the queue in time; updates keep their place.
+        for i in 900..1_000 {
+            cache.remove(&format!("k{i}"));
+        }
+        cache.insert("fresh", entry(1), 100);
+        cache.insert("fresh", entry(2), 100);
+        assert_eq!(cache.get("fresh").map(|e| e.tat), Some(2));
+        assert_eq!(cache.map.len(), 1);
+    }
 
     #[test]
     fn slots_follow_the_cluster_spec() {
