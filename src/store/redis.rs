@@ -419,7 +419,7 @@ impl RedisStore {
     fn note(&self, slot: usize, ok: bool) {
         let breaker = self.breaker(slot);
         let was_failing = breaker.failing.swap(!ok, Ordering::Relaxed);
-        if was_failing != !ok {
+        if was_failing == ok {
             if ok {
                 self.failing_slots.fetch_sub(1, Ordering::Relaxed);
             } else {
