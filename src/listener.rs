@@ -252,29 +252,37 @@ impl AsyncRead for GuardedStream {
     }
 }
 
+impl GuardedStream {
+    /// A write's outcome, with a deadline while the peer does not read: a write that
+    /// stays stuck for the idle timeout fails.
+    fn watch_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        outcome: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if outcome.is_ready() {
+            self.write_deadline = None;
+            return outcome;
+        }
+        let idle = self.idle;
+        let deadline = self
+            .write_deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        ready!(deadline.as_mut().poll(cx));
+        Poll::Ready(Err(GuardedStream::timed_out(
+            "the peer has not read for the idle timeout",
+        )))
+    }
+}
+
 impl AsyncWrite for GuardedStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.stream).poll_write(cx, buf) {
-            Poll::Ready(result) => {
-                this.write_deadline = None;
-                Poll::Ready(result)
-            }
-            Poll::Pending => {
-                let idle = this.idle;
-                let deadline = this
-                    .write_deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-                ready!(deadline.as_mut().poll(cx));
-                Poll::Ready(Err(GuardedStream::timed_out(
-                    "the peer has not read for the idle timeout",
-                )))
-            }
-        }
+        let outcome = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.watch_write(cx, outcome)
     }
 
     fn poll_write_vectored(
@@ -282,23 +290,8 @@ impl AsyncWrite for GuardedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
-            Poll::Ready(result) => {
-                this.write_deadline = None;
-                Poll::Ready(result)
-            }
-            Poll::Pending => {
-                let idle = this.idle;
-                let deadline = this
-                    .write_deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-                ready!(deadline.as_mut().poll(cx));
-                Poll::Ready(Err(GuardedStream::timed_out(
-                    "the peer has not read for the idle timeout",
-                )))
-            }
-        }
+        let outcome = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.watch_write(cx, outcome)
     }
 
     fn is_write_vectored(&self) -> bool {

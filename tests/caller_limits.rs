@@ -8,7 +8,7 @@ use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::CallerLimits;
-use common::{item, Served, MS};
+use common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -51,17 +51,6 @@ async fn ask(s: &mut Served, domain: &str, d: RateLimitDescriptor) -> RateLimitR
         .await
         .expect("ShouldRateLimit succeeds")
         .into_inner()
-}
-
-async fn remaining(s: &mut Served, name: &str, id: &str) -> i64 {
-    let r = s
-        .admin
-        .inspect(pb::InspectRequest {
-            items: vec![item(name, id, None)],
-        })
-        .await
-        .unwrap();
-    r.into_inner().items[0].remaining
 }
 
 fn inline(key: &str, burst: u64, count: u64, seconds: i64, cost: Option<u64>) -> pb::Item {

@@ -9,7 +9,7 @@ use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
-use common::{item, Served, MS};
+use common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -54,17 +54,6 @@ async fn ask(s: &mut Served, r: RateLimitRequest) -> RateLimitResponse {
         .await
         .expect("ShouldRateLimit succeeds")
         .into_inner()
-}
-
-async fn remaining(s: &mut Served, name: &str, id: &str) -> i64 {
-    let r = s
-        .admin
-        .inspect(pb::InspectRequest {
-            items: vec![item(name, id, None)],
-        })
-        .await
-        .unwrap();
-    r.into_inner().items[0].remaining
 }
 
 fn header<'a>(r: &'a RateLimitResponse, key: &str) -> Option<&'a str> {

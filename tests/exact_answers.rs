@@ -210,14 +210,7 @@ mod invalid_ids {
     }
 
     async fn orders_left(s: &mut Served, id: &str) -> i64 {
-        let r = s
-            .admin
-            .inspect(pb::InspectRequest {
-                items: vec![item("NewOrdersPerAccount", id, None)],
-            })
-            .await
-            .unwrap();
-        r.into_inner().items[0].remaining
+        common::remaining(s, "NewOrdersPerAccount", id).await
     }
 
     #[tokio::test]

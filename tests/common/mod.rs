@@ -145,6 +145,18 @@ impl Served {
     }
 }
 
+/// The tokens left in the bucket of `name` and `id`, by an admin `Inspect`.
+pub async fn remaining(s: &mut Served, name: &str, id: &str) -> i64 {
+    let r = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item(name, id, None)],
+        })
+        .await
+        .unwrap();
+    r.into_inner().items[0].remaining
+}
+
 /// A named item with an optional cost.
 pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
     pb::Item {
