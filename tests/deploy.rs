@@ -129,14 +129,18 @@ fn ports_and_paths_agree_between_dockerfile_chart_and_binary() {
         .iter()
         .any(|e| e.contains(&format!("CELLRATE_CONFIG={mount}"))));
 
-    // Probes ask grpc.health.v1 on the decision port, which serves it (tested by running).
+    // Readiness asks grpc.health.v1 on the decision port, liveness /healthz on the metrics
+    // port (which both serve: tested by running).
     let deployment = read("helm/cellrate/templates/deployment.yaml");
     assert_eq!(
         deployment
             .matches("grpc:\n              port: {{ .Values.ports.grpc }}")
             .count(),
-        2
+        1
     );
+    assert!(deployment.contains(
+        "httpGet:\n              path: /healthz\n              port: {{ .Values.ports.metrics }}"
+    ));
     assert!(deployment.contains("mountPath: {{ .Values.config.mountPath }}"));
     assert!(
         !deployment.contains("subPath"),
