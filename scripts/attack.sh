@@ -2,8 +2,8 @@
 # Hostile clients against a release build of cellrate on loopback, each attack against a
 # fresh server with default flags, a well-behaved probe (a Check every 20 ms) measuring
 # what an honest caller sees meanwhile. Bounded: each attack runs SECONDS (default 20).
-# Not part of the test suite (the regression tests are tests/hostile_clients.rs and
-# tests/caller_limits.rs); figures go to RELIABILITY.md.
+# Not part of the test suite (the regression tests are tests/it/hostile_clients.rs and
+# tests/it/caller_limits.rs); figures go to RELIABILITY.md.
 #
 #   scripts/attack.sh [seconds] [attack ...]
 #   attacks: none streams deaf slowloris idle connections caller-fill config

@@ -1,7 +1,7 @@
 //! Fuzz harnesses: each takes arbitrary bytes, runs one part of cellrate on them and checks
 //! what must hold whatever the input (a broken property panics, which the fuzzer reports).
 //!
-//! The `fuzz/` crate's libFuzzer targets call these, and `tests/fuzz_regressions.rs` runs
+//! The `fuzz/` crate's libFuzzer targets call these, and `tests/it/fuzz_regressions.rs` runs
 //! the committed seeds and reproducers (and a bounded batch of random inputs) through the
 //! same functions in the normal test suite, so a crash found once stays fixed.
 //!

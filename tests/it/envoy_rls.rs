@@ -1,15 +1,13 @@
 //! Envoy's ShouldRateLimit through a real tonic client built from envoy-types, against a
 //! served cellrate on a fake clock.
 
-mod common;
-
 use std::sync::Arc;
 
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
-use common::{item, remaining, Served, MS};
+use crate::common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };

@@ -1,8 +1,6 @@
 //! Operations in-process: hot reload (every way files get replaced), metrics, the admin
 //! token, TLS and mTLS, and a graceful shutdown with an RPC in flight.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +9,7 @@ use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
-use common::{http_get_async, item, poll_until, sample, Served};
+use crate::common::{http_get_async, item, poll_until, sample, Served};
 use tonic::Code;
 
 fn defaults(burst: u64) -> String {
@@ -343,7 +341,7 @@ async fn the_admin_token_is_required_when_set() {
         .is_ok());
     // Health on the admin port needs no token (probes).
     assert_eq!(
-        common::health_status(s.admin_addr).await,
+        crate::common::health_status(s.admin_addr).await,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }
@@ -471,7 +469,7 @@ impl cellrate::store::Store for StallStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_flips_health_and_drains_the_rpc_in_flight() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    let clock = Arc::new(cellrate::clock::FakeClock::new(common::T0));
+    let clock = Arc::new(cellrate::clock::FakeClock::new(crate::common::T0));
     let store = Arc::new(StallStore {
         inner: cellrate::store::MemoryStore::new(clock),
         entered: tokio::sync::Notify::new(),

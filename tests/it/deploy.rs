@@ -3,8 +3,6 @@
 //! the Dockerfile, the chart and the binary, and the binary starts with the arguments and
 //! environment the Dockerfile and the chart give it.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -223,12 +221,12 @@ fn starts_and_answers_health(args: &[String], env: &[(String, String)]) {
             .build()
             .unwrap();
         let listen: std::net::SocketAddr = listen.parse().unwrap();
-        let status = runtime.block_on(common::health_status(listen));
+        let status = runtime.block_on(crate::common::health_status(listen));
         assert_eq!(
             status,
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
-        assert_eq!(common::http_get(&metrics, "/readyz").0, 200);
+        assert_eq!(crate::common::http_get(&metrics, "/readyz").0, 200);
     });
     let _ = child.kill();
     let _ = child.wait();

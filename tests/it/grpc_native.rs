@@ -1,9 +1,7 @@
 //! The native API through a real tonic client over a loopback socket, on a fake clock.
 
-mod common;
-
 use cellrate::proto::v1 as pb;
-use common::{item, nanos, Served, MS, T0};
+use crate::common::{item, nanos, Served, MS, T0};
 use tonic::Code;
 
 const IP: &str = "NewRegistrationsPerIPAddress";

@@ -2,8 +2,6 @@
 //! values, Redis TIME, failures and recovery, a killed cluster primary, and two cellrate
 //! processes sharing one Redis.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +11,7 @@ use cellrate::limits::names::BucketKey;
 use cellrate::metrics::Metrics;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{Store, StoreItem};
-use common::redis_server::{RedisCluster, RedisServer};
+use crate::common::redis_server::{RedisCluster, RedisServer};
 
 const T0: Nanos = 1_700_000_000 * SECOND + 123_456_789;
 
@@ -280,7 +278,7 @@ async fn a_half_open_breaker_lets_one_trial_through() {
     for _ in 0..2 {
         assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
     }
-    let rejections = |text: &str| common::sample(text, "cellrate_store_breaker_rejections_total");
+    let rejections = |text: &str| crate::common::sample(text, "cellrate_store_breaker_rejections_total");
     assert_eq!(rejections(&metrics.render()), Some(0.0), "open only now");
     // After the cool-down, ten concurrent calls: one trial reaches Redis, nine fail fast.
     tokio::time::sleep(Duration::from_millis(350)).await;
@@ -427,8 +425,8 @@ async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
         "--redis-timeout-ms",
         "1000",
     ];
-    let a = common::serve_with(dir.path(), &flags);
-    let b = common::serve_with(dir.path(), &flags);
+    let a = crate::common::serve_with(dir.path(), &flags);
+    let b = crate::common::serve_with(dir.path(), &flags);
     let hammer = |addr: String| async move {
         let mut client =
             pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{addr}"))
@@ -438,7 +436,7 @@ async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
         for _ in 0..60 {
             let r = client
                 .check(pb::CheckRequest {
-                    items: vec![common::item("NewOrdersPerAccount", "777", None)],
+                    items: vec![crate::common::item("NewOrdersPerAccount", "777", None)],
                 })
                 .await
                 .unwrap();

@@ -2,13 +2,11 @@
 //! would use them: to poison configured buckets or other callers' buckets, to outlive
 //! every sweep, or to fill the store. Each bound is checked through a real gRPC client.
 
-mod common;
-
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::CallerLimits;
-use common::{item, remaining, Served, MS};
+use crate::common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -142,7 +140,7 @@ async fn callers_with_other_limits_on_one_key_never_share_a_bucket() {
         .unwrap();
     let a = r.overall.unwrap();
     assert_eq!(a.remaining, 0, "caller A's bucket is still empty");
-    assert_eq!(common::nanos(&a.reset_after), 3_600_000 * MS);
+    assert_eq!(crate::common::nanos(&a.reset_after), 3_600_000 * MS);
     s.stop().await;
 }
 

@@ -2,9 +2,7 @@
 //! maps to the intended limits: their `rate_limits` actions are turned into descriptors
 //! (as Envoy would build them) and sent to a served cellrate.
 
-mod common;
-
-use common::Served;
+use crate::common::Served;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

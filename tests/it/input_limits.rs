@@ -1,10 +1,8 @@
 //! Input limits: every one is a clear INVALID_ARGUMENT (or, for the message size, a refusal
 //! before decoding), and nothing is spent.
 
-mod common;
-
 use cellrate::proto::v1 as pb;
-use common::{item, Served};
+use crate::common::{item, Served};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;

@@ -1,11 +1,9 @@
 //! Operations on a `cellrate serve` process: SIGHUP reloads, metrics over HTTP.
 
-mod common;
-
 use std::time::Duration;
 
 use cellrate::proto::v1 as pb;
-use common::{http_get, item, sample, serve_with};
+use crate::common::{http_get, item, sample, serve_with};
 
 fn defaults(burst: u64) -> String {
     format!("NewOrdersPerAccount: {{burst: {burst}, count: {burst}, period: 1h}}\n")
@@ -51,7 +49,7 @@ async fn sighup_reloads_when_watching_is_off() {
         .status()
         .unwrap();
     assert!(status.success());
-    let now = common::poll_until(
+    let now = crate::common::poll_until(
         Duration::from_secs(2),
         async || burst(&p.admin).await,
         |&b| b == 7,
@@ -70,7 +68,7 @@ async fn sighup_reloads_when_watching_is_off() {
 
 #[test]
 fn metrics_listener_serves_metrics_health_and_readiness() {
-    let p = common::serve();
+    let p = crate::common::serve();
     let (status, body) = http_get(&p.metrics, "/metrics");
     assert_eq!(status, 200);
     assert!(

@@ -2,8 +2,6 @@
 //! a refund's overall decision describes the emptiest bucket, and a store that answers for
 //! fewer items than asked is an error, never an allow.
 
-mod common;
-
 use std::sync::Arc;
 
 use cellrate::clock::FakeClock;
@@ -11,7 +9,7 @@ use cellrate::gcra::Decision;
 use cellrate::limits::names::BucketKey;
 use cellrate::proto::v1 as pb;
 use cellrate::store::{MemoryStore, Outcome, Store, StoreFuture, StoreItem};
-use common::{item, nanos, Served, MS, T0};
+use crate::common::{item, nanos, Served, MS, T0};
 use tonic::Code;
 
 fn inline(key: &str, limit: u64, cost: Option<u64>, mode: pb::Mode) -> pb::Item {
@@ -210,7 +208,7 @@ mod invalid_ids {
     }
 
     async fn orders_left(s: &mut Served, id: &str) -> i64 {
-        common::remaining(s, "NewOrdersPerAccount", id).await
+        crate::common::remaining(s, "NewOrdersPerAccount", id).await
     }
 
     #[tokio::test]
@@ -264,17 +262,17 @@ mod invalid_ids {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        let metrics = common::http_get_async(s.metrics_addr, "/metrics").await.1;
+        let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics").await.1;
         let invalid = "cellrate_decisions_total{api=\"envoy\",limit=\"NewOrdersPerAccount\",result=\"invalid\"}";
         assert_eq!(
-            common::sample(&metrics, invalid),
+            crate::common::sample(&metrics, invalid),
             Some(2.0),
             "deny and ignore"
         );
         let unmatched_series =
             "cellrate_decisions_total{api=\"envoy\",limit=\"\",result=\"unmatched\"}";
         assert_eq!(
-            common::sample(&metrics, unmatched_series),
+            crate::common::sample(&metrics, unmatched_series),
             None,
             "{metrics}"
         );

@@ -2,8 +2,6 @@
 //! Redis Cluster answer every GCRA and batch scenario identically (on a fake clock that
 //! the Redis store passes to its script).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +11,7 @@ use cellrate::limits::names::BucketKey;
 use cellrate::metrics::Metrics;
 use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};
-use common::redis_server::{RedisCluster, RedisServer};
+use crate::common::redis_server::{RedisCluster, RedisServer};
 
 const T0: Nanos = 1_700_000_000 * SECOND;
 const MS: Nanos = 1_000_000;

