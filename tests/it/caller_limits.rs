@@ -2,11 +2,11 @@
 //! would use them: to poison configured buckets or other callers' buckets, to outlive
 //! every sweep, or to fill the store. Each bound is checked through a real gRPC client.
 
+use crate::common::{item, remaining, Served, MS};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::CallerLimits;
-use crate::common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::common::{item, remaining, Served, MS};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
-use crate::common::{item, remaining, Served, MS};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };

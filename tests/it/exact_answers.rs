@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
+use crate::common::{item, nanos, Served, MS, T0};
 use cellrate::clock::FakeClock;
 use cellrate::gcra::Decision;
 use cellrate::limits::names::BucketKey;
 use cellrate::proto::v1 as pb;
 use cellrate::store::{MemoryStore, Outcome, Store, StoreFuture, StoreItem};
-use crate::common::{item, nanos, Served, MS, T0};
 use tonic::Code;
 
 fn inline(key: &str, limit: u64, cost: Option<u64>, mode: pb::Mode) -> pb::Item {
@@ -262,7 +262,9 @@ mod invalid_ids {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics").await.1;
+        let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+            .await
+            .1;
         let invalid = "cellrate_decisions_total{api=\"envoy\",limit=\"NewOrdersPerAccount\",result=\"invalid\"}";
         assert_eq!(
             crate::common::sample(&metrics, invalid),

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{item, sample, Served};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
-use crate::common::{item, sample, Served};
 use tonic::Code;
 
 /// Counts of what a load task saw.
@@ -106,7 +106,9 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
         Duration::from_secs(2),
         async || {
             sample(
-                &crate::common::http_get_async(s.metrics_addr, "/metrics").await.1,
+                &crate::common::http_get_async(s.metrics_addr, "/metrics")
+                    .await
+                    .1,
                 "cellrate_config_reloads_total{result=\"failure\"}",
             )
         },

@@ -1,7 +1,7 @@
 //! The native API through a real tonic client over a loopback socket, on a fake clock.
 
-use cellrate::proto::v1 as pb;
 use crate::common::{item, nanos, Served, MS, T0};
+use cellrate::proto::v1 as pb;
 use tonic::Code;
 
 const IP: &str = "NewRegistrationsPerIPAddress";

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
+use crate::common::{http_get_async, item, poll_until, Served};
 use cellrate::app::{ServerLimits, Settings};
 use cellrate::limits::config::LimitTable;
 use cellrate::listener::ConnectionLimits;
 use cellrate::proto::v1 as pb;
-use crate::common::{http_get_async, item, poll_until, Served};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;

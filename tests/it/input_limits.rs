@@ -1,8 +1,8 @@
 //! Input limits: every one is a clear INVALID_ARGUMENT (or, for the message size, a refusal
 //! before decoding), and nothing is spent.
 
-use cellrate::proto::v1 as pb;
 use crate::common::{item, Served};
+use cellrate::proto::v1 as pb;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;

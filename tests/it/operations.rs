@@ -5,11 +5,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{http_get_async, item, poll_until, sample, Served};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
-use crate::common::{http_get_async, item, poll_until, sample, Served};
 use tonic::Code;
 
 fn defaults(burst: u64) -> String {

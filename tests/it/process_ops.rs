@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use cellrate::proto::v1 as pb;
 use crate::common::{http_get, item, sample, serve_with};
+use cellrate::proto::v1 as pb;
 
 fn defaults(burst: u64) -> String {
     format!("NewOrdersPerAccount: {{burst: {burst}, count: {burst}, period: 1h}}\n")

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::metrics::Metrics;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{Store, StoreItem};
-use crate::common::redis_server::{RedisCluster, RedisServer};
 
 const T0: Nanos = 1_700_000_000 * SECOND + 123_456_789;
 
@@ -278,7 +278,8 @@ async fn a_half_open_breaker_lets_one_trial_through() {
     for _ in 0..2 {
         assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
     }
-    let rejections = |text: &str| crate::common::sample(text, "cellrate_store_breaker_rejections_total");
+    let rejections =
+        |text: &str| crate::common::sample(text, "cellrate_store_breaker_rejections_total");
     assert_eq!(rejections(&metrics.render()), Some(0.0), "open only now");
     // After the cool-down, ten concurrent calls: one trial reaches Redis, nine fail fast.
     tokio::time::sleep(Duration::from_millis(350)).await;

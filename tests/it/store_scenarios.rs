@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::metrics::Metrics;
 use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};
-use crate::common::redis_server::{RedisCluster, RedisServer};
 
 const T0: Nanos = 1_700_000_000 * SECOND;
 const MS: Nanos = 1_000_000;
