@@ -18,15 +18,18 @@ use tonic::transport::Server;
 
 use crate::admin::{AdminAuth, TlsPem};
 use crate::clock::Clock;
+use crate::health::Health;
 use crate::limits::config::LimitTable;
 use crate::limits::reload::{ReloadSettings, Reloader};
 use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
-use crate::metrics::{MeasuredStore, Metrics};
+use crate::metrics::Metrics;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
+use crate::rpc_metrics::RpcMetricsLayer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
+use crate::store::measured::MeasuredStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{MemoryStore, Store, StoreError};
 
@@ -224,6 +227,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
+    let health = Health::new();
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
@@ -237,12 +241,21 @@ pub async fn run(
         } => {
             let store = RedisStore::new(redis.clone(), clock.clone(), metrics.clone())?;
             if *required_for_ready {
-                metrics.require_store_health(store.healthy());
+                health.require_store_health(store.healthy());
             }
             Arc::new(store)
         }
     };
-    serve(limits, listeners, store, clock, settings, metrics, shutdown).await
+    serve(
+        limits,
+        listeners,
+        store,
+        clock,
+        settings,
+        (metrics, health),
+        shutdown,
+    )
+    .await
 }
 
 /// Serves with `store` until `shutdown` resolves (tests bring stores that fail or stall).
@@ -260,7 +273,7 @@ pub async fn run_with_store(
         store,
         clock,
         settings,
-        Metrics::new(),
+        (Metrics::new(), Health::new()),
         shutdown,
     )
     .await
@@ -274,7 +287,7 @@ async fn serve(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     settings: Settings,
-    metrics: Arc<Metrics>,
+    (metrics, health): (Arc<Metrics>, Arc<Health>),
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let addr = |l: &TcpListener| {
@@ -288,6 +301,7 @@ async fn serve(
         .as_ref()
         .map_or_else(|| "off".to_string(), addr);
     metrics.config_loaded(limits.version(), clock.now());
+    health.config_loaded(limits.version());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));
     let decider =
@@ -325,6 +339,7 @@ async fn serve(
             reload.dir.clone(),
             limits.clone(),
             metrics.clone(),
+            health.clone(),
             clock.clone(),
             store.clone(),
         ));
@@ -334,7 +349,7 @@ async fn serve(
     // The metrics listener serves until the tasks stop, so that a drain can be watched.
     let server_limits = settings.server.fitted();
     let metrics_server = listeners.metrics.map(|listener| {
-        let routes = crate::metrics::http_routes(metrics.clone());
+        let routes = crate::health::http_routes(metrics.clone(), health.clone());
         let mut stopped = tasks_stopped.clone();
         let listener = GuardedListener::new(listener, server_limits.metrics, "metrics");
         tokio::spawn(async move {
@@ -347,15 +362,15 @@ async fn serve(
     });
 
     // One health service for both listeners, so that shutdown flips both at once.
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (grpc_health, health_service) = tonic_health::server::health_reporter();
     let health_service = health_service.max_decoding_message_size(MAX_MESSAGE_BYTES);
-    health
+    grpc_health
         .set_serving::<RateLimiterServer<RateLimiterService>>()
         .await;
-    health
+    grpc_health
         .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
         .await;
-    health.set_serving::<AdminServer<AdminService>>().await;
+    grpc_health.set_serving::<AdminServer<AdminService>>().await;
 
     let services = [RATE_LIMITER, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
@@ -376,6 +391,7 @@ async fn serve(
         GuardedListener::new(listeners.decisions, server_limits.decisions, "decisions");
     let admin_incoming = GuardedListener::new(listeners.admin, server_limits.admin, "admin");
     let decisions = decisions_server
+        .layer(RpcMetricsLayer::new(metrics.clone()))
         .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service.clone())
         .add_service(reflection!(build_v1, services))
@@ -397,12 +413,13 @@ async fn serve(
             until_stopped(stopped.clone()),
         );
     let admin = admin_server
+        .layer(RpcMetricsLayer::new(metrics.clone()))
         .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service)
         .add_service(reflection!(build_v1, admin_services))
         .add_service(reflection!(build_v1alpha, admin_services))
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            AdminServer::new(AdminService::new(decider, metrics.clone()))
+            AdminServer::new(AdminService::new(decider))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
@@ -429,17 +446,17 @@ async fn serve(
                 grace = ?settings.grace,
                 "shutting down: health NOT_SERVING, then draining in-flight RPCs"
             );
-            health
+            grpc_health
                 .set_not_serving::<RateLimiterServer<RateLimiterService>>()
                 .await;
-            health
+            grpc_health
                 .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
                 .await;
-            health.set_not_serving::<AdminServer<AdminService>>().await;
-            health
+            grpc_health.set_not_serving::<AdminServer<AdminService>>().await;
+            grpc_health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
-            metrics.set_not_ready();
+            health.set_not_ready();
             // Still serving: load balancers see NOT_SERVING and move away first.
             tokio::select! {
                 _ = tokio::time::sleep(settings.shutdown_delay) => {}

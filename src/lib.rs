@@ -19,7 +19,9 @@
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
 //!                          descriptors -> names and ids), reload.rs (watch, debounce, swap)
-//! metrics.rs               Prometheus metrics, the store timing decorator, /metrics etc.
+//! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
+//! health.rs                /healthz, /readyz state and the metrics listener's routes
+//! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code
 //! admin.rs                 admin bearer token (interceptor), TLS settings
 //! listener.rs              every listener's bounds and timeouts: connections, handshake,
 //!                          idle, accept back-off, requests in flight; the HTTP/1 server
@@ -40,9 +42,11 @@ pub mod cli;
 pub mod clock;
 pub mod fuzzing;
 pub mod gcra;
+pub mod health;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod rpc_metrics;
 pub mod service;
 pub mod shutdown;
 pub mod simulate;

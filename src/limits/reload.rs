@@ -20,6 +20,7 @@ use notify_debouncer_full::{new_debouncer, DebounceEventResult};
 use tokio::sync::{mpsc, watch};
 
 use crate::clock::Clock;
+use crate::health::Health;
 use crate::limits::config::{LimitTable, LoadError};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -83,6 +84,7 @@ pub struct Reloader {
     dir: PathBuf,
     limits: Arc<ArcSwap<LimitTable>>,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     clock: Arc<dyn Clock>,
     /// Told after every swap, so that nothing derived from the old limits survives.
     store: Arc<dyn Store>,
@@ -95,6 +97,7 @@ impl Reloader {
         dir: PathBuf,
         limits: Arc<ArcSwap<LimitTable>>,
         metrics: Arc<Metrics>,
+        health: Arc<Health>,
         clock: Arc<dyn Clock>,
         store: Arc<dyn Store>,
     ) -> Reloader {
@@ -102,6 +105,7 @@ impl Reloader {
             dir,
             limits,
             metrics,
+            health,
             clock,
             store,
             last_failure: Mutex::new(None),
@@ -119,7 +123,8 @@ impl Reloader {
                     .last_failure
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = None;
-                self.metrics.reload(Ok(false));
+                self.health.config_valid();
+                self.metrics.reload("unchanged");
                 Ok(false)
             }
             Ok(table) => {
@@ -131,7 +136,8 @@ impl Reloader {
                 self.limits.store(Arc::new(table));
                 self.store.limits_changed();
                 self.metrics.config_loaded(&version, self.clock.now());
-                self.metrics.reload(Ok(true));
+                self.health.config_loaded(&version);
+                self.metrics.reload("success");
                 tracing::info!(cause, version, "limits reloaded");
                 Ok(true)
             }
@@ -151,7 +157,8 @@ impl Reloader {
                     }
                     *last = Some(message);
                 }
-                self.metrics.reload(Err(&errors));
+                self.health.reload_failed(&errors);
+                self.metrics.reload("failure");
                 Err(errors)
             }
         }

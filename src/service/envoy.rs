@@ -29,9 +29,10 @@ use tonic::{Request, Response, Status};
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::descriptors::Mapping;
-use crate::metrics::{Metrics, Outcomes};
+use crate::metrics::Metrics;
 use crate::service::{
-    store_unavailable, CheckOptions, DecideError, Decider, ItemResult, ItemSpec, Rule, Target,
+    count_decisions, store_unavailable, CheckOptions, DecideError, Decider, ItemResult, ItemSpec,
+    Rule, Target,
 };
 
 /// Which rate-limit headers go into `response_headers_to_add`.
@@ -157,10 +158,7 @@ impl RateLimitService for EnvoyRateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let start = Instant::now();
-        let answer = self.decide(request.into_inner()).await;
-        self.metrics.rpc("ShouldRateLimit", start);
-        answer.map(Response::new)
+        self.decide(request.into_inner()).await.map(Response::new)
     }
 }
 
@@ -304,10 +302,10 @@ impl EnvoyRateLimitService {
             }
         };
         for _ in 0..unmatched {
-            self.metrics.decision("envoy", "", Outcomes::Unmatched);
+            self.metrics.decision("envoy", "", "unmatched");
         }
         self.log_invalid_ids(&request, &owner, &results);
-        self.metrics.decisions("envoy", &results);
+        count_decisions(&self.metrics, "envoy", &results);
         Ok(self.respond(request.descriptors.len(), &owner, &results))
     }
 }

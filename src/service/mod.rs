@@ -142,6 +142,26 @@ impl<'a> ItemSpec<'a> {
     }
 }
 
+/// The `result` label of a decided item, for `cellrate_decisions_total`.
+pub fn outcome(item: &ItemResult) -> &'static str {
+    match item.rule {
+        Rule::Unlimited => "unlimited",
+        Rule::NotConfigured => "not_configured",
+        Rule::Denied => "denied",
+        Rule::InvalidId { .. } => "invalid",
+        Rule::Limited(_) if item.decision.allowed => "allowed",
+        Rule::Limited(_) if item.shadow => "shadow_denied",
+        Rule::Limited(_) => "denied",
+    }
+}
+
+/// Counts a batch's items in `metrics` under `api`.
+pub fn count_decisions(metrics: &crate::metrics::Metrics, api: &str, items: &[ItemResult]) {
+    for item in items {
+        metrics.decision(api, &item.name, outcome(item));
+    }
+}
+
 /// How a front end wants a batch decided.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CheckOptions {

@@ -3,7 +3,6 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
@@ -11,7 +10,7 @@ use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::metrics::Metrics;
 use crate::proto::v1 as pb;
-use crate::service::{BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
+use crate::service::{count_decisions, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
@@ -28,12 +27,11 @@ impl RateLimiterService {
 /// The admin service (`Reset`, `Inspect`), served only on the admin listener.
 pub struct AdminService {
     decider: Arc<Decider>,
-    metrics: Arc<Metrics>,
 }
 
 impl AdminService {
-    pub fn new(decider: Arc<Decider>, metrics: Arc<Metrics>) -> AdminService {
-        AdminService { decider, metrics }
+    pub fn new(decider: Arc<Decider>) -> AdminService {
+        AdminService { decider }
     }
 }
 
@@ -43,12 +41,9 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Check)?;
-        let result = self.decider.check(&items).await;
-        self.metrics.rpc("Check", start);
-        let result = result?;
-        self.metrics.decisions("native", &result.items);
+        let result = self.decider.check(&items).await?;
+        count_decisions(&self.metrics, "native", &result.items);
         let (overall, items) = decisions(&result);
         Ok(Response::new(pb::CheckResponse {
             overall: Some(overall),
@@ -60,11 +55,8 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         &self,
         request: Request<pb::RefundRequest>,
     ) -> Result<Response<pb::RefundResponse>, Status> {
-        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Refund)?;
-        let result = self.decider.refund(&items).await;
-        self.metrics.rpc("Refund", start);
-        let result = result?;
+        let result = self.decider.refund(&items).await?;
         let (overall, items) = decisions(&result);
         Ok(Response::new(pb::RefundResponse {
             overall: Some(overall),
@@ -79,11 +71,8 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
-        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Admin)?;
-        let deleted = self.decider.reset(&items).await;
-        self.metrics.rpc("Reset", start);
-        let deleted = deleted?;
+        let deleted = self.decider.reset(&items).await?;
         tracing::info!(items = items.len(), deleted, "admin reset");
         Ok(Response::new(pb::ResetResponse { deleted }))
     }
@@ -92,11 +81,8 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
-        let start = Instant::now();
         let items = item_specs(&request.get_ref().items, Use::Admin)?;
-        let result = self.decider.inspect(&items).await;
-        self.metrics.rpc("Inspect", start);
-        let result = result?;
+        let result = self.decider.inspect(&items).await?;
         Ok(Response::new(pb::InspectResponse {
             items: decisions(&result).1,
         }))

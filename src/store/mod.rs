@@ -19,6 +19,7 @@ use std::pin::Pin;
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::names::BucketKey;
 
+pub mod measured;
 pub mod memory;
 pub mod redis;
 
@@ -77,6 +78,35 @@ impl StoreError {
     pub fn is_data_error(&self) -> bool {
         !self.transient
     }
+}
+
+/// Something that happened in a store, beyond its operations' timings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// A request answered by the failure policy (`allow`, `deny` or `local`).
+    Fallback(&'static str),
+    /// A cross-slot batch's spent groups refunded because another group denied.
+    Compensation,
+    /// A request denied by the local deny cache without a round trip.
+    DenyCacheHit,
+    /// A call failed fast by an open circuit breaker.
+    BreakerRejection,
+}
+
+/// Who hears what a store does (the metrics): the store knows nothing of them.
+pub trait StoreObserver: Send + Sync {
+    /// One operation (`spend`, `refund`, `reset`) took `seconds`, and failed unless `ok`.
+    fn operation(&self, op: &'static str, seconds: f64, ok: bool);
+    /// Something else happened.
+    fn event(&self, event: StoreEvent);
+}
+
+/// An observer that hears nothing (tests, tools).
+pub struct NoObserver;
+
+impl StoreObserver for NoObserver {
+    fn operation(&self, _: &'static str, _: f64, _: bool) {}
+    fn event(&self, _: StoreEvent) {}
 }
 
 /// A place to keep TATs and decide batches atomically.

@@ -36,8 +36,9 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, BatchItem, Decision, Limit, Mode};
 use crate::limits::names::BucketKey;
-use crate::metrics::Metrics;
-use crate::store::{MemoryStore, Outcome, Store, StoreError, StoreFuture, StoreItem};
+use crate::store::{
+    MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
+};
 
 /// Whose clock decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -147,7 +148,7 @@ pub struct RedisStore {
     script: redis::Script,
     settings: RedisSettings,
     clock: Arc<dyn Clock>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn StoreObserver>,
     fallback: Option<MemoryStore>,
     breakers: Box<[Breaker]>,
     started: Instant,
@@ -317,7 +318,7 @@ impl RedisStore {
     pub fn new(
         settings: RedisSettings,
         clock: Arc<dyn Clock>,
-        metrics: Arc<Metrics>,
+        observer: Arc<dyn StoreObserver>,
     ) -> Result<RedisStore, StoreError> {
         let connection = if settings.cluster_nodes.is_empty() {
             let url = settings
@@ -358,7 +359,7 @@ impl RedisStore {
             script: redis::Script::new(SCRIPT),
             settings,
             clock,
-            metrics,
+            observer,
             fallback,
             breakers: (0..breakers).map(|_| Breaker::default()).collect(),
             started: Instant::now(),
@@ -466,7 +467,7 @@ impl RedisStore {
         args: &[String],
     ) -> Result<Read, StoreError> {
         if !self.admit(slot) {
-            self.metrics.store_breaker_rejection();
+            self.observer.event(StoreEvent::BreakerRejection);
             return Err(StoreError::transient(
                 "redis: circuit open after repeated failures",
             ));
@@ -569,7 +570,7 @@ impl RedisStore {
             entries.remove(key);
             return None;
         }
-        self.metrics.deny_cache_hit();
+        self.observer.event(StoreEvent::DenyCacheHit);
         Some(Outcome {
             allowed: false,
             decisions: vec![decision],
@@ -719,7 +720,7 @@ impl RedisStore {
                 continue;
             }
             if !counted {
-                self.metrics.store_compensation();
+                self.observer.event(StoreEvent::Compensation);
                 counted = true;
             }
             let group_keys: Vec<String> = spent.iter().map(|&i| keys[i].clone()).collect();
@@ -834,11 +835,11 @@ impl RedisStore {
         }
         let policy = self.settings.failure;
         if policy != FailurePolicy::Unavailable {
-            self.metrics.store_fallback(match policy {
+            self.observer.event(StoreEvent::Fallback(match policy {
                 FailurePolicy::Allow => "allow",
                 FailurePolicy::Deny => "deny",
                 _ => "local",
-            });
+            }));
         }
         tracing::debug!(error = %error, ?policy, "redis failed; applying the failure policy");
         let fixed = |allowed: bool| Outcome {

@@ -215,6 +215,14 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
         })
         .await
         .unwrap_err();
+    // Refused while converting the request, before any decision: timed and counted too.
+    let mut both = item("ApiRequestsPerKey", "m", None);
+    both.inline = Some(pb::InlineLimit::default());
+    let _ = s
+        .decisions
+        .check(pb::CheckRequest { items: vec![both] })
+        .await
+        .unwrap_err();
     let m = scrape(&s).await;
     let series = |name: &str| sample(&m, name);
     assert_eq!(series("cellrate_decisions_total{api=\"native\",limit=\"ApiRequestsPerKey\",result=\"allowed\"}"), Some(10.0));
@@ -225,7 +233,15 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
     );
     assert_eq!(
         series("cellrate_rpc_duration_seconds_count{rpc=\"Check\"}"),
-        Some(14.0)
+        Some(15.0)
+    );
+    assert_eq!(
+        series("cellrate_rpc_requests_total{code=\"OK\",rpc=\"Check\"}"),
+        Some(13.0)
+    );
+    assert_eq!(
+        series("cellrate_rpc_requests_total{code=\"INVALID_ARGUMENT\",rpc=\"Check\"}"),
+        Some(2.0)
     );
     assert_eq!(
         series("cellrate_store_operation_duration_seconds_count{operation=\"spend\"}"),

@@ -1,0 +1,172 @@
+//! What the metrics listener says about the process: `/healthz` (alive, with the config in
+//! force and the last reload error), `/readyz` (503 once shutdown begins, or while a
+//! required store fails) and `/metrics`, and the routes that serve them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::limits::config::LoadError;
+use crate::metrics::Metrics;
+
+/// Health and readiness state, shared by the reloader, the shutdown path and the routes.
+#[derive(Default)]
+pub struct Health {
+    /// The last reload error, for `/healthz`; `None` after a good load.
+    last_reload_error: Mutex<Option<String>>,
+    /// The config version in force, for `/healthz`.
+    config_version: Mutex<String>,
+    /// Set when shutdown begins: `/readyz` then answers 503.
+    shutting_down: AtomicBool,
+    /// When set, `/readyz` also needs the store to be answering.
+    store_health: Mutex<Option<Arc<AtomicBool>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Health {
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health::default())
+    }
+
+    /// Limits were loaded (at startup or by reload): they are in force, and valid.
+    pub fn config_loaded(&self, version: &str) {
+        *lock(&self.config_version) = version.to_string();
+        *lock(&self.last_reload_error) = None;
+    }
+
+    /// A reload found the limits in force again (e.g. the operator reverted a bad file).
+    pub fn config_valid(&self) {
+        *lock(&self.last_reload_error) = None;
+    }
+
+    /// A reload was rejected: its first error, cut to 1 KiB, and how many more there were.
+    pub fn reload_failed(&self, errors: &LoadError) {
+        let first = errors
+            .0
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let mut summary: String = first.chars().take(1024).collect();
+        if errors.0.len() > 1 {
+            summary.push_str(&format!(" (and {} more)", errors.0.len() - 1));
+        }
+        *lock(&self.last_reload_error) = Some(summary);
+    }
+
+    /// Makes readiness depend on `healthy` (the store answers).
+    pub fn require_store_health(&self, healthy: Arc<AtomicBool>) {
+        *lock(&self.store_health) = Some(healthy);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn ready(&self) -> bool {
+        !self.shutting_down.load(Ordering::SeqCst)
+            && lock(&self.store_health)
+                .as_ref()
+                .is_none_or(|h| h.load(Ordering::Relaxed))
+    }
+
+    /// Marks the service as shutting down (`/readyz` answers 503).
+    pub fn set_not_ready(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// `/healthz`'s body: the config in force and the last reload error, if any.
+    pub fn body(&self) -> String {
+        serde_json::json!({
+            "status": "ok",
+            "config_version": *lock(&self.config_version),
+            "last_reload_error": *lock(&self.last_reload_error),
+        })
+        .to_string()
+    }
+}
+
+/// The metrics listener's routes: `/metrics`, `/healthz` and `/readyz`.
+pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+    let for_health = health.clone();
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let body = for_health.body();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = health.ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                    }
+                }
+            }),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::config::ConfigError;
+
+    fn bad(reason: &str, n: usize) -> LoadError {
+        LoadError(vec![
+            ConfigError {
+                file: "defaults.yaml".into(),
+                entry: None,
+                reason: reason.into(),
+            };
+            n
+        ])
+    }
+
+    #[test]
+    fn healthz_stays_small_and_forgets_a_reverted_error() {
+        let h = Health::new();
+        h.config_loaded("abc");
+        h.reload_failed(&bad("bad", 1));
+        assert!(h
+            .body()
+            .contains("\"last_reload_error\":\"defaults.yaml: bad\""));
+        // Many long errors: the first, cut, and a count.
+        h.reload_failed(&bad(&"x".repeat(5_000), 1_000));
+        let body = h.body();
+        assert!(body.len() < 1_200, "{} bytes", body.len());
+        assert!(body.contains("(and 999 more)"), "{body}");
+        // A reload that finds the limits in force (the operator reverted) clears it.
+        h.config_valid();
+        assert!(h.body().contains("\"last_reload_error\":null"));
+        h.reload_failed(&bad("bad", 1));
+        h.config_loaded("def");
+        assert!(h.body().contains("\"last_reload_error\":null"));
+        assert!(h.body().contains("\"config_version\":\"def\""));
+    }
+
+    #[test]
+    fn readiness_follows_shutdown_and_a_required_store() {
+        let h = Health::new();
+        assert!(h.ready());
+        let store = Arc::new(AtomicBool::new(false));
+        h.require_store_health(store.clone());
+        assert!(!h.ready());
+        store.store(true, Ordering::Relaxed);
+        assert!(h.ready());
+        h.set_not_ready();
+        assert!(!h.ready());
+    }
+}

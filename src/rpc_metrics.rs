@@ -1,0 +1,134 @@
+//! A tower layer that times every gRPC request and counts it by RPC and status code, on
+//! both gRPC servers: requests refused early (INVALID_ARGUMENT before any decision, a
+//! refused token, an overloaded server) are timed and counted like the rest.
+//!
+//! The status is read from the response headers: a gRPC error answered at once is
+//! "trailers-only", with `grpc-status` in the headers; without it the call succeeded (a
+//! unary call's OK is in its trailers, which this layer does not wait for).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// Adds [`RpcMetrics`] to a server.
+#[derive(Clone)]
+pub struct RpcMetricsLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl RpcMetricsLayer {
+    pub fn new(metrics: Arc<Metrics>) -> RpcMetricsLayer {
+        RpcMetricsLayer { metrics }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> RpcMetrics<S> {
+        RpcMetrics {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The service of [`RpcMetricsLayer`].
+#[derive(Clone)]
+pub struct RpcMetrics<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+/// The RPC of a request path. Only known names become labels: an unknown path is a
+/// caller's text.
+fn rpc_of(path: &str) -> &'static str {
+    match path {
+        "/cellrate.v1.RateLimiter/Check" => "Check",
+        "/cellrate.v1.RateLimiter/Refund" => "Refund",
+        "/cellrate.v1.Admin/Reset" => "Reset",
+        "/cellrate.v1.Admin/Inspect" => "Inspect",
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" => "ShouldRateLimit",
+        p if p.starts_with("/grpc.health.v1.Health/") => "Health",
+        p if p.starts_with("/grpc.reflection.") => "ServerReflectionInfo",
+        _ => "other",
+    }
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for RpcMetrics<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = RpcMetricsFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        RpcMetricsFuture {
+            rpc: rpc_of(request.uri().path()),
+            start: Instant::now(),
+            metrics: self.metrics.clone(),
+            inner: self.inner.call(request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RpcMetrics`]: records when the response headers are ready.
+    pub struct RpcMetricsFuture<F> {
+        #[pin]
+        inner: F,
+        rpc: &'static str,
+        start: Instant,
+        metrics: Arc<Metrics>,
+    }
+}
+
+impl<F, R, E> Future for RpcMetricsFuture<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = Result<http::Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        let code = match &result {
+            Ok(response) => response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map_or(tonic::Code::Ok, tonic::Code::from_i32),
+            Err(_) => tonic::Code::Internal,
+        };
+        this.metrics
+            .rpc(this.rpc, code, this.start.elapsed().as_secs_f64());
+        Poll::Ready(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rpc_of;
+
+    #[test]
+    fn only_known_rpcs_become_labels() {
+        assert_eq!(rpc_of("/cellrate.v1.RateLimiter/Check"), "Check");
+        assert_eq!(
+            rpc_of("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+            "ShouldRateLimit"
+        );
+        assert_eq!(rpc_of("/grpc.health.v1.Health/Check"), "Health");
+        assert_eq!(rpc_of("/cellrate.v1.Admin/Check"), "other");
+        assert_eq!(rpc_of("/attacker/chosen-text"), "other");
+    }
+}
