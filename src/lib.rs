@@ -15,7 +15,10 @@
 //! service/                 Decider (request -> batch -> decision; StoreError -> Status),
 //!                          native.rs (protobuf <-> domain for cellrate.v1),
 //!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses)
-//! store/                   Store trait; memory.rs (sharded, all-or-nothing batches)
+//! store/                   Store trait, StoreError (one variant per cause), StoreObserver;
+//!                          memory.rs (sharded, all-or-nothing batches), measured.rs
+//!                          (timing decorator), redis/ (script call, cluster slots,
+//!                          breaker, deny cache, failure policy)
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
 //!                          descriptors -> names and ids), reload.rs (watch, debounce, swap)

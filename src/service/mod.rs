@@ -282,7 +282,7 @@ impl From<DecideError> for tonic::Status {
 /// treats UNKNOWN as "allow", while UNAVAILABLE lets its `failure_mode_deny` decide. A
 /// full memory store is transient too.
 pub fn store_unavailable(error: &StoreError) -> tonic::Status {
-    tonic::Status::unavailable(format!("store: {}", error.message))
+    tonic::Status::unavailable(format!("store: {error}"))
 }
 
 /// A resolved item.
@@ -651,7 +651,7 @@ fn one_each(decisions: Vec<Decision>, items: usize) -> Result<Vec<Decision>, Dec
     if decisions.len() == items {
         Ok(decisions)
     } else {
-        Err(DecideError::Store(StoreError::transient(format!(
+        Err(DecideError::Store(StoreError::Inconsistent(format!(
             "the store answered {} decisions for {items} items",
             decisions.len()
         ))))

@@ -269,7 +269,7 @@ impl MemoryStore {
     }
 
     fn full(&self, space: Space) -> StoreError {
-        StoreError::transient(match space {
+        StoreError::Capacity(match space {
             Space::Configured => format!(
                 "bucket capacity reached ({} live buckets per shard)",
                 self.per_shard[0]
@@ -454,7 +454,10 @@ mod tests {
         assert!(store.spend_now(&[item("a", 1)]).unwrap().allowed);
         assert!(store.spend_now(&[item("b", 1)]).unwrap().allowed);
         let err = store.spend_now(&[item("a", 1), item("c", 1)]).unwrap_err();
-        assert!(err.transient && err.message.contains("capacity"), "{err}");
+        assert!(
+            matches!(&err, StoreError::Capacity(m) if m.contains("capacity")),
+            "{err}"
+        );
         // Nothing of the failed batch was written: "a" still has one token left.
         assert_eq!(store.tat(&item("a", 1).key), Some(T0 + SECOND / 2));
         // Existing buckets keep working; a denial needs no room.
@@ -482,7 +485,7 @@ mod tests {
             assert!(store.spend_now(&[caller(i)]).unwrap().allowed);
         }
         let err = store.spend_now(&[caller(10)]).unwrap_err();
-        assert!(err.message.contains("caller-given"), "{err}");
+        assert!(err.to_string().contains("caller-given"), "{err}");
         // Configured limits keep their 90 buckets while the caller share is full.
         for i in 0..90 {
             assert!(

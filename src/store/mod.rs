@@ -46,39 +46,80 @@ pub struct Outcome {
     pub decisions: Vec<Decision>,
 }
 
-/// A store that could not answer. Being rate limited is never an error: it is a
-/// [`Decision`] with `allowed == false`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct StoreError {
-    pub message: String,
-    /// Whether trying again later may succeed (a timeout, a full store) as opposed to a
-    /// fault of the data that needs an operator (a bucket holding an unreadable value).
-    pub transient: bool,
+/// Why a store could not answer. Being rate limited is never an error: it is a
+/// [`Decision`] with `allowed == false`. Every variant becomes UNAVAILABLE in exactly one
+/// place ([`crate::service::store_unavailable`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within the deadline.
+    #[error("redis {op}: no answer within {timeout:?}")]
+    Timeout {
+        op: &'static str,
+        timeout: std::time::Duration,
+    },
+    /// An open circuit breaker failed the call fast.
+    #[error("redis: circuit open after repeated failures")]
+    CircuitOpen,
+    /// The bound on live buckets is reached (the reason says which share).
+    #[error("{0}")]
+    Capacity(String),
+    /// The server's answer is not a script reply.
+    #[error("redis: malformed script reply")]
+    MalformedReply,
+    /// A bucket holds a value that is no TAT: a fault of that bucket's data, not of the
+    /// store, which must not count toward the breaker nor be decided by a failure policy.
+    #[error("{0}")]
+    Data(String),
+    /// The backend failed (connection refused, a Redis error reply, ...).
+    #[error("redis {context}: {source}")]
+    Backend {
+        context: &'static str,
+        #[source]
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// Settings that cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The store broke its contract (e.g. fewer decisions than items).
+    #[error("{0}")]
+    Inconsistent(String),
+    /// Applied to some buckets and not to others (parallel slot groups).
+    #[error("{source}: {op} applied to {applied}; not to {missing}")]
+    Partial {
+        op: &'static str,
+        applied: String,
+        missing: String,
+        #[source]
+        source: Box<StoreError>,
+    },
 }
 
 impl StoreError {
-    /// A transient failure.
-    pub fn transient(message: impl Into<String>) -> StoreError {
-        StoreError {
-            message: message.into(),
-            transient: true,
+    /// A backend failure, keeping the backend's error as the source.
+    pub fn backend(
+        context: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Backend {
+            context,
+            source: std::sync::Arc::new(source),
         }
     }
 
-    /// A bucket's stored value is unusable: the store itself works.
-    pub fn data(message: impl Into<String>) -> StoreError {
-        StoreError {
-            message: message.into(),
-            transient: false,
-        }
-    }
-
-    /// Whether this is a data error ([`StoreError::data`]).
+    /// Whether this is a data error ([`StoreError::Data`]).
     pub fn is_data_error(&self) -> bool {
-        !self.transient
+        matches!(self, StoreError::Data(_))
     }
 }
+
+/// Equal when they say the same (the backend's error has no equality of its own).
+impl PartialEq for StoreError {
+    fn eq(&self, other: &StoreError) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for StoreError {}
 
 /// Something that happened in a store, beyond its operations' timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -520,6 +520,14 @@ async fn malformed_requests_are_invalid_argument() {
     );
 }
 
+/// The error a store gets when its server refuses the connection.
+fn refused() -> cellrate::store::StoreError {
+    cellrate::store::StoreError::backend(
+        "connection",
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+    )
+}
+
 /// A store that always fails, to see what Envoy gets.
 struct BrokenStore;
 
@@ -528,19 +536,19 @@ impl cellrate::store::Store for BrokenStore {
         &'a self,
         _: &'a [cellrate::store::StoreItem],
     ) -> cellrate::store::StoreFuture<'a, cellrate::store::Outcome> {
-        Box::pin(async { Err(cellrate::store::StoreError::transient("connection refused")) })
+        Box::pin(async { Err(refused()) })
     }
     fn refund<'a>(
         &'a self,
         _: &'a [cellrate::store::StoreItem],
     ) -> cellrate::store::StoreFuture<'a, Vec<cellrate::gcra::Decision>> {
-        Box::pin(async { Err(cellrate::store::StoreError::transient("connection refused")) })
+        Box::pin(async { Err(refused()) })
     }
     fn reset<'a>(
         &'a self,
         _: &'a [cellrate::limits::names::BucketKey],
     ) -> cellrate::store::StoreFuture<'a, u32> {
-        Box::pin(async { Err(cellrate::store::StoreError::transient("connection refused")) })
+        Box::pin(async { Err(refused()) })
     }
 }
 

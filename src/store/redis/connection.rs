@@ -1,0 +1,179 @@
+//! The connection (standalone or cluster) and the one script call every operation makes,
+//! with its deadline, its breaker and the parsing of its reply.
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::{RedisClock, RedisStore};
+use crate::clock::Nanos;
+use crate::store::{StoreError, StoreEvent};
+
+pub(super) enum Connection {
+    Single(ConnectionManager),
+    /// Connected on first use (retried on the next call while that fails; one attempt at
+    /// a time); the cluster connection then reconnects to nodes by itself.
+    Cluster {
+        client: Box<redis::cluster::ClusterClient>,
+        connection: AsyncMutex<Option<ClusterConnection>>,
+    },
+}
+
+/// The operation a script call performs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Spend,
+    Refund,
+    Reset,
+}
+
+impl Op {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Op::Spend => "spend",
+            Op::Refund => "refund",
+            Op::Reset => "reset",
+        }
+    }
+}
+
+/// What one script call read: `now` and each key's TAT.
+pub(super) struct Read {
+    pub(super) now: Nanos,
+    pub(super) tats: Vec<Option<Nanos>>,
+}
+
+pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {
+    StoreError::backend(context, e)
+}
+
+impl RedisStore {
+    /// One script call over `keys` (all in one slot), with the deadline and breaker.
+    pub(super) async fn call(
+        &self,
+        op: Op,
+        slot: usize,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Read, StoreError> {
+        if !self.admit(slot) {
+            self.observer.event(StoreEvent::BreakerRejection);
+            return Err(StoreError::CircuitOpen);
+        }
+        let now_arg = match self.settings.clock {
+            RedisClock::Redis => String::new(),
+            RedisClock::Local => self.clock.now().to_string(),
+        };
+        let mut invocation = self.script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        invocation.arg(op.name()).arg(now_arg);
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let result = tokio::time::timeout(self.settings.timeout, async {
+            match &self.connection {
+                Connection::Single(manager) => {
+                    let mut manager = manager.clone();
+                    invocation
+                        .invoke_async::<Vec<String>>(&mut manager)
+                        .await
+                        .map_err(|e| store_error(op.name(), e))
+                }
+                Connection::Cluster { client, connection } => {
+                    let mut conn = {
+                        let mut guard = connection.lock().await;
+                        match guard.as_ref() {
+                            Some(conn) => conn.clone(),
+                            None => {
+                                let conn = client
+                                    .get_async_connection()
+                                    .await
+                                    .map_err(|e| store_error("cluster connection", e))?;
+                                *guard = Some(conn.clone());
+                                conn
+                            }
+                        }
+                    };
+                    invocation
+                        .invoke_async::<Vec<String>>(&mut conn)
+                        .await
+                        .map_err(|e| store_error(op.name(), e))
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Timeout {
+                op: op.name(),
+                timeout: self.settings.timeout,
+            })
+        });
+        // A reset deletes whatever a key held, readable or not.
+        let read = result.and_then(|values| parse_read(&values, keys, op == Op::Reset));
+        match &read {
+            // A bucket's own bad value is that bucket's problem, not Redis's: it must not
+            // open the breaker for every other caller.
+            Err(e) if e.is_data_error() => {
+                self.note(slot, true);
+                self.log_data_error_once(&e.to_string());
+            }
+            read => self.note(slot, read.is_ok()),
+        }
+        read
+    }
+}
+
+/// Parses the script's `{now, tat...}` for `keys`. A reply of the wrong shape is Redis
+/// misbehaving; a stored value that is no TAT is a data error of that bucket.
+/// `lenient`: an unreadable value counts as a bucket that was not full.
+pub(super) fn parse_read(
+    values: &[String],
+    keys: &[String],
+    lenient: bool,
+) -> Result<Read, StoreError> {
+    let bad = || StoreError::MalformedReply;
+    if values.len() != keys.len() + 1 {
+        return Err(bad());
+    }
+    let now = values[0].parse::<Nanos>().map_err(|_| bad())?;
+    let tats = values[1..]
+        .iter()
+        .zip(keys)
+        .map(|(v, key)| {
+            if v.is_empty() {
+                Ok(None)
+            } else if lenient {
+                Ok(Some(v.parse::<Nanos>().unwrap_or(Nanos::MAX)))
+            } else {
+                v.parse::<Nanos>().map(Some).map_err(|_| {
+                    StoreError::Data(format!(
+                        "redis: bucket {key} holds {:?}, which is no TAT; reset it",
+                        v.chars().take(40).collect::<String>()
+                    ))
+                })
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Read { now, tats })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_replies_are_checked() {
+        let keys = ["a".to_string(), "b".to_string()];
+        let ok = parse_read(&["5".into(), "".into(), "7".into()], &keys, false).unwrap();
+        assert_eq!((ok.now, ok.tats), (5, vec![None, Some(7)]));
+        assert!(parse_read(&["5".into()], &keys, false).is_err());
+        assert!(parse_read(&["x".into(), "".into()], &keys[..1], false).is_err());
+        let reply = ["5".to_string(), "99999999999999999999".to_string()];
+        let poisoned = parse_read(&reply, &keys[..1], false);
+        assert!(poisoned.is_err_and(|e| e.is_data_error()));
+        let reset = parse_read(&reply, &keys[..1], true).unwrap();
+        assert_eq!(reset.tats, vec![Some(Nanos::MAX)]);
+    }
+}

@@ -1,0 +1,68 @@
+//! What a request gets while Redis fails: the [`FailurePolicy`].
+
+use super::{FailurePolicy, RedisStore};
+use crate::gcra::{Decision, Limit};
+use crate::store::{Outcome, StoreError, StoreEvent, StoreItem};
+
+impl RedisStore {
+    /// The answer when Redis failed, by policy.
+    pub(super) fn on_failure(
+        &self,
+        items: &[StoreItem],
+        error: StoreError,
+    ) -> Result<Outcome, StoreError> {
+        if error.is_data_error() {
+            // Redis is fine; this bucket is not: no policy would decide it better.
+            return Err(error);
+        }
+        let policy = self.settings.failure;
+        if policy != FailurePolicy::Unavailable {
+            self.observer.event(StoreEvent::Fallback(match policy {
+                FailurePolicy::Allow => "allow",
+                FailurePolicy::Deny => "deny",
+                _ => "local",
+            }));
+        }
+        tracing::debug!(error = %error, ?policy, "redis failed; applying the failure policy");
+        let fixed = |allowed: bool| Outcome {
+            allowed,
+            decisions: items
+                .iter()
+                .map(|i| Decision {
+                    allowed,
+                    remaining: if allowed { i.limit.burst() as i64 } else { 0 },
+                    retry_in: 0,
+                    reset_in: 0,
+                })
+                .collect(),
+        };
+        match (policy, &self.fallback) {
+            (FailurePolicy::Allow, _) => Ok(fixed(true)),
+            (FailurePolicy::Deny, _) => Ok(fixed(false)),
+            (FailurePolicy::Local, Some(local)) => local.spend_now(&self.local_share(items)),
+            _ => Err(error),
+        }
+    }
+
+    /// The items with each limit divided by the local divisor.
+    pub(super) fn local_share(&self, items: &[StoreItem]) -> Vec<StoreItem> {
+        let divisor = self.settings.local_divisor.max(1);
+        items
+            .iter()
+            .map(|item| {
+                let l = item.limit;
+                let share = Limit::new(
+                    l.burst().div_ceil(divisor),
+                    l.count().div_ceil(divisor),
+                    l.period(),
+                )
+                .unwrap_or(l);
+                StoreItem {
+                    limit: share,
+                    cost: item.cost.min(share.burst()),
+                    ..item.clone()
+                }
+            })
+            .collect()
+    }
+}
