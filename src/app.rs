@@ -13,7 +13,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
 use crate::admin::{AdminAuth, TlsPem};
@@ -189,8 +190,6 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("serving: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("metrics listener: {0}")]
-    Metrics(#[from] std::io::Error),
     #[error("{0}")]
     Store(#[from] StoreError),
 }
@@ -201,21 +200,16 @@ const HEALTH: &str = "grpc.health.v1.Health";
 const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
 const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
 
-/// Reflection listing exactly `services` (the descriptor set holds both of our services;
-/// each listener advertises only what it serves). Both v1 and v1alpha, so that every
-/// grpcurl version works.
-macro_rules! reflection {
-    ($build:ident, $services:expr) => {{
-        let mut builder = tonic_reflection::server::Builder::configure()
+/// A reflection builder listing exactly `services` (the descriptor set holds both of our
+/// services; each listener advertises only what it serves). Built as v1 and as v1alpha,
+/// so that every grpcurl version works.
+fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'static> {
+    services.iter().fold(
+        tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-        for service in $services {
-            builder = builder.with_service_name(service);
-        }
-        builder
-            .$build()?
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    }};
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+        |builder, service| builder.with_service_name(*service),
+    )
 }
 
 /// Serves with the store `settings.store` names until `shutdown` resolves, then drains.
@@ -246,16 +240,15 @@ pub async fn run(
             Arc::new(store)
         }
     };
-    serve(
+    let parts = Parts {
         limits,
         listeners,
         store,
         clock,
-        settings,
-        (metrics, health),
-        shutdown,
-    )
-    .await
+        metrics,
+        health,
+    };
+    serve(parts, settings, shutdown).await
 }
 
 /// Serves with `store` until `shutdown` resolves (tests bring stores that fail or stall).
@@ -267,29 +260,42 @@ pub async fn run_with_store(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    serve(
+    let parts = Parts {
         limits,
         listeners,
         store,
         clock,
-        settings,
-        (Metrics::new(), Health::new()),
-        shutdown,
-    )
-    .await
+        metrics: Metrics::new(),
+        health: Health::new(),
+    };
+    serve(parts, settings, shutdown).await
+}
+
+/// What a server is made of, besides its settings.
+struct Parts {
+    limits: LimitTable,
+    listeners: Listeners,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
 /// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
 /// accepting, drain in-flight RPCs for up to the grace period.
 async fn serve(
-    limits: LimitTable,
-    listeners: Listeners,
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
+    parts: Parts,
     settings: Settings,
-    (metrics, health): (Arc<Metrics>, Arc<Health>),
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let Parts {
+        limits,
+        listeners,
+        store,
+        clock,
+        metrics,
+        health,
+    } = parts;
     let addr = |l: &TcpListener| {
         l.local_addr()
             .map_or_else(|_| "?".to_string(), |a| a.to_string())
@@ -307,21 +313,23 @@ async fn serve(
     let decider =
         Arc::new(Decider::new(limits.clone(), store.clone()).with_caller_limits(settings.caller));
 
-    // Every background task watches `stop_tasks` and ends when it flips, after the drain.
-    let (stop_tasks, tasks_stopped) = watch::channel(false);
+    // The background tasks (sweeper, reloader, metrics listener) end when `stop_tasks` is
+    // cancelled, after the drain; `tasks` waits for them.
+    let stop_tasks = CancellationToken::new();
+    let tasks = TaskTracker::new();
 
     // The sweeper drops expired buckets and keeps the live-bucket gauge current.
-    let sweeper = tokio::spawn({
+    tasks.spawn({
         let (store, metrics) = (store.clone(), metrics.clone());
         let every = settings.sweep_interval;
-        let mut stopped = tasks_stopped.clone();
+        let stopped = stop_tasks.clone();
         async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
-                    _ = stopped.wait_for(|s| *s) => return,
+                    _ = stopped.cancelled() => return,
                 }
                 let dropped = store.sweep();
                 metrics.swept_buckets.inc_by(dropped as u64);
@@ -334,7 +342,7 @@ async fn serve(
 
     // The reloader swaps new limits into `limits`; decisions in flight keep the snapshot
     // they started with.
-    let reloader = settings.reload.clone().map(|reload| {
+    if let Some(reload) = settings.reload.clone() {
         let reloader = Arc::new(Reloader::new(
             reload.dir.clone(),
             limits.clone(),
@@ -343,23 +351,22 @@ async fn serve(
             clock.clone(),
             store.clone(),
         ));
-        reloader.spawn(reload, tasks_stopped.clone())
-    });
+        reloader.spawn(reload, stop_tasks.clone(), &tasks);
+    }
 
     // The metrics listener serves until the tasks stop, so that a drain can be watched.
     let server_limits = settings.server.fitted();
-    let metrics_server = listeners.metrics.map(|listener| {
+    if let Some(listener) = listeners.metrics {
         let routes = crate::health::http_routes(metrics.clone(), health.clone());
-        let mut stopped = tasks_stopped.clone();
         let listener = GuardedListener::new(listener, server_limits.metrics, "metrics");
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            crate::listener::serve_http1(listener, routes, stopped, Duration::from_secs(1)).await;
-            Ok::<(), std::io::Error>(())
-        })
-    });
+        let stopped = stop_tasks.clone().cancelled_owned();
+        tasks.spawn(crate::listener::serve_http1(
+            listener,
+            routes,
+            stopped,
+            Duration::from_secs(1),
+        ));
+    }
 
     // One health service for both listeners, so that shutdown flips both at once.
     let (grpc_health, health_service) = tonic_health::server::health_reporter();
@@ -375,11 +382,8 @@ async fn serve(
     let services = [RATE_LIMITER, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
 
-    // Both gRPC servers stop accepting when `stop` flips; each gets its own receiver.
-    let (stop, stopped) = watch::channel(false);
-    let until_stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
+    // Both gRPC servers stop accepting when `stop_servers` is cancelled.
+    let stop_servers = CancellationToken::new();
 
     let mut decisions_server = server_limits.grpc_server();
     let mut admin_server = server_limits.grpc_server();
@@ -394,8 +398,16 @@ async fn serve(
         .layer(RpcMetricsLayer::new(metrics.clone()))
         .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service.clone())
-        .add_service(reflection!(build_v1, services))
-        .add_service(reflection!(build_v1alpha, services))
+        .add_service(
+            reflection(&services)
+                .build_v1()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection(&services)
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .add_service(
             RateLimiterServer::new(RateLimiterService::new(decider.clone(), metrics.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
@@ -410,20 +422,31 @@ async fn serve(
         )
         .serve_with_incoming_shutdown(
             decisions_incoming.into_stream(),
-            until_stopped(stopped.clone()),
+            stop_servers.clone().cancelled_owned(),
         );
     let admin = admin_server
         .layer(RpcMetricsLayer::new(metrics.clone()))
         .layer(InFlightLayer::new(server_limits.max_in_flight))
         .add_service(health_service)
-        .add_service(reflection!(build_v1, admin_services))
-        .add_service(reflection!(build_v1alpha, admin_services))
+        .add_service(
+            reflection(&admin_services)
+                .build_v1()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection(&admin_services)
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .add_service(tonic::service::interceptor::InterceptedService::new(
             AdminServer::new(AdminService::new(decider))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
-        .serve_with_incoming_shutdown(admin_incoming.into_stream(), until_stopped(stopped));
+        .serve_with_incoming_shutdown(
+            admin_incoming.into_stream(),
+            stop_servers.clone().cancelled_owned(),
+        );
     // Announced once everything is in place (tests and operators wait for this line).
     tracing::info!(
         listen = %decisions_addr,
@@ -460,9 +483,9 @@ async fn serve(
             // Still serving: load balancers see NOT_SERVING and move away first.
             tokio::select! {
                 _ = tokio::time::sleep(settings.shutdown_delay) => {}
-                result = &mut servers => return finish(result.map_err(ServeError::from), stop_tasks, sweeper, reloader, metrics_server).await,
+                result = &mut servers => return finish(result.map_err(ServeError::from), stop_tasks, tasks).await,
             }
-            let _ = stop.send(true);
+            stop_servers.cancel();
             match tokio::time::timeout(settings.grace, &mut servers).await {
                 Ok(result) => result.map_err(ServeError::from),
                 Err(_) => {
@@ -472,28 +495,17 @@ async fn serve(
             }
         }
     };
-    finish(result, stop_tasks, sweeper, reloader, metrics_server).await
+    finish(result, stop_tasks, tasks).await
 }
 
-/// Stops the background tasks and returns the servers' result.
+/// Stops the background tasks, waits for them, and returns the servers' result.
 async fn finish(
     result: Result<(), ServeError>,
-    stop_tasks: watch::Sender<bool>,
-    sweeper: tokio::task::JoinHandle<()>,
-    reloader: Option<tokio::task::JoinHandle<()>>,
-    metrics_server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    stop_tasks: CancellationToken,
+    tasks: TaskTracker,
 ) -> Result<(), ServeError> {
-    let _ = stop_tasks.send(true);
-    let _ = sweeper.await;
-    if let Some(reloader) = reloader {
-        let _ = reloader.await;
-    }
-    if let Some(server) = metrics_server {
-        if let Ok(Err(e)) = server.await {
-            if result.is_ok() {
-                return Err(ServeError::Metrics(e));
-            }
-        }
-    }
+    stop_tasks.cancel();
+    tasks.close();
+    tasks.wait().await;
     result
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{new_debouncer, DebounceEventResult};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::health::Health;
@@ -164,13 +166,15 @@ impl Reloader {
         }
     }
 
-    /// Starts watching now (so that no change after this call is missed) and returns the
-    /// task that reloads on file events, SIGHUP and the timer until `stop` flips.
+    /// Starts watching now (so that no change after this call is missed) and spawns, on
+    /// `tasks`, the task that reloads on file events, SIGHUP and the timer until `stop` is
+    /// cancelled.
     pub fn spawn(
         self: Arc<Self>,
         settings: ReloadSettings,
-        stop: watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
+        stop: CancellationToken,
+        tasks: &TaskTracker,
+    ) {
         // Capacity 1: events that arrive while a reload is pending fold into it.
         let (tx, rx) = mpsc::channel::<&'static str>(1);
         let debouncer = if settings.watch {
@@ -187,11 +191,11 @@ impl Reloader {
         };
         #[cfg(not(unix))]
         let hangup: Option<()> = None;
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             // The debouncer's thread watches as long as this task holds it.
             let _debouncer = debouncer;
             self.run(settings, rx, hangup, stop).await
-        })
+        });
     }
 
     async fn run(
@@ -200,7 +204,7 @@ impl Reloader {
         mut rx: mpsc::Receiver<&'static str>,
         #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
         #[cfg(not(unix))] _hangup: Option<()>,
-        mut stop: watch::Receiver<bool>,
+        stop: CancellationToken,
     ) {
         let mut timer = tokio::time::interval(settings.interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -218,7 +222,7 @@ impl Reloader {
                     }
                     std::future::pending::<()>().await
                 } => "SIGHUP",
-                _ = stop.wait_for(|stopped| *stopped) => return,
+                _ = stop.cancelled() => return,
             };
             // Loading reads files: keep it off the runtime's worker threads. The outcome is
             // already logged and counted by `reload`.
