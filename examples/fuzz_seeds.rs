@@ -1,13 +1,12 @@
 //! Writes the fuzzers' seed corpus, `fuzz/seeds/<target>/<n>`, from `cellrate::fuzzing::seeds`
 //! (built from config/ and the README's requests). Run from the repository root:
-//! `cargo run --example fuzz_seeds`. The test suite checks the committed files match.
+//! `cargo run --features fuzzing --example fuzz_seeds`. The test suite checks the committed
+//! files match.
 
-use std::path::Path;
-
-use cellrate::fuzzing::{seeds, TARGETS};
-
+#[cfg(feature = "fuzzing")]
 fn main() -> std::io::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+    use cellrate::fuzzing::{seeds, TARGETS};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz")
         .join("seeds");
     for (target, _) in TARGETS {
@@ -23,4 +22,10 @@ fn main() -> std::io::Result<()> {
         println!("{}: {} seeds", dir.display(), seeds.len());
     }
     Ok(())
+}
+
+#[cfg(not(feature = "fuzzing"))]
+fn main() {
+    eprintln!("the fuzz harnesses are behind a feature: cargo run --features fuzzing --example fuzz_seeds");
+    std::process::exit(2);
 }

@@ -36,5 +36,8 @@ fi
 export CELLRATE_TEST_PYTHON="$PWD/$venv/bin/python"
 
 cargo fmt --check
-cargo clippy --locked --all-targets -- -D warnings
-cargo test --locked
+cargo clippy --locked --all-targets --all-features -- -D warnings
+# The memory-only build (no Redis client, no fuzz harnesses) must keep compiling.
+cargo check --locked --no-default-features
+# Every test, the fuzz regressions (feature `fuzzing`) included.
+cargo test --locked --all-features

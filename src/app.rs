@@ -31,7 +31,9 @@ use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
 use crate::store::measured::MeasuredStore;
-use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::redis::RedisSettings;
+#[cfg(feature = "redis")]
+use crate::store::redis::RedisStore;
 use crate::store::{MemoryStore, Store, StoreError};
 
 /// How the service runs, beyond its listeners.
@@ -212,6 +214,14 @@ fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'s
     )
 }
 
+/// Why `--store redis` cannot work in this build.
+pub fn no_redis() -> StoreError {
+    StoreError::Config(
+        "this cellrate was built without the `redis` feature: --store redis is not available"
+            .to_string(),
+    )
+}
+
 /// Serves with the store `settings.store` names until `shutdown` resolves, then drains.
 pub async fn run(
     limits: LimitTable,
@@ -229,6 +239,7 @@ pub async fn run(
             settings.max_buckets,
             settings.caller_bucket_share,
         )),
+        #[cfg(feature = "redis")]
         StoreSettings::Redis {
             settings: redis,
             required_for_ready,
@@ -239,6 +250,8 @@ pub async fn run(
             }
             Arc::new(store)
         }
+        #[cfg(not(feature = "redis"))]
+        StoreSettings::Redis { .. } => return Err(ServeError::Store(no_redis())),
     };
     let parts = Parts {
         limits,

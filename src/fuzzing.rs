@@ -376,7 +376,7 @@ pub const TARGETS: [(&str, Harness); 5] = [
 ];
 
 /// Seed inputs for `target`, built from the examples (config/, the README's requests):
-/// the fuzzers' starting corpus (`cargo run --example fuzz_seeds` writes them to
+/// the fuzzers' starting corpus (`cargo run --features fuzzing --example fuzz_seeds` writes them to
 /// `fuzz/seeds/`), and inputs the test suite runs.
 pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{

@@ -31,7 +31,8 @@
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
 //! shutdown.rs              SIGINT | SIGTERM as a future
-//! fuzzing.rs               fuzz harnesses (bytes in, properties checked) for fuzz/ and tests
+//! fuzzing.rs               fuzz harnesses (bytes in, properties checked) for fuzz/ and the
+//!                          tests (feature `fuzzing`; `redis`, on by default, adds store/redis)
 //! ```
 //!
 //! A request flows: tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
@@ -43,6 +44,7 @@ pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod clock;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod gcra;
 pub mod health;

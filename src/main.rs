@@ -131,6 +131,9 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
     if args.store == StoreKind::Memory {
         return Ok(StoreSettings::Memory);
     }
+    if !cfg!(feature = "redis") {
+        return Err(cellrate::app::no_redis().into());
+    }
     if args.redis_url.is_none() && args.redis_cluster_nodes.is_empty() {
         anyhow::bail!("--store redis needs --redis-url or --redis-cluster-nodes");
     }

@@ -51,7 +51,7 @@ fn every_target_has_seeds_and_they_hold() {
 
 #[test]
 fn committed_seed_corpus_is_the_generated_one() {
-    // `cargo run --example fuzz_seeds` writes fuzz/seeds/; a seed change not written out
+    // `cargo run --features fuzzing --example fuzz_seeds` writes fuzz/seeds/; a seed change not written out
     // would leave the fuzzers starting from stale inputs.
     for (target, _) in TARGETS {
         let mut on_disk: Vec<Vec<u8>> = committed("seeds", target)

@@ -12,6 +12,7 @@ mod envoy_rls;
 mod exact_answers;
 mod examples;
 mod faults;
+#[cfg(feature = "fuzzing")]
 mod fuzz_regressions;
 mod grpc_native;
 mod grpcurl;
@@ -21,5 +22,6 @@ mod operations;
 mod process_ops;
 mod proptests;
 mod python_envoy;
+#[cfg(feature = "redis")]
 mod redis_store;
 mod store_scenarios;

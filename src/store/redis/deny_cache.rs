@@ -1,6 +1,7 @@
 //! The local deny cache (off by default; see [`DenyCache`]).
 
-use super::{Read, RedisClock, RedisStore};
+use super::connection::Read;
+use super::{RedisClock, RedisStore};
 use crate::clock::Nanos;
 use crate::gcra;
 use crate::store::{Outcome, StoreEvent, StoreItem};

@@ -1,0 +1,74 @@
+//! How to reach Redis and behave around it: compiled whether or not the `redis` feature
+//! is, so that the flags always parse and a memory-only build can say what is missing.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Whose clock decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RedisClock {
+    /// Redis `TIME` inside the script: one clock for every replica.
+    #[default]
+    Redis,
+    /// cellrate's own clock, passed to the script.
+    Local,
+}
+
+/// What a request gets when Redis cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// gRPC UNAVAILABLE (Envoy's `failure_mode_deny` decides).
+    #[default]
+    Unavailable,
+    /// Allow (fail open).
+    Allow,
+    /// Deny (fail closed).
+    Deny,
+    /// Decide in this replica's memory with `1/divisor` of each limit.
+    Local,
+}
+
+/// How to reach Redis and behave around it.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    pub url: Option<String>,
+    /// Redis Cluster seed nodes (URLs); used instead of `url` when not empty.
+    pub cluster_nodes: Vec<String>,
+    /// Prefix of every key.
+    pub prefix: String,
+    /// Deadline of every Redis call.
+    pub timeout: Duration,
+    pub clock: RedisClock,
+    pub failure: FailurePolicy,
+    /// With [`FailurePolicy::Local`]: each limit's burst and count are divided by this
+    /// (rounded up), e.g. the number of replicas.
+    pub local_divisor: u64,
+    /// Name numbers whose keys are tagged by id (`{id}`), so that one id's limits share a
+    /// cluster slot; `None` tags every name.
+    pub tag_by_id: Option<HashSet<u32>>,
+    /// Entries of the local deny cache; 0 turns it off.
+    pub deny_cache: usize,
+    /// Consecutive failures that open a breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker fails fast.
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for RedisSettings {
+    fn default() -> RedisSettings {
+        RedisSettings {
+            url: None,
+            cluster_nodes: Vec::new(),
+            prefix: "cellrate:".to_string(),
+            timeout: Duration::from_millis(10),
+            clock: RedisClock::Redis,
+            failure: FailurePolicy::Unavailable,
+            local_divisor: 1,
+            tag_by_id: Some(HashSet::new()),
+            deny_cache: 0,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(1),
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The Redis store itself: its connection, state, and the batches of every operation.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::breaker::Breaker;
+use super::cluster::{escape, SLOTS};
+use super::connection::{store_error, Connection, Op, Read};
+use super::deny_cache::{DenyCache, DenyEntries};
+use super::{FailurePolicy, RedisSettings};
+use crate::clock::Clock;
+use crate::gcra::{self, BatchItem, Decision, Mode};
+use crate::limits::names::BucketKey;
+use crate::store::{
+    MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
+};
+
+/// The script, compiled into the binary.
+const SCRIPT: &str = include_str!("batch.lua");
+
+/// The Redis store. See the module docs.
+pub struct RedisStore {
+    pub(super) connection: Connection,
+    pub(super) script: redis::Script,
+    pub(super) settings: RedisSettings,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) observer: Arc<dyn StoreObserver>,
+    pub(super) fallback: Option<MemoryStore>,
+    pub(super) breakers: Box<[Breaker]>,
+    pub(super) started: Instant,
+    /// Whether Redis answers: some used slot's last call succeeded (for readiness, when
+    /// required).
+    pub(super) healthy: Arc<AtomicBool>,
+    /// Breakers whose last call failed, and (cluster) breakers that saw a call.
+    pub(super) failing_slots: AtomicUsize,
+    pub(super) used_slot_count: AtomicUsize,
+    /// Recent denials, by Redis key (see [`DenyCache`]).
+    pub(super) deny_cache: Option<DenyCache>,
+    /// Data errors already logged, so that a bad bucket logs once, not per request.
+    pub(super) data_errors_logged: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl RedisStore {
+    /// A store for `settings`. Standalone connections are made lazily and re-made after
+    /// failures; so are cluster connections. Fails only on unusable settings.
+    pub fn new(
+        settings: RedisSettings,
+        clock: Arc<dyn Clock>,
+        observer: Arc<dyn StoreObserver>,
+    ) -> Result<RedisStore, StoreError> {
+        let connection = if settings.cluster_nodes.is_empty() {
+            let url = settings.url.as_deref().ok_or_else(|| {
+                StoreError::Config("redis: no --redis-url or cluster nodes".into())
+            })?;
+            let client = redis::Client::open(url)
+                .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(100))))
+                .set_response_timeout(Some(settings.timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            let manager = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| store_error("connection", e))?;
+            Connection::Single(manager)
+        } else {
+            let client = redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
+                .connection_timeout(settings.timeout.max(Duration::from_millis(100)))
+                .response_timeout(settings.timeout)
+                .retries(1)
+                .build()
+                .map_err(|e| StoreError::Config(format!("redis cluster nodes: {e}")))?;
+            Connection::Cluster {
+                client: Box::new(client),
+                connection: AsyncMutex::new(None),
+            }
+        };
+        let breakers = if settings.cluster_nodes.is_empty() {
+            1
+        } else {
+            SLOTS
+        };
+        let deny_cache = settings.deny_cache;
+        let fallback =
+            (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
+        Ok(RedisStore {
+            connection,
+            script: redis::Script::new(SCRIPT),
+            settings,
+            clock,
+            observer,
+            fallback,
+            breakers: (0..breakers).map(|_| Breaker::default()).collect(),
+            started: Instant::now(),
+            healthy: Arc::new(AtomicBool::new(true)),
+            failing_slots: AtomicUsize::new(0),
+            used_slot_count: AtomicUsize::new(0),
+            data_errors_logged: Default::default(),
+            deny_cache: (deny_cache > 0).then(|| DenyCache {
+                entries: std::sync::Mutex::new(DenyEntries::default()),
+                capacity: deny_cache,
+            }),
+        })
+    }
+
+    /// Whether the last Redis call succeeded.
+    pub fn healthy(&self) -> Arc<AtomicBool> {
+        self.healthy.clone()
+    }
+
+    /// The Redis key of a bucket: prefix, then `<number>:<id>` or, tagged,
+    /// `<number>:{<id>}`; the id escaped.
+    pub fn redis_key(&self, key: &BucketKey) -> String {
+        let (number, id) = key.parts();
+        let tagged = self
+            .settings
+            .tag_by_id
+            .as_ref()
+            .is_none_or(|names| names.contains(&number));
+        let id = escape(id);
+        if tagged {
+            format!("{}{number}:{{{id}}}", self.settings.prefix)
+        } else {
+            format!("{}{number}:{id}", self.settings.prefix)
+        }
+    }
+
+    pub(super) fn mono(&self) -> i64 {
+        self.started.elapsed().as_nanos() as i64
+    }
+
+    async fn spend_redis(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+        let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        if let Some(outcome) = keys.first().and_then(|key| self.cached_denial(items, key)) {
+            return Ok(outcome);
+        }
+        let sent = self.mono();
+        let groups = self.groups(&keys);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let args: Vec<String> = members
+                .iter()
+                .flat_map(|&i| {
+                    let item = &items[i];
+                    let ei = item.limit.emission_interval();
+                    let inc = ei.saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX));
+                    let mode = match item.mode {
+                        Mode::CheckAndSpend => "0",
+                        Mode::CheckOnly | Mode::Probe => "1",
+                        Mode::SpendOnly => "2",
+                    };
+                    [
+                        inc.to_string(),
+                        item.limit.burst_offset().to_string(),
+                        mode.to_string(),
+                    ]
+                })
+                .collect();
+            async move { self.call(Op::Spend, *slot, &group_keys, &args).await }
+        });
+        let reads = futures_util::future::join_all(calls).await;
+
+        // Replay each group's decision exactly as the script made it.
+        let mut outcomes = Vec::with_capacity(groups.len());
+        let mut failure = None;
+        for ((_, members), read) in groups.iter().zip(reads) {
+            match read {
+                Ok(read) => {
+                    let batch: Vec<BatchItem<'_>> = members
+                        .iter()
+                        .map(|&i| batch_item(&items[i], items[i].mode))
+                        .collect();
+                    let out = gcra::spend_batch(read.now, &batch, &read.tats);
+                    outcomes.push(Some((read, out)));
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    outcomes.push(None);
+                }
+            }
+        }
+        let all_allowed = failure.is_none()
+            && outcomes
+                .iter()
+                .all(|o| o.as_ref().is_some_and(|(_, out)| out.allowed));
+        if !all_allowed {
+            self.compensate(items, &keys, &groups, &outcomes).await;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+
+        if let (Some(key), Some(Some((read, _)))) = (keys.first(), outcomes.first()) {
+            self.learn(items, key, sent, read, all_allowed);
+        }
+        let mut decisions = vec![UNDECIDED; items.len()];
+        for ((_, members), outcome) in groups.iter().zip(&outcomes) {
+            let Some((read, out)) = outcome else {
+                continue;
+            };
+            let group_decisions = if all_allowed {
+                out.decisions.clone()
+            } else {
+                // Nothing stays spent: report each bucket as it stands.
+                let batch: Vec<BatchItem<'_>> = members
+                    .iter()
+                    .map(|&i| batch_item(&items[i], Mode::Probe))
+                    .collect();
+                gcra::spend_batch(read.now, &batch, &read.tats).decisions
+            };
+            for (&i, d) in members.iter().zip(group_decisions) {
+                decisions[i] = d;
+            }
+        }
+        Ok(Outcome {
+            allowed: all_allowed,
+            decisions,
+        })
+    }
+
+    /// Refunds what groups spent in a batch that was not allowed as a whole.
+    async fn compensate(
+        &self,
+        items: &[StoreItem],
+        keys: &[String],
+        groups: &[(usize, Vec<usize>)],
+        outcomes: &[Option<(Read, gcra::BatchOutcome)>],
+    ) {
+        let mut counted = false;
+        for ((slot, members), outcome) in groups.iter().zip(outcomes) {
+            let Some((_, out)) = outcome else { continue };
+            let spent: Vec<usize> = members
+                .iter()
+                .zip(&out.writes)
+                .filter(|(_, w)| w.is_some())
+                .map(|(&i, _)| i)
+                .collect();
+            if spent.is_empty() {
+                continue;
+            }
+            if !counted {
+                self.observer.event(StoreEvent::Compensation);
+                counted = true;
+            }
+            let group_keys: Vec<String> = spent.iter().map(|&i| keys[i].clone()).collect();
+            let args: Vec<String> = spent.iter().map(|&i| increment(&items[i])).collect();
+            if let Err(e) = self.call(Op::Refund, *slot, &group_keys, &args).await {
+                tracing::warn!(error = %e, "could not refund a partly spent cross-slot batch");
+            }
+        }
+    }
+
+    /// Runs `op` on every slot group of `keys` in parallel. Each group is atomic; when
+    /// some fail, the error says which buckets were applied and which were not.
+    async fn per_group(
+        &self,
+        op: Op,
+        keys: &[String],
+        buckets: &[&BucketKey],
+        args: impl Fn(usize) -> Option<String>,
+    ) -> Result<Vec<(Vec<usize>, Read)>, StoreError> {
+        let groups = self.groups(keys);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let group_args: Vec<String> = members.iter().filter_map(|&i| args(i)).collect();
+            async move { self.call(op, *slot, &group_keys, &group_args).await }
+        });
+        let reads = futures_util::future::join_all(calls).await;
+        let mut done = Vec::with_capacity(groups.len());
+        let (mut applied, mut failed, mut error) = (Vec::new(), Vec::new(), None);
+        for ((_, members), read) in groups.into_iter().zip(reads) {
+            let names = members.iter().map(|&i| buckets[i].to_string());
+            match read {
+                Ok(read) => {
+                    applied.extend(names);
+                    done.push((members, read));
+                }
+                Err(e) => {
+                    failed.extend(names);
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        match error {
+            None => Ok(done),
+            Some(e) if applied.is_empty() => Err(e),
+            Some(e) => Err(StoreError::Partial {
+                op: op.name(),
+                applied: applied.join(", "),
+                missing: failed.join(", "),
+                source: Box::new(e),
+            }),
+        }
+    }
+
+    async fn refund_redis(&self, items: &[StoreItem]) -> Result<Vec<Decision>, StoreError> {
+        let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
+        self.forget(&keys);
+        let buckets: Vec<&BucketKey> = items.iter().map(|i| &i.key).collect();
+        let done = self
+            .per_group(Op::Refund, &keys, &buckets, |i| Some(increment(&items[i])))
+            .await?;
+        let mut decisions = vec![UNDECIDED; items.len()];
+        for (members, read) in done {
+            for (&i, tat) in members.iter().zip(&read.tats) {
+                decisions[i] = gcra::refund(&items[i].limit, read.now, *tat, items[i].cost).0;
+            }
+        }
+        Ok(decisions)
+    }
+
+    async fn reset_redis(&self, keys: &[BucketKey]) -> Result<u32, StoreError> {
+        let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(k)).collect();
+        self.forget(&redis_keys);
+        let buckets: Vec<&BucketKey> = keys.iter().collect();
+        let done = self
+            .per_group(Op::Reset, &redis_keys, &buckets, |_| None)
+            .await?;
+        let live: usize = done
+            .iter()
+            .map(|(_, read)| {
+                read.tats
+                    .iter()
+                    .filter(|t| t.is_some_and(|t| t > read.now))
+                    .count()
+            })
+            .sum();
+        Ok(live as u32)
+    }
+
+    /// Logs a data error the first time its message is seen (a bounded set of them).
+    pub(super) fn log_data_error_once(&self, message: &str) {
+        let mut seen = self
+            .data_errors_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() < 1024 && seen.insert(message.to_string()) {
+            tracing::error!(
+                error = message,
+                "unreadable bucket in Redis; its requests fail until it is reset or expires"
+            );
+        }
+    }
+}
+
+/// Placeholder for decisions not yet filled (every slot is filled before use).
+pub(super) const UNDECIDED: Decision = Decision {
+    allowed: false,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};
+
+pub(super) fn batch_item(item: &StoreItem, mode: Mode) -> BatchItem<'_> {
+    BatchItem {
+        limit: &item.limit,
+        cost: item.cost,
+        mode,
+    }
+}
+
+pub(super) fn increment(item: &StoreItem) -> String {
+    item.limit
+        .emission_interval()
+        .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
+        .to_string()
+}
+
+impl Store for RedisStore {
+    fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            match self.spend_redis(items).await {
+                Ok(outcome) => Ok(outcome),
+                Err(e) => self.on_failure(items, e),
+            }
+        })
+    }
+
+    fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
+        Box::pin(async move {
+            match (self.refund_redis(items).await, &self.fallback) {
+                (Ok(d), _) => Ok(d),
+                (Err(_), Some(local)) => Ok(local.refund_now(&self.local_share(items))),
+                (Err(e), None) => Err(e),
+            }
+        })
+    }
+
+    fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
+        Box::pin(async move { self.reset_redis(keys).await })
+    }
+
+    fn sweep(&self) -> usize {
+        // Redis expires keys at their TAT; only the local fallback needs sweeping.
+        self.fallback.as_ref().map_or(0, MemoryStore::sweep)
+    }
+
+    fn limits_changed(&self) {
+        if let Some(cache) = &self.deny_cache {
+            cache.lock().clear();
+        }
+    }
+}
