@@ -24,10 +24,6 @@ impl AdminAuth {
     }
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl Interceptor for AdminAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let Some(expected) = &self.token_digest else {
@@ -44,7 +40,7 @@ impl Interceptor for AdminAuth {
             )),
             Some(token) => {
                 let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-                if constant_time_eq(&digest, expected) {
+                if bool::from(subtle::ConstantTimeEq::ct_eq(&digest[..], &expected[..])) {
                     Ok(request)
                 } else {
                     Err(Status::unauthenticated("wrong admin token"))

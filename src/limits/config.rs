@@ -463,10 +463,7 @@ fn content_version(files: &[(String, String)]) -> String {
         hash.update((text.len() as u64).to_le_bytes());
         hash.update(text.as_bytes());
     }
-    hash.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&hash.finalize()[..8])
 }
 
 fn unknown_name(text: &str) -> String {

@@ -264,7 +264,7 @@ fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
     names.sort_unstable();
     names.dedup();
     let digest = Sha256::digest(names.join(",").as_bytes());
-    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(digest))
 }
 
 fn check_string(id: &str) -> Result<(), IdError> {

@@ -376,7 +376,7 @@ fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
         field(key);
         field(value);
     }
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(hash.finalize())
 }
 
 /// An item that decides: limited (including shadow) or deny-listed.

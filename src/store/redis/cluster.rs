@@ -23,18 +23,8 @@ pub(super) fn escape(id: &str) -> std::borrow::Cow<'_, str> {
 
 /// CRC16/XMODEM, the checksum of Redis Cluster key slots.
 fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
+    const XMODEM: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+    XMODEM.checksum(data)
 }
 
 /// The hash slot of a key: of its `{tag}` when it has a non-empty one, else of the key.

@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::OnceCell;
 
 use super::{RedisClock, RedisStore};
 use crate::clock::Nanos;
@@ -15,7 +15,7 @@ pub(super) enum Connection {
     /// a time); the cluster connection then reconnects to nodes by itself.
     Cluster {
         client: Box<redis::cluster::ClusterClient>,
-        connection: AsyncMutex<Option<ClusterConnection>>,
+        connection: OnceCell<ClusterConnection>,
     },
 }
 
@@ -82,20 +82,15 @@ impl RedisStore {
                         .map_err(|e| store_error(op.name(), e))
                 }
                 Connection::Cluster { client, connection } => {
-                    let mut conn = {
-                        let mut guard = connection.lock().await;
-                        match guard.as_ref() {
-                            Some(conn) => conn.clone(),
-                            None => {
-                                let conn = client
-                                    .get_async_connection()
-                                    .await
-                                    .map_err(|e| store_error("cluster connection", e))?;
-                                *guard = Some(conn.clone());
-                                conn
-                            }
-                        }
-                    };
+                    let mut conn = connection
+                        .get_or_try_init(|| async {
+                            client
+                                .get_async_connection()
+                                .await
+                                .map_err(|e| store_error("cluster connection", e))
+                        })
+                        .await?
+                        .clone();
                     invocation
                         .invoke_async::<Vec<String>>(&mut conn)
                         .await

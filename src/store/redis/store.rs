@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use tokio::sync::Mutex as AsyncMutex;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
@@ -75,7 +74,7 @@ impl RedisStore {
                 .map_err(|e| StoreError::Config(format!("redis cluster nodes: {e}")))?;
             Connection::Cluster {
                 client: Box::new(client),
-                connection: AsyncMutex::new(None),
+                connection: tokio::sync::OnceCell::new(),
             }
         };
         let breakers = if settings.cluster_nodes.is_empty() {
