@@ -274,39 +274,51 @@ async fn past_tat_is_full(s: &Subject) {
     );
 }
 
-/// Runs every scenario on stores made by `make` (a fresh store per scenario).
-macro_rules! scenarios {
-    ($make:expr) => {{
-        let make = $make;
-        seed_000(&make("seed")).await;
-        peek_and_oversize(&make("peek")).await;
-        all_or_nothing(&make("aon")).await;
-        modes(&make("modes")).await;
-        refunds(&make("refunds")).await;
-        resets(&make("resets")).await;
-        lowered_limit(&make("lowered")).await;
-        past_tat_is_full(&make("past")).await;
-    }};
+/// One test per scenario and store: `store_scenarios::<store>::<scenario>`, each on a
+/// fresh store (and, for Redis, a server or cluster of its own).
+macro_rules! on_every_store {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(&super::memory()).await;
+                }
+            )*
+        }
+
+        mod redis_standalone {
+            use super::RedisServer;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let server = RedisServer::start();
+                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
+                }
+            )*
+        }
+
+        mod redis_cluster {
+            use super::RedisCluster;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    // The all-or-nothing scenario checks slots with the prefix "t:".
+                    let cluster = RedisCluster::start();
+                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
+                }
+            )*
+        }
+    };
 }
 
-#[tokio::test]
-async fn every_scenario_on_the_memory_store() {
-    scenarios!(|_: &str| memory());
-}
-
-#[tokio::test]
-async fn every_scenario_on_redis_standalone() {
-    let server = RedisServer::start();
-    scenarios!(|name: &str| redis(Some(server.url()), vec![], &format!("{name}:")));
-}
-
-#[tokio::test]
-async fn every_scenario_on_redis_cluster() {
-    let cluster = RedisCluster::start();
-    // The all-or-nothing scenario checks slots with the prefix "t:".
-    scenarios!(|name: &str| redis(
-        None,
-        cluster.urls(),
-        if name == "aon" { "t:" } else { name }
-    ));
-}
+on_every_store!(
+    seed_000,
+    peek_and_oversize,
+    all_or_nothing,
+    modes,
+    refunds,
+    resets,
+    lowered_limit,
+    past_tat_is_full,
+);

@@ -64,9 +64,13 @@ impl RedisServer {
             command.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"]);
             command.args(["--cluster-config-file", "nodes.conf"]);
         }
-        let child = command
-            .spawn()
-            .expect("redis-server is installed (scripts/test.sh installs it)");
+        let child = command.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start redis-server ({e}): the Redis tests need it on PATH; \
+                 scripts/test.sh installs it from Debian's packages, or run \
+                 `apt-get install redis-server`"
+            )
+        });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
