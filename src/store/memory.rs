@@ -18,8 +18,7 @@
 //! nothing. Existing buckets keep working, denials and refunds are unaffected. Envoy's
 //! `failure_mode_deny` then decides whether such requests pass.
 
-use std::collections::hash_map::{Entry, RandomState};
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -41,34 +40,55 @@ pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fingerprint(u64, u64);
 
-impl std::hash::Hash for Fingerprint {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0);
-    }
-}
-
-/// The table's hasher: the fingerprint is already a keyed hash, so hash it no further.
+/// One shard's table of one [`Space`]: TATs by fingerprint. The fingerprint already is a
+/// keyed hash, so its first word is the table's hash as it is (a `HashTable` takes the
+/// hash from us; no `Hasher` to write).
 #[derive(Default)]
-struct FirstWord(u64);
+struct Buckets(hashbrown::HashTable<(Fingerprint, Nanos)>);
 
-impl std::hash::Hasher for FirstWord {
-    fn finish(&self) -> u64 {
-        self.0
+impl Buckets {
+    fn with_capacity(n: usize) -> Buckets {
+        Buckets(hashbrown::HashTable::with_capacity(n))
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used (by `Fingerprint`); fold anything else in anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+    fn get(&self, print: &Fingerprint) -> Option<&Nanos> {
+        self.0
+            .find(print.0, |(p, _)| p == print)
+            .map(|(_, tat)| tat)
+    }
+
+    fn get_mut(&mut self, print: &Fingerprint) -> Option<&mut Nanos> {
+        self.0
+            .find_mut(print.0, |(p, _)| p == print)
+            .map(|(_, tat)| tat)
+    }
+
+    fn insert(&mut self, print: Fingerprint, tat: Nanos) {
+        match self.get_mut(&print) {
+            Some(stored) => *stored = tat,
+            None => {
+                self.0.insert_unique(print.0, (print, tat), |(p, _)| p.0);
+            }
         }
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    fn remove(&mut self, print: &Fingerprint) -> Option<Nanos> {
+        let entry = self.0.find_entry(print.0, |(p, _)| p == print).ok()?;
+        Some(entry.remove().0 .1)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Nanos) -> bool) {
+        self.0.retain(|(_, tat)| keep(tat));
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn capacity(&self) -> usize {
+        self.0.capacity()
     }
 }
-
-type Buckets = HashMap<Fingerprint, Nanos, std::hash::BuildHasherDefault<FirstWord>>;
 
 /// Which table of a shard a bucket lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +121,7 @@ impl Tables {
     }
 
     fn len(&self) -> usize {
-        self.0.iter().map(HashMap::len).sum()
+        self.0.iter().map(Buckets::len).sum()
     }
 }
 
@@ -252,7 +272,7 @@ impl MemoryStore {
                 let out = gcra::spend_batch(now, &batch, &[None]);
                 if let Some(tat) = out.writes[0] {
                     if shard.len() >= self.per_shard[space as usize] {
-                        shard.retain(|_, tat| *tat > now);
+                        shard.retain(|tat| *tat > now);
                         if shard.len() >= self.per_shard[space as usize] {
                             return Err(self.full(space));
                         }
@@ -302,7 +322,7 @@ impl MemoryStore {
                 let (new, bound) = (new[space as usize], self.per_shard[space as usize]);
                 let table = guard.table(space);
                 if new > 0 && table.len() + new > bound {
-                    table.retain(|_, tat| *tat > now);
+                    table.retain(|tat| *tat > now);
                     if table.len() + new > bound {
                         return Err(self.full(space));
                     }
@@ -333,8 +353,8 @@ impl MemoryStore {
                         shard.remove(print);
                     }
                     Some(tat) => {
-                        if let Entry::Occupied(mut e) = shard.entry(*print) {
-                            e.insert(tat);
+                        if let Some(stored) = shard.get_mut(print) {
+                            *stored = tat;
                         }
                     }
                     None => {}
@@ -389,7 +409,7 @@ impl MemoryStore {
 /// Drops a table's expired buckets; returns how many.
 fn sweep_table(table: &mut Buckets, now: Nanos) -> usize {
     let before = table.len();
-    table.retain(|_, tat| *tat > now);
+    table.retain(|tat| *tat > now);
     let live = table.len();
     // A removal leaves a tombstone that only a rehash clears, and hashbrown rehashes in
     // place only while a table is at most half full: under churn (new keys in, expired
@@ -397,8 +417,10 @@ fn sweep_table(table: &mut Buckets, now: Nanos) -> usize {
     // fallen below a quarter of its live entries keeps it at the size those entries need
     // (the soak in RELIABILITY.md: half the RSS).
     if table.capacity() - live < live / 4 {
-        let mut rebuilt = Buckets::with_capacity_and_hasher(live + live / 4, Default::default());
-        rebuilt.extend(table.drain());
+        let mut rebuilt = Buckets::with_capacity(live + live / 4);
+        for (print, tat) in table.0.drain() {
+            rebuilt.0.insert_unique(print.0, (print, tat), |(p, _)| p.0);
+        }
         *table = rebuilt;
     }
     before - live
