@@ -11,15 +11,19 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::clock::Nanos;
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
 pub use crate::limits::descriptors::InvalidIds;
 use crate::limits::names::{BucketKey, IdFormat};
 use crate::store::{Store, StoreError, StoreItem};
 
+mod caller_limits;
 pub mod envoy;
+mod errors;
 pub mod native;
+
+pub use caller_limits::CallerLimits;
+pub use errors::{store_unavailable, DecideError, Invalid};
 
 /// The most items one request may name.
 pub const MAX_BATCH: usize = 64;
@@ -47,72 +51,6 @@ pub enum Target<'a> {
     /// An unmatched Envoy descriptor with its own limit; `digest` identifies its domain
     /// and entries unambiguously (see [`envoy`]).
     Descriptor { digest: String, limit: Limit },
-}
-
-/// Bounds on limits that callers give (native inline limits, Envoy descriptor `limit`s).
-///
-/// A caller-given limit chooses how long its bucket lives, so without bounds one client
-/// could fill the store with buckets that never expire. Their buckets live in a key space
-/// of their own whose keys include the limit ([`BucketKey::caller_given`]), under a share
-/// of the store's bucket bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallerLimits {
-    /// Off: native inline limits are INVALID_ARGUMENT, and Envoy's descriptor `limit`s are
-    /// ignored (the configured limits apply).
-    pub enabled: bool,
-    /// Longest period, and longest time to refill a whole burst (how long a bucket lives).
-    pub max_period: Nanos,
-    /// Largest burst.
-    pub max_burst: u64,
-}
-
-impl Default for CallerLimits {
-    fn default() -> CallerLimits {
-        CallerLimits {
-            enabled: true,
-            max_period: 86_400 * crate::clock::SECOND,
-            max_burst: 1_000_000,
-        }
-    }
-}
-
-impl CallerLimits {
-    /// No bounds beyond GCRA's own (for operators' tools such as `simulate`).
-    pub fn unbounded() -> CallerLimits {
-        CallerLimits {
-            enabled: true,
-            max_period: Nanos::MAX,
-            max_burst: u64::MAX,
-        }
-    }
-
-    /// Why `limit` is not accepted from a caller, if it is not.
-    pub fn refuse(&self, limit: &Limit) -> Option<String> {
-        let seconds = |n: Nanos| n as f64 / crate::clock::SECOND as f64;
-        if limit.burst() > self.max_burst {
-            return Some(format!(
-                "burst {} is above this server's maximum {} for caller-given limits",
-                limit.burst(),
-                self.max_burst
-            ));
-        }
-        if limit.period() > self.max_period {
-            return Some(format!(
-                "period {}s is above this server's maximum {}s for caller-given limits",
-                seconds(limit.period()),
-                seconds(self.max_period)
-            ));
-        }
-        if limit.burst_offset() > self.max_period {
-            return Some(format!(
-                "a full burst takes {}s to refill, above this server's maximum {}s for \
-                 caller-given limits",
-                seconds(limit.burst_offset()),
-                seconds(self.max_period)
-            ));
-        }
-        None
-    }
 }
 
 /// One item of a request, before resolution.
@@ -224,65 +162,6 @@ pub struct BatchResult {
     /// The item the overall decision comes from, if any.
     pub overall_item: Option<usize>,
     pub items: Vec<ItemResult>,
-}
-
-/// A malformed request, and where: nothing was spent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invalid {
-    /// The item at fault, if one is.
-    pub item: Option<usize>,
-    /// The field within the item (e.g. `.id`), or empty.
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl Invalid {
-    fn at(item: usize, field: &'static str, message: String) -> Invalid {
-        Invalid {
-            item: Some(item),
-            field,
-            message,
-        }
-    }
-
-    /// The message with the item named by `label` (front ends name items their way).
-    pub fn describe(&self, label: impl Fn(usize) -> String) -> String {
-        match self.item {
-            Some(i) => format!("{}{}: {}", label(i), self.field, self.message),
-            None => format!("items: {}", self.message),
-        }
-    }
-}
-
-impl std::fmt::Display for Invalid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe(|i| format!("items[{i}]")))
-    }
-}
-
-/// Why a request was not decided.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecideError {
-    #[error("{0}")]
-    Invalid(Invalid),
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-}
-
-impl From<DecideError> for tonic::Status {
-    fn from(error: DecideError) -> tonic::Status {
-        match error {
-            DecideError::Invalid(invalid) => tonic::Status::invalid_argument(invalid.to_string()),
-            DecideError::Store(e) => store_unavailable(&e),
-        }
-    }
-}
-
-/// The one mapping of a store failure to a gRPC status: UNAVAILABLE, never UNKNOWN. Envoy
-/// treats UNKNOWN as "allow", while UNAVAILABLE lets its `failure_mode_deny` decide. A
-/// full memory store is transient too.
-pub fn store_unavailable(error: &StoreError) -> tonic::Status {
-    tonic::Status::unavailable(format!("store: {error}"))
 }
 
 /// A resolved item.
