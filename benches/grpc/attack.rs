@@ -23,6 +23,10 @@ use cellrate::proto::v1 as pb;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+#[path = "proc_stats.rs"]
+mod proc_stats;
+use proc_stats::rss_kib;
+
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -44,16 +48,6 @@ fn headers(fields: &[(&str, &str)]) -> Vec<u8> {
         block.extend_from_slice(value.as_bytes());
     }
     block
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Opens a connection with the client preface and an empty SETTINGS frame.

@@ -25,6 +25,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use prost::Message;
 
+#[path = "proc_stats.rs"]
+mod proc_stats;
+use proc_stats::{cpu_ticks, rss_kib};
+
 /// A gRPC frame: uncompressed flag, 4-byte big-endian length, message.
 fn frame(message: &impl Message) -> Bytes {
     let body = message.encode_to_vec();
@@ -80,31 +84,6 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
             }],
         }),
     }
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After the command name: state is field 3; utime and stime are fields 14 and 15.
-    let get = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    get(14) + get(15)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn main() {
