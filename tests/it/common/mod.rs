@@ -59,8 +59,19 @@ impl Served {
         settings: Settings,
         store: Option<Arc<dyn cellrate::store::Store>>,
     ) -> Served {
-        let clock = FakeClock::new(T0);
         let decisions = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Served::on(decisions, limits, settings, store).await
+    }
+
+    /// As [`Served::full`], with the decision listener given (to serve again on the address
+    /// of a stopped server).
+    pub async fn on(
+        decisions: TcpListener,
+        limits: LimitTable,
+        settings: Settings,
+        store: Option<Arc<dyn cellrate::store::Store>>,
+    ) -> Served {
+        let clock = FakeClock::new(T0);
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let decisions_addr = decisions.local_addr().unwrap();
@@ -312,6 +323,8 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
+pub mod envoy;
+pub mod http1;
 pub mod redis_server;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
