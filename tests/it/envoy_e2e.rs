@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
-use cellrate::limits::reload::ReloadSettings;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
 use serde_yaml_ng::Value;
 use tokio::net::TcpListener;
@@ -464,16 +463,7 @@ async fn invalid_ids_as_a_client_sees_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_lowered_and_raised_while_traffic_flows() {
     let dir = config_with_policy("deny");
-    let settings = Settings {
-        reload: Some(ReloadSettings {
-            dir: dir.path().to_path_buf(),
-            watch: true,
-            debounce: Duration::from_millis(50),
-            interval: Duration::from_secs(3600),
-            sighup: false,
-        }),
-        ..Settings::default()
-    };
+    let settings = crate::common::watching(dir.path(), Duration::from_millis(50));
     let limits = LimitTable::load_dir(dir.path()).unwrap();
     let mut s = Served::with_settings(limits, settings).await;
     let envoy = Envoy::example(s.decisions_addr, |_| {}).await;

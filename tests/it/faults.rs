@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use crate::common::{item, sample, Served};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
-use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
 use tonic::Code;
 
@@ -70,16 +69,7 @@ fn write_limits(dir: &std::path::Path, burst: u32) {
 async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() {
     let dir = tempfile::tempdir().unwrap();
     write_limits(dir.path(), 10);
-    let settings = Settings {
-        reload: Some(ReloadSettings {
-            dir: dir.path().to_path_buf(),
-            watch: true,
-            debounce: Duration::from_millis(50),
-            interval: Duration::from_secs(3600),
-            sighup: false,
-        }),
-        ..Settings::default()
-    };
+    let settings = crate::common::watching(dir.path(), Duration::from_millis(50));
     let s = Served::full(LimitTable::load_dir(dir.path()).unwrap(), settings, None).await;
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load: Vec<_> = (0..4)

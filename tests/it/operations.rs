@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use crate::common::{http_get_async, item, poll_until, sample, Served};
 use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
-use cellrate::limits::reload::ReloadSettings;
 use cellrate::proto::v1 as pb;
 use tonic::Code;
 
@@ -19,16 +18,7 @@ fn defaults(burst: u64) -> String {
 const NAMES: &str = "ApiRequestsPerKey: {number: 100, format: string}\n";
 
 fn reload_settings(dir: &Path) -> Settings {
-    Settings {
-        reload: Some(ReloadSettings {
-            dir: dir.to_path_buf(),
-            watch: true,
-            debounce: Duration::from_millis(100),
-            interval: Duration::from_secs(3600),
-            sighup: false,
-        }),
-        ..Settings::default()
-    }
+    crate::common::watching(dir, Duration::from_millis(100))
 }
 
 /// The burst in force for ApiRequestsPerKey, as Inspect reports it.

@@ -156,6 +156,20 @@ impl Served {
     }
 }
 
+/// Settings that watch `dir` for changes and reload it `debounce` after the last one.
+pub fn watching(dir: &Path, debounce: Duration) -> Settings {
+    Settings {
+        reload: Some(cellrate::limits::reload::ReloadSettings {
+            dir: dir.to_path_buf(),
+            watch: true,
+            debounce,
+            interval: Duration::from_secs(3600),
+            sighup: false,
+        }),
+        ..Settings::default()
+    }
+}
+
 /// The tokens left in the bucket of `name` and `id`, by an admin `Inspect`.
 pub async fn remaining(s: &mut Served, name: &str, id: &str) -> i64 {
     let r = s
