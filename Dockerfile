@@ -16,17 +16,17 @@ RUN mkdir -p src benches/grpc \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
-    && cargo build --release --locked --bin cellrate \
+    && cargo build --profile release-lto --locked --bin cellrate \
     && rm -rf src benches
 COPY src ./src
 COPY benches ./benches
 # The library embeds the example limits (src/fuzzing.rs).
 COPY config ./config
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin cellrate
+RUN touch src/main.rs src/lib.rs && cargo build --profile release-lto --locked --bin cellrate
 
 # --- run: distroless with libc, no shell, non-root ------------------------------------
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/cellrate /usr/local/bin/cellrate
+COPY --from=build /src/target/release-lto/cellrate /usr/local/bin/cellrate
 COPY config /etc/cellrate
 # The binary's defaults listen on 0.0.0.0:8081 (decisions) and 0.0.0.0:9090 (metrics);
 # admin stays on 127.0.0.1:8082 unless CELLRATE_ADMIN_LISTEN says otherwise.

@@ -16,8 +16,8 @@ attacks=("$@")
 
 # ATTACK_BIN_DIR: binaries built earlier (cellrate, examples/attack), to measure a build
 # other than the working tree's.
-bin=${ATTACK_BIN_DIR:-target/release}
-[ -n "${ATTACK_BIN_DIR:-}" ] || cargo build --release --quiet --bin cellrate --example attack
+bin=${ATTACK_BIN_DIR:-target/release-lto}
+[ -n "${ATTACK_BIN_DIR:-}" ] || cargo build --profile release-lto --quiet --bin cellrate --example attack
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pid=""

@@ -18,9 +18,9 @@ scenarios=${*:-hot distinct denied check}
 
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
 export CARGO_TARGET_DIR=target/callgrind
-CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --release --quiet --bin cellrate --example baseline --example loadgen
-bin=$CARGO_TARGET_DIR/release
+CARGO_PROFILE_RELEASE_LTO_DEBUG=line-tables-only \
+  cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
+bin=$CARGO_TARGET_DIR/release-lto
 out=$CARGO_TARGET_DIR/profiles
 mkdir -p "$out"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -40,8 +40,8 @@ fi
 py="$venv/bin/python"
 envoy=$("$py" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')
 
-cargo build --release --quiet --bin cellrate --example baseline
-bin=target/release
+cargo build --profile release-lto --quiet --bin cellrate --example baseline
+bin=target/release-lto
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }

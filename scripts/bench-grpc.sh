@@ -18,8 +18,8 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 seconds=${2:-5}
 
-cargo build --release --quiet --bin cellrate --example baseline --example loadgen
-bin=target/release
+cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
+bin=target/release-lto
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 base_port=$(free_port)

@@ -16,8 +16,8 @@ fraction=${2:-0.5}
 rpc=${3:-envoy}
 fixed_rate=${4:-}
 
-cargo build --release --quiet --bin cellrate --example loadgen
-bin=target/release
+cargo build --profile release-lto --quiet --bin cellrate --example loadgen
+bin=target/release-lto
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 metrics_port=$(free_port)

@@ -28,7 +28,7 @@ use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::rpc_metrics::RpcMetricsLayer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
-use crate::service::native::{AdminService, RateLimiterService};
+use crate::service::native::{AdminElsewhere, AdminService, RateLimiterService};
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
 use crate::store::measured::MeasuredStore;
 use crate::store::redis::RedisSettings;
@@ -197,6 +197,7 @@ pub enum ServeError {
 }
 
 const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
+const ENVOY_RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 const ADMIN: &str = "cellrate.v1.Admin";
 const HEALTH: &str = "grpc.health.v1.Health";
 const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
@@ -206,12 +207,16 @@ const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
 /// services; each listener advertises only what it serves). Built as v1 and as v1alpha,
 /// so that every grpcurl version works.
 fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'static> {
-    services.iter().fold(
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
-        |builder, service| builder.with_service_name(*service),
-    )
+    let mut builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    if services.contains(&ENVOY_RLS) {
+        builder =
+            builder.register_encoded_file_descriptor_set(crate::proto::ENVOY_RLS_DESCRIPTOR_SET);
+    }
+    services.iter().fold(builder, |builder, service| {
+        builder.with_service_name(*service)
+    })
 }
 
 /// Why `--store redis` cannot work in this build.
@@ -231,6 +236,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
+    metrics.known_limits(limits.names().iter().map(|name| &*name.text));
     let health = Health::new();
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
@@ -392,7 +398,13 @@ async fn serve(
         .await;
     grpc_health.set_serving::<AdminServer<AdminService>>().await;
 
-    let services = [RATE_LIMITER, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
+    let services = [
+        RATE_LIMITER,
+        ENVOY_RLS,
+        HEALTH,
+        REFLECTION_V1,
+        REFLECTION_V1ALPHA,
+    ];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
 
     // Both gRPC servers stop accepting when `stop_servers` is cancelled.
@@ -433,6 +445,11 @@ async fn serve(
             ))
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
+        // Admin calls that reach the decision port are told where to go.
+        .add_service(
+            AdminServer::new(AdminElsewhere::new(&admin_addr))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             decisions_incoming.into_stream(),
             stop_servers.clone().cancelled_owned(),
@@ -467,8 +484,11 @@ async fn serve(
         metrics = %metrics_addr,
         tls = settings.tls.is_some(),
         admin_token = settings.admin_token.is_some(),
-        config = ?settings.reload.as_ref().map(|r| &r.dir),
-        version = limits.load().version(),
+        config = %settings
+            .reload
+            .as_ref()
+            .map_or_else(|| "(fixed)".into(), |r| r.dir.display().to_string()),
+        version = %limits.load().version(),
         "cellrate serving"
     );
     let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };

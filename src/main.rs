@@ -1,5 +1,7 @@
 //! The `cellrate` binary: parse flags, start tracing, run a command, map failures to exit
-//! codes (64 for bad configuration or usage, 1 for anything else).
+//! codes, one set for every command (sysexits.h): 0 success, 64 the command line is wrong
+//! (an unknown flag, a bad or missing value), 78 the configuration is (the limits
+//! directory, the TLS files), 1 anything else (a port in use, a runtime failure).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,11 +19,24 @@ use cellrate::store::redis::RedisSettings;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// EX_USAGE from sysexits.h: the configuration or the command line is wrong.
-const EXIT_CONFIG: u8 = 64;
+/// EX_USAGE from sysexits.h: the command line is wrong.
+const EXIT_USAGE: u8 = 64;
+/// EX_CONFIG from sysexits.h: the configuration is wrong.
+const EXIT_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout and succeed; anything else is a usage error.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     init_tracing(cli.log_format);
     match cli.command {
         Command::Validate { dir } => match LimitTable::load_dir(&dir) {
@@ -43,18 +58,28 @@ fn main() -> ExitCode {
         },
         Command::Serve(args) => serve(*args),
         Command::Simulate(args) => {
-            let result =
-                cellrate::simulate::Script::from_args(&args.limits, args.config.as_deref())
-                    .and_then(|script| {
-                        let stdin = std::io::stdin().lock();
-                        let stdout = std::io::stdout().lock();
-                        script.run(stdin, stdout).map_err(|e| e.to_string())
-                    });
-            match result {
+            if let Some(dir) = &args.config {
+                if let Err(errors) = LimitTable::load_dir(dir) {
+                    for error in &errors.0 {
+                        eprintln!("cellrate simulate: {error}");
+                    }
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            }
+            let script =
+                match cellrate::simulate::Script::from_args(&args.limits, args.config.as_deref()) {
+                    Ok(script) => script,
+                    Err(e) => {
+                        eprintln!("cellrate simulate: {e}");
+                        return ExitCode::from(EXIT_USAGE);
+                    }
+                };
+            let (stdin, stdout) = (std::io::stdin().lock(), std::io::stdout().lock());
+            match script.run(stdin, stdout) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("cellrate simulate: {e}");
-                    ExitCode::from(EXIT_CONFIG)
+                    ExitCode::FAILURE
                 }
             }
         }
@@ -62,7 +87,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    // Bad config exits 64 before any port is bound.
+    // Bad configuration or flags exit (78, 64) before any port is bound.
     let limits = match LimitTable::load_dir(&args.config) {
         Ok(limits) => limits,
         Err(errors) => {
@@ -76,7 +101,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(store) => store,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "invalid store settings");
-            return ExitCode::from(EXIT_CONFIG);
+            return ExitCode::from(EXIT_USAGE);
         }
     };
     let tls = match read_tls(&args) {
@@ -92,7 +117,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                 "--admin-token (CELLRATE_ADMIN_TOKEN) is empty: set a real token, or unset it \
                  to serve admin RPCs without one"
             );
-            return ExitCode::from(EXIT_CONFIG);
+            return ExitCode::from(EXIT_USAGE);
         }
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -145,7 +170,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
             let found = limits
                 .names()
                 .get(name)
-                .with_context(|| format!("--redis-tag-by-id: unknown limit name {name:?}"))?;
+                .with_context(|| format!("--redis-tag-by-id: {}", limits.names().unknown(name)))?;
             numbers.insert(found.number);
         }
         Some(numbers)
@@ -252,8 +277,11 @@ fn server_limits(args: &ServeArgs) -> cellrate::app::ServerLimits {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a file or a log collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),

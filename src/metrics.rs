@@ -97,7 +97,7 @@ impl Metrics {
             "Time of a store operation (one per request), by operation.",
             "operation",
         );
-        Arc::new(Metrics {
+        let metrics = Arc::new(Metrics {
             rpc_series: RPCS
                 .iter()
                 .map(|rpc| rpc_duration.with_label_values(&[rpc]))
@@ -195,10 +195,34 @@ impl Metrics {
                 .expect("valid gauge"),
             ),
             registry,
-        })
+        });
+        // Every series of a known label set exists from the start, at zero: dashboards and
+        // alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
+        for op in STORE_OPS {
+            metrics.store_errors.with_label_values(&[op]);
+        }
+        for policy in ["allow", "deny", "local"] {
+            metrics.store_fallbacks.with_label_values(&[policy]);
+        }
+        for result in ["success", "failure", "unchanged"] {
+            metrics.reloads.with_label_values(&[result]);
+        }
+        metrics
     }
 
     /// Counts one decided item: `result` is a label of [`crate::service::outcome`].
+    /// Creates the `allowed` and `denied` series of `limits`, at zero, for both APIs (the
+    /// names configured at start; names added later appear with their first decision).
+    pub fn known_limits<'a>(&self, limits: impl IntoIterator<Item = &'a str>) {
+        for limit in limits {
+            for api in ["native", "envoy"] {
+                for result in ["allowed", "denied"] {
+                    self.decisions.with_label_values(&[api, limit, result]);
+                }
+            }
+        }
+    }
+
     pub fn decision(&self, api: &str, limit: &str, result: &str) {
         self.decisions
             .with_label_values(&[api, limit, result])

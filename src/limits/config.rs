@@ -254,7 +254,7 @@ impl LimitTable {
     ) {
         for (text, limit) in raw {
             let Some(name) = self.names.get(&text) else {
-                report(Some(text.clone()), unknown_name(&text));
+                report(Some(text.clone()), unknown_name(&self.names, &text));
                 continue;
             };
             let number = name.number;
@@ -290,7 +290,7 @@ impl LimitTable {
                 continue;
             };
             let Some(name) = self.names.get(&text).cloned() else {
-                report(Some(at(&text)), unknown_name(&text));
+                report(Some(at(&text)), unknown_name(&self.names, &text));
                 continue;
             };
             let policy = match over.policy() {
@@ -466,8 +466,16 @@ fn content_version(files: &[(String, String)]) -> String {
     hex::encode(&hash.finalize()[..8])
 }
 
-fn unknown_name(text: &str) -> String {
-    format!("unknown limit name {text:?} (declare it in names.yaml, with a number >= 100)")
+/// An unknown name in a config file: a close known name if there is one, else how to
+/// declare a new one.
+fn unknown_name(names: &Names, text: &str) -> String {
+    match names.closest(text) {
+        Some(_) => names.unknown(text),
+        None => format!(
+            "{} (declare it in names.yaml, with a number >= 100)",
+            names.unknown(text)
+        ),
+    }
 }
 
 /// Parses one file; an empty file (or only comments) is an empty document.
@@ -973,7 +981,12 @@ NewOrdersPerAccount:
             (
                 "defaults.yaml",
                 "NoSuchLimit: {burst: 1, count: 1, period: 1s}",
-                "defaults.yaml: NoSuchLimit: unknown limit name",
+                "defaults.yaml: NoSuchLimit: unknown limit name \"NoSuchLimit\" (declare it in names.yaml",
+            ),
+            (
+                "defaults.yaml",
+                "NewOrderPerAccount: {burst: 1, count: 1, period: 1s}",
+                "NewOrderPerAccount: unknown limit name \"NewOrderPerAccount\" (did you mean \"NewOrdersPerAccount\"?)",
             ),
             // non-positive values
             (

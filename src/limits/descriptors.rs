@@ -268,9 +268,7 @@ impl DescriptorRule {
         }
         let mut rule_names = Vec::new();
         for text in &raw.limits {
-            let name = names
-                .get(text)
-                .ok_or_else(|| format!("unknown limit name {text:?}"))?;
+            let name = names.get(text).ok_or_else(|| names.unknown(text))?;
             rule_names.push(name.text.clone());
         }
         let template = match raw.id {

@@ -435,6 +435,77 @@ impl Names {
     pub fn iter(&self) -> impl Iterator<Item = &Name> {
         self.names.iter()
     }
+
+    /// The known name closest to the unknown `text`, if one is close enough to be a
+    /// misspelling: at most one edit per five characters (at least one, at most three),
+    /// letter case not counted. Bounded work: nothing is suggested for names longer than
+    /// 128 bytes or among more than [`MAX_SUGGESTION_CANDIDATES`] names.
+    ///
+    /// ```
+    /// use cellrate::limits::names::Names;
+    /// let names = Names::builtin();
+    /// assert_eq!(names.closest("NewOrderPerAccount"), Some("NewOrdersPerAccount"));
+    /// assert_eq!(names.closest("neworderSperaccount"), Some("NewOrdersPerAccount"));
+    /// assert_eq!(names.closest("Bandwidth"), None);
+    /// ```
+    pub fn closest(&self, text: &str) -> Option<&str> {
+        if text.len() > 128 || self.names.len() > MAX_SUGGESTION_CANDIDATES {
+            return None;
+        }
+        let budget = (text.len() / 5).clamp(1, 3);
+        self.names
+            .iter()
+            .filter_map(|name| {
+                let distance = edit_distance_within(text.as_bytes(), name.text.as_bytes(), budget)?;
+                Some((distance, &*name.text))
+            })
+            .min_by_key(|&(distance, _)| distance)
+            .map(|(_, text)| text)
+    }
+
+    /// `unknown limit name "x"`, with `(did you mean "y"?)` when a known name is close.
+    pub fn unknown(&self, text: &str) -> String {
+        match self.closest(text) {
+            Some(close) => format!("unknown limit name {text:?} (did you mean {close:?}?)"),
+            None => format!("unknown limit name {text:?}"),
+        }
+    }
+}
+
+/// Names compared when suggesting a spelling (beyond it, no suggestion: bounded work).
+pub const MAX_SUGGESTION_CANDIDATES: usize = 1024;
+
+/// The edit distance (insertions, deletions, substitutions; ASCII case ignored) between `a`
+/// and `b` if it is at most `budget`, in O(len * budget) steps (a band of the table).
+fn edit_distance_within(a: &[u8], b: &[u8], budget: usize) -> Option<usize> {
+    if a.len().abs_diff(b.len()) > budget {
+        return None;
+    }
+    let over = budget + 1;
+    // previous[j]: the distance between a[..i] and b[..j]; `over` outside the band.
+    let mut previous: Vec<usize> = (0..=b.len()).map(|j| j.min(over)).collect();
+    let mut current = vec![over; b.len() + 1];
+    for i in 1..=a.len() {
+        let low = i.saturating_sub(budget).max(1);
+        let high = (i + budget).min(b.len());
+        current.fill(over);
+        current[0] = i.min(over);
+        let mut best = current[0];
+        for j in low..=high {
+            let same = a[i - 1].eq_ignore_ascii_case(&b[j - 1]);
+            let value = (previous[j - 1] + usize::from(!same))
+                .min(previous[j] + 1)
+                .min(current[j - 1] + 1)
+                .min(over);
+            current[j] = value;
+            best = best.min(value);
+        }
+        if best > budget {
+            return None;
+        }
+        std::mem::swap(&mut previous, &mut current);
+    }
+    Some(previous[b.len()]).filter(|&d| d <= budget)
 }
 
 /// A bucket's key: `"<number>:<id>"` with a canonical id.
@@ -524,6 +595,74 @@ impl fmt::Display for BucketKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The whole table, for reference.
+    fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut diagonal = row[0];
+            row[0] = i;
+            for j in 1..=b.len() {
+                let cost = usize::from(!a[i - 1].eq_ignore_ascii_case(&b[j - 1]));
+                let value = (diagonal + cost).min(row[j] + 1).min(row[j - 1] + 1);
+                diagonal = row[j];
+                row[j] = value;
+            }
+        }
+        row[b.len()]
+    }
+
+    #[test]
+    fn the_banded_edit_distance_agrees_with_the_whole_table() {
+        let words = [
+            "",
+            "a",
+            "ab",
+            "ba",
+            "abc",
+            "NewOrdersPerAccount",
+            "NewOrderPerAccount",
+            "neworderSperaccount",
+            "NewOrdersPerAccounts",
+            "NewRegistrationsPerIPAddress",
+            "NewRegistrationsPerIPv6Range",
+            "ApiRequestsPerKey",
+            "ApiRequestsPerKeyDaily",
+            "xNewOrdersPerAccountx",
+            "NewOrdersPerAcount",
+            "NweOrdersPerAccount",
+        ];
+        for a in words {
+            for b in words {
+                let full = edit_distance(a.as_bytes(), b.as_bytes());
+                for budget in 0..5 {
+                    let banded = edit_distance_within(a.as_bytes(), b.as_bytes(), budget);
+                    let expected = (full <= budget).then_some(full);
+                    assert_eq!(banded, expected, "{a:?} {b:?} within {budget}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn suggestions_are_close_names_only() {
+        let names = Names::builtin();
+        assert_eq!(
+            names.closest("NewOrdersPerAcount"),
+            Some("NewOrdersPerAccount")
+        );
+        assert_eq!(
+            names.closest("NweOrdersPerAccount"),
+            Some("NewOrdersPerAccount")
+        );
+        assert_eq!(names.closest("Orders"), None);
+        assert_eq!(names.closest(&"x".repeat(129)), None);
+        assert_eq!(
+            names.unknown("NewOrderPerAccount"),
+            "unknown limit name \"NewOrderPerAccount\" (did you mean \"NewOrdersPerAccount\"?)"
+        );
+        assert_eq!(names.unknown("Nope"), "unknown limit name \"Nope\"");
+    }
 
     fn ok(format: IdFormat, id: &str) -> String {
         format

@@ -118,9 +118,14 @@ impl Reloader {
     pub fn reload(&self, cause: &str) -> Result<bool, LoadError> {
         match LimitTable::load_dir(&self.dir) {
             Ok(table) if table.version() == self.limits.load().version() => {
-                // Logged, so that every reload leaves a line; after a rejected reload this
-                // is also the operator's revert taking effect.
-                tracing::info!(cause, version = table.version(), "limits unchanged");
+                // Logged when an event or SIGHUP caused it (after a rejected reload this is
+                // the operator's revert taking effect); the timer's quiet re-reads only at
+                // debug level, not a line every interval.
+                if cause == "timer" {
+                    tracing::debug!(cause, version = %table.version(), "limits unchanged");
+                } else {
+                    tracing::info!(cause, version = %table.version(), "limits unchanged");
+                }
                 *self
                     .last_failure
                     .lock()
@@ -140,7 +145,7 @@ impl Reloader {
                 self.metrics.config_loaded(&version, self.clock.now());
                 self.health.config_loaded(&version);
                 self.metrics.reload("success");
-                tracing::info!(cause, version, "limits reloaded");
+                tracing::info!(cause, %version, "limits reloaded");
                 Ok(true)
             }
             Err(errors) => {

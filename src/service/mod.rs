@@ -259,7 +259,7 @@ impl Decider {
                     let found = table
                         .names()
                         .get(name)
-                        .ok_or_else(|| invalid(i, "", format!("unknown limit name {name:?}")))?;
+                        .ok_or_else(|| invalid(i, ".name", table.names().unknown(name)))?;
                     let canonical = match found.format.canonicalize_cow(id) {
                         Ok(canonical) => canonical,
                         Err(e) if options.invalid_ids == InvalidIds::Reject => {

@@ -89,6 +89,41 @@ impl pb::admin_server::Admin for AdminService {
     }
 }
 
+/// `cellrate.v1.Admin` on the decision listener: every call is UNIMPLEMENTED with a message
+/// that says where admin RPCs are served (the service is not listed by reflection there).
+pub struct AdminElsewhere {
+    message: String,
+}
+
+impl AdminElsewhere {
+    /// `admin` is the admin listener's bound address.
+    pub fn new(admin: &str) -> AdminElsewhere {
+        AdminElsewhere {
+            message: format!(
+                "admin RPCs (cellrate.v1.Admin) are served on the admin listener, {admin} \
+                 (--admin-listen), not on the decision listener"
+            ),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminElsewhere {
+    async fn reset(
+        &self,
+        _: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
+
+    async fn inspect(
+        &self,
+        _: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::InspectResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Use {
     Check,

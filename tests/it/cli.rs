@@ -110,7 +110,7 @@ fn simulate_with_a_config_directory() {
 }
 
 #[test]
-fn validate_prints_ok_or_every_error_with_exit_64() {
+fn validate_prints_ok_or_every_error_with_exit_78() {
     let good = Command::new(BIN)
         .args(["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")])
         .output()
@@ -129,7 +129,7 @@ fn validate_prints_ok_or_every_error_with_exit_64() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(64));
+    assert_eq!(bad.status.code(), Some(78));
     let text = String::from_utf8_lossy(&bad.stdout);
     assert!(
         text.contains("defaults.yaml: NewOrdersPerAccount: burst must be at least 1"),
@@ -142,7 +142,7 @@ fn validate_prints_ok_or_every_error_with_exit_64() {
 }
 
 #[test]
-fn serve_exits_64_on_bad_config_before_binding() {
+fn serve_exits_78_on_bad_config_before_binding() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("defaults.yaml"), "garbage: [").unwrap();
     let out = Command::new(BIN)
@@ -157,7 +157,7 @@ fn serve_exits_64_on_bad_config_before_binding() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(out.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&out.stderr).contains("defaults.yaml"));
 }
 
@@ -188,6 +188,108 @@ fn serve_exits_64_on_an_empty_admin_token() {
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("admin-token"),
             "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every exit code of the documented set, each from the command that gives it.
+#[test]
+fn exit_codes_are_one_documented_set() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let bad = tempfile::tempdir().unwrap();
+    std::fs::write(bad.path().join("defaults.yaml"), "garbage: [").unwrap();
+    let bad = bad.path().to_str().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let loopback = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve"];
+        args.extend(loopback);
+        args.extend(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (vec!["--help".into()], 0, "help"),
+        (vec!["--version".into()], 0, "version"),
+        (
+            vec!["validate".into(), config.into()],
+            0,
+            "a valid directory",
+        ),
+        (vec![], 64, "no command"),
+        (
+            vec!["serve".into(), "--no-such-flag".into()],
+            64,
+            "an unknown flag",
+        ),
+        (
+            serve(&["--max-connections", "many"]),
+            64,
+            "a bad flag value",
+        ),
+        (vec!["validate".into()], 64, "a missing argument"),
+        (serve(&["--store", "redis"]), 64, "redis without an address"),
+        (serve(&["--admin-token", ""]), 64, "an empty admin token"),
+        (vec!["simulate".into()], 64, "simulate without limits"),
+        (
+            vec!["validate".into(), bad.into()],
+            78,
+            "an invalid directory",
+        ),
+        (
+            serve(&["--config", bad]),
+            78,
+            "serve on an invalid directory",
+        ),
+        (
+            serve(&[
+                "--tls-cert",
+                "/nonexistent/cert.pem",
+                "--tls-key",
+                "/nonexistent/key.pem",
+            ]),
+            78,
+            "unreadable TLS files",
+        ),
+        (
+            vec!["simulate".into(), "--config".into(), bad.into()],
+            78,
+            "simulate on an invalid directory",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--listen".into(),
+                taken.clone(),
+                "--admin-listen".into(),
+                "127.0.0.1:0".into(),
+                "--metrics-listen".into(),
+                "127.0.0.1:0".into(),
+            ],
+            1,
+            "a port in use",
+        ),
+    ];
+    for (args, code, what) in cases {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("CELLRATE_CONFIG", config)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{what}: cellrate {args:?}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -306,7 +306,11 @@ async fn bad_input_is_invalid_argument_naming_the_item_and_spends_nothing() {
     let cases: Vec<(Vec<pb::Item>, &str)> = vec![
         (vec![], "items: empty batch"),
         ((0..65).map(|i| item("ApiRequestsPerKey", &format!("k{i}"), None)).collect(), "at most 64"),
-        (vec![good(), item("NoSuchLimit", "x", None)], "items[1]: unknown limit name \"NoSuchLimit\""),
+        (vec![good(), item("NoSuchLimit", "x", None)], "items[1].name: unknown limit name \"NoSuchLimit\""),
+        (
+            vec![item("NewOrderPerAccount", "1", None)],
+            "items[0].name: unknown limit name \"NewOrderPerAccount\" (did you mean \"NewOrdersPerAccount\"?)",
+        ),
         (vec![good(), item(IP, "300.1.1.1", None)], "items[1].id: id \"300.1.1.1\": not an IPv4"),
         (vec![good(), item("ApiRequestsPerKey", "key-bad", Some(11))], "items[1]: cost 11 exceeds the burst 10"),
         (vec![good(), item("ApiRequestsPerKey", "key-bad", None)], "items[1]: bucket 100:key-bad is already items[0]"),

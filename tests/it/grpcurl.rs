@@ -83,7 +83,13 @@ fn operators_drive_cellrate_with_grpcurl() {
     let refused = grpcurl(&["-d", peek, listen, "cellrate.v1.Admin/Reset"]);
     assert!(!refused.status.success());
     let why = String::from_utf8_lossy(&refused.stderr);
-    assert!(why.contains("Unimplemented"), "{why}");
+    assert!(
+        why.contains("Unimplemented")
+            && why.contains(&format!(
+                "served on the admin listener, {admin} (--admin-listen)"
+            )),
+        "{why}"
+    );
 
     let reset: Value =
         serde_json::from_str(&ok(&["-d", peek, admin, "cellrate.v1.Admin/Reset"])).unwrap();
@@ -126,4 +132,54 @@ fn sigterm_stops_the_server_cleanly() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(exit.code(), Some(0));
+}
+
+#[test]
+fn envoys_rate_limit_service_is_described_by_reflection() {
+    // No -proto and no Envoy protos: reflection describes Envoy's RLS (and what it imports).
+    let p = serve();
+    let listen = p.listen.as_str();
+    let services = ok(&[listen, "list"]);
+    assert!(
+        services.contains("envoy.service.ratelimit.v3.RateLimitService"),
+        "{services}"
+    );
+    let described = ok(&[
+        listen,
+        "describe",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ]);
+    assert!(
+        described.contains("rpc ShouldRateLimit ( .envoy.service.ratelimit.v3.RateLimitRequest ) returns ( .envoy.service.ratelimit.v3.RateLimitResponse )"),
+        "{described}"
+    );
+    let descriptor = ok(&[
+        listen,
+        "describe",
+        "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
+    ]);
+    assert!(descriptor.contains("hits_addend"), "{descriptor}");
+
+    // A call built from JSON through those descriptors: every field lands where cellrate
+    // reads it (domain, entries, a descriptor's own hits_addend and limit).
+    let request = r#"{"domain":"edge","descriptors":[
+        {"entries":[{"key":"api_key","value":"key-reflect"}]},
+        {"entries":[{"key":"path","value":"/x"}],"limit":{"requests_per_unit":5,"unit":"MINUTE"},"hits_addend":2}]}"#;
+    let answer: Value = serde_json::from_str(&ok(&[
+        "-d",
+        request,
+        listen,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    ]))
+    .unwrap();
+    assert_eq!(answer["overallCode"], "OK", "{answer}");
+    let statuses = answer["statuses"].as_array().unwrap();
+    assert_eq!(statuses[0]["currentLimit"]["name"], "ApiRequestsPerKey");
+    assert_eq!(statuses[0]["limitRemaining"], 9);
+    assert_eq!(statuses[1]["currentLimit"]["requestsPerUnit"], 5);
+    assert_eq!(statuses[1]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(
+        statuses[1]["limitRemaining"], 3,
+        "hits_addend 2 of 5: {answer}"
+    );
 }

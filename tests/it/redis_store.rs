@@ -252,7 +252,10 @@ async fn a_poisoned_bucket_fails_alone_and_never_opens_the_breaker() {
         "{text}"
     );
     // The fail-open policy did not turn the data error into an allow.
-    assert!(!text.contains("cellrate_store_fallbacks_total"), "{text}");
+    for policy in ["allow", "deny", "local"] {
+        let series = format!("cellrate_store_fallbacks_total{{policy=\"{policy}\"}}");
+        assert_eq!(crate::common::sample(&text, &series), Some(0.0), "{text}");
+    }
     // A reset clears it.
     assert_eq!(
         store
