@@ -24,6 +24,7 @@ mod operations;
 mod process_ops;
 mod proptests;
 mod python_envoy;
+mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
 mod store_scenarios;
