@@ -60,25 +60,5 @@ done
 
 echo
 echo "cellrate / baseline, min - max over $rounds rounds:"
-python3 - "$results" <<'PY'
-import re, sys
-rows = {}
-for line in open(sys.argv[1]):
-    r, scenario, target, rest = line.split(' ', 3)
-    vals = dict(kv.split('=') for kv in rest.split())
-    rows.setdefault((scenario, r), {})[target] = {k: float(v) for k, v in vals.items()}
-ratios = {}
-for (scenario, r), t in rows.items():
-    for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
-        b, c = t['baseline'][key], t['cellrate'][key]
-        if b > 0:
-            ratios.setdefault((scenario, key), []).append(c / b)
-for scenario in ('hot', 'distinct', 'denied', 'check', 'latency'):
-    parts = []
-    for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
-        v = ratios.get((scenario, key))
-        if v:
-            parts.append(f"{key} {min(v):.2f}-{max(v):.2f}")
-    print(f"  {scenario:9s} " + "  ".join(parts))
-PY
+python3 scripts/ratios.py "$results" cellrate baseline hot distinct denied check latency
 rm -f "$results"

@@ -48,19 +48,5 @@ done
 
 echo
 echo "release / release-lto, min - max over $rounds rounds:"
-python3 - "$results" <<'PY'
-import sys
-rows = {}
-for line in open(sys.argv[1]):
-    r, scenario, profile, rest = line.split(' ', 3)
-    rows.setdefault((scenario, r), {})[profile] = dict(
-        (k, float(v)) for k, v in (kv.split('=') for kv in rest.split()))
-for scenario in ('hot', 'latency'):
-    parts = []
-    for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
-        v = [t['release'][key] / t['release-lto'][key]
-             for (s, _), t in rows.items() if s == scenario and t['release-lto'][key] > 0]
-        parts.append(f"{key} {min(v):.2f}-{max(v):.2f}")
-    print(f"  {scenario:8s} " + "  ".join(parts))
-PY
+python3 scripts/ratios.py "$results" release release-lto hot latency
 rm -f "$results"

@@ -161,22 +161,25 @@ fn serve_exits_78_on_bad_config_before_binding() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("defaults.yaml"));
 }
 
+/// Every listener on loopback, port 0.
+const LOOPBACK: [&str; 6] = [
+    "--listen",
+    "127.0.0.1:0",
+    "--admin-listen",
+    "127.0.0.1:0",
+    "--metrics-listen",
+    "127.0.0.1:0",
+];
+
 #[test]
 fn serve_exits_64_on_an_empty_admin_token() {
     // An empty Secret value must not become a token that `Bearer ` satisfies.
     for (flag, env) in [(Some(""), None), (None, Some("   ")), (Some(" \t"), None)] {
         let mut command = Command::new(BIN);
-        command.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
-        ]);
+        command
+            .arg("serve")
+            .args(LOOPBACK)
+            .args(["--config", concat!(env!("CARGO_MANIFEST_DIR"), "/config")]);
         if let Some(token) = flag {
             command.args(["--admin-token", token]);
         }
@@ -202,17 +205,9 @@ fn exit_codes_are_one_documented_set() {
     let bad = bad.path().to_str().unwrap();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
-    let loopback = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
     let serve = |extra: &[&str]| {
         let mut args = vec!["serve"];
-        args.extend(loopback);
+        args.extend(LOOPBACK);
         args.extend(extra);
         args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     };
@@ -293,4 +288,54 @@ fn exit_codes_are_one_documented_set() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn human_logs_off_a_terminal_are_plain_text() {
+    // stderr is a pipe here, as it is for a file or a log collector: no colour codes, and
+    // fields as values (`config=...`, not `config=Some(...)`). The process is stopped by
+    // SIGTERM once it has announced itself; its whole stderr is then read.
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(LOOPBACK)
+        .args(["--log-format", "human", "--config"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let wait = std::time::Duration::from_secs(20);
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.contains("cellrate serving"))
+    {
+        lines.push(rx.recv_timeout(wait).expect("cellrate announces itself"));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    // The reader ends when the process closes its stderr.
+    while let Ok(line) = rx.recv_timeout(wait) {
+        lines.push(line);
+    }
+    assert!(child.wait().unwrap().success());
+    let text = lines.join("\n");
+    assert!(text.contains("cellrate serving"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in: {text:?}");
+    assert!(
+        text.contains(&format!("config={}/config", env!("CARGO_MANIFEST_DIR"))),
+        "{text}"
+    );
+    assert!(!text.contains("Some("), "{text}");
 }

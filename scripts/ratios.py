@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Min-max ratios over rounds, for the benchmark scripts.
+
+    ratios.py RESULTS NUMERATOR DENOMINATOR SCENARIO...
+
+RESULTS holds lines `ROUND SCENARIO TARGET key=value ...` (loadgen's output after the first
+three fields). For each scenario, prints NUMERATOR / DENOMINATOR of rps, p50_us, p99_us and
+cpu_us_per_req, min - max over the rounds that have both.
+"""
+import sys
+
+
+def main():
+    path, numerator, denominator, *scenarios = sys.argv[1:]
+    rows = {}
+    for line in open(path):
+        rnd, scenario, target, rest = line.split(' ', 3)
+        rows.setdefault((scenario, rnd), {})[target] = {
+            k: float(v) for k, v in (kv.split('=') for kv in rest.split())}
+    for scenario in scenarios:
+        parts = []
+        for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):
+            values = [t[numerator][key] / t[denominator][key]
+                      for (s, _), t in rows.items()
+                      if s == scenario and numerator in t and denominator in t
+                      and t[denominator][key] > 0]
+            if values:
+                parts.append(f"{key} {min(values):.2f}-{max(values):.2f}")
+        print(f"  {scenario:9s} " + "  ".join(parts))
+
+
+main()
