@@ -41,13 +41,101 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve decisions (and the admin API on its own listener).
     Serve(Box<ServeArgs>),
-    /// Check a limits directory: prints OK or every error; exit 0, or 64 if invalid.
+    /// Check a limits directory: prints OK or every error; exit 0, or 78 if invalid.
     Validate {
         /// The limits directory.
         dir: PathBuf,
     },
     /// Run limits over a scripted timeline (JSON lines on stdin) on a fake clock.
     Simulate(SimulateArgs),
+    /// Ask a running cellrate to spend (or only check) one bucket: exit 0 allowed, 2 denied.
+    Check(ClientCheckArgs),
+    /// Give tokens back to one bucket of a running cellrate.
+    Refund(ClientItemArgs),
+    /// Admin RPCs of a running cellrate, on its admin listener.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// A bucket as it stands, without spending.
+    Inspect(ClientItemArgs),
+    /// Empty a bucket (it is full again).
+    Reset(ClientItemArgs),
+}
+
+/// How the client commands reach a server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// The decision listener (`host:port`, or a URL).
+    #[arg(long, env = "CELLRATE_ADDR", default_value = "127.0.0.1:8081")]
+    pub addr: String,
+
+    /// The admin listener (`host:port`, or a URL).
+    #[arg(long, env = "CELLRATE_ADMIN_ADDR", default_value = "127.0.0.1:8082")]
+    pub admin_addr: String,
+
+    /// Bearer token for admin RPCs (the server's variable).
+    #[arg(long, env = "CELLRATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// PEM CA certificate: connect with TLS, trusting this CA.
+    #[arg(long, env = "CELLRATE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// The name the server's certificate must carry (default: the address's host).
+    #[arg(long, env = "CELLRATE_TLS_DOMAIN", requires = "tls_ca")]
+    pub tls_domain: Option<String>,
+
+    /// PEM client certificate, for an admin listener that requires one (with --client-key).
+    #[arg(long, env = "CELLRATE_CLIENT_CERT", requires_all = ["client_key", "tls_ca"])]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM key of the client certificate.
+    #[arg(long, env = "CELLRATE_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+
+    /// Seconds to wait for the server's answer.
+    #[arg(long, env = "CELLRATE_CLIENT_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub timeout_seconds: u64,
+
+    /// Print JSON (one object) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One bucket of a configured limit.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientItemArgs {
+    /// The limit's name, e.g. NewOrdersPerAccount.
+    pub name: String,
+    /// The id, e.g. an account number.
+    pub id: String,
+    /// Tokens (default 1).
+    #[arg(long)]
+    pub cost: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientCheckArgs {
+    #[command(flatten)]
+    pub item: ClientItemArgs,
+    /// check-and-spend (default), check-only (what a spend would get; spends nothing) or
+    /// spend-only (best effort: spent when the bucket has the tokens).
+    #[arg(long, value_enum, default_value = "check-and-spend")]
+    pub mode: ClientMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ClientMode {
+    CheckAndSpend,
+    CheckOnly,
+    SpendOnly,
 }
 
 #[derive(Debug, clap::Args)]

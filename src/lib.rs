@@ -43,6 +43,7 @@
 pub mod admin;
 pub mod app;
 pub mod cli;
+pub mod client;
 pub mod clock;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

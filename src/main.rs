@@ -57,6 +57,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => serve(*args),
+        Command::Check(args) => ExitCode::from(cellrate::client::run_check(args).code()),
+        Command::Refund(args) => ExitCode::from(cellrate::client::run_refund(args).code()),
+        Command::Admin { command } => ExitCode::from(cellrate::client::run_admin(command).code()),
         Command::Simulate(args) => {
             if let Some(dir) = &args.config {
                 if let Err(errors) = LimitTable::load_dir(dir) {

@@ -6,6 +6,7 @@ mod common;
 
 mod caller_limits;
 mod cli;
+mod client_cli;
 mod concurrency;
 mod deploy;
 mod envoy_e2e;

@@ -354,41 +354,24 @@ async fn the_admin_token_is_required_when_set() {
 
 #[tokio::test]
 async fn tls_on_both_listeners_and_client_certificates_on_admin() {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "cellrate test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let params =
-            CertificateParams::new(vec![name.to_string(), "127.0.0.1".to_string()]).unwrap();
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf("localhost");
-    let (client_cert, client_key) = leaf("operator");
-
+    let pki = crate::common::pki::Pki::new();
+    let (ca_pem, client_cert, client_key) = (pki.ca.clone(), pki.client_cert, pki.client_key);
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
         tls: Some(cellrate::admin::TlsPem {
-            cert: server_cert.into_bytes(),
-            key: server_key.into_bytes(),
-            admin_client_ca: Some(ca_cert.pem().into_bytes()),
+            cert: pki.server_cert.into_bytes(),
+            key: pki.server_key.into_bytes(),
+            admin_client_ca: Some(pki.ca.into_bytes()),
         }),
         ..Settings::default()
     };
     let s = Served::full(limits, settings, None).await;
     let tls = || {
         ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(ca_cert.pem()))
+            .ca_certificate(Certificate::from_pem(&ca_pem))
             .domain_name("localhost")
     };
     let connect = |addr: std::net::SocketAddr, config: ClientTlsConfig| async move {

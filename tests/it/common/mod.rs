@@ -339,6 +339,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 
 pub mod envoy;
 pub mod http1;
+pub mod pki;
 pub mod redis_server;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it

@@ -1,0 +1,295 @@
+//! The client commands of the `cellrate` binary (`check`, `refund`, `admin inspect|reset`)
+//! against real `cellrate serve` processes: plaintext, with an admin token, and with TLS and
+//! client certificates; tables, JSON and exit codes as the README documents them.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::common::pki::Pki;
+use crate::common::{serve, serve_with};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cellrate");
+
+fn config() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+}
+
+/// Runs `cellrate ARGS` with the server's addresses in the environment (as an operator
+/// would export them), nothing else of the caller's.
+fn cellrate(addr: &str, admin: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .env("CELLRATE_ADDR", addr)
+        .env("CELLRATE_ADMIN_ADDR", admin)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The table's rows as whitespace-separated cells (the header's cells are words too).
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    stdout(out)
+        .lines()
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .collect()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_str(&stdout(out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(out)))
+}
+
+#[test]
+fn check_refund_inspect_and_reset_through_the_cli() {
+    let server = serve();
+    let run = |args: &[&str]| cellrate(&server.listen, &server.admin, args, &[]);
+
+    // A check that is allowed: exit 0, an aligned table.
+    let out = run(&["check", "NewOrdersPerAccount", "12345678"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        rows(&out),
+        [
+            [
+                "NAME",
+                "ID",
+                "ALLOWED",
+                "REMAINING",
+                "RETRY AFTER",
+                "RESET AFTER",
+                "LIMIT",
+                "POLICY"
+            ],
+            [
+                "NewOrdersPerAccount",
+                "12345678",
+                "yes",
+                "299",
+                "0s",
+                "18s",
+                "600 per 3h, burst 300",
+                "limited"
+            ],
+        ]
+    );
+    let header = stdout(&out).lines().next().unwrap().to_string();
+    let value = stdout(&out).lines().nth(1).unwrap().to_string();
+    assert_eq!(header.find("ALLOWED"), value.find("yes"), "columns align");
+
+    // A check that is denied: exit 2, distinguishable from an error.
+    let out = run(&[
+        "check",
+        "NewOrdersPerAccount",
+        "12345678",
+        "--cost",
+        "300",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let denied = json(&out);
+    assert_eq!(denied["allowed"], false);
+    assert_eq!(denied["remaining"], 299);
+    assert!(denied["retry_after_ns"].as_i64().unwrap() > 0);
+    assert_eq!(denied["limit"]["key"], "3:12345678");
+
+    // check-only spends nothing; refund gives one back.
+    let out = run(&[
+        "check",
+        "NewOrdersPerAccount",
+        "12345678",
+        "--mode",
+        "check-only",
+        "--json",
+    ]);
+    assert_eq!(
+        (out.status.code(), json(&out)["remaining"].as_i64()),
+        (Some(0), Some(298))
+    );
+    let out = run(&["refund", "NewOrdersPerAccount", "12345678", "--json"]);
+    assert_eq!(
+        (out.status.code(), json(&out)["remaining"].as_i64()),
+        (Some(0), Some(300))
+    );
+
+    // Admin: inspect, reset.
+    run(&["check", "NewOrdersPerAccount", "12345678", "--cost", "5"]);
+    let out = run(&[
+        "admin",
+        "inspect",
+        "NewOrdersPerAccount",
+        "12345678",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["remaining"], 295);
+    let out = run(&["admin", "reset", "NewOrdersPerAccount", "12345678"]);
+    assert_eq!(
+        rows(&out),
+        [
+            ["NAME", "ID", "DELETED"],
+            ["NewOrdersPerAccount", "12345678", "1"]
+        ]
+    );
+    let out = run(&[
+        "admin",
+        "inspect",
+        "NewOrdersPerAccount",
+        "12345678",
+        "--json",
+    ]);
+    assert_eq!(json(&out)["remaining"], 300);
+
+    // A deny-listed id: denied (exit 2), policy named.
+    let out = run(&["check", "ApiRequestsPerKey", "key-revoked-0001", "--json"]);
+    assert_eq!(
+        (out.status.code(), json(&out)["policy"].as_str()),
+        (Some(2), Some("denied"))
+    );
+
+    // Errors: a refused request (65) with the server's message, no server (69), bad flags (64).
+    let out = run(&["check", "NewOrderPerAccount", "1"]);
+    assert_eq!(out.status.code(), Some(65));
+    assert!(
+        stderr(&out).contains("items[0].name: unknown limit name \"NewOrderPerAccount\" (did you mean \"NewOrdersPerAccount\"?)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let out = cellrate(
+        &nowhere,
+        &nowhere,
+        &["check", "NewOrdersPerAccount", "1"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot connect"), "{}", stderr(&out));
+    let out = run(&["check", "NewOrdersPerAccount"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = run(&["check", "NewOrdersPerAccount", "1", "--mode", "maybe"]);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn admin_commands_send_the_token() {
+    let server = serve_with(config(), &["--admin-token", "s3cret-token"]);
+    let inspect = ["admin", "inspect", "ApiRequestsPerKey", "key-abc", "--json"];
+    let out = cellrate(&server.listen, &server.admin, &inspect, &[]);
+    assert_eq!(out.status.code(), Some(77), "{}", stderr(&out));
+    assert!(stderr(&out).contains("Unauthenticated"), "{}", stderr(&out));
+    let out = cellrate(
+        &server.listen,
+        &server.admin,
+        &inspect,
+        &[("CELLRATE_ADMIN_TOKEN", "wrong")],
+    );
+    assert_eq!(out.status.code(), Some(77));
+    let out = cellrate(
+        &server.listen,
+        &server.admin,
+        &inspect,
+        &[("CELLRATE_ADMIN_TOKEN", "s3cret-token")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["remaining"], 10);
+    let mut with_flag = inspect.to_vec();
+    with_flag.extend(["--admin-token", "s3cret-token"]);
+    let out = cellrate(&server.listen, &server.admin, &with_flag, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn tls_and_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    Pki::new().write(dir.path());
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let server = serve_with(
+        config(),
+        &[
+            "--tls-cert",
+            &file("server.pem"),
+            "--tls-key",
+            &file("server.key"),
+            "--admin-client-ca",
+            &file("ca.pem"),
+        ],
+    );
+    let ca = [("CELLRATE_TLS_CA", file("ca.pem"))];
+    let ca: Vec<(&str, &str)> = ca.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run =
+        |args: &[&str], env: &[(&str, &str)]| cellrate(&server.listen, &server.admin, args, env);
+
+    let out = run(&["check", "ApiRequestsPerKey", "key-tls", "--json"], &ca);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["remaining"], 9);
+    // Without the CA the client speaks plaintext to a TLS port: a failure that says why.
+    let out = run(
+        &[
+            "check",
+            "ApiRequestsPerKey",
+            "key-tls",
+            "--timeout-seconds",
+            "3",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("give --tls-ca"), "{}", stderr(&out));
+
+    // The admin listener wants a client certificate from the CA.
+    let inspect = [
+        "admin",
+        "inspect",
+        "ApiRequestsPerKey",
+        "key-tls",
+        "--json",
+        "--timeout-seconds",
+        "5",
+    ];
+    let out = run(&inspect, &ca);
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "admin answered without a client certificate"
+    );
+    let mut with_cert = ca.clone();
+    let (cert, key) = (file("client.pem"), file("client.key"));
+    with_cert.extend([
+        ("CELLRATE_CLIENT_CERT", cert.as_str()),
+        ("CELLRATE_CLIENT_KEY", key.as_str()),
+    ]);
+    let out = run(&inspect, &with_cert);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["remaining"], 9);
+
+    // A TLS file that cannot be read is a configuration error (78).
+    let out = run(
+        &[
+            "check",
+            "ApiRequestsPerKey",
+            "k",
+            "--tls-ca",
+            "/nonexistent/ca.pem",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+}
