@@ -303,17 +303,7 @@ fn human_logs_off_a_terminal_are_plain_text() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = crate::common::stderr_lines(&mut child);
     let wait = std::time::Duration::from_secs(20);
     let mut lines = Vec::new();
     while !lines

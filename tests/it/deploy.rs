@@ -195,25 +195,19 @@ fn starts_and_answers_health(args: &[String], env: &[(String, String)]) {
         .env("CELLRATE_LOG_FORMAT", "json")
         .stderr(Stdio::piped());
     let mut child = command.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if v["fields"]["message"] == "cellrate serving" {
-                    let _ = tx.send((
-                        v["fields"]["listen"].as_str().unwrap().to_string(),
-                        v["fields"]["metrics"].as_str().unwrap().to_string(),
-                    ));
-                }
-            }
-        }
-    });
-    let started = rx.recv_timeout(Duration::from_secs(20));
+    let lines = crate::common::stderr_lines(&mut child);
+    let started = (0..10_000)
+        .map_while(|_| lines.recv_timeout(Duration::from_secs(20)).ok())
+        .find_map(|line| {
+            let v = serde_json::from_str::<serde_json::Value>(&line).ok()?;
+            (v["fields"]["message"] == "cellrate serving").then(|| {
+                (
+                    v["fields"]["listen"].as_str().unwrap().to_string(),
+                    v["fields"]["metrics"].as_str().unwrap().to_string(),
+                )
+            })
+        })
+        .ok_or("no announcement");
     let result = std::panic::catch_unwind(|| {
         let (listen, metrics) = started.expect("cellrate starts with the deployed arguments");
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -248,28 +248,39 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
         .stderr(Stdio::piped())
         .spawn()
         .expect("cellrate starts");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if v["fields"]["message"] == "cellrate serving" {
-                    let f = &v["fields"];
-                    let field = |name: &str| f[name].as_str().unwrap().to_string();
-                    let _ = tx.send((field("listen"), field("admin"), field("metrics")));
-                }
-            }
-        }
-    });
-    let (listen, admin, metrics) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("cellrate logs its listeners");
+    let lines = stderr_lines(&mut child);
+    let announced = (0..10_000)
+        .map_while(|_| lines.recv_timeout(Duration::from_secs(20)).ok())
+        .find_map(|line| {
+            let v = serde_json::from_str::<Value>(&line).ok()?;
+            let f = &v["fields"];
+            (f["message"] == "cellrate serving").then(|| {
+                let field = |name: &str| f[name].as_str().unwrap().to_string();
+                (field("listen"), field("admin"), field("metrics"))
+            })
+        });
+    let (listen, admin, metrics) = announced.expect("cellrate logs its listeners");
     Process {
         child,
         listen,
         admin,
         metrics,
     }
+}
+
+/// The lines `child` writes to its (piped) stderr, read by a thread of their own until the
+/// child closes it.
+pub fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Read to the end even when nobody listens any more, so that the child never blocks
+        // (or fails) writing its logs.
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
 }
 
 /// A plain HTTP/1.0 GET on loopback: (status code, body).
