@@ -265,7 +265,50 @@ async fn inspect(args: &ClientItemArgs) -> Result<Answer, Failed> {
         .inspect(request)
         .await?
         .into_inner();
-    Ok(decision_answer(args, &one(response.items)?, Exit::Ok))
+    let decision = one(response.items)?;
+    let mut answer = decision_answer(args, &decision, Exit::Ok);
+    let source = decision.source.unwrap_or_default();
+    answer.rows[0].push("SOURCE".into());
+    answer.rows[1].push(source_text(&source));
+    answer.json["source"] = source_json(&source);
+    Ok(answer)
+}
+
+fn source_kind(source: &pb::LimitSource) -> &'static str {
+    use pb::limit_source::Kind;
+    match Kind::try_from(source.kind) {
+        Ok(Kind::Default) => "default",
+        Ok(Kind::Override) => "override",
+        Ok(Kind::NotConfigured) => "not_configured",
+        Ok(Kind::CallerGiven) => "caller_given",
+        Ok(Kind::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// `defaults.yaml`, `overrides.yaml entry 2: doubled for a hosting provider`, ...
+fn source_text(source: &pb::LimitSource) -> String {
+    match source_kind(source) {
+        "default" => "defaults.yaml".to_string(),
+        "override" if source.comment.is_empty() => {
+            format!("{} entry {}", source.file, source.entry)
+        }
+        "override" => format!("{} entry {}: {}", source.file, source.entry, source.comment),
+        "not_configured" => "not configured".to_string(),
+        "caller_given" => "caller-given".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn source_json(source: &pb::LimitSource) -> Value {
+    let mut value = json!({"kind": source_kind(source)});
+    if !source.file.is_empty() {
+        value["file"] = json!(source.file);
+        value["entry"] = json!(source.entry);
+    }
+    if !source.comment.is_empty() {
+        value["comment"] = json!(source.comment);
+    }
+    value
 }
 
 async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -105,8 +106,25 @@ impl fmt::Display for LoadError {
 #[derive(Debug, Clone, Default)]
 struct NamePolicies {
     default: Option<Policy>,
-    /// override id (canonical) -> policy
-    overrides: ConfigMap<Box<str>, Policy>,
+    /// override id (canonical) -> policy, and where it was set (an index into the table's
+    /// `override_sources`)
+    overrides: ConfigMap<Box<str>, (Policy, u32)>,
+}
+
+/// Where the policy in force for a bucket comes from (reported by admin `Inspect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The name's entry in defaults.yaml.
+    Default,
+    /// An override: its file, its entry (counted from 1 in that file) and the id's comment
+    /// (cut to 200 characters).
+    Override {
+        file: Arc<str>,
+        entry: u32,
+        comment: Option<Arc<str>>,
+    },
+    /// Neither a default nor an override: the name is not enforced.
+    NotConfigured,
 }
 
 /// The validated limits: names, defaults and overrides. Immutable; a reload builds a new
@@ -116,6 +134,8 @@ pub struct LimitTable {
     names: Names,
     /// name number -> its default and overrides: one lookup by number per decision.
     policies: ConfigMap<u32, NamePolicies>,
+    /// Where overrides were set: one per override entry, plus one per commented id.
+    override_sources: Vec<Source>,
     descriptors: DescriptorRules,
     version: String,
 }
@@ -126,6 +146,7 @@ impl LimitTable {
         LimitTable {
             names: Names::builtin(),
             policies: ConfigMap::default(),
+            override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             version: content_version(&[]),
         }
@@ -165,6 +186,7 @@ impl LimitTable {
         let mut table = LimitTable {
             names: Names::builtin(),
             policies: ConfigMap::default(),
+            override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             version: content_version(files),
         };
@@ -303,6 +325,9 @@ impl LimitTable {
             if over.ids.is_empty() {
                 report(Some(at(&text)), "ids must list at least one id".to_string());
             }
+            let file: Arc<str> = Arc::from(file);
+            let entry = u32::try_from(index + 1).unwrap_or(u32::MAX);
+            let mut entry_source = None;
             for id in over.ids {
                 let format = name.format.override_format();
                 let canonical = match format.canonicalize(&id.id) {
@@ -321,12 +346,49 @@ impl LimitTable {
                     continue;
                 }
                 origin.insert((name.number, canonical.clone()), here);
+                let source = match id.comment {
+                    Some(comment) => self.add_source(Source::Override {
+                        file: file.clone(),
+                        entry,
+                        comment: Some(Arc::from(short(&comment))),
+                    }),
+                    None => *entry_source.get_or_insert_with(|| {
+                        self.add_source(Source::Override {
+                            file: file.clone(),
+                            entry,
+                            comment: None,
+                        })
+                    }),
+                };
                 self.policies
                     .entry(name.number)
                     .or_default()
                     .overrides
-                    .insert(canonical.into_boxed_str(), policy);
+                    .insert(canonical.into_boxed_str(), (policy, source));
             }
+        }
+    }
+
+    fn add_source(&mut self, source: Source) -> u32 {
+        self.override_sources.push(source);
+        u32::try_from(self.override_sources.len() - 1).unwrap_or(u32::MAX)
+    }
+
+    /// Where the policy for `canonical_id` under `name` comes from (as [`Self::policy`]
+    /// finds it).
+    pub fn source(&self, name: &Name, canonical_id: &str) -> Source {
+        let Some(policies) = self.policies.get(&name.number) else {
+            return Source::NotConfigured;
+        };
+        let override_id = name.format.override_id(canonical_id);
+        if let Some((_, source)) = policies.overrides.get(override_id) {
+            if let Some(source) = self.override_sources.get(*source as usize) {
+                return source.clone();
+            }
+        }
+        match policies.default {
+            Some(_) => Source::Default,
+            None => Source::NotConfigured,
         }
     }
 
@@ -341,7 +403,7 @@ impl LimitTable {
         let policies = self.policies.get(&name.number)?;
         if !policies.overrides.is_empty() {
             let override_id = name.format.override_id(canonical_id);
-            if let Some(policy) = policies.overrides.get(override_id) {
+            if let Some((policy, _)) = policies.overrides.get(override_id) {
                 return Some(*policy);
             }
         }
@@ -627,6 +689,8 @@ impl RawOverride {
 #[derive(Debug)]
 struct IdEntry {
     id: String,
+    /// `{id, comment}`'s comment: for people, and reported by admin `Inspect`.
+    comment: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for IdEntry {
@@ -637,7 +701,6 @@ impl<'de> Deserialize<'de> for IdEntry {
         #[serde(deny_unknown_fields)]
         struct Detailed {
             id: IdEntry,
-            #[allow(dead_code)] // documentation for people, read by serde only
             #[serde(default)]
             comment: Option<String>,
         }
@@ -650,20 +713,32 @@ impl<'de> Deserialize<'de> for IdEntry {
             }
 
             fn visit_str<E: de::Error>(self, v: &str) -> Result<IdEntry, E> {
-                Ok(IdEntry { id: v.to_string() })
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
             }
 
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<IdEntry, E> {
-                Ok(IdEntry { id: v.to_string() })
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
             }
 
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<IdEntry, E> {
-                Ok(IdEntry { id: v.to_string() })
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
             }
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IdEntry, A::Error> {
                 let detailed = Detailed::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(detailed.id)
+                Ok(IdEntry {
+                    id: detailed.id.id,
+                    comment: detailed.comment,
+                })
             }
         }
 
@@ -854,6 +929,24 @@ NewOrdersPerAccount:
         };
         assert_eq!(table.policy(ip, "10.0.0.2"), limit(20, 40, SECOND));
         assert_eq!(table.policy(ip, "10.0.0.3"), limit(20, 20, SECOND));
+        // Where each comes from: the entry (counted from 1), the id's comment.
+        let entry = |entry: u32, comment: Option<&str>| Source::Override {
+            file: Arc::from("overrides.yaml"),
+            entry,
+            comment: comment.map(Arc::from),
+        };
+        assert_eq!(table.source(ip, "10.0.0.2"), entry(1, None));
+        assert_eq!(table.source(ip, "10.0.0.3"), Source::Default);
+        assert_eq!(table.source(orders, "12345678"), entry(2, None));
+        assert_eq!(
+            table.source(orders, "87654321"),
+            entry(2, Some("a big customer"))
+        );
+        let unconfigured = names.get("CertificatesPerDomain").unwrap();
+        assert_eq!(
+            table.source(unconfigured, "example.com"),
+            Source::NotConfigured
+        );
         assert_eq!(
             table.policy(orders, "87654321"),
             limit(300, 600, 10_800 * SECOND)

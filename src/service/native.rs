@@ -82,10 +82,13 @@ impl pb::admin_server::Admin for AdminService {
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
         let items = item_specs(&request.get_ref().items, Use::Admin)?;
+        let table = self.decider.limits();
         let result = self.decider.inspect(&items).await?;
-        Ok(Response::new(pb::InspectResponse {
-            items: decisions(&result).1,
-        }))
+        let mut answers = decisions(&result).1;
+        for (answer, item) in answers.iter_mut().zip(&request.get_ref().items) {
+            answer.source = Some(source(&table, item));
+        }
+        Ok(Response::new(pb::InspectResponse { items: answers }))
     }
 }
 
@@ -121,6 +124,39 @@ impl pb::admin_server::Admin for AdminElsewhere {
         _: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
         Err(Status::unimplemented(self.message.clone()))
+    }
+}
+
+/// Where the limit of a (valid) item comes from, in `table`.
+fn source(table: &crate::limits::config::LimitTable, item: &pb::Item) -> pb::LimitSource {
+    use crate::limits::config::Source;
+    use pb::limit_source::Kind;
+    let of = |kind: Kind| pb::LimitSource {
+        kind: kind as i32,
+        ..Default::default()
+    };
+    if item.inline.is_some() {
+        return of(Kind::CallerGiven);
+    }
+    let Some(name) = table.names().get(&item.name) else {
+        return of(Kind::Unspecified);
+    };
+    let Ok(id) = name.format.canonicalize_cow(&item.id) else {
+        return of(Kind::Unspecified);
+    };
+    match table.source(name, &id) {
+        Source::Default => of(Kind::Default),
+        Source::NotConfigured => of(Kind::NotConfigured),
+        Source::Override {
+            file,
+            entry,
+            comment,
+        } => pb::LimitSource {
+            kind: Kind::Override as i32,
+            file: file.to_string(),
+            entry,
+            comment: comment.map(|c| c.to_string()).unwrap_or_default(),
+        },
     }
 }
 
@@ -263,6 +299,7 @@ fn decision(d: &Decision, limit: Option<pb::LimitInfo>, rule: pb::Policy) -> pb:
         reset_after: Some(duration(d.reset_in)),
         limit,
         policy: rule as i32,
+        source: None,
     }
 }
 

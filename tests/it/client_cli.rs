@@ -154,6 +154,16 @@ fn check_refund_inspect_and_reset_through_the_cli() {
         "--json",
     ]);
     assert_eq!(json(&out)["remaining"], 300);
+    // Where the limit comes from: the override entry and the id's comment.
+    let out = run(&["admin", "inspect", "NewOrdersPerAccount", "87654321"]);
+    let table = rows(&out);
+    assert_eq!(table[0].last().map(String::as_str), Some("SOURCE"));
+    assert_eq!(
+        table[1].last().map(String::as_str),
+        Some("overrides.yaml entry 2: doubled for a hosting provider")
+    );
+    let out = run(&["admin", "inspect", "NewOrdersPerAccount", "5", "--json"]);
+    assert_eq!(json(&out)["source"], serde_json::json!({"kind": "default"}));
 
     // A deny-listed id: denied (exit 2), policy named.
     let out = run(&["check", "ApiRequestsPerKey", "key-revoked-0001", "--json"]);

@@ -397,3 +397,62 @@ async fn admin_rpcs_are_not_served_on_the_decision_listener() {
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
 }
+
+#[tokio::test]
+async fn inspect_says_where_each_limit_comes_from() {
+    use pb::limit_source::Kind;
+    let mut s = Served::start(None).await;
+    let inline = pb::Item {
+        inline: Some(pb::InlineLimit {
+            key: "k".into(),
+            burst: 5,
+            count: 5,
+            period: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+        }),
+        ..Default::default()
+    };
+    let answers = inspect(
+        &mut s,
+        vec![
+            item("NewOrdersPerAccount", "5", None),
+            item("NewOrdersPerAccount", "12345678", None),
+            item("NewOrdersPerAccount", "87654321", None),
+            item("ApiRequestsPerKey", "key-internal-batch", None),
+            item("CertificatesPerDomain", "example.com", None),
+            inline,
+        ],
+    )
+    .await;
+    let sources: Vec<(Kind, String, u32, String)> = answers
+        .iter()
+        .map(|a| {
+            let s = a.source.clone().expect("Inspect sets the source");
+            (s.kind(), s.file, s.entry, s.comment)
+        })
+        .collect();
+    let override_ = |entry: u32, comment: &str| {
+        (
+            Kind::Override,
+            "overrides.yaml".to_string(),
+            entry,
+            comment.to_string(),
+        )
+    };
+    assert_eq!(
+        sources,
+        [
+            (Kind::Default, String::new(), 0, String::new()),
+            override_(2, ""),
+            override_(2, "doubled for a hosting provider"),
+            override_(3, "our own batch jobs"),
+            (Kind::NotConfigured, String::new(), 0, String::new()),
+            (Kind::CallerGiven, String::new(), 0, String::new()),
+        ]
+    );
+    // Check leaves it out.
+    let checked = check(&mut s, vec![item("NewOrdersPerAccount", "5", None)]).await;
+    assert!(checked.items[0].source.is_none());
+}
