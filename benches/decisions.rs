@@ -1,7 +1,8 @@
 //! Decision costs without the network: the pure GCRA step, the lookups every request makes
 //! in the configuration's maps (a name, then its policy for an id, in a table of 100 000
 //! overrides), and the memory store's single-item check, on 1 key and on 1 M keys, with 1
-//! and 2 threads.
+//! and 2 threads; and what counting a denied decision costs without and with the tracking
+//! behind admin `Top`.
 //! Run: `cargo bench --bench decisions`. Figures are recorded in BENCHMARKS.md.
 
 use std::hint::black_box;
@@ -123,9 +124,58 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
+/// A denied item of `ApiRequestsPerKey` for `id`, as the decider reports it.
+fn denied_item(limit: Limit, id: &str) -> cellrate::service::ItemResult {
+    cellrate::service::ItemResult {
+        decision: cellrate::gcra::Decision {
+            allowed: false,
+            remaining: 0,
+            retry_in: 100_000_000,
+            reset_in: SECOND,
+        },
+        rule: cellrate::service::Rule::Limited(limit),
+        name: Arc::from("ApiRequestsPerKey"),
+        key: BucketKey::new(100, id),
+        shadow: false,
+        oversize: false,
+        mode: Mode::CheckAndSpend,
+    }
+}
+
+/// `count_decisions` for one denied item: the Prometheus counter alone, then with the
+/// denial tracker (one id denied again and again: an attacker; then ever-new ids: the
+/// summary full, each denial scanning it and replacing its least counted entry).
+fn denial_counting(c: &mut Criterion) {
+    let limit = Limit::new(10, 10, SECOND).unwrap();
+    let hot = [denied_item(limit, "key-attacker")];
+    let fresh: Vec<[cellrate::service::ItemResult; 1]> = (0..100_000)
+        .map(|i| [denied_item(limit, &format!("key-{i:06}"))])
+        .collect();
+    let plain = cellrate::metrics::Metrics::new();
+    let tracked = cellrate::metrics::Metrics::new();
+    tracked.track_denials(Arc::new(cellrate::top::DenialTracker::new(Arc::new(
+        FakeClock::new(T0),
+    ))));
+    let mut group = c.benchmark_group("denied/count");
+    group.bench_function("without_top", |b| {
+        b.iter(|| cellrate::service::count_decisions(&plain, "native", black_box(&hot)))
+    });
+    group.bench_function("with_top/one_id", |b| {
+        b.iter(|| cellrate::service::count_decisions(&tracked, "native", black_box(&hot)))
+    });
+    group.bench_function("with_top/new_ids", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % fresh.len();
+            cellrate::service::count_decisions(&tracked, "native", black_box(&fresh[i]))
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3));
-    targets = gcra, config_lookups, memory_store
+    targets = gcra, config_lookups, memory_store, denial_counting
 }
 criterion_main!(benches);

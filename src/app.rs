@@ -236,7 +236,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
-    metrics.known_limits(limits.names().iter().map(|name| &*name.text));
     let health = Health::new();
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
@@ -326,6 +325,9 @@ async fn serve(
         .as_ref()
         .map_or_else(|| "off".to_string(), addr);
     metrics.config_loaded(limits.version(), clock.now());
+    metrics.known_limits(limits.names().iter().map(|name| &*name.text));
+    let denials = Arc::new(crate::top::DenialTracker::new(clock.clone()));
+    metrics.track_denials(denials.clone());
     health.config_loaded(limits.version());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));
@@ -469,7 +471,7 @@ async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            AdminServer::new(AdminService::new(decider))
+            AdminServer::new(AdminService::new(decider).with_denials(denials))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))

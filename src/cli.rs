@@ -65,6 +65,24 @@ pub enum AdminCommand {
     Inspect(ClientItemArgs),
     /// Empty a bucket (it is full again).
     Reset(ClientItemArgs),
+    /// Who is being limited: the most denied ids per limit name (several --admin-addr:
+    /// replicas merged).
+    Top(TopArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopArgs {
+    /// The window in minutes, ending now (1 to 15).
+    #[arg(long, default_value_t = 5)]
+    pub minutes: u32,
+    /// Ids per name (1 to 32).
+    #[arg(long, default_value_t = 10)]
+    pub limit: u32,
+    /// Only this limit name.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// How the client commands reach a server.
@@ -74,9 +92,15 @@ pub struct ClientArgs {
     #[arg(long, env = "CELLRATE_ADDR", default_value = "127.0.0.1:8081")]
     pub addr: String,
 
-    /// The admin listener (`host:port`, or a URL).
-    #[arg(long, env = "CELLRATE_ADMIN_ADDR", default_value = "127.0.0.1:8082")]
-    pub admin_addr: String,
+    /// The admin listener (`host:port`, or a URL). `admin top` takes several (repeat the
+    /// flag, or separate with commas) and merges the replicas' counts.
+    #[arg(
+        long,
+        env = "CELLRATE_ADMIN_ADDR",
+        default_value = "127.0.0.1:8082",
+        value_delimiter = ','
+    )]
+    pub admin_addr: Vec<String>,
 
     /// Bearer token for admin RPCs (the server's variable).
     #[arg(long, env = "CELLRATE_ADMIN_TOKEN", hide_env_values = true)]

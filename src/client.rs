@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::cli::{AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode};
+use crate::cli::{AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode, TopArgs};
 use crate::proto::v1 as pb;
 
 /// The client commands' exit codes (the server commands' set, plus 2, 65, 69 and 77).
@@ -85,6 +85,7 @@ pub fn run_admin(command: AdminCommand) -> Exit {
     match command {
         AdminCommand::Inspect(args) => finish(&args.client, block_on(&args.client, inspect(&args))),
         AdminCommand::Reset(args) => finish(&args.client, block_on(&args.client, reset(&args))),
+        AdminCommand::Top(args) => finish(&args.client, block_on(&args.client, top(&args))),
     }
 }
 
@@ -254,7 +255,7 @@ async fn refund(args: &ClientItemArgs) -> Result<Answer, Failed> {
 }
 
 async fn inspect(args: &ClientItemArgs) -> Result<Answer, Failed> {
-    let channel = connect(&args.client, &args.client.admin_addr).await?;
+    let channel = connect(&args.client, single_admin(&args.client)?).await?;
     let request = admin_request(
         &args.client,
         pb::InspectRequest {
@@ -312,7 +313,7 @@ fn source_json(source: &pb::LimitSource) -> Value {
 }
 
 async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {
-    let channel = connect(&args.client, &args.client.admin_addr).await?;
+    let channel = connect(&args.client, single_admin(&args.client)?).await?;
     let request = admin_request(
         &args.client,
         pb::ResetRequest {
@@ -330,6 +331,99 @@ async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {
             vec![args.name.clone(), args.id.clone(), deleted.to_string()],
         ],
         json: json!({"name": args.name, "id": args.id, "deleted": deleted}),
+        exit: Exit::Ok,
+    })
+}
+
+/// The one admin address of a command that acts on one replica.
+fn single_admin(client: &ClientArgs) -> Result<&str, Failed> {
+    match client.admin_addr.as_slice() {
+        [one] => Ok(one),
+        _ => Err(Failed(
+            Exit::Usage,
+            "--admin-addr: this command takes one address (only `admin top` merges several)".into(),
+        )),
+    }
+}
+
+/// `admin top`: every replica asked, counts added per name and id.
+async fn top(args: &TopArgs) -> Result<Answer, Failed> {
+    use crate::top::{TopId, TopName};
+    use std::collections::BTreeMap;
+    // name -> (denials, id -> its summed counts)
+    type Ids = BTreeMap<String, TopId>;
+    let mut merged: BTreeMap<String, (u64, Ids)> = BTreeMap::new();
+    for addr in &args.client.admin_addr {
+        let channel = connect(&args.client, addr).await?;
+        let request = admin_request(
+            &args.client,
+            pb::TopRequest {
+                minutes: args.minutes,
+                limit: args.limit,
+                name: args.name.clone().unwrap_or_default(),
+            },
+        )?;
+        let response = pb::admin_client::AdminClient::new(channel)
+            .top(request)
+            .await?
+            .into_inner();
+        for name in response.names {
+            let (total, ids) = merged.entry(name.name).or_default();
+            *total += name.denials;
+            for id in name.ids {
+                let sum = ids.entry(id.id.clone()).or_insert(TopId {
+                    id: id.id,
+                    denials: 0,
+                    error: 0,
+                });
+                sum.denials += id.denials;
+                sum.error += id.error;
+            }
+        }
+    }
+    let mut names: Vec<TopName> = merged
+        .into_iter()
+        .map(|(name, (denials, ids))| {
+            let mut ids: Vec<TopId> = ids.into_values().collect();
+            ids.sort_by(|a, b| b.denials.cmp(&a.denials).then_with(|| a.id.cmp(&b.id)));
+            ids.truncate(args.limit as usize);
+            TopName { name, denials, ids }
+        })
+        .collect();
+    names.sort_by(|a, b| b.denials.cmp(&a.denials).then_with(|| a.name.cmp(&b.name)));
+    let mut rows = vec![["NAME", "ID", "DENIALS", "ERROR"]
+        .map(String::from)
+        .to_vec()];
+    let mut json_names = Vec::new();
+    for name in &names {
+        rows.push(vec![
+            name.name.clone(),
+            "(all)".into(),
+            name.denials.to_string(),
+            String::new(),
+        ]);
+        for id in &name.ids {
+            rows.push(vec![
+                name.name.clone(),
+                id.id.clone(),
+                id.denials.to_string(),
+                id.error.to_string(),
+            ]);
+        }
+        let ids: Vec<Value> = name
+            .ids
+            .iter()
+            .map(|id| json!({"id": id.id, "denials": id.denials, "error": id.error}))
+            .collect();
+        json_names.push(json!({"name": name.name, "denials": name.denials, "ids": ids}));
+    }
+    Ok(Answer {
+        rows,
+        json: json!({
+            "minutes": args.minutes,
+            "replicas": args.client.admin_addr.len(),
+            "names": json_names,
+        }),
         exit: Exit::Ok,
     })
 }

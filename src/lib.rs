@@ -57,6 +57,7 @@ pub mod service;
 pub mod shutdown;
 pub mod simulate;
 pub mod store;
+pub mod top;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

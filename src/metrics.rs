@@ -31,6 +31,8 @@ const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
 /// Every metric cellrate exports.
 pub struct Metrics {
     registry: Registry,
+    /// Who is being denied (admin `Top`); set once the server has its clock.
+    denials: std::sync::OnceLock<Arc<crate::top::DenialTracker>>,
     decisions: IntCounterVec,
     rpc_duration: HistogramVec,
     rpc_codes: IntCounterVec,
@@ -195,6 +197,7 @@ impl Metrics {
                 .expect("valid gauge"),
             ),
             registry,
+            denials: std::sync::OnceLock::new(),
         });
         // Every series of a known label set exists from the start, at zero: dashboards and
         // alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
@@ -220,6 +223,23 @@ impl Metrics {
                     self.decisions.with_label_values(&[api, limit, result]);
                 }
             }
+        }
+    }
+
+    /// Tracks denied ids in `tracker` from now on (once; later calls are ignored).
+    pub fn track_denials(&self, tracker: Arc<crate::top::DenialTracker>) {
+        let _ = self.denials.set(tracker);
+    }
+
+    /// The denial tracker, if one is set.
+    pub fn denials(&self) -> Option<&Arc<crate::top::DenialTracker>> {
+        self.denials.get()
+    }
+
+    /// Counts a denial of `id` under `limit` for admin `Top` (never a metric label).
+    pub fn denied_id(&self, limit: &Arc<str>, id: &str) {
+        if let Some(tracker) = self.denials.get() {
+            tracker.denied(limit, id);
         }
     }
 

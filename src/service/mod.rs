@@ -96,7 +96,11 @@ pub fn outcome(item: &ItemResult) -> &'static str {
 /// Counts a batch's items in `metrics` under `api`.
 pub fn count_decisions(metrics: &crate::metrics::Metrics, api: &str, items: &[ItemResult]) {
     for item in items {
-        metrics.decision(api, &item.name, outcome(item));
+        let outcome = outcome(item);
+        metrics.decision(api, &item.name, outcome);
+        if outcome == "denied" {
+            metrics.denied_id(&item.name, item.key.parts().1);
+        }
     }
 }
 

@@ -27,12 +27,45 @@ impl RateLimiterService {
 /// The admin service (`Reset`, `Inspect`), served only on the admin listener.
 pub struct AdminService {
     decider: Arc<Decider>,
+    denials: Option<Arc<crate::top::DenialTracker>>,
 }
 
 impl AdminService {
     pub fn new(decider: Arc<Decider>) -> AdminService {
-        AdminService { decider }
+        AdminService {
+            decider,
+            denials: None,
+        }
     }
+
+    /// Answers `Top` from `tracker` (without one, `Top` reports nothing).
+    pub fn with_denials(mut self, tracker: Arc<crate::top::DenialTracker>) -> AdminService {
+        self.denials = Some(tracker);
+        self
+    }
+}
+
+/// Checks a `Top` request: (minutes, ids per name, name filter).
+fn top_request(request: &pb::TopRequest) -> Result<(usize, usize, Option<&str>), Status> {
+    use crate::top::{SLOTS, TOP_K};
+    let minutes = match request.minutes {
+        0 => 1,
+        m if m as usize <= SLOTS => m as usize,
+        m => return Err(invalid(format!("minutes: {m} is not 1 to {SLOTS}"))),
+    };
+    let limit = match request.limit {
+        0 => 10,
+        n if n as usize <= TOP_K => n as usize,
+        n => return Err(invalid(format!("limit: {n} is not 1 to {TOP_K}"))),
+    };
+    if request.name.len() > super::MAX_NAME {
+        return Err(invalid(format!(
+            "name: longer than {} bytes",
+            super::MAX_NAME
+        )));
+    }
+    let name = (!request.name.is_empty()).then_some(request.name.as_str());
+    Ok((minutes, limit, name))
 }
 
 #[tonic::async_trait]
@@ -90,6 +123,37 @@ impl pb::admin_server::Admin for AdminService {
         }
         Ok(Response::new(pb::InspectResponse { items: answers }))
     }
+
+    async fn top(
+        &self,
+        request: Request<pb::TopRequest>,
+    ) -> Result<Response<pb::TopResponse>, Status> {
+        let (minutes, limit, name) = top_request(request.get_ref())?;
+        let names = self
+            .denials
+            .as_ref()
+            .map(|tracker| tracker.top(minutes, limit, name))
+            .unwrap_or_default();
+        Ok(Response::new(pb::TopResponse {
+            minutes: minutes as u32,
+            names: names
+                .into_iter()
+                .map(|n| pb::TopName {
+                    name: n.name,
+                    denials: n.denials,
+                    ids: n
+                        .ids
+                        .into_iter()
+                        .map(|i| pb::TopId {
+                            id: i.id,
+                            denials: i.denials,
+                            error: i.error,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }))
+    }
 }
 
 /// `cellrate.v1.Admin` on the decision listener: every call is UNIMPLEMENTED with a message
@@ -123,6 +187,10 @@ impl pb::admin_server::Admin for AdminElsewhere {
         &self,
         _: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
+
+    async fn top(&self, _: Request<pb::TopRequest>) -> Result<Response<pb::TopResponse>, Status> {
         Err(Status::unimplemented(self.message.clone()))
     }
 }

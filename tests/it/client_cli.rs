@@ -303,3 +303,91 @@ fn tls_and_client_certificates() {
     );
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
 }
+
+#[test]
+fn admin_top_merges_replicas_with_exact_counts() {
+    let (a, b) = (serve(), serve());
+    let deny = |server: &crate::common::Process, name: &str, id: &str, times: usize| {
+        for _ in 0..times {
+            let out = cellrate(
+                &server.listen,
+                &server.admin,
+                &["check", name, id, "--cost", "300"],
+                &[],
+            );
+            assert!(matches!(out.status.code(), Some(0 | 2)), "{}", stderr(&out));
+        }
+    };
+    // Each account's first 300-token check passes (the bucket was full); the rest are denied.
+    deny(&a, "NewOrdersPerAccount", "42", 4); // 3 denials
+    deny(&a, "NewOrdersPerAccount", "43", 2); // 1
+    deny(&b, "NewOrdersPerAccount", "42", 3); // 2
+    deny(&b, "ApiRequestsPerKey", "key-revoked-0001", 1); // 1 (deny list)
+
+    let both = format!("{},{}", a.admin, b.admin);
+    let out = cellrate(&a.listen, &both, &["admin", "top", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        json(&out),
+        serde_json::json!({
+            "minutes": 5,
+            "replicas": 2,
+            "names": [
+                {"name": "NewOrdersPerAccount", "denials": 6, "ids": [
+                    {"id": "42", "denials": 5, "error": 0},
+                    {"id": "43", "denials": 1, "error": 0},
+                ]},
+                {"name": "ApiRequestsPerKey", "denials": 1, "ids": [
+                    {"id": "key-revoked-0001", "denials": 1, "error": 0},
+                ]},
+            ]
+        })
+    );
+    let out = cellrate(
+        &a.listen,
+        &a.admin,
+        &[
+            "admin",
+            "top",
+            "--name",
+            "NewOrdersPerAccount",
+            "--limit",
+            "1",
+        ],
+        &[],
+    );
+    assert_eq!(
+        rows(&out),
+        [
+            ["NAME", "ID", "DENIALS", "ERROR"]
+                .map(String::from)
+                .to_vec(),
+            ["NewOrdersPerAccount", "(all)", "4"]
+                .map(String::from)
+                .to_vec(),
+            ["NewOrdersPerAccount", "42", "3", "0"]
+                .map(String::from)
+                .to_vec(),
+        ]
+    );
+    // Bounds are checked by the server; several addresses only for top.
+    let out = cellrate(
+        &a.listen,
+        &a.admin,
+        &["admin", "top", "--minutes", "16"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("minutes: 16 is not 1 to 15"),
+        "{}",
+        stderr(&out)
+    );
+    let out = cellrate(
+        &a.listen,
+        &both,
+        &["admin", "inspect", "NewOrdersPerAccount", "42"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+}

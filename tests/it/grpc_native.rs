@@ -456,3 +456,76 @@ async fn inspect_says_where_each_limit_comes_from() {
     let checked = check(&mut s, vec![item("NewOrdersPerAccount", "5", None)]).await;
     assert!(checked.items[0].source.is_none());
 }
+
+#[tokio::test]
+async fn top_counts_denials_of_both_apis_over_sliding_minutes() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        rate_limit_descriptor::Entry, RateLimitDescriptor,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let mut s = Served::start(None).await;
+    let top = |minutes: u32| pb::TopRequest {
+        minutes,
+        ..Default::default()
+    };
+    // Native: 10 per second on key-t; 12 checks, 2 denials. Envoy: 3 more denials.
+    for _ in 0..12 {
+        check(&mut s, vec![item("ApiRequestsPerKey", "key-t", None)]).await;
+    }
+    let envoy_request = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".into(),
+                value: "key-t".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    for _ in 0..3 {
+        s.envoy
+            .should_rate_limit(envoy_request.clone())
+            .await
+            .unwrap();
+    }
+    let answer = s.admin.top(top(1)).await.unwrap().into_inner();
+    assert_eq!(answer.minutes, 1);
+    assert_eq!(answer.names.len(), 1, "{answer:?}");
+    let name = &answer.names[0];
+    assert_eq!((name.name.as_str(), name.denials), ("ApiRequestsPerKey", 5));
+    assert_eq!(
+        name.ids,
+        [pb::TopId {
+            id: "key-t".into(),
+            denials: 5,
+            error: 0
+        }]
+    );
+    // Two minutes on: out of the 1-minute window, inside the 5-minute one.
+    s.clock.advance(120 * 1_000 * MS);
+    assert!(s
+        .admin
+        .top(top(1))
+        .await
+        .unwrap()
+        .into_inner()
+        .names
+        .is_empty());
+    assert_eq!(
+        s.admin.top(top(5)).await.unwrap().into_inner().names[0].denials,
+        5
+    );
+    // Bad windows and limits are INVALID_ARGUMENT.
+    let status = s.admin.top(top(16)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = s
+        .admin
+        .top(pb::TopRequest {
+            limit: 33,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.message(), "limit: 33 is not 1 to 32");
+}

@@ -1,0 +1,310 @@
+//! Who is being limited: per limit name, the ids most often denied over the last minutes,
+//! from bounded memory.
+//!
+//! Each name has a ring of [`SLOTS`] one-minute slots; each slot keeps a Space-Saving
+//! summary of at most [`TOP_K`] ids (Metwally et al.): an id already held is counted up; a
+//! new id takes a free place, or replaces the least counted one and inherits its count as
+//! its error bound. Counts are exact while a minute sees at most `TOP_K` distinct denied ids
+//! of a name; beyond, each count may be over by at most its `error`, and every id denied more
+//! often than a slot's total / `TOP_K` is held. Ids are cut to [`MAX_ID_BYTES`]; at most
+//! [`MAX_NAMES`] names are tracked. Memory: at most `MAX_NAMES x SLOTS x TOP_K` entries of
+//! at most 128 bytes of id plus 24 of counts (about 180 KiB per name, 70 KiB for ids of
+//! 16 bytes). No id ever becomes a metric label.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use crate::clock::{Clock, Nanos, SECOND};
+
+/// Entries per name and minute.
+pub const TOP_K: usize = 32;
+/// Minutes kept: the longest window.
+pub const SLOTS: usize = 15;
+/// Names tracked at most (denials of further names are not tracked).
+pub const MAX_NAMES: usize = 1024;
+/// Longest id kept (longer ids are cut on a character boundary).
+pub const MAX_ID_BYTES: usize = 128;
+
+const MINUTE: Nanos = 60 * SECOND;
+
+/// One id of a summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    id: Box<str>,
+    count: u64,
+    error: u64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// Minutes since the epoch of the clock this slot counts (0: never used).
+    minute: u64,
+    entries: Vec<Entry>,
+    /// Every denial counted in this slot, held or not.
+    total: u64,
+}
+
+impl Slot {
+    fn add(&mut self, id: &str) {
+        self.total += 1;
+        if let Some(entry) = self.entries.iter_mut().find(|e| &*e.id == id) {
+            entry.count += 1;
+            return;
+        }
+        if self.entries.len() < TOP_K {
+            self.entries.push(Entry {
+                id: id.into(),
+                count: 1,
+                error: 0,
+            });
+            return;
+        }
+        // Replace the least counted: the newcomer may have been denied that often unseen.
+        if let Some(least) = self.entries.iter_mut().min_by_key(|e| e.count) {
+            least.error = least.count;
+            least.count += 1;
+            least.id = id.into();
+        }
+    }
+}
+
+/// The ring of one name.
+#[derive(Debug, Default)]
+struct Ring {
+    slots: [Slot; SLOTS],
+}
+
+/// An id among the most denied of a name over a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopId {
+    pub id: String,
+    /// Denials counted (exact when `error` is 0; else at most `error` too many).
+    pub denials: u64,
+    pub error: u64,
+}
+
+/// The most denied ids of one name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopName {
+    pub name: String,
+    /// Every denial of the name in the window, held or not.
+    pub denials: u64,
+    pub ids: Vec<TopId>,
+}
+
+/// Denials by name and id, per minute.
+pub struct DenialTracker {
+    clock: Arc<dyn Clock>,
+    names: RwLock<HashMap<Arc<str>, Mutex<Ring>>>,
+}
+
+impl DenialTracker {
+    pub fn new(clock: Arc<dyn Clock>) -> DenialTracker {
+        DenialTracker {
+            clock,
+            names: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn minute(&self) -> u64 {
+        u64::try_from(self.clock.now() / MINUTE).unwrap_or(0)
+    }
+
+    /// Counts one denial of `id` under `name`.
+    pub fn denied(&self, name: &Arc<str>, id: &str) {
+        let id = cut(id);
+        let minute = self.minute();
+        let record = |ring: &Mutex<Ring>| {
+            let mut ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let slot = &mut ring.slots[(minute % SLOTS as u64) as usize];
+            if slot.minute != minute {
+                slot.minute = minute;
+                slot.entries.clear();
+                slot.total = 0;
+            }
+            slot.add(id);
+        };
+        {
+            let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(ring) = names.get(name) {
+                record(ring);
+                return;
+            }
+        }
+        let mut names = self.names.write().unwrap_or_else(PoisonError::into_inner);
+        if names.len() >= MAX_NAMES && !names.contains_key(name) {
+            return;
+        }
+        record(names.entry(name.clone()).or_default());
+    }
+
+    /// The `n` most denied ids of every name (or of `only`) over the last `minutes`
+    /// minutes (1 to [`SLOTS`]: the current minute and those before it), names with the
+    /// most denials first.
+    pub fn top(&self, minutes: usize, n: usize, only: Option<&str>) -> Vec<TopName> {
+        let minutes = minutes.clamp(1, SLOTS) as u64;
+        let now = self.minute();
+        let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        for (name, ring) in names.iter() {
+            if only.is_some_and(|only| only != &**name) {
+                continue;
+            }
+            let ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut ids: HashMap<&str, (u64, u64)> = HashMap::new();
+            let mut denials = 0;
+            for slot in &ring.slots {
+                if slot.minute == 0 || slot.minute > now || now - slot.minute >= minutes {
+                    continue;
+                }
+                denials += slot.total;
+                for entry in &slot.entries {
+                    let sum = ids.entry(&entry.id).or_default();
+                    sum.0 += entry.count;
+                    sum.1 += entry.error;
+                }
+            }
+            if denials == 0 {
+                continue;
+            }
+            let mut ids: Vec<TopId> = ids
+                .into_iter()
+                .map(|(id, (denials, error))| TopId {
+                    id: id.to_string(),
+                    denials,
+                    error,
+                })
+                .collect();
+            ids.sort_by(|a, b| b.denials.cmp(&a.denials).then_with(|| a.id.cmp(&b.id)));
+            ids.truncate(n);
+            out.push(TopName {
+                name: name.to_string(),
+                denials,
+                ids,
+            });
+        }
+        out.sort_by(|a, b| b.denials.cmp(&a.denials).then_with(|| a.name.cmp(&b.name)));
+        out
+    }
+}
+
+fn cut(id: &str) -> &str {
+    if id.len() <= MAX_ID_BYTES {
+        return id;
+    }
+    let mut end = MAX_ID_BYTES;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+
+    fn tracker() -> (FakeClock, DenialTracker) {
+        let clock = FakeClock::new(1_700_000_000 * SECOND);
+        (clock.clone(), DenialTracker::new(Arc::new(clock)))
+    }
+
+    #[test]
+    fn counts_are_exact_within_k_and_windows_slide() {
+        let (clock, t) = tracker();
+        let orders: Arc<str> = Arc::from("NewOrdersPerAccount");
+        let api: Arc<str> = Arc::from("ApiRequestsPerKey");
+        for _ in 0..5 {
+            t.denied(&orders, "1");
+        }
+        for _ in 0..3 {
+            t.denied(&orders, "2");
+        }
+        t.denied(&api, "k");
+        let top = t.top(1, 10, None);
+        assert_eq!(top.len(), 2);
+        assert_eq!(
+            (top[0].name.as_str(), top[0].denials),
+            ("NewOrdersPerAccount", 8)
+        );
+        assert_eq!(
+            top[0].ids,
+            [
+                TopId {
+                    id: "1".into(),
+                    denials: 5,
+                    error: 0
+                },
+                TopId {
+                    id: "2".into(),
+                    denials: 3,
+                    error: 0
+                },
+            ]
+        );
+        // Two minutes later: gone from the 1-minute window, still in the 5-minute one.
+        clock.advance(2 * MINUTE);
+        t.denied(&orders, "2");
+        let one = t.top(1, 10, Some("NewOrdersPerAccount"));
+        assert_eq!(
+            one[0].ids,
+            [TopId {
+                id: "2".into(),
+                denials: 1,
+                error: 0
+            }]
+        );
+        let five = t.top(5, 1, Some("NewOrdersPerAccount"));
+        assert_eq!(five[0].denials, 9);
+        assert_eq!(
+            five[0].ids,
+            [TopId {
+                id: "1".into(),
+                denials: 5,
+                error: 0
+            }]
+        );
+        // Sixteen minutes on, the ring has forgotten everything.
+        clock.advance(16 * MINUTE);
+        assert!(t.top(15, 10, None).is_empty());
+    }
+
+    #[test]
+    fn memory_stays_bounded_and_heavy_hitters_stay_held() {
+        let (_, t) = tracker();
+        let name: Arc<str> = Arc::from("ApiRequestsPerKey");
+        // One heavy id among 10 000 distinct ones, each seen once.
+        for i in 0..10_000 {
+            t.denied(&name, &format!("key-{i}"));
+            if i % 10 == 0 {
+                t.denied(&name, "attacker");
+            }
+        }
+        let top = t.top(15, 3, None);
+        assert_eq!(top[0].denials, 11_000);
+        let first = &top[0].ids[0];
+        assert_eq!(first.id, "attacker");
+        assert!(
+            first.denials >= 1_000 && first.denials - first.error <= 1_000,
+            "{first:?}"
+        );
+        let names = t.names.read().unwrap();
+        let ring = names.get(&name).unwrap().lock().unwrap();
+        assert!(ring.slots.iter().all(|s| s.entries.len() <= TOP_K));
+        // Long ids are cut.
+        drop(ring);
+        drop(names);
+        t.denied(&name, &"x".repeat(1000));
+        let top = t.top(1, TOP_K, None);
+        assert!(top[0].ids.iter().all(|i| i.id.len() <= MAX_ID_BYTES));
+    }
+
+    #[test]
+    fn names_beyond_the_bound_are_not_tracked() {
+        let (_, t) = tracker();
+        for i in 0..MAX_NAMES + 10 {
+            t.denied(&Arc::from(format!("Name{i}")), "1");
+        }
+        assert_eq!(t.top(1, 1, None).len(), MAX_NAMES);
+    }
+}
