@@ -521,3 +521,91 @@ async fn limits_lowered_and_raised_while_traffic_flows() {
     );
     s.stop().await;
 }
+
+/// What the scripted rate-limit service answers.
+#[derive(Clone, Copy, Debug)]
+enum Scripted {
+    Status(tonic::Code),
+    /// A reply whose overall_code is UNKNOWN.
+    UnknownReply,
+    /// OK, after longer than the example's timeout.
+    Late,
+}
+
+/// An RLS server whose answer the test sets: to see how Envoy treats each outcome.
+struct ScriptedRls(Arc<std::sync::Mutex<Scripted>>);
+
+#[tonic::async_trait]
+impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
+    for ScriptedRls
+{
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest>,
+    ) -> Result<
+        tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
+        tonic::Status,
+    > {
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+        use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+        let script = *self.0.lock().unwrap();
+        let reply = |code: Code| {
+            Ok(tonic::Response::new(RateLimitResponse {
+                overall_code: code as i32,
+                statuses: vec![Default::default(); request.get_ref().descriptors.len()],
+                ..Default::default()
+            }))
+        };
+        match script {
+            Scripted::Status(code) => Err(tonic::Status::new(code, "scripted")),
+            Scripted::UnknownReply => reply(Code::Unknown),
+            Scripted::Late => {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                reply(Code::Ok)
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_treats_every_error_alike_and_an_unknown_reply_as_ok() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    let script = Arc::new(std::sync::Mutex::new(Scripted::Status(
+        tonic::Code::Unknown,
+    )));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(ScriptedRls(script.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let envoy = Envoy::example(address, |_| {}).await;
+    let mut client = envoy.client().await;
+    let orders = route("/orders", &[("x-account-id", "7007")]);
+    // (what the service does, the status the client gets, Envoy's counter that grows)
+    let cases = [
+        (Scripted::Status(tonic::Code::Unknown), 503, ERROR),
+        (Scripted::Status(tonic::Code::Unavailable), 503, ERROR),
+        (Scripted::Status(tonic::Code::InvalidArgument), 503, ERROR),
+        (Scripted::Status(tonic::Code::Internal), 503, ERROR),
+        (Scripted::Late, 503, ERROR),
+        (Scripted::UnknownReply, 200, OK),
+    ];
+    for (scripted, status, counter) in cases {
+        *script.lock().unwrap() = scripted;
+        let before = envoy.counter(counter).await;
+        let reply = client.get(orders.path, orders.headers).await;
+        assert_eq!(reply.status, status, "{scripted:?}: {reply:?}");
+        assert_eq!(
+            envoy.counter(counter).await,
+            before + 1,
+            "{scripted:?}: Envoy's {counter}"
+        );
+    }
+    assert!(
+        envoy.counter("cluster.cellrate.upstream_rq_timeout").await >= 1,
+        "the late answer timed out"
+    );
+    server.abort();
+}
