@@ -528,4 +528,13 @@ async fn top_counts_denials_of_both_apis_over_sliding_minutes() {
         .await
         .unwrap_err();
     assert_eq!(status.message(), "limit: 33 is not 1 to 32");
+    let status = s
+        .admin
+        .top(pb::TopRequest {
+            name: "N".repeat(129),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.message(), "name: longer than 128 bytes");
 }
