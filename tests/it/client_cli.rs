@@ -247,15 +247,15 @@ fn tls_and_client_certificates() {
     let run =
         |args: &[&str], env: &[(&str, &str)]| cellrate(&server.listen, &server.admin, args, env);
 
-    let out = run(&["check", "ApiRequestsPerKey", "key-tls", "--json"], &ca);
+    let out = run(&["check", "NewOrdersPerAccount", "4242", "--json"], &ca);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(json(&out)["remaining"], 9);
+    assert_eq!(json(&out)["remaining"], 299);
     // Without the CA the client speaks plaintext to a TLS port: a failure that says why.
     let out = run(
         &[
             "check",
-            "ApiRequestsPerKey",
-            "key-tls",
+            "NewOrdersPerAccount",
+            "4242",
             "--timeout-seconds",
             "3",
         ],
@@ -268,8 +268,8 @@ fn tls_and_client_certificates() {
     let inspect = [
         "admin",
         "inspect",
-        "ApiRequestsPerKey",
-        "key-tls",
+        "NewOrdersPerAccount",
+        "4242",
         "--json",
         "--timeout-seconds",
         "5",
@@ -288,7 +288,7 @@ fn tls_and_client_certificates() {
     ]);
     let out = run(&inspect, &with_cert);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(json(&out)["remaining"], 9);
+    assert_eq!(json(&out)["remaining"], 299);
 
     // A TLS file that cannot be read is a configuration error (78).
     let out = run(

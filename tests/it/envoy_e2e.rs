@@ -603,9 +603,5 @@ async fn envoy_treats_every_error_alike_and_an_unknown_reply_as_ok() {
             "{scripted:?}: Envoy's {counter}"
         );
     }
-    assert!(
-        envoy.counter("cluster.cellrate.upstream_rq_timeout").await >= 1,
-        "the late answer timed out"
-    );
     server.abort();
 }
