@@ -45,6 +45,9 @@ pub struct Settings {
     pub caller_bucket_share: usize,
     /// Bounds on limits that callers give (or none at all).
     pub caller: CallerLimits,
+    /// Temporary overrides: at most this many in force, each for at most this long.
+    pub max_runtime_overrides: usize,
+    pub max_override_ttl: crate::clock::Nanos,
     /// How often expired buckets are swept from the memory store.
     pub sweep_interval: Duration,
     /// After SIGTERM, how long health reports NOT_SERVING while requests are still served
@@ -162,6 +165,8 @@ impl Default for Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
             caller: CallerLimits::default(),
+            max_runtime_overrides: 10_000,
+            max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
             sweep_interval: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
@@ -331,8 +336,15 @@ async fn serve(
     health.config_loaded(limits.version());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));
-    let decider =
-        Arc::new(Decider::new(limits.clone(), store.clone()).with_caller_limits(settings.caller));
+    let decider = Arc::new(
+        Decider::new(limits.clone(), store.clone())
+            .with_caller_limits(settings.caller)
+            .with_runtime_overrides(Arc::new(crate::limits::runtime::RuntimeOverrides::new(
+                clock.clone(),
+                settings.max_runtime_overrides,
+                settings.max_override_ttl,
+            ))),
+    );
 
     // The background tasks (sweeper, reloader, metrics listener) end when `stop_tasks` is
     // cancelled, after the drain; `tasks` waits for them.

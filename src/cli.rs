@@ -68,6 +68,64 @@ pub enum AdminCommand {
     /// Who is being limited: the most denied ids per limit name (several --admin-addr:
     /// replicas merged).
     Top(TopArgs),
+    /// Temporary overrides: set, clear, list (on every --admin-addr given).
+    Override {
+        #[command(subcommand)]
+        command: OverrideCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OverrideCommand {
+    /// Give one id a limit, the allow list or the deny list until the TTL runs out.
+    Set(OverrideSetArgs),
+    /// Remove one id's temporary override.
+    Clear(ClientItemArgs),
+    /// The temporary overrides in force.
+    List(OverrideListArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct OverrideSetArgs {
+    /// The limit's name.
+    pub name: String,
+    /// The id.
+    pub id: String,
+    /// A limit: burst (with --count and --period).
+    #[arg(long, requires_all = ["count", "period"], conflicts_with_all = ["unlimited", "deny"])]
+    pub burst: Option<u64>,
+    /// A limit: tokens refilled per period.
+    #[arg(long, requires = "burst")]
+    pub count: Option<u64>,
+    /// A limit: the period (e.g. 1s, 1h).
+    #[arg(long, requires = "burst", value_parser = parse_period)]
+    pub period: Option<i64>,
+    /// Always allowed.
+    #[arg(long, conflicts_with = "deny")]
+    pub unlimited: bool,
+    /// Always denied.
+    #[arg(long)]
+    pub deny: bool,
+    /// How long it holds (e.g. 30m, 2h).
+    #[arg(long, value_parser = parse_period)]
+    pub ttl: i64,
+    /// Why (logged, reported by inspect).
+    #[arg(long, default_value = "")]
+    pub comment: String,
+    /// Who (default: $USER).
+    #[arg(long, env = "USER", default_value = "")]
+    pub author: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct OverrideListArgs {
+    /// Only this limit name.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -289,6 +347,14 @@ pub struct ServeArgs {
         default_value_t = 1_000_000
     )]
     pub caller_limit_max_burst: u64,
+
+    /// Temporary overrides (admin SetOverride) in force at most.
+    #[arg(long, env = "CELLRATE_MAX_RUNTIME_OVERRIDES", default_value_t = 10_000)]
+    pub max_runtime_overrides: usize,
+
+    /// Longest lifetime of a temporary override (e.g. 7d).
+    #[arg(long, env = "CELLRATE_MAX_OVERRIDE_TTL", default_value = "7d", value_parser = parse_period)]
+    pub max_override_ttl: i64,
 
     /// Percent of --max-buckets that buckets under caller-given limits may hold.
     #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]

@@ -7,7 +7,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::cli::{AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode, TopArgs};
+use crate::cli::{
+    AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode, OverrideCommand,
+    OverrideListArgs, OverrideSetArgs, TopArgs,
+};
 use crate::proto::v1 as pb;
 
 /// The client commands' exit codes (the server commands' set, plus 2, 65, 69 and 77).
@@ -86,6 +89,17 @@ pub fn run_admin(command: AdminCommand) -> Exit {
         AdminCommand::Inspect(args) => finish(&args.client, block_on(&args.client, inspect(&args))),
         AdminCommand::Reset(args) => finish(&args.client, block_on(&args.client, reset(&args))),
         AdminCommand::Top(args) => finish(&args.client, block_on(&args.client, top(&args))),
+        AdminCommand::Override { command } => match command {
+            OverrideCommand::Set(args) => {
+                finish(&args.client, block_on(&args.client, override_set(&args)))
+            }
+            OverrideCommand::Clear(args) => {
+                finish(&args.client, block_on(&args.client, override_clear(&args)))
+            }
+            OverrideCommand::List(args) => {
+                finish(&args.client, block_on(&args.client, override_list(&args)))
+            }
+        },
     }
 }
 
@@ -282,6 +296,7 @@ fn source_kind(source: &pb::LimitSource) -> &'static str {
         Ok(Kind::Override) => "override",
         Ok(Kind::NotConfigured) => "not_configured",
         Ok(Kind::CallerGiven) => "caller_given",
+        Ok(Kind::RuntimeOverride) => "runtime_override",
         Ok(Kind::Unspecified) | Err(_) => "unknown",
     }
 }
@@ -296,6 +311,20 @@ fn source_text(source: &pb::LimitSource) -> String {
         "override" => format!("{} entry {}: {}", source.file, source.entry, source.comment),
         "not_configured" => "not configured".to_string(),
         "caller_given" => "caller-given".to_string(),
+        "runtime_override" => {
+            let left = duration(nanos(source.expires_in.as_ref()));
+            let by = if source.author.is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", source.author)
+            };
+            let why = if source.comment.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", source.comment)
+            };
+            format!("temporary override{by}, {left} left{why}")
+        }
         other => other.to_string(),
     }
 }
@@ -308,6 +337,12 @@ fn source_json(source: &pb::LimitSource) -> Value {
     }
     if !source.comment.is_empty() {
         value["comment"] = json!(source.comment);
+    }
+    if !source.author.is_empty() {
+        value["author"] = json!(source.author);
+    }
+    if source.expires_in.is_some() {
+        value["expires_in_ns"] = json!(nanos(source.expires_in.as_ref()));
     }
     value
 }
@@ -428,6 +463,143 @@ async fn top(args: &TopArgs) -> Result<Answer, Failed> {
     })
 }
 
+fn nanos_duration(ns: i64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: ns / 1_000_000_000,
+        nanos: (ns % 1_000_000_000) as i32,
+    }
+}
+
+const OVERRIDE_HEADER: [&str; 6] = ["NAME", "ID", "OVERRIDE", "EXPIRES IN", "AUTHOR", "COMMENT"];
+
+fn override_row(o: &pb::RuntimeOverride) -> (Vec<String>, Value) {
+    let what = if o.unlimited {
+        "unlimited".to_string()
+    } else if o.deny {
+        "deny".to_string()
+    } else {
+        format!(
+            "{} per {}, burst {}",
+            o.count,
+            duration(nanos(o.period.as_ref())),
+            o.burst
+        )
+    };
+    let left = nanos(o.expires_in.as_ref());
+    let row = vec![
+        o.name.clone(),
+        o.id.clone(),
+        what.clone(),
+        duration(left),
+        o.author.clone(),
+        o.comment.clone(),
+    ];
+    let json = json!({
+        "name": o.name, "id": o.id, "override": what, "unlimited": o.unlimited, "deny": o.deny,
+        "burst": o.burst, "count": o.count, "period_ns": nanos(o.period.as_ref()),
+        "expires_in_ns": left, "author": o.author, "comment": o.comment,
+    });
+    (row, json)
+}
+
+/// Sets the override on every admin address given (each replica keeps its own).
+async fn override_set(args: &OverrideSetArgs) -> Result<Answer, Failed> {
+    let mut rows = vec![OVERRIDE_HEADER.map(String::from).to_vec()];
+    let mut entries = Vec::new();
+    for addr in &args.client.admin_addr {
+        let channel = connect(&args.client, addr).await?;
+        let request = admin_request(
+            &args.client,
+            pb::SetOverrideRequest {
+                name: args.name.clone(),
+                id: args.id.clone(),
+                burst: args.burst.unwrap_or(0),
+                count: args.count.unwrap_or(0),
+                period: args.period.map(nanos_duration),
+                unlimited: args.unlimited,
+                deny: args.deny,
+                ttl: Some(nanos_duration(args.ttl)),
+                comment: args.comment.clone(),
+                author: args.author.clone(),
+            },
+        )?;
+        let entry = pb::admin_client::AdminClient::new(channel)
+            .set_override(request)
+            .await?
+            .into_inner()
+            .entry
+            .unwrap_or_default();
+        let (row, json) = override_row(&entry);
+        if entries.is_empty() {
+            rows.push(row);
+        }
+        entries.push(json);
+    }
+    Ok(Answer {
+        rows,
+        json: json!({"replicas": args.client.admin_addr.len(), "entries": entries}),
+        exit: Exit::Ok,
+    })
+}
+
+async fn override_clear(args: &ClientItemArgs) -> Result<Answer, Failed> {
+    let mut cleared = 0;
+    for addr in &args.client.admin_addr {
+        let channel = connect(&args.client, addr).await?;
+        let request = admin_request(
+            &args.client,
+            pb::ClearOverrideRequest {
+                name: args.name.clone(),
+                id: args.id.clone(),
+            },
+        )?;
+        let answer = pb::admin_client::AdminClient::new(channel)
+            .clear_override(request)
+            .await?
+            .into_inner();
+        cleared += u32::from(answer.cleared);
+    }
+    Ok(Answer {
+        rows: vec![
+            ["NAME", "ID", "CLEARED"].map(String::from).to_vec(),
+            vec![args.name.clone(), args.id.clone(), cleared.to_string()],
+        ],
+        json: json!({"name": args.name, "id": args.id, "cleared": cleared}),
+        exit: Exit::Ok,
+    })
+}
+
+async fn override_list(args: &OverrideListArgs) -> Result<Answer, Failed> {
+    let mut rows = vec![OVERRIDE_HEADER.map(String::from).to_vec()];
+    let mut replicas = Vec::new();
+    for addr in &args.client.admin_addr {
+        let channel = connect(&args.client, addr).await?;
+        let request = admin_request(
+            &args.client,
+            pb::ListOverridesRequest {
+                name: args.name.clone().unwrap_or_default(),
+            },
+        )?;
+        let entries = pb::admin_client::AdminClient::new(channel)
+            .list_overrides(request)
+            .await?
+            .into_inner()
+            .entries;
+        let mut json_entries = Vec::new();
+        for entry in &entries {
+            let (row, json) = override_row(entry);
+            rows.push(row);
+            json_entries.push(json);
+        }
+        replicas.push(json!({"addr": addr, "entries": json_entries}));
+    }
+    Ok(Answer {
+        rows,
+        json: json!({"replicas": replicas}),
+        exit: Exit::Ok,
+    })
+}
+
 fn one(mut items: Vec<pb::Decision>) -> Result<pb::Decision, Failed> {
     match items.len() {
         1 => Ok(items.remove(0)),
@@ -515,18 +687,20 @@ fn decision_answer(args: &ClientItemArgs, d: &pb::Decision, exit: Exit) -> Answe
     }
 }
 
-/// A duration for people: `0s`, `18s`, `3h`, `1m30s`; below a second or with a fraction,
-/// seconds to the millisecond rounded up (`17.488s`), so that a wait is never understated.
+/// A duration for people: `0s`, `18s`, `3h`, `1m30s`; under a minute with a fraction,
+/// seconds to the millisecond rounded up (`17.488s`); from a minute, whole seconds rounded
+/// up: a wait is never understated.
 pub fn duration(ns: i64) -> String {
     const S: i64 = 1_000_000_000;
     if ns <= 0 {
         return "0s".to_string();
     }
-    if ns % S != 0 {
+    if ns % S != 0 && ns < 60 * S {
         let ms = (ns + 999_999) / 1_000_000;
         return format!("{}.{:03}s", ms / 1000, ms % 1000);
     }
-    let mut seconds = ns / S;
+    // A minute or more: whole seconds, rounded up.
+    let mut seconds = (ns + S - 1) / S;
     let mut text = String::new();
     for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
         if seconds >= size {
@@ -576,7 +750,8 @@ mod tests {
         assert_eq!(duration(18 * s), "18s");
         assert_eq!(duration(10_800 * s), "3h");
         assert_eq!(duration(90 * s), "1m30s");
-        assert_eq!(duration(86_400 * s + 1), "86400.001s");
+        assert_eq!(duration(86_400 * s + 1), "1d1s");
+        assert_eq!(duration(1_799_968_000_000), "30m");
         assert_eq!(duration(17_487_432_278), "17.488s");
         assert_eq!(duration(1), "0.001s");
     }

@@ -220,6 +220,8 @@ async fn serve_async(
             max_period: args.caller_limit_max_period,
             max_burst: args.caller_limit_max_burst,
         },
+        max_runtime_overrides: args.max_runtime_overrides,
+        max_override_ttl: args.max_override_ttl,
         grace: Duration::from_secs(args.grace_seconds),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
         reload: Some(cellrate::limits::reload::ReloadSettings {

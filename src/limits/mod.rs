@@ -6,3 +6,4 @@ pub mod descriptors;
 pub mod hash;
 pub mod names;
 pub mod reload;
+pub mod runtime;

@@ -184,6 +184,7 @@ pub struct Decider {
     limits: Arc<ArcSwap<LimitTable>>,
     store: Arc<dyn Store>,
     caller: CallerLimits,
+    runtime: Option<Arc<crate::limits::runtime::RuntimeOverrides>>,
 }
 
 impl Decider {
@@ -193,7 +194,22 @@ impl Decider {
             limits,
             store,
             caller: CallerLimits::default(),
+            runtime: None,
         }
+    }
+
+    /// This decider with temporary overrides, which take precedence over the table's.
+    pub fn with_runtime_overrides(
+        mut self,
+        runtime: Arc<crate::limits::runtime::RuntimeOverrides>,
+    ) -> Decider {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The temporary overrides, if this decider has them.
+    pub fn runtime_overrides(&self) -> Option<&Arc<crate::limits::runtime::RuntimeOverrides>> {
+        self.runtime.as_ref()
     }
 
     /// This decider with other bounds on caller-given limits.
@@ -293,7 +309,11 @@ impl Decider {
                             continue;
                         }
                     };
-                    let policy = table.policy(found, &canonical);
+                    let runtime = self.runtime.as_ref().and_then(|r| r.get(found, &canonical));
+                    let policy = match runtime {
+                        Some(temporary) => Some(temporary.policy),
+                        None => table.policy(found, &canonical),
+                    };
                     let key = match item.limit {
                         // The caller's limit on a configured name: a bucket of its own.
                         Some(given) => BucketKey::caller_given(

@@ -8,6 +8,9 @@ use tonic::{Request, Response, Status};
 
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
+use crate::limits::config::{LimitTable, Policy};
+use crate::limits::names::Name;
+use crate::limits::runtime::{RuntimeOverride, RuntimeOverrides};
 use crate::metrics::Metrics;
 use crate::proto::v1 as pb;
 use crate::service::{count_decisions, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
@@ -43,6 +46,55 @@ impl AdminService {
         self.denials = Some(tracker);
         self
     }
+}
+
+impl AdminService {
+    fn runtime(&self) -> Result<&RuntimeOverrides, Status> {
+        self.decider
+            .runtime_overrides()
+            .map(|r| &**r)
+            .ok_or_else(|| Status::unimplemented("temporary overrides are off on this server"))
+    }
+}
+
+/// A known name and a valid id in its canonical form, or INVALID_ARGUMENT saying which.
+fn named<'t>(table: &'t LimitTable, name: &str, id: &str) -> Result<(&'t Name, String), Status> {
+    if name.len() > super::MAX_NAME {
+        return Err(invalid(format!(
+            "name: longer than {} bytes",
+            super::MAX_NAME
+        )));
+    }
+    let found = table
+        .names()
+        .get(name)
+        .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))?;
+    let canonical = found
+        .format
+        .canonicalize_cow(id)
+        .map_err(|e| invalid(format!("id: {e} (format {} of {name})", found.format)))?;
+    Ok((found, canonical.into_owned()))
+}
+
+fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::RuntimeOverride {
+    let mut out = pb::RuntimeOverride {
+        name: entry.name.to_string(),
+        id: entry.id.to_string(),
+        expires_in: Some(duration(runtime.expires_in(entry))),
+        comment: entry.comment.clone(),
+        author: entry.author.clone(),
+        ..Default::default()
+    };
+    match entry.policy {
+        Policy::Limited { limit, .. } => {
+            out.burst = limit.burst();
+            out.count = limit.count();
+            out.period = Some(duration(limit.period()));
+        }
+        Policy::Unlimited => out.unlimited = true,
+        Policy::Denied => out.deny = true,
+    }
+    out
 }
 
 /// Checks a `Top` request: (minutes, ids per name, name filter).
@@ -118,8 +170,9 @@ impl pb::admin_server::Admin for AdminService {
         let table = self.decider.limits();
         let result = self.decider.inspect(&items).await?;
         let mut answers = decisions(&result).1;
+        let runtime = self.decider.runtime_overrides();
         for (answer, item) in answers.iter_mut().zip(&request.get_ref().items) {
-            answer.source = Some(source(&table, item));
+            answer.source = Some(source(&table, runtime.map(|r| &**r), item));
         }
         Ok(Response::new(pb::InspectResponse { items: answers }))
     }
@@ -153,6 +206,92 @@ impl pb::admin_server::Admin for AdminService {
                 })
                 .collect(),
         }))
+    }
+
+    async fn set_override(
+        &self,
+        request: Request<pb::SetOverrideRequest>,
+    ) -> Result<Response<pb::SetOverrideResponse>, Status> {
+        let runtime = self.runtime()?;
+        let r = request.get_ref();
+        let table = self.decider.limits();
+        let (name, id) = named(&table, &r.name, &r.id)?;
+        let policy = match (r.unlimited, r.deny, r.period.as_ref()) {
+            (true, false, None) if r.burst == 0 && r.count == 0 => Policy::Unlimited,
+            (false, true, None) if r.burst == 0 && r.count == 0 => Policy::Denied,
+            (false, false, Some(period)) => {
+                let period = duration_nanos(period)
+                    .ok_or_else(|| invalid("period: out of range".to_string()))?;
+                let limit = Limit::new(r.burst, r.count, period)
+                    .map_err(|e| invalid(format!("burst, count, period: {e}")))?;
+                Policy::Limited {
+                    limit,
+                    shadow: false,
+                }
+            }
+            _ => {
+                return Err(invalid(
+                    "give exactly one of: burst, count and period; unlimited; deny".to_string(),
+                ))
+            }
+        };
+        let ttl = r
+            .ttl
+            .as_ref()
+            .and_then(duration_nanos)
+            .ok_or_else(|| invalid("ttl: missing or out of range".to_string()))?;
+        let entry = runtime
+            .set(name, &id, policy, ttl, &r.comment, &r.author)
+            .map_err(invalid)?;
+        tracing::info!(
+            name = %entry.name,
+            id = %entry.id,
+            ?policy,
+            ttl_s = ttl / crate::clock::SECOND,
+            comment = %entry.comment,
+            author = %entry.author,
+            "temporary override set"
+        );
+        Ok(Response::new(pb::SetOverrideResponse {
+            entry: Some(runtime_override(runtime, &entry)),
+        }))
+    }
+
+    async fn clear_override(
+        &self,
+        request: Request<pb::ClearOverrideRequest>,
+    ) -> Result<Response<pb::ClearOverrideResponse>, Status> {
+        let runtime = self.runtime()?;
+        let table = self.decider.limits();
+        let r = request.get_ref();
+        let (name, id) = named(&table, &r.name, &r.id)?;
+        let cleared = runtime.clear(name, &id);
+        tracing::info!(name = %name.text, id = %id, cleared, "temporary override cleared");
+        Ok(Response::new(pb::ClearOverrideResponse { cleared }))
+    }
+
+    async fn list_overrides(
+        &self,
+        request: Request<pb::ListOverridesRequest>,
+    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
+        let runtime = self.runtime()?;
+        let table = self.decider.limits();
+        let only = match request.get_ref().name.as_str() {
+            "" => None,
+            name => Some(
+                table
+                    .names()
+                    .get(name)
+                    .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))?
+                    .number,
+            ),
+        };
+        let entries = runtime
+            .list(only)
+            .iter()
+            .map(|e| runtime_override(runtime, e))
+            .collect();
+        Ok(Response::new(pb::ListOverridesResponse { entries }))
     }
 }
 
@@ -193,10 +332,35 @@ impl pb::admin_server::Admin for AdminElsewhere {
     async fn top(&self, _: Request<pb::TopRequest>) -> Result<Response<pb::TopResponse>, Status> {
         Err(Status::unimplemented(self.message.clone()))
     }
+
+    async fn set_override(
+        &self,
+        _: Request<pb::SetOverrideRequest>,
+    ) -> Result<Response<pb::SetOverrideResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
+
+    async fn clear_override(
+        &self,
+        _: Request<pb::ClearOverrideRequest>,
+    ) -> Result<Response<pb::ClearOverrideResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
+
+    async fn list_overrides(
+        &self,
+        _: Request<pb::ListOverridesRequest>,
+    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
+        Err(Status::unimplemented(self.message.clone()))
+    }
 }
 
-/// Where the limit of a (valid) item comes from, in `table`.
-fn source(table: &crate::limits::config::LimitTable, item: &pb::Item) -> pb::LimitSource {
+/// Where the limit of a (valid) item comes from: a temporary override, else `table`.
+fn source(
+    table: &crate::limits::config::LimitTable,
+    runtime: Option<&RuntimeOverrides>,
+    item: &pb::Item,
+) -> pb::LimitSource {
     use crate::limits::config::Source;
     use pb::limit_source::Kind;
     let of = |kind: Kind| pb::LimitSource {
@@ -212,6 +376,15 @@ fn source(table: &crate::limits::config::LimitTable, item: &pb::Item) -> pb::Lim
     let Ok(id) = name.format.canonicalize_cow(&item.id) else {
         return of(Kind::Unspecified);
     };
+    if let Some((runtime, temporary)) = runtime.and_then(|r| Some((r, r.get(name, &id)?))) {
+        return pb::LimitSource {
+            kind: Kind::RuntimeOverride as i32,
+            comment: temporary.comment.clone(),
+            author: temporary.author.clone(),
+            expires_in: Some(duration(runtime.expires_in(&temporary))),
+            ..Default::default()
+        };
+    }
     match table.source(name, &id) {
         Source::Default => of(Kind::Default),
         Source::NotConfigured => of(Kind::NotConfigured),
@@ -224,6 +397,7 @@ fn source(table: &crate::limits::config::LimitTable, item: &pb::Item) -> pb::Lim
             file: file.to_string(),
             entry,
             comment: comment.map(|c| c.to_string()).unwrap_or_default(),
+            ..Default::default()
         },
     }
 }

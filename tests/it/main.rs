@@ -28,4 +28,5 @@ mod python_envoy;
 mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
+mod runtime_overrides;
 mod store_scenarios;

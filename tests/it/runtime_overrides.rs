@@ -1,0 +1,324 @@
+//! Temporary overrides (admin `SetOverride`, `ClearOverride`, `ListOverrides`) on a served
+//! cellrate with a fake clock: precedence over the files, what `Inspect` says, expiry,
+//! reloads, bounds; and the CLI's `admin override` commands against a process.
+
+use std::time::Duration;
+
+use cellrate::app::Settings;
+use cellrate::clock::SECOND;
+use cellrate::limits::config::LimitTable;
+use cellrate::proto::v1 as pb;
+use tonic::Code;
+
+use crate::common::{item, poll_until, remaining, serve, watching, Served};
+
+fn secs(n: i64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: n,
+        nanos: 0,
+    })
+}
+
+fn deny(name: &str, id: &str, ttl: i64) -> pb::SetOverrideRequest {
+    pb::SetOverrideRequest {
+        name: name.into(),
+        id: id.into(),
+        deny: true,
+        ttl: secs(ttl),
+        comment: "ticket 9".into(),
+        author: "ops".into(),
+        ..Default::default()
+    }
+}
+
+async fn allowed(s: &mut Served, name: &str, id: &str) -> bool {
+    let r = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item(name, id, None)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.overall.unwrap().allowed
+}
+
+async fn listed(s: &mut Served) -> Vec<(String, String)> {
+    s.admin
+        .list_overrides(pb::ListOverridesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| (e.name, e.id))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_temporary_override_wins_until_it_expires_or_is_cleared() {
+    let mut s = Served::start(None).await;
+    assert!(allowed(&mut s, "NewOrdersPerAccount", "42").await);
+    let set = s
+        .admin
+        .set_override(deny("NewOrdersPerAccount", "0042", 60))
+        .await
+        .unwrap()
+        .into_inner()
+        .entry
+        .unwrap();
+    assert_eq!((set.id.as_str(), set.deny), ("42", true), "canonical id");
+    assert!(!allowed(&mut s, "NewOrdersPerAccount", "42").await);
+    let inspected = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("NewOrdersPerAccount", "42", None)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let source = inspected.items[0].source.clone().unwrap();
+    assert_eq!(source.kind(), pb::limit_source::Kind::RuntimeOverride);
+    assert_eq!(
+        (source.comment.as_str(), source.author.as_str()),
+        ("ticket 9", "ops")
+    );
+    assert_eq!(source.expires_in, secs(60));
+
+    // A limit of its own on a configured key: 2 per second instead of 10.
+    let limit = pb::SetOverrideRequest {
+        name: "ApiRequestsPerKey".into(),
+        id: "key-o".into(),
+        burst: 2,
+        count: 2,
+        period: secs(1),
+        ttl: secs(30),
+        ..Default::default()
+    };
+    s.admin.set_override(limit).await.unwrap();
+    assert!(allowed(&mut s, "ApiRequestsPerKey", "key-o").await);
+    assert!(allowed(&mut s, "ApiRequestsPerKey", "key-o").await);
+    assert!(!allowed(&mut s, "ApiRequestsPerKey", "key-o").await);
+    assert_eq!(
+        listed(&mut s).await,
+        [
+            ("ApiRequestsPerKey".to_string(), "key-o".to_string()),
+            ("NewOrdersPerAccount".to_string(), "42".to_string()),
+        ]
+    );
+
+    // 31 s on, the API key's has expired; clearing ends the other at once.
+    s.clock.advance(31 * SECOND);
+    assert_eq!(
+        listed(&mut s).await,
+        [("NewOrdersPerAccount".to_string(), "42".to_string())]
+    );
+    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "key-o").await, 10);
+    let cleared = s
+        .admin
+        .clear_override(pb::ClearOverrideRequest {
+            name: "NewOrdersPerAccount".into(),
+            id: "42".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(cleared.cleared);
+    assert!(allowed(&mut s, "NewOrdersPerAccount", "42").await);
+    assert!(listed(&mut s).await.is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn reloads_leave_temporary_overrides_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config")).unwrap() {
+        let file = file.unwrap();
+        std::fs::copy(file.path(), dir.path().join(file.file_name())).unwrap();
+    }
+    let limits = LimitTable::load_dir(dir.path()).unwrap();
+    let settings = watching(dir.path(), Duration::from_millis(50));
+    let mut s = Served::with_settings(limits, settings).await;
+    s.admin
+        .set_override(deny("NewOrdersPerAccount", "7", 600))
+        .await
+        .unwrap();
+    let defaults = dir.path().join("defaults.yaml");
+    let text = std::fs::read_to_string(&defaults).unwrap();
+    std::fs::write(
+        &defaults,
+        text.replace("burst: 300\n  count: 300", "burst: 50\n  count: 50"),
+    )
+    .unwrap();
+    let burst = poll_until(
+        Duration::from_secs(10),
+        async || remaining(&mut s, "NewOrdersPerAccount", "8").await,
+        |left| *left == 50,
+    )
+    .await;
+    assert_eq!(burst, 50, "the reload took effect");
+    assert!(
+        !allowed(&mut s, "NewOrdersPerAccount", "7").await,
+        "still denied"
+    );
+    assert_eq!(listed(&mut s).await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_overrides_are_invalid_argument_and_change_nothing() {
+    let settings = Settings {
+        max_runtime_overrides: 1,
+        max_override_ttl: 3_600 * SECOND,
+        ..Settings::default()
+    };
+    let limits =
+        LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
+    let mut s = Served::with_settings(limits, settings).await;
+    s.admin
+        .set_override(deny("NewOrdersPerAccount", "1", 60))
+        .await
+        .unwrap();
+    let both = pb::SetOverrideRequest {
+        unlimited: true,
+        ..deny("NewOrdersPerAccount", "2", 60)
+    };
+    let no_ttl = pb::SetOverrideRequest {
+        ttl: None,
+        ..deny("NewOrdersPerAccount", "2", 60)
+    };
+    let zero_limit = pb::SetOverrideRequest {
+        deny: false,
+        burst: 0,
+        count: 5,
+        period: secs(1),
+        ..deny("NewOrdersPerAccount", "2", 60)
+    };
+    let cases = [
+        (
+            deny("NewOrderPerAccount", "2", 60),
+            "did you mean \"NewOrdersPerAccount\"?",
+        ),
+        (deny("NewOrdersPerAccount", "abc", 60), "id: "),
+        (
+            deny("NewOrdersPerAccount", "2", 7_200),
+            "ttl: 7200 s is not 1 s to 3600 s",
+        ),
+        (both, "give exactly one of"),
+        (no_ttl, "ttl: missing"),
+        (zero_limit, "burst, count, period"),
+        (
+            pb::SetOverrideRequest {
+                comment: "c".repeat(201),
+                ..deny("NewOrdersPerAccount", "2", 60)
+            },
+            "comment: longer than 200 characters",
+        ),
+        (
+            deny("NewOrdersPerAccount", "2", 60),
+            "the most allowed (--max-runtime-overrides)",
+        ),
+    ];
+    for (request, expected) in cases {
+        let status = s.admin.set_override(request.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{request:?}");
+        assert!(status.message().contains(expected), "{}", status.message());
+    }
+    assert_eq!(
+        listed(&mut s).await,
+        [("NewOrdersPerAccount".to_string(), "1".to_string())]
+    );
+    assert!(allowed(&mut s, "NewOrdersPerAccount", "2").await);
+    // Replacing the one in force is allowed at the bound.
+    s.admin
+        .set_override(pb::SetOverrideRequest {
+            unlimited: true,
+            deny: false,
+            ..deny("NewOrdersPerAccount", "1", 60)
+        })
+        .await
+        .unwrap();
+    assert!(allowed(&mut s, "NewOrdersPerAccount", "1").await);
+    // Not on the decision port.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.decisions_addr))
+        .unwrap()
+        .connect_lazy();
+    let mut wrong_port = pb::admin_client::AdminClient::new(channel);
+    let status = wrong_port
+        .set_override(deny("NewOrdersPerAccount", "3", 60))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented);
+    s.stop().await;
+}
+
+#[test]
+fn the_cli_sets_lists_and_clears_overrides() {
+    let server = serve();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .args(args)
+            .env_clear()
+            .env("CELLRATE_ADDR", &server.listen)
+            .env("CELLRATE_ADMIN_ADDR", &server.admin)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "admin",
+        "override",
+        "set",
+        "NewOrdersPerAccount",
+        "42",
+        "--deny",
+        "--ttl",
+        "30m",
+        "--comment",
+        "ticket 9",
+        "--author",
+        "ops",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(
+        text.contains("NewOrdersPerAccount  42  deny      30m         ops     ticket 9"),
+        "{text}"
+    );
+    let out = run(&["check", "NewOrdersPerAccount", "42"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["admin", "override", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["replicas"][0]["entries"][0]["id"], "42");
+    assert_eq!(list["replicas"][0]["entries"][0]["author"], "ops");
+    let out = run(&[
+        "admin",
+        "override",
+        "clear",
+        "NewOrdersPerAccount",
+        "42",
+        "--json",
+    ]);
+    let cleared: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cleared["cleared"], 1);
+    let out = run(&["check", "NewOrdersPerAccount", "42"]);
+    assert_eq!(out.status.code(), Some(0));
+    // Flags that contradict each other are a usage error before any call.
+    let out = run(&[
+        "admin",
+        "override",
+        "set",
+        "NewOrdersPerAccount",
+        "42",
+        "--deny",
+        "--unlimited",
+        "--ttl",
+        "1m",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+}
