@@ -483,8 +483,12 @@ async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            AdminServer::new(AdminService::new(decider).with_denials(denials))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            AdminServer::new(
+                AdminService::new(decider)
+                    .with_denials(denials)
+                    .with_metrics(metrics.clone()),
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
             AdminAuth::new(settings.admin_token.as_deref()),
         ))
         .serve_with_incoming_shutdown(

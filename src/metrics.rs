@@ -47,6 +47,7 @@ pub struct Metrics {
     pub live_buckets: IntGauge,
     pub swept_buckets: IntCounter,
     reloads: IntCounterVec,
+    runtime_overrides: IntCounterVec,
     store_fallbacks: IntCounterVec,
     store_compensations: IntCounter,
     store_breaker_rejections: IntCounter,
@@ -177,6 +178,11 @@ impl Metrics {
                 "Limits reloads, by result (success, failure, unchanged).",
                 &["result"],
             ),
+            runtime_overrides: counter_vec(
+                "cellrate_runtime_override_changes_total",
+                "Temporary overrides set and cleared through the admin API, by action.",
+                &["action"],
+            ),
             config_info: registered(
                 r,
                 IntGaugeVec::new(
@@ -209,6 +215,9 @@ impl Metrics {
         }
         for result in ["success", "failure", "unchanged"] {
             metrics.reloads.with_label_values(&[result]);
+        }
+        for action in ["set", "clear"] {
+            metrics.runtime_overrides.with_label_values(&[action]);
         }
         metrics
     }
@@ -274,6 +283,11 @@ impl Metrics {
     /// Counts a reload attempt: `success` (new limits), `unchanged` or `failure`.
     pub fn reload(&self, result: &str) {
         self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Counts a temporary override set or cleared (`action`: `set`, `clear`).
+    pub fn runtime_override(&self, action: &str) {
+        self.runtime_overrides.with_label_values(&[action]).inc();
     }
 
     /// The text exposition of every metric.

@@ -31,6 +31,7 @@ impl RateLimiterService {
 pub struct AdminService {
     decider: Arc<Decider>,
     denials: Option<Arc<crate::top::DenialTracker>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl AdminService {
@@ -38,6 +39,19 @@ impl AdminService {
         AdminService {
             decider,
             denials: None,
+            metrics: None,
+        }
+    }
+
+    /// Counts temporary overrides set and cleared in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> AdminService {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count(&self, action: &str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.runtime_override(action);
         }
     }
 
@@ -252,6 +266,7 @@ impl pb::admin_server::Admin for AdminService {
             author = %entry.author,
             "temporary override set"
         );
+        self.count("set");
         Ok(Response::new(pb::SetOverrideResponse {
             entry: Some(runtime_override(runtime, &entry)),
         }))
@@ -267,6 +282,9 @@ impl pb::admin_server::Admin for AdminService {
         let (name, id) = named(&table, &r.name, &r.id)?;
         let cleared = runtime.clear(name, &id);
         tracing::info!(name = %name.text, id = %id, cleared, "temporary override cleared");
+        if cleared {
+            self.count("clear");
+        }
         Ok(Response::new(pb::ClearOverrideResponse { cleared }))
     }
 

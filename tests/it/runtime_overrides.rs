@@ -126,6 +126,17 @@ async fn a_temporary_override_wins_until_it_expires_or_is_cleared() {
     assert!(cleared.cleared);
     assert!(allowed(&mut s, "NewOrdersPerAccount", "42").await);
     assert!(listed(&mut s).await.is_empty());
+    let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+        .await
+        .1;
+    for (action, n) in [("set", 2.0), ("clear", 1.0)] {
+        let series = format!("cellrate_runtime_override_changes_total{{action=\"{action}\"}}");
+        assert_eq!(
+            crate::common::sample(&metrics, &series),
+            Some(n),
+            "{series}"
+        );
+    }
     s.stop().await;
 }
 
