@@ -111,6 +111,13 @@ struct NamePolicies {
     overrides: ConfigMap<Box<str>, (Policy, u32)>,
 }
 
+/// What [`LimitTable::lookup`] found: an override (with its source index), a default.
+enum Found {
+    Override(Policy, u32),
+    Default(Policy),
+    Nothing,
+}
+
 /// Where the policy in force for a bucket comes from (reported by admin `Inspect`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -377,18 +384,32 @@ impl LimitTable {
     /// Where the policy for `canonical_id` under `name` comes from (as [`Self::policy`]
     /// finds it).
     pub fn source(&self, name: &Name, canonical_id: &str) -> Source {
+        match self.lookup(name, canonical_id) {
+            Found::Override(_, source) => self
+                .override_sources
+                .get(source as usize)
+                .cloned()
+                .unwrap_or(Source::NotConfigured),
+            Found::Default(_) => Source::Default,
+            Found::Nothing => Source::NotConfigured,
+        }
+    }
+
+    /// The override of `canonical_id` under `name`, else the name's default: the one
+    /// lookup that both [`Self::policy`] and [`Self::source`] make.
+    fn lookup(&self, name: &Name, canonical_id: &str) -> Found {
         let Some(policies) = self.policies.get(&name.number) else {
-            return Source::NotConfigured;
+            return Found::Nothing;
         };
-        let override_id = name.format.override_id(canonical_id);
-        if let Some((_, source)) = policies.overrides.get(override_id) {
-            if let Some(source) = self.override_sources.get(*source as usize) {
-                return source.clone();
+        if !policies.overrides.is_empty() {
+            let override_id = name.format.override_id(canonical_id);
+            if let Some(&(policy, source)) = policies.overrides.get(override_id) {
+                return Found::Override(policy, source);
             }
         }
         match policies.default {
-            Some(_) => Source::Default,
-            None => Source::NotConfigured,
+            Some(policy) => Found::Default(policy),
+            None => Found::Nothing,
         }
     }
 
@@ -400,14 +421,10 @@ impl LimitTable {
     /// What applies to `canonical_id` under `name`: its override, else the name's
     /// default, else `None` (not enforced).
     pub fn policy(&self, name: &Name, canonical_id: &str) -> Option<Policy> {
-        let policies = self.policies.get(&name.number)?;
-        if !policies.overrides.is_empty() {
-            let override_id = name.format.override_id(canonical_id);
-            if let Some((policy, _)) = policies.overrides.get(override_id) {
-                return Some(*policy);
-            }
+        match self.lookup(name, canonical_id) {
+            Found::Override(policy, _) | Found::Default(policy) => Some(policy),
+            Found::Nothing => None,
         }
-        policies.default
     }
 
     /// How Envoy descriptors map to names and ids.

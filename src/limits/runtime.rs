@@ -32,7 +32,8 @@ pub struct RuntimeOverrides {
     clock: Arc<dyn Clock>,
     max_count: usize,
     max_ttl: Nanos,
-    entries: RwLock<HashMap<(u32, Box<str>), RuntimeOverride>>,
+    /// name number -> override id -> entry (looked up by `&str`: no allocation per request).
+    entries: RwLock<HashMap<u32, HashMap<Box<str>, RuntimeOverride>>>,
     /// Entries held (expired ones included until purged): 0 skips the lookup.
     held: AtomicUsize,
 }
@@ -55,7 +56,7 @@ impl RuntimeOverrides {
         }
         let id = name.format.override_id(canonical_id);
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
-        let found = entries.get(&(name.number, Box::from(id)))?;
+        let found = entries.get(&name.number)?.get(id)?;
         (found.expires_at > self.clock.now()).then(|| found.clone())
     }
 
@@ -81,13 +82,14 @@ impl RuntimeOverrides {
         let id: Box<str> = Box::from(name.format.override_id(canonical_id));
         let now = self.clock.now();
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
-        entries.retain(|_, e| e.expires_at > now);
-        let key = (name.number, id.clone());
-        if !entries.contains_key(&key) && entries.len() >= self.max_count {
-            self.held.store(entries.len(), Ordering::Relaxed);
+        let held = purge(&mut entries, now);
+        let replacing = entries
+            .get(&name.number)
+            .is_some_and(|ids| ids.contains_key(&id));
+        if !replacing && held >= self.max_count {
+            self.held.store(held, Ordering::Relaxed);
             return Err(format!(
-                "{} temporary overrides are in force, the most allowed (--max-runtime-overrides)",
-                entries.len()
+                "{held} temporary overrides are in force, the most allowed (--max-runtime-overrides)"
             ));
         }
         let entry = RuntimeOverride {
@@ -98,21 +100,26 @@ impl RuntimeOverrides {
             comment: comment.to_string(),
             author: author.to_string(),
         };
-        entries.insert(key, entry.clone());
-        self.held.store(entries.len(), Ordering::Relaxed);
+        entries
+            .entry(name.number)
+            .or_default()
+            .insert(entry.id.clone(), entry.clone());
+        self.held
+            .store(held + usize::from(!replacing), Ordering::Relaxed);
         Ok(entry)
     }
 
     /// Removes the override of `canonical_id` under `name`; whether one was in force.
     pub fn clear(&self, name: &Name, canonical_id: &str) -> bool {
-        let id: Box<str> = Box::from(name.format.override_id(canonical_id));
+        let id = name.format.override_id(canonical_id);
         let now = self.clock.now();
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
         let removed = entries
-            .remove(&(name.number, id))
+            .get_mut(&name.number)
+            .and_then(|ids| ids.remove(id))
             .is_some_and(|e| e.expires_at > now);
-        entries.retain(|_, e| e.expires_at > now);
-        self.held.store(entries.len(), Ordering::Relaxed);
+        let held = purge(&mut entries, now);
+        self.held.store(held, Ordering::Relaxed);
         removed
     }
 
@@ -122,8 +129,10 @@ impl RuntimeOverrides {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         let mut list: Vec<RuntimeOverride> = entries
             .iter()
-            .filter(|((number, _), e)| only.is_none_or(|o| o == *number) && e.expires_at > now)
-            .map(|(_, e)| e.clone())
+            .filter(|(number, _)| only.is_none_or(|o| o == **number))
+            .flat_map(|(_, ids)| ids.values())
+            .filter(|e| e.expires_at > now)
+            .cloned()
             .collect();
         list.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
         list
@@ -133,6 +142,15 @@ impl RuntimeOverrides {
     pub fn expires_in(&self, entry: &RuntimeOverride) -> Nanos {
         (entry.expires_at - self.clock.now()).max(0)
     }
+}
+
+/// Drops expired entries (and names left without any); the number still held.
+fn purge(entries: &mut HashMap<u32, HashMap<Box<str>, RuntimeOverride>>, now: Nanos) -> usize {
+    entries.retain(|_, ids| {
+        ids.retain(|_, e| e.expires_at > now);
+        !ids.is_empty()
+    });
+    entries.values().map(HashMap::len).sum()
 }
 
 fn bounded<'a>(text: &'a str, max: usize, field: &str) -> Result<&'a str, String> {
