@@ -165,7 +165,6 @@ async fn a_store_answering_for_fewer_items_is_an_error_not_an_allow() {
 
 mod invalid_ids {
     use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as Envoy;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -190,13 +189,7 @@ mod invalid_ids {
     }
 
     fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
-        RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            ..Default::default()
-        }
+        crate::common::descriptor(&[(key, value)])
     }
 
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {

@@ -459,10 +459,6 @@ async fn inspect_says_where_each_limit_comes_from() {
 
 #[tokio::test]
 async fn top_counts_denials_of_both_apis_over_sliding_minutes() {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-        rate_limit_descriptor::Entry, RateLimitDescriptor,
-    };
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     let mut s = Served::start(None).await;
     let top = |minutes: u32| pb::TopRequest {
         minutes,
@@ -472,17 +468,7 @@ async fn top_counts_denials_of_both_apis_over_sliding_minutes() {
     for _ in 0..12 {
         check(&mut s, vec![item("ApiRequestsPerKey", "key-t", None)]).await;
     }
-    let envoy_request = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "api_key".into(),
-                value: "key-t".into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
+    let envoy_request = crate::common::envoy_request("edge", &[&[("api_key", "key-t")]]);
     for _ in 0..3 {
         s.envoy
             .should_rate_limit(envoy_request.clone())

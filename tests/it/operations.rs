@@ -261,17 +261,10 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
 async fn ten_thousand_distinct_ids_make_no_new_series() {
     let mut s = Served::start(None).await;
     let envoy_request = |ip: String| {
-        envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
-            entries: vec![
-                envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry { key: "generic_key".into(), value: "signup".into() },
-                envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry { key: "remote_address".into(), value: ip },
-            ],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
+        crate::common::envoy_request(
+            "edge",
+            &[&[("generic_key", "signup"), ("remote_address", &ip)]],
+        )
     };
     // Warm up every series these requests touch.
     s.decisions

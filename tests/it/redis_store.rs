@@ -473,17 +473,7 @@ async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
     )
     .await
     .unwrap();
-    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
-            entries: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
-                key: "NewOrdersPerAccount".into(),
-                value: "778".into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
+    let request = crate::common::envoy_request("edge", &[&[("NewOrdersPerAccount", "778")]]);
     let e = envoy.should_rate_limit(request).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
 }

@@ -182,6 +182,35 @@ pub async fn remaining(s: &mut Served, name: &str, id: &str) -> i64 {
     r.into_inner().items[0].remaining
 }
 
+/// An Envoy descriptor of `entries` (key, value), nothing else set.
+pub fn descriptor(
+    entries: &[(&str, &str)],
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: key.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A `ShouldRateLimit` request of one descriptor per entry list, in `domain`.
+pub fn envoy_request(
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+        hits_addend: 0,
+    }
+}
+
 /// A named item with an optional cost.
 pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
     pb::Item {
