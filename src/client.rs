@@ -211,6 +211,14 @@ fn item(args: &ClientItemArgs, mode: pb::Mode) -> pb::Item {
     }
 }
 
+/// Largest admin answer read: a full `ListOverrides` (10 000 overrides with the longest
+/// comments) or `Top` (1 024 names x 32 ids) is above tonic's 4 MiB default.
+const MAX_ADMIN_ANSWER: usize = 64 << 20;
+
+fn admin_client(channel: Channel) -> pb::admin_client::AdminClient<Channel> {
+    pb::admin_client::AdminClient::new(channel).max_decoding_message_size(MAX_ADMIN_ANSWER)
+}
+
 /// An admin request, with the bearer token when one is given.
 fn admin_request<T>(client: &ClientArgs, message: T) -> Result<tonic::Request<T>, Failed> {
     let mut request = tonic::Request::new(message);
@@ -276,10 +284,7 @@ async fn inspect(args: &ClientItemArgs) -> Result<Answer, Failed> {
             items: vec![item(args, pb::Mode::CheckAndSpend)],
         },
     )?;
-    let response = pb::admin_client::AdminClient::new(channel)
-        .inspect(request)
-        .await?
-        .into_inner();
+    let response = admin_client(channel).inspect(request).await?.into_inner();
     let decision = one(response.items)?;
     let mut answer = decision_answer(args, &decision, Exit::Ok);
     let source = decision.source.unwrap_or_default();
@@ -355,7 +360,7 @@ async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {
             items: vec![item(args, pb::Mode::CheckAndSpend)],
         },
     )?;
-    let deleted = pb::admin_client::AdminClient::new(channel)
+    let deleted = admin_client(channel)
         .reset(request)
         .await?
         .into_inner()
@@ -398,10 +403,7 @@ async fn top(args: &TopArgs) -> Result<Answer, Failed> {
                 name: args.name.clone().unwrap_or_default(),
             },
         )?;
-        let response = pb::admin_client::AdminClient::new(channel)
-            .top(request)
-            .await?
-            .into_inner();
+        let response = admin_client(channel).top(request).await?.into_inner();
         for name in response.names {
             let (total, ids) = merged.entry(name.name).or_default();
             *total += name.denials;
@@ -523,7 +525,7 @@ async fn override_set(args: &OverrideSetArgs) -> Result<Answer, Failed> {
                 author: args.author.clone(),
             },
         )?;
-        let entry = pb::admin_client::AdminClient::new(channel)
+        let entry = admin_client(channel)
             .set_override(request)
             .await?
             .into_inner()
@@ -553,7 +555,7 @@ async fn override_clear(args: &ClientItemArgs) -> Result<Answer, Failed> {
                 id: args.id.clone(),
             },
         )?;
-        let answer = pb::admin_client::AdminClient::new(channel)
+        let answer = admin_client(channel)
             .clear_override(request)
             .await?
             .into_inner();
@@ -580,7 +582,7 @@ async fn override_list(args: &OverrideListArgs) -> Result<Answer, Failed> {
                 name: args.name.clone().unwrap_or_default(),
             },
         )?;
-        let entries = pb::admin_client::AdminClient::new(channel)
+        let entries = admin_client(channel)
             .list_overrides(request)
             .await?
             .into_inner()

@@ -226,6 +226,17 @@ async fn bad_overrides_are_invalid_argument_and_change_nothing() {
             "comment: longer than 200 characters",
         ),
         (
+            pb::SetOverrideRequest {
+                author: "a".repeat(65),
+                ..deny("NewOrdersPerAccount", "2", 60)
+            },
+            "author: longer than 64 characters",
+        ),
+        (
+            deny(&"N".repeat(129), "2", 60),
+            "name: longer than 128 bytes",
+        ),
+        (
             deny("NewOrdersPerAccount", "2", 60),
             "the most allowed (--max-runtime-overrides)",
         ),
@@ -332,4 +343,56 @@ fn the_cli_sets_lists_and_clears_overrides() {
         "1m",
     ]);
     assert_eq!(out.status.code(), Some(64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_overrides_beyond_grpcs_default_message_size() {
+    // 5 000 overrides, each with the longest comment and author in 4-byte characters:
+    // a ListOverrides answer of over 5 MB (tonic's clients read 4 MiB by default).
+    let settings = Settings {
+        max_runtime_overrides: 5_000,
+        ..Settings::default()
+    };
+    let limits =
+        LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
+    let mut s = Served::with_settings(limits, settings).await;
+    let (comment, author) = ("\u{1D11E}".repeat(200), "\u{1D11E}".repeat(64));
+    for i in 0..5_000 {
+        let request = pb::SetOverrideRequest {
+            comment: comment.clone(),
+            author: author.clone(),
+            ..deny("NewOrdersPerAccount", &(i + 1).to_string(), 600)
+        };
+        s.admin.set_override(request).await.unwrap();
+    }
+    let admin = s.admin_addr.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .args([
+                "admin",
+                "override",
+                "list",
+                "--json",
+                "--admin-addr",
+                &admin,
+            ])
+            .env_clear()
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.len() > 5_000_000, "{} bytes", out.stdout.len());
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        list["replicas"][0]["entries"].as_array().unwrap().len(),
+        5_000
+    );
+    s.stop().await;
 }
