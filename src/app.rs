@@ -22,6 +22,7 @@ use crate::clock::Clock;
 use crate::health::Health;
 use crate::limits::config::LimitTable;
 use crate::limits::reload::{ReloadSettings, Reloader};
+use crate::limits::runtime::{RuntimeOverrides, SharedOverrides};
 use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
 use crate::metrics::Metrics;
 use crate::proto::v1::admin_server::AdminServer;
@@ -33,7 +34,7 @@ use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
 use crate::store::measured::MeasuredStore;
 use crate::store::redis::RedisSettings;
 #[cfg(feature = "redis")]
-use crate::store::redis::RedisStore;
+use crate::store::redis::{RedisOverrides, RedisStore};
 use crate::store::{MemoryStore, Store, StoreError};
 
 /// How the service runs, beyond its listeners.
@@ -242,6 +243,7 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
     let health = Health::new();
+    let mut shared_overrides: Option<Arc<dyn SharedOverrides>> = None;
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
@@ -255,6 +257,7 @@ pub async fn run(
             required_for_ready,
         } => {
             let store = RedisStore::new(redis.clone(), clock.clone(), metrics.clone())?;
+            shared_overrides = Some(Arc::new(RedisOverrides::new(redis)?));
             if *required_for_ready {
                 health.require_store_health(store.healthy());
             }
@@ -270,6 +273,7 @@ pub async fn run(
         clock,
         metrics,
         health,
+        shared_overrides,
     };
     serve(parts, settings, shutdown).await
 }
@@ -290,8 +294,62 @@ pub async fn run_with_store(
         clock,
         metrics: Metrics::new(),
         health: Health::new(),
+        shared_overrides: None,
     };
     serve(parts, settings, shutdown).await
+}
+
+/// Copies the shared temporary overrides every `every` (at once first) until `stopped`.
+/// A failure keeps the last copy in force (each override still expiring on time).
+async fn sync_overrides(
+    runtime: Arc<RuntimeOverrides>,
+    limits: Arc<ArcSwap<LimitTable>>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.cancelled() => return,
+        }
+        let names = limits.load().names().clone();
+        match runtime.sync(&names).await {
+            Ok(synced) => {
+                if failing {
+                    tracing::info!("temporary overrides: copied from redis again");
+                    failing = false;
+                }
+                if synced.changed {
+                    tracing::info!(
+                        applied = synced.applied,
+                        unknown_names = synced.unknown_names,
+                        "temporary overrides changed in redis: copied"
+                    );
+                }
+                if !synced.rejected.is_empty() {
+                    tracing::warn!(
+                        rejected = synced.rejected.len(),
+                        first = ?&synced.rejected[..synced.rejected.len().min(5)],
+                        "temporary overrides in redis that are no valid override here were left out"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.override_sync_failures.inc();
+                if !failing {
+                    tracing::warn!(
+                        error = %e,
+                        "temporary overrides: cannot copy them from redis; the last copy stays in force"
+                    );
+                    failing = true;
+                }
+            }
+        }
+    }
 }
 
 /// What a server is made of, besides its settings.
@@ -302,6 +360,8 @@ struct Parts {
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Where temporary overrides are shared with other replicas (the Redis store).
+    shared_overrides: Option<Arc<dyn SharedOverrides>>,
 }
 
 /// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
@@ -318,6 +378,7 @@ async fn serve(
         clock,
         metrics,
         health,
+        shared_overrides,
     } = parts;
     let addr = |l: &TcpListener| {
         l.local_addr()
@@ -336,14 +397,19 @@ async fn serve(
     health.config_loaded(limits.version());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
     let limits = Arc::new(ArcSwap::from_pointee(limits));
+    let mut runtime = RuntimeOverrides::new(
+        clock.clone(),
+        settings.max_runtime_overrides,
+        settings.max_override_ttl,
+    );
+    if let Some(shared) = shared_overrides {
+        runtime = runtime.shared(shared);
+    }
+    let runtime = Arc::new(runtime);
     let decider = Arc::new(
         Decider::new(limits.clone(), store.clone())
             .with_caller_limits(settings.caller)
-            .with_runtime_overrides(Arc::new(crate::limits::runtime::RuntimeOverrides::new(
-                clock.clone(),
-                settings.max_runtime_overrides,
-                settings.max_override_ttl,
-            ))),
+            .with_runtime_overrides(runtime.clone()),
     );
 
     // The background tasks (sweeper, reloader, metrics listener) end when `stop_tasks` is
@@ -372,6 +438,21 @@ async fn serve(
             }
         }
     });
+
+    // Replicas sharing temporary overrides copy them when they change.
+    if runtime.is_shared() {
+        let every = match &settings.store {
+            StoreSettings::Redis { settings, .. } => settings.override_sync,
+            StoreSettings::Memory => Duration::from_secs(1),
+        };
+        tasks.spawn(sync_overrides(
+            runtime.clone(),
+            limits.clone(),
+            metrics.clone(),
+            every,
+            stop_tasks.clone(),
+        ));
+    }
 
     // The reloader swaps new limits into `limits`; decisions in flight keep the snapshot
     // they started with.

@@ -291,6 +291,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = 10)]
     pub redis_timeout_ms: u64,
 
+    /// How often each replica looks for changes of the temporary overrides kept in Redis,
+    /// in milliseconds (a change made on another replica applies here within this).
+    #[arg(long, env = "CELLRATE_REDIS_OVERRIDE_SYNC_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub redis_override_sync_ms: u64,
+
     /// Whose clock decides: Redis TIME (shared by replicas) or this process's.
     #[arg(
         long,

@@ -13,6 +13,8 @@ pub type Nanos = i64;
 
 /// Nanoseconds in one second.
 pub const SECOND: Nanos = 1_000_000_000;
+/// One microsecond.
+pub const MICROSECOND: Nanos = 1_000;
 
 /// A source of the current time.
 pub trait Clock: Send + Sync + 'static {

@@ -189,6 +189,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
             local_divisor: args.redis_local_divisor.max(1),
             tag_by_id,
             deny_cache: args.redis_deny_cache,
+            override_sync: Duration::from_millis(args.redis_override_sync_ms),
             ..RedisSettings::default()
         },
         required_for_ready: args.redis_required_for_ready,

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub swept_buckets: IntCounter,
     reloads: IntCounterVec,
     runtime_overrides: IntCounterVec,
+    /// Copies of the temporary overrides shared through Redis that failed.
+    pub override_sync_failures: IntCounter,
     store_fallbacks: IntCounterVec,
     store_compensations: IntCounter,
     store_breaker_rejections: IntCounter,
@@ -182,6 +184,14 @@ impl Metrics {
                 "cellrate_runtime_override_changes_total",
                 "Temporary overrides set and cleared through the admin API, by action.",
                 &["action"],
+            ),
+            override_sync_failures: registered(
+                r,
+                IntCounter::new(
+                    "cellrate_runtime_override_sync_failures_total",
+                    "Failed copies of the temporary overrides shared through Redis (the last copy stays in force).",
+                )
+                .expect("valid counter"),
             ),
             config_info: registered(
                 r,

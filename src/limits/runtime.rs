@@ -1,19 +1,30 @@
 //! Temporary overrides set at run time (admin `SetOverride`): for one id of a name, a limit,
 //! the allow list or the deny list, taking precedence over the configuration files until
 //! they expire. They live beside the `LimitTable`, so reloads leave them alone. Bounded in
-//! number and lifetime; per process (the memory of this replica).
+//! number and lifetime.
+//!
+//! Alone, a process keeps them in its memory (lost on restart). With a [`SharedOverrides`]
+//! (the Redis store) they live there: a change is written there first, and every replica
+//! copies the shared table into its memory at each [`RuntimeOverrides::sync`] (the server
+//! syncs every `--override-sync-interval`), so decisions never wait for Redis to find one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use serde::{Deserialize, Serialize};
+
 use crate::clock::{Clock, Nanos, SECOND};
+use crate::gcra::Limit;
 use crate::limits::config::Policy;
-use crate::limits::names::Name;
+use crate::limits::names::{Name, Names};
+use crate::store::{StoreError, StoreFuture};
 
 /// Longest comment and author kept (characters).
 pub const MAX_COMMENT: usize = 200;
 pub const MAX_AUTHOR: usize = 64;
+/// Longest shared record read back (bytes): anything longer is no record of ours.
+pub const MAX_RECORD: usize = 4096;
 
 /// One temporary override.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,15 +38,133 @@ pub struct RuntimeOverride {
     pub author: String,
 }
 
-/// The temporary overrides of this process.
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// The request is wrong (INVALID_ARGUMENT).
+    #[error("{0}")]
+    Invalid(String),
+    /// The most overrides are in force (RESOURCE_EXHAUSTED).
+    #[error("{held} temporary overrides are in force, the most allowed (--max-runtime-overrides)")]
+    Full { held: usize },
+    /// The shared table could not be reached (UNAVAILABLE); nothing changed.
+    #[error("temporary overrides are shared through redis, which failed: {0}")]
+    Shared(#[from] StoreError),
+}
+
+/// A table of overrides shared by replicas (see the module docs). Fields are
+/// `"<number>:<override id>"`; records are opaque to the table, which keeps each with its
+/// expiry, in its own clock.
+pub trait SharedOverrides: Send + Sync + 'static {
+    /// Writes `record` under `field` for `ttl`, after dropping the expired, unless `field`
+    /// is new and `max` others are in force.
+    fn put<'a>(
+        &'a self,
+        field: &'a str,
+        record: &'a str,
+        ttl: Nanos,
+        max: usize,
+    ) -> StoreFuture<'a, Put>;
+    /// Removes `field`; whether it was in force.
+    fn remove<'a>(&'a self, field: &'a str) -> StoreFuture<'a, bool>;
+    /// The table unless its version is `known` (`""` before the first fetch).
+    fn fetch<'a>(&'a self, known: &'a str) -> StoreFuture<'a, Fetched>;
+}
+
+/// What [`SharedOverrides::put`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Put {
+    Written,
+    /// Nothing written: `held` overrides are in force.
+    Full(usize),
+}
+
+/// What [`SharedOverrides::fetch`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    Unchanged,
+    Changed {
+        version: String,
+        /// Every unexpired entry: field, record, time left (`None`: unreadable expiry).
+        entries: Vec<(String, String, Option<Nanos>)>,
+    },
+}
+
+/// What a sync found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Synced {
+    /// Whether the shared table had changed (and was copied).
+    pub changed: bool,
+    /// Overrides now applied.
+    pub applied: usize,
+    /// Entries of names this replica does not know (kept in the table, not applied).
+    pub unknown_names: usize,
+    /// Entries that are no override of ours, with why (not applied).
+    pub rejected: Vec<String>,
+}
+
+/// A shared override as stored (JSON): what `RuntimeOverride` holds but its expiry.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    name: String,
+    number: u32,
+    id: String,
+    #[serde(default)]
+    burst: u64,
+    #[serde(default)]
+    count: u64,
+    #[serde(default)]
+    period_ns: Nanos,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    deny: bool,
+    #[serde(default)]
+    comment: String,
+    #[serde(default)]
+    author: String,
+}
+
+type Entries = HashMap<u32, HashMap<Box<str>, RuntimeOverride>>;
+
+/// The temporary overrides this process applies.
 pub struct RuntimeOverrides {
     clock: Arc<dyn Clock>,
     max_count: usize,
     max_ttl: Nanos,
     /// name number -> override id -> entry (looked up by `&str`: no allocation per request).
-    entries: RwLock<HashMap<u32, HashMap<Box<str>, RuntimeOverride>>>,
+    entries: RwLock<Entries>,
     /// Entries held (expired ones included until purged): 0 skips the lookup.
     held: AtomicUsize,
+    shared: Option<Arc<dyn SharedOverrides>>,
+    /// Serialises changes and syncs, so that a sync that read the shared table before a
+    /// change cannot undo the change's local copy; holds the version last copied.
+    syncing: tokio::sync::Mutex<String>,
+}
+
+/// The policy that `burst`, `count`, `period`, `unlimited` and `deny` give: exactly one of
+/// a limit, unlimited or deny.
+pub fn policy_of(
+    burst: u64,
+    count: u64,
+    period: Option<Nanos>,
+    unlimited: bool,
+    deny: bool,
+) -> Result<Policy, String> {
+    match (unlimited, deny, period) {
+        (true, false, None) if burst == 0 && count == 0 => Ok(Policy::Unlimited),
+        (false, true, None) if burst == 0 && count == 0 => Ok(Policy::Denied),
+        (false, false, Some(period)) => {
+            let limit = Limit::new(burst, count, period)
+                .map_err(|e| format!("burst, count, period: {e}"))?;
+            Ok(Policy::Limited {
+                limit,
+                shadow: false,
+            })
+        }
+        _ => Err("give exactly one of: burst, count and period; unlimited; deny".to_string()),
+    }
 }
 
 impl RuntimeOverrides {
@@ -46,7 +175,20 @@ impl RuntimeOverrides {
             max_ttl,
             entries: RwLock::new(HashMap::new()),
             held: AtomicUsize::new(0),
+            shared: None,
+            syncing: tokio::sync::Mutex::new(String::new()),
         }
+    }
+
+    /// Keeps the overrides in `shared` (every replica on it applies them).
+    pub fn shared(mut self, shared: Arc<dyn SharedOverrides>) -> RuntimeOverrides {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// Whether the overrides are shared with other replicas.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// The override in force for `canonical_id` under `name`, if any.
@@ -60,8 +202,9 @@ impl RuntimeOverrides {
         (found.expires_at > self.clock.now()).then(|| found.clone())
     }
 
-    /// Sets (or replaces) the override of `canonical_id` under `name` for `ttl`.
-    pub fn set(
+    /// Sets (or replaces) the override of `canonical_id` under `name` for `ttl`: in the
+    /// shared table first, when there is one.
+    pub async fn set(
         &self,
         name: &Name,
         canonical_id: &str,
@@ -69,28 +212,39 @@ impl RuntimeOverrides {
         ttl: Nanos,
         comment: &str,
         author: &str,
-    ) -> Result<RuntimeOverride, String> {
+    ) -> Result<RuntimeOverride, OverrideError> {
         if ttl < SECOND || ttl > self.max_ttl {
-            return Err(format!(
+            return Err(OverrideError::Invalid(format!(
                 "ttl: {} s is not 1 s to {} s (--max-override-ttl)",
                 ttl / SECOND,
                 self.max_ttl / SECOND
-            ));
+            )));
         }
-        let comment = bounded(comment, MAX_COMMENT, "comment")?;
-        let author = bounded(author, MAX_AUTHOR, "author")?;
+        let comment = bounded(comment, MAX_COMMENT, "comment").map_err(OverrideError::Invalid)?;
+        let author = bounded(author, MAX_AUTHOR, "author").map_err(OverrideError::Invalid)?;
         let id: Box<str> = Box::from(name.format.override_id(canonical_id));
+        let _syncing = self.syncing.lock().await;
+        let shared_put = match &self.shared {
+            None => None,
+            Some(shared) => {
+                let record = record_of(name, &id, policy, comment, author);
+                let field = format!("{}:{id}", name.number);
+                Some(shared.put(&field, &record, ttl, self.max_count).await?)
+            }
+        };
+        if let Some(Put::Full(held)) = shared_put {
+            return Err(OverrideError::Full { held });
+        }
         let now = self.clock.now();
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
         let held = purge(&mut entries, now);
         let replacing = entries
             .get(&name.number)
             .is_some_and(|ids| ids.contains_key(&id));
-        if !replacing && held >= self.max_count {
+        // The shared table counted every replica's overrides; alone, this one counts.
+        if shared_put.is_none() && !replacing && held >= self.max_count {
             self.held.store(held, Ordering::Relaxed);
-            return Err(format!(
-                "{held} temporary overrides are in force, the most allowed (--max-runtime-overrides)"
-            ));
+            return Err(OverrideError::Full { held });
         }
         let entry = RuntimeOverride {
             name: name.text.clone(),
@@ -109,9 +263,15 @@ impl RuntimeOverrides {
         Ok(entry)
     }
 
-    /// Removes the override of `canonical_id` under `name`; whether one was in force.
-    pub fn clear(&self, name: &Name, canonical_id: &str) -> bool {
+    /// Removes the override of `canonical_id` under `name` (from the shared table first,
+    /// when there is one); whether one was in force.
+    pub async fn clear(&self, name: &Name, canonical_id: &str) -> Result<bool, OverrideError> {
         let id = name.format.override_id(canonical_id);
+        let _syncing = self.syncing.lock().await;
+        let shared_removed = match &self.shared {
+            None => None,
+            Some(shared) => Some(shared.remove(&format!("{}:{id}", name.number)).await?),
+        };
         let now = self.clock.now();
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
         let removed = entries
@@ -120,11 +280,17 @@ impl RuntimeOverrides {
             .is_some_and(|e| e.expires_at > now);
         let held = purge(&mut entries, now);
         self.held.store(held, Ordering::Relaxed);
-        removed
+        Ok(shared_removed.unwrap_or(removed))
     }
 
-    /// The overrides in force (of `only`, if given), by name and id.
-    pub fn list(&self, only: Option<u32>) -> Vec<RuntimeOverride> {
+    /// The overrides in force (of `only`, if given), by name and id; copied from the shared
+    /// table first, when there is one, so that every replica lists the same.
+    pub async fn list(
+        &self,
+        names: &Names,
+        only: Option<u32>,
+    ) -> Result<Vec<RuntimeOverride>, OverrideError> {
+        self.sync(names).await?;
         let now = self.clock.now();
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         let mut list: Vec<RuntimeOverride> = entries
@@ -135,7 +301,57 @@ impl RuntimeOverrides {
             .cloned()
             .collect();
         list.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
-        list
+        Ok(list)
+    }
+
+    /// Copies the shared table, if there is one and it changed since the last copy: it
+    /// then replaces what this process applies. Entries that are no valid override here
+    /// are left out and reported; at most `--max-runtime-overrides` are applied.
+    pub async fn sync(&self, names: &Names) -> Result<Synced, StoreError> {
+        let Some(shared) = &self.shared else {
+            return Ok(Synced::default());
+        };
+        let mut version = self.syncing.lock().await;
+        let Fetched::Changed {
+            version: fetched,
+            entries: found,
+        } = shared.fetch(&version).await?
+        else {
+            return Ok(Synced::default());
+        };
+        let now = self.clock.now();
+        let mut synced = Synced {
+            changed: true,
+            ..Synced::default()
+        };
+        let mut copy = Entries::new();
+        for (field, record, expires_in) in found {
+            let read = expires_in
+                .ok_or_else(|| "no expiry".to_string())
+                .and_then(|left| parse_record(names, &field, &record).map(|r| (r, left)));
+            match read {
+                Ok((Some((number, entry)), left)) if synced.applied < self.max_count => {
+                    let entry = RuntimeOverride {
+                        expires_at: now.saturating_add(left),
+                        ..entry
+                    };
+                    copy.entry(number)
+                        .or_default()
+                        .insert(entry.id.clone(), entry);
+                    synced.applied += 1;
+                }
+                Ok((Some(_), _)) => synced
+                    .rejected
+                    .push(format!("{}: over --max-runtime-overrides", shown(&field))),
+                Ok((None, _)) => synced.unknown_names += 1,
+                Err(why) => synced.rejected.push(format!("{}: {why}", shown(&field))),
+            }
+        }
+        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        *entries = copy;
+        self.held.store(synced.applied, Ordering::Relaxed);
+        *version = fetched;
+        Ok(synced)
     }
 
     /// Time left before `entry` expires.
@@ -144,8 +360,85 @@ impl RuntimeOverrides {
     }
 }
 
+/// The shared record of an override.
+fn record_of(name: &Name, id: &str, policy: Policy, comment: &str, author: &str) -> String {
+    let mut record = Record {
+        name: name.text.to_string(),
+        number: name.number,
+        id: id.to_string(),
+        burst: 0,
+        count: 0,
+        period_ns: 0,
+        unlimited: false,
+        deny: false,
+        comment: comment.to_string(),
+        author: author.to_string(),
+    };
+    match policy {
+        Policy::Limited { limit, .. } => {
+            record.burst = limit.burst();
+            record.count = limit.count();
+            record.period_ns = limit.period();
+        }
+        Policy::Unlimited => record.unlimited = true,
+        Policy::Denied => record.deny = true,
+    }
+    serde_json::to_string(&record).unwrap_or_default()
+}
+
+/// A shared entry read back, checked as `SetOverride` checks a request: `None` for a name
+/// this replica does not know; an error for anything that is no override of ours.
+fn parse_record(
+    names: &Names,
+    field: &str,
+    record: &str,
+) -> Result<Option<(u32, RuntimeOverride)>, String> {
+    if record.len() > MAX_RECORD {
+        return Err(format!("longer than {MAX_RECORD} bytes"));
+    }
+    let r: Record = serde_json::from_str(record).map_err(|e| format!("not a record: {e}"))?;
+    if field != format!("{}:{}", r.number, r.id) {
+        return Err("its field is not <number>:<id> of its record".to_string());
+    }
+    let Some(name) = names.get(&r.name) else {
+        return Ok(None);
+    };
+    if name.number != r.number {
+        return Err(format!(
+            "{} is number {} here, not {}",
+            name.text, name.number, r.number
+        ));
+    }
+    let format = name.format.override_format();
+    match format.canonicalize_cow(&r.id) {
+        Ok(canonical) if canonical == r.id => {}
+        Ok(_) => return Err(format!("id {:?} is not canonical", shown(&r.id))),
+        Err(e) => return Err(format!("id: {e} (format {format})")),
+    }
+    let period = (!r.unlimited && !r.deny).then_some(r.period_ns);
+    let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny)?;
+    bounded(&r.comment, MAX_COMMENT, "comment")?;
+    bounded(&r.author, MAX_AUTHOR, "author")?;
+    Ok(Some((
+        name.number,
+        RuntimeOverride {
+            name: name.text.clone(),
+            id: r.id.into_boxed_str(),
+            policy,
+            expires_at: 0,
+            comment: r.comment,
+            author: r.author,
+        },
+    )))
+}
+
+/// At most 80 characters of `text`, for messages.
+fn shown(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
 /// Drops expired entries (and names left without any); the number still held.
-fn purge(entries: &mut HashMap<u32, HashMap<Box<str>, RuntimeOverride>>, now: Nanos) -> usize {
+fn purge(entries: &mut Entries, now: Nanos) -> usize {
     entries.retain(|_, ids| {
         ids.retain(|_, e| e.expires_at > now);
         !ids.is_empty()
@@ -167,8 +460,8 @@ mod tests {
     use crate::gcra::Limit;
     use crate::limits::names::Names;
 
-    #[test]
-    fn overrides_expire_are_bounded_and_keyed_by_override_id() {
+    #[tokio::test]
+    async fn overrides_expire_are_bounded_and_keyed_by_override_id() {
         let clock = FakeClock::new(1_700_000_000 * SECOND);
         let r = RuntimeOverrides::new(Arc::new(clock.clone()), 2, 3_600 * SECOND);
         let names = Names::builtin();
@@ -180,40 +473,100 @@ mod tests {
         assert!(r.get(orders, "1").is_none());
         let set = r
             .set(orders, "1", limited, 60 * SECOND, "ticket 7", "ops")
+            .await
             .unwrap();
         assert_eq!(r.get(orders, "1"), Some(set));
         assert!(
-            r.set(orders, "2", Policy::Denied, 0, "", "").is_err(),
+            r.set(orders, "2", Policy::Denied, 0, "", "").await.is_err(),
             "ttl 0"
         );
         assert!(r
             .set(orders, "2", Policy::Denied, 7_200 * SECOND, "", "")
+            .await
             .is_err());
         assert!(r
             .set(orders, "2", Policy::Denied, SECOND, &"c".repeat(201), "")
+            .await
             .is_err());
         r.set(orders, "2", Policy::Denied, 120 * SECOND, "", "")
+            .await
             .unwrap();
-        let full = r.set(orders, "3", Policy::Unlimited, 60 * SECOND, "", "");
-        assert!(full.unwrap_err().contains("--max-runtime-overrides"));
+        let full = r
+            .set(orders, "3", Policy::Unlimited, 60 * SECOND, "", "")
+            .await;
+        assert!(full
+            .unwrap_err()
+            .to_string()
+            .contains("--max-runtime-overrides"));
         // Replacing one in force is not a new one.
         r.set(orders, "2", Policy::Unlimited, 120 * SECOND, "", "")
+            .await
             .unwrap();
-        assert_eq!(r.list(None).len(), 2);
+        assert_eq!(r.list(&names, None).await.unwrap().len(), 2);
         clock.advance(61 * SECOND);
         assert!(r.get(orders, "1").is_none(), "expired");
-        assert_eq!(r.list(Some(orders.number)).len(), 1);
+        assert_eq!(r.list(&names, Some(orders.number)).await.unwrap().len(), 1);
         r.set(orders, "3", Policy::Unlimited, 60 * SECOND, "", "")
+            .await
             .unwrap();
-        assert!(r.clear(orders, "3"));
-        assert!(!r.clear(orders, "3"));
+        assert!(r.clear(orders, "3").await.unwrap());
+        assert!(!r.clear(orders, "3").await.unwrap());
         // Range-keyed names share one override per range.
         let v6 = names.get("NewRegistrationsPerIPv6Range").unwrap();
         let canonical = v6.format.canonicalize("2001:db8::1").unwrap();
-        r.clear(orders, "2");
+        r.clear(orders, "2").await.unwrap();
         r.set(v6, &canonical, Policy::Denied, 60 * SECOND, "", "")
+            .await
             .unwrap();
         let other = v6.format.canonicalize("2001:db8::2").unwrap();
         assert!(r.get(v6, &other).is_some());
+    }
+
+    #[test]
+    fn shared_records_read_back_only_when_they_are_overrides_of_ours() {
+        let names = Names::builtin();
+        let orders = names.get("NewOrdersPerAccount").unwrap();
+        let limit = Limit::new(5, 10, 60 * SECOND).unwrap();
+        let policies = [
+            Policy::Limited {
+                limit,
+                shadow: false,
+            },
+            Policy::Unlimited,
+            Policy::Denied,
+        ];
+        for policy in policies {
+            let record = record_of(orders, "42", policy, "ticket 7", "ops");
+            let field = format!("{}:42", orders.number);
+            let (number, read) = parse_record(&names, &field, &record).unwrap().unwrap();
+            assert_eq!(number, orders.number);
+            assert_eq!(
+                (read.policy, &*read.id, &*read.comment, &*read.author),
+                (policy, "42", "ticket 7", "ops")
+            );
+        }
+        let good = record_of(orders, "42", Policy::Denied, "", "");
+        let n = orders.number;
+        let bad = |field: &str, record: &str| parse_record(&names, field, record).unwrap_err();
+        assert!(bad(&format!("{n}:43"), &good).contains("field"));
+        assert!(bad(&format!("{n}:42"), "{").contains("not a record"));
+        assert!(bad(&format!("{n}:42"), &"x".repeat(MAX_RECORD + 1)).contains("longer"));
+        let twice = good.replace("\"unlimited\":false", "\"unlimited\":true");
+        assert!(bad(&format!("{n}:42"), &twice).contains("exactly one"));
+        let padded = good.replace("\"id\":\"42\"", "\"id\":\"042\"");
+        assert!(bad(&format!("{n}:042"), &padded).contains("canonical"));
+        let renumbered = good.replace(&format!("\"number\":{n}"), "\"number\":999");
+        assert!(bad("999:42", &renumbered).contains("number"));
+        let long = good.replace(
+            "\"comment\":\"\"",
+            &format!("\"comment\":\"{}\"", "c".repeat(201)),
+        );
+        assert!(bad(&format!("{n}:42"), &long).contains("comment"));
+        // A name this replica does not know is kept out quietly.
+        let other = good.replace("NewOrdersPerAccount", "NotHere");
+        assert_eq!(
+            parse_record(&names, &format!("{n}:42"), &other).unwrap(),
+            None
+        );
     }
 }

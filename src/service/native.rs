@@ -10,7 +10,7 @@ use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::names::Name;
-use crate::limits::runtime::{RuntimeOverride, RuntimeOverrides};
+use crate::limits::runtime::{policy_of, OverrideError, RuntimeOverride, RuntimeOverrides};
 use crate::metrics::Metrics;
 use crate::proto::v1 as pb;
 use crate::service::{count_decisions, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
@@ -88,6 +88,15 @@ fn named<'t>(table: &'t LimitTable, name: &str, id: &str) -> Result<(&'t Name, S
         .canonicalize_cow(id)
         .map_err(|e| invalid(format!("id: {e} (format {} of {name})", found.format)))?;
     Ok((found, canonical.into_owned()))
+}
+
+/// The status of a change to the temporary overrides that was not made.
+fn override_status(e: OverrideError) -> Status {
+    match e {
+        OverrideError::Invalid(message) => invalid(message),
+        full @ OverrideError::Full { .. } => Status::failed_precondition(full.to_string()),
+        shared @ OverrideError::Shared(_) => Status::unavailable(shared.to_string()),
+    }
 }
 
 fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::RuntimeOverride {
@@ -230,25 +239,14 @@ impl pb::admin_server::Admin for AdminService {
         let r = request.get_ref();
         let table = self.decider.limits();
         let (name, id) = named(&table, &r.name, &r.id)?;
-        let policy = match (r.unlimited, r.deny, r.period.as_ref()) {
-            (true, false, None) if r.burst == 0 && r.count == 0 => Policy::Unlimited,
-            (false, true, None) if r.burst == 0 && r.count == 0 => Policy::Denied,
-            (false, false, Some(period)) => {
-                let period = duration_nanos(period)
-                    .ok_or_else(|| invalid("period: out of range".to_string()))?;
-                let limit = Limit::new(r.burst, r.count, period)
-                    .map_err(|e| invalid(format!("burst, count, period: {e}")))?;
-                Policy::Limited {
-                    limit,
-                    shadow: false,
-                }
-            }
-            _ => {
-                return Err(invalid(
-                    "give exactly one of: burst, count and period; unlimited; deny".to_string(),
-                ))
-            }
+        let period = match r.period.as_ref() {
+            None => None,
+            Some(period) => Some(
+                duration_nanos(period)
+                    .ok_or_else(|| invalid("period: out of range".to_string()))?,
+            ),
         };
+        let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny).map_err(invalid)?;
         let ttl = r
             .ttl
             .as_ref()
@@ -256,7 +254,8 @@ impl pb::admin_server::Admin for AdminService {
             .ok_or_else(|| invalid("ttl: missing or out of range".to_string()))?;
         let entry = runtime
             .set(name, &id, policy, ttl, &r.comment, &r.author)
-            .map_err(invalid)?;
+            .await
+            .map_err(override_status)?;
         tracing::info!(
             name = %entry.name,
             id = %entry.id,
@@ -280,7 +279,7 @@ impl pb::admin_server::Admin for AdminService {
         let table = self.decider.limits();
         let r = request.get_ref();
         let (name, id) = named(&table, &r.name, &r.id)?;
-        let cleared = runtime.clear(name, &id);
+        let cleared = runtime.clear(name, &id).await.map_err(override_status)?;
         tracing::info!(name = %name.text, id = %id, cleared, "temporary override cleared");
         if cleared {
             self.count("clear");
@@ -305,7 +304,9 @@ impl pb::admin_server::Admin for AdminService {
             ),
         };
         let entries = runtime
-            .list(only)
+            .list(table.names(), only)
+            .await
+            .map_err(override_status)?
             .iter()
             .map(|e| runtime_override(runtime, e))
             .collect();

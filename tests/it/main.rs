@@ -29,4 +29,6 @@ mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
 mod runtime_overrides;
+#[cfg(feature = "redis")]
+mod shared_overrides;
 mod store_scenarios;

@@ -1,11 +1,13 @@
 //! The connection (standalone or cluster) and the one script call every operation makes,
 //! with its deadline, its breaker and the parsing of its reply.
 
+use std::time::Duration;
+
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::{RedisClock, RedisStore};
+use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
 use crate::store::{StoreError, StoreEvent};
 
@@ -17,6 +19,76 @@ pub(super) enum Connection {
         client: Box<redis::cluster::ClusterClient>,
         connection: OnceCell<ClusterConnection>,
     },
+}
+
+impl Connection {
+    /// A connection for `settings` whose calls are answered within `timeout`: made lazily
+    /// and re-made after failures. Fails only on unusable settings.
+    pub(super) fn open(
+        settings: &RedisSettings,
+        timeout: Duration,
+    ) -> Result<Connection, StoreError> {
+        let connect_timeout = timeout.max(Duration::from_millis(100));
+        if settings.cluster_nodes.is_empty() {
+            let url = settings.url.as_deref().ok_or_else(|| {
+                StoreError::Config("redis: no --redis-url or cluster nodes".into())
+            })?;
+            let client = redis::Client::open(url)
+                .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            let manager = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| store_error("connection", e))?;
+            Ok(Connection::Single(manager))
+        } else {
+            let client = redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
+                .connection_timeout(connect_timeout)
+                .response_timeout(timeout)
+                .retries(1)
+                .build()
+                .map_err(|e| StoreError::Config(format!("redis cluster nodes: {e}")))?;
+            Ok(Connection::Cluster {
+                client: Box::new(client),
+                connection: OnceCell::new(),
+            })
+        }
+    }
+
+    /// Runs `invocation` (a script call with its keys and arguments) once; `context` names
+    /// it in errors.
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        context: &'static str,
+    ) -> Result<T, StoreError> {
+        match self {
+            Connection::Single(manager) => {
+                let mut manager = manager.clone();
+                invocation
+                    .invoke_async::<T>(&mut manager)
+                    .await
+                    .map_err(|e| store_error(context, e))
+            }
+            Connection::Cluster { client, connection } => {
+                let mut conn = connection
+                    .get_or_try_init(|| async {
+                        client
+                            .get_async_connection()
+                            .await
+                            .map_err(|e| store_error("cluster connection", e))
+                    })
+                    .await?
+                    .clone();
+                invocation
+                    .invoke_async::<T>(&mut conn)
+                    .await
+                    .map_err(|e| store_error(context, e))
+            }
+        }
+    }
 }
 
 /// The operation a script call performs.
@@ -72,32 +144,11 @@ impl RedisStore {
         for arg in args {
             invocation.arg(arg);
         }
-        let result = tokio::time::timeout(self.settings.timeout, async {
-            match &self.connection {
-                Connection::Single(manager) => {
-                    let mut manager = manager.clone();
-                    invocation
-                        .invoke_async::<Vec<String>>(&mut manager)
-                        .await
-                        .map_err(|e| store_error(op.name(), e))
-                }
-                Connection::Cluster { client, connection } => {
-                    let mut conn = connection
-                        .get_or_try_init(|| async {
-                            client
-                                .get_async_connection()
-                                .await
-                                .map_err(|e| store_error("cluster connection", e))
-                        })
-                        .await?
-                        .clone();
-                    invocation
-                        .invoke_async::<Vec<String>>(&mut conn)
-                        .await
-                        .map_err(|e| store_error(op.name(), e))
-                }
-            }
-        })
+        let result = tokio::time::timeout(
+            self.settings.timeout,
+            self.connection
+                .invoke::<Vec<String>>(&invocation, op.name()),
+        )
         .await
         .unwrap_or_else(|_| {
             Err(StoreError::Timeout {

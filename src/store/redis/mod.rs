@@ -6,6 +6,10 @@
 //! reported decisions are then computed here by [`crate::gcra`], the same code the memory
 //! store runs, so the two stores answer identically for the same `now` and state.
 //!
+//! **Temporary overrides** (admin `SetOverride`) live in one hash, `<prefix>overrides`,
+//! reached over a second connection ([`RedisOverrides`]); every replica copies it into
+//! memory when it changes.
+//!
 //! Time comes from Redis `TIME` (replicas' clocks drift; the store's clock is the one they
 //! share), at microsecond resolution, or from cellrate's clock with [`RedisClock::Local`].
 //!
@@ -38,9 +42,13 @@ mod deny_cache;
 #[cfg(feature = "redis")]
 mod failure;
 #[cfg(feature = "redis")]
+mod overrides;
+#[cfg(feature = "redis")]
 mod store;
 
 #[cfg(feature = "redis")]
 pub use cluster::slot;
+#[cfg(feature = "redis")]
+pub use overrides::RedisOverrides;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;

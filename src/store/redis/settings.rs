@@ -53,6 +53,8 @@ pub struct RedisSettings {
     pub breaker_threshold: u32,
     /// How long an open breaker fails fast.
     pub breaker_cooldown: Duration,
+    /// How often a replica looks for changes of the temporary overrides in Redis.
+    pub override_sync: Duration,
 }
 
 impl Default for RedisSettings {
@@ -69,6 +71,7 @@ impl Default for RedisSettings {
             deny_cache: 0,
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(1),
+            override_sync: Duration::from_secs(1),
         }
     }
 }

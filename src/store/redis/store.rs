@@ -2,13 +2,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use redis::aio::ConnectionManager;
+use std::time::Instant;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
-use super::connection::{store_error, Connection, Op, Read};
+use super::connection::{Connection, Op, Read};
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::{FailurePolicy, RedisSettings};
 use crate::clock::Clock;
@@ -51,32 +49,7 @@ impl RedisStore {
         clock: Arc<dyn Clock>,
         observer: Arc<dyn StoreObserver>,
     ) -> Result<RedisStore, StoreError> {
-        let connection = if settings.cluster_nodes.is_empty() {
-            let url = settings.url.as_deref().ok_or_else(|| {
-                StoreError::Config("redis: no --redis-url or cluster nodes".into())
-            })?;
-            let client = redis::Client::open(url)
-                .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(100))))
-                .set_response_timeout(Some(settings.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(500));
-            let manager = ConnectionManager::new_lazy_with_config(client, config)
-                .map_err(|e| store_error("connection", e))?;
-            Connection::Single(manager)
-        } else {
-            let client = redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
-                .connection_timeout(settings.timeout.max(Duration::from_millis(100)))
-                .response_timeout(settings.timeout)
-                .retries(1)
-                .build()
-                .map_err(|e| StoreError::Config(format!("redis cluster nodes: {e}")))?;
-            Connection::Cluster {
-                client: Box::new(client),
-                connection: tokio::sync::OnceCell::new(),
-            }
-        };
+        let connection = Connection::open(&settings, settings.timeout)?;
         let breakers = if settings.cluster_nodes.is_empty() {
             1
         } else {

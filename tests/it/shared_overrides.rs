@@ -1,0 +1,366 @@
+//! Temporary overrides shared through Redis, end to end: `cellrate serve --store redis`
+//! processes on one real `redis-server`, driven by the `cellrate` CLI as an operator would.
+//! An override set on one replica applies on the others, survives their reloads, expires,
+//! is cleared from any replica, is counted against one shared bound, and reaches a replica
+//! started later; what Redis holds that is no override of ours is left out; with Redis gone
+//! the last copy stays in force and changes are refused.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::redis_server::RedisServer;
+use crate::common::{http_get, sample, serve_with, Process};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cellrate");
+const TOKEN: &str = "s3cret-admin-token";
+
+/// Limits that never refill during a test: 300 per 3 hours.
+fn config(dir: &Path, burst: u32) {
+    std::fs::write(
+        dir.join("defaults.yaml"),
+        format!("NewOrdersPerAccount: {{burst: {burst}, count: 300, period: 180m}}\n"),
+    )
+    .unwrap();
+}
+
+/// A replica on `redis` that looks for override changes every 100 ms, with an admin token.
+fn replica(dir: &Path, redis: &RedisServer, extra: &[&str]) -> Process {
+    let url = redis.url();
+    let mut flags = vec![
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "1000",
+        "--redis-override-sync-ms",
+        "100",
+        "--admin-token",
+        TOKEN,
+    ];
+    flags.extend_from_slice(extra);
+    serve_with(dir, &flags)
+}
+
+/// `cellrate ARGS` against `p`, with the admin token in the environment.
+fn cellrate(p: &Process, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .env("CELLRATE_ADDR", &p.listen)
+        .env("CELLRATE_ADMIN_ADDR", &p.admin)
+        .env("CELLRATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The exit code of `cellrate check NewOrdersPerAccount ID` on `p`: 0 allowed, 2 denied.
+fn check(p: &Process, id: &str) -> Option<i32> {
+    cellrate(p, &["check", "NewOrdersPerAccount", id])
+        .status
+        .code()
+}
+
+/// Runs `probe` every 50 ms for at most `within` until it returns `want`; the last value.
+fn poll<T: PartialEq + std::fmt::Debug>(within: Duration, want: T, probe: impl Fn() -> T) -> T {
+    let tries = within.as_millis() / 50;
+    let mut value = probe();
+    for _ in 0..tries {
+        if value == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        value = probe();
+    }
+    value
+}
+
+fn set(p: &Process, id: &str, policy: &[&str], ttl: &str) -> Output {
+    let mut args = vec!["admin", "override", "set", "NewOrdersPerAccount", id];
+    args.extend_from_slice(policy);
+    args.extend_from_slice(&["--ttl", ttl, "--comment", "ticket 12", "--author", "ops"]);
+    cellrate(p, &args)
+}
+
+/// The ids `cellrate admin override list` shows on each of `replicas`.
+fn listed(replicas: &[&Process]) -> Vec<Vec<String>> {
+    let addrs: Vec<&str> = replicas.iter().map(|p| p.admin.as_str()).collect();
+    let out = cellrate(
+        replicas[0],
+        &[
+            "admin",
+            "override",
+            "list",
+            "--json",
+            "--admin-addr",
+            &addrs.join(","),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["id"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+fn metric(p: &Process, series: &str) -> Option<f64> {
+    sample(&http_get(&p.metrics, "/metrics").1, series)
+}
+
+#[test]
+fn an_override_set_on_one_replica_applies_on_every_replica() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let a = replica(dir.path(), &redis, &[]);
+    let b = replica(dir.path(), &redis, &[]);
+    let wait = Duration::from_secs(10);
+
+    // Set on A: A applies it at once, B within its sync interval.
+    let out = set(&a, "42", &["--deny"], "30m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(check(&a, "42"), Some(2), "A applies its own change at once");
+    assert_eq!(
+        poll(wait, Some(2), || check(&b, "42")),
+        Some(2),
+        "B applies it"
+    );
+    assert_eq!(check(&b, "43"), Some(0), "only that id");
+
+    // B says where its limit comes from: the runtime override, who set it and why.
+    let out = cellrate(
+        &b,
+        &["admin", "inspect", "NewOrdersPerAccount", "42", "--json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let inspected: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let source = &inspected["source"];
+    assert_eq!(source["kind"], "runtime_override", "{inspected}");
+    assert_eq!(source["author"], "ops");
+    assert_eq!(source["comment"], "ticket 12");
+
+    // Every replica lists it (each from Redis).
+    assert_eq!(listed(&[&a, &b]), [["42"], ["42"]]);
+
+    // A limit replaces nothing but itself: set a limit of 1 on id 7 on B; A spends it.
+    let out = set(
+        &b,
+        "7",
+        &["--burst", "1", "--count", "1", "--period", "1h"],
+        "30m",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        poll(wait, vec!["42".to_string(), "7".to_string()], || listed(&[
+            &a
+        ])[0]
+            .clone()),
+        ["42", "7"]
+    );
+    assert_eq!(check(&a, "7"), Some(0));
+    assert_eq!(check(&a, "7"), Some(2), "A decides with B's override of 1");
+
+    // A reload (the defaults change on disk) leaves the overrides in force on every replica.
+    let reloads = |p: &Process| metric(p, "cellrate_config_reloads_total{result=\"success\"}");
+    let before = (reloads(&a), reloads(&b));
+    config(dir.path(), 299);
+    for (p, was) in [(&a, before.0), (&b, before.1)] {
+        let now = poll(wait, true, || reloads(p) > was);
+        assert!(now, "the replica reloaded");
+        assert_eq!(check(p, "42"), Some(2), "still denied after the reload");
+    }
+
+    // Cleared on B: A stops applying it.
+    let out = cellrate(
+        &b,
+        &["admin", "override", "clear", "NewOrdersPerAccount", "42"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(poll(wait, Some(0), || check(&a, "42")), Some(0), "A let go");
+    assert_eq!(check(&b, "42"), Some(0));
+
+    // A replica started later finds the override in force at start.
+    let c = replica(dir.path(), &redis, &[]);
+    assert_eq!(
+        poll(wait, vec!["7".to_string()], || listed(&[&c])[0].clone()),
+        ["7"]
+    );
+    assert_eq!(check(&c, "7"), Some(2), "C applies B's limit, spent by A");
+}
+
+#[test]
+fn shared_overrides_expire_on_every_replica() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let bound = ["--max-runtime-overrides", "1"];
+    let a = replica(dir.path(), &redis, &bound);
+    let b = replica(dir.path(), &redis, &bound);
+    let out = set(&a, "9", &["--deny"], "2s");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let wait = Duration::from_secs(10);
+    assert_eq!(
+        poll(wait, Some(2), || check(&b, "9")),
+        Some(2),
+        "B applies it"
+    );
+    // Then, with no further change in Redis, both let it go when it expires.
+    assert_eq!(
+        poll(wait, Some(0), || check(&b, "9")),
+        Some(0),
+        "expired on B"
+    );
+    assert_eq!(check(&a, "9"), Some(0), "expired on A");
+    assert_eq!(listed(&[&a, &b]), [Vec::<String>::new(), Vec::new()]);
+    // Its place is free again: with a bound of 1, a new one fits.
+    let out = set(&b, "10", &["--deny"], "1m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn the_bound_on_overrides_is_shared_by_the_replicas() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let bound = ["--max-runtime-overrides", "2"];
+    let a = replica(dir.path(), &redis, &bound);
+    let b = replica(dir.path(), &redis, &bound);
+    for (p, id) in [(&a, "1"), (&b, "2")] {
+        let out = set(p, id, &["--deny"], "10m");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    // The third is refused on A, which set only one: Redis counts every replica's.
+    let out = set(&a, "3", &["--deny"], "10m");
+    assert_eq!(out.status.code(), Some(65), "{}", text(&out));
+    assert!(
+        text(&out).contains("2 temporary overrides are in force"),
+        "{}",
+        text(&out)
+    );
+    // Replacing one in force is no new one.
+    let out = set(&a, "2", &["--unlimited"], "10m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(listed(&[&a, &b]), [["1", "2"], ["1", "2"]]);
+    assert_eq!(check(&a, "3"), Some(0), "the refused one changed nothing");
+}
+
+#[test]
+fn what_redis_holds_that_is_no_override_is_left_out() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let a = replica(dir.path(), &redis, &[]);
+    let out = set(&a, "5", &["--deny"], "10m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let key = "cellrate:overrides";
+    let held = redis.cli(&["HGET", key, "3:5"]).unwrap();
+    let (expires, record) = held.trim_end().split_once(' ').unwrap();
+    // Whoever can write to Redis writes junk beside it, and bumps the version.
+    let bad_id = record.replace("\"id\":\"5\"", "\"id\":\"x\"");
+    let unknown = record.replace("NewOrdersPerAccount", "NotAName");
+    let long = record.replace(
+        "\"comment\":\"ticket 12\"",
+        &format!("\"comment\":\"{}\"", "c".repeat(5_000)),
+    );
+    let junk = [
+        ("3:6", "no expiry".to_string()),
+        ("3:7", format!("{expires} not json")),
+        ("3:x", format!("{expires} {bad_id}")),
+        ("3:5x", format!("{expires} {record}")),
+        ("3:8", format!("{expires} {long}")),
+        ("3:9", format!("{expires} {unknown}")),
+        ("3:10", format!("{expires} {}", "[".repeat(100_000))),
+    ];
+    for (field, value) in &junk {
+        assert!(redis.cli(&["HSET", key, field, value]).is_some());
+    }
+    assert!(redis.cli(&["HSET", key, "version", "1"]).is_some());
+    // The replica copies the table again, applies only what is an override of ours, and
+    // keeps serving.
+    let wait = Duration::from_secs(10);
+    let b = replica(dir.path(), &redis, &[]);
+    assert_eq!(
+        poll(wait, vec![vec!["5".to_string()]], || listed(&[&b])),
+        [["5"]]
+    );
+    assert_eq!(listed(&[&a]), [["5"]]);
+    assert_eq!(check(&b, "5"), Some(2));
+    for id in ["6", "7", "8", "9", "10"] {
+        assert_eq!(check(&b, id), Some(0), "junk under 3:{id} applied");
+    }
+    // The operator's own commands still work beside it: a new override, then clearing one.
+    let out = set(&b, "11", &["--deny"], "10m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(poll(wait, Some(2), || check(&a, "11")), Some(2));
+    let out = cellrate(
+        &a,
+        &["admin", "override", "clear", "NewOrdersPerAccount", "5"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(poll(wait, Some(0), || check(&b, "5")), Some(0));
+}
+
+#[test]
+fn without_redis_the_last_copy_stays_in_force_and_changes_are_refused() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    // Decisions fail open here, so that a check still answers with Redis gone.
+    let a = replica(dir.path(), &redis, &["--redis-failure-policy", "allow"]);
+    let out = set(&a, "21", &["--deny"], "10m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    redis.kill();
+    let failures = "cellrate_runtime_override_sync_failures_total";
+    let failed = poll(Duration::from_secs(10), true, || {
+        metric(&a, failures).is_some_and(|n| n >= 1.0)
+    });
+    assert!(failed, "the failed copies are counted");
+    assert_eq!(check(&a, "21"), Some(2), "the last copy is in force");
+    assert_eq!(check(&a, "22"), Some(0), "failing open for the rest");
+    for args in [
+        vec![
+            "admin",
+            "override",
+            "set",
+            "NewOrdersPerAccount",
+            "23",
+            "--deny",
+            "--ttl",
+            "1m",
+        ],
+        vec!["admin", "override", "clear", "NewOrdersPerAccount", "21"],
+        vec!["admin", "override", "list"],
+    ] {
+        let out = cellrate(&a, &args);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("shared through redis"),
+            "{}",
+            text(&out)
+        );
+    }
+    assert_eq!(check(&a, "21"), Some(2), "a refused clear changed nothing");
+    assert_eq!(check(&a, "23"), Some(0), "a refused set changed nothing");
+}
