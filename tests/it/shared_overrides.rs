@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{RedisCluster, RedisServer};
 use crate::common::{http_get, sample, serve_with, Process};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cellrate");
@@ -28,19 +28,21 @@ fn config(dir: &Path, burst: u32) {
 
 /// A replica on `redis` that looks for override changes every 100 ms, with an admin token.
 fn replica(dir: &Path, redis: &RedisServer, extra: &[&str]) -> Process {
-    let url = redis.url();
-    let mut flags = vec![
-        "--store",
-        "redis",
-        "--redis-url",
-        &url,
+    replica_on(dir, &["--redis-url", &redis.url()], extra)
+}
+
+/// As [`replica`], on the Redis that `store` flags name.
+fn replica_on(dir: &Path, store: &[&str], extra: &[&str]) -> Process {
+    let mut flags = vec!["--store", "redis"];
+    flags.extend_from_slice(store);
+    flags.extend_from_slice(&[
         "--redis-timeout-ms",
         "1000",
         "--redis-override-sync-ms",
         "100",
         "--admin-token",
         TOKEN,
-    ];
+    ]);
     flags.extend_from_slice(extra);
     serve_with(dir, &flags)
 }
@@ -218,7 +220,7 @@ fn shared_overrides_expire_on_every_replica() {
     let bound = ["--max-runtime-overrides", "1"];
     let a = replica(dir.path(), &redis, &bound);
     let b = replica(dir.path(), &redis, &bound);
-    let out = set(&a, "9", &["--deny"], "2s");
+    let out = set(&a, "9", &["--deny"], "4s");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let wait = Duration::from_secs(10);
     assert_eq!(
@@ -363,4 +365,29 @@ fn without_redis_the_last_copy_stays_in_force_and_changes_are_refused() {
     }
     assert_eq!(check(&a, "21"), Some(2), "a refused clear changed nothing");
     assert_eq!(check(&a, "23"), Some(0), "a refused set changed nothing");
+}
+
+#[test]
+fn overrides_are_shared_on_a_redis_cluster_too() {
+    let cluster = RedisCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let nodes = cluster.urls().join(",");
+    let store = ["--redis-cluster-nodes", nodes.as_str()];
+    let a = replica_on(dir.path(), &store, &[]);
+    let b = replica_on(dir.path(), &store, &[]);
+    let out = set(&a, "31", &["--deny"], "10m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let wait = Duration::from_secs(10);
+    assert_eq!(
+        poll(wait, Some(2), || check(&b, "31")),
+        Some(2),
+        "B applies it"
+    );
+    let out = cellrate(
+        &b,
+        &["admin", "override", "clear", "NewOrdersPerAccount", "31"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(poll(wait, Some(0), || check(&a, "31")), Some(0), "A let go");
 }
