@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +31,7 @@ use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::rpc_metrics::RpcMetricsLayer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminElsewhere, AdminService, RateLimiterService};
+use crate::service::rlqs::RlqsService;
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
 use crate::store::measured::MeasuredStore;
 use crate::store::redis::RedisSettings;
@@ -49,6 +51,8 @@ pub struct Settings {
     /// Temporary overrides: at most this many in force, each for at most this long.
     pub max_runtime_overrides: usize,
     pub max_override_ttl: crate::clock::Nanos,
+    /// Envoy's RLQS on the decision listener: bounds and timings.
+    pub rlqs: crate::service::rlqs::RlqsSettings,
     /// How often expired buckets are swept from the memory store.
     pub sweep_interval: Duration,
     /// After SIGTERM, how long health reports NOT_SERVING while requests are still served
@@ -168,6 +172,7 @@ impl Default for Settings {
             caller: CallerLimits::default(),
             max_runtime_overrides: 10_000,
             max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
+            rlqs: crate::service::rlqs::RlqsSettings::default(),
             sweep_interval: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
             grace: Duration::from_secs(10),
@@ -502,7 +507,8 @@ async fn serve(
     ];
     let admin_services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
 
-    // Both gRPC servers stop accepting when `stop_servers` is cancelled.
+    // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams end
+    // then too (Envoys reconnect to another replica).
     let stop_servers = CancellationToken::new();
 
     let mut decisions_server = server_limits.grpc_server();
@@ -537,6 +543,15 @@ async fn serve(
                 decider.clone(),
                 settings.envoy,
                 metrics.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimitQuotaServiceServer::new(RlqsService::new(
+                decider.clone(),
+                metrics.clone(),
+                settings.rlqs,
+                stop_servers.clone(),
             ))
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )

@@ -361,6 +361,31 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_OVERRIDE_TTL", default_value = "7d", value_parser = parse_period)]
     pub max_override_ttl: i64,
 
+    /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
+    #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = 1_024)]
+    pub rlqs_max_streams: usize,
+
+    /// Envoy RLQS buckets tracked over every stream, at most (more get no assignment).
+    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
+    pub rlqs_max_buckets: usize,
+
+    /// Envoy RLQS buckets tracked per stream, at most.
+    #[arg(
+        long,
+        env = "CELLRATE_RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    pub rlqs_max_buckets_per_stream: usize,
+
+    /// Lifetime of an RLQS assignment in Envoy, in seconds.
+    #[arg(long, env = "CELLRATE_RLQS_ASSIGNMENT_TTL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub rlqs_assignment_ttl_seconds: u64,
+
+    /// An RLQS stream silent this long is ended, and a bucket without requests this long is
+    /// abandoned, in seconds.
+    #[arg(long, env = "CELLRATE_RLQS_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub rlqs_idle_seconds: u64,
+
     /// Percent of --max-buckets that buckets under caller-given limits may hold.
     #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub caller_limit_bucket_share: u8,

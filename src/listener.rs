@@ -453,7 +453,7 @@ pin_project_lite::pin_project! {
     /// A request body that fails with INVALID_ARGUMENT when a unary call carries a second
     /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
     /// byte, a 4-byte length, the message) across data frames without buffering.
-    /// Streaming calls (server reflection) pass through unchecked.
+    /// Streaming calls (server reflection, RLQS) pass through unchecked.
     pub struct OneMessage<B> {
         #[pin]
         inner: B,
@@ -468,8 +468,10 @@ pin_project_lite::pin_project! {
 
 impl<B> OneMessage<B> {
     fn wrap(request: http::Request<B>) -> http::Request<OneMessage<B>> {
-        // Every cellrate and Envoy RPC is unary in its request; reflection streams.
-        let unary = !request.uri().path().starts_with("/grpc.reflection.");
+        // Every cellrate and Envoy RPC is unary in its request; reflection and RLQS stream.
+        let path = request.uri().path();
+        let unary = !path.starts_with("/grpc.reflection.")
+            && !path.starts_with("/envoy.service.rate_limit_quota.");
         request.map(|inner| OneMessage {
             inner,
             unary,

@@ -223,6 +223,13 @@ async fn serve_async(
         },
         max_runtime_overrides: args.max_runtime_overrides,
         max_override_ttl: args.max_override_ttl,
+        rlqs: cellrate::service::rlqs::RlqsSettings {
+            max_streams: args.rlqs_max_streams,
+            max_buckets: args.rlqs_max_buckets,
+            max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
+            assignment_ttl: Duration::from_secs(args.rlqs_assignment_ttl_seconds),
+            idle: Duration::from_secs(args.rlqs_idle_seconds),
+        },
         grace: Duration::from_secs(args.grace_seconds),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
         reload: Some(cellrate::limits::reload::ReloadSettings {

@@ -48,6 +48,12 @@ pub struct Metrics {
     pub swept_buckets: IntCounter,
     reloads: IntCounterVec,
     runtime_overrides: IntCounterVec,
+    /// RLQS streams open, and buckets tracked over them.
+    pub rlqs_streams: IntGauge,
+    pub rlqs_buckets: IntGauge,
+    rlqs_actions: IntCounterVec,
+    rlqs_refusals: IntCounterVec,
+    rlqs_requests: IntCounterVec,
     /// Copies of the temporary overrides shared through Redis that failed.
     pub override_sync_failures: IntCounter,
     store_fallbacks: IntCounterVec,
@@ -185,6 +191,34 @@ impl Metrics {
                 "Temporary overrides set and cleared through the admin API, by action.",
                 &["action"],
             ),
+            rlqs_streams: registered(
+                r,
+                IntGauge::new("cellrate_rlqs_streams", "Envoy RLQS streams open.")
+                    .expect("valid gauge"),
+            ),
+            rlqs_buckets: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_rlqs_buckets",
+                    "Envoy RLQS buckets tracked, over every stream.",
+                )
+                .expect("valid gauge"),
+            ),
+            rlqs_actions: counter_vec(
+                "cellrate_rlqs_actions_total",
+                "RLQS actions sent to Envoy, by action (token_bucket, allow_all, deny_all, abandon, pushed).",
+                &["action"],
+            ),
+            rlqs_refusals: counter_vec(
+                "cellrate_rlqs_refusals_total",
+                "RLQS streams and buckets refused, by reason (too_many_streams, too_many_buckets, invalid, slow_reader).",
+                &["reason"],
+            ),
+            rlqs_requests: counter_vec(
+                "cellrate_rlqs_reported_requests_total",
+                "Requests Envoys reported over RLQS, by limit name and result (allowed, denied).",
+                &["limit", "result"],
+            ),
             override_sync_failures: registered(
                 r,
                 IntCounter::new(
@@ -229,7 +263,42 @@ impl Metrics {
         for action in ["set", "clear"] {
             metrics.runtime_overrides.with_label_values(&[action]);
         }
+        for action in ["token_bucket", "allow_all", "deny_all", "abandon", "pushed"] {
+            metrics.rlqs_actions.with_label_values(&[action]);
+        }
+        for reason in [
+            "too_many_streams",
+            "too_many_buckets",
+            "invalid",
+            "slow_reader",
+        ] {
+            metrics.rlqs_refusals.with_label_values(&[reason]);
+        }
         metrics
+    }
+
+    /// Counts one RLQS action sent.
+    pub fn rlqs_action(&self, action: &str) {
+        self.rlqs_actions.with_label_values(&[action]).inc();
+    }
+
+    /// Counts one RLQS stream or bucket refused.
+    pub fn rlqs_refused(&self, reason: &str) {
+        self.rlqs_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts requests an Envoy reported for `limit`.
+    pub fn rlqs_reported(&self, limit: &str, allowed: u64, denied: u64) {
+        if allowed > 0 {
+            self.rlqs_requests
+                .with_label_values(&[limit, "allowed"])
+                .inc_by(allowed);
+        }
+        if denied > 0 {
+            self.rlqs_requests
+                .with_label_values(&[limit, "denied"])
+                .inc_by(denied);
+        }
     }
 
     /// Counts one decided item: `result` is a label of [`crate::service::outcome`].

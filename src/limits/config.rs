@@ -8,6 +8,7 @@
 //! | `names.yaml` | user-declared names: `Name: {number, format, description}` |
 //! | `defaults.yaml` | `Name: {burst, count, period}`, one per name |
 //! | `descriptors.yaml` | Envoy descriptor rules per domain (see [`crate::limits::descriptors`]) |
+//! | `quota.yaml` | Envoy RLQS bucket-id rules per domain: as `descriptors.yaml`, keys in any order |
 //! | `overrides*.yaml` | a list of `- Name: {burst, count, period, ids: [...]}`, or `unlimited: true` / `deny: true` instead of the three numbers |
 //!
 //! Loading is a pure function of the files' contents ([`LimitTable::from_files`]), so a
@@ -144,6 +145,8 @@ pub struct LimitTable {
     /// Where overrides were set: one per override entry, plus one per commented id.
     override_sources: Vec<Source>,
     descriptors: DescriptorRules,
+    /// RLQS bucket-id rules (`quota.yaml`): keys matched as a set.
+    quota: DescriptorRules,
     version: String,
 }
 
@@ -155,6 +158,7 @@ impl LimitTable {
             policies: ConfigMap::default(),
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
+            quota: DescriptorRules::default(),
             version: content_version(&[]),
         }
     }
@@ -183,7 +187,7 @@ impl LimitTable {
                     file: short(file),
                     entry: None,
                     reason: "unknown limits file: expected names.yaml, defaults.yaml, \
-                             overrides*.yaml or descriptors.yaml"
+                             overrides*.yaml, descriptors.yaml or quota.yaml"
                         .to_string(),
                 }),
             }
@@ -195,6 +199,7 @@ impl LimitTable {
             policies: ConfigMap::default(),
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
+            quota: DescriptorRules::default(),
             version: content_version(files),
         };
         // Where each override id was set, to name both places of a duplicate.
@@ -228,6 +233,13 @@ impl LimitTable {
                 FileKind::Descriptors => match parse::<BTreeMap<String, RawDomain>>(text) {
                     Ok(raw) => {
                         table.descriptors = DescriptorRules::build(raw, &table.names, &mut report)
+                    }
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Quota => match parse::<BTreeMap<String, RawDomain>>(text) {
+                    Ok(raw) => {
+                        table.quota =
+                            DescriptorRules::build_unordered(raw, &table.names, &mut report)
                     }
                     Err(reason) => report(None, reason),
                 },
@@ -432,6 +444,11 @@ impl LimitTable {
         &self.descriptors
     }
 
+    /// The RLQS bucket-id rules (`quota.yaml`).
+    pub fn quota(&self) -> &DescriptorRules {
+        &self.quota
+    }
+
     /// The default limit of `name`, if any.
     pub fn default_limit(&self, name: &Name) -> Option<Limit> {
         match self.policies.get(&name.number).and_then(|p| p.default) {
@@ -458,6 +475,7 @@ enum FileKind {
     Defaults,
     Overrides,
     Descriptors,
+    Quota,
 }
 
 impl FileKind {
@@ -469,6 +487,7 @@ impl FileKind {
             "names" => Some(FileKind::Names),
             "defaults" => Some(FileKind::Defaults),
             "descriptors" => Some(FileKind::Descriptors),
+            "quota" => Some(FileKind::Quota),
             _ if stem.starts_with("overrides") => Some(FileKind::Overrides),
             _ => None,
         }

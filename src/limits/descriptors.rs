@@ -162,6 +162,26 @@ impl DescriptorRules {
         names: &Names,
         report: &mut impl FnMut(Option<String>, String),
     ) -> DescriptorRules {
+        DescriptorRules::build_as(raw, names, report, false)
+    }
+
+    /// As [`DescriptorRules::build`], for entries whose keys form a set (Envoy RLQS bucket
+    /// ids, which are maps): a rule matches whatever the order of its keys, and
+    /// [`DescriptorRules::map`] must be given entries sorted by key.
+    pub(crate) fn build_unordered(
+        raw: BTreeMap<String, RawDomain>,
+        names: &Names,
+        report: &mut impl FnMut(Option<String>, String),
+    ) -> DescriptorRules {
+        DescriptorRules::build_as(raw, names, report, true)
+    }
+
+    fn build_as(
+        raw: BTreeMap<String, RawDomain>,
+        names: &Names,
+        report: &mut impl FnMut(Option<String>, String),
+        unordered: bool,
+    ) -> DescriptorRules {
         let mut rules = DescriptorRules::default();
         for (domain, raw_domain) in raw {
             if domain.is_empty() {
@@ -175,7 +195,7 @@ impl DescriptorRules {
             let mut built = Vec::new();
             for (index, rule) in raw_rules.into_iter().enumerate() {
                 let at = Some(format!("{domain} rule {}", index + 1));
-                match DescriptorRule::build(rule, names) {
+                match DescriptorRule::build(rule, names, unordered) {
                     Ok(rule) => built.push(rule),
                     Err(reason) => report(at, reason),
                 }
@@ -246,7 +266,7 @@ impl DescriptorRules {
 }
 
 impl DescriptorRule {
-    fn build(raw: RawRule, names: &Names) -> Result<DescriptorRule, String> {
+    fn build(raw: RawRule, names: &Names, unordered: bool) -> Result<DescriptorRule, String> {
         if raw.entries.is_empty() {
             return Err("match lists no entries".to_string());
         }
@@ -262,6 +282,9 @@ impl DescriptorRule {
                 key: entry.key,
                 value: entry.value,
             });
+        }
+        if unordered {
+            entries.sort_by(|a, b| a.key.cmp(&b.key));
         }
         if raw.limits.is_empty() {
             return Err("limits lists no names".to_string());

@@ -21,6 +21,8 @@ mod caller_limits;
 pub mod envoy;
 mod errors;
 pub mod native;
+pub mod quota_book;
+pub mod rlqs;
 
 pub use caller_limits::CallerLimits;
 pub use errors::{store_unavailable, DecideError, Invalid};
@@ -223,6 +225,23 @@ impl Decider {
         self.caller
     }
 
+    /// The policy for `canonical_id` under `name`: a temporary override, else `table`'s.
+    pub fn policy(
+        &self,
+        table: &LimitTable,
+        name: &crate::limits::names::Name,
+        canonical_id: &str,
+    ) -> Option<Policy> {
+        match self
+            .runtime
+            .as_ref()
+            .and_then(|r| r.get(name, canonical_id))
+        {
+            Some(temporary) => Some(temporary.policy),
+            None => table.policy(name, canonical_id),
+        }
+    }
+
     /// The limits in force. Take one snapshot per request, so that a reload never splits
     /// a request.
     pub fn limits(&self) -> Arc<LimitTable> {
@@ -309,11 +328,7 @@ impl Decider {
                             continue;
                         }
                     };
-                    let runtime = self.runtime.as_ref().and_then(|r| r.get(found, &canonical));
-                    let policy = match runtime {
-                        Some(temporary) => Some(temporary.policy),
-                        None => table.policy(found, &canonical),
-                    };
+                    let policy = self.policy(table, found, &canonical);
                     let key = match item.limit {
                         // The caller's limit on a configured name: a bucket of its own.
                         Some(given) => BucketKey::caller_given(

@@ -28,6 +28,7 @@ mod python_envoy;
 mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
+mod rlqs;
 mod runtime_overrides;
 #[cfg(feature = "redis")]
 mod shared_overrides;

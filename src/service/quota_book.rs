@@ -1,0 +1,639 @@
+//! The arithmetic of Envoy's Rate Limit Quota Service (RLQS): who reports demand for which
+//! limit, and what share of the limit each reporter gets. Pure (no I/O, time given), so
+//! that the division is tested on its own; [`super::rlqs`] serves it over gRPC.
+//!
+//! **Units.** A reporter is one bucket of one stream (an Envoy's filter reports each of its
+//! buckets). A bucket maps to one or more limit keys (`"<number>:<id>"`); several buckets,
+//! of one stream or of many, may map to one key, and then share its limit.
+//!
+//! **Division.** Each reporter's demand is its offered load (allowed + denied per second,
+//! smoothed over two reports), capped at the limit's rate. A reporter of a key shared by
+//! `n` gets the fraction `FLOOR / n + (1 - FLOOR) * demand / total demand` of the limit's
+//! rate and burst (`1 / n` while nobody reports demand); with several keys, the most
+//! restrictive share applies. The fractions of one key add up to 1, so the rates handed out
+//! never add up to more than the limit's rate once every reporter has had its new share.
+//!
+//! **Hysteresis.** Envoy keeps a token bucket (and the tokens in it) only while the
+//! assignment repeats exactly; a changed assignment starts a new, full bucket. So a
+//! reporter keeps its previous share while that is at most the new one and no more than
+//! [`HYSTERESIS`] below it: changes that would only refill buckets are not sent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::SECOND;
+use crate::gcra::Limit;
+
+/// Share of a key that every reporter of it gets whatever its demand.
+pub const FLOOR: f64 = 0.1;
+/// How far below the new share a previous share may be and still be kept.
+pub const HYSTERESIS: f64 = 0.1;
+/// Fill intervals offered to Envoy, in seconds (Envoy reads whole seconds only).
+const FILL_SECONDS: [u32; 6] = [1, 10, 60, 600, 3_600, 86_400];
+
+/// What a bucket is told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    AllowAll,
+    DenyAll,
+    /// Envoy's token bucket: `max_tokens`, refilled at `tokens_per_fill / fill_seconds`
+    /// per second (continuously).
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_seconds: u32,
+    },
+}
+
+impl Strategy {
+    /// Requests per second this strategy admits in the long run (`inf` for allow-all).
+    pub fn rate(&self) -> f64 {
+        match *self {
+            Strategy::AllowAll => f64::INFINITY,
+            Strategy::DenyAll => 0.0,
+            Strategy::TokenBucket {
+                tokens_per_fill,
+                fill_seconds,
+                ..
+            } => f64::from(tokens_per_fill) / f64::from(fill_seconds),
+        }
+    }
+
+    /// The token bucket for `fraction` of `limit`: never a faster rate nor a larger burst
+    /// than the fraction (rounded down), but at least one token held, and one token a day.
+    pub fn share(limit: &Limit, fraction: f64) -> Strategy {
+        let fraction = fraction.clamp(0.0, 1.0);
+        let rate = per_second(limit) * fraction;
+        let max_tokens = ((limit.burst() as f64 * fraction).floor()).clamp(1.0, u32::MAX as f64);
+        // The shortest interval that expresses the rate to 1 % (100 tokens a fill or more).
+        let (mut tokens, mut seconds) = (0.0, FILL_SECONDS[FILL_SECONDS.len() - 1]);
+        for s in FILL_SECONDS {
+            tokens = (rate * f64::from(s)).floor();
+            seconds = s;
+            if tokens >= 100.0 {
+                break;
+            }
+        }
+        Strategy::TokenBucket {
+            max_tokens: max_tokens as u32,
+            tokens_per_fill: tokens.clamp(1.0, u32::MAX as f64) as u32,
+            fill_seconds: seconds,
+        }
+    }
+
+    /// The more restrictive of two strategies (the lower rate; then the smaller burst).
+    fn stricter(self, other: Strategy) -> Strategy {
+        let burst = |s: &Strategy| match s {
+            Strategy::TokenBucket { max_tokens, .. } => *max_tokens,
+            Strategy::AllowAll => u32::MAX,
+            Strategy::DenyAll => 0,
+        };
+        let (a, b) = ((self.rate(), burst(&self)), (other.rate(), burst(&other)));
+        if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// Where a bucket leads, as the limits in force say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// No rule (and no convention) maps it.
+    Unmatched,
+    /// Allowed without limit (allow list, no configured limit, shadow mode).
+    Allow,
+    /// Denied for good (deny list, an invalid id in a domain that denies them).
+    Deny,
+    /// Limited: each key with its limit.
+    Limits(Vec<(Arc<str>, Limit)>),
+}
+
+/// What to tell a bucket after its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Assign(Strategy),
+    /// Forget the bucket: idle too long, or its rule is gone.
+    Abandon,
+    /// Nothing: a bound is reached (Envoy applies its no-assignment behaviour).
+    Refused,
+}
+
+/// What a report leads to: the answer for the reporting bucket, and the lower shares to
+/// push to other streams' buckets (stream, bucket, strategy).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reported {
+    pub action: Action,
+    pub pushes: Vec<(u64, Arc<str>, Strategy)>,
+}
+
+impl From<Action> for Reported {
+    fn from(action: Action) -> Reported {
+        Reported {
+            action,
+            pushes: Vec::new(),
+        }
+    }
+}
+
+/// Bounds on what the book tracks.
+#[derive(Debug, Clone, Copy)]
+pub struct BookBounds {
+    pub max_buckets: usize,
+    pub max_buckets_per_stream: usize,
+    /// A bucket that reported no request for this long is abandoned.
+    pub idle: Duration,
+}
+
+/// One bucket of one stream.
+#[derive(Debug)]
+struct Tracked {
+    keys: Vec<(Arc<str>, Limit)>,
+    /// Requests per second, smoothed; `None` before the second report.
+    demand: Option<f64>,
+    last_report: Instant,
+    last_active: Instant,
+    sent: Option<Strategy>,
+    /// Whether a rule mapped it when it was last resolved.
+    matched: bool,
+}
+
+type Member = (u64, Arc<str>);
+
+/// Every stream's buckets and every key's reporters.
+#[derive(Debug)]
+pub struct QuotaBook {
+    bounds: BookBounds,
+    streams: HashMap<u64, HashMap<Arc<str>, Tracked>>,
+    /// key -> reporter -> its demand (capped at the key's rate).
+    keys: HashMap<Arc<str>, HashMap<Member, f64>>,
+    tracked: usize,
+}
+
+impl QuotaBook {
+    pub fn new(bounds: BookBounds) -> QuotaBook {
+        QuotaBook {
+            bounds,
+            streams: HashMap::new(),
+            keys: HashMap::new(),
+            tracked: 0,
+        }
+    }
+
+    /// Buckets tracked, over every stream.
+    pub fn tracked(&self) -> usize {
+        self.tracked
+    }
+
+    /// Reporters of `key` (for tests and introspection).
+    pub fn reporters(&self, key: &str) -> usize {
+        self.keys.get(key).map_or(0, HashMap::len)
+    }
+
+    /// A report of `requests` (allowed + denied) for `bucket` of `stream`, which
+    /// `resolution` maps, at `now`: what to tell the bucket.
+    pub fn report(
+        &mut self,
+        stream: u64,
+        bucket: &Arc<str>,
+        resolution: Resolution,
+        requests: u64,
+        now: Instant,
+    ) -> Reported {
+        let buckets = self.streams.entry(stream).or_default();
+        if !buckets.contains_key(bucket) {
+            if self.tracked >= self.bounds.max_buckets
+                || buckets.len() >= self.bounds.max_buckets_per_stream
+            {
+                return Action::Refused.into();
+            }
+            buckets.insert(
+                bucket.clone(),
+                Tracked {
+                    keys: Vec::new(),
+                    demand: None,
+                    last_report: now,
+                    last_active: now,
+                    sent: None,
+                    matched: resolution != Resolution::Unmatched,
+                },
+            );
+            self.tracked += 1;
+        }
+        let tracked = buckets.get_mut(bucket).expect("inserted above");
+        // Demand: this report's requests over the time since the last one.
+        let elapsed = now.saturating_duration_since(tracked.last_report);
+        if requests > 0 {
+            tracked.last_active = now;
+        }
+        let seconds = elapsed.as_secs_f64();
+        if seconds > 0.0 {
+            let instant = requests as f64 / seconds;
+            tracked.demand = Some(tracked.demand.map_or(instant, |d| (d + instant) / 2.0));
+            tracked.last_report = now;
+        }
+        let idle = now.saturating_duration_since(tracked.last_active) >= self.bounds.idle;
+        let rule_gone = tracked.matched && resolution == Resolution::Unmatched;
+        if idle || rule_gone {
+            self.forget(stream, bucket);
+            return Action::Abandon.into();
+        }
+        tracked.matched = resolution != Resolution::Unmatched;
+        let (keys, blanket) = match resolution {
+            Resolution::Limits(keys) if !keys.is_empty() => (keys, None),
+            Resolution::Deny => (Vec::new(), Some(Strategy::DenyAll)),
+            _ => (Vec::new(), Some(Strategy::AllowAll)),
+        };
+        // Keys it no longer maps to (a reload) lose it as a reporter.
+        let member: Member = (stream, bucket.clone());
+        let old = std::mem::replace(&mut tracked.keys, keys.clone());
+        let demand = tracked.demand.unwrap_or(0.0);
+        for (key, _) in &old {
+            if !keys.iter().any(|(k, _)| k == key) {
+                remove_member(&mut self.keys, key, &member);
+            }
+        }
+        for (key, limit) in &keys {
+            let reporters = self.keys.entry(key.clone()).or_default();
+            reporters.insert(member.clone(), demand.min(per_second(limit)));
+        }
+        let strategy = blanket.unwrap_or_else(|| self.division(&keys, &member));
+        let tracked = self
+            .streams
+            .get_mut(&stream)
+            .and_then(|b| b.get_mut(bucket))
+            .expect("tracked above");
+        let strategy = match (tracked.sent, strategy) {
+            (Some(previous), new) if keeps(previous, new) => previous,
+            (_, new) => new,
+        };
+        tracked.sent = Some(strategy);
+        // The other reporters of these keys whose share is now too large are told at once,
+        // so that the shares handed out never add up to more than a limit.
+        let mut pushes = Vec::new();
+        let mut others: Vec<Member> = keys
+            .iter()
+            .filter_map(|(key, _)| self.keys.get(key))
+            .flat_map(|reporters| reporters.keys())
+            .filter(|m| **m != member)
+            .cloned()
+            .collect();
+        others.sort();
+        others.dedup();
+        for other in others {
+            let Some(theirs) = self.streams.get(&other.0).and_then(|b| b.get(&other.1)) else {
+                continue;
+            };
+            let new = self.division(&theirs.keys, &other);
+            if theirs.sent.is_some_and(|sent| too_large(sent, new)) {
+                if let Some(t) = self
+                    .streams
+                    .get_mut(&other.0)
+                    .and_then(|b| b.get_mut(&other.1))
+                {
+                    t.sent = Some(new);
+                }
+                pushes.push((other.0, other.1, new));
+            }
+        }
+        Reported {
+            action: Action::Assign(strategy),
+            pushes,
+        }
+    }
+
+    /// The share of `member` in each of `keys`, the most restrictive.
+    fn division(&self, keys: &[(Arc<str>, Limit)], member: &Member) -> Strategy {
+        let mut strategy = Strategy::AllowAll;
+        for (key, limit) in keys {
+            let fraction = self
+                .keys
+                .get(key)
+                .map_or(1.0, |reporters| fraction(reporters, member));
+            strategy = strategy.stricter(Strategy::share(limit, quantized(fraction)));
+        }
+        strategy
+    }
+
+    /// A stream ended: its buckets leave every key they reported to.
+    pub fn end_stream(&mut self, stream: u64) {
+        let Some(buckets) = self.streams.remove(&stream) else {
+            return;
+        };
+        self.tracked -= buckets.len();
+        for (bucket, tracked) in buckets {
+            let member: Member = (stream, bucket);
+            for (key, _) in &tracked.keys {
+                remove_member(&mut self.keys, key, &member);
+            }
+        }
+    }
+
+    fn forget(&mut self, stream: u64, bucket: &Arc<str>) {
+        let Some(buckets) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        if let Some(tracked) = buckets.remove(bucket) {
+            self.tracked -= 1;
+            let member: Member = (stream, bucket.clone());
+            for (key, _) in &tracked.keys {
+                remove_member(&mut self.keys, key, &member);
+            }
+        }
+    }
+}
+
+/// A limit's rate in requests per second.
+fn per_second(limit: &Limit) -> f64 {
+    limit.count() as f64 * SECOND as f64 / limit.period() as f64
+}
+
+/// The fraction of a key that `member` gets among `reporters`.
+fn fraction(reporters: &HashMap<Member, f64>, member: &Member) -> f64 {
+    let n = reporters.len().max(1) as f64;
+    let total: f64 = reporters.values().sum();
+    let own = reporters.get(member).copied().unwrap_or(0.0);
+    if total > 0.0 {
+        FLOOR / n + (1.0 - FLOOR) * own / total
+    } else {
+        1.0 / n
+    }
+}
+
+/// `fraction` rounded down to a power of 1.05 (at most 5 % lower): demand that wavers
+/// within a step gives the same share, so the same assignment repeats.
+fn quantized(fraction: f64) -> f64 {
+    if fraction >= 1.0 {
+        return 1.0;
+    }
+    if fraction <= 0.0 {
+        return 0.0;
+    }
+    let step = 1.05f64;
+    let down = step.powi((fraction.ln() / step.ln()).floor() as i32);
+    down.min(fraction)
+}
+
+/// Whether `sent` admits more than `new`: a faster rate or a larger burst.
+fn too_large(sent: Strategy, new: Strategy) -> bool {
+    let burst = |s: Strategy| match s {
+        Strategy::TokenBucket { max_tokens, .. } => u64::from(max_tokens),
+        Strategy::AllowAll => u64::MAX,
+        Strategy::DenyAll => 0,
+    };
+    sent.rate() > new.rate() || burst(sent) > burst(new)
+}
+
+/// Whether a bucket keeps its `previous` strategy instead of `new`.
+fn keeps(previous: Strategy, new: Strategy) -> bool {
+    match (previous, new) {
+        (
+            Strategy::TokenBucket {
+                max_tokens: old_burst,
+                ..
+            },
+            Strategy::TokenBucket {
+                max_tokens: new_burst,
+                ..
+            },
+        ) => {
+            let (old, new_rate) = (previous.rate(), new.rate());
+            old <= new_rate && old >= (1.0 - HYSTERESIS) * new_rate && old_burst <= new_burst
+        }
+        (old, new) => old == new,
+    }
+}
+
+fn remove_member(
+    keys: &mut HashMap<Arc<str>, HashMap<Member, f64>>,
+    key: &Arc<str>,
+    member: &Member,
+) {
+    if let Some(reporters) = keys.get_mut(key) {
+        reporters.remove(member);
+        if reporters.is_empty() {
+            keys.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUNDS: BookBounds = BookBounds {
+        max_buckets: 4,
+        max_buckets_per_stream: 3,
+        idle: Duration::from_secs(60),
+    };
+
+    fn per_100ms(n: u64) -> Limit {
+        // n per second, burst n.
+        Limit::new(n, n, SECOND).unwrap()
+    }
+
+    fn limited(key: &str, limit: Limit) -> Resolution {
+        Resolution::Limits(vec![(Arc::from(key), limit)])
+    }
+
+    fn rate(reported: Reported) -> f64 {
+        match reported.action {
+            Action::Assign(s) => s.rate(),
+            other => panic!("not an assignment: {other:?}"),
+        }
+    }
+
+    fn action(reported: Reported) -> Action {
+        reported.action
+    }
+
+    #[test]
+    fn shares_are_token_buckets_never_above_their_fraction() {
+        let limit = per_100ms(100);
+        assert_eq!(
+            Strategy::share(&limit, 0.5),
+            Strategy::TokenBucket {
+                max_tokens: 50,
+                tokens_per_fill: 500,
+                fill_seconds: 10
+            }
+        );
+        assert_eq!(
+            Strategy::share(&limit, 1.0),
+            Strategy::TokenBucket {
+                max_tokens: 100,
+                tokens_per_fill: 100,
+                fill_seconds: 1
+            }
+        );
+        // 300 per 3 hours: whole seconds, to 1 %, never faster than the limit.
+        let slow = Limit::new(300, 300, 10_800 * SECOND).unwrap();
+        let share = Strategy::share(&slow, 1.0);
+        assert!(share.rate() <= 300.0 / 10_800.0 && share.rate() >= 0.99 * 300.0 / 10_800.0);
+        // A share under one token a day is one token a day, and a burst of at least one.
+        let tiny = Strategy::share(&slow, 1e-6);
+        assert_eq!(
+            tiny,
+            Strategy::TokenBucket {
+                max_tokens: 1,
+                tokens_per_fill: 1,
+                fill_seconds: 86_400
+            }
+        );
+    }
+
+    #[test]
+    fn reporters_of_one_key_divide_it_by_demand_with_a_floor() {
+        let mut book = QuotaBook::new(BOUNDS);
+        let t0 = Instant::now();
+        let limit = per_100ms(100);
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        // Alone, a stream gets the whole limit.
+        assert_eq!(
+            rate(book.report(1, &a, limited("3:1", limit), 1, t0)),
+            100.0
+        );
+        // A second reporter: the first one's share drops at once (pushed), to half.
+        let joined = book.report(2, &b, limited("3:1", limit), 1, t0);
+        assert_eq!(joined.pushes.len(), 1);
+        assert_eq!((joined.pushes[0].0, &*joined.pushes[0].1), (1, "a"));
+        let pushed = joined.pushes[0].2.rate();
+        assert!(pushed + rate(joined) <= 100.0);
+        // Steady demand of 75/s and 25/s: 0.05 + 0.9 * 0.75 and 0.05 + 0.9 * 0.25 of the
+        // limit, less at most 5 % (the steps of 1.05), never more than the limit in all.
+        let mut now = t0;
+        let (mut ra, mut rb) = (0.0, 0.0);
+        let mut given = HashMap::new();
+        for _ in 0..20 {
+            now += Duration::from_secs(1);
+            for (stream, bucket, demand) in [(1, &a, 75), (2, &b, 25)] {
+                let reported = book.report(stream, bucket, limited("3:1", limit), demand, now);
+                for (s, _, strategy) in &reported.pushes {
+                    given.insert(*s, strategy.rate());
+                }
+                let r = rate(reported);
+                given.insert(stream, r);
+                if stream == 1 {
+                    ra = r
+                } else {
+                    rb = r
+                }
+                assert!(given.values().sum::<f64>() <= 100.0, "{given:?}");
+            }
+        }
+        assert!(
+            (66.0..=72.5).contains(&ra) && (26.0..=27.5).contains(&rb),
+            "{ra} {rb}"
+        );
+        // Demands are capped at the limit's rate: a reporter claiming far more weighs as
+        // one claiming the whole limit.
+        for _ in 0..5 {
+            now += Duration::from_secs(1);
+            book.report(1, &a, limited("3:1", limit), 1_000_000, now);
+            rb = rate(book.report(2, &b, limited("3:1", limit), 100, now));
+        }
+        assert!(rb >= 45.0, "{rb}");
+        // The stream that ends gives its share back at the other's next report.
+        book.end_stream(2);
+        assert_eq!(book.reporters("3:1"), 1);
+        assert_eq!(
+            rate(book.report(1, &a, limited("3:1", limit), 75, now)),
+            100.0
+        );
+        assert_eq!(book.tracked(), 1);
+    }
+
+    #[test]
+    fn small_changes_keep_the_bucket_and_lower_shares_apply_at_once() {
+        let mut book = QuotaBook::new(BOUNDS);
+        let limit = per_100ms(1_000);
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let mut now = Instant::now();
+        book.report(1, &a, limited("k", limit), 1, now);
+        book.report(2, &b, limited("k", limit), 1, now);
+        let mut sent: Vec<Reported> = Vec::new();
+        for demand in [500, 500, 510, 490, 505] {
+            now += Duration::from_secs(1);
+            sent.push(book.report(1, &a, limited("k", limit), demand, now));
+            sent.last_mut().unwrap().pushes.clear();
+            book.report(2, &b, limited("k", limit), 500, now);
+        }
+        // Once settled, the same assignment repeats (Envoy keeps its bucket).
+        assert_eq!(sent[2].action, sent[3].action);
+        assert_eq!(sent[3].action, sent[4].action);
+        // A third reporter: the others' shares drop at their next report, not later.
+        let c: Arc<str> = Arc::from("c");
+        book.report(3, &c, limited("k", limit), 1, now);
+        now += Duration::from_secs(1);
+        let mut given: HashMap<u64, f64> = HashMap::new();
+        for (stream, bucket) in [(1, &a), (2, &b), (3, &c)] {
+            let reported = book.report(stream, bucket, limited("k", limit), 500, now);
+            for (s, _, strategy) in &reported.pushes {
+                given.insert(*s, strategy.rate());
+            }
+            given.insert(stream, rate(reported));
+            assert!(given.values().sum::<f64>() <= 1_000.0, "{given:?}");
+        }
+        let ra = given[&1];
+        assert!(ra < rate(sent[4].clone()));
+    }
+
+    #[test]
+    fn blanket_rules_idle_buckets_removed_rules_and_bounds() {
+        let mut book = QuotaBook::new(BOUNDS);
+        let t0 = Instant::now();
+        let (a, b, c, d): (Arc<str>, Arc<str>, Arc<str>, Arc<str>) = (
+            Arc::from("a"),
+            Arc::from("b"),
+            Arc::from("c"),
+            Arc::from("d"),
+        );
+        assert_eq!(
+            action(book.report(1, &a, Resolution::Deny, 1, t0)),
+            Action::Assign(Strategy::DenyAll)
+        );
+        assert_eq!(
+            action(book.report(1, &b, Resolution::Allow, 1, t0)),
+            Action::Assign(Strategy::AllowAll)
+        );
+        assert_eq!(
+            action(book.report(1, &c, Resolution::Unmatched, 1, t0)),
+            Action::Assign(Strategy::AllowAll)
+        );
+        // At most 3 buckets per stream, 4 in all.
+        assert_eq!(
+            action(book.report(1, &d, Resolution::Allow, 1, t0)),
+            Action::Refused
+        );
+        assert_eq!(
+            action(book.report(2, &d, Resolution::Allow, 1, t0)),
+            Action::Assign(Strategy::AllowAll)
+        );
+        assert_eq!(
+            action(book.report(3, &a, Resolution::Allow, 1, t0)),
+            Action::Refused
+        );
+        // A bucket that saw no request for the idle time is abandoned; then its place is free.
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(
+            action(book.report(1, &a, Resolution::Deny, 0, later)),
+            Action::Abandon
+        );
+        assert_eq!(book.tracked(), 3);
+        // A limited bucket whose rule a reload removed is abandoned.
+        let limit = per_100ms(10);
+        book.report(3, &a, limited("k", limit), 1, later);
+        assert_eq!(book.reporters("k"), 1);
+        assert_eq!(
+            action(book.report(3, &a, Resolution::Unmatched, 1, later)),
+            Action::Abandon
+        );
+        assert_eq!(book.reporters("k"), 0, "it left the key");
+        // A reload that maps it elsewhere moves it.
+        book.report(3, &a, limited("k", limit), 1, later);
+        book.report(3, &a, limited("k2", limit), 1, later);
+        assert_eq!((book.reporters("k"), book.reporters("k2")), (0, 1));
+    }
+}

@@ -1,0 +1,573 @@
+//! Envoy's Rate Limit Quota Service (RLQS,
+//! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`) on the
+//! decision listener: Envoy's `rate_limit_quota` filter streams usage reports per bucket
+//! and enforces locally whatever it is assigned; cellrate divides each configured limit
+//! among the buckets that report demand for it ([`super::quota_book`]) and answers every
+//! report with the bucket's assignment (a token bucket, ALLOW_ALL or DENY_ALL, for
+//! `--rlqs-assignment-ttl-seconds`), pushing lower shares to other streams at once.
+//!
+//! Bucket ids map to limits by the rules of `quota.yaml` (as descriptors do, with the keys
+//! matched as a set); a bucket no rule maps is told ALLOW_ALL; one whose rule a reload
+//! removed, or that saw no request for `--rlqs-idle-seconds`, is abandoned.
+//!
+//! Hostile streams: at most `--rlqs-max-streams` at once (more: RESOURCE_EXHAUSTED), each
+//! ended after `--rlqs-idle-seconds` without a message, at most 64 KiB a message and
+//! [`MAX_USAGES_PER_SECOND`] bucket reports a second (beyond, reading waits: TCP pushes
+//! back), bucket ids of at most [`MAX_BUCKET_ENTRIES`] entries of bounded size; at most
+//! `--rlqs-max-buckets` buckets tracked in all and `--rlqs-max-buckets-per-stream` per
+//! stream (beyond, a new bucket gets no assignment and Envoy applies its no-assignment
+//! behaviour). A malformed message ends its stream with INVALID_ARGUMENT saying what and
+//! where, before any of it is applied.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{
+    BlanketRule, Strategy as PbStrategy,
+};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Act, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf as pbw;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::quota_book::{Action, BookBounds, QuotaBook, Resolution, Strategy};
+use super::Decider;
+use crate::limits::config::Policy;
+use crate::limits::descriptors::{InvalidIds, Mapping};
+use crate::limits::names::BucketKey;
+use crate::metrics::Metrics;
+
+/// Entries of one bucket id, at most.
+pub const MAX_BUCKET_ENTRIES: usize = 16;
+/// Bytes of a bucket id's key, and of its value, at most.
+pub const MAX_BUCKET_KEY: usize = 128;
+pub const MAX_BUCKET_VALUE: usize = 512;
+/// Bytes of a domain, at most.
+pub const MAX_DOMAIN: usize = 128;
+/// Bucket reports one stream may send per second (and at once).
+pub const MAX_USAGES_PER_SECOND: u64 = 10_000;
+/// Answers waiting to be sent on one stream; a stream that does not read them is ended.
+const QUEUE: usize = 64;
+
+/// How the RLQS service behaves and what it tracks at most.
+#[derive(Debug, Clone, Copy)]
+pub struct RlqsSettings {
+    pub max_streams: usize,
+    pub max_buckets: usize,
+    pub max_buckets_per_stream: usize,
+    /// Lifetime of an assignment in Envoy (whole seconds: Envoy ignores fractions).
+    pub assignment_ttl: Duration,
+    /// A stream silent for this long is ended; a bucket without requests for this long is
+    /// abandoned.
+    pub idle: Duration,
+}
+
+impl Default for RlqsSettings {
+    fn default() -> RlqsSettings {
+        RlqsSettings {
+            max_streams: 1_024,
+            max_buckets: 100_000,
+            max_buckets_per_stream: 10_000,
+            assignment_ttl: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the streams share.
+struct Shared {
+    decider: Arc<Decider>,
+    metrics: Arc<Metrics>,
+    settings: RlqsSettings,
+    book: Mutex<QuotaBook>,
+    /// Each open stream's queue of answers, for pushes from other streams' reports.
+    senders: Mutex<HashMap<u64, mpsc::Sender<Result<RateLimitQuotaResponse, Status>>>>,
+    /// Numbers the streams.
+    streams: AtomicU64,
+    permits: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
+/// The RLQS service.
+pub struct RlqsService {
+    shared: Arc<Shared>,
+}
+
+impl RlqsService {
+    /// `stop` ends every stream (at shutdown, so that Envoys move to another replica).
+    pub fn new(
+        decider: Arc<Decider>,
+        metrics: Arc<Metrics>,
+        settings: RlqsSettings,
+        stop: CancellationToken,
+    ) -> RlqsService {
+        let bounds = BookBounds {
+            max_buckets: settings.max_buckets,
+            max_buckets_per_stream: settings.max_buckets_per_stream,
+            idle: settings.idle,
+        };
+        RlqsService {
+            shared: Arc::new(Shared {
+                decider,
+                metrics,
+                settings,
+                book: Mutex::new(QuotaBook::new(bounds)),
+                senders: Mutex::new(HashMap::new()),
+                streams: AtomicU64::new(0),
+                permits: Arc::new(Semaphore::new(settings.max_streams)),
+                stop,
+            }),
+        }
+    }
+}
+
+type AnswerStream = tokio_stream::wrappers::ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for RlqsService {
+    type StreamRateLimitQuotasStream = AnswerStream;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<AnswerStream>, Status> {
+        let permit = self
+            .shared
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                self.shared.metrics.rlqs_refused("too_many_streams");
+                Status::resource_exhausted(format!(
+                    "{} RLQS streams are open, the most allowed (--rlqs-max-streams)",
+                    self.shared.settings.max_streams
+                ))
+            })?;
+        let id = self.shared.streams.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        self.shared
+            .senders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, tx.clone());
+        self.shared.metrics.rlqs_streams.inc();
+        tokio::spawn(serve_stream(
+            self.shared.clone(),
+            id,
+            request.into_inner(),
+            tx,
+            permit,
+        ));
+        Ok(Response::new(AnswerStream::new(rx)))
+    }
+}
+
+/// Reads `incoming` until it ends, is idle too long, errs or the server stops; answers each
+/// report; then forgets the stream.
+async fn serve_stream(
+    shared: Arc<Shared>,
+    id: u64,
+    mut incoming: Streaming<RateLimitQuotaUsageReports>,
+    tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let mut domain: Option<String> = None;
+    let mut budget = Budget::new(Instant::now());
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(shared.settings.idle, incoming.message()) => next,
+            _ = shared.stop.cancelled() => {
+                let _ = tx.try_send(Err(Status::unavailable("cellrate is shutting down")));
+                break;
+            }
+        };
+        let reports = match next {
+            Err(_) => {
+                let _ = tx.try_send(Err(Status::deadline_exceeded(format!(
+                    "no report for {} s (--rlqs-idle-seconds)",
+                    shared.settings.idle.as_secs()
+                ))));
+                break;
+            }
+            Ok(Ok(Some(reports))) => reports,
+            Ok(Ok(None)) | Ok(Err(_)) => break,
+        };
+        if let Some(wait) = budget.spend(reports.bucket_quota_usages.len() as u64, Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        match answer(&shared, id, &mut domain, &reports) {
+            Ok(None) => {}
+            Ok(Some(response)) => {
+                // A client that reads nothing fills the queue: it is ended, not waited for.
+                if tx.try_send(Ok(response)).is_err() {
+                    shared.metrics.rlqs_refused("slow_reader");
+                    break;
+                }
+            }
+            Err(status) => {
+                shared.metrics.rlqs_refused("invalid");
+                let _ = tx.try_send(Err(status));
+                break;
+            }
+        }
+    }
+    shared
+        .senders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&id);
+    let tracked = {
+        let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
+        book.end_stream(id);
+        book.tracked()
+    };
+    shared.metrics.rlqs_buckets.set(tracked as i64);
+    shared.metrics.rlqs_streams.dec();
+}
+
+/// Bucket reports a stream may still send now: [`MAX_USAGES_PER_SECOND`], refilled
+/// continuously.
+struct Budget {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Budget {
+    fn new(now: Instant) -> Budget {
+        Budget {
+            tokens: MAX_USAGES_PER_SECOND as f64,
+            at: now,
+        }
+    }
+
+    /// Spends `n`; how long to wait first, if the budget is short.
+    fn spend(&mut self, n: u64, now: Instant) -> Option<Duration> {
+        let rate = MAX_USAGES_PER_SECOND as f64;
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate);
+        self.at = now;
+        self.tokens -= n as f64;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / rate))
+    }
+}
+
+/// One bucket of a report, checked and named.
+struct Usage<'r> {
+    id: &'r BucketId,
+    /// Entries sorted by key.
+    entries: Vec<(&'r str, &'r str)>,
+    /// The entries as one text: the bucket's identity within its stream.
+    text: Arc<str>,
+    allowed: u64,
+    denied: u64,
+}
+
+/// The answer to one report message (`None`: nothing to say), after checking all of it.
+fn answer(
+    shared: &Shared,
+    stream: u64,
+    domain: &mut Option<String>,
+    reports: &RateLimitQuotaUsageReports,
+) -> Result<Option<RateLimitQuotaResponse>, Status> {
+    let current = check_domain(domain.as_deref(), &reports.domain)?;
+    let usages = reports
+        .bucket_quota_usages
+        .iter()
+        .enumerate()
+        .map(|(i, usage)| {
+            let at = |what: String| {
+                Status::invalid_argument(format!("bucket_quota_usages[{i}].bucket_id{what}"))
+            };
+            let id = usage
+                .bucket_id
+                .as_ref()
+                .ok_or_else(|| at(": missing".to_string()))?;
+            let entries = check_bucket(id).map_err(at)?;
+            let text: Arc<str> = Arc::from(
+                entries
+                    .iter()
+                    .flat_map(|(k, v)| [*k, "\u{0}", *v, "\u{0}"])
+                    .collect::<String>(),
+            );
+            Ok(Usage {
+                id,
+                entries,
+                text,
+                allowed: usage.num_requests_allowed,
+                denied: usage.num_requests_denied,
+            })
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    if domain.is_none() {
+        *domain = Some(current.to_string());
+    }
+    let domain = domain.as_deref().unwrap_or_default();
+
+    let table = shared.decider.limits();
+    let now = Instant::now();
+    let mut actions = Vec::with_capacity(usages.len());
+    let mut pushes = Vec::new();
+    {
+        let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
+        for usage in &usages {
+            let (resolution, names) = resolve(&shared.decider, &table, domain, &usage.entries);
+            for name in &names {
+                shared
+                    .metrics
+                    .rlqs_reported(name, usage.allowed, usage.denied);
+            }
+            let requests = usage.allowed.saturating_add(usage.denied);
+            let reported = book.report(stream, &usage.text, resolution, requests, now);
+            if let Some(action) = bucket_action(usage.id, reported.action, &shared.settings) {
+                shared.metrics.rlqs_action(action_label(reported.action));
+                actions.push(action);
+            } else {
+                shared.metrics.rlqs_refused("too_many_buckets");
+            }
+            pushes.extend(reported.pushes);
+        }
+        shared.metrics.rlqs_buckets.set(book.tracked() as i64);
+    }
+    push(shared, pushes);
+    Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
+        bucket_action: actions,
+    }))
+}
+
+/// Sends lower shares to other streams' buckets. The bucket id is rebuilt from its text
+/// (entries joined by NUL: keys and values hold none, checked on the way in).
+fn push(shared: &Shared, pushes: Vec<(u64, Arc<str>, Strategy)>) {
+    if pushes.is_empty() {
+        return;
+    }
+    let mut by_stream: HashMap<u64, Vec<BucketAction>> = HashMap::new();
+    for (stream, text, strategy) in pushes {
+        let parts: Vec<&str> = text.split('\u{0}').collect();
+        let bucket = parts
+            .chunks_exact(2)
+            .map(|kv| (kv[0].to_string(), kv[1].to_string()))
+            .collect();
+        let id = BucketId { bucket };
+        if let Some(action) = bucket_action(&id, Action::Assign(strategy), &shared.settings) {
+            shared.metrics.rlqs_action("pushed");
+            by_stream.entry(stream).or_default().push(action);
+        }
+    }
+    let senders = shared
+        .senders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    for (stream, actions) in by_stream {
+        if let Some(tx) = senders.get(&stream) {
+            // A full queue: that stream is ended by its own task when it next answers.
+            let _ = tx.try_send(Ok(RateLimitQuotaResponse {
+                bucket_action: actions,
+            }));
+        }
+    }
+}
+
+fn action_label(action: Action) -> &'static str {
+    match action {
+        Action::Assign(Strategy::AllowAll) => "allow_all",
+        Action::Assign(Strategy::DenyAll) => "deny_all",
+        Action::Assign(Strategy::TokenBucket { .. }) => "token_bucket",
+        Action::Abandon => "abandon",
+        Action::Refused => "refused",
+    }
+}
+
+/// The domain of this message: the first message names it; later ones repeat it or leave
+/// it empty.
+fn check_domain<'a>(known: Option<&'a str>, given: &'a str) -> Result<&'a str, Status> {
+    if given.len() > MAX_DOMAIN {
+        return Err(Status::invalid_argument(format!(
+            "domain: longer than {MAX_DOMAIN} bytes"
+        )));
+    }
+    match known {
+        None if given.is_empty() => Err(Status::invalid_argument(
+            "domain: missing from the stream's first report",
+        )),
+        None => Ok(given),
+        Some(known) if given.is_empty() || given == known => Ok(known),
+        Some(known) => Err(Status::invalid_argument(format!(
+            "domain: {given:?} differs from the stream's {known:?} (open a new stream)"
+        ))),
+    }
+}
+
+/// A bucket id's entries sorted by key, or what is wrong with it (after `bucket_id`).
+fn check_bucket(id: &BucketId) -> Result<Vec<(&str, &str)>, String> {
+    if id.bucket.is_empty() {
+        return Err(".bucket: empty".to_string());
+    }
+    if id.bucket.len() > MAX_BUCKET_ENTRIES {
+        return Err(format!(
+            ".bucket: {} entries, at most {MAX_BUCKET_ENTRIES}",
+            id.bucket.len()
+        ));
+    }
+    let mut entries = Vec::with_capacity(id.bucket.len());
+    for (key, value) in &id.bucket {
+        let shown: String = key.chars().take(40).collect();
+        if key.is_empty() || key.len() > MAX_BUCKET_KEY || key.contains('\u{0}') {
+            return Err(format!(
+                ".bucket: key {shown:?} is not 1 to {MAX_BUCKET_KEY} bytes without NUL"
+            ));
+        }
+        if value.is_empty() || value.len() > MAX_BUCKET_VALUE || value.contains('\u{0}') {
+            return Err(format!(
+                ".bucket[{shown:?}]: value is not 1 to {MAX_BUCKET_VALUE} bytes without NUL"
+            ));
+        }
+        entries.push((key.as_str(), value.as_str()));
+    }
+    entries.sort_unstable();
+    Ok(entries)
+}
+
+/// Where a bucket leads under `table`, and the names it counts for (metrics).
+fn resolve(
+    decider: &Decider,
+    table: &crate::limits::config::LimitTable,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> (Resolution, Vec<Arc<str>>) {
+    let Mapping::Limits { names, id } = table.quota().map(table.names(), domain, entries) else {
+        return (Resolution::Unmatched, Vec::new());
+    };
+    let mut keys = Vec::with_capacity(names.len());
+    for text in names {
+        let Some(name) = table.names().get(text) else {
+            continue;
+        };
+        let Ok(canonical) = name.format.canonicalize_cow(&id) else {
+            match table.quota().invalid_ids(domain) {
+                InvalidIds::Ignore => continue,
+                // A bucket cannot be refused alone: reject denies, as deny does.
+                InvalidIds::Deny | InvalidIds::Reject => {
+                    return (Resolution::Deny, names.to_vec());
+                }
+            }
+        };
+        match decider.policy(table, name, &canonical) {
+            Some(Policy::Denied) => return (Resolution::Deny, names.to_vec()),
+            Some(Policy::Limited {
+                limit,
+                shadow: false,
+            }) => {
+                let key = BucketKey::new(name.number, &canonical);
+                keys.push((Arc::from(key.as_str()), limit));
+            }
+            // Shadow mode decides without enforcing; nothing configured does not limit.
+            Some(Policy::Limited { shadow: true, .. } | Policy::Unlimited) | None => {}
+        }
+    }
+    let resolution = if keys.is_empty() {
+        Resolution::Allow
+    } else {
+        Resolution::Limits(keys)
+    };
+    (resolution, names.to_vec())
+}
+
+/// The message for `action` on `id` (`None` for a refused bucket).
+fn bucket_action(id: &BucketId, action: Action, settings: &RlqsSettings) -> Option<BucketAction> {
+    let act = match action {
+        Action::Refused => return None,
+        Action::Abandon => Act::AbandonAction(AbandonAction {}),
+        Action::Assign(strategy) => {
+            let strategy = match strategy {
+                Strategy::AllowAll => PbStrategy::BlanketRule(BlanketRule::AllowAll as i32),
+                Strategy::DenyAll => PbStrategy::BlanketRule(BlanketRule::DenyAll as i32),
+                Strategy::TokenBucket {
+                    max_tokens,
+                    tokens_per_fill,
+                    fill_seconds,
+                } => PbStrategy::TokenBucket(TokenBucket {
+                    max_tokens,
+                    tokens_per_fill: Some(pbw::UInt32Value {
+                        value: tokens_per_fill,
+                    }),
+                    fill_interval: Some(pbw::Duration {
+                        seconds: i64::from(fill_seconds),
+                        nanos: 0,
+                    }),
+                }),
+            };
+            Act::QuotaAssignmentAction(QuotaAssignmentAction {
+                assignment_time_to_live: Some(pbw::Duration {
+                    seconds: settings.assignment_ttl.as_secs() as i64,
+                    nanos: 0,
+                }),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            })
+        }
+    };
+    Some(BucketAction {
+        bucket_id: Some(id.clone()),
+        bucket_action: Some(act),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refills_and_makes_floods_wait() {
+        let t0 = Instant::now();
+        let mut budget = Budget::new(t0);
+        assert_eq!(budget.spend(MAX_USAGES_PER_SECOND, t0), None);
+        let wait = budget.spend(MAX_USAGES_PER_SECOND / 2, t0).unwrap();
+        assert_eq!(wait, Duration::from_millis(500));
+        assert_eq!(budget.spend(0, t0 + Duration::from_secs(2)), None);
+    }
+
+    #[test]
+    fn domains_and_bucket_ids_are_checked() {
+        assert!(check_domain(None, "").is_err());
+        assert_eq!(check_domain(None, "edge").unwrap(), "edge");
+        assert_eq!(check_domain(Some("edge"), "").unwrap(), "edge");
+        assert!(check_domain(Some("edge"), "other").is_err());
+        assert!(check_domain(None, &"d".repeat(129)).is_err());
+        let id = |pairs: &[(&str, &str)]| BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        assert_eq!(
+            check_bucket(&id(&[("name", "api"), ("account", "7")])).unwrap(),
+            [("account", "7"), ("name", "api")]
+        );
+        let long = "v".repeat(513);
+        let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        for (bad, says) in [
+            (id(&[]), "empty"),
+            (id(&[("", "v")]), "key"),
+            (id(&[("k", "")]), "value"),
+            (id(&[("k", &long)]), "value"),
+            (id(&[("k\u{0}", "v")]), "NUL"),
+            (id(&many), "17 entries"),
+        ] {
+            let e = check_bucket(&bad).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! Envoy's Rate Limit Quota Service over a real socket, with the generated Envoy client:
+//! assignments, the division of one limit among streams (and the push of lower shares),
+//! blanket rules, reloads, and the bounds that hostile streams meet.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cellrate::app::Settings;
+use cellrate::limits::config::LimitTable;
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Act;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use tokio::sync::mpsc;
+use tonic::{Code, Streaming};
+
+use crate::common::{http_get_async, poll_until, sample, watching, Served};
+
+/// 100 per second, burst 100, for accounts of the `api` bucket of domain `edge`.
+fn config(dir: &Path, per_second: u32) {
+    std::fs::write(
+        dir.join("defaults.yaml"),
+        format!("NewOrdersPerAccount: {{burst: {per_second}, count: {per_second}, period: 1s}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("quota.yaml"),
+        "edge:\n  - match: [{key: name, value: api}, {key: account}]\n    limits: [NewOrdersPerAccount]\n",
+    )
+    .unwrap();
+}
+
+async fn served(dir: &Path, settings: Settings) -> Served {
+    let limits = LimitTable::load_dir(dir).unwrap();
+    Served::with_settings(limits, settings).await
+}
+
+fn bucket(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn report(domain: &str, id: BucketId, allowed: u64, denied: u64) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.to_string(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(id),
+            time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        }],
+    }
+}
+
+/// One RLQS stream, as an Envoy opens it.
+struct Stream {
+    send: mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    async fn open(s: &Served) -> Result<Stream, tonic::Status> {
+        let mut client =
+            RateLimitQuotaServiceClient::connect(format!("http://{}", s.decisions_addr))
+                .await
+                .unwrap();
+        let (send, rx) = mpsc::channel(16);
+        let answers = client
+            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Stream { send, answers })
+    }
+
+    async fn send(&self, reports: RateLimitQuotaUsageReports) {
+        self.send.send(reports).await.unwrap();
+    }
+
+    /// The next answer within 5 s.
+    async fn next(&mut self) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
+        tokio::time::timeout(Duration::from_secs(5), self.answers.message())
+            .await
+            .expect("an answer within 5 s")
+    }
+
+    /// The strategy of the next answer's only action.
+    async fn strategy(&mut self) -> Strategy {
+        let answer = self.next().await.unwrap().expect("an answer");
+        assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
+        match answer.bucket_action[0].bucket_action.clone() {
+            Some(Act::QuotaAssignmentAction(a)) => {
+                assert_eq!(a.assignment_time_to_live.unwrap().seconds, 10);
+                a.rate_limit_strategy.unwrap().strategy.unwrap()
+            }
+            other => panic!("not an assignment: {other:?}"),
+        }
+    }
+}
+
+/// Tokens per second and burst of a token-bucket strategy.
+fn token_bucket(strategy: &Strategy) -> (f64, u32) {
+    match strategy {
+        Strategy::TokenBucket(tb) => {
+            let per_fill = f64::from(tb.tokens_per_fill.unwrap().value);
+            let seconds = tb.fill_interval.unwrap().seconds as f64;
+            (per_fill / seconds, tb.max_tokens)
+        }
+        other => panic!("not a token bucket: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn streams_share_a_limit_and_lower_shares_are_pushed() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 100);
+    let s = served(dir.path(), Settings::default()).await;
+    let account = || bucket(&[("name", "api"), ("account", "7")]);
+
+    let mut a = Stream::open(&s).await.unwrap();
+    a.send(report("edge", account(), 1, 0)).await;
+    assert_eq!(
+        token_bucket(&a.strategy().await),
+        (100.0, 100),
+        "alone: all"
+    );
+
+    let mut b = Stream::open(&s).await.unwrap();
+    b.send(report("edge", account(), 1, 0)).await;
+    let (rb, burst_b) = token_bucket(&b.strategy().await);
+    // A is told at once that its share is lower: the two never hold more than the limit.
+    let (ra, burst_a) = token_bucket(&a.strategy().await);
+    assert!(ra + rb <= 100.0 && burst_a + burst_b <= 100, "{ra} + {rb}");
+    assert!(ra >= 45.0 && rb >= 45.0, "{ra} {rb}");
+
+    // Keys in any order are one bucket; another account is a bucket of its own.
+    a.send(report(
+        "edge",
+        bucket(&[("account", "8"), ("name", "api")]),
+        1,
+        0,
+    ))
+    .await;
+    assert_eq!(token_bucket(&a.strategy().await).0, 100.0);
+
+    // A bucket no rule maps: ALLOW_ALL. A denied id (temporary override): DENY_ALL.
+    a.send(report("edge", bucket(&[("path", "/")]), 1, 0)).await;
+    assert_eq!(
+        a.strategy().await,
+        Strategy::BlanketRule(BlanketRule::AllowAll as i32)
+    );
+    let mut admin = s.admin.clone();
+    admin
+        .set_override(cellrate::proto::v1::SetOverrideRequest {
+            name: "NewOrdersPerAccount".into(),
+            id: "9".into(),
+            deny: true,
+            ttl: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    a.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "9")]),
+        1,
+        0,
+    ))
+    .await;
+    assert_eq!(
+        a.strategy().await,
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    );
+
+    // What Envoys report is counted per limit name; streams and buckets are gauges.
+    let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
+    let series = |name: &str| sample(&metrics, name);
+    assert_eq!(series("cellrate_rlqs_streams"), Some(2.0));
+    assert_eq!(series("cellrate_rlqs_buckets"), Some(5.0));
+    assert_eq!(
+        series(
+            "cellrate_rlqs_reported_requests_total{limit=\"NewOrdersPerAccount\",result=\"allowed\"}"
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        series("cellrate_rlqs_actions_total{action=\"pushed\"}"),
+        Some(1.0)
+    );
+
+    // B goes away: its share comes back to A at A's next report.
+    drop(b);
+    let mut back = 0.0;
+    for _ in 0..50 {
+        a.send(report("edge", account(), 10, 0)).await;
+        back = token_bucket(&a.strategy().await).0;
+        if back == 100.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(back, 100.0);
+}
+
+#[tokio::test]
+async fn a_reload_that_lowers_the_limit_applies_at_the_next_report() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 100);
+    let s = served(dir.path(), watching(dir.path(), Duration::from_millis(50))).await;
+    let account = || bucket(&[("name", "api"), ("account", "7")]);
+    let mut a = Stream::open(&s).await.unwrap();
+    a.send(report("edge", account(), 1, 0)).await;
+    assert_eq!(token_bucket(&a.strategy().await).0, 100.0);
+    config(dir.path(), 10);
+    let mut lowered = 0.0;
+    for _ in 0..100 {
+        a.send(report("edge", account(), 1, 0)).await;
+        lowered = token_bucket(&a.strategy().await).0;
+        if lowered <= 10.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lowered, 10.0);
+    // A reload that removes the rule abandons the bucket.
+    std::fs::remove_file(dir.path().join("quota.yaml")).unwrap();
+    let mut abandoned = false;
+    for _ in 0..100 {
+        a.send(report("edge", account(), 1, 0)).await;
+        let answer = a.next().await.unwrap().unwrap();
+        if matches!(
+            answer.bucket_action[0].bucket_action,
+            Some(Act::AbandonAction(_))
+        ) {
+            abandoned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(abandoned);
+}
+
+#[tokio::test]
+async fn hostile_streams_meet_their_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 100);
+    let settings = Settings {
+        rlqs: cellrate::service::rlqs::RlqsSettings {
+            max_streams: 2,
+            max_buckets_per_stream: 2,
+            idle: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..Settings::default()
+    };
+    let s = served(dir.path(), settings).await;
+
+    // No domain in the first report: INVALID_ARGUMENT, the stream ends.
+    let mut a = Stream::open(&s).await.unwrap();
+    a.send(report("", bucket(&[("name", "api")]), 1, 0)).await;
+    let e = a.next().await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("domain: missing"), "{}", e.message());
+
+    // A malformed bucket id: INVALID_ARGUMENT naming where, nothing of the message applied.
+    let mut b = Stream::open(&s).await.unwrap();
+    let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut bad = report("edge", bucket(&[("name", "api"), ("account", "7")]), 1, 0);
+    bad.bucket_quota_usages
+        .push(report("edge", bucket(&many), 1, 0).bucket_quota_usages[0].clone());
+    b.send(bad).await;
+    let e = b.next().await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message()
+            .contains("bucket_quota_usages[1].bucket_id.bucket: 17 entries, at most 16"),
+        "{}",
+        e.message()
+    );
+
+    // At most 2 streams at once (the ended ones gave their places back).
+    let streams = poll_until(
+        Duration::from_secs(5),
+        async || {
+            sample(
+                &http_get_async(s.metrics_addr, "/metrics").await.1,
+                "cellrate_rlqs_streams",
+            )
+        },
+        |n| *n == Some(0.0),
+    )
+    .await;
+    assert_eq!(streams, Some(0.0));
+    let mut c = Stream::open(&s).await.unwrap();
+    let mut d = Stream::open(&s).await.unwrap();
+    c.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "1")]),
+        1,
+        0,
+    ))
+    .await;
+    c.strategy().await;
+    d.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "2")]),
+        1,
+        0,
+    ))
+    .await;
+    d.strategy().await;
+    let third = match Stream::open(&s).await {
+        Ok(mut stream) => stream.next().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert_eq!(third.unwrap_err().code(), Code::ResourceExhausted);
+
+    // At most 2 buckets per stream: a third gets no assignment (Envoy's no-assignment
+    // behaviour applies); the stream goes on.
+    c.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "3")]),
+        1,
+        0,
+    ))
+    .await;
+    c.strategy().await;
+    c.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "4")]),
+        1,
+        0,
+    ))
+    .await;
+    c.send(report(
+        "edge",
+        bucket(&[("name", "api"), ("account", "1")]),
+        1,
+        0,
+    ))
+    .await;
+    let answer = c.next().await.unwrap().unwrap();
+    assert_eq!(answer.bucket_action.len(), 1);
+    assert_eq!(
+        answer.bucket_action[0].bucket_id,
+        Some(bucket(&[("name", "api"), ("account", "1")]))
+    );
+
+    // A silent stream is ended after the idle time (1 s here).
+    let e = d.next().await.unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
+    assert_eq!(
+        sample(&metrics, "cellrate_rlqs_refusals_total{reason=\"invalid\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "cellrate_rlqs_refusals_total{reason=\"too_many_streams\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "cellrate_rlqs_refusals_total{reason=\"too_many_buckets\"}"
+        ),
+        Some(1.0)
+    );
+}
