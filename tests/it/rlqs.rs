@@ -97,7 +97,7 @@ impl Stream {
     async fn strategy(&mut self) -> Strategy {
         let answer = self.next().await.unwrap().expect("an answer");
         assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
-        match answer.bucket_action[0].bucket_action.clone() {
+        match answer.bucket_action[0].bucket_action {
             Some(Act::QuotaAssignmentAction(a)) => {
                 assert_eq!(a.assignment_time_to_live.unwrap().seconds, 10);
                 a.rate_limit_strategy.unwrap().strategy.unwrap()
