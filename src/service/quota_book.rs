@@ -7,16 +7,23 @@
 //! of one stream or of many, may map to one key, and then share its limit.
 //!
 //! **Division.** Each reporter's demand is its offered load (allowed + denied per second,
-//! smoothed over two reports), capped at the limit's rate. A reporter of a key shared by
+//! smoothed over two reports), capped at the limit's rate; until its second report it
+//! counts as the mean of the known demands (all equal while none is known). A reporter of a key shared by
 //! `n` gets the fraction `FLOOR / n + (1 - FLOOR) * demand / total demand` of the limit's
 //! rate and burst (`1 / n` while nobody reports demand); with several keys, the most
 //! restrictive share applies. The fractions of one key add up to 1, so the rates handed out
 //! never add up to more than the limit's rate once every reporter has had its new share.
 //!
+//! **Pushes.** After each report, every other reporter of the same keys whose share moved
+//! is sent its new share at once, so that all shares in force come from one view of the
+//! demand: they never add up to more than the limit, and a share one reporter gives up is
+//! used by the others without waiting for their next report.
+//!
 //! **Hysteresis.** Envoy keeps a token bucket (and the tokens in it) only while the
-//! assignment repeats exactly; a changed assignment starts a new, full bucket. So a
-//! reporter keeps its previous share while that is at most the new one and no more than
-//! [`HYSTERESIS`] below it: changes that would only refill buckets are not sent.
+//! assignment repeats exactly; a changed assignment starts a new, full bucket. So shares are
+//! rounded down to powers of 1.05, and a reporter keeps its previous share while that is at
+//! most the new one and no more than [`HYSTERESIS`] below it: changes that would only
+//! refill buckets are not sent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -168,7 +175,7 @@ pub struct QuotaBook {
     bounds: BookBounds,
     streams: HashMap<u64, HashMap<Arc<str>, Tracked>>,
     /// key -> reporter -> its demand (capped at the key's rate).
-    keys: HashMap<Arc<str>, HashMap<Member, f64>>,
+    keys: HashMap<Arc<str>, HashMap<Member, Option<f64>>>,
     tracked: usize,
 }
 
@@ -249,7 +256,7 @@ impl QuotaBook {
         // Keys it no longer maps to (a reload) lose it as a reporter.
         let member: Member = (stream, bucket.clone());
         let old = std::mem::replace(&mut tracked.keys, keys.clone());
-        let demand = tracked.demand.unwrap_or(0.0);
+        let demand = tracked.demand;
         for (key, _) in &old {
             if !keys.iter().any(|(k, _)| k == key) {
                 remove_member(&mut self.keys, key, &member);
@@ -257,7 +264,7 @@ impl QuotaBook {
         }
         for (key, limit) in &keys {
             let reporters = self.keys.entry(key.clone()).or_default();
-            reporters.insert(member.clone(), demand.min(per_second(limit)));
+            reporters.insert(member.clone(), demand.map(|d| d.min(per_second(limit))));
         }
         let strategy = blanket.unwrap_or_else(|| self.division(&keys, &member));
         let tracked = self
@@ -270,8 +277,9 @@ impl QuotaBook {
             (_, new) => new,
         };
         tracked.sent = Some(strategy);
-        // The other reporters of these keys whose share is now too large are told at once,
-        // so that the shares handed out never add up to more than a limit.
+        // The other reporters of these keys whose share changed are told at once (all shares
+        // then come from one view of the demand), so that the shares handed out never add
+        // up to more than a limit, and a share freed by one is used by the others at once.
         let mut pushes = Vec::new();
         let mut others: Vec<Member> = keys
             .iter()
@@ -287,7 +295,7 @@ impl QuotaBook {
                 continue;
             };
             let new = self.division(&theirs.keys, &other);
-            if theirs.sent.is_some_and(|sent| too_large(sent, new)) {
+            if theirs.sent.is_some_and(|sent| !keeps(sent, new)) {
                 if let Some(t) = self
                     .streams
                     .get_mut(&other.0)
@@ -351,10 +359,18 @@ fn per_second(limit: &Limit) -> f64 {
 }
 
 /// The fraction of a key that `member` gets among `reporters`.
-fn fraction(reporters: &HashMap<Member, f64>, member: &Member) -> f64 {
+fn fraction(reporters: &HashMap<Member, Option<f64>>, member: &Member) -> f64 {
     let n = reporters.len().max(1) as f64;
-    let total: f64 = reporters.values().sum();
-    let own = reporters.get(member).copied().unwrap_or(0.0);
+    // A reporter whose demand is not known yet (one report so far) counts as the mean of
+    // the known ones: a newcomer is neither starved nor handed the incumbents' shares.
+    let known: Vec<f64> = reporters.values().flatten().copied().collect();
+    if known.is_empty() {
+        return 1.0 / n;
+    }
+    let mean = known.iter().sum::<f64>() / known.len() as f64;
+    let of = |d: &Option<f64>| d.unwrap_or(mean);
+    let total: f64 = reporters.values().map(of).sum();
+    let own = reporters.get(member).map_or(mean, of);
     if total > 0.0 {
         FLOOR / n + (1.0 - FLOOR) * own / total
     } else {
@@ -374,16 +390,6 @@ fn quantized(fraction: f64) -> f64 {
     let step = 1.05f64;
     let down = step.powi((fraction.ln() / step.ln()).floor() as i32);
     down.min(fraction)
-}
-
-/// Whether `sent` admits more than `new`: a faster rate or a larger burst.
-fn too_large(sent: Strategy, new: Strategy) -> bool {
-    let burst = |s: Strategy| match s {
-        Strategy::TokenBucket { max_tokens, .. } => u64::from(max_tokens),
-        Strategy::AllowAll => u64::MAX,
-        Strategy::DenyAll => 0,
-    };
-    sent.rate() > new.rate() || burst(sent) > burst(new)
 }
 
 /// Whether a bucket keeps its `previous` strategy instead of `new`.
@@ -407,7 +413,7 @@ fn keeps(previous: Strategy, new: Strategy) -> bool {
 }
 
 fn remove_member(
-    keys: &mut HashMap<Arc<str>, HashMap<Member, f64>>,
+    keys: &mut HashMap<Arc<str>, HashMap<Member, Option<f64>>>,
     key: &Arc<str>,
     member: &Member,
 ) {
@@ -635,5 +641,27 @@ mod tests {
         book.report(3, &a, limited("k", limit), 1, later);
         book.report(3, &a, limited("k2", limit), 1, later);
         assert_eq!((book.reporters("k"), book.reporters("k2")), (0, 1));
+    }
+
+    #[test]
+    fn a_newcomer_counts_as_the_mean_of_known_demands() {
+        let mut book = QuotaBook::new(BOUNDS);
+        let limit = per_100ms(100);
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let t0 = Instant::now();
+        book.report(1, &a, limited("k", limit), 1, t0);
+        let t1 = t0 + Duration::from_secs(5);
+        // A's demand is known: 40 a second.
+        assert_eq!(
+            rate(book.report(1, &a, limited("k", limit), 200, t1)),
+            100.0
+        );
+        // B's is not: it counts as 40 too, so the two split evenly (less the 1.05 steps).
+        let joined = book.report(2, &b, limited("k", limit), 1, t1);
+        let (rb, ra) = (rate(joined.clone()), joined.pushes[0].2.rate());
+        assert!(
+            (45.0..=50.0).contains(&rb) && (45.0..=50.0).contains(&ra),
+            "{ra} {rb}"
+        );
     }
 }

@@ -53,7 +53,13 @@ pub fn load_yaml(relative: &str) -> Value {
 /// limited routes must route to a cluster). An admin listener on 127.0.0.1 port 0 is added.
 /// Nothing else changes.
 pub fn render_example(rls: SocketAddr, dir: &Path) -> Value {
-    let mut config = load_yaml("examples/envoy/envoy.yaml");
+    render("examples/envoy/envoy.yaml", rls, dir)
+}
+
+/// As [`render_example`], for the example Envoy configuration `relative` (one TCP
+/// listener; clusters `cellrate` and `backend`).
+pub fn render(relative: &str, rls: SocketAddr, dir: &Path) -> Value {
+    let mut config = load_yaml(relative);
     let socket = dir.join("backend.sock");
     let resources = &mut config["static_resources"];
     let listeners = resources["listeners"].as_sequence_mut().unwrap();
@@ -221,8 +227,18 @@ pub struct Envoy {
 impl Envoy {
     /// Starts the example rendered for `rls` (see [`render_example`]), after `edit`.
     pub async fn example(rls: SocketAddr, edit: impl FnOnce(&mut Value)) -> Envoy {
+        Envoy::example_of("examples/envoy/envoy.yaml", rls, edit).await
+    }
+
+    /// Starts the example configuration `relative` rendered for `rls` (see [`render`]),
+    /// after `edit`.
+    pub async fn example_of(
+        relative: &str,
+        rls: SocketAddr,
+        edit: impl FnOnce(&mut Value),
+    ) -> Envoy {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = render_example(rls, dir.path());
+        let mut config = render(relative, rls, dir.path());
         edit(&mut config);
         Envoy::start(config, dir).await
     }
