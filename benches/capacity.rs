@@ -25,7 +25,9 @@ fn rss() -> u64 {
 
 fn memory_per_bucket(n: usize) {
     let clock = FakeClock::new(1_700_000_000 * SECOND);
-    let store = MemoryStore::with_capacity(Arc::new(clock), 128, n + n / 10);
+    // Room for every key whatever shard it hashes to (the bound is per shard), none of it
+    // set aside for caller-given limits.
+    let store = MemoryStore::with_caller_share(Arc::new(clock), 128, n + n / 5, 0);
     let limit = Limit::new(10, 10, 3_600 * SECOND).unwrap();
     let key_len = BucketKey::new(100, &format!("user-{:08}", 0))
         .as_str()

@@ -302,7 +302,7 @@ impl Metrics {
     }
 
     /// Counts one decided item: `result` is a label of [`crate::service::outcome`].
-    /// Creates the `allowed` and `denied` series of `limits`, at zero, for both APIs (the
+    /// Creates the `allowed` and `denied` series of `limits`, at zero, for both APIs and RLQS (the
     /// names configured at start; names added later appear with their first decision).
     pub fn known_limits<'a>(&self, limits: impl IntoIterator<Item = &'a str>) {
         for limit in limits {
@@ -310,6 +310,9 @@ impl Metrics {
                 for result in ["allowed", "denied"] {
                     self.decisions.with_label_values(&[api, limit, result]);
                 }
+            }
+            for result in ["allowed", "denied"] {
+                self.rlqs_requests.with_label_values(&[limit, result]);
             }
         }
     }

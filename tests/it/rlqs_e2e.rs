@@ -61,6 +61,14 @@ fn bound(run: Duration, changes: f64) -> f64 {
     RATE * run.as_secs_f64() + BURST + changes * BURST + 20.0
 }
 
+#[test]
+fn the_example_validates_as_it_is() {
+    let example = crate::common::envoy::load_yaml(EXAMPLE);
+    if let Err(complaint) = crate::common::envoy::validate(&example) {
+        panic!("envoy --mode validate {EXAMPLE}: {complaint}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_envoy_enforces_the_quota_cellrate_assigns() {
     let (s, _dir) = cellrate().await;
