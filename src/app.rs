@@ -553,7 +553,7 @@ async fn serve(
                 settings.rlqs,
                 stop_servers.clone(),
             ))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
         )
         // Admin calls that reach the decision port are told where to go.
         .add_service(

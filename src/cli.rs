@@ -362,7 +362,7 @@ pub struct ServeArgs {
     pub max_override_ttl: i64,
 
     /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
-    #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = 1_024)]
+    #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = 256)]
     pub rlqs_max_streams: usize,
 
     /// Envoy RLQS buckets tracked over every stream, at most (more get no assignment).

@@ -134,6 +134,8 @@ pub enum Action {
 pub struct Reported {
     pub action: Action,
     pub pushes: Vec<(u64, Arc<str>, Strategy)>,
+    /// Other reporters looked at: the work this report cost beyond itself.
+    pub evaluated: usize,
 }
 
 impl From<Action> for Reported {
@@ -141,6 +143,7 @@ impl From<Action> for Reported {
         Reported {
             action,
             pushes: Vec::new(),
+            evaluated: 0,
         }
     }
 }
@@ -266,7 +269,8 @@ impl QuotaBook {
             let reporters = self.keys.entry(key.clone()).or_default();
             reporters.insert(member.clone(), demand.map(|d| d.min(per_second(limit))));
         }
-        let strategy = blanket.unwrap_or_else(|| self.division(&keys, &member));
+        let mut views = Views::new();
+        let strategy = blanket.unwrap_or_else(|| self.division(&keys, &member, &mut views));
         let tracked = self
             .streams
             .get_mut(&stream)
@@ -277,24 +281,41 @@ impl QuotaBook {
             (_, new) => new,
         };
         tracked.sent = Some(strategy);
-        // The other reporters of these keys whose share changed are told at once (all shares
-        // then come from one view of the demand), so that the shares handed out never add
-        // up to more than a limit, and a share freed by one is used by the others at once.
+        let touched: Vec<Arc<str>> = keys.iter().map(|(key, _)| key.clone()).collect();
+        let (pushes, evaluated) = self.repush(&touched, Some(&member), &mut views);
+        Reported {
+            action: Action::Assign(strategy),
+            pushes,
+            evaluated,
+        }
+    }
+
+    /// The other reporters of `keys` whose share changed are told at once (all shares then
+    /// come from one view of the demand), so that the shares handed out never add up to
+    /// more than a limit, and a share freed by one is used by the others at once. Returns
+    /// the pushes and how many reporters were looked at (the work done).
+    fn repush(
+        &mut self,
+        keys: &[Arc<str>],
+        except: Option<&Member>,
+        views: &mut Views,
+    ) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
         let mut pushes = Vec::new();
         let mut others: Vec<Member> = keys
             .iter()
-            .filter_map(|(key, _)| self.keys.get(key))
+            .filter_map(|key| self.keys.get(key))
             .flat_map(|reporters| reporters.keys())
-            .filter(|m| **m != member)
+            .filter(|m| Some(*m) != except)
             .cloned()
             .collect();
         others.sort();
         others.dedup();
+        let evaluated = others.len();
         for other in others {
             let Some(theirs) = self.streams.get(&other.0).and_then(|b| b.get(&other.1)) else {
                 continue;
             };
-            let new = self.division(&theirs.keys, &other);
+            let new = self.division(&theirs.keys, &other, views);
             if theirs.sent.is_some_and(|sent| !keeps(sent, new)) {
                 if let Some(t) = self
                     .streams
@@ -306,37 +327,45 @@ impl QuotaBook {
                 pushes.push((other.0, other.1, new));
             }
         }
-        Reported {
-            action: Action::Assign(strategy),
-            pushes,
-        }
+        (pushes, evaluated)
     }
 
     /// The share of `member` in each of `keys`, the most restrictive.
-    fn division(&self, keys: &[(Arc<str>, Limit)], member: &Member) -> Strategy {
+    fn division(&self, keys: &[(Arc<str>, Limit)], member: &Member, views: &mut Views) -> Strategy {
         let mut strategy = Strategy::AllowAll;
         for (key, limit) in keys {
-            let fraction = self
-                .keys
-                .get(key)
-                .map_or(1.0, |reporters| fraction(reporters, member));
+            let fraction = match self.keys.get(key) {
+                None => 1.0,
+                Some(reporters) => {
+                    let view = views
+                        .entry(key.clone())
+                        .or_insert_with(|| View::of(reporters));
+                    view.fraction(reporters.get(member).copied().flatten())
+                }
+            };
             strategy = strategy.stricter(Strategy::share(limit, quantized(fraction)));
         }
         strategy
     }
 
-    /// A stream ended: its buckets leave every key they reported to.
-    pub fn end_stream(&mut self, stream: u64) {
+    /// A stream ended: its buckets leave every key they reported to, and the other
+    /// reporters of those keys are sent their larger shares (returned, with the work done).
+    pub fn end_stream(&mut self, stream: u64) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
         let Some(buckets) = self.streams.remove(&stream) else {
-            return;
+            return (Vec::new(), 0);
         };
         self.tracked -= buckets.len();
+        let mut touched = Vec::new();
         for (bucket, tracked) in buckets {
             let member: Member = (stream, bucket);
             for (key, _) in &tracked.keys {
                 remove_member(&mut self.keys, key, &member);
+                touched.push(key.clone());
             }
         }
+        touched.sort();
+        touched.dedup();
+        self.repush(&touched, None, &mut Views::new())
     }
 
     fn forget(&mut self, stream: u64, bucket: &Arc<str>) {
@@ -359,22 +388,46 @@ fn per_second(limit: &Limit) -> f64 {
 }
 
 /// The fraction of a key that `member` gets among `reporters`.
-fn fraction(reporters: &HashMap<Member, Option<f64>>, member: &Member) -> f64 {
-    let n = reporters.len().max(1) as f64;
-    // A reporter whose demand is not known yet (one report so far) counts as the mean of
-    // the known ones: a newcomer is neither starved nor handed the incumbents' shares.
-    let known: Vec<f64> = reporters.values().flatten().copied().collect();
-    if known.is_empty() {
-        return 1.0 / n;
+/// One key's reporters summed up once, so that each reporter's fraction costs O(1).
+struct View {
+    n: f64,
+    /// The mean of the known demands, if any is known.
+    mean: Option<f64>,
+    /// Every demand, the unknown ones counted as the mean.
+    total: f64,
+}
+
+type Views = HashMap<Arc<str>, View>;
+
+impl View {
+    fn of(reporters: &HashMap<Member, Option<f64>>) -> View {
+        let (mut known, mut sum) = (0usize, 0.0);
+        for d in reporters.values().flatten() {
+            known += 1;
+            sum += d;
+        }
+        let mean = (known > 0).then(|| sum / known as f64);
+        let total = mean.map_or(0.0, |m| sum + m * (reporters.len() - known) as f64);
+        View {
+            n: reporters.len().max(1) as f64,
+            mean,
+            total,
+        }
     }
-    let mean = known.iter().sum::<f64>() / known.len() as f64;
-    let of = |d: &Option<f64>| d.unwrap_or(mean);
-    let total: f64 = reporters.values().map(of).sum();
-    let own = reporters.get(member).map_or(mean, of);
-    if total > 0.0 {
-        FLOOR / n + (1.0 - FLOOR) * own / total
-    } else {
-        1.0 / n
+
+    /// The fraction of a reporter whose demand is `own`: `FLOOR / n` plus its part of the
+    /// rest by demand. A reporter whose demand is not known yet (one report so far) counts
+    /// as the mean of the known ones: a newcomer is neither starved nor handed the
+    /// incumbents' shares. While no demand is known, or none is reported, all are equal.
+    fn fraction(&self, own: Option<f64>) -> f64 {
+        let Some(mean) = self.mean else {
+            return 1.0 / self.n;
+        };
+        if self.total > 0.0 {
+            FLOOR / self.n + (1.0 - FLOOR) * own.unwrap_or(mean) / self.total
+        } else {
+            1.0 / self.n
+        }
     }
 }
 

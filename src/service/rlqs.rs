@@ -11,9 +11,10 @@
 //! removed, or that saw no request for `--rlqs-idle-seconds`, is abandoned.
 //!
 //! Hostile streams: at most `--rlqs-max-streams` at once (more: RESOURCE_EXHAUSTED), each
-//! ended after `--rlqs-idle-seconds` without a message, at most 64 KiB a message and
-//! [`MAX_USAGES_PER_SECOND`] bucket reports a second (beyond, reading waits: TCP pushes
-//! back), bucket ids of at most [`MAX_BUCKET_ENTRIES`] entries of bounded size; at most
+//! ended after `--rlqs-idle-seconds` without a message, at most [`MAX_MESSAGE_BYTES`] a
+//! message, [`MAX_USAGES_PER_SECOND`] units of work a second per stream and
+//! [`MAX_WORK_PER_SECOND`] over all streams (beyond, reading waits: TCP pushes back),
+//! bucket ids of at most [`MAX_BUCKET_ENTRIES`] entries of bounded size; at most
 //! `--rlqs-max-buckets` buckets tracked in all and `--rlqs-max-buckets-per-stream` per
 //! stream (beyond, a new bucket gets no assignment and Envoy applies its no-assignment
 //! behaviour). A malformed message ends its stream with INVALID_ARGUMENT saying what and
@@ -39,7 +40,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf as pbw;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::quota_book::{Action, BookBounds, QuotaBook, Resolution, Strategy};
 use super::Decider;
@@ -55,8 +56,14 @@ pub const MAX_BUCKET_KEY: usize = 128;
 pub const MAX_BUCKET_VALUE: usize = 512;
 /// Bytes of a domain, at most.
 pub const MAX_DOMAIN: usize = 128;
-/// Bucket reports one stream may send per second (and at once).
+/// Work one stream may cause per second (and at once): a bucket report is one unit, and
+/// each other reporter of its limit that it makes cellrate look at is one more.
 pub const MAX_USAGES_PER_SECOND: u64 = 10_000;
+/// Work all streams together may cause per second (and at once).
+pub const MAX_WORK_PER_SECOND: u64 = 200_000;
+/// Largest report message (an Envoy reports all its buckets in one message, about 100 bytes
+/// each): with the default `--rlqs-max-streams`, at most 256 MiB held by reports.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Answers waiting to be sent on one stream; a stream that does not read them is ended.
 const QUEUE: usize = 64;
 
@@ -76,7 +83,7 @@ pub struct RlqsSettings {
 impl Default for RlqsSettings {
     fn default() -> RlqsSettings {
         RlqsSettings {
-            max_streams: 1_024,
+            max_streams: 256,
             max_buckets: 100_000,
             max_buckets_per_stream: 10_000,
             assignment_ttl: Duration::from_secs(10),
@@ -97,6 +104,8 @@ struct Shared {
     streams: AtomicU64,
     permits: Arc<Semaphore>,
     stop: CancellationToken,
+    /// The work of every stream together.
+    work: Mutex<Budget>,
 }
 
 /// The RLQS service.
@@ -127,6 +136,7 @@ impl RlqsService {
                 streams: AtomicU64::new(0),
                 permits: Arc::new(Semaphore::new(settings.max_streams)),
                 stop,
+                work: Mutex::new(Budget::new(Instant::now(), MAX_WORK_PER_SECOND)),
             }),
         }
     }
@@ -183,7 +193,7 @@ async fn serve_stream(
     _permit: OwnedSemaphorePermit,
 ) {
     let mut domain: Option<String> = None;
-    let mut budget = Budget::new(Instant::now());
+    let mut budget = Budget::new(Instant::now(), MAX_USAGES_PER_SECOND);
     loop {
         let next = tokio::select! {
             next = tokio::time::timeout(shared.settings.idle, incoming.message()) => next,
@@ -201,25 +211,46 @@ async fn serve_stream(
                 break;
             }
             Ok(Ok(Some(reports))) => reports,
-            Ok(Ok(None)) | Ok(Err(_)) => break,
+            Ok(Ok(None)) => break,
+            // A message that cannot be read (too large, not protobuf) is the client's error,
+            // sent back to it; a vanished client reads nothing, which is harmless.
+            Ok(Err(status)) => {
+                if matches!(
+                    status.code(),
+                    Code::OutOfRange | Code::InvalidArgument | Code::Internal
+                ) {
+                    shared.metrics.rlqs_refused("invalid");
+                }
+                let _ = tx.try_send(Err(status));
+                break;
+            }
         };
-        if let Some(wait) = budget.spend(reports.bucket_quota_usages.len() as u64, Instant::now()) {
-            tokio::time::sleep(wait).await;
-        }
-        match answer(&shared, id, &mut domain, &reports) {
-            Ok(None) => {}
-            Ok(Some(response)) => {
+        let work = match answer(&shared, id, &mut domain, &reports) {
+            Ok((None, work)) => work,
+            Ok((Some(response), work)) => {
                 // A client that reads nothing fills the queue: it is ended, not waited for.
                 if tx.try_send(Ok(response)).is_err() {
                     shared.metrics.rlqs_refused("slow_reader");
                     break;
                 }
+                work
             }
             Err(status) => {
                 shared.metrics.rlqs_refused("invalid");
                 let _ = tx.try_send(Err(status));
                 break;
             }
+        };
+        // The work done is paid for before the next message is read.
+        let now = Instant::now();
+        let own = budget.spend(work, now);
+        let all = shared
+            .work
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spend(work, now);
+        if let Some(wait) = own.max(all) {
+            tokio::time::sleep(wait).await;
         }
     }
     shared
@@ -227,33 +258,41 @@ async fn serve_stream(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .remove(&id);
-    let tracked = {
+    let (pushes, work, tracked) = {
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
-        book.end_stream(id);
-        book.tracked()
+        let (pushes, work) = book.end_stream(id);
+        (pushes, work, book.tracked())
     };
+    let _ = shared
+        .work
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .spend(work as u64, Instant::now());
+    push(&shared, pushes);
     shared.metrics.rlqs_buckets.set(tracked as i64);
     shared.metrics.rlqs_streams.dec();
 }
 
-/// Bucket reports a stream may still send now: [`MAX_USAGES_PER_SECOND`], refilled
-/// continuously.
+/// Work that may still be done now: `rate` a second, refilled continuously, at most `rate`
+/// held.
 struct Budget {
     tokens: f64,
+    rate: f64,
     at: Instant,
 }
 
 impl Budget {
-    fn new(now: Instant) -> Budget {
+    fn new(now: Instant, rate: u64) -> Budget {
         Budget {
-            tokens: MAX_USAGES_PER_SECOND as f64,
+            tokens: rate as f64,
+            rate: rate as f64,
             at: now,
         }
     }
 
-    /// Spends `n`; how long to wait first, if the budget is short.
+    /// Spends `n`; how long to wait before more, if the budget is in debt.
     fn spend(&mut self, n: u64, now: Instant) -> Option<Duration> {
-        let rate = MAX_USAGES_PER_SECOND as f64;
+        let rate = self.rate;
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate).min(rate);
         self.at = now;
@@ -273,13 +312,14 @@ struct Usage<'r> {
     denied: u64,
 }
 
-/// The answer to one report message (`None`: nothing to say), after checking all of it.
+/// The answer to one report message (`None`: nothing to say), after checking all of it,
+/// and the work it cost.
 fn answer(
     shared: &Shared,
     stream: u64,
     domain: &mut Option<String>,
     reports: &RateLimitQuotaUsageReports,
-) -> Result<Option<RateLimitQuotaResponse>, Status> {
+) -> Result<(Option<RateLimitQuotaResponse>, u64), Status> {
     let current = check_domain(domain.as_deref(), &reports.domain)?;
     let usages = reports
         .bucket_quota_usages
@@ -318,6 +358,7 @@ fn answer(
     let now = Instant::now();
     let mut actions = Vec::with_capacity(usages.len());
     let mut pushes = Vec::new();
+    let mut work = usages.len() as u64;
     {
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
         for usage in &usages {
@@ -336,13 +377,15 @@ fn answer(
                 shared.metrics.rlqs_refused("too_many_buckets");
             }
             pushes.extend(reported.pushes);
+            work += reported.evaluated as u64;
         }
         shared.metrics.rlqs_buckets.set(book.tracked() as i64);
     }
     push(shared, pushes);
-    Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
+    let response = (!actions.is_empty()).then_some(RateLimitQuotaResponse {
         bucket_action: actions,
-    }))
+    });
+    Ok((response, work))
 }
 
 /// Sends lower shares to other streams' buckets. The bucket id is rebuilt from its text
@@ -531,9 +574,9 @@ mod tests {
     #[test]
     fn the_budget_refills_and_makes_floods_wait() {
         let t0 = Instant::now();
-        let mut budget = Budget::new(t0);
-        assert_eq!(budget.spend(MAX_USAGES_PER_SECOND, t0), None);
-        let wait = budget.spend(MAX_USAGES_PER_SECOND / 2, t0).unwrap();
+        let mut budget = Budget::new(t0, 10_000);
+        assert_eq!(budget.spend(10_000, t0), None);
+        let wait = budget.spend(5_000, t0).unwrap();
         assert_eq!(wait, Duration::from_millis(500));
         assert_eq!(budget.spend(0, t0 + Duration::from_secs(2)), None);
     }

@@ -382,3 +382,39 @@ async fn hostile_streams_meet_their_bounds() {
         Some(1.0)
     );
 }
+
+#[tokio::test]
+async fn an_envoy_with_thousands_of_buckets_reports_them_in_one_message() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 100);
+    let s = served(dir.path(), Settings::default()).await;
+    // 3 000 accounts in one message (about 150 KB): all answered, in order.
+    let mut a = Stream::open(&s).await.unwrap();
+    let mut many = report("edge", bucket(&[("name", "api"), ("account", "1")]), 1, 0);
+    for i in 2..=3_000 {
+        let id = bucket(&[("name", "api"), ("account", &i.to_string())]);
+        many.bucket_quota_usages
+            .push(report("edge", id, 1, 0).bucket_quota_usages[0].clone());
+    }
+    a.send(many.clone()).await;
+    let answer = a.next().await.unwrap().unwrap();
+    assert_eq!(answer.bucket_action.len(), 3_000);
+    assert_eq!(
+        answer.bucket_action[2_999].bucket_id,
+        Some(bucket(&[("name", "api"), ("account", "3000")]))
+    );
+    // Over 1 MiB: refused, the stream ends, nothing of it applied.
+    let mut b = Stream::open(&s).await.unwrap();
+    let huge_value = "9".repeat(500);
+    let mut huge = report("edge", bucket(&[("name", "api"), ("account", "1")]), 1, 0);
+    for i in 0..2_500 {
+        let id = bucket(&[("name", "api"), ("k", &format!("{i}{huge_value}"))]);
+        huge.bucket_quota_usages
+            .push(report("edge", id, 1, 0).bucket_quota_usages[0].clone());
+    }
+    b.send(huge).await;
+    let e = b.next().await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
+    assert_eq!(sample(&metrics, "cellrate_rlqs_buckets"), Some(3_000.0));
+}
