@@ -249,6 +249,7 @@ pub async fn run(
     let metrics = Metrics::new();
     let health = Health::new();
     let mut shared_overrides: Option<Arc<dyn SharedOverrides>> = None;
+    let mut shared_demand: Option<Arc<dyn crate::service::rlqs::SharedDemand>> = None;
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
@@ -263,6 +264,10 @@ pub async fn run(
         } => {
             let store = RedisStore::new(redis.clone(), clock.clone(), metrics.clone())?;
             shared_overrides = Some(Arc::new(RedisOverrides::new(redis)?));
+            shared_demand = Some(Arc::new(crate::store::redis::RedisDemand::new(
+                redis,
+                3 * settings.rlqs.sync,
+            )?));
             if *required_for_ready {
                 health.require_store_health(store.healthy());
             }
@@ -279,6 +284,7 @@ pub async fn run(
         metrics,
         health,
         shared_overrides,
+        shared_demand,
     };
     serve(parts, settings, shutdown).await
 }
@@ -300,6 +306,7 @@ pub async fn run_with_store(
         metrics: Metrics::new(),
         health: Health::new(),
         shared_overrides: None,
+        shared_demand: None,
     };
     serve(parts, settings, shutdown).await
 }
@@ -367,6 +374,8 @@ struct Parts {
     health: Arc<Health>,
     /// Where temporary overrides are shared with other replicas (the Redis store).
     shared_overrides: Option<Arc<dyn SharedOverrides>>,
+    /// Where RLQS demand is shared with other replicas (the Redis store).
+    shared_demand: Option<Arc<dyn crate::service::rlqs::SharedDemand>>,
 }
 
 /// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
@@ -384,6 +393,7 @@ async fn serve(
         metrics,
         health,
         shared_overrides,
+        shared_demand,
     } = parts;
     let addr = |l: &TcpListener| {
         l.local_addr()
@@ -511,6 +521,15 @@ async fn serve(
     // then too (Envoys reconnect to another replica).
     let stop_servers = CancellationToken::new();
 
+    let mut rlqs = RlqsService::new(
+        decider.clone(),
+        metrics.clone(),
+        settings.rlqs,
+        stop_servers.clone(),
+    );
+    if let Some(demand) = shared_demand {
+        rlqs = rlqs.with_shared_demand(demand);
+    }
     let mut decisions_server = server_limits.grpc_server();
     let mut admin_server = server_limits.grpc_server();
     if let Some(tls) = &settings.tls {
@@ -547,13 +566,8 @@ async fn serve(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            RateLimitQuotaServiceServer::new(RlqsService::new(
-                decider.clone(),
-                metrics.clone(),
-                settings.rlqs,
-                stop_servers.clone(),
-            ))
-            .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
+            RateLimitQuotaServiceServer::new(rlqs)
+                .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
         )
         // Admin calls that reach the decision port are told where to go.
         .add_service(

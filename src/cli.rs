@@ -386,6 +386,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RLQS_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub rlqs_idle_seconds: u64,
 
+    /// With --store redis: how often each replica exchanges its RLQS demand with the others,
+    /// in milliseconds.
+    #[arg(long, env = "CELLRATE_RLQS_SYNC_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub rlqs_sync_ms: u64,
+
     /// Percent of --max-buckets that buckets under caller-given limits may hold.
     #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub caller_limit_bucket_share: u8,

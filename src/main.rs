@@ -229,6 +229,7 @@ async fn serve_async(
             max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
             assignment_ttl: Duration::from_secs(args.rlqs_assignment_ttl_seconds),
             idle: Duration::from_secs(args.rlqs_idle_seconds),
+            sync: Duration::from_millis(args.rlqs_sync_ms),
         },
         grace: Duration::from_secs(args.grace_seconds),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),

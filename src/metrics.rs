@@ -211,7 +211,7 @@ impl Metrics {
             ),
             rlqs_refusals: counter_vec(
                 "cellrate_rlqs_refusals_total",
-                "RLQS streams and buckets refused, by reason (too_many_streams, too_many_buckets, invalid, slow_reader).",
+                "RLQS streams and buckets refused, by reason (too_many_streams, too_many_buckets, invalid, slow_reader), and failed exchanges of demand with other replicas (sync_failure).",
                 &["reason"],
             ),
             rlqs_requests: counter_vec(

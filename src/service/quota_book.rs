@@ -180,6 +180,31 @@ pub struct QuotaBook {
     /// key -> reporter -> its demand (capped at the key's rate).
     keys: HashMap<Arc<str>, HashMap<Member, Option<f64>>>,
     tracked: usize,
+    /// key -> the other replicas' reporters of it (shared through Redis).
+    remote: HashMap<Arc<str>, Aggregate>,
+}
+
+/// The reporters of one key, summed up: how many, how many with a known demand, and the
+/// sum of the known demands (capped). What replicas share with each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Aggregate {
+    pub reporters: u64,
+    pub known: u64,
+    pub sum: f64,
+}
+
+impl Aggregate {
+    fn of(reporters: &HashMap<Member, Option<f64>>) -> Aggregate {
+        let mut aggregate = Aggregate {
+            reporters: reporters.len() as u64,
+            ..Aggregate::default()
+        };
+        for d in reporters.values().flatten() {
+            aggregate.known += 1;
+            aggregate.sum += d;
+        }
+        aggregate
+    }
 }
 
 impl QuotaBook {
@@ -189,6 +214,7 @@ impl QuotaBook {
             streams: HashMap::new(),
             keys: HashMap::new(),
             tracked: 0,
+            remote: HashMap::new(),
         }
     }
 
@@ -339,13 +365,57 @@ impl QuotaBook {
                 Some(reporters) => {
                     let view = views
                         .entry(key.clone())
-                        .or_insert_with(|| View::of(reporters));
+                        .or_insert_with(|| View::of(reporters, self.remote.get(key)));
                     view.fraction(reporters.get(member).copied().flatten())
                 }
             };
             strategy = strategy.stricter(Strategy::share(limit, quantized(fraction)));
         }
         strategy
+    }
+
+    /// This replica's reporters of every key it knows, summed up (to share with others).
+    pub fn aggregates(&self) -> Vec<(Arc<str>, Aggregate)> {
+        self.keys
+            .iter()
+            .map(|(key, reporters)| (key.clone(), Aggregate::of(reporters)))
+            .collect()
+    }
+
+    /// The other replicas' reporters of `keys` (`None`: not known, e.g. Redis is gone: each
+    /// replica then divides among its own). The reporters whose share moved are returned,
+    /// with the work done.
+    pub fn set_remote(
+        &mut self,
+        remote: Option<Vec<(Arc<str>, Aggregate)>>,
+    ) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
+        let mut changed = Vec::new();
+        match remote {
+            None => {
+                changed.extend(self.remote.drain().map(|(key, _)| key));
+            }
+            Some(remote) => {
+                let mut fresh: HashMap<Arc<str>, Aggregate> = HashMap::with_capacity(remote.len());
+                for (key, aggregate) in remote {
+                    if aggregate.reporters == 0 {
+                        continue;
+                    }
+                    if self.remote.get(&key) != Some(&aggregate) {
+                        changed.push(key.clone());
+                    }
+                    fresh.insert(key, aggregate);
+                }
+                changed.extend(
+                    self.remote
+                        .keys()
+                        .filter(|key| !fresh.contains_key(*key))
+                        .cloned(),
+                );
+                self.remote = fresh;
+            }
+        }
+        changed.retain(|key| self.keys.contains_key(key));
+        self.repush(&changed, None, &mut Views::new())
     }
 
     /// A stream ended: its buckets leave every key they reported to, and the other
@@ -400,16 +470,17 @@ struct View {
 type Views = HashMap<Arc<str>, View>;
 
 impl View {
-    fn of(reporters: &HashMap<Member, Option<f64>>) -> View {
-        let (mut known, mut sum) = (0usize, 0.0);
-        for d in reporters.values().flatten() {
-            known += 1;
-            sum += d;
-        }
+    /// The view of a key: this replica's `reporters`, and the other replicas' if known.
+    fn of(reporters: &HashMap<Member, Option<f64>>, remote: Option<&Aggregate>) -> View {
+        let local = Aggregate::of(reporters);
+        let other = remote.copied().unwrap_or_default();
+        let n = local.reporters + other.reporters;
+        let known = local.known + other.known;
+        let sum = local.sum + other.sum;
         let mean = (known > 0).then(|| sum / known as f64);
-        let total = mean.map_or(0.0, |m| sum + m * (reporters.len() - known) as f64);
+        let total = mean.map_or(0.0, |m| sum + m * n.saturating_sub(known) as f64);
         View {
-            n: reporters.len().max(1) as f64,
+            n: n.max(1) as f64,
             mean,
             total,
         }
@@ -716,5 +787,42 @@ mod tests {
             (45.0..=50.0).contains(&rb) && (45.0..=50.0).contains(&ra),
             "{ra} {rb}"
         );
+    }
+
+    #[test]
+    fn other_replicas_reporters_count_until_they_are_gone() {
+        let mut book = QuotaBook::new(BOUNDS);
+        let limit = per_100ms(100);
+        let a: Arc<str> = Arc::from("a");
+        let t0 = Instant::now();
+        assert_eq!(rate(book.report(1, &a, limited("k", limit), 1, t0)), 100.0);
+        assert_eq!(
+            book.aggregates(),
+            [(
+                Arc::from("k"),
+                Aggregate {
+                    reporters: 1,
+                    known: 0,
+                    sum: 0.0
+                }
+            )]
+        );
+        // Another replica has one reporter of k: A's share halves (pushed).
+        let other = Aggregate {
+            reporters: 1,
+            known: 0,
+            sum: 0.0,
+        };
+        let (pushes, evaluated) = book.set_remote(Some(vec![(Arc::from("k"), other)]));
+        assert_eq!(evaluated, 1);
+        assert!((45.0..=50.0).contains(&pushes[0].2.rate()), "{pushes:?}");
+        // The same view again: nothing to push.
+        assert!(book
+            .set_remote(Some(vec![(Arc::from("k"), other)]))
+            .0
+            .is_empty());
+        // The view is lost (Redis gone): A alone again.
+        let (pushes, _) = book.set_remote(None);
+        assert_eq!(pushes[0].2.rate(), 100.0);
     }
 }

@@ -42,12 +42,13 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use super::quota_book::{Action, BookBounds, QuotaBook, Resolution, Strategy};
+use super::quota_book::{Action, Aggregate, BookBounds, QuotaBook, Resolution, Strategy};
 use super::Decider;
 use crate::limits::config::Policy;
 use crate::limits::descriptors::{InvalidIds, Mapping};
 use crate::limits::names::BucketKey;
 use crate::metrics::Metrics;
+use crate::store::StoreFuture;
 
 /// Entries of one bucket id, at most.
 pub const MAX_BUCKET_ENTRIES: usize = 16;
@@ -78,6 +79,16 @@ pub struct RlqsSettings {
     /// A stream silent for this long is ended; a bucket without requests for this long is
     /// abandoned.
     pub idle: Duration,
+    /// With a shared demand (Redis): how often it is exchanged.
+    pub sync: Duration,
+}
+
+/// Demand for limit keys shared by replicas (the Redis store): see the README's "Envoy RLQS".
+pub trait SharedDemand: Send + Sync + 'static {
+    /// Publishes this replica's reporters of each key and returns, in the same order, the
+    /// other replicas' reporters of it.
+    fn exchange<'a>(&'a self, mine: &'a [(Arc<str>, Aggregate)])
+        -> StoreFuture<'a, Vec<Aggregate>>;
 }
 
 impl Default for RlqsSettings {
@@ -88,6 +99,7 @@ impl Default for RlqsSettings {
             max_buckets_per_stream: 10_000,
             assignment_ttl: Duration::from_secs(10),
             idle: Duration::from_secs(60),
+            sync: Duration::from_secs(1),
         }
     }
 }
@@ -139,6 +151,62 @@ impl RlqsService {
                 work: Mutex::new(Budget::new(Instant::now(), MAX_WORK_PER_SECOND)),
             }),
         }
+    }
+}
+
+impl RlqsService {
+    /// Divides every limit among the reporters of every replica on `demand`: exchanges
+    /// this replica's demand every `sync` until the server stops. While the exchange fails,
+    /// the last view holds for three intervals; then each replica divides among its own.
+    pub fn with_shared_demand(self, demand: Arc<dyn SharedDemand>) -> RlqsService {
+        tokio::spawn(share_demand(self.shared.clone(), demand));
+        self
+    }
+}
+
+async fn share_demand(shared: Arc<Shared>, demand: Arc<dyn SharedDemand>) {
+    let every = shared.settings.sync;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut last_ok, mut failing) = (Instant::now(), false);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shared.stop.cancelled() => return,
+        }
+        let mine = shared
+            .book
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .aggregates();
+        let remote = match demand.exchange(&mine).await {
+            Ok(theirs) => {
+                if failing {
+                    tracing::info!("rlqs: demand shared through redis again");
+                    failing = false;
+                }
+                last_ok = Instant::now();
+                Some(mine.into_iter().map(|(key, _)| key).zip(theirs).collect())
+            }
+            Err(e) => {
+                shared.metrics.rlqs_refused("sync_failure");
+                if !failing {
+                    tracing::warn!(error = %e, "rlqs: cannot share demand through redis; the last view holds for three intervals, then each replica divides among its own");
+                    failing = true;
+                }
+                if last_ok.elapsed() < 3 * every {
+                    continue;
+                }
+                None
+            }
+        };
+        let pushes = shared
+            .book
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_remote(remote)
+            .0;
+        push(&shared, pushes);
     }
 }
 

@@ -1,8 +1,8 @@
 //! Real Envoy processes running `examples/envoy/rlqs.yaml` (the `rate_limit_quota` filter)
 //! in front of a served cellrate: Envoy enforces the quotas cellrate assigns, one limit is
 //! divided between two Envoys, and what all of them admit stays within the limit plus the
-//! documented overshoot. Short runs (4 s of load) with a limit of 20 per second; the long
-//! runs are `scripts/bench-rlqs.sh`.
+//! documented overshoot, with one cellrate or two sharing Redis. Short runs (4 to 11 s of
+//! load) with a limit of 20 per second.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ const EXAMPLE: &str = "examples/envoy/rlqs.yaml";
 const RATE: f64 = 20.0;
 const BURST: f64 = 20.0;
 
-async fn cellrate() -> (Served, tempfile::TempDir) {
+async fn cellrate(settings: Settings) -> (Served, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("defaults.yaml"),
@@ -71,7 +71,7 @@ fn the_example_validates_as_it_is() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_envoy_enforces_the_quota_cellrate_assigns() {
-    let (s, _dir) = cellrate().await;
+    let (s, _dir) = cellrate(Settings::default()).await;
     let envoy = Envoy::example_of(EXAMPLE, s.decisions_addr, |_| {}).await;
     let run = Duration::from_secs(4);
     let (ok, limited) = load(&envoy, "42", run, None).await;
@@ -93,12 +93,38 @@ async fn one_envoy_enforces_the_quota_cellrate_assigns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_divide_one_limit_by_demand() {
-    let (s, _dir) = cellrate().await;
-    let a = Envoy::example_of(EXAMPLE, s.decisions_addr, |_| {}).await;
-    let b = Envoy::example_of(EXAMPLE, s.decisions_addr, |_| {}).await;
-    // A asks as fast as it is answered; B asks 5 times a second (a quarter of the limit).
-    // Envoy 1.40 reports every 5 s: the first 6 s divide by what is known at once (equal
-    // shares), the next 5 s by the demand both reported.
+    let (s, _dir) = cellrate(Settings::default()).await;
+    two_envoys_on(s.decisions_addr, s.decisions_addr).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_on_two_replicas_sharing_redis_divide_one_limit() {
+    use cellrate::app::StoreSettings;
+    use cellrate::store::redis::RedisSettings;
+    let redis = crate::common::redis_server::RedisServer::start();
+    let on_redis = || Settings {
+        store: StoreSettings::Redis {
+            settings: RedisSettings {
+                url: Some(redis.url()),
+                timeout: Duration::from_millis(500),
+                ..RedisSettings::default()
+            },
+            required_for_ready: false,
+        },
+        ..Settings::default()
+    };
+    let (one, _d1) = cellrate(on_redis()).await;
+    let (two, _d2) = cellrate(on_redis()).await;
+    two_envoys_on(one.decisions_addr, two.decisions_addr).await;
+}
+
+/// Envoy A on cellrate `rls_a` asks as fast as it is answered; Envoy B on `rls_b` asks 5
+/// times a second (a quarter of the limit). Envoy 1.40 reports every 5 s: the first 6 s
+/// divide by what is known at once, the next 5 s by the demand both reported.
+async fn two_envoys_on(rls_a: std::net::SocketAddr, rls_b: std::net::SocketAddr) {
+    let a = Envoy::example_of(EXAMPLE, rls_a, |_| {}).await;
+    let b = Envoy::example_of(EXAMPLE, rls_b, |_| {}).await;
     let phase = |run: Duration| {
         let (a, b) = (&a, &b);
         async move {

@@ -38,6 +38,8 @@ mod cluster;
 #[cfg(feature = "redis")]
 mod connection;
 #[cfg(feature = "redis")]
+mod demand;
+#[cfg(feature = "redis")]
 mod deny_cache;
 #[cfg(feature = "redis")]
 mod failure;
@@ -48,6 +50,8 @@ mod store;
 
 #[cfg(feature = "redis")]
 pub use cluster::slot;
+#[cfg(feature = "redis")]
+pub use demand::RedisDemand;
 #[cfg(feature = "redis")]
 pub use overrides::RedisOverrides;
 #[cfg(feature = "redis")]
