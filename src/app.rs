@@ -248,7 +248,10 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
     let health = Health::new();
+    // Set by the Redis store (a build without it never changes them).
+    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
     let mut shared_overrides: Option<Arc<dyn SharedOverrides>> = None;
+    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
     let mut shared_demand: Option<Arc<dyn crate::service::rlqs::SharedDemand>> = None;
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
