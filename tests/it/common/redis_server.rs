@@ -104,6 +104,21 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Server settings for the Redis store on this server (500 ms deadlines).
+    pub fn settings(&self) -> cellrate::app::Settings {
+        cellrate::app::Settings {
+            store: cellrate::app::StoreSettings::Redis {
+                settings: cellrate::store::redis::RedisSettings {
+                    url: Some(self.url()),
+                    timeout: Duration::from_millis(500),
+                    ..cellrate::store::redis::RedisSettings::default()
+                },
+                required_for_ready: false,
+            },
+            ..cellrate::app::Settings::default()
+        }
+    }
+
     /// Kills the server (as a crash would).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
