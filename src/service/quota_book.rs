@@ -155,6 +155,9 @@ pub struct BookBounds {
     pub max_buckets_per_stream: usize,
     /// A bucket that reported no request for this long is abandoned.
     pub idle: Duration,
+    /// How long the buckets of an ended stream keep their shares: the assignments' time to
+    /// live, for which their Envoy may go on enforcing them (a broken connection).
+    pub linger: Duration,
 }
 
 /// One bucket of one stream.
@@ -182,6 +185,8 @@ pub struct QuotaBook {
     tracked: usize,
     /// key -> the other replicas' reporters of it (shared through Redis).
     remote: HashMap<Arc<str>, Aggregate>,
+    /// Reporters of ended streams that keep their shares until a deadline, in its order.
+    lingering: std::collections::VecDeque<(Instant, Member, Vec<Arc<str>>)>,
 }
 
 /// The reporters of one key, summed up: how many, how many with a known demand, and the
@@ -215,6 +220,7 @@ impl QuotaBook {
             keys: HashMap::new(),
             tracked: 0,
             remote: HashMap::new(),
+            lingering: std::collections::VecDeque::new(),
         }
     }
 
@@ -231,6 +237,21 @@ impl QuotaBook {
     /// A report of `requests` (allowed + denied) for `bucket` of `stream`, which
     /// `resolution` maps, at `now`: what to tell the bucket.
     pub fn report(
+        &mut self,
+        stream: u64,
+        bucket: &Arc<str>,
+        resolution: Resolution,
+        requests: u64,
+        now: Instant,
+    ) -> Reported {
+        let (lingered, lingered_work) = self.expire(now);
+        let mut reported = self.report_now(stream, bucket, resolution, requests, now);
+        reported.pushes.extend(lingered);
+        reported.evaluated += lingered_work;
+        reported
+    }
+
+    fn report_now(
         &mut self,
         stream: u64,
         bucket: &Arc<str>,
@@ -420,18 +441,40 @@ impl QuotaBook {
 
     /// A stream ended: its buckets leave every key they reported to, and the other
     /// reporters of those keys are sent their larger shares (returned, with the work done).
-    pub fn end_stream(&mut self, stream: u64) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
+    pub fn end_stream(
+        &mut self,
+        stream: u64,
+        now: Instant,
+    ) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
         let Some(buckets) = self.streams.remove(&stream) else {
             return (Vec::new(), 0);
         };
         self.tracked -= buckets.len();
-        let mut touched = Vec::new();
         for (bucket, tracked) in buckets {
-            let member: Member = (stream, bucket);
-            for (key, _) in &tracked.keys {
-                remove_member(&mut self.keys, key, &member);
-                touched.push(key.clone());
+            if !tracked.keys.is_empty() {
+                let keys = tracked.keys.into_iter().map(|(key, _)| key).collect();
+                self.lingering
+                    .push_back((now + self.bounds.linger, (stream, bucket), keys));
             }
+        }
+        self.expire(now)
+    }
+
+    /// The lingering reporters whose time is over leave their keys; the others' larger
+    /// shares are returned (pushes, work).
+    pub fn expire(&mut self, now: Instant) -> (Vec<(u64, Arc<str>, Strategy)>, usize) {
+        let mut touched = Vec::new();
+        while self.lingering.front().is_some_and(|(at, _, _)| *at <= now) {
+            let Some((_, member, keys)) = self.lingering.pop_front() else {
+                break;
+            };
+            for key in keys {
+                remove_member(&mut self.keys, &key, &member);
+                touched.push(key);
+            }
+        }
+        if touched.is_empty() {
+            return (Vec::new(), 0);
         }
         touched.sort();
         touched.dedup();
@@ -505,14 +548,15 @@ impl View {
 /// `fraction` rounded down to a power of 1.05 (at most 5 % lower): demand that wavers
 /// within a step gives the same share, so the same assignment repeats.
 fn quantized(fraction: f64) -> f64 {
-    if fraction >= 1.0 {
+    // Sums of floating-point parts may miss a step by a rounding error: 1e-9 is forgiven.
+    if fraction >= 1.0 - 1e-9 {
         return 1.0;
     }
     if fraction <= 0.0 {
         return 0.0;
     }
     let step = 1.05f64;
-    let down = step.powi((fraction.ln() / step.ln()).floor() as i32);
+    let down = step.powi((fraction.ln() / step.ln() + 1e-9).floor() as i32);
     down.min(fraction)
 }
 
@@ -557,6 +601,7 @@ mod tests {
         max_buckets: 4,
         max_buckets_per_stream: 3,
         idle: Duration::from_secs(60),
+        linger: Duration::ZERO,
     };
 
     fn per_100ms(n: u64) -> Limit {
@@ -665,8 +710,13 @@ mod tests {
             rb = rate(book.report(2, &b, limited("3:1", limit), 100, now));
         }
         assert!(rb >= 45.0, "{rb}");
-        // The stream that ends gives its share back at the other's next report.
-        book.end_stream(2);
+        // The stream that ends gives its share back at once (no linger here): pushed.
+        let (pushes, evaluated) = book.end_stream(2, now);
+        assert_eq!(evaluated, 1);
+        assert_eq!(
+            (pushes[0].0, &*pushes[0].1, pushes[0].2.rate()),
+            (1, "a", 100.0)
+        );
         assert_eq!(book.reporters("3:1"), 1);
         assert_eq!(
             rate(book.report(1, &a, limited("3:1", limit), 75, now)),
@@ -824,5 +874,32 @@ mod tests {
         // The view is lost (Redis gone): A alone again.
         let (pushes, _) = book.set_remote(None);
         assert_eq!(pushes[0].2.rate(), 100.0);
+    }
+
+    #[test]
+    fn an_ended_streams_share_is_kept_while_its_envoy_may_still_use_it() {
+        let mut book = QuotaBook::new(BookBounds {
+            linger: Duration::from_secs(10),
+            ..BOUNDS
+        });
+        let limit = per_100ms(100);
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let t0 = Instant::now();
+        book.report(1, &a, limited("k", limit), 1, t0);
+        book.report(2, &b, limited("k", limit), 1, t0);
+        // B's stream ends (a broken connection): its Envoy may enforce its last share for
+        // the assignment's time to live, so that share stays taken until then.
+        let (pushes, _) = book.end_stream(2, t0);
+        assert!(pushes.is_empty());
+        assert_eq!(book.reporters("k"), 2);
+        let r = rate(book.report(1, &a, limited("k", limit), 1, t0 + Duration::from_secs(9)));
+        assert!(r <= 50.0, "{r}");
+        // Then it is A's again.
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(
+            rate(book.report(1, &a, limited("k", limit), 1, later)),
+            100.0
+        );
+        assert_eq!(book.reporters("k"), 1);
     }
 }

@@ -137,6 +137,7 @@ impl RlqsService {
             max_buckets: settings.max_buckets,
             max_buckets_per_stream: settings.max_buckets_per_stream,
             idle: settings.idle,
+            linger: settings.assignment_ttl,
         };
         RlqsService {
             shared: Arc::new(Shared {
@@ -328,7 +329,7 @@ async fn serve_stream(
         .remove(&id);
     let (pushes, work, tracked) = {
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
-        let (pushes, work) = book.end_stream(id);
+        let (pushes, work) = book.end_stream(id, Instant::now());
         (pushes, work, book.tracked())
     };
     let _ = shared
