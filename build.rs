@@ -1,15 +1,19 @@
 //! Compiles `proto/` without a system `protoc`: `protox` parses the files in Rust and
 //! hands the descriptors to tonic's generator. The encoded descriptor set is also written
-//! out for server reflection, together with the descriptors of Envoy's rate-limit service
+//! out for server reflection, together with the descriptors of Envoy's rate-limit services
 //! (taken from the `envoy-types` crate, which ships Envoy's whole descriptor set), so that
-//! grpcurl can describe and call `ShouldRateLimit` without Envoy's protos.
+//! grpcurl can describe and call `ShouldRateLimit` and `StreamRateLimitQuotas` without
+//! Envoy's protos.
 
 use std::path::{Path, PathBuf};
 
 use prost::Message;
 
-/// The Envoy file whose service reflection describes; its imports come with it.
-const ENVOY_RLS: &str = "envoy/service/ratelimit/v3/rls.proto";
+/// The Envoy files whose services reflection describes; their imports come with them.
+const ENVOY_SERVICES: [&str; 2] = [
+    "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
@@ -28,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let envoy_set = envoy_types_descriptor_set()?;
     println!("cargo:rerun-if-changed={}", envoy_set.display());
     let all = std::fs::read(&envoy_set)?;
-    let subset = closure(&all, ENVOY_RLS)?;
+    let subset = closure(&all, &ENVOY_SERVICES)?;
     std::fs::write(out_dir.join("envoy_rls_descriptor.bin"), subset)?;
     Ok(())
 }
@@ -100,14 +104,14 @@ fn files(set: &[u8]) -> Result<Vec<&[u8]>, Box<dyn std::error::Error>> {
     Ok(found)
 }
 
-/// The encoded set of `root` and every file it imports, directly or not.
-fn closure(set: &[u8], root: &str) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+/// The encoded set of `roots` and every file they import, directly or not.
+fn closure(set: &[u8], roots: &[&str]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
     let mut by_name = std::collections::HashMap::new();
     for raw in files(set)? {
         let file = prost_types::FileDescriptorProto::decode(raw)?;
         by_name.insert(file.name().to_string(), (raw, file.dependency));
     }
-    let mut wanted = vec![root.to_string()];
+    let mut wanted: Vec<String> = roots.iter().map(|r| r.to_string()).collect();
     let mut seen = std::collections::BTreeSet::new();
     while let Some(name) = wanted.pop() {
         if !seen.insert(name.clone()) {

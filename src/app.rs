@@ -209,6 +209,7 @@ pub enum ServeError {
 
 const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
 const ENVOY_RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+const ENVOY_RLQS: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 const ADMIN: &str = "cellrate.v1.Admin";
 const HEALTH: &str = "grpc.health.v1.Health";
 const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
@@ -221,7 +222,7 @@ fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'s
     let mut builder = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-    if services.contains(&ENVOY_RLS) {
+    if services.contains(&ENVOY_RLS) || services.contains(&ENVOY_RLQS) {
         builder =
             builder.register_encoded_file_descriptor_set(crate::proto::ENVOY_RLS_DESCRIPTOR_SET);
     }
@@ -514,6 +515,7 @@ async fn serve(
     let services = [
         RATE_LIMITER,
         ENVOY_RLS,
+        ENVOY_RLQS,
         HEALTH,
         REFLECTION_V1,
         REFLECTION_V1ALPHA,

@@ -71,8 +71,9 @@ pub mod proto {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/cellrate_descriptor.bin"));
 
-    /// The encoded descriptors of Envoy's `envoy/service/ratelimit/v3/rls.proto` and every
-    /// file it imports (from `envoy-types`, see `build.rs`), for server reflection.
+    /// The encoded descriptors of Envoy's `envoy/service/ratelimit/v3/rls.proto` and
+    /// `envoy/service/rate_limit_quota/v3/rlqs.proto` and every file they import (from
+    /// `envoy-types`, see `build.rs`), for server reflection.
     pub const ENVOY_RLS_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/envoy_rls_descriptor.bin"));
 }

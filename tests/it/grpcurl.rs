@@ -159,6 +159,22 @@ fn envoys_rate_limit_service_is_described_by_reflection() {
         "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
     ]);
     assert!(descriptor.contains("hits_addend"), "{descriptor}");
+    // And the quota service (RLQS), with the messages it streams.
+    assert!(
+        services.contains("envoy.service.rate_limit_quota.v3.RateLimitQuotaService"),
+        "{services}"
+    );
+    let described = ok(&[
+        listen,
+        "describe",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    ]);
+    assert!(
+        described.contains("rpc StreamRateLimitQuotas ( stream .envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports ) returns ( stream .envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse )"),
+        "{described}"
+    );
+    let strategy = ok(&[listen, "describe", "envoy.type.v3.RateLimitStrategy"]);
+    assert!(strategy.contains("token_bucket"), "{strategy}");
 
     // A call built from JSON through those descriptors: every field lands where cellrate
     // reads it (domain, entries, a descriptor's own hits_addend and limit).
