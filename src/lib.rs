@@ -14,14 +14,19 @@
 //! simulate.rs              `cellrate simulate`: a scripted timeline on a fake clock
 //! service/                 Decider (request -> batch -> decision; StoreError -> Status),
 //!                          native.rs (protobuf <-> domain for cellrate.v1),
-//!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses)
+//!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses),
+//!                          rlqs.rs over quota_book.rs (Envoy RLQS: streams, shares)
 //! store/                   Store trait, StoreError (one variant per cause), StoreObserver;
 //!                          memory.rs (sharded, all-or-nothing batches), measured.rs
 //!                          (timing decorator), redis/ (script call, cluster slots,
-//!                          breaker, deny cache, failure policy)
+//!                          breaker, deny cache, failure policy, shared overrides and
+//!                          RLQS demand)
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
-//!                          descriptors -> names and ids), reload.rs (watch, debounce, swap)
+//!                          descriptors -> names and ids), reload.rs (watch, debounce, swap),
+//!                          runtime.rs (temporary overrides)
+//! resp/                    the Redis protocol side: throttle.rs (CL.THROTTLE as redis-cell
+//!                          decides it); the listener is under way (issue #19)
 //! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
 //! health.rs                /healthz, /readyz state and the metrics listener's routes
 //! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code
@@ -52,6 +57,7 @@ pub mod health;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod resp;
 pub mod rpc_metrics;
 pub mod service;
 pub mod shutdown;
