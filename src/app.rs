@@ -332,8 +332,8 @@ async fn sync_overrides(
             _ = tick.tick() => {}
             _ = stopped.cancelled() => return,
         }
-        let names = limits.load().names().clone();
-        match runtime.sync(&names).await {
+        let table = limits.load_full();
+        match runtime.sync(table.names()).await {
             Ok(synced) => {
                 if failing {
                     tracing::info!("temporary overrides: copied from redis again");

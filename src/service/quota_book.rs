@@ -8,11 +8,11 @@
 //!
 //! **Division.** Each reporter's demand is its offered load (allowed + denied per second,
 //! smoothed over two reports), capped at the limit's rate; until its second report it
-//! counts as the mean of the known demands (all equal while none is known). A reporter of a key shared by
-//! `n` gets the fraction `FLOOR / n + (1 - FLOOR) * demand / total demand` of the limit's
-//! rate and burst (`1 / n` while nobody reports demand); with several keys, the most
-//! restrictive share applies. The fractions of one key add up to 1, so the rates handed out
-//! never add up to more than the limit's rate once every reporter has had its new share.
+//! counts as the mean of the known demands (all equal while none is known). A reporter of
+//! a key shared by `n` gets the fraction `FLOOR / n + (1 - FLOOR) * demand / total demand`
+//! of the limit's rate and burst (`1 / n` while nobody reports demand); with several keys,
+//! the most restrictive share applies. The fractions of one key add up to 1. Other
+//! replicas' reporters (shared through Redis) count in `n` and the demands.
 //!
 //! **Pushes.** After each report, every other reporter of the same keys whose share moved
 //! is sent its new share at once, so that all shares in force come from one view of the
@@ -128,7 +128,7 @@ pub enum Action {
     Refused,
 }
 
-/// What a report leads to: the answer for the reporting bucket, and the lower shares to
+/// What a report leads to: the answer for the reporting bucket, and the changed shares to
 /// push to other streams' buckets (stream, bucket, strategy).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reported {
@@ -500,7 +500,6 @@ fn per_second(limit: &Limit) -> f64 {
     limit.count() as f64 * SECOND as f64 / limit.period() as f64
 }
 
-/// The fraction of a key that `member` gets among `reporters`.
 /// One key's reporters summed up once, so that each reporter's fraction costs O(1).
 struct View {
     n: f64,
@@ -604,7 +603,7 @@ mod tests {
         linger: Duration::ZERO,
     };
 
-    fn per_100ms(n: u64) -> Limit {
+    fn per_second_limit(n: u64) -> Limit {
         // n per second, burst n.
         Limit::new(n, n, SECOND).unwrap()
     }
@@ -626,7 +625,7 @@ mod tests {
 
     #[test]
     fn shares_are_token_buckets_never_above_their_fraction() {
-        let limit = per_100ms(100);
+        let limit = per_second_limit(100);
         assert_eq!(
             Strategy::share(&limit, 0.5),
             Strategy::TokenBucket {
@@ -663,7 +662,7 @@ mod tests {
     fn reporters_of_one_key_divide_it_by_demand_with_a_floor() {
         let mut book = QuotaBook::new(BOUNDS);
         let t0 = Instant::now();
-        let limit = per_100ms(100);
+        let limit = per_second_limit(100);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         // Alone, a stream gets the whole limit.
         assert_eq!(
@@ -728,7 +727,7 @@ mod tests {
     #[test]
     fn small_changes_keep_the_bucket_and_lower_shares_apply_at_once() {
         let mut book = QuotaBook::new(BOUNDS);
-        let limit = per_100ms(1_000);
+        let limit = per_second_limit(1_000);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         let mut now = Instant::now();
         book.report(1, &a, limited("k", limit), 1, now);
@@ -803,7 +802,7 @@ mod tests {
         );
         assert_eq!(book.tracked(), 3);
         // A limited bucket whose rule a reload removed is abandoned.
-        let limit = per_100ms(10);
+        let limit = per_second_limit(10);
         book.report(3, &a, limited("k", limit), 1, later);
         assert_eq!(book.reporters("k"), 1);
         assert_eq!(
@@ -820,7 +819,7 @@ mod tests {
     #[test]
     fn a_newcomer_counts_as_the_mean_of_known_demands() {
         let mut book = QuotaBook::new(BOUNDS);
-        let limit = per_100ms(100);
+        let limit = per_second_limit(100);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         let t0 = Instant::now();
         book.report(1, &a, limited("k", limit), 1, t0);
@@ -842,7 +841,7 @@ mod tests {
     #[test]
     fn other_replicas_reporters_count_until_they_are_gone() {
         let mut book = QuotaBook::new(BOUNDS);
-        let limit = per_100ms(100);
+        let limit = per_second_limit(100);
         let a: Arc<str> = Arc::from("a");
         let t0 = Instant::now();
         assert_eq!(rate(book.report(1, &a, limited("k", limit), 1, t0)), 100.0);
@@ -882,7 +881,7 @@ mod tests {
             linger: Duration::from_secs(10),
             ..BOUNDS
         });
-        let limit = per_100ms(100);
+        let limit = per_second_limit(100);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         let t0 = Instant::now();
         book.report(1, &a, limited("k", limit), 1, t0);

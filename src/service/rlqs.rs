@@ -4,7 +4,7 @@
 //! and enforces locally whatever it is assigned; cellrate divides each configured limit
 //! among the buckets that report demand for it ([`super::quota_book`]) and answers every
 //! report with the bucket's assignment (a token bucket, ALLOW_ALL or DENY_ALL, for
-//! `--rlqs-assignment-ttl-seconds`), pushing lower shares to other streams at once.
+//! `--rlqs-assignment-ttl-seconds`), pushing changed shares to other streams at once.
 //!
 //! Bucket ids map to limits by the rules of `quota.yaml` (as descriptors do, with the keys
 //! matched as a set); a bucket no rule maps is told ALLOW_ALL; one whose rule a reload
@@ -12,13 +12,15 @@
 //!
 //! Hostile streams: at most `--rlqs-max-streams` at once (more: RESOURCE_EXHAUSTED), each
 //! ended after `--rlqs-idle-seconds` without a message, at most [`MAX_MESSAGE_BYTES`] a
-//! message, [`MAX_USAGES_PER_SECOND`] units of work a second per stream and
+//! message, [`MAX_STREAM_WORK_PER_SECOND`] units of work a second per stream and
 //! [`MAX_WORK_PER_SECOND`] over all streams (beyond, reading waits: TCP pushes back),
 //! bucket ids of at most [`MAX_BUCKET_ENTRIES`] entries of bounded size; at most
 //! `--rlqs-max-buckets` buckets tracked in all and `--rlqs-max-buckets-per-stream` per
 //! stream (beyond, a new bucket gets no assignment and Envoy applies its no-assignment
 //! behaviour). A malformed message ends its stream with INVALID_ARGUMENT saying what and
-//! where, before any of it is applied.
+//! where, before any of it is applied. A stream that does not read its answers (its queue of
+//! [`QUEUE`] full, whether by its own answers or by pushes) is ended: a share that cannot be
+//! delivered must not be assumed delivered.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,14 +61,14 @@ pub const MAX_BUCKET_VALUE: usize = 512;
 pub const MAX_DOMAIN: usize = 128;
 /// Work one stream may cause per second (and at once): a bucket report is one unit, and
 /// each other reporter of its limit that it makes cellrate look at is one more.
-pub const MAX_USAGES_PER_SECOND: u64 = 10_000;
+pub const MAX_STREAM_WORK_PER_SECOND: u64 = 10_000;
 /// Work all streams together may cause per second (and at once).
 pub const MAX_WORK_PER_SECOND: u64 = 200_000;
 /// Largest report message (an Envoy reports all its buckets in one message, about 100 bytes
 /// each): with the default `--rlqs-max-streams`, at most 256 MiB held by reports.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Answers waiting to be sent on one stream; a stream that does not read them is ended.
-const QUEUE: usize = 64;
+pub const QUEUE: usize = 64;
 
 /// How the RLQS service behaves and what it tracks at most.
 #[derive(Debug, Clone, Copy)]
@@ -104,14 +106,17 @@ impl Default for RlqsSettings {
     }
 }
 
+type Answers = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+
 /// What the streams share.
 struct Shared {
     decider: Arc<Decider>,
     metrics: Arc<Metrics>,
     settings: RlqsSettings,
     book: Mutex<QuotaBook>,
-    /// Each open stream's queue of answers, for pushes from other streams' reports.
-    senders: Mutex<HashMap<u64, mpsc::Sender<Result<RateLimitQuotaResponse, Status>>>>,
+    /// Each open stream's queue of answers, for pushes from other streams' reports, and
+    /// the token that ends it when a push finds the queue full.
+    senders: Mutex<HashMap<u64, (Answers, CancellationToken)>>,
     /// Numbers the streams.
     streams: AtomicU64,
     permits: Arc<Semaphore>,
@@ -235,17 +240,19 @@ impl RateLimitQuotaService for RlqsService {
             })?;
         let id = self.shared.streams.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(QUEUE);
+        let undelivered = CancellationToken::new();
         self.shared
             .senders
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, tx.clone());
+            .insert(id, (tx.clone(), undelivered.clone()));
         self.shared.metrics.rlqs_streams.inc();
         tokio::spawn(serve_stream(
             self.shared.clone(),
             id,
             request.into_inner(),
             tx,
+            undelivered,
             permit,
         ));
         Ok(Response::new(AnswerStream::new(rx)))
@@ -258,11 +265,12 @@ async fn serve_stream(
     shared: Arc<Shared>,
     id: u64,
     mut incoming: Streaming<RateLimitQuotaUsageReports>,
-    tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    tx: Answers,
+    undelivered: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
     let mut domain: Option<String> = None;
-    let mut budget = Budget::new(Instant::now(), MAX_USAGES_PER_SECOND);
+    let mut budget = Budget::new(Instant::now(), MAX_STREAM_WORK_PER_SECOND);
     loop {
         let next = tokio::select! {
             next = tokio::time::timeout(shared.settings.idle, incoming.message()) => next,
@@ -270,6 +278,8 @@ async fn serve_stream(
                 let _ = tx.try_send(Err(Status::unavailable("cellrate is shutting down")));
                 break;
             }
+            // A push found the queue full (counted there): nothing more can be sent.
+            _ = undelivered.cancelled() => break,
         };
         let reports = match next {
             Err(_) => {
@@ -432,7 +442,7 @@ fn answer(
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
         for usage in &usages {
             let (resolution, names) = resolve(&shared.decider, &table, domain, &usage.entries);
-            for name in &names {
+            for name in names {
                 shared
                     .metrics
                     .rlqs_reported(name, usage.allowed, usage.denied);
@@ -457,8 +467,9 @@ fn answer(
     Ok((response, work))
 }
 
-/// Sends lower shares to other streams' buckets. The bucket id is rebuilt from its text
-/// (entries joined by NUL: keys and values hold none, checked on the way in).
+/// Sends changed shares to other streams' buckets; a stream whose queue is full is ended
+/// (it would go on enforcing a share it no longer has). The bucket id is rebuilt from its
+/// text (entries joined by NUL: keys and values hold none, checked on the way in).
 fn push(shared: &Shared, pushes: Vec<(u64, Arc<str>, Strategy)>) {
     if pushes.is_empty() {
         return;
@@ -481,11 +492,14 @@ fn push(shared: &Shared, pushes: Vec<(u64, Arc<str>, Strategy)>) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     for (stream, actions) in by_stream {
-        if let Some(tx) = senders.get(&stream) {
-            // A full queue: that stream is ended by its own task when it next answers.
-            let _ = tx.try_send(Ok(RateLimitQuotaResponse {
+        if let Some((tx, undelivered)) = senders.get(&stream) {
+            let answer = Ok(RateLimitQuotaResponse {
                 bucket_action: actions,
-            }));
+            });
+            if tx.try_send(answer).is_err() && !undelivered.is_cancelled() {
+                shared.metrics.rlqs_refused("slow_reader");
+                undelivered.cancel();
+            }
         }
     }
 }
@@ -551,14 +565,14 @@ fn check_bucket(id: &BucketId) -> Result<Vec<(&str, &str)>, String> {
 }
 
 /// Where a bucket leads under `table`, and the names it counts for (metrics).
-fn resolve(
+fn resolve<'t>(
     decider: &Decider,
-    table: &crate::limits::config::LimitTable,
+    table: &'t crate::limits::config::LimitTable,
     domain: &str,
     entries: &[(&str, &str)],
-) -> (Resolution, Vec<Arc<str>>) {
+) -> (Resolution, &'t [Arc<str>]) {
     let Mapping::Limits { names, id } = table.quota().map(table.names(), domain, entries) else {
-        return (Resolution::Unmatched, Vec::new());
+        return (Resolution::Unmatched, &[]);
     };
     let mut keys = Vec::with_capacity(names.len());
     for text in names {
@@ -570,12 +584,12 @@ fn resolve(
                 InvalidIds::Ignore => continue,
                 // A bucket cannot be refused alone: reject denies, as deny does.
                 InvalidIds::Deny | InvalidIds::Reject => {
-                    return (Resolution::Deny, names.to_vec());
+                    return (Resolution::Deny, names);
                 }
             }
         };
         match decider.policy(table, name, &canonical) {
-            Some(Policy::Denied) => return (Resolution::Deny, names.to_vec()),
+            Some(Policy::Denied) => return (Resolution::Deny, names),
             Some(Policy::Limited {
                 limit,
                 shadow: false,
@@ -592,7 +606,7 @@ fn resolve(
     } else {
         Resolution::Limits(keys)
     };
-    (resolution, names.to_vec())
+    (resolution, names)
 }
 
 /// The message for `action` on `id` (`None` for a refused bucket).
@@ -681,5 +695,52 @@ mod tests {
             let e = check_bucket(&bad).unwrap_err();
             assert!(e.contains(says), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_push_that_finds_a_full_queue_ends_that_stream() {
+        use crate::clock::SystemClock;
+        use crate::limits::config::LimitTable;
+        use crate::store::MemoryStore;
+        let table = LimitTable::from_files(&[]).unwrap();
+        let limits = Arc::new(arc_swap::ArcSwap::from_pointee(table));
+        let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+        let decider = Arc::new(Decider::new(limits, store));
+        let metrics = Metrics::new();
+        let service = RlqsService::new(
+            decider,
+            metrics.clone(),
+            RlqsSettings::default(),
+            CancellationToken::new(),
+        );
+        let shared = &service.shared;
+        // A stream whose queue holds one answer, already full.
+        let (tx, _rx) = mpsc::channel(1);
+        tx.try_send(Ok(RateLimitQuotaResponse::default())).unwrap();
+        let undelivered = CancellationToken::new();
+        shared
+            .senders
+            .lock()
+            .unwrap()
+            .insert(7, (tx, undelivered.clone()));
+        let share = Strategy::TokenBucket {
+            max_tokens: 5,
+            tokens_per_fill: 50,
+            fill_seconds: 10,
+        };
+        push(shared, vec![(7, Arc::from("name\u{0}api\u{0}"), share)]);
+        assert!(undelivered.is_cancelled(), "the stream is told to end");
+        assert!(metrics
+            .render()
+            .contains("cellrate_rlqs_refusals_total{reason=\"slow_reader\"} 1"));
+        // A stream with room gets the push, rebuilt into its bucket id.
+        let (tx, mut rx) = mpsc::channel(1);
+        let open = CancellationToken::new();
+        shared.senders.lock().unwrap().insert(8, (tx, open.clone()));
+        push(shared, vec![(8, Arc::from("name\u{0}api\u{0}"), share)]);
+        assert!(!open.is_cancelled());
+        let pushed = rx.try_recv().unwrap().unwrap();
+        let id = pushed.bucket_action[0].bucket_id.clone().unwrap();
+        assert_eq!(id.bucket.get("name").map(String::as_str), Some("api"));
     }
 }
