@@ -6,27 +6,43 @@ use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
-/// Checks `authorization: Bearer <token>` on every call when a token is configured.
+/// A secret token to compare callers' tokens with.
 ///
 /// The comparison runs over SHA-256 digests in constant time, so that neither the
 /// token's bytes nor its length leak through timing.
+#[derive(Clone)]
+pub struct Token([u8; 32]);
+
+impl Token {
+    pub fn new(token: &str) -> Token {
+        Token(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Whether `given` is the token.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let digest: [u8; 32] = Sha256::digest(given).into();
+        bool::from(subtle::ConstantTimeEq::ct_eq(&digest[..], &self.0[..]))
+    }
+}
+
+/// Checks `authorization: Bearer <token>` on every call when a token is configured.
 #[derive(Clone, Default)]
 pub struct AdminAuth {
-    token_digest: Option<[u8; 32]>,
+    token: Option<Token>,
 }
 
 impl AdminAuth {
     /// Requires `token` on every call; `None` lets every call through.
     pub fn new(token: Option<&str>) -> AdminAuth {
         AdminAuth {
-            token_digest: token.map(|t| Sha256::digest(t.as_bytes()).into()),
+            token: token.map(Token::new),
         }
     }
 }
 
 impl Interceptor for AdminAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.token_digest else {
+        let Some(expected) = &self.token else {
             return Ok(request);
         };
         let given = request
@@ -38,14 +54,8 @@ impl Interceptor for AdminAuth {
             None => Err(Status::unauthenticated(
                 "admin RPCs need `authorization: Bearer <token>`",
             )),
-            Some(token) => {
-                let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-                if bool::from(subtle::ConstantTimeEq::ct_eq(&digest[..], &expected[..])) {
-                    Ok(request)
-                } else {
-                    Err(Status::unauthenticated("wrong admin token"))
-                }
-            }
+            Some(token) if expected.matches(token.as_bytes()) => Ok(request),
+            Some(_) => Err(Status::unauthenticated("wrong admin token")),
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
 use crate::metrics::Metrics;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
+use crate::resp::{RespServer, RespSettings};
 use crate::rpc_metrics::RpcMetricsLayer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminElsewhere, AdminService, RateLimiterService};
@@ -72,6 +73,8 @@ pub struct Settings {
     pub store: StoreSettings,
     /// Bounds and timeouts on every listener.
     pub server: ServerLimits,
+    /// The Redis-protocol listener's token and command bounds (when it listens).
+    pub resp: RespSettings,
 }
 
 /// Bounds and timeouts on the listeners (see [`crate::listener`]).
@@ -80,6 +83,7 @@ pub struct ServerLimits {
     pub decisions: ConnectionLimits,
     pub admin: ConnectionLimits,
     pub metrics: ConnectionLimits,
+    pub resp: ConnectionLimits,
     /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on both gRPC listeners.
     pub max_streams_per_connection: u32,
     /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
@@ -102,6 +106,10 @@ impl Default for ServerLimits {
                 idle_timeout: Duration::from_secs(60),
                 ..ConnectionLimits::default()
             },
+            resp: ConnectionLimits {
+                max_connections: 1024,
+                ..ConnectionLimits::default()
+            },
             max_streams_per_connection: 100,
             max_in_flight: 4096,
             request_timeout: Duration::from_secs(5),
@@ -120,6 +128,7 @@ impl ServerLimits {
             self.decisions.max_connections,
             self.admin.max_connections,
             self.metrics.max_connections,
+            self.resp.max_connections,
         ];
         let fitted = crate::listener::fit_to_fd_limit(
             &wanted,
@@ -136,6 +145,7 @@ impl ServerLimits {
         self.decisions.max_connections = fitted[0];
         self.admin.max_connections = fitted[1];
         self.metrics.max_connections = fitted[2];
+        self.resp.max_connections = fitted[3];
         self
     }
 
@@ -182,6 +192,7 @@ impl Default for Settings {
             tls: None,
             store: StoreSettings::Memory,
             server: ServerLimits::default(),
+            resp: RespSettings::default(),
         }
     }
 }
@@ -194,6 +205,8 @@ pub struct Listeners {
     pub admin: TcpListener,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`.
     pub metrics: Option<TcpListener>,
+    /// The Redis protocol (`CL.THROTTLE`); off unless given.
+    pub resp: Option<TcpListener>,
 }
 
 /// Why serving failed.
@@ -409,6 +422,10 @@ async fn serve(
         .metrics
         .as_ref()
         .map_or_else(|| "off".to_string(), addr);
+    let resp_addr = listeners
+        .resp
+        .as_ref()
+        .map_or_else(|| "off".to_string(), addr);
     metrics.config_loaded(limits.version(), clock.now());
     metrics.known_limits(limits.names().iter().map(|name| &*name.text));
     let denials = Arc::new(crate::top::DenialTracker::new(clock.clone()));
@@ -524,7 +541,21 @@ async fn serve(
 
     // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams end
     // then too (Envoys reconnect to another replica).
-    let stop_servers = CancellationToken::new();
+    // A child of `stop_tasks`: however serving ends, the Redis-protocol connections end.
+    let stop_servers = stop_tasks.child_token();
+
+    if let Some(listener) = listeners.resp {
+        let resp = RespServer::new(
+            store.clone(),
+            settings.caller,
+            &settings.resp,
+            metrics.clone(),
+            server_limits.resp.handshake_timeout,
+            settings.grace,
+        );
+        let listener = GuardedListener::new(listener, server_limits.resp, "resp");
+        tasks.spawn(resp.serve(listener, stop_servers.clone(), tasks.clone()));
+    }
 
     let mut rlqs = RlqsService::new(
         decider.clone(),
@@ -615,6 +646,7 @@ async fn serve(
         listen = %decisions_addr,
         admin = %admin_addr,
         metrics = %metrics_addr,
+        resp = %resp_addr,
         tls = settings.tls.is_some(),
         admin_token = settings.admin_token.is_some(),
         config = %settings

@@ -234,6 +234,20 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
 
+    /// Redis-protocol listener: `CL.THROTTLE` as redis-cell answers it, for any Redis
+    /// client. Off unless given.
+    #[arg(long, env = "CELLRATE_RESP_LISTEN")]
+    pub resp_listen: Option<SocketAddr>,
+
+    /// Token Redis clients must give (`AUTH <token>`, or `HELLO 3 AUTH default <token>`)
+    /// before any command on the Redis-protocol listener.
+    #[arg(long, env = "CELLRATE_RESP_TOKEN", hide_env_values = true)]
+    pub resp_token: Option<String>,
+
+    /// Open connections at most on the Redis-protocol listener.
+    #[arg(long, env = "CELLRATE_RESP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub resp_max_connections: usize,
+
     /// The limits directory (reloaded when it changes, on SIGHUP and on a timer).
     #[arg(long, env = "CELLRATE_CONFIG", default_value = "config/")]
     pub config: PathBuf,

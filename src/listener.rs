@@ -93,6 +93,8 @@ pub struct GuardedListener {
     backoff: Duration,
     /// Which listener, for logs.
     name: &'static str,
+    /// Bytes a connection must send within the handshake timeout.
+    handshake_bytes: usize,
 }
 
 /// What a connection must send within the handshake timeout: as long as an HTTP/1 request
@@ -111,7 +113,16 @@ impl GuardedListener {
             limits,
             backoff: FIRST_BACKOFF,
             name,
+            handshake_bytes: HANDSHAKE_BYTES,
         }
+    }
+
+    /// Requires only `bytes` (at least 1) within the handshake timeout instead of
+    /// [`HANDSHAKE_BYTES`]: for protocols whose first request may be shorter (a Redis
+    /// client's `PING\r\n`), which bound partial requests themselves.
+    pub fn with_handshake_bytes(mut self, bytes: usize) -> Self {
+        self.handshake_bytes = bytes.max(1);
+        self
     }
 
     /// The next connection, once the bound leaves room for one.
@@ -127,7 +138,9 @@ impl GuardedListener {
                 Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
                     configure(&stream, &self.limits);
-                    return (GuardedStream::new(stream, permit, &self.limits), peer);
+                    let mut stream = GuardedStream::new(stream, permit, &self.limits);
+                    stream.handshake_due = self.handshake_bytes;
+                    return (stream, peer);
                 }
                 // The failed connection's own problem: the next accept is fine.
                 Err(e) if is_connection_error(&e) => {}

@@ -114,6 +114,17 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if args
+        .resp_token
+        .as_deref()
+        .is_some_and(|t| t.trim().is_empty())
+    {
+        tracing::error!(
+            "--resp-token (CELLRATE_RESP_TOKEN) is empty: set a real token, or unset it to \
+             serve the Redis protocol without authentication"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     if let Some(token) = &args.admin_token {
         if token.trim().is_empty() {
             tracing::error!(
@@ -213,6 +224,14 @@ async fn serve_async(
     let metrics = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+    let resp = match args.resp_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --resp-listen {addr}"))?,
+        ),
+        None => None,
+    };
     let settings = cellrate::app::Settings {
         max_buckets: args.max_buckets,
         caller_bucket_share: usize::from(args.caller_limit_bucket_share),
@@ -241,6 +260,10 @@ async fn serve_async(
             sighup: true,
         }),
         admin_token: args.admin_token.clone(),
+        resp: cellrate::resp::RespSettings {
+            token: args.resp_token.clone(),
+            ..Default::default()
+        },
         tls,
         store,
         server: server_limits(&args),
@@ -256,6 +279,7 @@ async fn serve_async(
             decisions,
             admin,
             metrics: Some(metrics),
+            resp,
         },
         Arc::new(cellrate::clock::SystemClock),
         settings,
@@ -282,6 +306,7 @@ fn server_limits(args: &ServeArgs) -> cellrate::app::ServerLimits {
             idle_timeout: Duration::from_secs(args.idle_timeout_seconds.clamp(1, 60)),
             ..connections(args.metrics_max_connections)
         },
+        resp: connections(args.resp_max_connections),
         max_streams_per_connection: args.max_streams_per_connection.max(1),
         max_in_flight: args.max_in_flight.max(1),
         request_timeout: Duration::from_millis(args.request_timeout_ms.max(1)),

@@ -56,6 +56,14 @@ pub struct Metrics {
     rlqs_requests: IntCounterVec,
     /// Copies of the temporary overrides shared through Redis that failed.
     pub override_sync_failures: IntCounter,
+    /// Connections open on the Redis-protocol listener.
+    pub resp_connections: IntGauge,
+    resp_commands: IntCounterVec,
+    /// `CL.THROTTLE` decisions allowed and limited, resolved once (the hot path).
+    resp_throttled: [IntCounter; 2],
+    /// `cellrate_resp_commands_total{command="cl.throttle",result="ok"}`, resolved once.
+    resp_throttle_ok: IntCounter,
+    resp_closed: IntCounterVec,
     store_fallbacks: IntCounterVec,
     store_compensations: IntCounter,
     store_breaker_rejections: IntCounter,
@@ -107,6 +115,12 @@ impl Metrics {
             "cellrate_store_operation_duration_seconds",
             "Time of a store operation (one per request), by operation.",
             "operation",
+        );
+        let resp_commands = counter_vec(
+            "cellrate_resp_commands_total",
+            "Commands answered on the Redis-protocol listener, by command (lower case; `other` \
+             for unknown ones) and result (ok, error).",
+            &["command", "result"],
         );
         let metrics = Arc::new(Metrics {
             rpc_series: RPCS
@@ -227,6 +241,40 @@ impl Metrics {
                 )
                 .expect("valid counter"),
             ),
+            resp_connections: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_resp_connections",
+                    "Connections open on the Redis-protocol listener.",
+                )
+                .expect("valid gauge"),
+            ),
+            resp_throttle_ok: resp_commands.with_label_values(&["cl.throttle", "ok"]),
+            resp_commands,
+            resp_closed: counter_vec(
+                "cellrate_resp_closed_total",
+                "Redis-protocol connections closed by cellrate, by reason (protocol_error, \
+                 timeout, auth_failures, shutdown).",
+                &["reason"],
+            ),
+            resp_throttled: [
+                registered(
+                    r,
+                    IntCounter::new(
+                        "cellrate_resp_throttle_allowed_total",
+                        "CL.THROTTLE calls allowed.",
+                    )
+                    .expect("valid counter"),
+                ),
+                registered(
+                    r,
+                    IntCounter::new(
+                        "cellrate_resp_throttle_limited_total",
+                        "CL.THROTTLE calls limited.",
+                    )
+                    .expect("valid counter"),
+                ),
+            ],
             config_info: registered(
                 r,
                 IntGaugeVec::new(
@@ -263,6 +311,9 @@ impl Metrics {
         for action in ["set", "clear"] {
             metrics.runtime_overrides.with_label_values(&[action]);
         }
+        for reason in ["protocol_error", "timeout", "auth_failures", "shutdown"] {
+            metrics.resp_closed.with_label_values(&[reason]);
+        }
         for action in ["token_bucket", "allow_all", "deny_all", "abandon", "pushed"] {
             metrics.rlqs_actions.with_label_values(&[action]);
         }
@@ -275,6 +326,24 @@ impl Metrics {
             metrics.rlqs_refusals.with_label_values(&[reason]);
         }
         metrics
+    }
+
+    /// Counts one Redis-protocol command (`command`: a known name in lower case, or `other`).
+    pub fn resp_command(&self, command: &str, ok: bool) {
+        self.resp_commands
+            .with_label_values(&[command, if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Counts one `CL.THROTTLE` decision.
+    pub fn resp_throttled(&self, allowed: bool) {
+        self.resp_throttle_ok.inc();
+        self.resp_throttled[usize::from(!allowed)].inc();
+    }
+
+    /// Counts one Redis-protocol connection closed by cellrate.
+    pub fn resp_closed(&self, reason: &str) {
+        self.resp_closed.with_label_values(&[reason]).inc();
     }
 
     /// Counts one RLQS action sent.

@@ -1,4 +1,12 @@
-//! The Redis protocol side of cellrate (issue #19, under way): `CL.THROTTLE` as redis-cell
-//! answers it. So far the arithmetic ([`throttle`]); the listener comes next.
+//! The Redis protocol side of cellrate: `CL.THROTTLE` answered as redis-cell answers it,
+//! for any application with a Redis client, on an optional listener (`--resp-listen`).
+//!
+//! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
+//! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
+//! - [`server`]: the listener's connections and commands.
 
+pub mod protocol;
+pub mod server;
 pub mod throttle;
+
+pub use server::{RespServer, RespSettings};

@@ -28,6 +28,7 @@ mod python_envoy;
 mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
+mod resp;
 mod rlqs;
 mod rlqs_e2e;
 mod runtime_overrides;

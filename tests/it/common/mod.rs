@@ -29,6 +29,8 @@ pub struct Served {
     pub decisions_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
+    /// The Redis-protocol listener.
+    pub resp_addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -74,6 +76,8 @@ impl Served {
         let clock = FakeClock::new(T0);
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let resp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let resp_addr = resp.local_addr().unwrap();
         let decisions_addr = decisions.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
         let metrics_addr = metrics.local_addr().unwrap();
@@ -82,6 +86,7 @@ impl Served {
             decisions,
             admin,
             metrics: Some(metrics),
+            resp: Some(resp),
         };
         let shutdown = async move {
             let _ = stopped.await;
@@ -126,6 +131,7 @@ impl Served {
             decisions_addr,
             admin_addr,
             metrics_addr,
+            resp_addr,
             stop: Some(stop),
             task: Some(task),
         }
@@ -232,6 +238,8 @@ pub struct Process {
     pub listen: String,
     pub admin: String,
     pub metrics: String,
+    /// The Redis-protocol listener (`off` unless `--resp-listen` was given).
+    pub resp: String,
 }
 
 impl Drop for Process {
@@ -285,15 +293,21 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
             let f = &v["fields"];
             (f["message"] == "cellrate serving").then(|| {
                 let field = |name: &str| f[name].as_str().unwrap().to_string();
-                (field("listen"), field("admin"), field("metrics"))
+                (
+                    field("listen"),
+                    field("admin"),
+                    field("metrics"),
+                    field("resp"),
+                )
             })
         });
-    let (listen, admin, metrics) = announced.expect("cellrate logs its listeners");
+    let (listen, admin, metrics, resp) = announced.expect("cellrate logs its listeners");
     Process {
         child,
         listen,
         admin,
         metrics,
+        resp,
     }
 }
 
@@ -381,6 +395,7 @@ pub mod envoy;
 pub mod http1;
 pub mod pki;
 pub mod redis_server;
+pub mod resp_client;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
 /// returns; returns the last value either way, for the caller's assertion to report.

@@ -1,0 +1,534 @@
+//! RESP, the Redis serialization protocol: commands in (arrays of bulk strings, or inline
+//! lines as typed at a terminal), replies out in RESP2 or RESP3.
+//!
+//! The parser is incremental and bounded: it keeps what it has parsed of a command between
+//! reads (so a command trickled byte by byte is never re-scanned from its start), refuses
+//! arrays, bulk strings, inline lines and whole commands above [`Bounds`], and answers a
+//! malformed stream with a [`ProtocolError`] worded as Redis words it (the server replies
+//! with it and closes the connection).
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Size limits on what a client may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Elements in one command's array.
+    pub max_args: usize,
+    /// Bytes in one bulk string.
+    pub max_bulk: usize,
+    /// Bytes in one inline command line.
+    pub max_inline: usize,
+    /// Bytes in one whole command (headers included).
+    pub max_command: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_args: 64,
+            max_bulk: 16 * 1024,
+            max_inline: 16 * 1024,
+            max_command: 64 * 1024,
+        }
+    }
+}
+
+/// A stream that is not RESP, or goes past [`Bounds`]: the connection ends after the reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+/// The longest `*<n>` or `$<n>` header line (sign, 19 digits and some slack).
+const MAX_HEADER: usize = 32;
+
+/// An incremental command parser (one per connection).
+#[derive(Debug, Default)]
+pub struct Parser {
+    bounds: Bounds,
+    /// The arguments read so far of the array command under way.
+    args: Vec<Bytes>,
+    /// Elements still due in the array under way (`None`: between commands).
+    due: Option<usize>,
+    /// The announced length of the bulk string under way.
+    bulk: Option<usize>,
+    /// Bytes of the current line already searched for its end.
+    scanned: usize,
+    /// Bytes the command under way has taken so far.
+    taken: usize,
+}
+
+impl Parser {
+    pub fn new(bounds: Bounds) -> Parser {
+        Parser {
+            bounds,
+            ..Parser::default()
+        }
+    }
+
+    /// Whether a command has begun and is not complete (its bytes are due in time).
+    pub fn in_command(&self, buf: &BytesMut) -> bool {
+        self.due.is_some() || !buf.is_empty()
+    }
+
+    /// The next complete command in `buf` (consumed), `None` if more bytes are needed.
+    /// Empty commands (`*0`, `*-1`, blank lines) are skipped, as Redis skips them.
+    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        loop {
+            let Some(due) = self.due else {
+                let Some(&first) = buf.first() else {
+                    return Ok(None);
+                };
+                if first != b'*' {
+                    match self.inline(buf)? {
+                        Some(args) if args.is_empty() => continue,
+                        other => return Ok(other),
+                    }
+                }
+                let Some(line) = self.line(buf, MAX_HEADER, "invalid multibulk length")? else {
+                    return Ok(None);
+                };
+                let n =
+                    parse_length(&line[1..]).ok_or_else(|| error("invalid multibulk length"))?;
+                if n > self.bounds.max_args as i64 {
+                    return Err(ProtocolError(format!(
+                        "a command of {n} arguments is above this server's maximum of {}",
+                        self.bounds.max_args
+                    )));
+                }
+                if n <= 0 {
+                    self.taken = 0;
+                    continue;
+                }
+                self.due = Some(n as usize);
+                self.args = Vec::with_capacity(n as usize);
+                continue;
+            };
+            if due == 0 {
+                self.due = None;
+                self.taken = 0;
+                return Ok(Some(std::mem::take(&mut self.args)));
+            }
+            let len = match self.bulk {
+                Some(len) => len,
+                None => {
+                    let Some(line) = self.line(buf, MAX_HEADER, "invalid bulk length")? else {
+                        return Ok(None);
+                    };
+                    if line[0] != b'$' {
+                        return Err(ProtocolError(format!(
+                            "expected '$', got '{}'",
+                            printable(line[0])
+                        )));
+                    }
+                    let len = parse_length(&line[1..])
+                        .filter(|&n| n >= 0)
+                        .ok_or_else(|| error("invalid bulk length"))?
+                        as usize;
+                    if len > self.bounds.max_bulk {
+                        return Err(ProtocolError(format!(
+                            "a bulk string of {len} bytes is above this server's maximum of {}",
+                            self.bounds.max_bulk
+                        )));
+                    }
+                    self.bulk = Some(len);
+                    len
+                }
+            };
+            if buf.len() < len + 2 {
+                self.charge(0, len + 2)?;
+                return Ok(None);
+            }
+            if &buf[len..len + 2] != b"\r\n" {
+                return Err(error("bulk string not ended by CRLF"));
+            }
+            self.charge(len + 2, 0)?;
+            let value = buf.split_to(len).freeze();
+            buf.advance(2);
+            self.args.push(value);
+            self.bulk = None;
+            self.due = Some(due - 1);
+        }
+    }
+
+    /// Counts `consumed` bytes against the command bound (and `pending` more to come).
+    fn charge(&mut self, consumed: usize, pending: usize) -> Result<(), ProtocolError> {
+        if self.taken + consumed + pending > self.bounds.max_command {
+            return Err(ProtocolError(format!(
+                "a command above this server's maximum of {} bytes",
+                self.bounds.max_command
+            )));
+        }
+        self.taken += consumed;
+        Ok(())
+    }
+
+    /// One CRLF- (or LF-) ended line of at most `max` bytes, consumed, without its end.
+    fn line(
+        &mut self,
+        buf: &mut BytesMut,
+        max: usize,
+        too_long: &str,
+    ) -> Result<Option<Bytes>, ProtocolError> {
+        let from = self.scanned.min(buf.len());
+        match buf[from..].iter().position(|&b| b == b'\n') {
+            Some(at) => {
+                let end = from + at;
+                self.scanned = 0;
+                if end > max {
+                    return Err(error(too_long));
+                }
+                self.charge(end + 1, 0)?;
+                let mut line = buf.split_to(end + 1);
+                line.truncate(end);
+                if line.last() == Some(&b'\r') {
+                    line.truncate(end - 1);
+                }
+                if line.is_empty() {
+                    return Err(error(too_long));
+                }
+                Ok(Some(line.freeze()))
+            }
+            None if buf.len() > max => Err(error(too_long)),
+            None => {
+                self.scanned = buf.len();
+                Ok(None)
+            }
+        }
+    }
+
+    /// An inline command: one line split into arguments as Redis splits it.
+    fn inline(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let from = self.scanned.min(buf.len());
+        let Some(at) = buf[from..].iter().position(|&b| b == b'\n') else {
+            if buf.len() > self.bounds.max_inline {
+                return Err(error("too big inline request"));
+            }
+            self.scanned = buf.len();
+            return Ok(None);
+        };
+        let end = from + at;
+        self.scanned = 0;
+        self.taken = 0;
+        if end > self.bounds.max_inline {
+            return Err(error("too big inline request"));
+        }
+        let line = buf.split_to(end + 1);
+        let args = split_inline(&line[..end])?;
+        if args.len() > self.bounds.max_args {
+            return Err(ProtocolError(format!(
+                "a command of {} arguments is above this server's maximum of {}",
+                args.len(),
+                self.bounds.max_args
+            )));
+        }
+        Ok(Some(args))
+    }
+}
+
+fn error(what: &str) -> ProtocolError {
+    ProtocolError(what.to_string())
+}
+
+fn printable(b: u8) -> char {
+    if b.is_ascii_graphic() {
+        b as char
+    } else {
+        '?'
+    }
+}
+
+/// A decimal length (`-1`, `0`, `42`), as Redis reads it: digits only after an optional
+/// minus sign, at most 19 of them.
+fn parse_length(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: i64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(if negative { -n } else { n })
+}
+
+/// Splits an inline line at blanks, honouring Redis's quotes: `"..."` with `\n`, `\r`,
+/// `\t`, `\b`, `\a`, `\xHH` and `\<any>` escapes, `'...'` with `\'` only; a closing quote
+/// must be followed by a blank or the end.
+fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
+    let unbalanced = || error("unbalanced quotes in request");
+    let mut args = Vec::new();
+    let mut i = 0;
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    loop {
+        while i < line.len() && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == line.len() {
+            return Ok(args);
+        }
+        let mut arg = Vec::new();
+        match line[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let &b = line.get(i).ok_or_else(unbalanced)?;
+                    i += 1;
+                    match b {
+                        b'"' => break,
+                        b'\\' => {
+                            let &e = line.get(i).ok_or_else(unbalanced)?;
+                            i += 1;
+                            let hex = line
+                                .get(i..i + 2)
+                                .and_then(|h| std::str::from_utf8(h).ok())
+                                .and_then(|h| u8::from_str_radix(h, 16).ok());
+                            match (e, hex) {
+                                (b'x', Some(v)) => {
+                                    arg.push(v);
+                                    i += 2;
+                                }
+                                (b'n', _) => arg.push(b'\n'),
+                                (b'r', _) => arg.push(b'\r'),
+                                (b't', _) => arg.push(b'\t'),
+                                (b'b', _) => arg.push(8),
+                                (b'a', _) => arg.push(7),
+                                (other, _) => arg.push(other),
+                            }
+                        }
+                        other => arg.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
+                    return Err(unbalanced());
+                }
+            }
+            b'\'' => {
+                i += 1;
+                loop {
+                    let &b = line.get(i).ok_or_else(unbalanced)?;
+                    i += 1;
+                    match b {
+                        b'\'' => break,
+                        b'\\' if line.get(i) == Some(&b'\'') => {
+                            arg.push(b'\'');
+                            i += 1;
+                        }
+                        other => arg.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
+                    return Err(unbalanced());
+                }
+            }
+            _ => {
+                while i < line.len() && !line[i].is_ascii_whitespace() {
+                    arg.push(line[i]);
+                    i += 1;
+                }
+            }
+        }
+        args.push(Bytes::from(arg));
+    }
+}
+
+/// Writes replies into a buffer, in the protocol version the connection chose.
+#[derive(Debug, Default)]
+pub struct Replies {
+    pub out: BytesMut,
+    /// RESP3 (after `HELLO 3`): maps and nulls of their own.
+    pub resp3: bool,
+}
+
+impl Replies {
+    pub fn simple(&mut self, text: &str) {
+        self.line(b'+', text.as_bytes());
+    }
+
+    /// An error reply; `text` starts with its code (`ERR`, `NOAUTH`, ...). Line breaks
+    /// are replaced, as Redis does, so that no client text can end the line early.
+    pub fn error(&mut self, text: &str) {
+        let clean: Vec<u8> = text
+            .bytes()
+            .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b })
+            .collect();
+        self.line(b'-', &clean);
+    }
+
+    pub fn integer(&mut self, n: i64) {
+        self.line(b':', n.to_string().as_bytes());
+    }
+
+    pub fn bulk(&mut self, value: &[u8]) {
+        self.line(b'$', value.len().to_string().as_bytes());
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    pub fn null(&mut self) {
+        if self.resp3 {
+            self.out.extend_from_slice(b"_\r\n");
+        } else {
+            self.out.extend_from_slice(b"$-1\r\n");
+        }
+    }
+
+    pub fn array(&mut self, len: usize) {
+        self.line(b'*', len.to_string().as_bytes());
+    }
+
+    /// A map of `len` pairs (RESP2: an array of `2 x len` elements).
+    pub fn map(&mut self, len: usize) {
+        if self.resp3 {
+            self.line(b'%', len.to_string().as_bytes());
+        } else {
+            self.array(2 * len);
+        }
+    }
+
+    fn line(&mut self, kind: u8, text: &[u8]) {
+        self.out.reserve(text.len() + 3);
+        self.out.extend_from_slice(&[kind]);
+        self.out.extend_from_slice(text);
+        self.out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(input: &[u8], bounds: Bounds) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut parser = Parser::new(bounds);
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(args) = parser.next(&mut buf)? {
+            out.push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        Ok(out)
+    }
+
+    fn args(list: &[&str]) -> Vec<Vec<u8>> {
+        list.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn arrays_and_inline_commands_pipelined() {
+        let input =
+            b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\nPING\r\n*0\r\n*-1\r\n\r\nCL.THROTTLE k 1 2 3\n";
+        assert_eq!(
+            all(input, Bounds::default()).unwrap(),
+            vec![
+                args(&["ECHO", "hi"]),
+                args(&["PING"]),
+                args(&["CL.THROTTLE", "k", "1", "2", "3"])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_command_trickled_byte_by_byte_is_parsed_once_complete() {
+        let input = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nv\r\nxy\r\nPING hello\r\n";
+        let mut parser = Parser::new(Bounds::default());
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for &b in input.iter() {
+            buf.extend_from_slice(&[b]);
+            while let Some(args) = parser.next(&mut buf).unwrap() {
+                got.push(args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                vec![b"SET".to_vec(), b"k".to_vec(), b"v\r\nxy".to_vec()],
+                args(&["PING", "hello"])
+            ]
+        );
+        assert!(!parser.in_command(&buf));
+    }
+
+    #[test]
+    fn inline_quotes_as_redis_splits_them() {
+        let got = all(b"SET \"a b\\x41\\n\" 'it\\'s' plain\r\n", Bounds::default()).unwrap();
+        assert_eq!(
+            got,
+            vec![vec![
+                b"SET".to_vec(),
+                b"a bA\n".to_vec(),
+                b"it's".to_vec(),
+                b"plain".to_vec()
+            ]]
+        );
+        let bad = all(b"\"unbalanced\r\n", Bounds::default()).unwrap_err();
+        assert_eq!(
+            bad.to_string(),
+            "Protocol error: unbalanced quotes in request"
+        );
+        assert!(all(b"\"a\"b\r\n", Bounds::default()).is_err());
+    }
+
+    #[test]
+    fn malformed_streams_are_protocol_errors() {
+        for (input, message) in [
+            (&b"*x\r\n"[..], "invalid multibulk length"),
+            (b"*2\r\nfoo\r\n", "expected '$', got 'f'"),
+            (b"*1\r\n$-3\r\n", "invalid bulk length"),
+            (b"*1\r\n$3\r\nabcde\r\n", "bulk string not ended by CRLF"),
+            (b"*1\r\n$99999999999999999999\r\n", "invalid bulk length"),
+        ] {
+            let err = all(input, Bounds::default()).unwrap_err();
+            assert_eq!(err.0, message, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bounds_are_refused_before_the_bytes_arrive() {
+        let bounds = Bounds {
+            max_args: 3,
+            max_bulk: 10,
+            max_inline: 20,
+            max_command: 40,
+        };
+        // Each refused on its header alone: nothing of the announced size is buffered.
+        let err = all(b"*4\r\n", bounds).unwrap_err();
+        assert!(err.0.contains("4 arguments"), "{err}");
+        let err = all(b"*1\r\n$11\r\n", bounds).unwrap_err();
+        assert!(err.0.contains("11 bytes"), "{err}");
+        let err = all(b"*3\r\n$10\r\n0123456789\r\n$10\r\n", bounds).unwrap_err();
+        assert!(err.0.contains("maximum of 40 bytes"), "{err}");
+        // An inline line past its bound, with or without its end yet.
+        assert!(all(&[b'a'; 21], bounds).is_err());
+        assert!(all(b"a b c d\r\n", bounds).is_err());
+        // A header line that never ends.
+        assert!(all(&[b'*'; 40], bounds).is_err());
+        // Within every bound: fine.
+        assert_eq!(
+            all(b"*2\r\n$4\r\nECHO\r\n$10\r\n0123456789\r\n", bounds)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn replies_in_both_protocols() {
+        let mut r = Replies::default();
+        r.simple("OK");
+        r.error("ERR bad\r\nthing");
+        r.integer(-1);
+        r.bulk(b"hi");
+        r.null();
+        r.map(1);
+        assert_eq!(
+            &r.out[..],
+            b"+OK\r\n-ERR bad  thing\r\n:-1\r\n$2\r\nhi\r\n$-1\r\n*2\r\n"
+        );
+        let mut r = Replies {
+            resp3: true,
+            ..Replies::default()
+        };
+        r.null();
+        r.map(1);
+        assert_eq!(&r.out[..], b"_\r\n%1\r\n");
+    }
+}
