@@ -394,6 +394,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 pub mod envoy;
 pub mod http1;
 pub mod pki;
+pub mod redis_cell;
 pub mod redis_server;
 pub mod resp_client;
 

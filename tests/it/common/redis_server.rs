@@ -20,15 +20,22 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     cluster: bool,
+    /// More arguments for redis-server (a module to load).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// A standalone server.
     pub fn start() -> RedisServer {
-        RedisServer::start_with(false)
+        RedisServer::start_with(false, &[])
     }
 
-    fn start_with(cluster: bool) -> RedisServer {
+    /// A standalone server with more arguments (`--loadmodule PATH`).
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with(false, extra)
+    }
+
+    fn start_with(cluster: bool, extra: &[&str]) -> RedisServer {
         let mut dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
             let mut server = RedisServer {
@@ -36,6 +43,7 @@ impl RedisServer {
                 port: free_port(),
                 dir,
                 cluster,
+                extra: extra.iter().map(|a| a.to_string()).collect(),
             };
             if server.spawn() {
                 return server;
@@ -58,6 +66,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.cluster {
@@ -151,7 +160,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true)).collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true, &[])).collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
