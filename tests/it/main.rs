@@ -29,6 +29,7 @@ mod readme;
 #[cfg(feature = "redis")]
 mod redis_store;
 mod resp;
+mod resp_clients;
 mod resp_differential;
 mod rlqs;
 mod rlqs_e2e;
