@@ -569,6 +569,25 @@ impl BucketKey {
         )
     }
 
+    /// The key of a bucket under caller-given limits that are not part of its key:
+    /// `0:<kind>/<rest>`. Kind `c`: a `CL.THROTTLE` key (rest: the caller's key), whose
+    /// limits come with every call, as in redis-cell.
+    ///
+    /// ```
+    /// use cellrate::limits::names::BucketKey;
+    /// let key = BucketKey::caller_key('c', "user123");
+    /// assert_eq!(key.as_str(), "0:c/user123");
+    /// assert!(key.is_caller_given());
+    /// ```
+    pub fn caller_key(kind: char, rest: &str) -> BucketKey {
+        let mut key = String::with_capacity(4 + rest.len());
+        key.push_str("0:");
+        key.push(kind);
+        key.push('/');
+        key.push_str(rest);
+        BucketKey(Arc::from(key))
+    }
+
     /// Whether this bucket is under a caller-given limit (bounded apart from the rest).
     pub fn is_caller_given(&self) -> bool {
         self.0.starts_with("0:")

@@ -31,7 +31,7 @@ use super::protocol::{Bounds, Parser, Replies};
 use super::throttle::{reply, Cell, CellError};
 use crate::admin::Token;
 use crate::gcra::Mode;
-use crate::limits::names::{BucketKey, INLINE_NUMBER};
+use crate::limits::names::BucketKey;
 use crate::listener::{GuardedListener, GuardedStream};
 use crate::metrics::Metrics;
 use crate::service::CallerLimits;
@@ -420,7 +420,7 @@ impl RespServer {
             )));
         }
         let items = [StoreItem {
-            key: BucketKey::new(INLINE_NUMBER, &format!("c/{key}")),
+            key: BucketKey::caller_key('c', key),
             limit: spend.limit,
             cost: spend.cost,
             mode: Mode::CheckAndSpend,
