@@ -25,8 +25,9 @@
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
 //!                          descriptors -> names and ids), reload.rs (watch, debounce, swap),
 //!                          runtime.rs (temporary overrides)
-//! resp/                    the Redis protocol side: throttle.rs (CL.THROTTLE as redis-cell
-//!                          decides it); the listener is under way (issue #19)
+//! resp/                    the Redis protocol (`--resp-listen`): protocol.rs (RESP in,
+//!                          bounded; RESP2/3 out), throttle.rs (redis-cell's five numbers
+//!                          from a GCRA decision), server.rs (connections, commands)
 //! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
 //! health.rs                /healthz, /readyz state and the metrics listener's routes
 //! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code

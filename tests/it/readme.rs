@@ -144,3 +144,66 @@ fn every_metric_the_readme_lists_is_exported_from_the_start() {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
 }
+
+#[test]
+fn the_redis_protocol_examples_print_what_the_readme_shows() {
+    let text = section(&readme(), "## Redis protocol (CL.THROTTLE)");
+    let blocks = code_blocks(&text);
+    let server = crate::common::serve_with(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config")),
+        &["--resp-listen", "127.0.0.1:0"],
+    );
+    let port = server.resp.rsplit_once(':').unwrap().1.to_string();
+
+    // The console: each `$ redis-cli` line runs (on the served port; `--no-raw` prints as
+    // at a terminal) and prints the lines that follow it.
+    let (_, console) = blocks
+        .iter()
+        .find(|(info, _)| info == "console")
+        .expect("a console block");
+    let mut runs: Vec<(String, String)> = Vec::new();
+    for line in console.lines() {
+        match line.strip_prefix("$ ") {
+            Some(command) if command.starts_with("redis-cli") => {
+                runs.push((command.to_string(), String::new()))
+            }
+            Some(command) => assert_eq!(command, "cellrate serve --resp-listen 127.0.0.1:6380"),
+            None => {
+                let (_, shown) = runs.last_mut().expect("output follows a command");
+                shown.push_str(line);
+                shown.push('\n');
+            }
+        }
+    }
+    assert_eq!(runs.len(), 3);
+    for (command, shown) in runs {
+        let command = command.replace("-p 6380", &format!("-h 127.0.0.1 -p {port} --no-raw"));
+        let out = sh(&command);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), shown, "{command}");
+    }
+
+    // The redis-py example prints what the README shows.
+    let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python").to_string()
+    });
+    let (_, code) = blocks
+        .iter()
+        .find(|(info, _)| info == "python")
+        .expect("a python block");
+    assert!(code.contains("redis.Redis(port=6380)"));
+    let code = code.replace(
+        "redis.Redis(port=6380)",
+        &format!("redis.Redis(host='127.0.0.1', port={port})"),
+    );
+    let out = Command::new(&python).arg("-c").arg(&code).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, shown) = blocks
+        .iter()
+        .find(|(info, _)| info == "text")
+        .expect("the python example's output");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), shown.trim());
+}
