@@ -233,6 +233,11 @@ fn exit_codes_are_one_documented_set() {
         (vec!["validate".into()], 64, "a missing argument"),
         (serve(&["--store", "redis"]), 64, "redis without an address"),
         (serve(&["--admin-token", ""]), 64, "an empty admin token"),
+        (
+            serve(&["--resp-token", " "]),
+            64,
+            "a blank Redis-protocol token",
+        ),
         (vec!["simulate".into()], 64, "simulate without limits"),
         (
             vec!["validate".into(), bad.into()],
