@@ -232,9 +232,13 @@ impl RespServer {
         let mut begun: Option<Instant> = None;
         loop {
             // Answer every complete command read so far, in order.
+            let mut completed = false;
             loop {
                 let args = match conn.parser.next(&mut buf) {
-                    Ok(Some(args)) => args,
+                    Ok(Some(args)) => {
+                        completed = true;
+                        args
+                    }
                     Ok(None) => break,
                     Err(e) => {
                         conn.replies.error(&format!("ERR {e}"));
@@ -261,11 +265,12 @@ impl RespServer {
                 }
                 conn.replies.out.clear();
             }
-            // A command begun must arrive whole within the command timeout.
+            // A command begun must arrive whole within the command timeout. A partial command
+            // after complete ones is a new command (a busy pipeline's reads end anywhere).
             begun = match begun {
-                Some(at) if conn.parser.in_command(&buf) => Some(at),
-                _ if conn.parser.in_command(&buf) => Some(Instant::now()),
-                _ => None,
+                _ if !conn.parser.in_command(&buf) => None,
+                Some(at) if !completed => Some(at),
+                _ => Some(Instant::now()),
             };
             buf.reserve(READ_CHUNK);
             let read = match begun {

@@ -504,6 +504,35 @@ async fn a_trickled_command_and_an_idle_connection_are_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pipeline_split_anywhere_is_not_taken_for_a_trickle() {
+    let s = served_with(tight(), None).await;
+    let mut c = client(&s);
+    // For 3 s (three command timeouts), a stream of commands written in chunks that each
+    // end in the middle of a command: there is always a partial command when the server
+    // reads, but each is completed by the next write, so the connection lives on.
+    let command = RespClient::encode(&[b"CL.THROTTLE", b"busy", b"0", b"1000", b"1", b"0"]);
+    // 10 commands and 5 bytes (the command is 63 bytes: the cut moves and never lands on
+    // a boundary within the test).
+    let chunk = command.len() * 10 + 5;
+    let mut written = 0usize;
+    let mut answered = 0usize;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let bytes: Vec<u8> = (written..written + chunk)
+            .map(|i| command[i % command.len()])
+            .collect();
+        c.raw(&bytes).unwrap();
+        written += chunk;
+        while answered < written / command.len() {
+            assert_eq!(c.read().unwrap().integers()[0], 0);
+            answered += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(answered > 300, "{answered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_bounded() {
     let s = served_with(tight(), None).await;
     let mut held: Vec<RespClient> = (0..4).map(|_| client(&s)).collect();
