@@ -298,9 +298,6 @@ fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
                         other => arg.push(other),
                     }
                 }
-                if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
-                    return Err(unbalanced());
-                }
             }
             b'\'' => {
                 i += 1;
@@ -316,9 +313,6 @@ fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
                         other => arg.push(other),
                     }
                 }
-                if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
-                    return Err(unbalanced());
-                }
             }
             _ => {
                 while i < line.len() && !line[i].is_ascii_whitespace() {
@@ -326,6 +320,10 @@ fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
                     i += 1;
                 }
             }
+        }
+        // A closing quote must be followed by a blank or the end (a bare word stops at one).
+        if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
+            return Err(unbalanced());
         }
         args.push(Bytes::from(arg));
     }
