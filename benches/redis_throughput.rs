@@ -37,8 +37,7 @@ fn main() {
             timeout: Duration::from_secs(1),
             ..RedisSettings::default()
         };
-        let store =
-            Arc::new(RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap());
+        let store = RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap();
         // Large limits: every decision is allowed and writes (the script's full path).
         let limit = Limit::new(1_000_000_000, 1_000_000_000, SECOND).unwrap();
         let start = Instant::now();

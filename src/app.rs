@@ -169,7 +169,8 @@ pub enum StoreSettings {
     Memory,
     /// Redis, shared by replicas; `required_for_ready` makes `/readyz` fail while Redis does.
     Redis {
-        settings: RedisSettings,
+        /// Boxed: far larger than the other variant.
+        settings: Box<RedisSettings>,
         required_for_ready: bool,
     },
 }
@@ -279,7 +280,7 @@ pub async fn run(
             settings: redis,
             required_for_ready,
         } => {
-            let store = RedisStore::new(redis.clone(), clock.clone(), metrics.clone())?;
+            let store = RedisStore::new((**redis).clone(), clock.clone(), metrics.clone())?;
             shared_overrides = Some(Arc::new(RedisOverrides::new(redis)?));
             shared_demand = Some(Arc::new(crate::store::redis::RedisDemand::new(
                 redis,
@@ -288,7 +289,7 @@ pub async fn run(
             if *required_for_ready {
                 health.require_store_health(store.healthy());
             }
-            Arc::new(store)
+            store
         }
         #[cfg(not(feature = "redis"))]
         StoreSettings::Redis { .. } => return Err(ServeError::Store(no_redis())),

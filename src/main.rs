@@ -190,7 +190,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
         Some(numbers)
     };
     Ok(StoreSettings::Redis {
-        settings: RedisSettings {
+        settings: Box::new(RedisSettings {
             url: args.redis_url.clone(),
             cluster_nodes: args.redis_cluster_nodes.clone(),
             prefix: args.redis_prefix.clone(),
@@ -202,7 +202,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
             deny_cache: args.redis_deny_cache,
             override_sync: Duration::from_millis(args.redis_override_sync_ms),
             ..RedisSettings::default()
-        },
+        }),
         required_for_ready: args.redis_required_for_ready,
     })
 }

@@ -57,6 +57,9 @@ pub enum StoreError {
         op: &'static str,
         timeout: std::time::Duration,
     },
+    /// Too many items already wait for a call to the same Redis node (slot).
+    #[error("redis: {queued} items already wait for a call to this node")]
+    Backlog { queued: usize },
     /// An open circuit breaker failed the call fast.
     #[error("redis: circuit open after repeated failures")]
     CircuitOpen,

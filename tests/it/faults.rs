@@ -215,14 +215,14 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
         store: StoreSettings::Redis {
-            settings: RedisSettings {
+            settings: Box::new(RedisSettings {
                 url: Some(redis.url()),
                 timeout: Duration::from_millis(100),
                 failure: FailurePolicy::Unavailable,
                 breaker_threshold: 3,
                 breaker_cooldown: Duration::from_millis(200),
                 ..RedisSettings::default()
-            },
+            }),
             required_for_ready: false,
         },
         ..Settings::default()

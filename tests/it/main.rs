@@ -27,6 +27,8 @@ mod proptests;
 mod python_envoy;
 mod readme;
 #[cfg(feature = "redis")]
+mod redis_coalescing;
+#[cfg(feature = "redis")]
 mod redis_store;
 mod resp;
 mod resp_clients;

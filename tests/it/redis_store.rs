@@ -24,7 +24,7 @@ fn settings(url: &str) -> RedisSettings {
     }
 }
 
-fn store(settings: RedisSettings, clock: &FakeClock) -> (RedisStore, Arc<Metrics>) {
+fn store(settings: RedisSettings, clock: &FakeClock) -> (Arc<RedisStore>, Arc<Metrics>) {
     let metrics = Metrics::new();
     (
         RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap(),

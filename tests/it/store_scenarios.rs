@@ -49,7 +49,7 @@ fn redis(url: Option<String>, nodes: Vec<String>, prefix: &str) -> Subject {
     };
     let store = RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap();
     Subject {
-        store: Arc::new(store),
+        store,
         clock,
         metrics,
         cluster,

@@ -1,76 +1,90 @@
--- cellrate: one atomic batch over GCRA buckets in Redis (spend, refund or reset).
+-- cellrate: one atomic call over GCRA buckets in Redis (spend, refund or reset).
 --
--- Times are integer nanoseconds carried as two exact parts {seconds, nanoseconds}: Lua
--- numbers are doubles, exact only up to 2^53, and Unix nanoseconds (~1.8e18) are beyond
--- that (and tostring would print 14 significant digits). Parts stay below 2^53, so every
--- addition, subtraction and comparison here is exact.
+-- Times are integer nanoseconds carried as two exact parts, seconds and nanoseconds (two
+-- values, not a table: no allocation per number): Lua numbers are doubles, exact only up
+-- to 2^53, and Unix nanoseconds (~1.8e18) are beyond that (and tostring would print 14
+-- significant digits). Parts stay below 2^53, so every addition, subtraction and
+-- comparison here is exact.
 --
 -- The script decides only what it must decide atomically: which buckets to write. It
--- returns `now` and every bucket's TAT as read, and cellrate recomputes every reported
+-- returns `now` and the TATs it decided from, and cellrate recomputes every reported
 -- number from them in Rust, with the same code as the memory store: the answers are
 -- identical by construction.
 --
--- KEYS: the buckets, each named once.
 -- ARGV[1]: "spend", "refund" or "reset".
 -- ARGV[2]: now in nanoseconds, or "" to read Redis TIME (microsecond resolution).
--- spend:  then per key three values: increment (ei * cost), burst offset (ei * burst),
---         mode ("0" check_and_spend, "1" check_only, "2" spend_only).
--- refund: then per key the increment (ei * cost).
--- Returns {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
+--
+-- spend: one or more batches (requests coalesced into one call), decided in order, each
+--   all-or-nothing against the state the batches before it left.
+--   KEYS: the distinct buckets of all batches.
+--   ARGV[3...]: per batch its item count n, then per item four values: the index of its
+--   key in KEYS (from 1), increment (ei * cost), burst offset (ei * burst), mode ("0"
+--   check_and_spend, "1" check_only, "2" spend_only).
+--   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
+--   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
+--   that value, which cellrate reports as that batch's data error.
+-- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost).
+-- reset: KEYS the buckets.
+--   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
+
+-- Globals are table lookups: the ones used per item are made locals.
+local tonumber, string_sub, string_format, string_find = tonumber, string.sub, string.format, string.find
+local KEYS, ARGV = KEYS, ARGV
 
 local BILLION = 1000000000
 -- The last whole second of Unix nanoseconds in an int64 (2262): no TAT is stored past it.
 local MAX_SECONDS = 9223372035
 
+-- Seconds and nanoseconds of a decimal string of nanoseconds.
 local function parse(s)
   local len = #s
   if len <= 9 then
-    return {0, tonumber(s)}
+    return 0, tonumber(s)
   end
-  return {tonumber(string.sub(s, 1, len - 9)), tonumber(string.sub(s, len - 8))}
+  return tonumber(string_sub(s, 1, len - 9)), tonumber(string_sub(s, len - 8))
 end
 
-local function format(t)
-  if t[1] == 0 then
-    return string.format('%.0f', t[2])
+-- Whether a stored value is a TAT cellrate can read: digits that fit an int64.
+local function readable(s)
+  local len = #s
+  if len == 0 or len > 19 or not string_find(s, '^%d+$') then
+    return false
   end
-  return string.format('%.0f%09.0f', t[1], t[2])
+  return len < 19 or s <= '9223372036854775807'
 end
 
-local function add(a, b)
-  local s, n = a[1] + b[1], a[2] + b[2]
+local function format(s, n)
+  if s == 0 then
+    return string_format('%.0f', n)
+  end
+  return string_format('%.0f%09.0f', s, n)
+end
+
+local function add(as, an, bs, bn)
+  local s, n = as + bs, an + bn
   if n >= BILLION then
-    n = n - BILLION
-    s = s + 1
+    return s + 1, n - BILLION
   end
-  return {s, n}
+  return s, n
 end
 
-local function sub(a, b)
-  local s, n = a[1] - b[1], a[2] - b[2]
+local function sub(as, an, bs, bn)
+  local s, n = as - bs, an - bn
   if n < 0 then
-    n = n + BILLION
-    s = s - 1
+    return s - 1, n + BILLION
   end
-  return {s, n}
+  return s, n
 end
 
-local function less(a, b)
-  return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
-end
-
-local function max(a, b)
-  if less(a, b) then
-    return b
-  end
-  return a
+local function less(as, an, bs, bn)
+  return as < bs or (as == bs and an < bn)
 end
 
 -- Milliseconds from now until t, rounded up, at least 1.
-local function ttl_ms(t, now)
-  local d = sub(t, now)
-  local ms = d[1] * 1000 + math.ceil(d[2] / 1000000)
+local function ttl_ms(ts, tn, nows, nown)
+  local s, n = sub(ts, tn, nows, nown)
+  local ms = s * 1000 + math.ceil(n / 1000000)
   if ms < 1 then
     ms = 1
   end
@@ -78,12 +92,86 @@ local function ttl_ms(t, now)
 end
 
 local op = ARGV[1]
-local now
+local nows, nown
 if ARGV[2] == '' then
   local time = redis.call('TIME')
-  now = {tonumber(time[1]), tonumber(time[2]) * 1000}
+  nows, nown = tonumber(time[1]), tonumber(time[2]) * 1000
 else
-  now = parse(ARGV[2])
+  nows, nown = parse(ARGV[2])
+end
+
+if op == 'spend' then
+  -- Each key's current TAT (seconds, nanoseconds) when readable, and its text: as stored
+  -- ('' when absent), or as written by an earlier batch (nil until a later batch or the
+  -- final SET needs it).
+  local curs, curn, text, dirty = {}, {}, {}, {}
+  -- One MGET, not a GET per key: every command a script runs has a fixed cost in Redis.
+  local stored = redis.call('MGET', unpack(KEYS))
+  for k = 1, #KEYS do
+    local v = stored[k]
+    if v then
+      text[k] = v
+      if readable(v) then
+        curs[k], curn[k] = parse(v)
+      end
+    else
+      text[k] = ''
+    end
+  end
+  local out, o = {''}, 1
+  local news, newn, oks = {}, {}, {}
+  local at = 3
+  while at <= #ARGV do
+    local n = tonumber(ARGV[at])
+    at = at + 1
+    -- Decide every item against the state before this batch; write only if every counting
+    -- item (not spend_only) is allowed, and then only allowed items that spend something.
+    local allowed = true
+    for i = 1, n do
+      local p = at + (i - 1) * 4
+      local k = tonumber(ARGV[p])
+      if text[k] == nil then
+        text[k] = format(curs[k], curn[k])
+      end
+      o = o + 1
+      out[o] = text[k]
+      if text[k] ~= '' and not curs[k] then
+        -- No TAT: the batch is not decided (and its stale oks are never read).
+        allowed = false
+      else
+        local ts, tn = nows, nown
+        if curs[k] and less(nows, nown, curs[k], curn[k]) then
+          ts, tn = curs[k], curn[k]
+        end
+        local is, inn = parse(ARGV[p + 1])
+        local ns, nn = add(ts, tn, is, inn)
+        local bs, bn = parse(ARGV[p + 2])
+        local ls, ln = sub(ns, nn, bs, bn)
+        local ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
+        news[i], newn[i], oks[i] = ns, nn, ok
+        if not ok and ARGV[p + 3] ~= '2' then
+          allowed = false
+        end
+      end
+    end
+    if allowed then
+      for i = 1, n do
+        local p = at + (i - 1) * 4
+        if oks[i] and ARGV[p + 3] ~= '1' and ARGV[p + 1] ~= '0' then
+          local k = tonumber(ARGV[p])
+          curs[k], curn[k], text[k] = news[i], newn[i], nil
+          dirty[k] = true
+        end
+      end
+    end
+    at = at + n * 4
+  end
+  for k in pairs(dirty) do
+    local v = text[k] or format(curs[k], curn[k])
+    redis.call('SET', KEYS[k], v, 'PX', ttl_ms(curs[k], curn[k], nows, nown))
+  end
+  out[1] = format(nows, nown)
+  return out
 end
 
 local n = #KEYS
@@ -92,43 +180,19 @@ for i = 1, n do
   tats[i] = redis.call('GET', KEYS[i])
 end
 
-if op == 'spend' then
-  -- Decide every item against the current state; write only if every counting item
-  -- (not spend_only) is allowed, and then only allowed items that spend something.
-  local allowed = true
-  local news, oks = {}, {}
-  for i = 1, n do
-    local at = 2 + (i - 1) * 3
-    local inc, bo, mode = parse(ARGV[at + 1]), parse(ARGV[at + 2]), ARGV[at + 3]
-    local t = now
-    if tats[i] then
-      t = max(now, parse(tats[i]))
-    end
-    local new = add(t, inc)
-    local ok = not less(now, sub(new, bo)) and new[1] < MAX_SECONDS
-    news[i], oks[i] = new, ok
-    if not ok and mode ~= '2' then
-      allowed = false
-    end
-  end
-  if allowed then
-    for i = 1, n do
-      local at = 2 + (i - 1) * 3
-      if oks[i] and ARGV[at + 3] ~= '1' and ARGV[at + 1] ~= '0' then
-        redis.call('SET', KEYS[i], format(news[i]), 'PX', ttl_ms(news[i], now))
-      end
-    end
-  end
-elseif op == 'refund' then
+if op == 'refund' then
   -- Never fuller than full, never a new bucket; a bucket refunded to full is deleted.
   for i = 1, n do
     if tats[i] then
-      local tat = parse(tats[i])
-      if not less(tat, now) then
-        local new = max(sub(tat, parse(ARGV[2 + i])), now)
-        if less(new, tat) then
-          if less(now, new) then
-            redis.call('SET', KEYS[i], format(new), 'PX', ttl_ms(new, now))
+      local ts, tn = parse(tats[i])
+      if not less(ts, tn, nows, nown) then
+        local ns, nn = sub(ts, tn, parse(ARGV[2 + i]))
+        if less(ns, nn, nows, nown) then
+          ns, nn = nows, nown
+        end
+        if less(ns, nn, ts, tn) then
+          if less(nows, nown, ns, nn) then
+            redis.call('SET', KEYS[i], format(ns, nn), 'PX', ttl_ms(ns, nn, nows, nown))
           else
             redis.call('DEL', KEYS[i])
           end
@@ -144,7 +208,7 @@ else
   return redis.error_reply('cellrate: unknown op ' .. tostring(op))
 end
 
-local out = {format(now)}
+local out = {format(nows, nown)}
 for i = 1, n do
   out[i + 1] = tats[i] or ''
 end

@@ -1,12 +1,14 @@
 //! The connection (standalone or cluster) and the one script call every operation makes,
 //! with its deadline, its breaker and the parsing of its reply.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
+use super::coalesce::Wire;
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
 use crate::store::{StoreError, StoreEvent};
@@ -120,7 +122,8 @@ pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreE
 }
 
 impl RedisStore {
-    /// One script call over `keys` (all in one slot), with the deadline and breaker.
+    /// One refund or reset call over `keys` (all in one slot), with the deadline and
+    /// breaker.
     pub(super) async fn call(
         &self,
         op: Op,
@@ -128,36 +131,17 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Read, StoreError> {
-        if !self.admit(slot) {
-            self.observer.event(StoreEvent::BreakerRejection);
-            return Err(StoreError::CircuitOpen);
-        }
-        let now_arg = match self.settings.clock {
-            RedisClock::Redis => String::new(),
-            RedisClock::Local => self.clock.now().to_string(),
-        };
         let mut invocation = self.script.prepare_invoke();
         for key in keys {
             invocation.key(key);
         }
-        invocation.arg(op.name()).arg(now_arg);
+        invocation.arg(op.name()).arg(self.now_arg());
         for arg in args {
             invocation.arg(arg);
         }
-        let result = tokio::time::timeout(
-            self.settings.timeout,
-            self.connection
-                .invoke::<Vec<String>>(&invocation, op.name()),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Timeout {
-                op: op.name(),
-                timeout: self.settings.timeout,
-            })
-        });
+        let values = self.run(op, slot, &invocation).await?;
         // A reset deletes whatever a key held, readable or not.
-        let read = result.and_then(|values| parse_read(&values, keys, op == Op::Reset));
+        let read = parse_read(&values, keys.iter().map(String::as_str), op == Op::Reset);
         match &read {
             // A bucket's own bad value is that bucket's problem, not Redis's: it must not
             // open the breaker for every other caller.
@@ -169,23 +153,124 @@ impl RedisStore {
         }
         read
     }
+
+    /// One spend call over `batches` (all in one slot), decided in order by one script
+    /// run: per batch what it read, or that batch's own data error; an error of the whole
+    /// call fails them all.
+    pub(super) async fn call_spend(
+        &self,
+        slot: usize,
+        batches: &[&[Wire]],
+    ) -> Result<Vec<Result<Read, StoreError>>, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.arg(Op::Spend.name()).arg(self.now_arg());
+        // Each key once: a hot key's later batches decide from what earlier ones wrote.
+        // A few keys are found by a scan; a map pays off beyond.
+        let items: usize = batches.iter().map(|b| b.len()).sum();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        let mut keys: Vec<&str> = Vec::with_capacity(items);
+        for batch in batches {
+            invocation.arg(batch.len());
+            for wire in *batch {
+                let known = if items <= 8 {
+                    keys.iter().position(|k| *k == wire.key).map(|i| i + 1)
+                } else {
+                    index.get(wire.key.as_str()).copied()
+                };
+                let at = known.unwrap_or_else(|| {
+                    keys.push(&wire.key);
+                    if items > 8 {
+                        index.insert(&wire.key, keys.len());
+                    }
+                    keys.len()
+                });
+                invocation
+                    .arg(at)
+                    .arg(wire.increment)
+                    .arg(wire.burst_offset)
+                    .arg(wire.mode);
+            }
+        }
+        for key in &keys {
+            invocation.key(*key);
+        }
+        let values = self.run(Op::Spend, slot, &invocation).await?;
+        if values.len() != items + 1 {
+            self.note(slot, false);
+            return Err(StoreError::MalformedReply);
+        }
+        // Redis answered: a batch's bad bucket (below) is that batch's problem alone.
+        self.note(slot, true);
+        let mut at = 1;
+        let reads = batches
+            .iter()
+            .map(|batch| {
+                let mut part = Vec::with_capacity(batch.len() + 1);
+                part.push(values[0].as_str());
+                part.extend(values[at..at + batch.len()].iter().map(String::as_str));
+                at += batch.len();
+                let keys = batch.iter().map(|w| w.key.as_str());
+                let read = parse_read(&part, keys, false);
+                if let Err(e) = &read {
+                    self.log_data_error_once(&e.to_string());
+                }
+                read
+            })
+            .collect();
+        Ok(reads)
+    }
+
+    /// `now` for the script: empty for Redis `TIME`, else cellrate's clock.
+    fn now_arg(&self) -> String {
+        match self.settings.clock {
+            RedisClock::Redis => String::new(),
+            RedisClock::Local => self.clock.now().to_string(),
+        }
+    }
+
+    /// Runs a prepared script call through the breaker, within the deadline. A failed
+    /// call counts toward the breaker here; the caller tells it of an answer.
+    async fn run(
+        &self,
+        op: Op,
+        slot: usize,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<String>, StoreError> {
+        if !self.admit(slot) {
+            self.observer.event(StoreEvent::BreakerRejection);
+            return Err(StoreError::CircuitOpen);
+        }
+        tokio::time::timeout(
+            self.settings.timeout,
+            self.connection.invoke::<Vec<String>>(invocation, op.name()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Timeout {
+                op: op.name(),
+                timeout: self.settings.timeout,
+            })
+        })
+        .inspect_err(|_| self.note(slot, false))
+    }
 }
 
 /// Parses the script's `{now, tat...}` for `keys`. A reply of the wrong shape is Redis
 /// misbehaving; a stored value that is no TAT is a data error of that bucket.
 /// `lenient`: an unreadable value counts as a bucket that was not full.
-pub(super) fn parse_read(
-    values: &[String],
-    keys: &[String],
+pub(super) fn parse_read<'k, V: AsRef<str>>(
+    values: &[V],
+    keys: impl ExactSizeIterator<Item = &'k str>,
     lenient: bool,
 ) -> Result<Read, StoreError> {
     let bad = || StoreError::MalformedReply;
     if values.len() != keys.len() + 1 {
         return Err(bad());
     }
-    let now = values[0].parse::<Nanos>().map_err(|_| bad())?;
+    let now = values[0].as_ref().parse::<Nanos>().map_err(|_| bad())?;
     let tats = values[1..]
         .iter()
+        .map(AsRef::as_ref)
         .zip(keys)
         .map(|(v, key)| {
             if v.is_empty() {
@@ -211,15 +296,15 @@ mod tests {
 
     #[test]
     fn script_replies_are_checked() {
-        let keys = ["a".to_string(), "b".to_string()];
-        let ok = parse_read(&["5".into(), "".into(), "7".into()], &keys, false).unwrap();
+        let keys = || ["a", "b"].into_iter();
+        let ok = parse_read(&["5", "", "7"], keys(), false).unwrap();
         assert_eq!((ok.now, ok.tats), (5, vec![None, Some(7)]));
-        assert!(parse_read(&["5".into()], &keys, false).is_err());
-        assert!(parse_read(&["x".into(), "".into()], &keys[..1], false).is_err());
+        assert!(parse_read(&["5"], keys(), false).is_err());
+        assert!(parse_read(&["x", ""], keys().take(1), false).is_err());
         let reply = ["5".to_string(), "99999999999999999999".to_string()];
-        let poisoned = parse_read(&reply, &keys[..1], false);
+        let poisoned = parse_read(&reply, keys().take(1), false);
         assert!(poisoned.is_err_and(|e| e.is_data_error()));
-        let reset = parse_read(&reply, &keys[..1], true).unwrap();
+        let reset = parse_read(&reply, keys().take(1), true).unwrap();
         assert_eq!(reset.tats, vec![Some(Nanos::MAX)]);
     }
 }

@@ -29,12 +29,14 @@
 //! memory with a share of each limit. Connections re-establish by themselves.
 
 mod settings;
-pub use settings::{FailurePolicy, RedisClock, RedisSettings};
+pub use settings::{Coalescing, FailurePolicy, RedisClock, RedisSettings};
 
 #[cfg(feature = "redis")]
 mod breaker;
 #[cfg(feature = "redis")]
 mod cluster;
+#[cfg(feature = "redis")]
+mod coalesce;
 #[cfg(feature = "redis")]
 mod connection;
 #[cfg(feature = "redis")]

@@ -55,6 +55,8 @@ pub struct RedisSettings {
     pub breaker_cooldown: Duration,
     /// How often a replica looks for changes of the temporary overrides in Redis.
     pub override_sync: Duration,
+    /// Bounds of the spend calls that coalesce concurrent batches.
+    pub coalescing: Coalescing,
 }
 
 impl Default for RedisSettings {
@@ -72,6 +74,35 @@ impl Default for RedisSettings {
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(1),
             override_sync: Duration::from_secs(1),
+            coalescing: Coalescing::default(),
+        }
+    }
+}
+
+/// Bounds of coalescing, per lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Spend calls in flight at a time; requests that find them all taken wait for the
+    /// next call.
+    pub calls_in_flight: usize,
+    /// Items in one coalesced call (a single batch larger than this still goes alone).
+    pub call_items: usize,
+    /// Bytes of keys and arguments in one coalesced call (likewise).
+    pub call_bytes: usize,
+    /// Items waiting for a call; a batch beyond this fails at once (the failure policy
+    /// answers it).
+    pub queued_items: usize,
+}
+
+impl Default for Coalescing {
+    fn default() -> Coalescing {
+        Coalescing {
+            calls_in_flight: 2,
+            // A few hundred decisions keep one script run around a millisecond of Redis
+            // time, so that the calls of other clients are not held up behind it.
+            call_items: 256,
+            call_bytes: 64 * 1024,
+            queued_items: 16_384,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The Redis store itself: its connection, state, and the batches of every operation.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
+use super::coalesce::{Lanes, Wire};
 use super::connection::{Connection, Op, Read};
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::{FailurePolicy, RedisSettings};
@@ -39,6 +40,10 @@ pub struct RedisStore {
     pub(super) deny_cache: Option<DenyCache>,
     /// Data errors already logged, so that a bad bucket logs once, not per request.
     pub(super) data_errors_logged: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Spend calls in flight and the batches waiting for the next (see [`super::coalesce`]).
+    pub(super) lanes: Lanes,
+    /// This store, for the tasks that send waiting batches.
+    pub(super) me: Weak<RedisStore>,
 }
 
 impl RedisStore {
@@ -48,7 +53,7 @@ impl RedisStore {
         settings: RedisSettings,
         clock: Arc<dyn Clock>,
         observer: Arc<dyn StoreObserver>,
-    ) -> Result<RedisStore, StoreError> {
+    ) -> Result<Arc<RedisStore>, StoreError> {
         let connection = Connection::open(&settings, settings.timeout)?;
         let breakers = if settings.cluster_nodes.is_empty() {
             1
@@ -58,7 +63,9 @@ impl RedisStore {
         let deny_cache = settings.deny_cache;
         let fallback =
             (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
-        Ok(RedisStore {
+        Ok(Arc::new_cyclic(|me| RedisStore {
+            me: me.clone(),
+            lanes: Lanes::new(breakers),
             connection,
             script: redis::Script::new(SCRIPT),
             settings,
@@ -75,7 +82,7 @@ impl RedisStore {
                 entries: std::sync::Mutex::new(DenyEntries::default()),
                 capacity: deny_cache,
             }),
-        })
+        }))
     }
 
     /// Whether the last Redis call succeeded.
@@ -112,26 +119,23 @@ impl RedisStore {
         let sent = self.mono();
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|(slot, members)| {
-            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
-            let args: Vec<String> = members
+            let batch = members
                 .iter()
-                .flat_map(|&i| {
+                .map(|&i| {
                     let item = &items[i];
-                    let ei = item.limit.emission_interval();
-                    let inc = ei.saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX));
-                    let mode = match item.mode {
-                        Mode::CheckAndSpend => "0",
-                        Mode::CheckOnly | Mode::Probe => "1",
-                        Mode::SpendOnly => "2",
-                    };
-                    [
-                        inc.to_string(),
-                        item.limit.burst_offset().to_string(),
-                        mode.to_string(),
-                    ]
+                    Wire {
+                        key: keys[i].clone(),
+                        increment: increment_nanos(item),
+                        burst_offset: item.limit.burst_offset(),
+                        mode: match item.mode {
+                            Mode::CheckAndSpend => "0",
+                            Mode::CheckOnly | Mode::Probe => "1",
+                            Mode::SpendOnly => "2",
+                        },
+                    }
                 })
                 .collect();
-            async move { self.call(Op::Spend, *slot, &group_keys, &args).await }
+            self.spend_group(*slot, batch)
         });
         let reads = futures_util::future::join_all(calls).await;
 
@@ -334,11 +338,15 @@ pub(super) fn batch_item(item: &StoreItem, mode: Mode) -> BatchItem<'_> {
     }
 }
 
-pub(super) fn increment(item: &StoreItem) -> String {
+/// What spending `item` adds to its bucket's TAT: the emission interval times the cost.
+fn increment_nanos(item: &StoreItem) -> i64 {
     item.limit
         .emission_interval()
         .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
-        .to_string()
+}
+
+pub(super) fn increment(item: &StoreItem) -> String {
+    increment_nanos(item).to_string()
 }
 
 impl Store for RedisStore {

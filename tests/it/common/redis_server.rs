@@ -117,11 +117,11 @@ impl RedisServer {
     pub fn settings(&self) -> cellrate::app::Settings {
         cellrate::app::Settings {
             store: cellrate::app::StoreSettings::Redis {
-                settings: cellrate::store::redis::RedisSettings {
+                settings: Box::new(cellrate::store::redis::RedisSettings {
                     url: Some(self.url()),
                     timeout: Duration::from_millis(500),
                     ..cellrate::store::redis::RedisSettings::default()
-                },
+                }),
                 required_for_ready: false,
             },
             ..cellrate::app::Settings::default()

@@ -1,0 +1,324 @@
+//! Coalescing in the Redis store, against a real redis-server: batches that wait while a
+//! call is in flight go in one script call, decided in arrival order and each
+//! all-or-nothing; a call belongs to no request (a caller that goes away stalls nobody, and
+//! a batch whose caller gave up is never sent); every request keeps its own deadline; calls
+//! and queues are bounded.
+//!
+//! `CLIENT PAUSE` holds Redis for a while so that the order in which requests wait is known:
+//! the first two requests' calls stay in flight (two calls at a time by default), the next
+//! ones queue one by one behind them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::redis_server::RedisServer;
+use cellrate::clock::{FakeClock, Nanos, SECOND};
+use cellrate::gcra::{Limit, Mode};
+use cellrate::limits::names::BucketKey;
+use cellrate::metrics::Metrics;
+use cellrate::store::redis::{Coalescing, RedisClock, RedisSettings, RedisStore};
+use cellrate::store::{Outcome, Store, StoreError, StoreItem};
+use tokio::task::JoinHandle;
+
+const T0: Nanos = 1_700_000_000 * SECOND;
+
+fn settings(url: &str, timeout: Duration) -> RedisSettings {
+    RedisSettings {
+        url: Some(url.to_string()),
+        timeout,
+        clock: RedisClock::Local,
+        // A paused Redis must not open the breaker for the requests under test.
+        breaker_threshold: 1_000,
+        ..RedisSettings::default()
+    }
+}
+
+fn store(settings: RedisSettings) -> Arc<RedisStore> {
+    RedisStore::new(settings, Arc::new(FakeClock::new(T0)), Metrics::new()).unwrap()
+}
+
+/// Ten per ten minutes, burst ten.
+fn ten() -> Limit {
+    Limit::new(10, 10, 600 * SECOND).unwrap()
+}
+
+fn item(id: &str, limit: Limit) -> StoreItem {
+    StoreItem {
+        key: BucketKey::new(100, id),
+        limit,
+        cost: 1,
+        mode: Mode::CheckAndSpend,
+    }
+}
+
+/// Spends `items` in a task of its own.
+fn ask(store: &Arc<RedisStore>, items: Vec<StoreItem>) -> JoinHandle<Result<Outcome, StoreError>> {
+    let store = store.clone();
+    tokio::spawn(async move { store.spend(&items).await })
+}
+
+/// How many EVALSHA calls Redis ran since the last `CONFIG RESETSTAT`.
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Loads the script (the first call's NOSCRIPT round trip) and zeroes Redis's counts.
+async fn warm(server: &RedisServer, store: &RedisStore) {
+    store.spend(&[item("warm", ten())]).await.unwrap();
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap().trim(), "OK");
+}
+
+/// Holds every Redis client's commands for `ms`.
+fn pause(server: &RedisServer, ms: u64) {
+    let ok = server.cli(&["CLIENT", "PAUSE", &ms.to_string()]).unwrap();
+    assert_eq!(ok.trim(), "OK");
+}
+
+/// Two requests whose calls go out at once and stay in flight while Redis is held.
+async fn occupy(
+    store: &Arc<RedisStore>,
+    items: impl Fn(usize) -> StoreItem,
+) -> Vec<JoinHandle<Result<Outcome, StoreError>>> {
+    let mut first = Vec::new();
+    for i in 0..2 {
+        first.push(ask(store, vec![items(i)]));
+        settle().await;
+    }
+    first
+}
+
+/// Gives a spawned request the time to reach its lane's queue, so that arrival order is
+/// spawn order.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
+    let server = RedisServer::start();
+    let store = store(settings(&server.url(), Duration::from_secs(10)));
+    // "full" has no token left: a batch naming it is denied as a whole.
+    let one = Limit::new(1, 1, 600 * SECOND).unwrap();
+    store.spend(&[item("full", one)]).await.unwrap();
+    warm(&server, &store).await;
+
+    pause(&server, 1_500);
+    let first = occupy(&store, |_| item("hot", ten())).await;
+    let mut waiting = Vec::new();
+    for i in 1..=30 {
+        let other = if i % 3 == 0 {
+            item("full", one)
+        } else {
+            item(&format!("own-{i}"), ten())
+        };
+        waiting.push(ask(&store, vec![item("hot", ten()), other]));
+        settle().await;
+    }
+    for (task, remaining) in first.into_iter().zip([9, 8]) {
+        let out = task.await.unwrap().unwrap();
+        assert_eq!((out.allowed, out.decisions[0].remaining), (true, remaining));
+    }
+    let mut allowed = Vec::new();
+    for (i, task) in (1..).zip(waiting) {
+        let out = task.await.unwrap().unwrap();
+        if out.allowed {
+            allowed.push(i);
+        }
+    }
+    // Hot's eight remaining tokens go to the first eight batches that can be allowed as a
+    // whole, in the order they asked; the denied batches ("full") took none of them.
+    assert_eq!(allowed, vec![1, 2, 4, 5, 7, 8, 10, 11]);
+    assert_eq!(
+        script_calls(&server),
+        3,
+        "the first two calls, then one for the 30 waiting"
+    );
+
+    // What Redis holds agrees: hot is empty, a batch denied by "full" spent nothing.
+    let hot = store.spend(&[item("hot", ten())]).await.unwrap();
+    assert!(!hot.allowed);
+    let untouched = store.spend(&[item("own-13", ten())]).await.unwrap();
+    assert_eq!(untouched.decisions[0].remaining, 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_bounded_in_items() {
+    let server = RedisServer::start();
+    let store = store(RedisSettings {
+        coalescing: Coalescing {
+            call_items: 4,
+            ..Coalescing::default()
+        },
+        ..settings(&server.url(), Duration::from_secs(10))
+    });
+    warm(&server, &store).await;
+
+    pause(&server, 1_000);
+    let mut tasks = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    for i in 0..20 {
+        tasks.push(ask(
+            &store,
+            vec![item("hot", ten()), item(&format!("k{i}"), ten())],
+        ));
+        settle().await;
+    }
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += usize::from(task.await.unwrap().unwrap().allowed);
+    }
+    assert_eq!(
+        allowed,
+        2 + 10,
+        "the first two, hot's burst of ten, then denials"
+    );
+    // 20 batches of two items, at most four items a call: ten calls after the first two.
+    assert_eq!(script_calls(&server), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_sent() {
+    let server = RedisServer::start();
+    let store = store(settings(&server.url(), Duration::from_secs(10)));
+    warm(&server, &store).await;
+
+    pause(&server, 1_000);
+    // The first requests' calls are in flight when their callers go away; a waiting one's
+    // caller goes away too.
+    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let kept: Vec<_> = (0..5)
+        .map(|i| ask(&store, vec![item(&format!("kept-{i}"), ten())]))
+        .collect();
+    settle().await;
+    let abandoned = ask(&store, vec![item("abandoned", ten())]);
+    settle().await;
+    abandoned.abort();
+    settle().await;
+    for task in first {
+        task.abort();
+    }
+    for task in kept {
+        let started = Instant::now();
+        let out = task.await.unwrap();
+        assert!(
+            out.is_ok_and(|o| o.allowed),
+            "served after the first caller left"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    let key = store.redis_key(&BucketKey::new(100, "abandoned"));
+    assert_eq!(server.cli(&["EXISTS", &key]).unwrap().trim(), "0");
+    // The lane is idle again: a lone request goes straight out.
+    let out = store.spend(&[item("after", ten())]).await.unwrap();
+    assert!(out.allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_waiting_request_keeps_its_own_deadline() {
+    let server = RedisServer::start();
+    let store = store(settings(&server.url(), Duration::from_millis(300)));
+    warm(&server, &store).await;
+
+    pause(&server, 4_000);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        tasks.push(ask(&store, vec![item(&format!("d{i}"), ten())]));
+        settle().await;
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let e = task.await.unwrap().unwrap_err();
+        // The first two calls' own deadlines may fire in the Redis client first ("timed
+        // out"); the waiting requests' deadlines are the store's.
+        let first_timed_out = i < 2 && e.to_string().contains("timed out");
+        assert!(
+            matches!(e, StoreError::Timeout { .. }) || first_timed_out,
+            "{e}"
+        );
+    }
+    // Each answered at its own deadline, not when the call it waited behind ended.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_at_once() {
+    let server = RedisServer::start();
+    let store = store(RedisSettings {
+        coalescing: Coalescing {
+            queued_items: 4,
+            ..Coalescing::default()
+        },
+        ..settings(&server.url(), Duration::from_secs(10))
+    });
+    warm(&server, &store).await;
+
+    pause(&server, 1_000);
+    let mut tasks = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    for i in 0..2 {
+        tasks.push(ask(
+            &store,
+            vec![item(&format!("a{i}"), ten()), item(&format!("b{i}"), ten())],
+        ));
+        settle().await;
+    }
+    // Four items wait: one more does not fit.
+    let started = Instant::now();
+    let e = store.spend(&[item("late", ten())]).await.unwrap_err();
+    assert!(matches!(e, StoreError::Backlog { queued: 4 }), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "refused while Redis was held"
+    );
+    for task in tasks {
+        assert!(task.await.unwrap().unwrap().allowed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
+    let server = RedisServer::start();
+    let store = store(settings(&server.url(), Duration::from_secs(10)));
+    warm(&server, &store).await;
+    let poisoned = store.redis_key(&BucketKey::new(100, "poisoned"));
+    server.cli(&["SET", &poisoned, "not a tat"]).unwrap();
+
+    pause(&server, 1_000);
+    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let batches = [
+        vec![item("poisoned", ten())],
+        vec![item("b", ten())],
+        vec![item("c", ten()), item("poisoned", ten())],
+        vec![item("c", ten())],
+    ];
+    let mut tasks = Vec::new();
+    for batch in batches {
+        tasks.push(ask(&store, batch));
+        settle().await;
+    }
+    for task in first {
+        assert!(task.await.unwrap().unwrap().allowed);
+    }
+    let results: Vec<_> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(script_calls(&server), 3);
+    for i in [0, 2] {
+        let e = results[i].as_ref().unwrap_err();
+        assert!(
+            matches!(e, StoreError::Data(m) if m.contains("no TAT")),
+            "{e}"
+        );
+    }
+    assert_eq!(results[1].as_ref().unwrap().decisions[0].remaining, 9);
+    // The failed batch spent nothing of c.
+    assert_eq!(results[3].as_ref().unwrap().decisions[0].remaining, 9);
+}
