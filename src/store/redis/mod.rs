@@ -1,10 +1,12 @@
 //! The Redis store: TATs shared by many replicas, standalone or Redis Cluster.
 //!
-//! Every batch is one server-side script (`redis_batch.lua`, sent with EVALSHA and loaded
+//! Every batch is one server-side script (`batch.lua`, sent with EVALSHA and loaded
 //! again on NOSCRIPT): it reads the batch's TATs, decides all-or-nothing which to write,
 //! writes them with an expiry at the TAT, and returns `now` and the TATs it read. The
 //! reported decisions are then computed here by [`crate::gcra`], the same code the memory
-//! store runs, so the two stores answer identically for the same `now` and state.
+//! store runs, so the two stores answer identically for the same `now` and state. Under
+//! load the batches that wait while a node's calls are in flight go together in one script
+//! call, decided in arrival order, each all-or-nothing (`coalesce.rs`).
 //!
 //! **Temporary overrides** (admin `SetOverride`) live in one hash, `<prefix>overrides`,
 //! reached over a second connection ([`RedisOverrides`]); every replica copies it into
