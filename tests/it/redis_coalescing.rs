@@ -91,6 +91,25 @@ async fn occupy(
     first
 }
 
+/// A store on `server` with `coalescing`, its script loaded, Redis then held for a second
+/// with two calls in flight (the returned tasks).
+async fn held(
+    server: &RedisServer,
+    coalescing: Coalescing,
+) -> (
+    Arc<RedisStore>,
+    Vec<JoinHandle<Result<Outcome, StoreError>>>,
+) {
+    let store = store(RedisSettings {
+        coalescing,
+        ..settings(&server.url(), Duration::from_secs(10))
+    });
+    warm(server, &store).await;
+    pause(server, 1_000);
+    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    (store, first)
+}
+
 /// Gives a spawned request the time to reach its lane's queue, so that arrival order is
 /// spawn order.
 async fn settle() {
@@ -148,17 +167,11 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_are_bounded_in_items() {
     let server = RedisServer::start();
-    let store = store(RedisSettings {
-        coalescing: Coalescing {
-            call_items: 4,
-            ..Coalescing::default()
-        },
-        ..settings(&server.url(), Duration::from_secs(10))
-    });
-    warm(&server, &store).await;
-
-    pause(&server, 1_000);
-    let mut tasks = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let coalescing = Coalescing {
+        call_items: 4,
+        ..Coalescing::default()
+    };
+    let (store, mut tasks) = held(&server, coalescing).await;
     for i in 0..20 {
         tasks.push(ask(
             &store,
@@ -182,13 +195,9 @@ async fn calls_are_bounded_in_items() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_sent() {
     let server = RedisServer::start();
-    let store = store(settings(&server.url(), Duration::from_secs(10)));
-    warm(&server, &store).await;
-
-    pause(&server, 1_000);
     // The first requests' calls are in flight when their callers go away; a waiting one's
     // caller goes away too.
-    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let (store, first) = held(&server, Coalescing::default()).await;
     let kept: Vec<_> = (0..5)
         .map(|i| ask(&store, vec![item(&format!("kept-{i}"), ten())]))
         .collect();
@@ -250,17 +259,11 @@ async fn every_waiting_request_keeps_its_own_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_at_once() {
     let server = RedisServer::start();
-    let store = store(RedisSettings {
-        coalescing: Coalescing {
-            queued_items: 4,
-            ..Coalescing::default()
-        },
-        ..settings(&server.url(), Duration::from_secs(10))
-    });
-    warm(&server, &store).await;
-
-    pause(&server, 1_000);
-    let mut tasks = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let coalescing = Coalescing {
+        queued_items: 4,
+        ..Coalescing::default()
+    };
+    let (store, mut tasks) = held(&server, coalescing).await;
     for i in 0..2 {
         tasks.push(ask(
             &store,
