@@ -3,9 +3,10 @@
 //! runs one while the next is prepared and sent) wait, and go to Redis together in the next
 //! call, one script run that decides them in arrival order, each all-or-nothing against the
 //! state the batches before it left. Under load Redis then runs one script call for many
-//! decisions (and one GET and SET per distinct key) instead of one per decision; a request
-//! that finds a call free goes straight out, as it would without coalescing. Calls of one
-//! lane share one connection, so Redis runs them in the order they were sent.
+//! decisions (and one MGET for the call, one SET per distinct key written) instead of one
+//! per decision; a request that finds a call free goes straight out, as it would without
+//! coalescing. Calls of one lane share one connection, so Redis runs them in the order they
+//! were sent.
 //!
 //! A call in flight belongs to no request: when the request that made a lane's first call
 //! finishes or is dropped (its caller went away), a task takes over the lane's queue, so
@@ -42,6 +43,8 @@ impl Wire {
 /// A batch waiting for the next call of its lane.
 struct Waiting {
     batch: Vec<Wire>,
+    /// What the batch adds to a call (see [`Wire::bytes`]), counted once.
+    bytes: usize,
     reply: oneshot::Sender<Result<Read, StoreError>>,
 }
 
@@ -109,7 +112,12 @@ impl RedisStore {
             } else {
                 let (reply, answer) = oneshot::channel();
                 lane.queued_items += batch.len();
-                lane.queue.push_back(Waiting { batch, reply });
+                let bytes = batch.iter().map(Wire::bytes).sum();
+                lane.queue.push_back(Waiting {
+                    batch,
+                    bytes,
+                    reply,
+                });
                 Turn::Wait(answer)
             }
         };
@@ -189,7 +197,7 @@ impl RedisStore {
         let (mut items, mut bytes, mut taken) = (0, 0, Vec::new());
         while let Some(next) = lane.queue.pop_front() {
             let size = next.batch.len();
-            let next_bytes: usize = next.batch.iter().map(Wire::bytes).sum();
+            let next_bytes = next.bytes;
             let live = !next.reply.is_closed();
             if live
                 && !taken.is_empty()
