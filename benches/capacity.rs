@@ -1,6 +1,7 @@
 //! Capacity figures (no criterion: one measurement each, printed):
-//! - memory per live bucket in the memory store, at 1 M and 10 M buckets (RSS growth per
-//!   bucket, and the same less the key's own bytes);
+//! - the memory store at 10^3, 10^6, 10^7 and 10^8 live buckets: memory per live bucket (RSS
+//!   growth per bucket, everything included), check latency on random live keys, and the
+//!   sweeper's pause per shard;
 //! - the time to load and swap in a limits directory with 100 000 overrides.
 //!
 //! Each memory figure comes from a fresh child process, so that memory freed by one run
@@ -27,29 +28,94 @@ fn memory_per_bucket(n: usize) {
     let clock = FakeClock::new(1_700_000_000 * SECOND);
     // Room for every key whatever shard it hashes to (the bound is per shard), none of it
     // set aside for caller-given limits.
-    let store = MemoryStore::with_caller_share(Arc::new(clock), 128, n + n / 5, 0);
-    let limit = Limit::new(10, 10, 3_600 * SECOND).unwrap();
-    let key_len = BucketKey::new(100, &format!("user-{:08}", 0))
-        .as_str()
-        .len();
+    let max = n + n / 5;
+    let store = MemoryStore::with_caller_share(
+        Arc::new(clock.clone()),
+        cellrate::store::memory::DEFAULT_SHARDS,
+        max,
+        0,
+    );
+    // Burst and count so large that no probe below is ever denied: every spend writes.
+    let limit = Limit::new(1 << 40, 1 << 40, 3_600 * SECOND).unwrap();
+    let item = |i: usize| StoreItem {
+        key: BucketKey::new(100, &format!("user-{i:09}")),
+        limit,
+        cost: 1,
+        mode: Mode::CheckAndSpend,
+    };
+    let key_len = item(0).key.as_str().len();
     let before = rss();
+    let fill = Instant::now();
     for i in 0..n {
-        let item = StoreItem {
-            key: BucketKey::new(100, &format!("user-{i:08}")),
-            limit,
-            cost: 1,
-            mode: Mode::CheckAndSpend,
-        };
-        store.spend_now(std::slice::from_ref(&item)).unwrap();
+        store.spend_now(std::slice::from_ref(&item(i))).unwrap();
     }
+    let fill = fill.elapsed();
     let grown = rss().saturating_sub(before) as f64;
     assert_eq!(store.live_buckets(), n);
     println!(
-        "memory_store live_buckets={n} rss_growth_mib={:.0} bytes_per_bucket={:.1} key_bytes={key_len} beyond_key_bytes={:.1}",
+        "memory_store live_buckets={n} shards={} rss_growth_mib={:.0} bytes_per_bucket={:.1} key_bytes={key_len} fill_s={:.1}",
+        store.shard_count(),
         grown / (1 << 20) as f64,
         grown / n as f64,
-        grown / n as f64 - key_len as f64
+        fill.as_secs_f64()
     );
+
+    // Check latency: spends on 100 000 live keys picked at random (so that at 10^8 most
+    // miss every cache), built beforehand so that only the store's work is timed.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let probes: Vec<StoreItem> = (0..100_000)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            item((seed % n as u64) as usize)
+        })
+        .collect();
+    let spend = |probe: &StoreItem| {
+        assert!(store.spend_now(std::slice::from_ref(probe)).unwrap().allowed);
+    };
+    probes.iter().for_each(spend); // warm-up
+    let rounds = 20;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        probes.iter().for_each(spend);
+    }
+    let mean = start.elapsed().as_nanos() as f64 / (rounds * probes.len()) as f64;
+    // Percentiles from a pass with a timer around each check.
+    let mut each: Vec<Duration> = probes
+        .iter()
+        .map(|probe| {
+            let one = Instant::now();
+            spend(probe);
+            one.elapsed()
+        })
+        .collect();
+    each.sort();
+    println!(
+        "memory_store live_buckets={n} check_ns mean={mean:.0} p50={} p99={} (one timer per check: ~20 ns of it)",
+        each[each.len() / 2].as_nanos(),
+        each[each.len() * 99 / 100].as_nanos()
+    );
+
+    // The sweeper's pause: how long each shard's lock is held by a sweep, first with every
+    // bucket live (it visits each and drops none), then with every bucket expired.
+    for (what, advance) in [("none_expired", 0), ("all_expired", 7_200 * SECOND)] {
+        clock.advance(advance);
+        let mut pauses: Vec<Duration> = (0..store.shard_count())
+            .map(|s| {
+                let start = Instant::now();
+                store.sweep_shard(s);
+                start.elapsed()
+            })
+            .collect();
+        pauses.sort();
+        println!(
+            "memory_store live_buckets={n} sweep_{what} pause_us_per_shard median={:.0} max={:.0}",
+            pauses[pauses.len() / 2].as_secs_f64() * 1e6,
+            pauses[pauses.len() - 1].as_secs_f64() * 1e6
+        );
+    }
+    assert_eq!(store.live_buckets(), 0);
 }
 
 fn overrides_load_and_swap(ids: usize) {
@@ -103,7 +169,11 @@ fn main() {
         return;
     }
     overrides_load_and_swap(100_000);
-    for n in ["1000000", "10000000"] {
+    // CAPACITY_BUCKETS="1000,1000000" runs other sizes (10^8 needs about 3 GiB and a minute
+    // or two to fill).
+    let sizes = std::env::var("CAPACITY_BUCKETS")
+        .unwrap_or_else(|_| "1000,1000000,10000000,100000000".into());
+    for n in sizes.split(',') {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["memory", n])
             .status()

@@ -18,8 +18,8 @@ scenarios=${*:-hot distinct denied check}
 
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
 export CARGO_TARGET_DIR=target/callgrind
-CARGO_PROFILE_RELEASE_LTO_DEBUG=line-tables-only \
-  cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
+# (Through --config: cargo reads CARGO_PROFILE_RELEASE_LTO_DEBUG as profile `release`.)
+cargo build --config 'profile.release-lto.debug="line-tables-only"' --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
 bin=$CARGO_TARGET_DIR/release-lto
 out=$CARGO_TARGET_DIR/profiles
 mkdir -p "$out"
@@ -49,10 +49,10 @@ count() { # server scenario -> instructions per request
   pid=$!
   wait_port "$port"
   LOADGEN_TOTAL=500 "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
-  callgrind_control -i on $pid >/dev/null
+  callgrind_control -i on $pid >/dev/null 2>&1
   LOADGEN_TOTAL=$requests "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
-  callgrind_control -d $pid >/dev/null
-  callgrind_control -i off $pid >/dev/null
+  callgrind_control -d $pid >/dev/null 2>&1
+  callgrind_control -i off $pid >/dev/null 2>&1
   kill $pid; wait $pid 2>/dev/null || true
   # The dump (file.1) holds the measured window only.
   mv "$file.1" "$file"

@@ -383,15 +383,20 @@ impl MemoryStore {
 
     /// Drops every bucket whose TAT has passed; returns how many.
     pub fn sweep(&self) -> usize {
-        let mut dropped = 0;
-        for shard in 0..self.shards.len() {
-            let mut tables = self.lock(shard);
-            let now = self.clock.now();
-            for guard in tables.0.iter_mut() {
-                dropped += sweep_table(guard, now);
-            }
-        }
-        dropped
+        (0..self.shards.len()).map(|s| self.sweep_shard(s)).sum()
+    }
+
+    /// Drops the expired buckets of one shard, holding its lock throughout (the sweeper's
+    /// pause for the requests on that shard); returns how many. `shard` < [`Self::shard_count`].
+    pub fn sweep_shard(&self, shard: usize) -> usize {
+        let mut tables = self.lock(shard);
+        let now = self.clock.now();
+        tables.0.iter_mut().map(|t| sweep_table(t, now)).sum()
+    }
+
+    /// The number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
     }
 
     /// Buckets held, including expired ones not yet swept.
