@@ -271,7 +271,7 @@ pub async fn run(
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
-            crate::store::memory::DEFAULT_SHARDS,
+            MemoryStore::shards_for(settings.max_buckets),
             settings.max_buckets,
             settings.caller_bucket_share,
         )),

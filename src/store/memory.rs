@@ -1,5 +1,8 @@
-//! The in-memory store: TATs in a fixed number of mutex-guarded hash-map shards, keyed by a
-//! 128-bit keyed hash of the bucket key (24 bytes an entry, whatever the id's length).
+//! The in-memory store: TATs in a fixed number of mutex-guarded shards, each an
+//! open-addressing table ([`TatTable`]) keyed by a 64-bit keyed hash of the bucket key: 16
+//! bytes a slot whatever the id's length, 20-29 bytes a live bucket all included. The
+//! number of shards grows with the bound on buckets ([`MemoryStore::shards_for`]), so that
+//! a shard stays small enough to sweep in well under a millisecond.
 //!
 //! A batch locks the shards its keys fall in, in ascending shard order (so overlapping
 //! batches cannot deadlock), decides with [`crate::gcra::spend_batch`] and writes before
@@ -25,70 +28,28 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, BatchItem, Decision};
 use crate::limits::names::BucketKey;
+use crate::store::table::{TatTable, MIN_PRINT};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
 
-/// Default number of shards: enough that two batches rarely meet.
+/// The least number of shards: enough that two batches rarely meet.
 pub const DEFAULT_SHARDS: usize = 128;
+
+/// Buckets per shard that [`MemoryStore::shards_for`] aims at: a sweep of a shard this full
+/// holds its lock for a few hundred microseconds at most (BENCHMARKS.md).
+const BUCKETS_PER_SHARD: usize = 25_000;
+
+/// The most shards [`MemoryStore::shards_for`] chooses.
+const MAX_SHARDS: usize = 8_192;
 
 /// Default bound on live buckets.
 pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
 
-/// A bucket key's 128-bit keyed hash (two SipHash-1-3 with process-random keys), stored
-/// instead of the key: 16 bytes whatever the id's length, and no allocation per bucket.
-/// Two distinct keys share a bucket only if both 64-bit halves collide: with 10 M live
-/// buckets, a chance below 10^-24, and the keys are secret so callers cannot aim for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Fingerprint(u64, u64);
-
-/// One shard's table of one [`Space`]: TATs by fingerprint. The fingerprint already is a
-/// keyed hash, so its first word is the table's hash as it is (a `HashTable` takes the
-/// hash from us; no `Hasher` to write).
-#[derive(Default)]
-struct Buckets(hashbrown::HashTable<(Fingerprint, Nanos)>);
-
-impl Buckets {
-    fn with_capacity(n: usize) -> Buckets {
-        Buckets(hashbrown::HashTable::with_capacity(n))
-    }
-
-    fn get(&self, print: &Fingerprint) -> Option<&Nanos> {
-        self.0
-            .find(print.0, |(p, _)| p == print)
-            .map(|(_, tat)| tat)
-    }
-
-    fn get_mut(&mut self, print: &Fingerprint) -> Option<&mut Nanos> {
-        self.0
-            .find_mut(print.0, |(p, _)| p == print)
-            .map(|(_, tat)| tat)
-    }
-
-    fn insert(&mut self, print: Fingerprint, tat: Nanos) {
-        match self.get_mut(&print) {
-            Some(stored) => *stored = tat,
-            None => {
-                self.0.insert_unique(print.0, (print, tat), |(p, _)| p.0);
-            }
-        }
-    }
-
-    fn remove(&mut self, print: &Fingerprint) -> Option<Nanos> {
-        let entry = self.0.find_entry(print.0, |(p, _)| p == print).ok()?;
-        Some(entry.remove().0 .1)
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Nanos) -> bool) {
-        self.0.retain(|(_, tat)| keep(tat));
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn capacity(&self) -> usize {
-        self.0.capacity()
-    }
-}
+/// A bucket key's 64-bit keyed hash (SipHash-1-3 with process-random keys), stored instead
+/// of the key: 8 bytes whatever the id's length, and no allocation per bucket. Two distinct
+/// keys share a bucket only if their hashes collide: with 10 M live buckets a chance of
+/// about 3 in a million that any two do, with 100 M about 3 in ten thousand; the keys are
+/// secret, so callers cannot aim for it (see the README's "Sizing").
+type Fingerprint = u64;
 
 /// Which table of a shard a bucket lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,19 +70,19 @@ impl Space {
 
 /// A shard's tables, one per [`Space`].
 #[derive(Default)]
-struct Tables([Buckets; 2]);
+struct Tables([TatTable; 2]);
 
 impl Tables {
     fn get(&self, (print, space): (Fingerprint, Space)) -> Option<Nanos> {
-        self.0[space as usize].get(&print).copied()
+        self.0[space as usize].get(print)
     }
 
-    fn table(&mut self, space: Space) -> &mut Buckets {
+    fn table(&mut self, space: Space) -> &mut TatTable {
         &mut self.0[space as usize]
     }
 
     fn len(&self) -> usize {
-        self.0.iter().map(Buckets::len).sum()
+        self.0.iter().map(TatTable::len).sum()
     }
 }
 
@@ -132,7 +93,7 @@ struct Shard(Mutex<Tables>);
 /// TATs in memory, sharded. See the module docs.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hashers: [RandomState; 2],
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
     /// Bucket bound per shard, by [`Space`].
     per_shard: [usize; 2],
@@ -142,9 +103,19 @@ pub struct MemoryStore {
 pub const DEFAULT_CALLER_SHARE_PERCENT: usize = 10;
 
 impl MemoryStore {
-    /// A store with the default shard count and bound.
+    /// A store with the default bound.
     pub fn new(clock: Arc<dyn Clock>) -> MemoryStore {
-        MemoryStore::with_capacity(clock, DEFAULT_SHARDS, DEFAULT_MAX_BUCKETS)
+        let shards = MemoryStore::shards_for(DEFAULT_MAX_BUCKETS);
+        MemoryStore::with_capacity(clock, shards, DEFAULT_MAX_BUCKETS)
+    }
+
+    /// The shard count for a bound of `max_buckets`: a power of two, at least
+    /// [`DEFAULT_SHARDS`], about 25 000 buckets a shard when full (512 shards at 10^7,
+    /// 4 096 at 10^8), at most 8 192.
+    pub fn shards_for(max_buckets: usize) -> usize {
+        (max_buckets / BUCKETS_PER_SHARD)
+            .next_power_of_two()
+            .clamp(DEFAULT_SHARDS, MAX_SHARDS)
     }
 
     /// A store of `shards` shards holding at most about `max_buckets` live buckets, of
@@ -168,7 +139,7 @@ impl MemoryStore {
             shards: (0..shards)
                 .map(|_| Shard(Mutex::new(Tables::default())))
                 .collect(),
-            hashers: [RandomState::new(), RandomState::new()],
+            hasher: RandomState::new(),
             clock,
             per_shard: [
                 configured.div_ceil(shards).max(1),
@@ -178,13 +149,13 @@ impl MemoryStore {
     }
 
     fn fingerprint(&self, key: &BucketKey) -> (Fingerprint, Space) {
-        let print = Fingerprint(self.hashers[0].hash_one(key), self.hashers[1].hash_one(key));
-        (print, Space::of(key))
+        (self.hasher.hash_one(key).max(MIN_PRINT), Space::of(key))
     }
 
-    /// The shard of a bucket: by the half the tables do not index by.
+    /// The shard of a bucket: by the fingerprint's low bits (a table finds its slot by the
+    /// high bits).
     fn shard_of(&self, (print, _): (Fingerprint, Space)) -> usize {
-        (print.1 % self.shards.len() as u64) as usize
+        (print % self.shards.len() as u64) as usize
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Tables> {
@@ -260,7 +231,7 @@ impl MemoryStore {
             cost: item.cost,
             mode: item.mode,
         }];
-        let out = match shard.get_mut(&print) {
+        let out = match shard.get_mut(print) {
             Some(stored) => {
                 let out = gcra::spend_batch(now, &batch, &[Some(*stored)]);
                 if let Some(tat) = out.writes[0] {
@@ -272,7 +243,7 @@ impl MemoryStore {
                 let out = gcra::spend_batch(now, &batch, &[None]);
                 if let Some(tat) = out.writes[0] {
                     if shard.len() >= self.per_shard[space as usize] {
-                        shard.retain(|tat| *tat > now);
+                        shard.sweep(now);
                         if shard.len() >= self.per_shard[space as usize] {
                             return Err(self.full(space));
                         }
@@ -322,7 +293,7 @@ impl MemoryStore {
                 let (new, bound) = (new[space as usize], self.per_shard[space as usize]);
                 let table = guard.table(space);
                 if new > 0 && table.len() + new > bound {
-                    table.retain(|tat| *tat > now);
+                    table.sweep(now);
                     if table.len() + new > bound {
                         return Err(self.full(space));
                     }
@@ -344,9 +315,7 @@ impl MemoryStore {
             .zip(&positions)
             .map(|((item, &(print, space)), &p)| {
                 let shard = guards[p].table(space);
-                let print = &print;
-                let (decision, write) =
-                    gcra::refund(&item.limit, now, shard.get(print).copied(), item.cost);
+                let (decision, write) = gcra::refund(&item.limit, now, shard.get(print), item.cost);
                 match write {
                     // Refunded to full: a full bucket is no bucket.
                     Some(tat) if tat <= now => {
@@ -375,7 +344,7 @@ impl MemoryStore {
             .filter(|(&(print, space), &p)| {
                 guards[p]
                     .table(space)
-                    .remove(&print)
+                    .remove(print)
                     .is_some_and(|tat| tat > now)
             })
             .count() as u32
@@ -391,7 +360,7 @@ impl MemoryStore {
     pub fn sweep_shard(&self, shard: usize) -> usize {
         let mut tables = self.lock(shard);
         let now = self.clock.now();
-        tables.0.iter_mut().map(|t| sweep_table(t, now)).sum()
+        tables.0.iter_mut().map(|t| t.sweep(now)).sum()
     }
 
     /// The number of shards.
@@ -409,26 +378,6 @@ impl MemoryStore {
         let print = self.fingerprint(key);
         self.lock(self.shard_of(print)).get(print)
     }
-}
-
-/// Drops a table's expired buckets; returns how many.
-fn sweep_table(table: &mut Buckets, now: Nanos) -> usize {
-    let before = table.len();
-    table.retain(|tat| *tat > now);
-    let live = table.len();
-    // A removal leaves a tombstone that only a rehash clears, and hashbrown rehashes in
-    // place only while a table is at most half full: under churn (new keys in, expired
-    // ones out) a table would double for good. Rebuilding a table whose free room has
-    // fallen below a quarter of its live entries keeps it at the size those entries need
-    // (the soak in RELIABILITY.md: half the RSS).
-    if table.capacity() - live < live / 4 {
-        let mut rebuilt = Buckets::with_capacity(live + live / 4);
-        for (print, tat) in table.0.drain() {
-            rebuilt.0.insert_unique(print.0, (print, tat), |(p, _)| p.0);
-        }
-        *table = rebuilt;
-    }
-    before - live
 }
 
 impl Store for MemoryStore {
@@ -561,8 +510,8 @@ mod tests {
 
     #[test]
     fn churn_does_not_grow_the_tables() {
-        // 1 000 new keys a second, each bucket living 10 s: about 10 000 live. Without the
-        // rebuild in `sweep`, tombstones make hashbrown double the table (to 32 768 slots).
+        // 1 000 new keys a second, each bucket living 10 s: about 10 000 live. Were tombstones
+        // not dropped, the table would grow with every key ever seen (300 000).
         let clock = Arc::new(FakeClock::new(T0));
         let store = MemoryStore::with_capacity(clock.clone(), 1, 1_000_000);
         let limit = Limit::new(1, 1, 10 * SECOND).unwrap();
@@ -580,11 +529,12 @@ mod tests {
                 assert!(store.spend_now(std::slice::from_ref(item)).unwrap().allowed);
             }
             store.sweep();
-            largest = largest.max(store.lock(0).0[0].capacity());
+            largest = largest.max(store.lock(0).0[0].slots());
             clock.advance(SECOND);
         }
         let live = store.live_buckets();
         assert!((9_000..=11_000).contains(&live), "{live} live");
-        assert!(largest < 16_384, "a table grew to capacity {largest}");
+        // At most 11 000 live at the rebuilt load (55 %): under twice the live buckets.
+        assert!(largest < 22_000, "a table grew to {largest} slots");
     }
 }
