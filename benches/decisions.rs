@@ -2,7 +2,8 @@
 //! in the configuration's maps (a name, then its policy for an id, in a table of 100 000
 //! overrides), and the memory store's single-item check, on 1 key and on 1 M keys, with 1
 //! and 2 threads; and what counting a denied decision costs without and with the tracking
-//! behind admin `Top`.
+//! behind admin `Top`. Beside the memory store, governor's keyed limiter (DashMap of atomic
+//! TATs, a compare-and-swap per decision) on the same keys and threads.
 //! Run: `cargo bench --bench decisions`. Figures are recorded in BENCHMARKS.md.
 
 use std::hint::black_box;
@@ -124,6 +125,53 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
+/// governor's keyed limiter on the same keys, limit and threads as `memory_store`: a quota
+/// of 10^9 a second with a burst of 10^9 (one cell per nanosecond, like `items`), on a fake
+/// clock that stands still as ours does, so that neither side reads a real clock.
+fn governor_keyed(c: &mut Criterion) {
+    use governor::clock::FakeRelativeClock;
+    use governor::{Quota, RateLimiter};
+    use std::num::NonZeroU32;
+
+    let rate = NonZeroU32::new(1_000_000_000).unwrap();
+    let mut group = c.benchmark_group("governor_keyed/check");
+    for keys in [1usize, 1_000_000] {
+        let limiter = Arc::new(RateLimiter::dashmap_with_clock(
+            Quota::per_second(rate).allow_burst(rate),
+            FakeRelativeClock::default(),
+        ));
+        let ids: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("100:user-{i}")).collect());
+        for id in ids.iter() {
+            limiter.check_key(id).unwrap();
+        }
+        for threads in [1u64, 2] {
+            let label = format!(
+                "{}_keys/{threads}_threads",
+                if keys == 1 { "1" } else { "1M" }
+            );
+            group.bench_function(label, |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    std::thread::scope(|scope| {
+                        for t in 0..threads {
+                            let (limiter, ids) = (limiter.clone(), ids.clone());
+                            scope.spawn(move || {
+                                let n = ids.len() as u64;
+                                for i in 0..iters / threads {
+                                    let id = &ids[((i * 7919 + t * 104_729) % n) as usize];
+                                    black_box(limiter.check_key(id).is_ok());
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// A denied item of `ApiRequestsPerKey` for `id`, as the decider reports it.
 fn denied_item(limit: Limit, id: &str) -> cellrate::service::ItemResult {
     cellrate::service::ItemResult {
@@ -176,6 +224,6 @@ fn denial_counting(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3));
-    targets = gcra, config_lookups, memory_store, denial_counting
+    targets = gcra, config_lookups, memory_store, governor_keyed, denial_counting
 }
 criterion_main!(benches);

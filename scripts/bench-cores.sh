@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Scaling across cores: the whole gRPC path with one tokio worker thread against two
 # (TOKIO_WORKER_THREADS), alternating A B A B in one run, on distinct keys and on one hot
-# key from 4 connections x 64 streams; then the memory store alone (criterion, no network)
-# on one and two threads.
+# key from 4 connections x 64 streams; then the memory store alone and governor's keyed
+# limiter beside it (criterion, no network), on one and two threads.
 #
 #   scripts/bench-cores.sh [rounds] [seconds]
 #
@@ -45,6 +45,6 @@ python3 scripts/ratios.py "$results" two one distinct hot
 rm -f "$results"
 
 echo
-echo "memory store alone, time per decision with 1 and 2 threads (criterion medians):"
-cargo bench --bench decisions -- memory_store/check 2>/dev/null | grep -E '^memory_store|time:' | paste - - |
+echo "memory store alone and governor's keyed limiter, time per decision with 1 and 2 threads (criterion medians):"
+cargo bench --bench decisions -- 'memory_store/check|governor_keyed/check' 2>/dev/null | grep -E '^(memory_store|governor_keyed)|time:' | paste - - |
   sed 's/ \+/ /g'
