@@ -34,6 +34,7 @@ use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminElsewhere, AdminService, RateLimiterService};
 use crate::service::rlqs::RlqsService;
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
+use crate::shortcut::ShortcutLayer;
 use crate::store::measured::MeasuredStore;
 use crate::store::redis::RedisSettings;
 #[cfg(feature = "redis")]
@@ -576,9 +577,19 @@ async fn serve(
     let decisions_incoming =
         GuardedListener::new(listeners.decisions, server_limits.decisions, "decisions");
     let admin_incoming = GuardedListener::new(listeners.admin, server_limits.admin, "admin");
+    let native = RateLimiterServer::new(RateLimiterService::new(decider.clone(), metrics.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let envoy = RateLimitServiceServer::new(EnvoyRateLimitService::new(
+        decider.clone(),
+        settings.envoy,
+        metrics.clone(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let decisions = decisions_server
         .layer(RpcMetricsLayer::new(metrics.clone()))
         .layer(InFlightLayer::new(server_limits.max_in_flight))
+        // Innermost: the decision RPCs skip the router (and are mounted in it too).
+        .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
         .add_service(health_service.clone())
         .add_service(
             reflection(&services)
@@ -590,18 +601,8 @@ async fn serve(
                 .build_v1alpha()?
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .add_service(
-            RateLimiterServer::new(RateLimiterService::new(decider.clone(), metrics.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            RateLimitServiceServer::new(EnvoyRateLimitService::new(
-                decider.clone(),
-                settings.envoy,
-                metrics.clone(),
-            ))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
+        .add_service(native)
+        .add_service(envoy)
         .add_service(
             RateLimitQuotaServiceServer::new(rlqs)
                 .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),

@@ -31,6 +31,7 @@
 //! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
 //! health.rs                /healthz, /readyz state and the metrics listener's routes
 //! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code
+//! shortcut.rs              tower layer: the two decision services reached without tonic's router
 //! admin.rs                 admin bearer token (interceptor), TLS settings
 //! listener.rs              every listener's bounds and timeouts: connections, handshake,
 //!                          idle, accept back-off, requests in flight; the HTTP/1 server
@@ -41,7 +42,7 @@
 //!                          tests (feature `fuzzing`; `redis`, on by default, adds store/redis)
 //! ```
 //!
-//! A request flows: tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
+//! A request flows: tower layers (RPC metrics, in-flight bound, [`shortcut`]) -> tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
 //! [`service::ItemSpec`]s -> [`service::Decider`] resolves names and ids against the current
 //! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
 //! [`gcra`] atomically over the batch's TATs.
@@ -61,6 +62,7 @@ pub mod metrics;
 pub mod resp;
 pub mod rpc_metrics;
 pub mod service;
+pub mod shortcut;
 pub mod shutdown;
 pub mod simulate;
 pub mod store;

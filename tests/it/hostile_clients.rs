@@ -405,6 +405,58 @@ async fn a_second_message_in_a_unary_call_is_refused() {
     s.stop().await;
 }
 
+#[tokio::test]
+async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
+    // The decision RPCs skip tonic's router (src/shortcut.rs); paths that only look like
+    // theirs must still fall to the router and be refused, as before.
+    let mut s = serve(ServerLimits::default()).await;
+    let tcp = TcpStream::connect(s.decisions_addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let check = grpc_frame(&pb::CheckRequest {
+        items: vec![item("ApiRequestsPerKey", "lookalike", None)],
+    });
+    for path in [
+        "/cellrate.v1.RateLimiter/",
+        "/cellrate.v1.RateLimiter",
+        "/cellrate.v1.RateLimiterX/Check",
+        "/cellrate.v1.RateLimiter/Check/",
+        "//cellrate.v1.RateLimiter/Check",
+        "/cellrate.v1.RateLimite/Check",
+        "/envoy.service.ratelimit.v3.RateLimitService/",
+        "/envoy.service.ratelimit.v3.RateLimitService/Check",
+    ] {
+        let (status, message) = call_path(&mut client, s.decisions_addr, path, &[&check]).await;
+        assert_eq!(status.as_deref(), Some("12"), "{path}: {message:?}");
+    }
+    let r = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("ApiRequestsPerKey", "lookalike", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().items[0].remaining, 10, "nothing was spent");
+    // The real path is answered, and spends.
+    let (status, _) = call_path(
+        &mut client,
+        s.decisions_addr,
+        "/cellrate.v1.RateLimiter/Check",
+        &[&check],
+    )
+    .await;
+    assert_eq!(status.as_deref(), Some("0"));
+    let r = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("ApiRequestsPerKey", "lookalike", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().items[0].remaining, 9);
+    s.stop().await;
+}
+
 /// A Check sent as `chunks` of body on an h2 connection: its grpc-status and grpc-message,
 /// from the headers (trailers-only) or the trailers.
 async fn unary_call(
@@ -412,7 +464,17 @@ async fn unary_call(
     addr: std::net::SocketAddr,
     chunks: &[&[u8]],
 ) -> (Option<String>, Option<String>) {
-    let request = http::Request::post(format!("http://{addr}/cellrate.v1.RateLimiter/Check"))
+    call_path(client, addr, "/cellrate.v1.RateLimiter/Check", chunks).await
+}
+
+/// A unary call to `path` as `chunks` of body: its grpc-status and grpc-message.
+async fn call_path(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    chunks: &[&[u8]],
+) -> (Option<String>, Option<String>) {
+    let request = http::Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(())
