@@ -295,6 +295,9 @@ pub async fn run(
         #[cfg(not(feature = "redis"))]
         StoreSettings::Redis { .. } => return Err(ServeError::Store(no_redis())),
     };
+    if let StoreSettings::Memory = settings.store {
+        metrics.max_buckets.set(settings.max_buckets as i64);
+    }
     let parts = Parts {
         limits,
         listeners,

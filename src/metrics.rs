@@ -45,6 +45,8 @@ pub struct Metrics {
     store_series: Vec<prometheus::Histogram>,
     store_errors: IntCounterVec,
     pub live_buckets: IntGauge,
+    /// The memory store's bound on live buckets (`--max-buckets`); 0 with Redis.
+    pub max_buckets: IntGauge,
     pub swept_buckets: IntCounter,
     reloads: IntCounterVec,
     runtime_overrides: IntCounterVec,
@@ -67,9 +69,13 @@ pub struct Metrics {
     store_fallbacks: IntCounterVec,
     store_compensations: IntCounter,
     store_breaker_rejections: IntCounter,
+    /// Redis circuit breakers open now (one per slot, one in all for a standalone Redis).
+    store_breakers_open: IntGauge,
     deny_cache_hits: IntCounter,
     config_info: IntGaugeVec,
     config_loaded: Gauge,
+    /// 1 unless the last reload attempt was rejected.
+    config_last_reload_ok: IntGauge,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -157,6 +163,15 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
+            max_buckets: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_max_buckets",
+                    "The memory store's bound on live buckets (--max-buckets); 0 with the Redis \
+                     store.",
+                )
+                .expect("valid gauge"),
+            ),
             swept_buckets: registered(
                 r,
                 IntCounter::new(
@@ -186,6 +201,15 @@ impl Metrics {
                     "Store calls failed fast by an open circuit breaker.",
                 )
                 .expect("valid counter"),
+            ),
+            store_breakers_open: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_store_breakers_open",
+                    "Redis circuit breakers open now, failing calls fast (one breaker per \
+                     cluster slot, one for a standalone Redis; 0 with the memory store).",
+                )
+                .expect("valid gauge"),
             ),
             deny_cache_hits: registered(
                 r,
@@ -294,9 +318,19 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
+            config_last_reload_ok: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_config_last_reload_successful",
+                    "0 when the last attempt to reload the limits was rejected (the previous \
+                     limits stay in force), else 1.",
+                )
+                .expect("valid gauge"),
+            ),
             registry,
             denials: std::sync::OnceLock::new(),
         });
+        metrics.config_last_reload_ok.set(1);
         // Every series of a known label set exists from the start, at zero: dashboards and
         // alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
         for op in STORE_OPS {
@@ -434,6 +468,8 @@ impl Metrics {
     /// Counts a reload attempt: `success` (new limits), `unchanged` or `failure`.
     pub fn reload(&self, result: &str) {
         self.reloads.with_label_values(&[result]).inc();
+        self.config_last_reload_ok
+            .set(i64::from(result != "failure"));
     }
 
     /// Counts a temporary override set or cleared (`action`: `set`, `clear`).
@@ -470,6 +506,8 @@ impl StoreObserver for Metrics {
             StoreEvent::Compensation => self.store_compensations.inc(),
             StoreEvent::DenyCacheHit => self.deny_cache_hits.inc(),
             StoreEvent::BreakerRejection => self.store_breaker_rejections.inc(),
+            StoreEvent::BreakerOpened => self.store_breakers_open.inc(),
+            StoreEvent::BreakerClosed => self.store_breakers_open.dec(),
         }
     }
 }
@@ -511,7 +549,16 @@ mod tests {
         m.rpc("Check", tonic::Code::InvalidArgument, 0.001);
         m.operation("spend", 0.001, false);
         m.event(StoreEvent::BreakerRejection);
+        m.event(StoreEvent::BreakerOpened);
+        m.event(StoreEvent::BreakerOpened);
+        m.event(StoreEvent::BreakerClosed);
         let text = m.render();
+        assert!(text.contains("cellrate_store_breakers_open 1\n"));
+        assert!(text.contains("cellrate_config_last_reload_successful 0\n"));
+        m.reload("unchanged");
+        assert!(m
+            .render()
+            .contains("cellrate_config_last_reload_successful 1\n"));
         assert!(text.contains(
             "cellrate_decisions_total{api=\"native\",limit=\"NewOrdersPerAccount\",result=\"denied\"} 1"
         ));

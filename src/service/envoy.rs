@@ -31,8 +31,8 @@ use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::descriptors::Mapping;
 use crate::metrics::Metrics;
 use crate::service::{
-    count_decisions, store_unavailable, CheckOptions, DecideError, Decider, ItemResult, ItemSpec,
-    Rule, Target,
+    count_decisions, store_unavailable, trace, CheckOptions, DecideError, Decider, ItemResult,
+    ItemSpec, Rule, Target,
 };
 
 /// Which rate-limit headers go into `response_headers_to_add`.
@@ -158,12 +158,21 @@ impl RateLimitService for EnvoyRateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.decide(request.into_inner()).await.map(Response::new)
+        let (metadata, _, request) = request.into_parts();
+        let answer = self.decide(request, &metadata).await;
+        if let Err(status) = &answer {
+            trace::log_failed("envoy", &metadata, status);
+        }
+        answer.map(Response::new)
     }
 }
 
 impl EnvoyRateLimitService {
-    async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    async fn decide(
+        &self,
+        request: RateLimitRequest,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<RateLimitResponse, Status> {
         if request.domain.is_empty() {
             return Err(invalid("domain: empty".to_string()));
         }
@@ -306,6 +315,7 @@ impl EnvoyRateLimitService {
         }
         self.log_invalid_ids(&request, &owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
+        trace::log_denied("envoy", metadata, &results);
         Ok(self.respond(request.descriptors.len(), &owner, &results))
     }
 }

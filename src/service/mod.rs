@@ -23,6 +23,7 @@ mod errors;
 pub mod native;
 pub mod quota_book;
 pub mod rlqs;
+pub mod trace;
 
 pub use caller_limits::CallerLimits;
 pub use errors::{store_unavailable, DecideError, Invalid};

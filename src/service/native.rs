@@ -13,7 +13,9 @@ use crate::limits::names::Name;
 use crate::limits::runtime::{policy_of, OverrideError, RuntimeOverride, RuntimeOverrides};
 use crate::metrics::Metrics;
 use crate::proto::v1 as pb;
-use crate::service::{count_decisions, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target};
+use crate::service::{
+    count_decisions, trace, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target,
+};
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
@@ -149,27 +151,42 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let items = item_specs(&request.get_ref().items, Use::Check)?;
-        let result = self.decider.check(&items).await?;
-        count_decisions(&self.metrics, "native", &result.items);
-        let (overall, items) = decisions(&result);
-        Ok(Response::new(pb::CheckResponse {
-            overall: Some(overall),
-            items,
-        }))
+        let answer = async {
+            let items = item_specs(&request.get_ref().items, Use::Check)?;
+            let result = self.decider.check(&items).await?;
+            count_decisions(&self.metrics, "native", &result.items);
+            trace::log_denied("native", request.metadata(), &result.items);
+            let (overall, items) = decisions(&result);
+            Ok(Response::new(pb::CheckResponse {
+                overall: Some(overall),
+                items,
+            }))
+        }
+        .await;
+        if let Err(status) = &answer {
+            trace::log_failed("native", request.metadata(), status);
+        }
+        answer
     }
 
     async fn refund(
         &self,
         request: Request<pb::RefundRequest>,
     ) -> Result<Response<pb::RefundResponse>, Status> {
-        let items = item_specs(&request.get_ref().items, Use::Refund)?;
-        let result = self.decider.refund(&items).await?;
-        let (overall, items) = decisions(&result);
-        Ok(Response::new(pb::RefundResponse {
-            overall: Some(overall),
-            items,
-        }))
+        let answer = async {
+            let items = item_specs(&request.get_ref().items, Use::Refund)?;
+            let result = self.decider.refund(&items).await?;
+            let (overall, items) = decisions(&result);
+            Ok(Response::new(pb::RefundResponse {
+                overall: Some(overall),
+                items,
+            }))
+        }
+        .await;
+        if let Err(status) = &answer {
+            trace::log_failed("native", request.metadata(), status);
+        }
+        answer
     }
 }
 

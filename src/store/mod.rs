@@ -136,6 +136,10 @@ pub enum StoreEvent {
     DenyCacheHit,
     /// A call failed fast by an open circuit breaker.
     BreakerRejection,
+    /// A closed circuit breaker opened (after its threshold of consecutive failures).
+    BreakerOpened,
+    /// An open (or half-open) circuit breaker closed (its trial call succeeded).
+    BreakerClosed,
 }
 
 /// Who hears what a store does (the metrics): the store knows nothing of them.

@@ -248,6 +248,13 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
         unavailable_while_down > 0,
         "no UNAVAILABLE while Redis was down"
     );
+    let breakers_open = async || {
+        let (_, text) = crate::common::http_get_async(s.metrics_addr, "/metrics").await;
+        crate::common::sample(&text, "cellrate_store_breakers_open")
+    };
+    let open =
+        crate::common::poll_until(Duration::from_secs(5), breakers_open, |&v| v == Some(1.0)).await;
+    assert_eq!(open, Some(1.0), "the open breaker shows in the gauge");
     redis.restart();
     // Recovery: successes resume without restarting cellrate.
     let ok_at_restart = seen.ok.load(Ordering::Relaxed);
@@ -268,6 +275,9 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
         recovered,
         "decisions did not resume within 5 s of Redis restarting"
     );
+    let closed =
+        crate::common::poll_until(Duration::from_secs(5), breakers_open, |&v| v == Some(0.0)).await;
+    assert_eq!(closed, Some(0.0), "the closed breaker leaves the gauge");
     assert_eq!(
         seen.other.load(Ordering::Relaxed),
         0,

@@ -21,6 +21,7 @@ mod grpcurl;
 mod hostile_clients;
 mod input_limits;
 mod istio_e2e;
+mod observability;
 mod operations;
 mod process_ops;
 mod proptests;

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
 use super::RedisStore;
+use crate::store::StoreEvent;
 
 /// A circuit breaker: counts consecutive failures; after `breaker_threshold` it opens
 /// (calls fail fast) until a monotonic deadline, then is half-open: exactly one call goes
@@ -61,9 +62,13 @@ impl RedisStore {
             failing == 0 || failing < self.used_slots(),
             Ordering::Relaxed,
         );
+        // Transitions are seen by whoever swaps `open_until` from 0 or to 0, exactly once
+        // each, so that the open-breakers gauge counts them without a lock.
         if ok {
             breaker.failures.store(0, Ordering::Relaxed);
-            breaker.open_until.store(0, Ordering::Relaxed);
+            if breaker.open_until.swap(0, Ordering::Relaxed) != 0 {
+                self.observer.event(StoreEvent::BreakerClosed);
+            }
             breaker.trial.store(false, Ordering::Relaxed);
             return;
         }
@@ -71,7 +76,9 @@ impl RedisStore {
         let half_open = breaker.open_until.load(Ordering::Relaxed) != 0;
         if half_open || failures >= self.settings.breaker_threshold {
             let until = self.mono() + self.settings.breaker_cooldown.as_nanos() as i64;
-            breaker.open_until.store(until.max(1), Ordering::Relaxed);
+            if breaker.open_until.swap(until.max(1), Ordering::Relaxed) == 0 {
+                self.observer.event(StoreEvent::BreakerOpened);
+            }
             breaker.trial.store(false, Ordering::Relaxed);
         }
     }

@@ -240,6 +240,8 @@ pub struct Process {
     pub metrics: String,
     /// The Redis-protocol listener (`off` unless `--resp-listen` was given).
     pub resp: String,
+    /// Its log lines (JSON) after the "cellrate serving" line, as they come.
+    pub logs: std::sync::mpsc::Receiver<String>,
 }
 
 impl Drop for Process {
@@ -262,6 +264,13 @@ pub fn serve() -> Process {
 /// port 0, and reads the bound ports from its log.
 pub fn serve_with(config: &Path, extra: &[&str]) -> Process {
     serve_command(Command::new(env!("CARGO_BIN_EXE_cellrate")), config, extra)
+}
+
+/// As [`serve_with`], with `RUST_LOG` set to `filter`.
+pub fn serve_logging(config: &Path, extra: &[&str], filter: &str) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cellrate"));
+    command.env("RUST_LOG", filter);
+    serve_command(command, config, extra)
 }
 
 /// As [`serve_with`], with at most `nofile` open files (set by the shell, soft and hard).
@@ -308,6 +317,7 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
         admin,
         metrics,
         resp,
+        logs: lines,
     }
 }
 
