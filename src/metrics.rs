@@ -147,7 +147,7 @@ impl Metrics {
             decisions: counter_vec(
                 "cellrate_decisions_total",
                 "Decisions per limit: api (native, envoy), limit name, result (allowed, denied, \
-                 shadow_denied, unlimited, not_configured, unmatched).",
+                 shadow_denied, unlimited, not_configured, invalid, unmatched).",
                 &["api", "limit", "result"],
             ),
             store_errors: counter_vec(

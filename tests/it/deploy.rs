@@ -154,6 +154,44 @@ fn ports_and_paths_agree_between_dockerfile_chart_and_binary() {
     );
 }
 
+/// The files the templates read with `.Files.Get` exist in the chart, are what their
+/// consumers parse (the dashboard JSON, the rules a PrometheusRule's spec), and both
+/// objects are off by default.
+#[test]
+fn the_chart_ships_the_dashboard_and_rules_it_renders() {
+    let dir = Path::new(ROOT).join("helm/cellrate");
+    let mut got = Vec::new();
+    for entry in std::fs::read_dir(dir.join("templates")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for (at, _) in text.match_indices(".Files.Get \"") {
+            let rest = &text[at + ".Files.Get \"".len()..];
+            got.push(rest[..rest.find('"').unwrap()].to_string());
+        }
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        ["dashboards/cellrate.json", "rules/cellrate.rules.yaml"]
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("helm/cellrate/dashboards/cellrate.json")).unwrap();
+    assert_eq!(dashboard["uid"], "cellrate-overview");
+    let rules = yaml_documents("helm/cellrate/rules/cellrate.rules.yaml").remove(0);
+    let groups = rules["groups"].as_sequence().unwrap();
+    assert!(groups.iter().all(|g| g["rules"].as_sequence().is_some()));
+    let values = values();
+    assert_eq!(values["grafanaDashboard"]["enabled"].as_bool(), Some(false));
+    assert_eq!(
+        values["grafanaDashboard"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    assert_eq!(values["prometheusRule"]["enabled"].as_bool(), Some(false));
+    // Helm parses every template as a Go template: Prometheus's own `{{ $labels }}` must
+    // stay in the rules file, which .Files.Get does not parse.
+    let rule_template = read("helm/cellrate/templates/prometheusrule.yaml");
+    assert!(!rule_template.contains("$labels") && !rule_template.contains("$value"));
+}
+
 #[test]
 fn the_chart_ships_exactly_the_example_limits() {
     let values = values();

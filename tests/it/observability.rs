@@ -202,3 +202,387 @@ async fn at_info_level_decisions_are_not_logged() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The dashboard and the alerts, with Debian's prometheus and promtool (the test command
+// installs them).
+
+const RULES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/helm/cellrate/rules/cellrate.rules.yaml"
+);
+
+/// Runs `tool` with `args` (and `stdin`), returning (success, stdout + stderr).
+fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(tool)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("{tool} does not run ({e}): scripts/test.sh installs Debian's prometheus")
+        });
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
+    let (ok, out) = run_tool("promtool", &["check", "rules", RULES], None);
+    assert!(ok, "promtool check rules: {out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    let (ok, out) = run_tool(
+        "promtool",
+        &["test", "rules", "tests/prometheus/cellrate.rules.test.yaml"],
+        None,
+    );
+    assert!(ok, "promtool test rules: {out}");
+    // Every alert has a test that fires it.
+    let tests = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/prometheus/cellrate.rules.test.yaml"),
+    )
+    .unwrap();
+    let rules = std::fs::read_to_string(RULES).unwrap();
+    for alert in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+    {
+        assert!(
+            tests.contains(&format!(
+                "alertname: {alert}\n        exp_alerts:\n          - "
+            )),
+            "no test fires {alert}"
+        );
+    }
+}
+
+/// A Prometheus server on loopback with its own storage, killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Scrapes `target` every second under job `cellrate`, evaluating the shipped rules
+    /// every second; returns once it answers ready (at most 30 s).
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 rule_files: [{RULES:?}]\n\
+                 scrape_configs:\n  - job_name: cellrate\n    static_configs: [{{targets: [{target:?}]}}]\n"
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("prometheus runs (scripts/test.sh installs Debian's prometheus)");
+        let mut prometheus = Prometheus {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while prometheus.get("/-/ready").map(|(s, _)| s) != Some(200) {
+            if let Ok(Some(status)) = prometheus.child.try_wait() {
+                panic!("prometheus exited ({status}); check its configuration: {config:?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        prometheus
+    }
+
+    /// A GET on Prometheus's HTTP API: (status, body), or None if it does not answer.
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let status = response.split(' ').nth(1)?.parse().ok()?;
+        Some((status, response.split_once("\r\n\r\n")?.1.to_string()))
+    }
+
+    /// The instant result of `query`: its samples' label sets and values.
+    fn query(&self, query: &str) -> Vec<(Value, f64)> {
+        let (status, body) = self
+            .get(&format!("/api/v1/query?query={}", url_encode(query)))
+            .expect("prometheus answers");
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        assert_eq!(status, 200, "{query}: {body}");
+        assert_eq!(v["status"], "success", "{query}: {body}");
+        v["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let value = s["value"][1].as_str().unwrap().parse::<f64>().unwrap();
+                (s["metric"].clone(), value)
+            })
+            .collect()
+    }
+
+    /// The single value of `query`, polled every 200 ms until `done` (at most 20 s).
+    fn value_when(&self, query: &str, done: impl Fn(f64) -> bool) -> Option<f64> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let value = self.query(query).first().map(|(_, v)| *v);
+            if value.is_some_and(&done) || Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Each alerting rule's state (inactive, pending, firing) and health.
+    fn alert_states(&self) -> std::collections::BTreeMap<String, (String, String)> {
+        let (_, body) = self.get("/api/v1/rules?type=alert").expect("rules");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().clone())
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    (
+                        r["state"].as_str().unwrap().to_string(),
+                        r["health"].as_str().unwrap().to_string(),
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every query of the shipped dashboard, with Grafana's variables given values: (panel
+/// title, query).
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/cellrate/dashboards/cellrate.json"),
+    )
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$__range", "5m")
+                .replace("$job", ".*");
+            assert!(!expr.contains('$'), "a variable left in {expr}");
+            queries.push((panel["title"].as_str().unwrap().to_string(), expr));
+        }
+    }
+    queries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_cellrate_and_every_dashboard_query_returns_data() {
+    // A copy of the example limits, so that a reload can be made to fail.
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(example_config()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let version = cellrate::limits::config::LimitTable::load_dir(dir.path())
+        .unwrap()
+        .version()
+        .to_string();
+    let server = serve_logging(dir.path(), &["--reload-debounce-ms", "50"], "info");
+    let prometheus = tokio::task::block_in_place(|| Prometheus::start(&server.metrics));
+    // A scrape before the traffic, so that rates and increases have a start.
+    let scraped =
+        tokio::task::block_in_place(|| prometheus.value_when("up{job=\"cellrate\"}", |v| v == 1.0));
+    assert_eq!(scraped, Some(1.0), "prometheus scrapes cellrate");
+
+    // The traffic: NewOrdersPerAccount (burst 300) spent 100 at a time through the native
+    // API, three allowed and two denied, then once more through Envoy's (denied); an
+    // Envoy descriptor no rule matches; a malformed native call.
+    let addr = format!("http://{}", server.listen);
+    let mut native = pb::rate_limiter_client::RateLimiterClient::connect(addr.clone())
+        .await
+        .unwrap();
+    let mut envoy = RateLimitServiceClient::connect(addr).await.unwrap();
+    let mut allowed = 0;
+    for _ in 0..5 {
+        let r = native
+            .check(pb::CheckRequest {
+                items: vec![item("NewOrdersPerAccount", "1001", Some(100))],
+            })
+            .await
+            .unwrap();
+        allowed += u32::from(r.into_inner().overall.unwrap().allowed);
+    }
+    assert_eq!(allowed, 3);
+    let r = envoy
+        .should_rate_limit(envoy_request("edge", &[&[("NewOrdersPerAccount", "1001")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().overall_code, 2, "OVER_LIMIT");
+    envoy
+        .should_rate_limit(envoy_request("edge", &[&[("no_rule_for_this", "x")]]))
+        .await
+        .unwrap();
+    let e = native
+        .check(pb::CheckRequest {
+            items: vec![item("NoSuchLimit", "x", None)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // A failed reload: the previous limits stay in force.
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "NewOrdersPerAccount: [broken\n",
+    )
+    .unwrap();
+
+    tokio::task::block_in_place(|| {
+        // Named values equal what the traffic produced, once scraped.
+        let exact = |query: &str, want: f64| {
+            let got = prometheus.value_when(query, |v| v == want);
+            assert_eq!(got, Some(want), "{query}");
+        };
+        exact(
+            "sum(cellrate_decisions_total{limit=\"NewOrdersPerAccount\",result=\"denied\"})",
+            3.0,
+        );
+        exact(
+            "sum(cellrate_decisions_total{limit=\"NewOrdersPerAccount\",result=\"allowed\"})",
+            3.0,
+        );
+        exact(
+            "sum(cellrate_decisions_total{api=\"envoy\",limit=\"NewOrdersPerAccount\",result=\"denied\"})",
+            1.0,
+        );
+        exact("sum(cellrate_decisions_total{result=\"unmatched\"})", 1.0);
+        exact(
+            "sum(cellrate_rpc_requests_total{rpc=\"Check\",code=\"INVALID_ARGUMENT\"})",
+            1.0,
+        );
+        exact("min(cellrate_config_last_reload_successful)", 0.0);
+        let failures = prometheus.value_when(
+            "sum(cellrate_config_reloads_total{result=\"failure\"})",
+            |v| v >= 1.0,
+        );
+        assert!(
+            failures >= Some(1.0),
+            "the failed reload is counted: {failures:?}"
+        );
+        // The version in force is still the one loaded at start.
+        let versions =
+            prometheus.query("max by (instance, version) (cellrate_config_info{job=~\".*\"} == 1)");
+        assert_eq!(versions.len(), 1, "{versions:?}");
+        assert_eq!(versions[0].0["version"], version.as_str());
+        // Rates need two scrapes after the traffic.
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Every panel's every query returns data.
+        let queries = dashboard_queries();
+        assert!(queries.len() >= 20, "{} queries", queries.len());
+        for (panel, query) in &queries {
+            let result = prometheus.query(query);
+            assert!(!result.is_empty(), "panel {panel:?}: no data from {query}");
+        }
+        // And the panels that name the traffic show it.
+        let top = prometheus.query(
+            "topk(10, sum by (limit) (increase(cellrate_decisions_total{job=~\".*\",result=\"denied\"}[5m])))",
+        );
+        assert_eq!(top[0].0["limit"], "NewOrdersPerAccount", "{top:?}");
+
+        // The rules evaluate against the real series: the reload alert is pending (it
+        // fires after 5 minutes), the others are quiet, none has an evaluation error.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let states = loop {
+            let states = prometheus.alert_states();
+            let pending = states
+                .get("CellrateReloadFailing")
+                .is_some_and(|(state, _)| state == "pending");
+            if pending || Instant::now() > deadline {
+                break states;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(states.len(), 9, "{states:?}");
+        assert_eq!(states["CellrateReloadFailing"].0, "pending", "{states:?}");
+        for (alert, (state, health)) in &states {
+            assert_eq!(health, "ok", "{alert} does not evaluate: {states:?}");
+            if [
+                "CellrateStoreErrors",
+                "CellrateBreakerOpen",
+                "CellrateUnavailable",
+                "CellrateBucketsNearBound",
+                "CellrateTargetDown",
+                "CellrateNotScraped",
+            ]
+            .contains(&alert.as_str())
+            {
+                assert_eq!(state, "inactive", "{alert}: {states:?}");
+            }
+        }
+    });
+
+    // promtool's naming conventions hold for everything cellrate exports.
+    let (_, metrics) =
+        crate::common::http_get_async(server.metrics.parse().unwrap(), "/metrics").await;
+    assert!(metrics.contains("cellrate_decisions_total"));
+    let (ok, out) = run_tool("promtool", &["check", "metrics"], Some(&metrics));
+    assert!(ok && out.trim().is_empty(), "promtool check metrics: {out}");
+}

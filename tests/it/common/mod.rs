@@ -310,7 +310,12 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
                 )
             })
         });
-    let (listen, admin, metrics, resp) = announced.expect("cellrate logs its listeners");
+    let Some((listen, admin, metrics, resp)) = announced else {
+        // Not left running behind the failing test.
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("cellrate logs its listeners (the log filter must let its info line through)");
+    };
     Process {
         child,
         listen,
