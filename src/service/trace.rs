@@ -1,7 +1,8 @@
-//! Following one request into cellrate's logs: the W3C trace context (`traceparent`) and
-//! the request id (`x-request-id`, which Envoy sets on every request it forwards) taken
-//! from a decision RPC's gRPC metadata, and the debug-level lines that carry them for
-//! every denied or failed decision.
+//! Following one request into cellrate's logs: the W3C trace context (`traceparent`, which
+//! Envoy sends on its rate-limit calls when its tracer speaks W3C, e.g. OpenTelemetry) and
+//! a request id (`x-request-id`, for native callers that set one; Envoy does not send it on
+//! rate-limit calls) taken from a decision RPC's gRPC metadata, and the debug-level lines
+//! that carry them for every denied or failed decision.
 //!
 //! Both headers come from callers, so neither is logged as sent: a `traceparent` is taken
 //! only when it is exactly the W3C form (lower-case hex ids that are not all zero), and a

@@ -586,3 +586,75 @@ async fn a_real_prometheus_scrapes_cellrate_and_every_dashboard_query_returns_da
     let (ok, out) = run_tool("promtool", &["check", "metrics"], Some(&metrics));
     assert!(ok && out.trim().is_empty(), "promtool check metrics: {out}");
 }
+
+/// The HTTP connection manager of an Envoy config.
+fn connection_manager(config: &mut serde_yaml_ng::Value) -> &mut serde_yaml_ng::Mapping {
+    fn find(value: &mut serde_yaml_ng::Value) -> Option<&mut serde_yaml_ng::Mapping> {
+        match value {
+            serde_yaml_ng::Value::Mapping(map) => {
+                let is_hcm = map
+                    .get("@type")
+                    .and_then(serde_yaml_ng::Value::as_str)
+                    .is_some_and(|t| {
+                        t.ends_with("http_connection_manager.v3.HttpConnectionManager")
+                    });
+                if is_hcm {
+                    return Some(map);
+                }
+                map.values_mut().find_map(find)
+            }
+            serde_yaml_ng::Value::Sequence(list) => list.iter_mut().find_map(find),
+            _ => None,
+        }
+    }
+    find(config).expect("the config has an HTTP connection manager")
+}
+
+/// What the issue asks for: one Envoy request followed into cellrate's log. A real Envoy
+/// with its OpenTelemetry tracer (exporting to cellrate's port, which answers UNIMPLEMENTED:
+/// Envoy insists on an exporter, and nothing may leave loopback) continues the
+/// client's W3C trace and sends its own span's `traceparent` on the rate-limit call;
+/// cellrate's debug line for the denial carries the client's trace id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_through_a_real_envoy_is_found_in_the_log_by_its_trace_id() {
+    use crate::common::envoy::{yaml, Envoy};
+
+    let server = serve_logging(example_config(), &[], "info,cellrate::service::trace=debug");
+    let envoy = Envoy::example(server.listen.parse().unwrap(), |config| {
+        connection_manager(config).insert(
+            "tracing".into(),
+            yaml(
+                "provider:\n  name: envoy.tracers.opentelemetry\n  typed_config:\n    \
+                 \"@type\": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig\n    \
+                 service_name: edge\n    \
+                 grpc_service: {envoy_grpc: {cluster_name: cellrate}, timeout: 1s}\n",
+            ),
+        );
+    })
+    .await;
+    let mut client = envoy.client().await;
+    let client_span = "00f067aa0ba902b7";
+    let reply = client
+        .get(
+            "/api/items",
+            &[
+                ("x-api-key", "key-revoked-0001"),
+                (
+                    "traceparent",
+                    &format!("00-{}-{client_span}-01", trace_id(7)),
+                ),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, 429, "the deny-listed key is refused");
+
+    let (line, seen) = find_line(&server, "decision: denied", &trace_id(7));
+    let line = line.unwrap_or_else(|| panic!("no denied line with the trace id: {seen:?}"));
+    assert_eq!(line["api"], "envoy");
+    assert_eq!(line["limit"], "ApiRequestsPerKey");
+    assert_eq!(line["deny_listed"], true);
+    // The parent is Envoy's span for the rate-limit call, a child of the client's.
+    let span = line["span_id"].as_str().expect("a span id");
+    assert_eq!(span.len(), 16);
+    assert_ne!(span, client_span, "Envoy's own span, not the client's");
+}
