@@ -42,7 +42,8 @@
 //!                          tests (feature `fuzzing`; `redis`, on by default, adds store/redis)
 //! ```
 //!
-//! A request flows: tower layers (RPC metrics, in-flight bound, [`shortcut`]) -> tonic service -> [`service::native`] (or [`service::envoy`]) converts it to
+//! A request flows: tower layers (RPC metrics, in-flight bound, [`shortcut`]) -> tonic
+//! service -> [`service::native`] (or [`service::envoy`]) converts it to
 //! [`service::ItemSpec`]s -> [`service::Decider`] resolves names and ids against the current
 //! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
 //! [`gcra`] atomically over the batch's TATs.

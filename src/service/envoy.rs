@@ -160,10 +160,7 @@ impl RateLimitService for EnvoyRateLimitService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (metadata, _, request) = request.into_parts();
         let answer = self.decide(request, &metadata).await;
-        if let Err(status) = &answer {
-            trace::log_failed("envoy", &metadata, status);
-        }
-        answer.map(Response::new)
+        trace::log_failed("envoy", &metadata, answer).map(Response::new)
     }
 }
 

@@ -163,10 +163,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
             }))
         }
         .await;
-        if let Err(status) = &answer {
-            trace::log_failed("native", request.metadata(), status);
-        }
-        answer
+        trace::log_failed("native", request.metadata(), answer)
     }
 
     async fn refund(
@@ -183,10 +180,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
             }))
         }
         .await;
-        if let Err(status) = &answer {
-            trace::log_failed("native", request.metadata(), status);
-        }
-        answer
+        trace::log_failed("native", request.metadata(), answer)
     }
 }
 

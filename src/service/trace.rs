@@ -119,11 +119,18 @@ pub fn log_denied(api: &'static str, metadata: &MetadataMap, items: &[ItemResult
     );
 }
 
-/// Logs a decision that failed (at debug level): its gRPC code and message, and the
-/// request's trace ids.
-pub fn log_failed(api: &'static str, metadata: &MetadataMap, status: &tonic::Status) {
+/// Passes `answer` through, logging it first (at debug level) when it is a failure: its
+/// gRPC code and message, and the request's trace ids.
+pub fn log_failed<T>(
+    api: &'static str,
+    metadata: &MetadataMap,
+    answer: Result<T, tonic::Status>,
+) -> Result<T, tonic::Status> {
+    let Err(status) = &answer else {
+        return answer;
+    };
     if !tracing::enabled!(tracing::Level::DEBUG) {
-        return;
+        return answer;
     }
     let ids = TraceIds::from_metadata(metadata);
     tracing::debug!(
@@ -135,6 +142,7 @@ pub fn log_failed(api: &'static str, metadata: &MetadataMap, status: &tonic::Sta
         error = ?short(status.message()),
         "decision: failed"
     );
+    answer
 }
 
 #[cfg(test)]

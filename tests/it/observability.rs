@@ -33,6 +33,22 @@ fn with_ids<T>(message: T, traceparent: &str, request_id: &str) -> tonic::Reques
     request
 }
 
+/// A native `Check` of a limit name that is not configured (INVALID_ARGUMENT), with ids.
+async fn failed_check(
+    native: &mut pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>,
+    traceparent: &str,
+    request_id: &str,
+) {
+    let request = pb::CheckRequest {
+        items: vec![item("NoSuchLimit", "x", None)],
+    };
+    let e = native
+        .check(with_ids(request, traceparent, request_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
+
 /// Reads `process`'s JSON log lines until one has `message` and the trace id `trace`
 /// (bounded: 10 s); returns that line's fields, and every line read on the way.
 fn find_line(process: &Process, message: &str, trace: &str) -> (Option<Value>, Vec<Value>) {
@@ -124,17 +140,7 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
     assert!(line["retry_in_ms"].as_u64().unwrap() > 0);
 
     // A failed decision: an unknown limit name is INVALID_ARGUMENT.
-    let e = native
-        .check(with_ids(
-            pb::CheckRequest {
-                items: vec![item("NoSuchLimit", "x", None)],
-            },
-            &traceparent(4),
-            "req-failed",
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    failed_check(&mut native, &traceparent(4), "req-failed").await;
     let (line, seen) = find_line(&server, "decision: failed", &trace_id(4));
     let line = line.unwrap_or_else(|| panic!("a debug line for the failed request: {seen:?}"));
     assert_eq!(line["code"], "InvalidArgument");
@@ -143,28 +149,8 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
     // The attacker's headers: a traceparent not in the W3C form and a request id with a
     // quote are left out of the line, which is still written (with a valid trace id from
     // the next request to find it by, the ids are tested one at a time).
-    let e = native
-        .check(with_ids(
-            pb::CheckRequest {
-                items: vec![item("NoSuchLimit", "x", None)],
-            },
-            &traceparent(5).to_uppercase(),
-            "req-ok",
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    let e = native
-        .check(with_ids(
-            pb::CheckRequest {
-                items: vec![item("NoSuchLimit", "x", None)],
-            },
-            &traceparent(6),
-            "req\"forged",
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    failed_check(&mut native, &traceparent(5).to_uppercase(), "req-ok").await;
+    failed_check(&mut native, &traceparent(6), "req\"forged").await;
     let (line, before) = find_line(&server, "decision: failed", &trace_id(6));
     let line = line.expect("a debug line for the request with a forged id");
     assert!(line.get("request_id").is_none(), "{line}");
@@ -480,13 +466,7 @@ async fn a_real_prometheus_scrapes_cellrate_and_every_dashboard_query_returns_da
         .should_rate_limit(envoy_request("edge", &[&[("no_rule_for_this", "x")]]))
         .await
         .unwrap();
-    let e = native
-        .check(pb::CheckRequest {
-            items: vec![item("NoSuchLimit", "x", None)],
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    failed_check(&mut native, &traceparent(9), "req-invalid").await;
     // A failed reload: the previous limits stay in force.
     std::fs::write(
         dir.path().join("defaults.yaml"),
