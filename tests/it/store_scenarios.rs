@@ -1,15 +1,16 @@
 //! One scenario suite, every store: the memory store, Redis standalone and a 3-master
 //! Redis Cluster answer every GCRA and batch scenario identically (on a fake clock that
-//! the Redis store passes to its script).
+//! the Redis store passes to its script). Without the feature `redis`, the memory store's.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+#[cfg(feature = "redis")]
 use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::metrics::Metrics;
+#[cfg(feature = "redis")]
 use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};
 
@@ -20,7 +21,10 @@ const MS: Nanos = 1_000_000;
 struct Subject {
     store: Arc<dyn Store>,
     clock: FakeClock,
+    // Read by the Redis scenarios only.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     metrics: Arc<Metrics>,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     cluster: bool,
 }
 
@@ -34,6 +38,7 @@ fn memory() -> Subject {
     }
 }
 
+#[cfg(feature = "redis")]
 fn redis(url: Option<String>, nodes: Vec<String>, prefix: &str) -> Subject {
     let clock = FakeClock::new(T0);
     let metrics = Metrics::new();
@@ -43,7 +48,7 @@ fn redis(url: Option<String>, nodes: Vec<String>, prefix: &str) -> Subject {
         cluster_nodes: nodes,
         prefix: prefix.to_string(),
         // Generous: debug builds on a shared 2-core machine. Deadlines are tested apart.
-        timeout: Duration::from_secs(2),
+        timeout: std::time::Duration::from_secs(2),
         clock: RedisClock::Local,
         ..RedisSettings::default()
     };
@@ -166,6 +171,7 @@ async fn all_or_nothing(s: &Subject) {
             d(true, 0, 500 * MS, SECOND)
         ]
     );
+    #[cfg(feature = "redis")]
     if s.cluster {
         let slots: Vec<usize> = [a, b, c]
             .iter()
@@ -287,6 +293,7 @@ macro_rules! on_every_store {
             )*
         }
 
+        #[cfg(feature = "redis")]
         mod redis_standalone {
             use super::RedisServer;
             $(
@@ -298,6 +305,7 @@ macro_rules! on_every_store {
             )*
         }
 
+        #[cfg(feature = "redis")]
         mod redis_cluster {
             use super::RedisCluster;
             $(
