@@ -71,6 +71,10 @@ pub struct Metrics {
     store_breaker_rejections: IntCounter,
     /// Redis circuit breakers open now (one per slot, one in all for a standalone Redis).
     store_breakers_open: IntGauge,
+    /// Requests' batches per spend call Redis answered (coalescing).
+    redis_batches_per_call: prometheus::Histogram,
+    /// Items waiting for a coalesced Redis call.
+    redis_queued_items: IntGauge,
     deny_cache_hits: IntCounter,
     config_info: IntGaugeVec,
     config_loaded: Gauge,
@@ -208,6 +212,29 @@ impl Metrics {
                     "cellrate_store_breakers_open",
                     "Redis circuit breakers open now, failing calls fast (one breaker per \
                      cluster slot, one for a standalone Redis; 0 with the memory store).",
+                )
+                .expect("valid gauge"),
+            ),
+            redis_batches_per_call: registered(
+                r,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "cellrate_redis_batches_per_call",
+                        "Requests' batches per spend call Redis answered: 1 when a request \
+                         found its lane free, more when batches waited and were coalesced \
+                         (bounded by the call's items and bytes).",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+                )
+                .expect("valid histogram"),
+            ),
+            redis_queued_items: registered(
+                r,
+                IntGauge::new(
+                    "cellrate_redis_queued_items",
+                    "Items waiting for a coalesced Redis spend call, over every lane (beyond \
+                     the queue's bound a request fails at once and the failure policy \
+                     answers it).",
                 )
                 .expect("valid gauge"),
             ),
@@ -508,6 +535,10 @@ impl StoreObserver for Metrics {
             StoreEvent::BreakerRejection => self.store_breaker_rejections.inc(),
             StoreEvent::BreakerOpened => self.store_breakers_open.inc(),
             StoreEvent::BreakerClosed => self.store_breakers_open.dec(),
+            StoreEvent::SpendCall { batches } => {
+                self.redis_batches_per_call.observe(batches as f64)
+            }
+            StoreEvent::Queued(items) => self.redis_queued_items.add(items),
         }
     }
 }

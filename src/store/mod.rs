@@ -140,6 +140,10 @@ pub enum StoreEvent {
     BreakerOpened,
     /// An open (or half-open) circuit breaker closed (its trial call succeeded).
     BreakerClosed,
+    /// Redis answered a spend call that carried this many requests' batches (coalescing).
+    SpendCall { batches: usize },
+    /// Items began (positive) or stopped (negative) waiting for a coalesced call.
+    Queued(i64),
 }
 
 /// Who hears what a store does (the metrics): the store knows nothing of them.

@@ -34,7 +34,22 @@ fn settings(url: &str, timeout: Duration) -> RedisSettings {
 }
 
 fn store(settings: RedisSettings) -> Arc<RedisStore> {
-    RedisStore::new(settings, Arc::new(FakeClock::new(T0)), Metrics::new()).unwrap()
+    observed(settings).0
+}
+
+/// A store and the metrics it reports to.
+fn observed(settings: RedisSettings) -> (Arc<RedisStore>, Arc<Metrics>) {
+    let metrics = Metrics::new();
+    let store = RedisStore::new(settings, Arc::new(FakeClock::new(T0)), metrics.clone()).unwrap();
+    (store, metrics)
+}
+
+/// The value of one series (name and labels as rendered) in `metrics`.
+fn series(metrics: &Metrics, name: &str) -> Option<f64> {
+    metrics.render().lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        (series == name).then(|| value.parse().unwrap())
+    })
 }
 
 /// Ten per ten minutes, burst ten.
@@ -99,15 +114,16 @@ async fn held(
 ) -> (
     Arc<RedisStore>,
     Vec<JoinHandle<Result<Outcome, StoreError>>>,
+    Arc<Metrics>,
 ) {
-    let store = store(RedisSettings {
+    let (store, metrics) = observed(RedisSettings {
         coalescing,
         ..settings(&server.url(), Duration::from_secs(10))
     });
     warm(server, &store).await;
     pause(server, 1_000);
     let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
-    (store, first)
+    (store, first, metrics)
 }
 
 /// Gives a spawned request the time to reach its lane's queue, so that arrival order is
@@ -119,7 +135,7 @@ async fn settle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
     let server = RedisServer::start();
-    let store = store(settings(&server.url(), Duration::from_secs(10)));
+    let (store, metrics) = observed(settings(&server.url(), Duration::from_secs(10)));
     // "full" has no token left: a batch naming it is denied as a whole.
     let one = Limit::new(1, 1, 600 * SECOND).unwrap();
     store.spend(&[item("full", one)]).await.unwrap();
@@ -137,6 +153,8 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
         waiting.push(ask(&store, vec![item("hot", ten()), other]));
         settle().await;
     }
+    // What an operator sees meanwhile: 30 batches of two items wait.
+    assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(60.0));
     for (task, remaining) in first.into_iter().zip([9, 8]) {
         let out = task.await.unwrap().unwrap();
         assert_eq!((out.allowed, out.decisions[0].remaining), (true, remaining));
@@ -156,6 +174,15 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
         3,
         "the first two calls, then one for the 30 waiting"
     );
+    // The same in cellrate's metrics: five calls answered ("full", the warm-up, the first
+    // two), four of one batch and one of 30, and nothing waits any more.
+    let calls = |s: &str| series(&metrics, &format!("cellrate_redis_batches_per_call{s}"));
+    assert_eq!(calls("_count"), Some(5.0));
+    assert_eq!(calls("_sum"), Some(34.0));
+    assert_eq!(calls("_bucket{le=\"1\"}"), Some(4.0));
+    assert_eq!(calls("_bucket{le=\"16\"}"), Some(4.0));
+    assert_eq!(calls("_bucket{le=\"32\"}"), Some(5.0));
+    assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(0.0));
 
     // What Redis holds agrees: hot is empty, a batch denied by "full" spent nothing.
     let hot = store.spend(&[item("hot", ten())]).await.unwrap();
@@ -171,7 +198,7 @@ async fn calls_are_bounded_in_items() {
         call_items: 4,
         ..Coalescing::default()
     };
-    let (store, mut tasks) = held(&server, coalescing).await;
+    let (store, mut tasks, _) = held(&server, coalescing).await;
     for i in 0..20 {
         tasks.push(ask(
             &store,
@@ -197,7 +224,7 @@ async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_se
     let server = RedisServer::start();
     // The first requests' calls are in flight when their callers go away; a waiting one's
     // caller goes away too.
-    let (store, first) = held(&server, Coalescing::default()).await;
+    let (store, first, metrics) = held(&server, Coalescing::default()).await;
     let kept: Vec<_> = (0..5)
         .map(|i| ask(&store, vec![item(&format!("kept-{i}"), ten())]))
         .collect();
@@ -220,6 +247,8 @@ async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_se
     }
     let key = store.redis_key(&BucketKey::new(100, "abandoned"));
     assert_eq!(server.cli(&["EXISTS", &key]).unwrap().trim(), "0");
+    // The abandoned batch left the queue's gauge with the others.
+    assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(0.0));
     // The lane is idle again: a lone request goes straight out.
     let out = store.spend(&[item("after", ten())]).await.unwrap();
     assert!(out.allowed);
@@ -263,7 +292,7 @@ async fn a_full_queue_refuses_at_once() {
         queued_items: 4,
         ..Coalescing::default()
     };
-    let (store, mut tasks) = held(&server, coalescing).await;
+    let (store, mut tasks, _) = held(&server, coalescing).await;
     for i in 0..2 {
         tasks.push(ask(
             &store,

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use super::connection::{Op, Read};
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreEvent};
 
 /// One item of a spend call, as the script reads it.
 pub(super) struct Wire {
@@ -111,13 +111,16 @@ impl RedisStore {
                 });
             } else {
                 let (reply, answer) = oneshot::channel();
-                lane.queued_items += batch.len();
+                let items = batch.len();
+                lane.queued_items += items;
                 let bytes = batch.iter().map(Wire::bytes).sum();
                 lane.queue.push_back(Waiting {
                     batch,
                     bytes,
                     reply,
                 });
+                drop(lane);
+                self.observer.event(StoreEvent::Queued(items as i64));
                 Turn::Wait(answer)
             }
         };
@@ -157,9 +160,11 @@ impl RedisStore {
             }
             // No runtime to run a call on: the waiting requests hear that at once.
             _ => {
+                let dropped = std::mem::take(&mut lane.queued_items);
                 lane.queue.clear();
-                lane.queued_items = 0;
                 lane.in_flight -= 1;
+                drop(lane);
+                self.observer.event(StoreEvent::Queued(-(dropped as i64)));
             }
         }
     }
@@ -194,7 +199,7 @@ impl RedisStore {
     fn take(&self, slot: usize) -> Vec<Waiting> {
         let bounds = self.settings.coalescing;
         let mut lane = self.lanes.lock(slot);
-        let (mut items, mut bytes, mut taken) = (0, 0, Vec::new());
+        let (mut items, mut bytes, mut taken, mut removed) = (0, 0, Vec::new(), 0);
         while let Some(next) = lane.queue.pop_front() {
             let size = next.batch.len();
             let next_bytes = next.bytes;
@@ -207,6 +212,7 @@ impl RedisStore {
                 break;
             }
             lane.queued_items -= size;
+            removed += size;
             if live {
                 items += size;
                 bytes += next_bytes;
@@ -215,6 +221,10 @@ impl RedisStore {
         }
         if taken.is_empty() {
             lane.in_flight -= 1;
+        }
+        drop(lane);
+        if removed > 0 {
+            self.observer.event(StoreEvent::Queued(-(removed as i64)));
         }
         taken
     }

@@ -195,6 +195,9 @@ impl RedisStore {
             invocation.key(*key);
         }
         let values = self.run(Op::Spend, slot, &invocation).await?;
+        self.observer.event(StoreEvent::SpendCall {
+            batches: batches.len(),
+        });
         if values.len() != items + 1 {
             self.note(slot, false);
             return Err(StoreError::MalformedReply);
