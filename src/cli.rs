@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::store::redis::Coalescing;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cellrate",
@@ -341,6 +343,24 @@ pub struct ServeArgs {
     /// denied are denied here while the denial is provable, without a round trip.
     #[arg(long, env = "CELLRATE_REDIS_DENY_CACHE", default_value_t = 0)]
     pub redis_deny_cache: usize,
+
+    /// Spend calls in flight at a time per Redis node (per slot in a cluster); requests
+    /// that find them taken wait and are coalesced into the next call.
+    #[arg(long, env = "CELLRATE_REDIS_CALLS_IN_FLIGHT", default_value_t = Coalescing::DEFAULT.calls_in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub redis_calls_in_flight: u64,
+
+    /// Items in one coalesced Redis call, at most (a larger single batch still goes alone).
+    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.call_items as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub redis_call_max_items: u64,
+
+    /// Bytes of keys and arguments in one coalesced Redis call, at most.
+    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_BYTES", default_value_t = Coalescing::DEFAULT.call_bytes as u64, value_parser = clap::value_parser!(u64).range(1024..=4 * 1024 * 1024))]
+    pub redis_call_max_bytes: u64,
+
+    /// Items waiting for a coalesced call per Redis node (per slot), at most; beyond, a
+    /// request fails at once and the failure policy answers it.
+    #[arg(long, env = "CELLRATE_REDIS_QUEUE_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.queued_items as u64, value_parser = clap::value_parser!(u64).range(1..=262_144))]
+    pub redis_queue_max_items: u64,
 
     /// Make /readyz fail while Redis does (by default readiness ignores Redis).
     #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]

@@ -13,7 +13,7 @@ use clap::Parser;
 use cellrate::app::StoreSettings;
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs, StoreKind};
 use cellrate::limits::config::LimitTable;
-use cellrate::store::redis::RedisSettings;
+use cellrate::store::redis::{Coalescing, RedisSettings};
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -201,6 +201,13 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
             tag_by_id,
             deny_cache: args.redis_deny_cache,
             override_sync: Duration::from_millis(args.redis_override_sync_ms),
+            // Small values: clap checked their ranges.
+            coalescing: Coalescing {
+                calls_in_flight: args.redis_calls_in_flight as usize,
+                call_items: args.redis_call_max_items as usize,
+                call_bytes: args.redis_call_max_bytes as usize,
+                queued_items: args.redis_queue_max_items as usize,
+            },
             ..RedisSettings::default()
         }),
         required_for_ready: args.redis_required_for_ready,

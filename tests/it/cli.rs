@@ -232,6 +232,16 @@ fn exit_codes_are_one_documented_set() {
         ),
         (vec!["validate".into()], 64, "a missing argument"),
         (serve(&["--store", "redis"]), 64, "redis without an address"),
+        (
+            serve(&["--redis-calls-in-flight", "0"]),
+            64,
+            "no Redis call in flight",
+        ),
+        (
+            serve(&["--redis-call-max-items", "5000"]),
+            64,
+            "a Redis call beyond its bound",
+        ),
         (serve(&["--admin-token", ""]), 64, "an empty admin token"),
         (
             serve(&["--resp-token", " "]),

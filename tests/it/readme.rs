@@ -1,7 +1,7 @@
 //! The README as a new user reads it: the quick start's commands run as written (the serve
 //! command's build is the test binary, and its listeners are moved to loopback port 0, the
 //! only change) and print what the README shows; every metric the README lists is exported
-//! from the start.
+//! from the start, and every `serve` flag is named.
 
 use std::process::Command;
 
@@ -206,4 +206,28 @@ fn the_redis_protocol_examples_print_what_the_readme_shows() {
         .find(|(info, _)| info == "text")
         .expect("the python example's output");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), shown.trim());
+}
+
+#[test]
+fn every_serve_flag_is_in_the_readme() {
+    let text = readme();
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let flags: std::collections::BTreeSet<&str> = help
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|word| word.starts_with("--") && word.len() > 2)
+        .collect();
+    assert!(flags.len() > 40, "{flags:?}");
+    let missing: Vec<&&str> = flags
+        .iter()
+        .filter(|flag| !text.contains(&format!("`{flag}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "serve flags the README does not name: {missing:?}"
+    );
 }

@@ -354,3 +354,64 @@ async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
     // The failed batch spent nothing of c.
     assert_eq!(results[3].as_ref().unwrap().decisions[0].remaining, 9);
 }
+
+/// The coalescing bounds are `serve` flags: with one call in flight and one item of queue,
+/// a third concurrent request is refused at once (the failure policy: UNAVAILABLE) while
+/// Redis is held, where the defaults would have queued it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_flags_set_the_bounds() {
+    use cellrate::proto::v1 as pb;
+    let server = RedisServer::start();
+    let url = server.url();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let served = crate::common::serve_with(
+        std::path::Path::new(config),
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "5000",
+            "--redis-calls-in-flight",
+            "1",
+            "--redis-queue-max-items",
+            "1",
+        ],
+    );
+    let mut client =
+        pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{}", served.listen))
+            .await
+            .unwrap();
+    let check = |id: &str| pb::CheckRequest {
+        items: vec![crate::common::item("NewOrdersPerAccount", id, None)],
+    };
+    // The script is loaded before Redis is held.
+    client.check(check("1")).await.unwrap();
+
+    pause(&server, 1_500);
+    let ask = |id: &'static str| {
+        let mut client = client.clone();
+        tokio::spawn(async move { client.check(check(id)).await })
+    };
+    let in_flight = ask("2");
+    settle().await;
+    let queued = ask("3");
+    settle().await;
+    let (_, metrics) = crate::common::http_get(&served.metrics, "/metrics");
+    assert!(
+        metrics.contains("\ncellrate_redis_queued_items 1\n"),
+        "one item waits"
+    );
+    let started = Instant::now();
+    let e = client.check(check("4")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "refused while Redis was held"
+    );
+    for task in [in_flight, queued] {
+        let r = task.await.unwrap().unwrap();
+        assert!(r.into_inner().overall.unwrap().allowed);
+    }
+}

@@ -94,15 +94,20 @@ pub struct Coalescing {
     pub queued_items: usize,
 }
 
+impl Coalescing {
+    /// The defaults (also those of the `serve` flags).
+    pub const DEFAULT: Coalescing = Coalescing {
+        calls_in_flight: 2,
+        // A few hundred decisions keep one script run around a millisecond of Redis
+        // time, so that the calls of other clients are not held up behind it.
+        call_items: 256,
+        call_bytes: 64 * 1024,
+        queued_items: 16_384,
+    };
+}
+
 impl Default for Coalescing {
     fn default() -> Coalescing {
-        Coalescing {
-            calls_in_flight: 2,
-            // A few hundred decisions keep one script run around a millisecond of Redis
-            // time, so that the calls of other clients are not held up behind it.
-            call_items: 256,
-            call_bytes: 64 * 1024,
-            queued_items: 16_384,
-        }
+        Coalescing::DEFAULT
     }
 }
