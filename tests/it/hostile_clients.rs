@@ -366,12 +366,18 @@ fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
     framed
 }
 
+/// A raw HTTP/2 client on `addr`, its connection driven by a task of its own.
+async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
 #[tokio::test]
 async fn a_second_message_in_a_unary_call_is_refused() {
     let mut s = serve(ServerLimits::default()).await;
-    let tcp = TcpStream::connect(s.decisions_addr).await.unwrap();
-    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
+    let mut client = h2_client(s.decisions_addr).await;
     let check = pb::CheckRequest {
         items: vec![item("ApiRequestsPerKey", "twice", None)],
     };
@@ -410,9 +416,7 @@ async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
     // The decision RPCs skip tonic's router (src/shortcut.rs); paths that only look like
     // theirs must still fall to the router and be refused, as before.
     let mut s = serve(ServerLimits::default()).await;
-    let tcp = TcpStream::connect(s.decisions_addr).await.unwrap();
-    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
+    let mut client = h2_client(s.decisions_addr).await;
     let check = grpc_frame(&pb::CheckRequest {
         items: vec![item("ApiRequestsPerKey", "lookalike", None)],
     });
