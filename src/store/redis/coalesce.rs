@@ -119,7 +119,8 @@ impl RedisStore {
                     bytes,
                     reply,
                 });
-                drop(lane);
+                // Under the lane's lock, as is the count of those leaving, so that the
+                // gauge never reads below zero.
                 self.observer.event(StoreEvent::Queued(items as i64));
                 Turn::Wait(answer)
             }
@@ -163,7 +164,6 @@ impl RedisStore {
                 let dropped = std::mem::take(&mut lane.queued_items);
                 lane.queue.clear();
                 lane.in_flight -= 1;
-                drop(lane);
                 self.observer.event(StoreEvent::Queued(-(dropped as i64)));
             }
         }
@@ -222,7 +222,6 @@ impl RedisStore {
         if taken.is_empty() {
             lane.in_flight -= 1;
         }
-        drop(lane);
         if removed > 0 {
             self.observer.event(StoreEvent::Queued(-(removed as i64)));
         }
