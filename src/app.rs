@@ -574,8 +574,14 @@ async fn serve(
     let mut decisions_server = server_limits.grpc_server();
     let mut admin_server = server_limits.grpc_server();
     if let Some(tls) = &settings.tls {
-        decisions_server = decisions_server.tls_config(tls.decisions())?;
-        admin_server = admin_server.tls_config(tls.admin())?;
+        // The whole TLS handshake within the handshake timeout: else a client that stalls
+        // after its first bytes holds a connection until the idle timeout.
+        decisions_server = decisions_server.tls_config(
+            tls.decisions()
+                .timeout(server_limits.decisions.handshake_timeout),
+        )?;
+        admin_server =
+            admin_server.tls_config(tls.admin().timeout(server_limits.admin.handshake_timeout))?;
     }
     let decisions_incoming =
         GuardedListener::new(listeners.decisions, server_limits.decisions, "decisions");

@@ -454,7 +454,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_METRICS_MAX_CONNECTIONS", default_value_t = 64)]
     pub metrics_max_connections: usize,
 
-    /// Seconds a new connection has to send its first bytes (and HTTP/1 its headers).
+    /// Seconds a new connection has to send its first bytes (HTTP/1: its headers; TLS: its
+    /// whole handshake).
     #[arg(long, env = "CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 10)]
     pub handshake_timeout_seconds: u64,
 

@@ -40,7 +40,7 @@ use tokio::time::{Instant, Sleep};
 pub struct ConnectionLimits {
     /// Open connections at most; more wait in the kernel's backlog.
     pub max_connections: usize,
-    /// Time for a new connection's first bytes.
+    /// Time for a new connection's first bytes (and, with TLS, its whole handshake).
     pub handshake_timeout: Duration,
     /// Time without a byte read (or with a write stuck) before a connection is closed.
     pub idle_timeout: Duration,

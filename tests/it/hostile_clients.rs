@@ -3,6 +3,7 @@
 //! frames over a real socket and checks that the bound holds and that a well-behaved
 //! client still gets its answers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{http_get_async, item, poll_until, Served};
@@ -212,7 +213,7 @@ async fn requests_beyond_the_in_flight_bound_are_refused_at_once() {
 }
 
 /// Reads until EOF or error, for at most `within`; whether the peer closed by then.
-async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+async fn closed_within(stream: &mut (impl tokio::io::AsyncRead + Unpin), within: Duration) -> bool {
     let mut buf = [0u8; 4096];
     tokio::time::timeout(within, async {
         loop {
@@ -277,6 +278,99 @@ async fn silent_slow_and_idle_connections_are_closed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     s.stop().await;
+}
+
+/// A TLS connection to `addr` trusting `ca` (PEM), handshake done, nothing else sent.
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca: &str,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+#[tokio::test]
+async fn slow_and_idle_tls_clients_are_closed() {
+    // A TLS handshake must end within the handshake timeout, and a TLS connection that
+    // never starts HTTP/2 is closed by the idle timeout, as a plaintext one is.
+    let pki = crate::common::pki::Pki::new();
+    let quick = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_secs(2),
+        ..ConnectionLimits::default()
+    };
+    let s = Served::with_settings(
+        limits(),
+        Settings {
+            server: ServerLimits {
+                decisions: quick,
+                admin: quick,
+                ..ServerLimits::default()
+            },
+            tls: Some(cellrate::admin::TlsPem {
+                cert: pki.server_cert.clone().into_bytes(),
+                key: pki.server_key.clone().into_bytes(),
+                admin_client_ca: None,
+            }),
+            ..Settings::default()
+        },
+    )
+    .await;
+    for addr in [s.decisions_addr, s.admin_addr] {
+        // Silent: not even a ClientHello.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(3)).await,
+            "{addr}: silent"
+        );
+        // A handshake record announcing 512 bytes, 40 of them sent: rustls waits for the
+        // rest, which never comes; the handshake timeout, not the idle one, ends it.
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc];
+        hello.resize(45, 0);
+        stalled.write_all(&hello).await.unwrap();
+        assert!(
+            closed_within(&mut stalled, Duration::from_millis(1_200)).await,
+            "{addr}: a stalled TLS handshake"
+        );
+        // A complete TLS handshake, then not a byte of HTTP/2.
+        let mut idle = tls_connect(addr, &pki.ca).await;
+        assert!(
+            closed_within(&mut idle, Duration::from_secs(4)).await,
+            "{addr}: TLS without HTTP/2"
+        );
+    }
+    // A TLS client that talks is answered.
+    let channel = tonic::transport::Channel::from_shared(format!("https://{}", s.decisions_addr))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&pki.ca))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let r = pb::rate_limiter_client::RateLimiterClient::new(channel)
+        .check(pb::CheckRequest {
+            items: vec![item("ApiRequestsPerKey", "tls-polite", None)],
+        })
+        .await
+        .unwrap();
+    assert!(r.into_inner().overall.unwrap().allowed);
 }
 
 #[tokio::test]
