@@ -27,7 +27,8 @@
 //!                          runtime.rs (temporary overrides)
 //! resp/                    the Redis protocol (`--resp-listen`): protocol.rs (RESP in,
 //!                          bounded; RESP2/3 out), throttle.rs (redis-cell's five numbers
-//!                          from a GCRA decision), server.rs (connections, commands)
+//!                          from a GCRA decision), server.rs (connections, commands),
+//!                          lockout.rs (wrong AUTH tokens per client address)
 //! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
 //! health.rs                /healthz, /readyz state and the metrics listener's routes
 //! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code

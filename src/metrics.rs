@@ -305,7 +305,7 @@ impl Metrics {
             resp_closed: counter_vec(
                 "cellrate_resp_closed_total",
                 "Redis-protocol connections closed by cellrate, by reason (protocol_error, \
-                 timeout, auth_failures, shutdown).",
+                 timeout, auth_failures, auth_locked, shutdown).",
                 &["reason"],
             ),
             resp_throttled: [
@@ -372,7 +372,13 @@ impl Metrics {
         for action in ["set", "clear"] {
             metrics.runtime_overrides.with_label_values(&[action]);
         }
-        for reason in ["protocol_error", "timeout", "auth_failures", "shutdown"] {
+        for reason in [
+            "protocol_error",
+            "timeout",
+            "auth_failures",
+            "auth_locked",
+            "shutdown",
+        ] {
             metrics.resp_closed.with_label_values(&[reason]);
         }
         for action in ["token_bucket", "allow_all", "deny_all", "abandon", "pushed"] {

@@ -3,8 +3,10 @@
 //!
 //! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
-//! - [`server`]: the listener's connections and commands.
+//! - [`server`]: the listener's connections and commands;
+//! - [`lockout`]: wrong `AUTH` tokens counted per client address, across connections.
 
+pub mod lockout;
 pub mod protocol;
 pub mod server;
 pub mod throttle;

@@ -15,8 +15,10 @@
 //!   of caller-given limits, in a key space (`0:c/<key>`) no gRPC caller can reach.
 //!
 //! With a token, every command but `AUTH`, `HELLO` and `QUIT` needs the connection to have
-//! authenticated; [`MAX_AUTH_FAILURES`] wrong tokens close it.
+//! authenticated; [`MAX_AUTH_FAILURES`] wrong tokens close it, and an address that gave
+//! too many across its connections is refused for a while ([`super::lockout`]).
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
 use super::throttle::{reply, Cell, CellError};
 use crate::admin::Token;
@@ -81,6 +84,7 @@ pub struct RespServer {
     /// After a stop, time for connections to finish what they were doing.
     grace: Duration,
     next_id: AtomicU64,
+    lockout: AuthLockout,
 }
 
 /// The commands this server knows.
@@ -132,6 +136,8 @@ struct Connection {
     id: u64,
     authenticated: bool,
     auth_failures: u32,
+    /// The client's address (wrong tokens count against it across connections).
+    peer: IpAddr,
     name: Option<Bytes>,
     parser: Parser,
     replies: Replies,
@@ -185,6 +191,7 @@ impl RespServer {
             command_timeout,
             grace,
             next_id: AtomicU64::new(1),
+            lockout: AuthLockout::new(),
         })
     }
 
@@ -198,8 +205,8 @@ impl RespServer {
     ) {
         let mut listener = listener.with_handshake_bytes(1);
         loop {
-            let stream = tokio::select! {
-                (stream, _) = listener.accept() => stream,
+            let (stream, peer) = tokio::select! {
+                (stream, peer) = listener.accept() => (stream, peer.ip()),
                 _ = stop.cancelled() => return,
             };
             let server = self.clone();
@@ -208,7 +215,7 @@ impl RespServer {
                 let grace = server.grace;
                 let metrics = server.metrics.clone();
                 tokio::select! {
-                    _ = server.connection(stream, stop.clone()) => {}
+                    _ = server.connection(stream, peer, stop.clone()) => {}
                     _ = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
                         metrics.resp_closed("shutdown");
                     }
@@ -217,13 +224,14 @@ impl RespServer {
         }
     }
 
-    async fn connection(&self, mut stream: GuardedStream, stop: CancellationToken) {
+    async fn connection(&self, mut stream: GuardedStream, peer: IpAddr, stop: CancellationToken) {
         self.metrics.resp_connections.inc();
         let _open = Open(self.metrics.clone());
         let mut conn = Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             authenticated: self.token.is_none(),
             auth_failures: 0,
+            peer,
             name: None,
             parser: Parser::new(self.bounds),
             replies: Replies::default(),
@@ -538,11 +546,27 @@ impl RespServer {
         let Some(token) = &self.token else {
             return Ok(());
         };
+        if let Err(wait) = self.lockout.check(conn.peer) {
+            // Not compared: a locked-out guesser learns nothing from its guess.
+            tracing::warn!(
+                connection = conn.id,
+                peer = %conn.peer,
+                "redis protocol: too many wrong tokens from this address; closing the connection"
+            );
+            return Err(Failure(
+                format!(
+                    "ERR too many wrong tokens from this address; retry in {} s",
+                    wait.as_secs().max(1)
+                ),
+                Flow::Close("auth_locked"),
+            ));
+        }
         let user_ok = user.is_none_or(|u| &u[..] == b"default");
         if token.matches(password) && user_ok {
             conn.authenticated = true;
             return Ok(());
         }
+        self.lockout.failed(conn.peer);
         conn.auth_failures += 1;
         let flow = if conn.auth_failures >= MAX_AUTH_FAILURES {
             tracing::warn!(

@@ -410,6 +410,53 @@ async fn a_token_is_required_and_guessing_it_closes_the_connection() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_that_guesses_on_many_connections_is_locked_out() {
+    use cellrate::resp::lockout::FAILURE_BURST;
+    let s = served_with(ConnectionLimits::default(), Some(TOKEN)).await;
+    let wrong = "WRONGPASS invalid username-password pair or user is disabled.";
+    // The attacker opens connection after connection, three guesses each, until its
+    // address has used up its allowance.
+    let mut guesses = 0;
+    while guesses < FAILURE_BURST {
+        let mut c = client(&s);
+        for _ in 0..3 {
+            if guesses == FAILURE_BURST {
+                break;
+            }
+            assert_eq!(error(c.call(&["AUTH", "guess"])), wrong);
+            guesses += 1;
+        }
+    }
+    // Now even the right token is refused from that address, without being compared, and
+    // the connection is closed; so is a HELLO with AUTH.
+    let mut c = client(&s);
+    let locked = error(c.call(&["AUTH", TOKEN]));
+    assert!(
+        locked.starts_with("ERR too many wrong tokens from this address; retry in "),
+        "{locked}"
+    );
+    assert!(c.closed(), "a locked-out AUTH closes the connection");
+    let mut c = client(&s);
+    let Reply::Error(locked) = c.call(&["HELLO", "3", "AUTH", "default", TOKEN]) else {
+        panic!("HELLO AUTH is refused too");
+    };
+    assert!(locked.starts_with("ERR too many wrong tokens"), "{locked}");
+    // Another client host is not affected.
+    let mut other =
+        RespClient::connect_from(s.resp_addr, std::net::IpAddr::from([127, 0, 0, 2])).await;
+    assert_eq!(other.call(&["AUTH", TOKEN]), Reply::Simple("OK".into()));
+    assert_eq!(
+        throttle(&mut other, &["k", "1", "1", "1"]),
+        [0, 2, 1, -1, 1]
+    );
+    let (_, text) = http_get_async(s.metrics_addr, "/metrics").await;
+    assert_eq!(
+        sample(&text, "cellrate_resp_closed_total{reason=\"auth_locked\"}"),
+        Some(2.0)
+    );
+}
+
 /// Tight bounds for the attacker tests: 1 s for a command to arrive, 2 s idle, 4 connections.
 fn tight() -> ConnectionLimits {
     ConnectionLimits {

@@ -40,9 +40,24 @@ pub struct RespClient {
 }
 
 impl RespClient {
-    /// Connects to `addr` with 10 s read and write timeouts.
+    /// Connects to `addr`.
     pub fn connect(addr: &str) -> RespClient {
         let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        RespClient::on(stream)
+    }
+
+    /// Connects to `addr` from the loopback address `local` (e.g. 127.0.0.2, another client
+    /// host as the server sees it).
+    pub async fn connect_from(addr: std::net::SocketAddr, local: std::net::IpAddr) -> RespClient {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::new(local, 0)).unwrap();
+        let stream = socket.connect(addr).await.unwrap().into_std().unwrap();
+        stream.set_nonblocking(false).unwrap();
+        RespClient::on(stream)
+    }
+
+    /// A client on a connected `stream`, with 10 s read and write timeouts.
+    fn on(stream: TcpStream) -> RespClient {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
