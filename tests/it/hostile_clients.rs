@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{http_get_async, item, poll_until, Served};
+use crate::common::{http_get_async, item, poll_until, remaining, Served};
 use cellrate::app::{ServerLimits, Settings};
 use cellrate::limits::config::LimitTable;
 use cellrate::listener::ConnectionLimits;
@@ -490,14 +490,7 @@ async fn a_second_message_in_a_unary_call_is_refused() {
         "names the problem"
     );
     // Nothing was spent.
-    let r = s
-        .admin
-        .inspect(pb::InspectRequest {
-            items: vec![item("ApiRequestsPerKey", "twice", None)],
-        })
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().items[0].remaining, 10);
+    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "twice").await, 10);
     // One message is fine.
     let one = grpc_frame(&check);
     let (status, _) = unary_call(&mut client, s.decisions_addr, &[&one[..]]).await;
@@ -527,14 +520,11 @@ async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
         let (status, message) = call_path(&mut client, s.decisions_addr, path, &[&check]).await;
         assert_eq!(status.as_deref(), Some("12"), "{path}: {message:?}");
     }
-    let r = s
-        .admin
-        .inspect(pb::InspectRequest {
-            items: vec![item("ApiRequestsPerKey", "lookalike", None)],
-        })
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().items[0].remaining, 10, "nothing was spent");
+    assert_eq!(
+        remaining(&mut s, "ApiRequestsPerKey", "lookalike").await,
+        10,
+        "nothing was spent"
+    );
     // The real path is answered, and spends.
     let (status, _) = call_path(
         &mut client,
@@ -544,14 +534,7 @@ async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
     )
     .await;
     assert_eq!(status.as_deref(), Some("0"));
-    let r = s
-        .admin
-        .inspect(pb::InspectRequest {
-            items: vec![item("ApiRequestsPerKey", "lookalike", None)],
-        })
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().items[0].remaining, 9);
+    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "lookalike").await, 9);
     s.stop().await;
 }
 
