@@ -143,6 +143,30 @@ struct Connection {
     replies: Replies,
 }
 
+/// Consecutive `CL.THROTTLE`s of a pipeline, waiting to be decided together; at most
+/// [`RUN_COMMANDS`] commands and [`RUN_BYTES`] bytes of arguments.
+#[derive(Default)]
+struct Run {
+    commands: Vec<Vec<Bytes>>,
+    bytes: usize,
+}
+
+/// Throttles of a pipeline decided together, at most.
+pub const RUN_COMMANDS: usize = 64;
+
+/// Bytes of arguments of the throttles decided together, at most (the next command is
+/// decided with the next run once they are reached).
+pub const RUN_BYTES: usize = 64 * 1024;
+
+impl Run {
+    /// Adds a throttle; whether the run has room for more.
+    fn push(&mut self, args: Vec<Bytes>) -> bool {
+        self.bytes += args.iter().map(Bytes::len).sum::<usize>();
+        self.commands.push(args);
+        self.commands.len() < RUN_COMMANDS && self.bytes < RUN_BYTES
+    }
+}
+
 /// What to do after a command.
 #[derive(Debug, PartialEq, Eq)]
 enum Flow {
@@ -238,6 +262,7 @@ impl RespServer {
         };
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut begun: Option<Instant> = None;
+        let mut run = Run::default();
         loop {
             // Answer every complete command read so far, in order.
             let mut completed = false;
@@ -249,16 +274,26 @@ impl RespServer {
                     }
                     Ok(None) => break,
                     Err(e) => {
+                        self.throttle_run(&mut conn, &mut run).await;
                         conn.replies.error(&format!("ERR {e}"));
                         self.metrics.resp_closed("protocol_error");
                         return close(stream, &conn.replies.out).await;
                     }
                 };
-                if let Flow::Close(reason) = self.execute(&mut conn, &args).await {
-                    if !reason.is_empty() {
-                        self.metrics.resp_closed(reason);
+                if conn.authenticated && Command::of(&args[0]) == Command::Throttle {
+                    // Decided with the ones next to it in the pipeline (see Run).
+                    if run.push(args) {
+                        continue;
                     }
-                    return close(stream, &conn.replies.out).await;
+                    self.throttle_run(&mut conn, &mut run).await;
+                } else {
+                    self.throttle_run(&mut conn, &mut run).await;
+                    if let Flow::Close(reason) = self.execute(&mut conn, &args).await {
+                        if !reason.is_empty() {
+                            self.metrics.resp_closed(reason);
+                        }
+                        return close(stream, &conn.replies.out).await;
+                    }
                 }
                 if conn.replies.out.len() >= FLUSH_AT {
                     if stream.write_all(&conn.replies.out).await.is_err() {
@@ -267,6 +302,7 @@ impl RespServer {
                     conn.replies.out.clear();
                 }
             }
+            self.throttle_run(&mut conn, &mut run).await;
             if !conn.replies.out.is_empty() {
                 if stream.write_all(&conn.replies.out).await.is_err() {
                     return;
@@ -327,17 +363,10 @@ impl RespServer {
             return Flow::Continue;
         }
         let outcome = match command {
-            Command::Throttle => match self.throttle(args).await {
-                Ok(reply) => {
-                    self.metrics.resp_throttled(reply[0] == 0);
-                    conn.replies.array(5);
-                    for n in reply {
-                        conn.replies.integer(n);
-                    }
-                    return Flow::Continue;
-                }
-                Err(failure) => Err(failure),
-            },
+            Command::Throttle => {
+                let answer = self.throttle(args).await;
+                return self.throttle_reply(conn, answer);
+            }
             Command::Ping => match args.len() {
                 1 => {
                     conn.replies.simple("PONG");
@@ -377,6 +406,55 @@ impl RespServer {
             Err(Failure(text, flow)) => {
                 conn.replies.error(&text);
                 self.metrics.resp_command(label, false);
+                flow
+            }
+        }
+    }
+
+    /// Decides the throttles of `run`, their replies appended in order. With a store that
+    /// waits (Redis) each is its own store call, all started together in pipeline order:
+    /// those that find the node's calls busy are coalesced into one script call, decided
+    /// in that order, so that a pipeline costs a few round trips instead of one each, with
+    /// the answers they would have had one after another.
+    async fn throttle_run(&self, conn: &mut Connection, run: &mut Run) {
+        match run.commands.len() {
+            0 => return,
+            // A store that answers at once (memory) gains nothing from starting them
+            // together.
+            n if n == 1 || !self.store.waits() => {
+                for args in &run.commands {
+                    let answer = self.throttle(args).await;
+                    self.throttle_reply(conn, answer);
+                }
+            }
+            _ => {
+                let answers = futures_util::future::join_all(
+                    run.commands.iter().map(|args| self.throttle(args)),
+                )
+                .await;
+                for answer in answers {
+                    self.throttle_reply(conn, answer);
+                }
+            }
+        }
+        run.commands.clear();
+        run.bytes = 0;
+    }
+
+    /// Appends a `CL.THROTTLE` answer (five numbers, or an error) and counts it.
+    fn throttle_reply(&self, conn: &mut Connection, answer: Result<[i64; 5], Failure>) -> Flow {
+        match answer {
+            Ok(reply) => {
+                self.metrics.resp_throttled(reply[0] == 0);
+                conn.replies.array(5);
+                for n in reply {
+                    conn.replies.integer(n);
+                }
+                Flow::Continue
+            }
+            Err(Failure(text, flow)) => {
+                conn.replies.error(&text);
+                self.metrics.resp_command(Command::Throttle.label(), false);
                 flow
             }
         }

@@ -42,6 +42,10 @@ impl Store for MeasuredStore {
         Some(result)
     }
 
+    fn waits(&self) -> bool {
+        self.inner.waits()
+    }
+
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(async move {
             let start = Instant::now();

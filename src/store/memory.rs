@@ -389,6 +389,10 @@ impl Store for MemoryStore {
         Some(self.spend_now(items))
     }
 
+    fn waits(&self) -> bool {
+        false
+    }
+
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(std::future::ready(Ok(self.refund_now(items))))
     }

@@ -173,6 +173,12 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Whether a spend may wait (a round trip): then callers with many independent spends
+    /// start them together rather than one after another.
+    fn waits(&self) -> bool {
+        true
+    }
+
     /// Refunds each item's cost (its mode is ignored). Per item, `allowed` says whether
     /// the bucket changed.
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>>;

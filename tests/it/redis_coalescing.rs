@@ -415,3 +415,63 @@ async fn the_serve_flags_set_the_bounds() {
         assert!(r.into_inner().overall.unwrap().allowed);
     }
 }
+
+/// A Redis-protocol pipeline of `CL.THROTTLE`s on the Redis store: decided in a few script
+/// calls instead of one each, with the answers the same commands get one at a time.
+#[test]
+fn a_pipeline_of_throttles_takes_a_few_calls_and_answers_as_one_at_a_time() {
+    use crate::common::resp_client::{Reply, RespClient};
+    let server = RedisServer::start();
+    let url = server.url();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let served = crate::common::serve_with(
+        std::path::Path::new(config),
+        &[
+            "--resp-listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout-ms",
+            "5000",
+        ],
+    );
+    let mut client = RespClient::connect(&served.resp);
+    // Burst 31 (max_burst 30), one token a minute: nothing refills during the test.
+    let throttle = |key: &str| ["CL.THROTTLE", key, "30", "1", "60"].map(str::to_string);
+    // Limited, remaining: the two numbers that no clock difference between runs changes.
+    let decided = |reply: Reply| {
+        let n = reply.integers();
+        (n[0], n[2])
+    };
+    client.call(&throttle("warm-up").each_ref().map(String::as_str));
+
+    // One at a time.
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap().trim(), "OK");
+    let mut alone = Vec::new();
+    for _ in 0..64 {
+        alone.push(decided(
+            client.call(&throttle("alone").each_ref().map(String::as_str)),
+        ));
+    }
+    assert_eq!(script_calls(&server), 64);
+
+    // The same 64 in one write.
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap().trim(), "OK");
+    let mut pipeline = Vec::new();
+    for _ in 0..64 {
+        let args = throttle("piped");
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        pipeline.extend(RespClient::encode(&args));
+    }
+    client.raw(&pipeline).unwrap();
+    let piped: Vec<(i64, i64)> = (0..64).map(|_| decided(client.read().unwrap())).collect();
+    assert_eq!(piped, alone, "the same answers, in order");
+    assert_eq!(
+        piped.iter().filter(|(limited, _)| *limited == 0).count(),
+        31
+    );
+    let calls = script_calls(&server);
+    assert!(calls <= 8, "{calls} script calls for a pipeline of 64");
+}
