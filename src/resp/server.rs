@@ -417,24 +417,18 @@ impl RespServer {
     /// in that order, so that a pipeline costs a few round trips instead of one each, with
     /// the answers they would have had one after another.
     async fn throttle_run(&self, conn: &mut Connection, run: &mut Run) {
-        match run.commands.len() {
-            0 => return,
+        if run.commands.len() > 1 && self.store.waits() {
+            let answers =
+                futures_util::future::join_all(run.commands.iter().map(|a| self.throttle(a))).await;
+            for answer in answers {
+                self.throttle_reply(conn, answer);
+            }
+        } else {
             // A store that answers at once (memory) gains nothing from starting them
             // together.
-            n if n == 1 || !self.store.waits() => {
-                for args in &run.commands {
-                    let answer = self.throttle(args).await;
-                    self.throttle_reply(conn, answer);
-                }
-            }
-            _ => {
-                let answers = futures_util::future::join_all(
-                    run.commands.iter().map(|args| self.throttle(args)),
-                )
-                .await;
-                for answer in answers {
-                    self.throttle_reply(conn, answer);
-                }
+            for args in &run.commands {
+                let answer = self.throttle(args).await;
+                self.throttle_reply(conn, answer);
             }
         }
         run.commands.clear();

@@ -355,6 +355,16 @@ async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
     assert_eq!(results[3].as_ref().unwrap().decisions[0].remaining, 9);
 }
 
+/// `cellrate serve` (the example limits) on the Redis store `server`, with `extra` flags.
+fn serve_on(server: &RedisServer, extra: &[&str]) -> crate::common::Process {
+    let url = server.url();
+    let mut flags = vec!["--store", "redis", "--redis-url", &url];
+    flags.extend(["--redis-timeout-ms", "5000"]);
+    flags.extend(extra);
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    crate::common::serve_with(std::path::Path::new(config), &flags)
+}
+
 /// The coalescing bounds are `serve` flags: with one call in flight and one item of queue,
 /// a third concurrent request is refused at once (the failure policy: UNAVAILABLE) while
 /// Redis is held, where the defaults would have queued it.
@@ -362,17 +372,9 @@ async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
 async fn the_serve_flags_set_the_bounds() {
     use cellrate::proto::v1 as pb;
     let server = RedisServer::start();
-    let url = server.url();
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
-    let served = crate::common::serve_with(
-        std::path::Path::new(config),
+    let served = serve_on(
+        &server,
         &[
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-timeout-ms",
-            "5000",
             "--redis-calls-in-flight",
             "1",
             "--redis-queue-max-items",
@@ -422,21 +424,7 @@ async fn the_serve_flags_set_the_bounds() {
 fn a_pipeline_of_throttles_takes_a_few_calls_and_answers_as_one_at_a_time() {
     use crate::common::resp_client::{Reply, RespClient};
     let server = RedisServer::start();
-    let url = server.url();
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
-    let served = crate::common::serve_with(
-        std::path::Path::new(config),
-        &[
-            "--resp-listen",
-            "127.0.0.1:0",
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-timeout-ms",
-            "5000",
-        ],
-    );
+    let served = serve_on(&server, &["--resp-listen", "127.0.0.1:0"]);
     let mut client = RespClient::connect(&served.resp);
     // Burst 31 (max_burst 30), one token a minute: nothing refills during the test.
     let throttle = |key: &str| ["CL.THROTTLE", key, "30", "1", "60"].map(str::to_string);
