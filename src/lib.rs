@@ -83,8 +83,10 @@ pub mod proto {
         include_bytes!(concat!(env!("OUT_DIR"), "/cellrate_descriptor.bin"));
 
     /// The encoded descriptors of Envoy's `envoy/service/ratelimit/v3/rls.proto` and
-    /// `envoy/service/rate_limit_quota/v3/rlqs.proto` and every file they import (from
-    /// `envoy-types`, see `build.rs`), for server reflection.
-    pub const ENVOY_RLS_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/envoy_rls_descriptor.bin"));
+    /// `envoy/service/rate_limit_quota/v3/rlqs.proto` and every file they import, as
+    /// `envoy-types` ships them (`proto/README.md`), for server reflection.
+    pub const ENVOY_RLS_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/proto/envoy_rate_limit_services.binpb"
+    ));
 }

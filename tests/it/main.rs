@@ -9,6 +9,7 @@ mod cli;
 mod client_cli;
 mod concurrency;
 mod deploy;
+mod envoy_descriptors;
 mod envoy_e2e;
 mod envoy_rls;
 mod exact_answers;
