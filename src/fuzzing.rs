@@ -375,7 +375,7 @@ pub const TARGETS: [(&str, Harness); 5] = [
     ("check", check),
 ];
 
-/// Seed inputs for `target`, built from the examples (config/, the README's requests):
+/// Seed inputs for `target`, built from the examples (config/, the documented requests):
 /// the fuzzers' starting corpus (`cargo run --features fuzzing --example fuzz_seeds` writes them to
 /// `fuzz/seeds/`), and inputs the test suite runs.
 pub fn seeds(target: &str) -> Vec<Vec<u8>> {

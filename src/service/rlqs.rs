@@ -85,7 +85,7 @@ pub struct RlqsSettings {
     pub sync: Duration,
 }
 
-/// Demand for limit keys shared by replicas (the Redis store): see the README's "Envoy RLQS".
+/// Demand for limit keys shared by replicas (the Redis store): see docs/rlqs.md.
 pub trait SharedDemand: Send + Sync + 'static {
     /// Publishes this replica's reporters of each key and returns, in the same order, the
     /// other replicas' reporters of it.

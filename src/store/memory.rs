@@ -48,7 +48,7 @@ pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
 /// of the key: 8 bytes whatever the id's length, and no allocation per bucket. Two distinct
 /// keys share a bucket only if their hashes collide: with 10 M live buckets a chance of
 /// about 3 in a million that any two do, with 100 M about 3 in ten thousand; the keys are
-/// secret, so callers cannot aim for it (see the README's "Sizing").
+/// secret, so callers cannot aim for it (see docs/operations.md, "Sizing").
 type Fingerprint = u64;
 
 /// Which table of a shard a bucket lives in.

@@ -1,7 +1,10 @@
-//! What can be checked of the deployment files without Docker, Kubernetes or helm: they
-//! parse, the chart's templates use only values that exist, ports and paths agree between
-//! the Dockerfile, the chart and the binary, and the binary starts with the arguments and
-//! environment the Dockerfile and the chart give it.
+//! The deployment files: they parse, the chart's templates use only values that exist,
+//! the real Helm (`helm lint --strict`, `helm template`) renders objects whose ports,
+//! probes, mounts and optional objects are checked as rendered, ports and paths agree
+//! between the Dockerfile, the chart and the binary, and the binary starts with the
+//! arguments and environment the Dockerfile and the chart give it. No Docker engine or
+//! Kubernetes cluster is at hand: the image's build stage is replayed by
+//! `scripts/fresh-machine.py`, and nothing is installed into a cluster.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,6 +40,68 @@ fn serve_default(flag: &str) -> String {
         .find(|a| a.get_long() == Some(flag))
         .unwrap();
     arg.get_default_values()[0].to_string_lossy().into_owned()
+}
+
+/// The `helm` that the test command installed (`CELLRATE_TEST_HELM`), or the one on PATH.
+fn helm() -> Command {
+    Command::new(std::env::var("CELLRATE_TEST_HELM").unwrap_or_else(|_| "helm".to_string()))
+}
+
+/// `helm template` of the chart with `--set` pairs: its objects, or Helm's error.
+fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
+    let mut command = helm();
+    command
+        .args([
+            "template",
+            "cellrate",
+            "helm/cellrate",
+            "--namespace",
+            "cellrate",
+        ])
+        .current_dir(ROOT);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = command
+        .output()
+        .expect("helm runs (scripts/test.sh installs it)");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    Ok(serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect())
+}
+
+/// The one rendered object of `kind`.
+fn one<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = objects.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} among {:?}", kinds(objects));
+    found[0]
+}
+
+fn kinds(objects: &[Value]) -> Vec<&str> {
+    objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect()
+}
+
+/// Every `enabled` toggle of values.yaml, dotted (`serviceMonitor.enabled`, ...).
+fn enabled_toggles(node: &Value, prefix: &str, found: &mut Vec<String>) {
+    if let Some(map) = node.as_mapping() {
+        for (key, value) in map {
+            let key = key.as_str().unwrap();
+            let path = format!("{prefix}{key}");
+            if key == "enabled" && value.is_bool() {
+                found.push(path);
+            } else {
+                enabled_toggles(value, &format!("{path}."), found);
+            }
+        }
+    }
 }
 
 fn port_of(addr: &str) -> u64 {
@@ -126,24 +191,6 @@ fn ports_and_paths_agree_between_dockerfile_chart_and_binary() {
     assert!(dockerfile("ENV")
         .iter()
         .any(|e| e.contains(&format!("CELLRATE_CONFIG={mount}"))));
-
-    // Readiness asks grpc.health.v1 on the decision port, liveness /healthz on the metrics
-    // port (which both serve: tested by running).
-    let deployment = read("helm/cellrate/templates/deployment.yaml");
-    assert_eq!(
-        deployment
-            .matches("grpc:\n              port: {{ .Values.ports.grpc }}")
-            .count(),
-        1
-    );
-    assert!(deployment.contains(
-        "httpGet:\n              path: /healthz\n              port: {{ .Values.ports.metrics }}"
-    ));
-    assert!(deployment.contains("mountPath: {{ .Values.config.mountPath }}"));
-    assert!(
-        !deployment.contains("subPath"),
-        "a subPath mount would not see ConfigMap updates"
-    );
 
     // Envoy and Istio examples reach the decision port.
     assert!(read("examples/envoy/envoy.yaml").contains(&format!("port_value: {grpc}")));
@@ -284,46 +331,421 @@ fn the_binary_starts_with_the_dockerfile_arguments() {
     starts_and_answers_health(&cmd, &env);
 }
 
+/// The chart's Deployment as `helm template` renders it with its default values runs the
+/// binary: its args and every literal environment variable (listeners moved to loopback by
+/// the helper).
 #[test]
 fn the_binary_starts_with_the_chart_arguments_and_environment() {
-    let values = values();
-    let args: Vec<String> = values["args"]
+    let objects = helm_template(&[]).expect("the chart renders with its defaults");
+    let container = &one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
         .as_sequence()
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().to_string())
         .collect();
-    let deployment = read("helm/cellrate/templates/deployment.yaml");
-    // The variables the template sets from values (listeners and config are moved to
-    // loopback and the repository's config by the helper).
-    let scalar = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        other => serde_yaml_ng::to_string(other).unwrap().trim().to_string(),
-    };
-    let env = vec![
-        (
-            "CELLRATE_LOG_FORMAT".to_string(),
-            scalar(&values["logFormat"]),
-        ),
-        (
-            "CELLRATE_RATE_LIMIT_HEADERS".to_string(),
-            scalar(&values["rateLimitHeaders"]),
-        ),
-        ("CELLRATE_SHADOW".to_string(), scalar(&values["shadow"])),
-        (
-            "CELLRATE_SHUTDOWN_DELAY_SECONDS".to_string(),
-            scalar(&values["shutdown"]["delaySeconds"]),
-        ),
-        (
-            "CELLRATE_GRACE_SECONDS".to_string(),
-            scalar(&values["shutdown"]["graceSeconds"]),
-        ),
-    ];
-    for (name, _) in &env {
+    let env: Vec<(String, String)> = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    for name in [
+        "CELLRATE_LOG_FORMAT",
+        "CELLRATE_RATE_LIMIT_HEADERS",
+        "CELLRATE_SHADOW",
+        "CELLRATE_SHUTDOWN_DELAY_SECONDS",
+        "CELLRATE_GRACE_SECONDS",
+    ] {
         assert!(
-            deployment.contains(&format!("name: {name}")),
+            env.iter().any(|(n, _)| n == name),
             "the chart does not set {name}"
         );
     }
     starts_and_answers_health(&args, &env);
+}
+
+/// The targets `Cargo.toml` declares (`[lib]`, `[[bin]]`, `[[bench]]`, `[[example]]`,
+/// `[[test]]`), as the paths cargo loads them from.
+fn declared_targets() -> std::collections::BTreeSet<String> {
+    let manifest = read("Cargo.toml");
+    let mut targets = std::collections::BTreeSet::new();
+    let mut section = String::new();
+    let (mut name, mut path) = (None::<String>, None::<String>);
+    let mut flush = |section: &str, name: &mut Option<String>, path: &mut Option<String>| {
+        let default_dir = match section {
+            "[lib]" => Some("src/lib.rs".to_string()),
+            "[[bin]]" => name.as_ref().map(|n| format!("src/bin/{n}.rs")),
+            "[[bench]]" => name.as_ref().map(|n| format!("benches/{n}.rs")),
+            "[[example]]" => name.as_ref().map(|n| format!("examples/{n}.rs")),
+            "[[test]]" => name.as_ref().map(|n| format!("tests/{n}.rs")),
+            _ => None,
+        };
+        if let Some(target) = path.take().or(default_dir) {
+            targets.insert(target);
+        }
+        *name = None;
+    };
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            flush(&section, &mut name, &mut path);
+            section = line.to_string();
+        } else if let Some((key, value)) = line.split_once('=') {
+            let value = value.trim().trim_matches('"').to_string();
+            match key.trim() {
+                "name" => name = Some(value),
+                "path" => path = Some(value),
+                _ => {}
+            }
+        }
+    }
+    flush(&section, &mut name, &mut path);
+    targets
+}
+
+/// The image's dependency layer builds from the manifests and stubs alone: the stub files
+/// its first RUN creates are exactly the targets `Cargo.toml` declares (one missing and
+/// cargo cannot load the manifest; the fresh-machine check replays the build itself).
+#[test]
+fn the_dockerfile_stubs_every_declared_target() {
+    let declared = declared_targets();
+    assert!(declared.contains("src/lib.rs") && declared.contains("src/main.rs"));
+    assert!(declared.len() >= 8, "{declared:?}");
+    let stub_run = dockerfile("RUN")
+        .into_iter()
+        .find(|run| run.contains("fn main() {}"))
+        .expect("a RUN that writes stubs");
+    let (stubs, _) = stub_run
+        .split_once("cargo build")
+        .expect("the stubs' RUN builds");
+    let stubbed: std::collections::BTreeSet<String> = stubs
+        .split_whitespace()
+        .filter(|word| word.ends_with(".rs"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        stubbed, declared,
+        "the Dockerfile's stubs and Cargo.toml's targets"
+    );
+    // It builds only the binary (no dev-dependencies), with the profile it names.
+    assert!(stub_run.contains("cargo build --profile \"$PROFILE\" --locked --bin cellrate"));
+    assert!(dockerfile("ARG").contains(&"PROFILE=release-lto".to_string()));
+    // Before the sources arrive: only the manifests, the build script and the protos.
+    let copies = dockerfile("COPY");
+    assert_eq!(copies[0], "Cargo.toml Cargo.lock build.rs ./");
+    assert_eq!(copies[1], "proto ./proto");
+    assert_eq!(copies[2], "src ./src");
+}
+
+#[test]
+fn helm_lints_the_chart_strictly() {
+    let out = helm()
+        .args(["lint", "--strict", "helm/cellrate"])
+        .current_dir(ROOT)
+        .output()
+        .expect("helm runs (scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "helm lint --strict: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The icon it wants is icon.svg beside Chart.yaml, inlined.
+    let chart = yaml_documents("helm/cellrate/Chart.yaml").remove(0);
+    let icon = chart["icon"].as_str().unwrap();
+    let encoded = icon
+        .strip_prefix("data:image/svg+xml;base64,")
+        .expect("an inlined SVG");
+    let svg = std::process::Command::new("base64")
+        .arg("-w0")
+        .arg(Path::new(ROOT).join("helm/cellrate/icon.svg"))
+        .output()
+        .unwrap()
+        .stdout;
+    assert_eq!(
+        encoded.as_bytes(),
+        &svg[..],
+        "Chart.yaml's icon is icon.svg"
+    );
+}
+
+/// The defaults render one memory-store replica (so the limits hold as configured), with
+/// the ports, probes and ConfigMap mount the binary needs, and none of the optional
+/// objects.
+#[test]
+fn the_chart_renders_its_defaults() {
+    let objects = helm_template(&[]).expect("the defaults render");
+    let mut found = kinds(&objects);
+    found.sort();
+    assert_eq!(found, ["ConfigMap", "Deployment", "Service"]);
+    let deployment = one(&objects, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(1));
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(env("CELLRATE_STORE"), None, "the memory store");
+    let values = values();
+    let port = |name: &str| {
+        container["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+    };
+    assert_eq!(port("grpc-decisions"), values["ports"]["grpc"].as_u64());
+    assert_eq!(port("grpc-admin"), values["ports"]["admin"].as_u64());
+    assert_eq!(port("http-metrics"), values["ports"]["metrics"].as_u64());
+    assert_eq!(env("CELLRATE_LISTEN").unwrap(), "0.0.0.0:8081");
+    assert_eq!(env("CELLRATE_ADMIN_LISTEN").unwrap(), "127.0.0.1:8082");
+    assert_eq!(env("CELLRATE_METRICS_LISTEN").unwrap(), "0.0.0.0:9090");
+    // Readiness asks grpc.health.v1 on the decision port; liveness /healthz on the metrics
+    // port (a flood on the decision port must not get the pod restarted).
+    assert_eq!(
+        container["readinessProbe"]["grpc"]["port"].as_u64(),
+        Some(8081)
+    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(
+        container["livenessProbe"]["httpGet"]["port"].as_u64(),
+        Some(9090)
+    );
+    // The limits: the rendered ConfigMap, mounted as a directory where CELLRATE_CONFIG points.
+    let config_map = one(&objects, "ConfigMap");
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["mountPath"], "/etc/cellrate");
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount sees no ConfigMap update"
+    );
+    assert_eq!(env("CELLRATE_CONFIG").unwrap(), "/etc/cellrate");
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(volume["configMap"]["name"], config_map["metadata"]["name"]);
+    assert_eq!(config_map["data"], values["config"]["limits"]);
+    // The Service exposes the decision and metrics ports, not admin.
+    let service = one(&objects, "Service");
+    let mut ports: Vec<u64> = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_u64().unwrap())
+        .collect();
+    ports.sort();
+    assert_eq!(ports, [8081, 9090]);
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    // Grace: shutdown delay + grace + 5 s.
+    assert_eq!(
+        pod["terminationGracePeriodSeconds"].as_u64(),
+        Some(5 + 10 + 5)
+    );
+}
+
+/// Every `enabled` toggle on (Redis with its Secret): the optional objects render as their
+/// consumers read them.
+#[test]
+fn the_chart_renders_every_toggle_on() {
+    let mut toggles = Vec::new();
+    enabled_toggles(&values(), "", &mut toggles);
+    toggles.sort();
+    assert_eq!(
+        toggles,
+        [
+            "autoscaling.enabled",
+            "grafanaDashboard.enabled",
+            "podDisruptionBudget.enabled",
+            "prometheusRule.enabled",
+            "redis.enabled",
+            "serviceMonitor.enabled",
+        ]
+    );
+    let mut sets: Vec<String> = toggles.iter().map(|t| format!("{t}=true")).collect();
+    sets.push("redis.existingSecret=cellrate-redis".into());
+    sets.push("service.exposeAdmin=true".into());
+    sets.push("adminToken.existingSecret=cellrate-admin".into());
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let objects = helm_template(&sets).expect("every toggle on renders");
+    let mut found = kinds(&objects);
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "ConfigMap",
+            "ConfigMap",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "PrometheusRule",
+            "Service",
+            "ServiceMonitor",
+        ]
+    );
+    // The PrometheusRule carries the shipped rules file as its spec.
+    let rule = one(&objects, "PrometheusRule");
+    let rules = yaml_documents("helm/cellrate/rules/cellrate.rules.yaml").remove(0);
+    assert_eq!(rule["spec"], rules);
+    // The dashboard ConfigMap carries the dashboard, labelled for Grafana's sidecar.
+    let dashboard = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .expect("the dashboard's ConfigMap");
+    let data = dashboard["data"].as_mapping().unwrap();
+    assert_eq!(data.len(), 1);
+    let shipped: serde_json::Value =
+        serde_json::from_str(&read("helm/cellrate/dashboards/cellrate.json")).unwrap();
+    let rendered: serde_json::Value =
+        serde_json::from_str(data.values().next().unwrap().as_str().unwrap()).unwrap();
+    assert_eq!(rendered, shipped);
+    // The ServiceMonitor scrapes the Service's metrics port.
+    let monitor = one(&objects, "ServiceMonitor");
+    let service = one(&objects, "Service");
+    let metrics_port = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"].as_u64() == Some(9090))
+        .unwrap();
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        metrics_port["name"]
+    );
+    // Autoscaled: the HPA owns the replica count; Redis shares the buckets; admin is exposed
+    // (with its token from the Secret).
+    let deployment = one(&objects, "Deployment");
+    assert!(deployment["spec"].get("replicas").is_none());
+    let hpa = one(&objects, "HorizontalPodAutoscaler");
+    assert_eq!(
+        hpa["spec"]["scaleTargetRef"]["name"],
+        deployment["metadata"]["name"]
+    );
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let var = |name: &str| env.iter().find(|e| e["name"] == name).cloned();
+    assert_eq!(var("CELLRATE_STORE").unwrap()["value"], "redis");
+    assert_eq!(
+        var("CELLRATE_REDIS_URL").unwrap()["valueFrom"]["secretKeyRef"]["name"],
+        "cellrate-redis"
+    );
+    assert_eq!(
+        var("CELLRATE_ADMIN_LISTEN").unwrap()["value"],
+        "0.0.0.0:8082"
+    );
+    assert_eq!(
+        var("CELLRATE_ADMIN_TOKEN").unwrap()["valueFrom"]["secretKeyRef"]["name"],
+        "cellrate-admin"
+    );
+    let pdb = one(&objects, "PodDisruptionBudget");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+}
+
+/// Several memory-store replicas would each admit every limit: refused at render time
+/// unless the user opts in, and NOTES.txt says which mode runs.
+#[test]
+fn the_chart_keeps_the_limits_or_says_why_not() {
+    for sets in [
+        &["replicaCount=2"][..],
+        &["autoscaling.enabled=true"],
+        &["replicaCount=3", "redis.enabled=false"],
+    ] {
+        let error = helm_template(sets).expect_err("several memory-store replicas refused");
+        assert!(
+            error.contains("several replicas on the memory store")
+                && error.contains("memoryStore.independentReplicas"),
+            "{sets:?}: {error}"
+        );
+    }
+    let error = helm_template(&["redis.enabled=true"]).expect_err("Redis without its Secret");
+    assert!(error.contains("redis.existingSecret"), "{error}");
+
+    // Opted in: two replicas, and a PodDisruptionBudget (not rendered for one replica, where
+    // it would block every drain).
+    let objects = helm_template(&["replicaCount=2", "memoryStore.independentReplicas=true"])
+        .expect("opted in");
+    assert_eq!(
+        one(&objects, "Deployment")["spec"]["replicas"].as_u64(),
+        Some(2)
+    );
+    one(&objects, "PodDisruptionBudget");
+    // Shared through Redis: three replicas need no opt-in.
+    let objects = helm_template(&[
+        "replicaCount=3",
+        "redis.enabled=true",
+        "redis.existingSecret=s",
+    ])
+    .expect("Redis replicas");
+    assert_eq!(
+        one(&objects, "Deployment")["spec"]["replicas"].as_u64(),
+        Some(3)
+    );
+
+    let notes = |sets: &[&str]| {
+        let mut command = helm();
+        command
+            .args(["install", "cellrate", "helm/cellrate", "--dry-run=client"])
+            .current_dir(ROOT);
+        for set in sets {
+            command.args(["--set", set]);
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        text[text.find("NOTES:").expect("NOTES")..].to_string()
+    };
+    assert!(
+        notes(&[]).contains("Store: memory, one replica: every limit is enforced as configured")
+    );
+    assert!(
+        notes(&["replicaCount=2", "memoryStore.independentReplicas=true"])
+            .contains("Store: memory, 2 INDEPENDENT replicas")
+    );
+    assert!(notes(&[
+        "replicaCount=3",
+        "redis.enabled=true",
+        "redis.existingSecret=s"
+    ])
+    .contains("Store: Redis, shared by 3 replica(s)"));
+    // The Istio example's values keep their three Redis-backed replicas.
+    let out = helm()
+        .args([
+            "template",
+            "cellrate",
+            "helm/cellrate",
+            "-f",
+            "examples/istio/values.yaml",
+        ])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,7 +1,8 @@
-//! The README as a new user reads it: the quick start's commands run as written (the serve
-//! command's build is the test binary, and its listeners are moved to loopback port 0, the
-//! only change) and print what the README shows; every metric the README lists is exported
-//! from the start, and every `serve` flag is named.
+//! The README and `docs/` as a new user reads them: the quick start's commands run as
+//! written (the serve command's build is the test binary, and its listeners are moved to
+//! loopback port 0, the only change) and print what the README shows; every metric the docs
+//! list is exported from the start, every `serve` flag is named in the operations page,
+//! every link between the pages resolves, and the README stays a front page.
 
 use std::process::Command;
 
@@ -9,8 +10,34 @@ use serde_json::Value;
 
 use crate::common::{http_get, serve};
 
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
 fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+    doc("README.md")
+}
+
+/// A page of the documentation, by its path in the repository.
+fn doc(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(ROOT).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every page: the README, `docs/*.md`, and the figures' pages beside the README.
+fn pages() -> Vec<String> {
+    let mut pages = vec![
+        "README.md".to_string(),
+        "BENCHMARKS.md".to_string(),
+        "RELIABILITY.md".to_string(),
+        "proto/README.md".to_string(),
+    ];
+    for entry in std::fs::read_dir(std::path::Path::new(ROOT).join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    pages.sort();
+    pages
 }
 
 /// The text of section `heading` (a `## ` line) up to the next `## ` heading.
@@ -107,15 +134,15 @@ fn the_quick_start_works_as_written() {
 }
 
 #[test]
-fn every_metric_the_readme_lists_is_exported_from_the_start() {
-    let text = readme();
+fn every_metric_the_docs_list_is_exported_from_the_start() {
+    let text: String = pages().iter().map(|p| doc(p)).collect();
     let listed: Vec<&str> = text
         .lines()
         .filter_map(|line| line.strip_prefix("| `cellrate_"))
         .filter_map(|rest| rest.split('`').next())
         .collect();
     assert!(listed.len() >= 10, "the metrics table: {listed:?}");
-    // Those named in the prose of the Redis section too.
+    // Those named in the prose too.
     let mut names: Vec<String> = listed.iter().map(|n| format!("cellrate_{n}")).collect();
     for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if word.starts_with("cellrate_") && word.len() > "cellrate_".len() {
@@ -133,7 +160,7 @@ fn every_metric_the_readme_lists_is_exported_from_the_start() {
         .collect();
     assert!(
         missing.is_empty(),
-        "named in the README, absent from a fresh server's /metrics: {missing:?}"
+        "named in the docs, absent from a fresh server's /metrics: {missing:?}"
     );
     // Counters with known labels are there at zero, not absent.
     for series in [
@@ -146,8 +173,8 @@ fn every_metric_the_readme_lists_is_exported_from_the_start() {
 }
 
 #[test]
-fn the_redis_protocol_examples_print_what_the_readme_shows() {
-    let text = section(&readme(), "## Redis protocol (CL.THROTTLE)");
+fn the_redis_protocol_examples_print_what_the_docs_show() {
+    let text = doc("docs/redis-protocol.md");
     let blocks = code_blocks(&text);
     let server = crate::common::serve_with(
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config")),
@@ -182,7 +209,7 @@ fn the_redis_protocol_examples_print_what_the_readme_shows() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), shown, "{command}");
     }
 
-    // The redis-py example prints what the README shows.
+    // The redis-py example prints what the page shows.
     let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python").to_string()
     });
@@ -209,8 +236,9 @@ fn the_redis_protocol_examples_print_what_the_readme_shows() {
 }
 
 #[test]
-fn every_serve_flag_is_in_the_readme() {
-    let text = readme();
+fn every_serve_flag_is_in_the_operations_pages() {
+    // The Redis store's flags are on its own page, every other in the operations page.
+    let text = doc("docs/operations.md") + &doc("docs/redis-store.md");
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
         .args(["serve", "--help"])
         .output()
@@ -228,6 +256,113 @@ fn every_serve_flag_is_in_the_readme() {
         .collect();
     assert!(
         missing.is_empty(),
-        "serve flags the README does not name: {missing:?}"
+        "serve flags docs/operations.md and docs/redis-store.md do not name: {missing:?}"
     );
+}
+
+/// GitHub's anchor for a heading: lowercase, punctuation dropped, spaces to hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a page's headings (outside code blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            found.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+/// Every relative link of every page names a file that exists, and every `#anchor` a
+/// heading of the page it points into.
+#[test]
+fn every_link_between_the_pages_resolves() {
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for page in pages() {
+        let text = doc(&page);
+        let dir = std::path::Path::new(&page).parent().unwrap().to_path_buf();
+        let mut in_code = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            if in_code {
+                continue;
+            }
+            for (at, _) in line.match_indices("](") {
+                let rest = &line[at + 2..];
+                let Some(end) = rest.find(')') else { continue };
+                let target = &rest[..end];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+                let file = if path.is_empty() {
+                    std::path::PathBuf::from(&page)
+                } else {
+                    dir.join(path)
+                };
+                let full = std::path::Path::new(ROOT).join(&file);
+                checked += 1;
+                if !full.exists() {
+                    broken.push(format!("{page}: {target} (no {})", file.display()));
+                } else if !fragment.is_empty() {
+                    let headings = anchors(&std::fs::read_to_string(&full).unwrap());
+                    if !headings.iter().any(|a| a == fragment) {
+                        broken.push(format!("{page}: {target} (no such heading)"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    // Every page of docs/ is reachable from the README.
+    let readme = readme();
+    for page in pages().iter().filter(|p| p.starts_with("docs/")) {
+        assert!(
+            readme.contains(&format!("({page})")),
+            "the README's map lacks {page}"
+        );
+    }
+}
+
+/// The README is a front page: what cellrate is, why it differs, the two commands, the
+/// first request, the map of the docs; the reference lives in docs/.
+#[test]
+fn the_readme_is_a_front_page() {
+    let readme = readme();
+    let lines = readme.lines().count();
+    assert!(lines < 300, "README.md has {lines} lines");
+    for heading in [
+        "## Why it differs",
+        "## Quick start",
+        "## The documentation",
+    ] {
+        assert!(readme.contains(&format!("\n{heading}\n")), "{heading}");
+    }
+    let blocks = code_blocks(&section(&readme, "## Quick start"));
+    let commands: Vec<&str> = blocks
+        .iter()
+        .filter(|(info, _)| info == "sh")
+        .map(|(_, body)| body.as_str())
+        .collect();
+    assert!(commands.contains(&"cargo run --release -- serve"));
+    assert!(commands.contains(&"scripts/test.sh"));
+    // CI runs exactly the test command.
+    assert!(doc(".ci/run").lines().any(|l| l == "exec scripts/test.sh"));
 }

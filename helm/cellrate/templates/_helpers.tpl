@@ -21,3 +21,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "cellrate.configMapName" -}}
 {{- default (include "cellrate.fullname" .) .Values.config.existingConfigMap -}}
 {{- end -}}
+
+{{/*
+How many replicas may run at once: 1 with autoscaling off and one replica, else more.
+With the memory store every replica admits every limit on its own, so more than one is
+refused unless memoryStore.independentReplicas opts in.
+*/}}
+{{- define "cellrate.severalReplicas" -}}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "cellrate.checkReplicas" -}}
+{{- if and (include "cellrate.severalReplicas" .) (not .Values.redis.enabled) (not .Values.memoryStore.independentReplicas) -}}
+{{- fail "cellrate: several replicas on the memory store would each admit every limit on its own (N replicas = N times the limits). Enable redis (shared buckets), or set replicaCount: 1 and autoscaling.enabled: false, or opt in with memoryStore.independentReplicas: true." -}}
+{{- end -}}
+{{- if and .Values.redis.enabled (not .Values.redis.existingSecret) -}}
+{{- fail "cellrate: redis.enabled needs redis.existingSecret, the Secret holding the Redis URL (or cluster nodes)." -}}
+{{- end -}}
+{{- end -}}
