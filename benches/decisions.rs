@@ -199,11 +199,11 @@ fn denial_counting(c: &mut Criterion) {
     let fresh: Vec<[cellrate::service::ItemResult; 1]> = (0..100_000)
         .map(|i| [denied_item(limit, &format!("key-{i:06}"))])
         .collect();
-    let plain = cellrate::metrics::Metrics::new();
-    let tracked = cellrate::metrics::Metrics::new();
-    tracked.track_denials(Arc::new(cellrate::top::DenialTracker::new(Arc::new(
-        FakeClock::new(T0),
-    ))));
+    let plain = cellrate::observe::metrics::Metrics::new();
+    let tracked = cellrate::observe::metrics::Metrics::new();
+    tracked.track_denials(Arc::new(cellrate::observe::top::DenialTracker::new(
+        Arc::new(FakeClock::new(T0)),
+    )));
     let mut group = c.benchmark_group("denied/count");
     group.bench_function("without_top", |b| {
         b.iter(|| cellrate::service::count_decisions(&plain, "native", black_box(&hot)))

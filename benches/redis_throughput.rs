@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cellrate::clock::{SystemClock, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
-use cellrate::metrics::Metrics;
+use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{RedisSettings, RedisStore};
 use cellrate::store::{Store, StoreItem};
 

@@ -26,7 +26,7 @@ use crate::clock::{FakeClock, SECOND};
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::limits::names::IdFormat;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
 use crate::proto::v1::rate_limiter_server::RateLimiter;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService, HeaderStyle};

@@ -9,9 +9,22 @@
 //! Dependencies point one way, from the edges to a core that knows no I/O:
 //!
 //! ```text
-//! main.rs, cli.rs          parse flags, init tracing, call app / simulate
-//! app.rs                   the composition root: store, limits, tonic services, serve, drain
-//! simulate.rs              `cellrate simulate`: a scripted timeline on a fake clock
+//! main.rs                  parse flags, init tracing, dispatch to server / cli
+//! cli/                     the command line: args.rs (clap flags with env fallbacks; no
+//!                          logic), client.rs (check, refund, admin ... against a running
+//!                          server), simulate.rs (a scripted timeline on a fake clock)
+//! server/                  the process: mod.rs (the composition root: store, limits,
+//!                          tonic services, serve, drain), listener.rs (every listener's
+//!                          bounds and timeouts: connections, handshake, idle, accept
+//!                          back-off, requests in flight; the HTTP/1 server), rpc_metrics.rs
+//!                          and shortcut.rs (tower layers: every gRPC request timed and
+//!                          counted; the decision services reached without tonic's router),
+//!                          admin.rs (bearer token, TLS settings), reload.rs (watch,
+//!                          debounce, swap), shutdown.rs (SIGINT | SIGTERM as a future)
+//! resp/                    the Redis protocol (`--resp-listen`): protocol.rs (RESP in,
+//!                          bounded; RESP2/3 out), throttle.rs (redis-cell's five numbers
+//!                          from a GCRA decision), server.rs (connections, commands),
+//!                          lockout.rs (wrong AUTH tokens per client address)
 //! service/                 Decider (request -> batch -> decision; StoreError -> Status),
 //!                          native.rs (protobuf <-> domain for cellrate.v1),
 //!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses),
@@ -23,52 +36,33 @@
 //!                          RLQS demand)
 //! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
 //!                          validated, immutable LimitTable), descriptors.rs (Envoy
-//!                          descriptors -> names and ids), reload.rs (watch, debounce, swap),
-//!                          runtime.rs (temporary overrides)
-//! resp/                    the Redis protocol (`--resp-listen`): protocol.rs (RESP in,
-//!                          bounded; RESP2/3 out), throttle.rs (redis-cell's five numbers
-//!                          from a GCRA decision), server.rs (connections, commands),
-//!                          lockout.rs (wrong AUTH tokens per client address)
-//! metrics.rs               Prometheus metrics only (the store reports through StoreObserver)
-//! health.rs                /healthz, /readyz state and the metrics listener's routes
-//! rpc_metrics.rs           tower layer: every gRPC request timed, counted by RPC and code
-//! shortcut.rs              tower layer: the two decision services reached without tonic's router
-//! admin.rs                 admin bearer token (interceptor), TLS settings
-//! listener.rs              every listener's bounds and timeouts: connections, handshake,
-//!                          idle, accept back-off, requests in flight; the HTTP/1 server
+//!                          descriptors -> names and ids), runtime.rs (temporary overrides)
+//! observe/                 metrics.rs (Prometheus series only; the store reports through
+//!                          StoreObserver), health.rs (/healthz, /readyz state and the
+//!                          metrics listener's routes), top.rs (who is being limited)
 //! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
 //! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
-//! shutdown.rs              SIGINT | SIGTERM as a future
 //! fuzzing.rs               fuzz harnesses (bytes in, properties checked) for fuzz/ and the
 //!                          tests (feature `fuzzing`; `redis`, on by default, adds store/redis)
 //! ```
 //!
-//! A request flows: tower layers (RPC metrics, in-flight bound, [`shortcut`]) -> tonic
+//! A request flows: tower layers (RPC metrics, in-flight bound, [`server::shortcut`]) -> tonic
 //! service -> [`service::native`] (or [`service::envoy`]) converts it to
 //! [`service::ItemSpec`]s -> [`service::Decider`] resolves names and ids against the current
 //! [`limits::config::LimitTable`] and makes one [`store::Store`] call -> the store runs
 //! [`gcra`] atomically over the batch's TATs.
 
-pub mod admin;
-pub mod app;
 pub mod cli;
-pub mod client;
 pub mod clock;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod gcra;
-pub mod health;
 pub mod limits;
-pub mod listener;
-pub mod metrics;
+pub mod observe;
 pub mod resp;
-pub mod rpc_metrics;
+pub mod server;
 pub mod service;
-pub mod shortcut;
-pub mod shutdown;
-pub mod simulate;
 pub mod store;
-pub mod top;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

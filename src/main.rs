@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-use cellrate::app::StoreSettings;
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs, StoreKind};
 use cellrate::limits::config::LimitTable;
+use cellrate::server::StoreSettings;
 use cellrate::store::redis::{Coalescing, RedisSettings};
 
 #[cfg(feature = "mimalloc")]
@@ -57,9 +57,11 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => serve(*args),
-        Command::Check(args) => ExitCode::from(cellrate::client::run_check(args).code()),
-        Command::Refund(args) => ExitCode::from(cellrate::client::run_refund(args).code()),
-        Command::Admin { command } => ExitCode::from(cellrate::client::run_admin(command).code()),
+        Command::Check(args) => ExitCode::from(cellrate::cli::client::run_check(args).code()),
+        Command::Refund(args) => ExitCode::from(cellrate::cli::client::run_refund(args).code()),
+        Command::Admin { command } => {
+            ExitCode::from(cellrate::cli::client::run_admin(command).code())
+        }
         Command::Simulate(args) => {
             if let Some(dir) = &args.config {
                 if let Err(errors) = LimitTable::load_dir(dir) {
@@ -69,14 +71,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             }
-            let script =
-                match cellrate::simulate::Script::from_args(&args.limits, args.config.as_deref()) {
-                    Ok(script) => script,
-                    Err(e) => {
-                        eprintln!("cellrate simulate: {e}");
-                        return ExitCode::from(EXIT_USAGE);
-                    }
-                };
+            let script = match cellrate::cli::simulate::Script::from_args(
+                &args.limits,
+                args.config.as_deref(),
+            ) {
+                Ok(script) => script,
+                Err(e) => {
+                    eprintln!("cellrate simulate: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
             let (stdin, stdout) = (std::io::stdin().lock(), std::io::stdout().lock());
             match script.run(stdin, stdout) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -151,14 +155,14 @@ fn serve(args: ServeArgs) -> ExitCode {
 }
 
 /// Reads the TLS files named by the flags.
-fn read_tls(args: &ServeArgs) -> anyhow::Result<Option<cellrate::admin::TlsPem>> {
+fn read_tls(args: &ServeArgs) -> anyhow::Result<Option<cellrate::server::admin::TlsPem>> {
     let read = |path: &std::path::Path| {
         std::fs::read(path).with_context(|| format!("reading {}", path.display()))
     };
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
-    Ok(Some(cellrate::admin::TlsPem {
+    Ok(Some(cellrate::server::admin::TlsPem {
         cert: read(cert)?,
         key: read(key)?,
         admin_client_ca: args.admin_client_ca.as_deref().map(read).transpose()?,
@@ -171,7 +175,7 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
         return Ok(StoreSettings::Memory);
     }
     if !cfg!(feature = "redis") {
-        return Err(cellrate::app::no_redis().into());
+        return Err(cellrate::server::no_redis().into());
     }
     if args.redis_url.is_none() && args.redis_cluster_nodes.is_empty() {
         anyhow::bail!("--store redis needs --redis-url or --redis-cluster-nodes");
@@ -217,11 +221,11 @@ fn store_settings(args: &ServeArgs, limits: &LimitTable) -> anyhow::Result<Store
 async fn serve_async(
     args: ServeArgs,
     limits: LimitTable,
-    tls: Option<cellrate::admin::TlsPem>,
+    tls: Option<cellrate::server::admin::TlsPem>,
     store: StoreSettings,
 ) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
-    let shutdown = cellrate::shutdown::signal();
+    let shutdown = cellrate::server::shutdown::signal();
     let decisions = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
@@ -239,7 +243,7 @@ async fn serve_async(
         ),
         None => None,
     };
-    let settings = cellrate::app::Settings {
+    let settings = cellrate::server::Settings {
         max_buckets: args.max_buckets,
         caller_bucket_share: usize::from(args.caller_limit_bucket_share),
         caller: cellrate::service::CallerLimits {
@@ -259,7 +263,7 @@ async fn serve_async(
         },
         grace: Duration::from_secs(args.grace_seconds),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
-        reload: Some(cellrate::limits::reload::ReloadSettings {
+        reload: Some(cellrate::server::reload::ReloadSettings {
             dir: args.config.clone(),
             watch: args.watch_config,
             debounce: Duration::from_millis(args.reload_debounce_ms),
@@ -280,9 +284,9 @@ async fn serve_async(
         },
         ..Default::default()
     };
-    cellrate::app::run(
+    cellrate::server::run(
         limits,
-        cellrate::app::Listeners {
+        cellrate::server::Listeners {
             decisions,
             admin,
             metrics: Some(metrics),
@@ -298,17 +302,17 @@ async fn serve_async(
 }
 
 /// The listeners' bounds and timeouts the flags describe.
-fn server_limits(args: &ServeArgs) -> cellrate::app::ServerLimits {
-    let connections = |max_connections| cellrate::listener::ConnectionLimits {
+fn server_limits(args: &ServeArgs) -> cellrate::server::ServerLimits {
+    let connections = |max_connections| cellrate::server::listener::ConnectionLimits {
         max_connections,
         handshake_timeout: Duration::from_secs(args.handshake_timeout_seconds.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout_seconds.max(1)),
         ..Default::default()
     };
-    cellrate::app::ServerLimits {
+    cellrate::server::ServerLimits {
         decisions: connections(args.max_connections),
         admin: connections(args.admin_max_connections),
-        metrics: cellrate::listener::ConnectionLimits {
+        metrics: cellrate::server::listener::ConnectionLimits {
             // HTTP/1 scrapes and probes come and go: idle connections are not kept long.
             idle_timeout: Duration::from_secs(args.idle_timeout_seconds.clamp(1, 60)),
             ..connections(args.metrics_max_connections)

@@ -5,5 +5,3 @@ pub mod config;
 pub mod descriptors;
 pub mod hash;
 pub mod names;
-pub mod reload;
-pub mod runtime;

@@ -5,7 +5,7 @@
 //! Each connection runs as one task: it reads, answers every complete command in what it
 //! read (pipelining), writes the answers in one go, and reads again. What a client can hold:
 //! - a place under the listener's connection bound, for as long as it sends something
-//!   within the idle timeout (see [`crate::listener`]);
+//!   within the idle timeout (see [`crate::server::listener`]);
 //! - one partial command, bounded by [`Bounds`], which must be complete within the
 //!   command timeout of its first byte (else the connection is closed);
 //! - the answers to what it sent, at most [`FLUSH_AT`] bytes plus one reply before they
@@ -32,11 +32,11 @@ use tokio_util::task::TaskTracker;
 use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
 use super::throttle::{reply, Cell, CellError};
-use crate::admin::Token;
 use crate::gcra::Mode;
 use crate::limits::names::BucketKey;
-use crate::listener::{GuardedListener, GuardedStream};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::server::admin::Token;
+use crate::server::listener::{GuardedListener, GuardedStream};
 use crate::service::CallerLimits;
 use crate::store::{Store, StoreItem};
 

@@ -29,7 +29,7 @@ use tonic::{Request, Response, Status};
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::descriptors::Mapping;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::service::{
     count_decisions, store_unavailable, trace, CheckOptions, DecideError, Decider, ItemResult,
     ItemSpec, Rule, Target,

@@ -21,6 +21,7 @@ mod caller_limits;
 pub mod envoy;
 mod errors;
 pub mod native;
+pub mod overrides;
 pub mod quota_book;
 pub mod rlqs;
 pub mod trace;
@@ -97,7 +98,11 @@ pub fn outcome(item: &ItemResult) -> &'static str {
 }
 
 /// Counts a batch's items in `metrics` under `api`.
-pub fn count_decisions(metrics: &crate::metrics::Metrics, api: &str, items: &[ItemResult]) {
+pub fn count_decisions(
+    metrics: &crate::observe::metrics::Metrics,
+    api: &str,
+    items: &[ItemResult],
+) {
     for item in items {
         let outcome = outcome(item);
         metrics.decision(api, &item.name, outcome);
@@ -187,7 +192,7 @@ pub struct Decider {
     limits: Arc<ArcSwap<LimitTable>>,
     store: Arc<dyn Store>,
     caller: CallerLimits,
-    runtime: Option<Arc<crate::limits::runtime::RuntimeOverrides>>,
+    runtime: Option<Arc<crate::service::overrides::RuntimeOverrides>>,
 }
 
 impl Decider {
@@ -204,14 +209,14 @@ impl Decider {
     /// This decider with temporary overrides, which take precedence over the table's.
     pub fn with_runtime_overrides(
         mut self,
-        runtime: Arc<crate::limits::runtime::RuntimeOverrides>,
+        runtime: Arc<crate::service::overrides::RuntimeOverrides>,
     ) -> Decider {
         self.runtime = Some(runtime);
         self
     }
 
     /// The temporary overrides, if this decider has them.
-    pub fn runtime_overrides(&self) -> Option<&Arc<crate::limits::runtime::RuntimeOverrides>> {
+    pub fn runtime_overrides(&self) -> Option<&Arc<crate::service::overrides::RuntimeOverrides>> {
         self.runtime.as_ref()
     }
 

@@ -10,9 +10,9 @@ use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::names::Name;
-use crate::limits::runtime::{policy_of, OverrideError, RuntimeOverride, RuntimeOverrides};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
+use crate::service::overrides::{policy_of, OverrideError, RuntimeOverride, RuntimeOverrides};
 use crate::service::{
     count_decisions, trace, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target,
 };
@@ -32,7 +32,7 @@ impl RateLimiterService {
 /// The admin service (`Reset`, `Inspect`), served only on the admin listener.
 pub struct AdminService {
     decider: Arc<Decider>,
-    denials: Option<Arc<crate::top::DenialTracker>>,
+    denials: Option<Arc<crate::observe::top::DenialTracker>>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -58,7 +58,10 @@ impl AdminService {
     }
 
     /// Answers `Top` from `tracker` (without one, `Top` reports nothing).
-    pub fn with_denials(mut self, tracker: Arc<crate::top::DenialTracker>) -> AdminService {
+    pub fn with_denials(
+        mut self,
+        tracker: Arc<crate::observe::top::DenialTracker>,
+    ) -> AdminService {
         self.denials = Some(tracker);
         self
     }
@@ -124,7 +127,7 @@ fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::
 
 /// Checks a `Top` request: (minutes, ids per name, name filter).
 fn top_request(request: &pb::TopRequest) -> Result<(usize, usize, Option<&str>), Status> {
-    use crate::top::{SLOTS, TOP_K};
+    use crate::observe::top::{SLOTS, TOP_K};
     let minutes = match request.minutes {
         0 => 1,
         m if m as usize <= SLOTS => m as usize,

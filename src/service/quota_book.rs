@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::SECOND;
 use crate::gcra::Limit;
+use crate::store::shared::Aggregate;
 
 /// Share of a key that every reporter of it gets whatever its demand.
 pub const FLOOR: f64 = 0.1;
@@ -189,27 +190,17 @@ pub struct QuotaBook {
     lingering: std::collections::VecDeque<(Instant, Member, Vec<Arc<str>>)>,
 }
 
-/// The reporters of one key, summed up: how many, how many with a known demand, and the
-/// sum of the known demands (capped). What replicas share with each other.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Aggregate {
-    pub reporters: u64,
-    pub known: u64,
-    pub sum: f64,
-}
-
-impl Aggregate {
-    fn of(reporters: &HashMap<Member, Option<f64>>) -> Aggregate {
-        let mut aggregate = Aggregate {
-            reporters: reporters.len() as u64,
-            ..Aggregate::default()
-        };
-        for d in reporters.values().flatten() {
-            aggregate.known += 1;
-            aggregate.sum += d;
-        }
-        aggregate
+/// The reporters of one key, summed up.
+fn aggregate_of(reporters: &HashMap<Member, Option<f64>>) -> Aggregate {
+    let mut aggregate = Aggregate {
+        reporters: reporters.len() as u64,
+        ..Aggregate::default()
+    };
+    for d in reporters.values().flatten() {
+        aggregate.known += 1;
+        aggregate.sum += d;
     }
+    aggregate
 }
 
 impl QuotaBook {
@@ -399,7 +390,7 @@ impl QuotaBook {
     pub fn aggregates(&self) -> Vec<(Arc<str>, Aggregate)> {
         self.keys
             .iter()
-            .map(|(key, reporters)| (key.clone(), Aggregate::of(reporters)))
+            .map(|(key, reporters)| (key.clone(), aggregate_of(reporters)))
             .collect()
     }
 
@@ -514,7 +505,7 @@ type Views = HashMap<Arc<str>, View>;
 impl View {
     /// The view of a key: this replica's `reporters`, and the other replicas' if known.
     fn of(reporters: &HashMap<Member, Option<f64>>, remote: Option<&Aggregate>) -> View {
-        let local = Aggregate::of(reporters);
+        let local = aggregate_of(reporters);
         let other = remote.copied().unwrap_or_default();
         let n = local.reporters + other.reporters;
         let known = local.known + other.known;

@@ -44,13 +44,13 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use super::quota_book::{Action, Aggregate, BookBounds, QuotaBook, Resolution, Strategy};
+use super::quota_book::{Action, BookBounds, QuotaBook, Resolution, Strategy};
 use super::Decider;
 use crate::limits::config::Policy;
 use crate::limits::descriptors::{InvalidIds, Mapping};
 use crate::limits::names::BucketKey;
-use crate::metrics::Metrics;
-use crate::store::StoreFuture;
+use crate::observe::metrics::Metrics;
+use crate::store::shared::SharedDemand;
 
 /// Entries of one bucket id, at most.
 pub const MAX_BUCKET_ENTRIES: usize = 16;
@@ -83,14 +83,6 @@ pub struct RlqsSettings {
     pub idle: Duration,
     /// With a shared demand (Redis): how often it is exchanged.
     pub sync: Duration,
-}
-
-/// Demand for limit keys shared by replicas (the Redis store): see docs/rlqs.md.
-pub trait SharedDemand: Send + Sync + 'static {
-    /// Publishes this replica's reporters of each key and returns, in the same order, the
-    /// other replicas' reporters of it.
-    fn exchange<'a>(&'a self, mine: &'a [(Arc<str>, Aggregate)])
-        -> StoreFuture<'a, Vec<Aggregate>>;
 }
 
 impl Default for RlqsSettings {

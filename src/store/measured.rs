@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use crate::gcra::Decision;
 use crate::limits::names::BucketKey;
-use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem, StoreObserver};
+use crate::observe::metrics::Metrics;
+use crate::store::{Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver};
 
 /// `inner`, timed: each operation reports its duration and whether it failed.
 pub struct MeasuredStore {
@@ -74,5 +75,25 @@ impl Store for MeasuredStore {
 
     fn limits_changed(&self) {
         self.inner.limits_changed()
+    }
+}
+
+/// The Prometheus series are the store's observer in a server.
+impl StoreObserver for Metrics {
+    fn operation(&self, op: &'static str, seconds: f64, ok: bool) {
+        self.store_operation(op, seconds, ok);
+    }
+
+    fn event(&self, event: StoreEvent) {
+        match event {
+            StoreEvent::Fallback(policy) => self.store_fallback(policy),
+            StoreEvent::Compensation => self.store_compensation(),
+            StoreEvent::DenyCacheHit => self.deny_cache_hit(),
+            StoreEvent::BreakerRejection => self.breaker_rejection(),
+            StoreEvent::BreakerOpened => self.breaker_turned(true),
+            StoreEvent::BreakerClosed => self.breaker_turned(false),
+            StoreEvent::SpendCall { batches } => self.redis_spend_call(batches),
+            StoreEvent::Queued(items) => self.redis_queued(items),
+        }
     }
 }

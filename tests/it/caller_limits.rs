@@ -3,9 +3,9 @@
 //! every sweep, or to fill the store. Each bound is checked through a real gRPC client.
 
 use crate::common::{item, remaining, Served, MS};
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
 use cellrate::service::CallerLimits;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
+use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
 use serde_yaml_ng::Value;
 use tokio::net::TcpListener;

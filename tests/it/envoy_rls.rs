@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use crate::common::{descriptor, item, remaining, Served, MS};
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -552,7 +552,7 @@ async fn a_failing_store_is_unavailable_never_unknown() {
     let service = cellrate::service::envoy::EnvoyRateLimitService::new(
         decider,
         EnvoyOptions::default(),
-        cellrate::metrics::Metrics::new(),
+        cellrate::observe::metrics::Metrics::new(),
     );
     let server = tokio::spawn(
         tonic::transport::Server::builder()

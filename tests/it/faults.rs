@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{item, sample, Served};
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
 use tonic::Code;
 
 /// Counts of what a load task saw.
@@ -208,7 +208,7 @@ async fn sigterm_under_load_drains_and_exits_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers() {
-    use cellrate::app::StoreSettings;
+    use cellrate::server::StoreSettings;
     use cellrate::store::redis::{FailurePolicy, RedisSettings};
     let mut redis = crate::common::redis_server::RedisServer::start();
     let limits =

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{http_get_async, item, poll_until, remaining, Served};
-use cellrate::app::{ServerLimits, Settings};
 use cellrate::limits::config::LimitTable;
-use cellrate::listener::ConnectionLimits;
 use cellrate::proto::v1 as pb;
+use cellrate::server::listener::ConnectionLimits;
+use cellrate::server::{ServerLimits, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -319,7 +319,7 @@ async fn slow_and_idle_tls_clients_are_closed() {
                 admin: quick,
                 ..ServerLimits::default()
             },
-            tls: Some(cellrate::admin::TlsPem {
+            tls: Some(cellrate::server::admin::TlsPem {
                 cert: pki.server_cert.clone().into_bytes(),
                 key: pki.server_key.clone().into_bytes(),
                 admin_client_ca: None,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{http_get_async, item, poll_until, sample, Served};
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
 use tonic::Code;
 
 fn defaults(burst: u64) -> String {
@@ -354,7 +354,7 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
-        tls: Some(cellrate::admin::TlsPem {
+        tls: Some(cellrate::server::admin::TlsPem {
             cert: pki.server_cert.into_bytes(),
             key: pki.server_key.into_bytes(),
             admin_client_ca: Some(pki.ca.into_bytes()),

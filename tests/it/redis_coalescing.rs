@@ -15,7 +15,7 @@ use crate::common::redis_server::RedisServer;
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
-use cellrate::metrics::Metrics;
+use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{Coalescing, RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{Outcome, Store, StoreError, StoreItem};
 use tokio::task::JoinHandle;

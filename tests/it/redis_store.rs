@@ -9,7 +9,7 @@ use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
-use cellrate::metrics::Metrics;
+use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{Store, StoreError, StoreItem};
 

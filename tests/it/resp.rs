@@ -9,10 +9,10 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use cellrate::app::{ServerLimits, Settings};
-use cellrate::listener::ConnectionLimits;
 use cellrate::proto::v1 as pb;
 use cellrate::resp::RespSettings;
+use cellrate::server::listener::ConnectionLimits;
+use cellrate::server::{ServerLimits, Settings};
 
 use crate::common::resp_client::{Reply, RespClient};
 use crate::common::{http_get_async, sample, Served, MS};

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cellrate::app::Settings;
+use cellrate::server::Settings;
 use cellrate::limits::config::LimitTable;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Act;

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use cellrate::app::Settings;
 use cellrate::limits::config::LimitTable;
+use cellrate::server::Settings;
 
 use crate::common::envoy::Envoy;
 use crate::common::Served;

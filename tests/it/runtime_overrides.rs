@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use cellrate::app::Settings;
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
 use tonic::Code;
 
 use crate::common::{item, poll_until, remaining, serve, watching, Served};

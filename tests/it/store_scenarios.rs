@@ -9,7 +9,7 @@ use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode};
 use cellrate::limits::names::BucketKey;
-use cellrate::metrics::Metrics;
+use cellrate::observe::metrics::Metrics;
 #[cfg(feature = "redis")]
 use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};

@@ -20,25 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::connection::{Op, Read};
+use super::wire::{Op, Read, Wire};
 use super::RedisStore;
 use crate::store::{StoreError, StoreEvent};
-
-/// One item of a spend call, as the script reads it.
-pub(super) struct Wire {
-    pub(super) key: String,
-    pub(super) increment: i64,
-    pub(super) burst_offset: i64,
-    /// "0" check_and_spend, "1" check_only, "2" spend_only.
-    pub(super) mode: &'static str,
-}
-
-impl Wire {
-    /// Bytes this item adds to a call (key and arguments, roughly as sent).
-    fn bytes(&self) -> usize {
-        self.key.len() + 48
-    }
-}
 
 /// A batch waiting for the next call of its lane.
 struct Waiting {

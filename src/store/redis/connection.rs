@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::coalesce::Wire;
+use super::wire::{Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
 use crate::store::{StoreError, StoreEvent};
@@ -91,30 +91,6 @@ impl Connection {
             }
         }
     }
-}
-
-/// The operation a script call performs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
-    Spend,
-    Refund,
-    Reset,
-}
-
-impl Op {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Op::Spend => "spend",
-            Op::Refund => "refund",
-            Op::Reset => "reset",
-        }
-    }
-}
-
-/// What one script call read: `now` and each key's TAT.
-pub(super) struct Read {
-    pub(super) now: Nanos,
-    pub(super) tats: Vec<Option<Nanos>>,
 }
 
 pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {

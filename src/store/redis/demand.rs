@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::connection::Connection;
 use super::RedisSettings;
-use crate::service::quota_book::Aggregate;
-use crate::service::rlqs::SharedDemand;
+use crate::store::shared::Aggregate;
+use crate::store::shared::SharedDemand;
 use crate::store::{StoreError, StoreFuture};
 
 const SCRIPT: &str = include_str!("demand.lua");

@@ -1,6 +1,6 @@
 //! The local deny cache (off by default; see [`DenyCache`]).
 
-use super::connection::Read;
+use super::wire::Read;
 use super::{RedisClock, RedisStore};
 use crate::clock::Nanos;
 use crate::gcra;

@@ -51,6 +51,8 @@ mod failure;
 mod overrides;
 #[cfg(feature = "redis")]
 mod store;
+#[cfg(feature = "redis")]
+mod wire;
 
 #[cfg(feature = "redis")]
 pub use cluster::slot;

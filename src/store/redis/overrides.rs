@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::connection::Connection;
 use super::RedisSettings;
 use crate::clock::{Nanos, MICROSECOND};
-use crate::limits::runtime::{Fetched, Put, SharedOverrides};
+use crate::store::shared::{Fetched, Put, SharedOverrides};
 use crate::store::{StoreError, StoreFuture};
 
 const SCRIPT: &str = include_str!("overrides.lua");

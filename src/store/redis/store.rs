@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
-use super::coalesce::{Lanes, Wire};
-use super::connection::{Connection, Op, Read};
+use super::coalesce::Lanes;
+use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
+use super::wire::{Op, Read, Wire};
 use super::{FailurePolicy, RedisSettings};
 use crate::clock::Clock;
 use crate::gcra::{self, BatchItem, Decision, Mode};

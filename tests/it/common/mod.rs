@@ -7,10 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellrate::app::{Listeners, Settings};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
+use cellrate::server::{Listeners, Settings};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -93,10 +93,10 @@ impl Served {
         };
         let clock_arc: Arc<dyn cellrate::clock::Clock> = Arc::new(clock.clone());
         let task = match store {
-            None => tokio::spawn(cellrate::app::run(
+            None => tokio::spawn(cellrate::server::run(
                 limits, listeners, clock_arc, settings, shutdown,
             )),
-            Some(store) => tokio::spawn(cellrate::app::run_with_store(
+            Some(store) => tokio::spawn(cellrate::server::run_with_store(
                 limits, listeners, store, clock_arc, settings, shutdown,
             )),
         };
@@ -165,7 +165,7 @@ impl Served {
 /// Settings that watch `dir` for changes and reload it `debounce` after the last one.
 pub fn watching(dir: &Path, debounce: Duration) -> Settings {
     Settings {
-        reload: Some(cellrate::limits::reload::ReloadSettings {
+        reload: Some(cellrate::server::reload::ReloadSettings {
             dir: dir.to_path_buf(),
             watch: true,
             debounce,

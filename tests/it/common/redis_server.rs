@@ -114,9 +114,9 @@ impl RedisServer {
     }
 
     /// Server settings for the Redis store on this server (500 ms deadlines).
-    pub fn settings(&self) -> cellrate::app::Settings {
-        cellrate::app::Settings {
-            store: cellrate::app::StoreSettings::Redis {
+    pub fn settings(&self) -> cellrate::server::Settings {
+        cellrate::server::Settings {
+            store: cellrate::server::StoreSettings::Redis {
                 settings: Box::new(cellrate::store::redis::RedisSettings {
                     url: Some(self.url()),
                     timeout: Duration::from_millis(500),
@@ -124,7 +124,7 @@ impl RedisServer {
                 }),
                 required_for_ready: false,
             },
-            ..cellrate::app::Settings::default()
+            ..cellrate::server::Settings::default()
         }
     }
 

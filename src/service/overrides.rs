@@ -18,7 +18,8 @@ use crate::clock::{Clock, Nanos, SECOND};
 use crate::gcra::Limit;
 use crate::limits::config::Policy;
 use crate::limits::names::{Name, Names};
-use crate::store::{StoreError, StoreFuture};
+use crate::store::shared::{Fetched, Put, SharedOverrides};
+use crate::store::StoreError;
 
 /// Longest comment and author kept (characters).
 pub const MAX_COMMENT: usize = 200;
@@ -50,44 +51,6 @@ pub enum OverrideError {
     /// The shared table could not be reached (UNAVAILABLE); nothing changed.
     #[error("temporary overrides are shared through redis, which failed: {0}")]
     Shared(#[from] StoreError),
-}
-
-/// A table of overrides shared by replicas (see the module docs). Fields are
-/// `"<number>:<override id>"`; records are opaque to the table, which keeps each with its
-/// expiry, in its own clock.
-pub trait SharedOverrides: Send + Sync + 'static {
-    /// Writes `record` under `field` for `ttl`, after dropping the expired, unless `field`
-    /// is new and `max` others are in force.
-    fn put<'a>(
-        &'a self,
-        field: &'a str,
-        record: &'a str,
-        ttl: Nanos,
-        max: usize,
-    ) -> StoreFuture<'a, Put>;
-    /// Removes `field`; whether it was in force.
-    fn remove<'a>(&'a self, field: &'a str) -> StoreFuture<'a, bool>;
-    /// The table unless its version is `known` (`""` before the first fetch).
-    fn fetch<'a>(&'a self, known: &'a str) -> StoreFuture<'a, Fetched>;
-}
-
-/// What [`SharedOverrides::put`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Put {
-    Written,
-    /// Nothing written: `held` overrides are in force.
-    Full(usize),
-}
-
-/// What [`SharedOverrides::fetch`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fetched {
-    Unchanged,
-    Changed {
-        version: String,
-        /// Every unexpired entry: field, record, time left (`None`: unreadable expiry).
-        entries: Vec<(String, String, Option<Nanos>)>,
-    },
 }
 
 /// What a sync found.

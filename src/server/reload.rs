@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::health::Health;
 use crate::limits::config::{LimitTable, LoadError};
-use crate::metrics::Metrics;
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
 use crate::store::Store;
 
 type Watcher = notify_debouncer_full::Debouncer<
@@ -164,7 +164,7 @@ impl Reloader {
                     }
                     *last = Some(message);
                 }
-                self.health.reload_failed(&errors);
+                self.health.reload_failed(&errors.0);
                 self.metrics.reload("failure");
                 Err(errors)
             }

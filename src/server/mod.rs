@@ -5,6 +5,18 @@
 //! passes real ones and tests pass `127.0.0.1:0`, a [`crate::clock::FakeClock`] and a
 //! oneshot. [`run_with_store`] also takes the store, so that tests can bring a store that
 //! fails or stalls.
+//!
+//! Beside it, the process plumbing it wires: every listener's bounds ([`listener`]), the
+//! tower layers of the gRPC stacks ([`rpc_metrics`], [`shortcut`]), admin security
+//! ([`admin`]), the config reloader ([`reload`]) and the shutdown signal ([`shutdown`]).
+
+pub mod admin;
+pub mod http;
+pub mod listener;
+pub mod reload;
+pub mod rpc_metrics;
+pub mod shortcut;
+pub mod shutdown;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,27 +30,28 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
-use crate::admin::{AdminAuth, TlsPem};
 use crate::clock::Clock;
-use crate::health::Health;
 use crate::limits::config::LimitTable;
-use crate::limits::reload::{ReloadSettings, Reloader};
-use crate::limits::runtime::{RuntimeOverrides, SharedOverrides};
-use crate::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
-use crate::metrics::Metrics;
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::resp::{RespServer, RespSettings};
-use crate::rpc_metrics::RpcMetricsLayer;
+use crate::server::admin::{AdminAuth, TlsPem};
+use crate::server::listener::{ConnectionLimits, GuardedListener, InFlightLayer};
+use crate::server::reload::{ReloadSettings, Reloader};
+use crate::server::rpc_metrics::RpcMetricsLayer;
+use crate::server::shortcut::ShortcutLayer;
 use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService};
 use crate::service::native::{AdminElsewhere, AdminService, RateLimiterService};
+use crate::service::overrides::RuntimeOverrides;
 use crate::service::rlqs::RlqsService;
 use crate::service::{CallerLimits, Decider, MAX_MESSAGE_BYTES};
-use crate::shortcut::ShortcutLayer;
 use crate::store::measured::MeasuredStore;
 use crate::store::redis::RedisSettings;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisOverrides, RedisStore};
+use crate::store::shared::SharedOverrides;
 use crate::store::{MemoryStore, Store, StoreError};
 
 /// How the service runs, beyond its listeners.
@@ -78,7 +91,7 @@ pub struct Settings {
     pub resp: RespSettings,
 }
 
-/// Bounds and timeouts on the listeners (see [`crate::listener`]).
+/// Bounds and timeouts on the listeners (see [`crate::server::listener`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
     pub decisions: ConnectionLimits,
@@ -131,9 +144,9 @@ impl ServerLimits {
             self.metrics.max_connections,
             self.resp.max_connections,
         ];
-        let fitted = crate::listener::fit_to_fd_limit(
+        let fitted = crate::server::listener::fit_to_fd_limit(
             &wanted,
-            crate::listener::raise_fd_limit(),
+            crate::server::listener::raise_fd_limit(),
             RESERVED_FDS,
         );
         if fitted != wanted {
@@ -268,7 +281,7 @@ pub async fn run(
     #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
     let mut shared_overrides: Option<Arc<dyn SharedOverrides>> = None;
     #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
-    let mut shared_demand: Option<Arc<dyn crate::service::rlqs::SharedDemand>> = None;
+    let mut shared_demand: Option<Arc<dyn crate::store::shared::SharedDemand>> = None;
     let store: Arc<dyn Store> = match &settings.store {
         StoreSettings::Memory => Arc::new(MemoryStore::with_caller_share(
             clock.clone(),
@@ -397,7 +410,7 @@ struct Parts {
     /// Where temporary overrides are shared with other replicas (the Redis store).
     shared_overrides: Option<Arc<dyn SharedOverrides>>,
     /// Where RLQS demand is shared with other replicas (the Redis store).
-    shared_demand: Option<Arc<dyn crate::service::rlqs::SharedDemand>>,
+    shared_demand: Option<Arc<dyn crate::store::shared::SharedDemand>>,
 }
 
 /// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
@@ -433,7 +446,7 @@ async fn serve(
         .map_or_else(|| "off".to_string(), addr);
     metrics.config_loaded(limits.version(), clock.now());
     metrics.known_limits(limits.names().iter().map(|name| &*name.text));
-    let denials = Arc::new(crate::top::DenialTracker::new(clock.clone()));
+    let denials = Arc::new(crate::observe::top::DenialTracker::new(clock.clone()));
     metrics.track_denials(denials.clone());
     health.config_loaded(limits.version());
     let store: Arc<dyn Store> = Arc::new(MeasuredStore::new(store, metrics.clone()));
@@ -512,10 +525,10 @@ async fn serve(
     // The metrics listener serves until the tasks stop, so that a drain can be watched.
     let server_limits = settings.server.fitted();
     if let Some(listener) = listeners.metrics {
-        let routes = crate::health::http_routes(metrics.clone(), health.clone());
+        let routes = crate::server::http::http_routes(metrics.clone(), health.clone());
         let listener = GuardedListener::new(listener, server_limits.metrics, "metrics");
         let stopped = stop_tasks.clone().cancelled_owned();
-        tasks.spawn(crate::listener::serve_http1(
+        tasks.spawn(crate::server::listener::serve_http1(
             listener,
             routes,
             stopped,

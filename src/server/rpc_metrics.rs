@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// Adds [`RpcMetrics`] to a server.
 #[derive(Clone)]

@@ -388,7 +388,7 @@ fn single_admin(client: &ClientArgs) -> Result<&str, Failed> {
 
 /// `admin top`: every replica asked, counts added per name and id.
 async fn top(args: &TopArgs) -> Result<Answer, Failed> {
-    use crate::top::{TopId, TopName};
+    use crate::observe::top::{TopId, TopName};
     use std::collections::BTreeMap;
     // name -> (denials, id -> its summed counts)
     type Ids = BTreeMap<String, TopId>;

@@ -1,5 +1,5 @@
 //! Prometheus metrics: every series cellrate exports, and nothing else (the routes that
-//! serve them are in [`crate::health`], the store's timing decorator in
+//! serve them are in [`crate::observe::health`], the store's timing decorator in
 //! [`crate::store::measured`], the classification of a decision in [`crate::service`]).
 //!
 //! No label ever carries an id, a bucket key or a descriptor value (unbounded cardinality):
@@ -14,7 +14,6 @@ use prometheus::{
 };
 
 use crate::clock::Nanos;
-use crate::store::{StoreEvent, StoreObserver};
 
 /// Latency buckets for RPCs and store calls: 10µs to 1s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -32,7 +31,7 @@ const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
 pub struct Metrics {
     registry: Registry,
     /// Who is being denied (admin `Top`); set once the server has its clock.
-    denials: std::sync::OnceLock<Arc<crate::top::DenialTracker>>,
+    denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
     rpc_duration: HistogramVec,
     rpc_codes: IntCounterVec,
@@ -454,12 +453,12 @@ impl Metrics {
     }
 
     /// Tracks denied ids in `tracker` from now on (once; later calls are ignored).
-    pub fn track_denials(&self, tracker: Arc<crate::top::DenialTracker>) {
+    pub fn track_denials(&self, tracker: Arc<crate::observe::top::DenialTracker>) {
         let _ = self.denials.set(tracker);
     }
 
     /// The denial tracker, if one is set.
-    pub fn denials(&self) -> Option<&Arc<crate::top::DenialTracker>> {
+    pub fn denials(&self) -> Option<&Arc<crate::observe::top::DenialTracker>> {
         self.denials.get()
     }
 
@@ -519,8 +518,11 @@ impl Metrics {
     }
 }
 
-impl StoreObserver for Metrics {
-    fn operation(&self, op: &'static str, seconds: f64, ok: bool) {
+/// What the store reports (through `crate::store::StoreObserver`, which
+/// `crate::store::measured` implements for [`Metrics`] with these).
+impl Metrics {
+    /// One store operation: its time and whether it succeeded.
+    pub fn store_operation(&self, op: &'static str, seconds: f64, ok: bool) {
         match STORE_OPS.iter().position(|o| *o == op) {
             Some(i) => self.store_series[i].observe(seconds),
             None => self
@@ -533,19 +535,40 @@ impl StoreObserver for Metrics {
         }
     }
 
-    fn event(&self, event: StoreEvent) {
-        match event {
-            StoreEvent::Fallback(policy) => self.store_fallbacks.with_label_values(&[policy]).inc(),
-            StoreEvent::Compensation => self.store_compensations.inc(),
-            StoreEvent::DenyCacheHit => self.deny_cache_hits.inc(),
-            StoreEvent::BreakerRejection => self.store_breaker_rejections.inc(),
-            StoreEvent::BreakerOpened => self.store_breakers_open.inc(),
-            StoreEvent::BreakerClosed => self.store_breakers_open.dec(),
-            StoreEvent::SpendCall { batches } => {
-                self.redis_batches_per_call.observe(batches as f64)
-            }
-            StoreEvent::Queued(items) => self.redis_queued_items.add(items),
+    /// A request answered by the failure policy `policy` while the store failed.
+    pub fn store_fallback(&self, policy: &str) {
+        self.store_fallbacks.with_label_values(&[policy]).inc();
+    }
+
+    pub fn store_compensation(&self) {
+        self.store_compensations.inc();
+    }
+
+    pub fn deny_cache_hit(&self) {
+        self.deny_cache_hits.inc();
+    }
+
+    pub fn breaker_rejection(&self) {
+        self.store_breaker_rejections.inc();
+    }
+
+    /// A breaker opened (`true`) or closed (`false`).
+    pub fn breaker_turned(&self, open: bool) {
+        if open {
+            self.store_breakers_open.inc();
+        } else {
+            self.store_breakers_open.dec();
         }
+    }
+
+    /// A Redis spend call that answered `batches` requests' batches.
+    pub fn redis_spend_call(&self, batches: usize) {
+        self.redis_batches_per_call.observe(batches as f64);
+    }
+
+    /// Items that began (positive) or stopped (negative) waiting for a Redis call.
+    pub fn redis_queued(&self, items: i64) {
+        self.redis_queued_items.add(items);
     }
 }
 
@@ -584,11 +607,11 @@ mod tests {
         m.config_loaded("abc", 1_700_000_000_000_000_000);
         m.reload("failure");
         m.rpc("Check", tonic::Code::InvalidArgument, 0.001);
-        m.operation("spend", 0.001, false);
-        m.event(StoreEvent::BreakerRejection);
-        m.event(StoreEvent::BreakerOpened);
-        m.event(StoreEvent::BreakerOpened);
-        m.event(StoreEvent::BreakerClosed);
+        m.store_operation("spend", 0.001, false);
+        m.breaker_rejection();
+        m.breaker_turned(true);
+        m.breaker_turned(true);
+        m.breaker_turned(false);
         let text = m.render();
         assert!(text.contains("cellrate_store_breakers_open 1\n"));
         assert!(text.contains("cellrate_config_last_reload_successful 0\n"));

@@ -1,12 +1,10 @@
 //! What the metrics listener says about the process: `/healthz` (alive, with the config in
-//! force and the last reload error), `/readyz` (503 once shutdown begins, or while a
-//! required store fails) and `/metrics`, and the routes that serve them.
+//! force and the last reload error) and `/readyz` (503 once shutdown begins, or while a
+//! required store fails). The routes that serve them, and `/metrics`, are
+//! `crate::server::http`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-
-use crate::limits::config::LoadError;
-use crate::metrics::Metrics;
 
 /// Health and readiness state, shared by the reloader, the shutdown path and the routes.
 #[derive(Default)]
@@ -42,15 +40,11 @@ impl Health {
     }
 
     /// A reload was rejected: its first error, cut to 1 KiB, and how many more there were.
-    pub fn reload_failed(&self, errors: &LoadError) {
-        let first = errors
-            .0
-            .first()
-            .map(ToString::to_string)
-            .unwrap_or_default();
+    pub fn reload_failed(&self, errors: &[impl std::fmt::Display]) {
+        let first = errors.first().map(ToString::to_string).unwrap_or_default();
         let mut summary: String = first.chars().take(1024).collect();
-        if errors.0.len() > 1 {
-            summary.push_str(&format!(" (and {} more)", errors.0.len() - 1));
+        if errors.len() > 1 {
+            summary.push_str(&format!(" (and {} more)", errors.len() - 1));
         }
         *lock(&self.last_reload_error) = Some(summary);
     }
@@ -84,55 +78,13 @@ impl Health {
     }
 }
 
-/// The metrics listener's routes: `/metrics`, `/healthz` and `/readyz`.
-pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
-    use axum::http::{header, StatusCode};
-    use axum::routing::get;
-    let for_health = health.clone();
-    axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let body = metrics.render();
-                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let body = for_health.body();
-                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = health.ready();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
-                    }
-                }
-            }),
-        )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::config::ConfigError;
 
-    fn bad(reason: &str, n: usize) -> LoadError {
-        LoadError(vec![
-            ConfigError {
-                file: "defaults.yaml".into(),
-                entry: None,
-                reason: reason.into(),
-            };
-            n
-        ])
+    /// `n` errors as a reload reports them (a config error displays as `file: reason`).
+    fn bad(reason: &str, n: usize) -> Vec<String> {
+        vec![format!("defaults.yaml: {reason}"); n]
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! - **TCP keepalive** finds peers that vanished without a FIN.
 //!
 //! The HTTP/2 limits (streams per connection, local resets, request timeout, in-flight
-//! requests) are set where the servers are built, in [`crate::app`].
+//! requests) are set where the servers are built, in [`crate::server`].
 
 use std::future::Future;
 use std::io;

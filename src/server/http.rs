@@ -1,0 +1,43 @@
+//! The metrics listener's routes: `/metrics` (the Prometheus series of
+//! [`crate::observe::metrics`]), `/healthz` and `/readyz` (the state of
+//! [`crate::observe::health`]), served by [`crate::server::listener::serve_http`].
+
+use std::sync::Arc;
+
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
+
+/// The metrics listener's routes: `/metrics`, `/healthz` and `/readyz`.
+pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+    let for_health = health.clone();
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let body = for_health.body();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = health.ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                    }
+                }
+            }),
+        )
+}
