@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,13 +68,13 @@ def serve_and_ask(command, cwd, env, started):
         text=True,
         start_new_session=True,
     )
+    # A build or server that goes silent is killed at the deadline, which ends the read.
+    watchdog = threading.Timer(BUILD_DEADLINE_S, os.killpg, (server.pid, signal.SIGKILL))
+    watchdog.start()
     try:
         listen = None
-        deadline = time.monotonic() + BUILD_DEADLINE_S
         # cargo's own progress lines come first, then the server's JSON lines.
         for line in server.stderr:
-            if time.monotonic() > deadline:
-                break
             if '"cellrate serving"' in line:
                 listen = json.loads(line)["fields"]["listen"]
                 break
@@ -81,6 +82,7 @@ def serve_and_ask(command, cwd, env, started):
                 sys.stderr.write(line)
         if listen is None:
             raise SystemExit(f"fresh-machine: `{' '.join(command)}` never served")
+        watchdog.cancel()
         ready = time.monotonic() - started
         # Drain the rest of its log so it never blocks writing.
         subprocess.Popen(["cat"], stdin=server.stderr, stdout=subprocess.DEVNULL)
@@ -98,7 +100,11 @@ def serve_and_ask(command, cwd, env, started):
             raise SystemExit(f"fresh-machine: unexpected first answer: {answer.stdout}")
         return ready, time.monotonic() - started
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        watchdog.cancel()
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
