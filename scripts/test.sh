@@ -73,7 +73,7 @@ export CELLRATE_TEST_HELM="$helm"
 
 # A fresh machine: a clean clone of HEAD with an empty cargo home runs the README's first
 # command and answers its first request, and the Dockerfile's build stage is replayed from
-# what that build downloaded (scripts/fresh-machine.py; about N minutes on two cores). It
+# what that build downloaded (scripts/fresh-machine.py; about 7 minutes on two cores). It
 # uses a cargo home and target directory of its own, so nothing this run built or
 # downloaded can hide a missing step. CELLRATE_SKIP_FRESH_MACHINE=1 skips it locally; CI
 # never sets it.

@@ -25,7 +25,7 @@ use prost::Message;
 use crate::clock::{FakeClock, SECOND};
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
-use crate::limits::names::IdFormat;
+use crate::limits::ids::IdFormat;
 use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
 use crate::proto::v1::rate_limiter_server::RateLimiter;

@@ -501,5 +501,5 @@ pub struct SimulateArgs {
 
 /// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).
 fn parse_period(text: &str) -> Result<i64, String> {
-    crate::limits::config::parse_duration(text)
+    crate::limits::duration::parse_duration(text)
 }

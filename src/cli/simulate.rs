@@ -23,7 +23,8 @@ use serde_json::{json, Value};
 
 use crate::clock::{FakeClock, Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
-use crate::limits::config::{parse_duration, LimitTable};
+use crate::limits::config::LimitTable;
+use crate::limits::duration::parse_duration;
 use crate::service::{Decider, ItemSpec, Target};
 use crate::store::MemoryStore;
 

@@ -1,7 +1,11 @@
-//! Limits: names and id formats ([`names`]), the validated configuration ([`config`]) and
-//! Envoy descriptor mapping ([`descriptors`]); [`hash`] is the hasher of their maps.
+//! Limits: names ([`names`]), ids and their formats ([`ids`]), the validated configuration ([`config`]),
+//! Envoy descriptor mapping ([`descriptors`]) and durations as the config writes them
+//! ([`duration`]); [`hash`] is the hasher of their maps. Pure configuration: no I/O but
+//! reading the limits directory, no imports above the core.
 
 pub mod config;
 pub mod descriptors;
+pub mod duration;
 pub mod hash;
+pub mod ids;
 pub mod names;

@@ -1,18 +1,15 @@
-//! Limit names, id formats and bucket keys.
+//! Limit names and bucket keys (ids and their formats are [`super::ids`]).
 //!
 //! Every limit has a [`Name`] with a stable number; a bucket's key is `"<number>:<id>"`
 //! with the id in its format's canonical form ([`BucketKey`]). Numbers are part of stored
 //! state (Redis keys), so they are never reused or renumbered. The nine built-in names
 //! carry Boulder's numbers; users declare their own (number >= 100) in `names.yaml`.
 
-use std::borrow::Cow;
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 use crate::limits::hash::ConfigMap;
+use crate::limits::ids::{IdError, IdFormat};
 
 /// The smallest number a user-declared name may take.
 pub const FIRST_USER_NUMBER: u32 = 100;
@@ -20,265 +17,6 @@ pub const FIRST_USER_NUMBER: u32 = 100;
 /// The number of caller-given limits' buckets (`"0:..."`, see [`BucketKey::caller_given`]),
 /// apart from every name.
 pub const INLINE_NUMBER: u32 = 0;
-
-/// The longest `string` id, in bytes.
-pub const MAX_STRING_ID: usize = 256;
-
-/// How a name's ids are written, and their canonical form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IdFormat {
-    /// IPv4 or IPv6; canonical text (RFC 5952 for v6), IPv4-mapped v6 becomes v4.
-    IpAddress,
-    /// An IPv6 /48, `2001:db8::/48`; a plain IPv6 address is masked to its /48.
-    Ipv6RangeCidr,
-    /// An unsigned 64-bit decimal, leading zeros dropped.
-    RegId,
-    /// A domain reduced to its registrable domain (eTLD+1), lowercase.
-    Domain,
-    /// Comma-separated domains; the id is the SHA-256 hex of the lowercased,
-    /// de-duplicated, sorted list.
-    FqdnSet,
-    /// An opaque id: 1..=256 bytes of printable text.
-    String,
-    /// `regId:domain` with the exact (lowercased) domain; overrides use the regId.
-    RegIdFqdn,
-    /// `regId:domain` with the domain reduced to eTLD+1; overrides use the regId.
-    RegIdRegisteredDomain,
-}
-
-impl IdFormat {
-    /// The formats a user-declared name may use, by their config spelling.
-    pub fn from_config(text: &str) -> Option<IdFormat> {
-        Some(match text {
-            "ipAddress" => IdFormat::IpAddress,
-            "ipv6RangeCIDR" => IdFormat::Ipv6RangeCidr,
-            "regId" => IdFormat::RegId,
-            "domain" => IdFormat::Domain,
-            "fqdnSet" => IdFormat::FqdnSet,
-            "string" => IdFormat::String,
-            _ => return None,
-        })
-    }
-
-    /// The config spellings accepted by [`IdFormat::from_config`].
-    pub const CONFIG_NAMES: &'static str =
-        "ipAddress, ipv6RangeCIDR, regId, domain, fqdnSet, string";
-
-    /// Canonicalises `id`, or says why it does not fit this format.
-    ///
-    /// ```
-    /// use cellrate::limits::names::IdFormat;
-    /// assert_eq!(IdFormat::IpAddress.canonicalize("2001:0db8:0000::0001").unwrap(), "2001:db8::1");
-    /// assert_eq!(IdFormat::Domain.canonicalize("WWW.Example.CO.UK.").unwrap(), "example.co.uk");
-    /// assert!(IdFormat::RegId.canonicalize("-1").is_err());
-    /// ```
-    pub fn canonicalize(self, id: &str) -> Result<String, IdError> {
-        self.canonicalize_cow(id).map(Cow::into_owned)
-    }
-
-    /// As [`IdFormat::canonicalize`], borrowing `id` when it already is canonical (the
-    /// common case for `string` and `regId` ids: no copy on the request path).
-    pub fn canonicalize_cow(self, id: &str) -> Result<Cow<'_, str>, IdError> {
-        match self {
-            IdFormat::String => check_string(id).map(|()| Cow::Borrowed(id)),
-            IdFormat::RegId if !id.starts_with('0') || id == "0" => {
-                canonical_reg_id(id).map(|_| Cow::Borrowed(id))
-            }
-            other => other.canonicalize_owned(id).map(Cow::Owned),
-        }
-    }
-
-    fn canonicalize_owned(self, id: &str) -> Result<String, IdError> {
-        match self {
-            IdFormat::IpAddress => canonical_ip(id),
-            IdFormat::Ipv6RangeCidr => canonical_ipv6_range(id),
-            IdFormat::RegId => canonical_reg_id(id),
-            IdFormat::Domain => registrable_domain(id),
-            IdFormat::FqdnSet => fqdn_set_hash(id),
-            IdFormat::String => check_string(id).map(|()| id.to_string()),
-            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => {
-                let (reg_id, domain) = id.split_once(':').ok_or_else(|| {
-                    IdError::new(
-                        id,
-                        "expected \"regId:domain\", e.g. \"12345678:example.com\"",
-                    )
-                })?;
-                let reg_id = canonical_reg_id(reg_id)?;
-                let domain = if self == IdFormat::RegIdFqdn {
-                    canonical_hostname(domain)?
-                } else {
-                    registrable_domain(domain)?
-                };
-                Ok(format!("{reg_id}:{domain}"))
-            }
-        }
-    }
-
-    /// The format of the ids that overrides list for this name: a composite
-    /// `regId:domain` name is overridden per regId.
-    pub fn override_format(self) -> IdFormat {
-        match self {
-            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => IdFormat::RegId,
-            other => other,
-        }
-    }
-
-    /// The part of a canonical id that overrides are looked up by.
-    pub fn override_id(self, canonical: &str) -> &str {
-        match self {
-            IdFormat::RegIdFqdn | IdFormat::RegIdRegisteredDomain => canonical
-                .split_once(':')
-                .map_or(canonical, |(reg_id, _)| reg_id),
-            _ => canonical,
-        }
-    }
-}
-
-impl fmt::Display for IdFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            IdFormat::IpAddress => "ipAddress",
-            IdFormat::Ipv6RangeCidr => "ipv6RangeCIDR",
-            IdFormat::RegId => "regId",
-            IdFormat::Domain => "domain",
-            IdFormat::FqdnSet => "fqdnSet",
-            IdFormat::String => "string",
-            IdFormat::RegIdFqdn => "regId:fqdn",
-            IdFormat::RegIdRegisteredDomain => "regId:domain",
-        })
-    }
-}
-
-/// An id that does not fit its format.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("id {id:?}: {reason}")]
-pub struct IdError {
-    pub id: String,
-    pub reason: String,
-}
-
-impl IdError {
-    fn new(id: &str, reason: impl Into<String>) -> IdError {
-        // Long garbage ids are cut in messages; the reason says what was wrong.
-        let id = match id.char_indices().nth(64) {
-            Some((cut, _)) => format!("{}...", &id[..cut]),
-            None => id.to_string(),
-        };
-        IdError {
-            id,
-            reason: reason.into(),
-        }
-    }
-}
-
-fn canonical_ip(id: &str) -> Result<String, IdError> {
-    if id.contains('%') {
-        return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
-    }
-    let ip: IpAddr = id
-        .parse()
-        .map_err(|_| IdError::new(id, "not an IPv4 or IPv6 address"))?;
-    Ok(ip.to_canonical().to_string())
-}
-
-fn canonical_ipv6_range(id: &str) -> Result<String, IdError> {
-    let addr = match id.split_once('/') {
-        Some((addr, "48")) => addr,
-        Some((_, other)) => {
-            return Err(IdError::new(
-                id,
-                format!("prefix /{other} is not /48 (ipv6RangeCIDR is an IPv6 /48)"),
-            ))
-        }
-        None => id,
-    };
-    if addr.contains('%') {
-        return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
-    }
-    let ip: Ipv6Addr = addr
-        .parse()
-        .map_err(|_| IdError::new(id, "not an IPv6 address or /48 range"))?;
-    let masked = Ipv6Addr::from(u128::from(ip) & !(u128::MAX >> 48));
-    Ok(format!("{masked}/48"))
-}
-
-fn canonical_reg_id(id: &str) -> Result<String, IdError> {
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(IdError::new(id, "not an unsigned decimal registration id"));
-    }
-    let n: u64 = id
-        .parse()
-        .map_err(|_| IdError::new(id, "registration id exceeds 64 bits"))?;
-    Ok(n.to_string())
-}
-
-/// A hostname lowercased, without a trailing dot, checked label by label.
-fn canonical_hostname(id: &str) -> Result<String, IdError> {
-    if !id.is_ascii() {
-        return Err(IdError::new(
-            id,
-            "domain is not ASCII: write internationalised names as A-labels (xn--...)",
-        ));
-    }
-    let host = id.strip_suffix('.').unwrap_or(id).to_ascii_lowercase();
-    if host.is_empty() || host.len() > 253 {
-        return Err(IdError::new(id, "domain must be 1 to 253 characters"));
-    }
-    if host.parse::<IpAddr>().is_ok() {
-        return Err(IdError::new(id, "an IP address is not a domain"));
-    }
-    for label in host.split('.') {
-        let ok = (1..=63).contains(&label.len())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-');
-        if !ok {
-            return Err(IdError::new(
-                id,
-                format!("label {label:?} is not 1 to 63 letters, digits or inner hyphens"),
-            ));
-        }
-    }
-    Ok(host)
-}
-
-fn registrable_domain(id: &str) -> Result<String, IdError> {
-    let host = canonical_hostname(id)?;
-    match psl::domain_str(&host) {
-        Some(domain) => Ok(domain.to_string()),
-        None => Err(IdError::new(
-            id,
-            "is a public suffix or has no registrable domain (eTLD+1)",
-        )),
-    }
-}
-
-fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
-    let mut names = id
-        .split(',')
-        .map(|name| canonical_hostname(name.trim()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| IdError::new(id, format!("in the set: {e}")))?;
-    names.sort_unstable();
-    names.dedup();
-    let digest = Sha256::digest(names.join(",").as_bytes());
-    Ok(hex::encode(digest))
-}
-
-fn check_string(id: &str) -> Result<(), IdError> {
-    if id.is_empty() || id.len() > MAX_STRING_ID {
-        return Err(IdError::new(
-            id,
-            format!("must be 1 to {MAX_STRING_ID} bytes, is {}", id.len()),
-        ));
-    }
-    if id.chars().any(char::is_control) {
-        return Err(IdError::new(id, "contains a control character"));
-    }
-    Ok(())
-}
 
 /// A limit name: its text, stable number and id format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -614,6 +352,8 @@ impl fmt::Display for BucketKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::ids::*;
+    use std::borrow::Cow;
 
     /// The whole table, for reference.
     fn edit_distance(a: &[u8], b: &[u8]) -> usize {
@@ -813,7 +553,6 @@ mod tests {
 
     #[test]
     fn canonical_ids_are_borrowed_and_keys_built_exactly() {
-        use std::borrow::Cow;
         assert!(matches!(
             IdFormat::String.canonicalize_cow("k-1"),
             Ok(Cow::Borrowed("k-1"))

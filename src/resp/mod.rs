@@ -3,9 +3,15 @@
 //!
 //! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
-//! - [`server`]: the listener's connections and commands;
+//! - [`server`]: one connection: read, answer what is complete (pipelines), write, bounded;
+//! - [`commands`]: the dispatch, `CL.THROTTLE` and the informational commands;
+//! - [`auth`]: `HELLO` and `AUTH`;
 //! - [`lockout`]: wrong `AUTH` tokens counted per client address, across connections.
+//!
+//! The listener and its accept loop are the server's (`crate::server::tasks`).
 
+pub mod auth;
+pub mod commands;
 pub mod lockout;
 pub mod protocol;
 pub mod server;

@@ -5,7 +5,7 @@
 //! Each connection runs as one task: it reads, answers every complete command in what it
 //! read (pipelining), writes the answers in one go, and reads again. What a client can hold:
 //! - a place under the listener's connection bound, for as long as it sends something
-//!   within the idle timeout (see [`crate::server::listener`]);
+//!   within the idle timeout (the listener is `crate::server::listener`'s, its accept loop in `crate::server::tasks`);
 //! - one partial command, bounded by [`Bounds`], which must be complete within the
 //!   command timeout of its first byte (else the connection is closed);
 //! - the answers to what it sent, at most [`FLUSH_AT`] bytes plus one reply before they
@@ -15,8 +15,11 @@
 //!   of caller-given limits, in a key space (`0:c/<key>`) no gRPC caller can reach.
 //!
 //! With a token, every command but `AUTH`, `HELLO` and `QUIT` needs the connection to have
-//! authenticated; [`MAX_AUTH_FAILURES`] wrong tokens close it, and an address that gave
+//! authenticated; [`super::auth::MAX_AUTH_FAILURES`] wrong tokens close it, and an address that gave
 //! too many across its connections is refused for a while ([`super::lockout`]).
+//!
+//! The commands are [`super::commands`] (dispatch, `CL.THROTTLE`, the informational ones)
+//! and [`super::auth`] (`HELLO`, `AUTH`).
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,33 +27,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use super::commands::{Command, Flow};
 use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
-use super::throttle::{reply, Cell, CellError};
-use crate::gcra::Mode;
-use crate::limits::names::BucketKey;
 use crate::observe::metrics::Metrics;
-use crate::server::admin::Token;
-use crate::server::listener::{GuardedListener, GuardedStream};
+use crate::service::token::Token;
 use crate::service::CallerLimits;
-use crate::store::{Store, StoreItem};
+use crate::store::Store;
 
 /// Answers are written once this many bytes are waiting, even mid-pipeline.
 pub const FLUSH_AT: usize = 64 * 1024;
-
-/// The longest `CL.THROTTLE` key, in bytes.
-pub const MAX_KEY: usize = 512;
-
-/// The longest client name (`CLIENT SETNAME`, `HELLO ... SETNAME`) or library attribute.
-pub const MAX_CLIENT_NAME: usize = 256;
-
-/// Wrong tokens a connection may give before it is closed.
-pub const MAX_AUTH_FAILURES: u32 = 3;
 
 /// What a closing connection discards of the client's bytes, at most.
 const DRAIN_BYTES: usize = 1024 * 1024;
@@ -58,10 +48,6 @@ const DRAIN_TIME: Duration = Duration::from_millis(200);
 
 /// Bytes read at a time.
 const READ_CHUNK: usize = 16 * 1024;
-
-/// redis-cell's usage error, word for word.
-const THROTTLE_USAGE: &str =
-    "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]";
 
 /// How the listener runs.
 #[derive(Debug, Clone, Default)]
@@ -72,75 +58,31 @@ pub struct RespSettings {
     pub bounds: Bounds,
 }
 
-/// The Redis-protocol service: answers connections from a [`GuardedListener`].
+/// The Redis-protocol service: answers the connections its listener accepts.
 pub struct RespServer {
-    store: Arc<dyn Store>,
-    caller: CallerLimits,
-    token: Option<Token>,
-    metrics: Arc<Metrics>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) caller: CallerLimits,
+    pub(super) token: Option<Token>,
+    pub(super) metrics: Arc<Metrics>,
     bounds: Bounds,
     /// Time for a command, once begun, to arrive whole.
     command_timeout: Duration,
     /// After a stop, time for connections to finish what they were doing.
     grace: Duration,
     next_id: AtomicU64,
-    lockout: AuthLockout,
-}
-
-/// The commands this server knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Command {
-    Throttle,
-    Ping,
-    Echo,
-    Hello,
-    Auth,
-    Client,
-    Commands,
-    Select,
-    Quit,
-    Other,
-}
-
-/// Name, arity (negative: at least), flags, for `COMMAND`.
-const COMMANDS: [(Command, &str, i64, &str); 9] = [
-    (Command::Throttle, "cl.throttle", -5, "write"),
-    (Command::Ping, "ping", -1, "fast"),
-    (Command::Echo, "echo", 2, "fast"),
-    (Command::Hello, "hello", -1, "fast"),
-    (Command::Auth, "auth", -2, "fast"),
-    (Command::Client, "client", -2, "fast"),
-    (Command::Commands, "command", -1, "loading"),
-    (Command::Select, "select", 2, "fast"),
-    (Command::Quit, "quit", -1, "fast"),
-];
-
-impl Command {
-    fn of(name: &[u8]) -> Command {
-        COMMANDS
-            .iter()
-            .find(|(_, text, _, _)| name.eq_ignore_ascii_case(text.as_bytes()))
-            .map_or(Command::Other, |c| c.0)
-    }
-
-    fn label(self) -> &'static str {
-        COMMANDS
-            .iter()
-            .find(|c| c.0 == self)
-            .map_or("other", |c| c.1)
-    }
+    pub(super) lockout: AuthLockout,
 }
 
 /// One connection's state.
-struct Connection {
-    id: u64,
-    authenticated: bool,
-    auth_failures: u32,
+pub(super) struct Connection {
+    pub(super) id: u64,
+    pub(super) authenticated: bool,
+    pub(super) auth_failures: u32,
     /// The client's address (wrong tokens count against it across connections).
-    peer: IpAddr,
-    name: Option<Bytes>,
+    pub(super) peer: IpAddr,
+    pub(super) name: Option<Bytes>,
     parser: Parser,
-    replies: Replies,
+    pub(super) replies: Replies,
 }
 
 /// Consecutive `CL.THROTTLE`s of a pipeline, waiting to be decided together; at most
@@ -167,27 +109,6 @@ impl Run {
     }
 }
 
-/// What to do after a command.
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Close(&'static str),
-}
-
-/// A command's failure: the error reply's text (its code first), and whether the
-/// connection ends.
-struct Failure(String, Flow);
-
-fn fail(text: impl Into<String>) -> Failure {
-    Failure(text.into(), Flow::Continue)
-}
-
-fn arity(command: &str) -> Failure {
-    fail(format!(
-        "ERR wrong number of arguments for '{command}' command"
-    ))
-}
-
 /// Keeps the open-connections gauge right however a connection ends.
 struct Open(Arc<Metrics>);
 
@@ -195,6 +116,14 @@ impl Drop for Open {
     fn drop(&mut self) {
         self.0.resp_connections.dec();
     }
+}
+
+/// How a connection ends.
+enum End {
+    /// With its last answers written (see [`close`]).
+    Close,
+    /// At once: the client is gone or the server stops.
+    Gone,
 }
 
 impl RespServer {
@@ -219,36 +148,28 @@ impl RespServer {
         })
     }
 
-    /// Accepts connections until `stop`; each then finishes what it has read (within the
-    /// grace period) and closes. Connection tasks join `tasks`.
-    pub async fn serve(
+    /// Serves one accepted connection until the client leaves, a bound closes it, or
+    /// `stop`: then it may finish what it has read within the grace period.
+    pub async fn serve_connection<S>(
         self: Arc<Self>,
-        listener: GuardedListener,
+        stream: S,
+        peer: IpAddr,
         stop: CancellationToken,
-        tasks: TaskTracker,
-    ) {
-        let mut listener = listener.with_handshake_bytes(1);
-        loop {
-            let (stream, peer) = tokio::select! {
-                (stream, peer) = listener.accept() => (stream, peer.ip()),
-                _ = stop.cancelled() => return,
-            };
-            let server = self.clone();
-            let stop = stop.clone();
-            tasks.spawn(async move {
-                let grace = server.grace;
-                let metrics = server.metrics.clone();
-                tokio::select! {
-                    _ = server.connection(stream, peer, stop.clone()) => {}
-                    _ = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
-                        metrics.resp_closed("shutdown");
-                    }
-                }
-            });
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        tokio::select! {
+            _ = self.connection(stream, peer, stop.clone()) => {}
+            _ = async { stop.cancelled().await; tokio::time::sleep(self.grace).await } => {
+                self.metrics.resp_closed("shutdown");
+            }
         }
     }
 
-    async fn connection(&self, mut stream: GuardedStream, peer: IpAddr, stop: CancellationToken) {
+    async fn connection<S>(&self, mut stream: S, peer: IpAddr, stop: CancellationToken)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         self.metrics.resp_connections.inc();
         let _open = Open(self.metrics.clone());
         let mut conn = Connection {
@@ -263,52 +184,14 @@ impl RespServer {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut begun: Option<Instant> = None;
         let mut run = Run::default();
-        loop {
-            // Answer every complete command read so far, in order.
-            let mut completed = false;
-            loop {
-                let args = match conn.parser.next(&mut buf) {
-                    Ok(Some(args)) => {
-                        completed = true;
-                        args
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.throttle_run(&mut conn, &mut run).await;
-                        conn.replies.error(&format!("ERR {e}"));
-                        self.metrics.resp_closed("protocol_error");
-                        return close(stream, &conn.replies.out).await;
-                    }
-                };
-                if conn.authenticated && Command::of(&args[0]) == Command::Throttle {
-                    // Decided with the ones next to it in the pipeline (see Run).
-                    if run.push(args) {
-                        continue;
-                    }
-                    self.throttle_run(&mut conn, &mut run).await;
-                } else {
-                    self.throttle_run(&mut conn, &mut run).await;
-                    if let Flow::Close(reason) = self.execute(&mut conn, &args).await {
-                        if !reason.is_empty() {
-                            self.metrics.resp_closed(reason);
-                        }
-                        return close(stream, &conn.replies.out).await;
-                    }
-                }
-                if conn.replies.out.len() >= FLUSH_AT {
-                    if stream.write_all(&conn.replies.out).await.is_err() {
-                        return;
-                    }
-                    conn.replies.out.clear();
-                }
-            }
-            self.throttle_run(&mut conn, &mut run).await;
-            if !conn.replies.out.is_empty() {
-                if stream.write_all(&conn.replies.out).await.is_err() {
-                    return;
-                }
-                conn.replies.out.clear();
-            }
+        let end = loop {
+            let completed = match self
+                .answer(&mut conn, &mut buf, &mut run, &mut stream)
+                .await
+            {
+                Ok(completed) => completed,
+                Err(end) => break end,
+            };
             // A command begun must arrive whole within the command timeout. A partial command
             // after complete ones is a new command (a busy pipeline's reads end anywhere).
             begun = match begun {
@@ -317,96 +200,112 @@ impl RespServer {
                 _ => Some(Instant::now()),
             };
             buf.reserve(READ_CHUNK);
-            let read = match begun {
-                Some(at) => {
-                    let deadline = at + self.command_timeout;
-                    match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-                        Ok(read) => read,
-                        Err(_) => {
-                            conn.replies.error(&format!(
-                                "ERR Protocol error: a command must arrive whole within {}s",
-                                self.command_timeout.as_secs_f64()
-                            ));
-                            self.metrics.resp_closed("timeout");
-                            return close(stream, &conn.replies.out).await;
-                        }
-                    }
-                }
-                None => tokio::select! {
-                    read = stream.read_buf(&mut buf) => read,
-                    _ = stop.cancelled() => {
-                        self.metrics.resp_closed("shutdown");
-                        return;
-                    }
-                },
-            };
-            match read {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(e) => {
-                    if e.kind() == std::io::ErrorKind::TimedOut {
-                        self.metrics.resp_closed("timeout");
-                    }
-                    return;
-                }
+            let read = self.read(&mut stream, &mut buf, begun, &stop, &mut conn.replies);
+            if let Err(end) = read.await {
+                break end;
             }
+        };
+        if let End::Close = end {
+            close(stream, &conn.replies.out).await;
         }
     }
 
-    /// Runs one command, its reply appended to the connection's replies.
-    async fn execute(&self, conn: &mut Connection, args: &[Bytes]) -> Flow {
-        let command = Command::of(&args[0]);
-        if !conn.authenticated && !matches!(command, Command::Auth | Command::Hello | Command::Quit)
-        {
-            conn.replies.error("NOAUTH Authentication required.");
-            self.metrics.resp_command(command.label(), false);
-            return Flow::Continue;
+    /// Answers every complete command read so far, in order, and writes the answers;
+    /// whether a command was completed.
+    async fn answer<S>(
+        &self,
+        conn: &mut Connection,
+        buf: &mut BytesMut,
+        run: &mut Run,
+        stream: &mut S,
+    ) -> Result<bool, End>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        let mut completed = false;
+        loop {
+            let args = match conn.parser.next(buf) {
+                Ok(Some(args)) => {
+                    completed = true;
+                    args
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.throttle_run(conn, run).await;
+                    conn.replies.error(&format!("ERR {e}"));
+                    self.metrics.resp_closed("protocol_error");
+                    return Err(End::Close);
+                }
+            };
+            if conn.authenticated && Command::of(&args[0]) == Command::Throttle {
+                // Decided with the ones next to it in the pipeline (see Run).
+                if run.push(args) {
+                    continue;
+                }
+                self.throttle_run(conn, run).await;
+            } else {
+                self.throttle_run(conn, run).await;
+                if let Flow::Close(reason) = self.execute(conn, &args).await {
+                    if !reason.is_empty() {
+                        self.metrics.resp_closed(reason);
+                    }
+                    return Err(End::Close);
+                }
+            }
+            if conn.replies.out.len() >= FLUSH_AT {
+                flush(stream, &mut conn.replies.out).await?;
+            }
         }
-        let outcome = match command {
-            Command::Throttle => {
-                let answer = self.throttle(args).await;
-                return self.throttle_reply(conn, answer);
+        self.throttle_run(conn, run).await;
+        flush(stream, &mut conn.replies.out).await?;
+        Ok(completed)
+    }
+
+    /// Reads more of the client's bytes: within the command timeout of `begun` while a
+    /// command is begun (else the connection closes with an error answer in `replies`),
+    /// or until `stop`.
+    async fn read<S>(
+        &self,
+        stream: &mut S,
+        buf: &mut BytesMut,
+        begun: Option<Instant>,
+        stop: &CancellationToken,
+        replies: &mut Replies,
+    ) -> Result<(), End>
+    where
+        S: AsyncRead + Unpin,
+    {
+        let read = match begun {
+            Some(at) => {
+                let deadline = at + self.command_timeout;
+                match tokio::time::timeout_at(deadline, stream.read_buf(buf)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        replies.error(&format!(
+                            "ERR Protocol error: a command must arrive whole within {}s",
+                            self.command_timeout.as_secs_f64()
+                        ));
+                        self.metrics.resp_closed("timeout");
+                        return Err(End::Close);
+                    }
+                }
             }
-            Command::Ping => match args.len() {
-                1 => {
-                    conn.replies.simple("PONG");
-                    Ok(())
+            None => tokio::select! {
+                read = stream.read_buf(buf) => read,
+                _ = stop.cancelled() => {
+                    self.metrics.resp_closed("shutdown");
+                    return Err(End::Gone);
                 }
-                2 => {
-                    conn.replies.bulk(&args[1]);
-                    Ok(())
-                }
-                _ => Err(arity("ping")),
             },
-            Command::Echo => match args {
-                [_, message] => {
-                    conn.replies.bulk(message);
-                    Ok(())
-                }
-                _ => Err(arity("echo")),
-            },
-            Command::Hello => self.hello(conn, args),
-            Command::Auth => self.auth(conn, args),
-            Command::Client => client(conn, args),
-            Command::Commands => command_info(conn, args),
-            Command::Select => select(conn, args),
-            Command::Quit => {
-                conn.replies.simple("OK");
-                self.metrics.resp_command("quit", true);
-                return Flow::Close("");
-            }
-            Command::Other => Err(fail(unknown_command(args))),
         };
-        let label = command.label();
-        match outcome {
-            Ok(()) => {
-                self.metrics.resp_command(label, true);
-                Flow::Continue
-            }
-            Err(Failure(text, flow)) => {
-                conn.replies.error(&text);
-                self.metrics.resp_command(label, false);
-                flow
+        match read {
+            Ok(0) => Err(End::Gone),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    self.metrics.resp_closed("timeout");
+                }
+                Err(End::Gone)
             }
         }
     }
@@ -434,234 +333,22 @@ impl RespServer {
         run.commands.clear();
         run.bytes = 0;
     }
+}
 
-    /// Appends a `CL.THROTTLE` answer (five numbers, or an error) and counts it.
-    fn throttle_reply(&self, conn: &mut Connection, answer: Result<[i64; 5], Failure>) -> Flow {
-        match answer {
-            Ok(reply) => {
-                self.metrics.resp_throttled(reply[0] == 0);
-                conn.replies.array(5);
-                for n in reply {
-                    conn.replies.integer(n);
-                }
-                Flow::Continue
-            }
-            Err(Failure(text, flow)) => {
-                conn.replies.error(&text);
-                self.metrics.resp_command(Command::Throttle.label(), false);
-                flow
-            }
-        }
+/// Writes the waiting answers.
+async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut BytesMut) -> Result<(), End> {
+    if !out.is_empty() {
+        stream.write_all(out).await.map_err(|_| End::Gone)?;
+        out.clear();
     }
-
-    /// `CL.THROTTLE key max_burst count period [quantity]`: the five numbers.
-    async fn throttle(&self, args: &[Bytes]) -> Result<[i64; 5], Failure> {
-        if args.len() != 5 && args.len() != 6 {
-            return Err(fail(THROTTLE_USAGE));
-        }
-        let integer = |arg: &Bytes| {
-            std::str::from_utf8(arg)
-                .ok()
-                .and_then(|text| text.parse::<i64>().ok())
-                .ok_or_else(|| {
-                    fail(format!(
-                        "Cell error: Couldn't parse as integer: {}",
-                        String::from_utf8_lossy(arg)
-                    ))
-                })
-        };
-        let cell = Cell {
-            max_burst: integer(&args[2])?,
-            count: integer(&args[3])?,
-            period: integer(&args[4])?,
-            quantity: args.get(5).map_or(Ok(1), integer)?,
-        };
-        let key = std::str::from_utf8(&args[1])
-            .map_err(|_| fail("Cell error: key must be UTF-8 text"))?;
-        if key.len() > MAX_KEY {
-            return Err(fail(format!(
-                "Cell error: a key of {} bytes is above this server's maximum of {MAX_KEY}",
-                key.len()
-            )));
-        }
-        let spend = cell
-            .spend()
-            .map_err(|e: CellError| fail(format!("Cell error: {e}")))?;
-        if spend.limit.burst() > self.caller.max_burst {
-            return Err(fail(format!(
-                "Cell error: max_burst {} is above this server's maximum of {} \
-                 (--caller-limit-max-burst minus one)",
-                cell.max_burst,
-                self.caller.max_burst.saturating_sub(1)
-            )));
-        }
-        if spend.limit.burst_offset() > self.caller.max_period {
-            let seconds = |n: i64| n as f64 / crate::clock::SECOND as f64;
-            return Err(fail(format!(
-                "Cell error: a full burst takes {}s to come back ((max_burst + 1) x period / \
-                 count), above this server's maximum of {}s (--caller-limit-max-period)",
-                seconds(spend.limit.burst_offset()),
-                seconds(self.caller.max_period)
-            )));
-        }
-        let items = [StoreItem {
-            key: BucketKey::caller_key('c', key),
-            limit: spend.limit,
-            cost: spend.cost,
-            mode: Mode::CheckAndSpend,
-        }];
-        let outcome = match self.store.try_spend_now(&items) {
-            Some(outcome) => outcome,
-            None => self.store.spend(&items).await,
-        };
-        let outcome = outcome.map_err(|e| fail(format!("ERR store unavailable: {e}")))?;
-        match outcome.decisions.first() {
-            Some(decision) => Ok(reply(&spend, decision)),
-            None => Err(fail("ERR store unavailable: no decision")),
-        }
-    }
-
-    /// `HELLO [protover [AUTH username password] [SETNAME name]]`.
-    fn hello(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
-        let mut resp3 = conn.replies.resp3;
-        if let Some(version) = args.get(1) {
-            match std::str::from_utf8(version)
-                .ok()
-                .and_then(|v| v.parse::<i64>().ok())
-            {
-                Some(2) => resp3 = false,
-                Some(3) => resp3 = true,
-                Some(_) => return Err(fail("NOPROTO unsupported protocol version")),
-                None => {
-                    return Err(fail(
-                        "ERR Protocol version is not an integer or out of range",
-                    ))
-                }
-            }
-        }
-        let mut auth = None;
-        let mut name = None;
-        let mut at = 2;
-        while at < args.len() {
-            let option = &args[at];
-            if option.eq_ignore_ascii_case(b"AUTH") && at + 2 < args.len() {
-                auth = Some((&args[at + 1], &args[at + 2]));
-                at += 3;
-            } else if option.eq_ignore_ascii_case(b"SETNAME") && at + 1 < args.len() {
-                name = Some(&args[at + 1]);
-                at += 2;
-            } else {
-                return Err(fail(format!(
-                    "ERR Syntax error in HELLO option '{}'",
-                    String::from_utf8_lossy(option)
-                )));
-            }
-        }
-        if let Some((user, password)) = auth {
-            self.check_token(conn, Some(user), password)?;
-        }
-        if !conn.authenticated {
-            return Err(fail(
-                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
-                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
-                 client and select the RESP protocol version at the same time",
-            ));
-        }
-        if let Some(name) = name {
-            conn.name = Some(client_name(name)?);
-        }
-        conn.replies.resp3 = resp3;
-        let r = &mut conn.replies;
-        r.map(7);
-        r.bulk(b"server");
-        r.bulk(b"cellrate");
-        r.bulk(b"version");
-        r.bulk(env!("CARGO_PKG_VERSION").as_bytes());
-        r.bulk(b"proto");
-        r.integer(if resp3 { 3 } else { 2 });
-        r.bulk(b"id");
-        r.integer(conn.id as i64);
-        r.bulk(b"mode");
-        r.bulk(b"standalone");
-        r.bulk(b"role");
-        r.bulk(b"master");
-        r.bulk(b"modules");
-        r.array(0);
-        Ok(())
-    }
-
-    /// `AUTH [username] password`.
-    fn auth(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
-        let (user, password) = match args {
-            [_, password] => (None, password),
-            [_, user, password] => (Some(user), password),
-            _ => return Err(arity("auth")),
-        };
-        if self.token.is_none() {
-            return Err(fail(
-                "ERR AUTH <password> called without any password configured for the default \
-                 user. Are you sure your configuration is correct?",
-            ));
-        }
-        self.check_token(conn, user, password)?;
-        conn.replies.simple("OK");
-        Ok(())
-    }
-
-    /// Authenticates the connection if `password` is the token (user `default`, if given).
-    fn check_token(
-        &self,
-        conn: &mut Connection,
-        user: Option<&Bytes>,
-        password: &[u8],
-    ) -> Result<(), Failure> {
-        let Some(token) = &self.token else {
-            return Ok(());
-        };
-        if let Err(wait) = self.lockout.check(conn.peer) {
-            // Not compared: a locked-out guesser learns nothing from its guess.
-            tracing::warn!(
-                connection = conn.id,
-                peer = %conn.peer,
-                "redis protocol: too many wrong tokens from this address; closing the connection"
-            );
-            return Err(Failure(
-                format!(
-                    "ERR too many wrong tokens from this address; retry in {} s",
-                    wait.as_secs().max(1)
-                ),
-                Flow::Close("auth_locked"),
-            ));
-        }
-        let user_ok = user.is_none_or(|u| &u[..] == b"default");
-        if token.matches(password) && user_ok {
-            conn.authenticated = true;
-            return Ok(());
-        }
-        self.lockout.failed(conn.peer);
-        conn.auth_failures += 1;
-        let flow = if conn.auth_failures >= MAX_AUTH_FAILURES {
-            tracing::warn!(
-                connection = conn.id,
-                failures = conn.auth_failures,
-                "redis protocol: wrong tokens; closing the connection"
-            );
-            Flow::Close("auth_failures")
-        } else {
-            Flow::Continue
-        };
-        Err(Failure(
-            "WRONGPASS invalid username-password pair or user is disabled.".to_string(),
-            flow,
-        ))
-    }
+    Ok(())
 }
 
 /// Ends a connection with its last answers: writes them, closes the sending side, and
 /// discards what the client still sends for a moment (at most [`DRAIN_BYTES`], for at most
 /// [`DRAIN_TIME`]), so that its kernel does not reset the connection and drop the answers
 /// (the last of which says why it ends) before the client reads them.
-async fn close(mut stream: GuardedStream, last: &[u8]) {
+async fn close<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, last: &[u8]) {
     if stream.write_all(last).await.is_err() || stream.shutdown().await.is_err() {
         return;
     }
@@ -676,156 +363,4 @@ async fn close(mut stream: GuardedStream, last: &[u8]) {
         }
     })
     .await;
-}
-
-/// A client name as Redis accepts it: printable, no spaces, bounded.
-fn client_name(name: &Bytes) -> Result<Bytes, Failure> {
-    if name.len() > MAX_CLIENT_NAME {
-        return Err(fail(format!(
-            "ERR Client names are at most {MAX_CLIENT_NAME} bytes here"
-        )));
-    }
-    if !name.iter().all(|b| b.is_ascii_graphic()) {
-        return Err(fail(
-            "ERR Client names cannot contain spaces, newlines or special characters.",
-        ));
-    }
-    Ok(name.clone())
-}
-
-/// `CLIENT SETNAME | GETNAME | ID | SETINFO`.
-fn client(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
-    let Some(sub) = args.get(1) else {
-        return Err(arity("client"));
-    };
-    let is = |name: &str| sub.eq_ignore_ascii_case(name.as_bytes());
-    match args.len() {
-        3 if is("SETNAME") => {
-            conn.name = Some(client_name(&args[2])?);
-            conn.replies.simple("OK");
-        }
-        2 if is("GETNAME") => match &conn.name {
-            Some(name) => conn.replies.bulk(name),
-            None => conn.replies.null(),
-        },
-        2 if is("ID") => conn.replies.integer(conn.id as i64),
-        // Libraries announce themselves (redis-py, Jedis): accepted, not kept.
-        4 if is("SETINFO") => {
-            if args[3].len() > MAX_CLIENT_NAME {
-                return Err(fail(format!(
-                    "ERR CLIENT SETINFO values are at most {MAX_CLIENT_NAME} bytes here"
-                )));
-            }
-            conn.replies.simple("OK");
-        }
-        _ if ["SETNAME", "GETNAME", "ID", "SETINFO"].into_iter().any(is) => {
-            return Err(fail(format!(
-                "ERR wrong number of arguments for 'client|{}' command",
-                String::from_utf8_lossy(sub).to_lowercase()
-            )))
-        }
-        _ => {
-            return Err(fail(format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                truncated(sub)
-            )))
-        }
-    }
-    Ok(())
-}
-
-/// `COMMAND`, `COMMAND COUNT | LIST | INFO name... | DOCS [name...]`: enough for clients
-/// that look the commands up (redis-cli's hints, cluster-aware clients' key positions).
-fn command_info(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
-    let r = &mut conn.replies;
-    let info = |r: &mut Replies, c: &(Command, &str, i64, &str)| {
-        let keys = if c.0 == Command::Throttle { 1 } else { 0 };
-        r.array(10);
-        r.bulk(c.1.as_bytes());
-        r.integer(c.2);
-        r.array(1);
-        r.simple(c.3);
-        r.integer(keys);
-        r.integer(keys);
-        r.integer(keys);
-        for _ in 0..4 {
-            r.array(0);
-        }
-    };
-    let Some(sub) = args.get(1) else {
-        r.array(COMMANDS.len());
-        for c in &COMMANDS {
-            info(r, c);
-        }
-        return Ok(());
-    };
-    let is = |name: &str| sub.eq_ignore_ascii_case(name.as_bytes());
-    if is("COUNT") && args.len() == 2 {
-        r.integer(COMMANDS.len() as i64);
-    } else if is("LIST") && args.len() == 2 {
-        r.array(COMMANDS.len());
-        for c in &COMMANDS {
-            r.bulk(c.1.as_bytes());
-        }
-    } else if is("INFO") {
-        r.array(args.len() - 2);
-        for name in &args[2..] {
-            match COMMANDS
-                .iter()
-                .find(|c| name.eq_ignore_ascii_case(c.1.as_bytes()))
-            {
-                Some(c) => info(r, c),
-                None => r.null(),
-            }
-        }
-    } else if is("DOCS") {
-        r.map(0);
-    } else {
-        return Err(fail(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Try COMMAND HELP.",
-            truncated(sub)
-        )));
-    }
-    Ok(())
-}
-
-/// `SELECT 0`: there is one database.
-fn select(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
-    let [_, index] = args else {
-        return Err(arity("select"));
-    };
-    match std::str::from_utf8(index)
-        .ok()
-        .and_then(|i| i.parse::<i64>().ok())
-    {
-        Some(0) => {
-            conn.replies.simple("OK");
-            Ok(())
-        }
-        Some(_) => Err(fail("ERR DB index is out of range")),
-        None => Err(fail("ERR value is not an integer or out of range")),
-    }
-}
-
-/// At most 128 bytes of a client's argument, for an error message.
-fn truncated(arg: &[u8]) -> String {
-    String::from_utf8_lossy(&arg[..arg.len().min(128)]).into_owned()
-}
-
-/// Redis's words for a command it does not know, quoting at most 128 bytes of arguments.
-fn unknown_command(args: &[Bytes]) -> String {
-    let mut quoted = String::new();
-    for arg in &args[1..] {
-        if quoted.len() >= 128 {
-            break;
-        }
-        let room = 128 - quoted.len();
-        quoted.push('\'');
-        quoted.push_str(&truncated(&arg[..arg.len().min(room)]));
-        quoted.push_str("' ");
-    }
-    format!(
-        "ERR unknown command '{}', with args beginning with: {quoted}",
-        truncated(&args[0])
-    )
 }

@@ -1,29 +1,11 @@
 //! Admin security: an optional bearer token on admin RPCs, and optional TLS (with client
 //! certificates for the admin listener) on the gRPC listeners.
 
-use sha2::{Digest, Sha256};
 use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
-/// A secret token to compare callers' tokens with.
-///
-/// The comparison runs over SHA-256 digests in constant time, so that neither the
-/// token's bytes nor its length leak through timing.
-#[derive(Clone)]
-pub struct Token([u8; 32]);
-
-impl Token {
-    pub fn new(token: &str) -> Token {
-        Token(Sha256::digest(token.as_bytes()).into())
-    }
-
-    /// Whether `given` is the token.
-    pub fn matches(&self, given: &[u8]) -> bool {
-        let digest: [u8; 32] = Sha256::digest(given).into();
-        bool::from(subtle::ConstantTimeEq::ct_eq(&digest[..], &self.0[..]))
-    }
-}
+use crate::service::token::Token;
 
 /// Checks `authorization: Bearer <token>` on every call when a token is configured.
 #[derive(Clone, Default)]

@@ -17,6 +17,7 @@ pub mod reload;
 pub mod rpc_metrics;
 pub mod shortcut;
 pub mod shutdown;
+pub mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -572,7 +573,12 @@ async fn serve(
             settings.grace,
         );
         let listener = GuardedListener::new(listener, server_limits.resp, "resp");
-        tasks.spawn(resp.serve(listener, stop_servers.clone(), tasks.clone()));
+        tasks.spawn(tasks::accept_resp(
+            resp,
+            listener,
+            stop_servers.clone(),
+            tasks.clone(),
+        ));
     }
 
     let mut rlqs = RlqsService::new(

@@ -14,7 +14,8 @@ use arc_swap::ArcSwap;
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::{LimitTable, Policy};
 pub use crate::limits::descriptors::InvalidIds;
-use crate::limits::names::{BucketKey, IdFormat};
+use crate::limits::ids::IdFormat;
+use crate::limits::names::BucketKey;
 use crate::store::{Store, StoreError, StoreItem};
 
 mod caller_limits;
@@ -24,6 +25,7 @@ pub mod native;
 pub mod overrides;
 pub mod quota_book;
 pub mod rlqs;
+pub mod token;
 pub mod trace;
 
 pub use caller_limits::CallerLimits;

@@ -1,0 +1,266 @@
+//! A [`LimitTable`] assembled from files' contents: each file parsed by its kind, each entry
+//! validated, every error collected (up to [`MAX_ERRORS`]) with its file and entry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::files::{content_version, read_dir, FileKind};
+use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName};
+use super::{short, ConfigError, LimitTable, LoadError, Source, MAX_ERRORS};
+use crate::limits::descriptors::{DescriptorRules, RawDomain};
+use crate::limits::hash::ConfigMap;
+use crate::limits::ids::IdFormat;
+use crate::limits::names::Names;
+
+impl LimitTable {
+    /// Loads a limits directory.
+    pub fn load_dir(dir: &Path) -> Result<LimitTable, LoadError> {
+        let files = read_dir(dir).map_err(|reason| {
+            LoadError(vec![ConfigError {
+                file: dir.display().to_string(),
+                entry: None,
+                reason,
+            }])
+        })?;
+        LimitTable::from_files(&files)
+    }
+
+    /// Builds a table from `(file name, contents)` pairs, as found in a directory.
+    pub fn from_files(files: &[(String, String)]) -> Result<LimitTable, LoadError> {
+        let mut errors = Vec::new();
+        let mut kinds: Vec<(FileKind, &str, &str)> = Vec::new();
+        for (file, text) in files {
+            match FileKind::of(file) {
+                Some(kind) => kinds.push((kind, file, text)),
+                None if errors.len() >= MAX_ERRORS => {}
+                None => errors.push(ConfigError {
+                    file: short(file),
+                    entry: None,
+                    reason: "unknown limits file: expected names.yaml, defaults.yaml, \
+                             overrides*.yaml, descriptors.yaml or quota.yaml"
+                        .to_string(),
+                }),
+            }
+        }
+        kinds.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+
+        let mut table = LimitTable {
+            names: Names::builtin(),
+            policies: ConfigMap::default(),
+            override_sources: Vec::new(),
+            descriptors: DescriptorRules::default(),
+            quota: DescriptorRules::default(),
+            version: content_version(files),
+        };
+        // Where each override id was set, to name both places of a duplicate.
+        let mut override_origin: HashMap<(u32, String), String> = HashMap::new();
+        let mut suppressed = 0usize;
+        for (kind, file, text) in kinds {
+            let mut report = |entry: Option<String>, reason: String| {
+                if errors.len() >= MAX_ERRORS {
+                    suppressed += 1;
+                    return;
+                }
+                errors.push(ConfigError {
+                    file: short(file),
+                    entry: entry.as_deref().map(short),
+                    reason: short(&reason),
+                })
+            };
+            match kind {
+                FileKind::Names => match parse::<BTreeMap<String, RawName>>(text) {
+                    Ok(raw) => table.add_names(raw, &mut report),
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Defaults => match parse::<BTreeMap<String, RawLimit>>(text) {
+                    Ok(raw) => table.add_defaults(raw, &mut report),
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Overrides => match parse::<OverrideEntries>(text) {
+                    Ok(raw) => table.add_overrides(file, raw.0, &mut override_origin, &mut report),
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Descriptors => match parse::<BTreeMap<String, RawDomain>>(text) {
+                    Ok(raw) => {
+                        table.descriptors = DescriptorRules::build(raw, &table.names, &mut report)
+                    }
+                    Err(reason) => report(None, reason),
+                },
+                FileKind::Quota => match parse::<BTreeMap<String, RawDomain>>(text) {
+                    Ok(raw) => {
+                        table.quota =
+                            DescriptorRules::build_unordered(raw, &table.names, &mut report)
+                    }
+                    Err(reason) => report(None, reason),
+                },
+            }
+        }
+        if suppressed > 0 {
+            errors.push(ConfigError {
+                file: "(all files)".to_string(),
+                entry: None,
+                reason: format!("and {suppressed} more errors"),
+            });
+        }
+        if errors.is_empty() {
+            Ok(table)
+        } else {
+            Err(LoadError(errors))
+        }
+    }
+
+    fn add_names(
+        &mut self,
+        raw: BTreeMap<String, RawName>,
+        report: &mut impl FnMut(Option<String>, String),
+    ) {
+        // Declared in number order, so that errors do not depend on map order.
+        let mut raw: Vec<_> = raw.into_iter().collect();
+        raw.sort_by_key(|(_, name)| name.number);
+        for (text, name) in raw {
+            let Some(format) = IdFormat::from_config(&name.format) else {
+                report(
+                    Some(text),
+                    format!(
+                        "unknown id format {:?} (one of {})",
+                        name.format,
+                        IdFormat::CONFIG_NAMES
+                    ),
+                );
+                continue;
+            };
+            if let Err(e) = self
+                .names
+                .declare(&text, name.number, format, name.description)
+            {
+                report(Some(text), e.to_string());
+            }
+        }
+    }
+
+    fn add_defaults(
+        &mut self,
+        raw: BTreeMap<String, RawLimit>,
+        report: &mut impl FnMut(Option<String>, String),
+    ) {
+        for (text, limit) in raw {
+            let Some(name) = self.names.get(&text) else {
+                report(Some(text.clone()), unknown_name(&self.names, &text));
+                continue;
+            };
+            let number = name.number;
+            match limit.build() {
+                Ok(policy) => {
+                    self.policies.entry(number).or_default().default = Some(policy);
+                }
+                Err(reason) => report(Some(text), reason),
+            }
+        }
+    }
+
+    fn add_overrides(
+        &mut self,
+        file: &str,
+        raw: Vec<OverrideEntry>,
+        origin: &mut HashMap<(u32, String), String>,
+        report: &mut impl FnMut(Option<String>, String),
+    ) {
+        for (index, OverrideEntry(entry)) in raw.into_iter().enumerate() {
+            let at = |text: &str| format!("entry {} ({text})", index + 1);
+            if entry.len() != 1 {
+                report(
+                    Some(format!("entry {}", index + 1)),
+                    format!(
+                        "an override entry is a map with exactly one limit name, found {}",
+                        entry.len()
+                    ),
+                );
+                continue;
+            }
+            let Some((text, over)) = entry.into_iter().next() else {
+                continue;
+            };
+            let Some(name) = self.names.get(&text).cloned() else {
+                report(Some(at(&text)), unknown_name(&self.names, &text));
+                continue;
+            };
+            let policy = match over.policy() {
+                Ok(policy) => policy,
+                Err(reason) => {
+                    report(Some(at(&text)), reason);
+                    continue;
+                }
+            };
+            if over.ids.is_empty() {
+                report(Some(at(&text)), "ids must list at least one id".to_string());
+            }
+            let file: Arc<str> = Arc::from(file);
+            let entry = u32::try_from(index + 1).unwrap_or(u32::MAX);
+            let mut entry_source = None;
+            for id in over.ids {
+                let format = name.format.override_format();
+                let canonical = match format.canonicalize(&id.id) {
+                    Ok(canonical) => canonical,
+                    Err(e) => {
+                        report(Some(at(&text)), format!("{e} (format {format})"));
+                        continue;
+                    }
+                };
+                let here = format!("{file} {}", at(&text));
+                if let Some(first) = origin.get(&(name.number, canonical.clone())) {
+                    report(
+                        Some(at(&text)),
+                        format!("id {:?} is already overridden in {first}", id.id),
+                    );
+                    continue;
+                }
+                origin.insert((name.number, canonical.clone()), here);
+                let source = match id.comment {
+                    Some(comment) => self.add_source(Source::Override {
+                        file: file.clone(),
+                        entry,
+                        comment: Some(Arc::from(short(&comment))),
+                    }),
+                    None => *entry_source.get_or_insert_with(|| {
+                        self.add_source(Source::Override {
+                            file: file.clone(),
+                            entry,
+                            comment: None,
+                        })
+                    }),
+                };
+                self.policies
+                    .entry(name.number)
+                    .or_default()
+                    .overrides
+                    .insert(canonical.into_boxed_str(), (policy, source));
+            }
+        }
+    }
+
+    fn add_source(&mut self, source: Source) -> u32 {
+        self.override_sources.push(source);
+        u32::try_from(self.override_sources.len() - 1).unwrap_or(u32::MAX)
+    }
+}
+
+/// An unknown name in a config file: a close known name if there is one, else how to
+/// declare a new one.
+fn unknown_name(names: &Names, text: &str) -> String {
+    match names.closest(text) {
+        Some(_) => names.unknown(text),
+        None => format!(
+            "{} (declare it in names.yaml, with a number >= 100)",
+            names.unknown(text)
+        ),
+    }
+}
+
+/// Parses one file; an empty file (or only comments) is an empty document.
+fn parse<T: serde::de::DeserializeOwned + Default>(text: &str) -> Result<T, String> {
+    match serde_yaml_ng::from_str::<Option<T>>(text) {
+        Ok(value) => Ok(value.unwrap_or_default()),
+        Err(e) => Err(e.to_string()),
+    }
+}

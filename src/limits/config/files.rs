@@ -1,0 +1,104 @@
+//! Reading the limits directory: its YAML files by name, bounded in count and size,
+//! following symlinks (Kubernetes ConfigMaps), and the content version of what was read.
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::{short, MAX_DIR_BYTES, MAX_DIR_ENTRIES, MAX_FILE_BYTES};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum FileKind {
+    // Order matters: names are declared before defaults and overrides use them.
+    Names,
+    Defaults,
+    Overrides,
+    Descriptors,
+    Quota,
+}
+
+impl FileKind {
+    pub(super) fn of(file: &str) -> Option<FileKind> {
+        let stem = file
+            .strip_suffix(".yaml")
+            .or_else(|| file.strip_suffix(".yml"))?;
+        match stem {
+            "names" => Some(FileKind::Names),
+            "defaults" => Some(FileKind::Defaults),
+            "descriptors" => Some(FileKind::Descriptors),
+            "quota" => Some(FileKind::Quota),
+            _ if stem.starts_with("overrides") => Some(FileKind::Overrides),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a directory entry is a limits file candidate: YAML and not hidden.
+pub fn is_config_file(file_name: &str) -> bool {
+    !file_name.starts_with('.') && (file_name.ends_with(".yaml") || file_name.ends_with(".yml"))
+}
+
+/// Reads every YAML file of `dir`, following symlinks (ConfigMaps link each file to
+/// `..data/<file>`), in name order.
+pub(super) fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read directory: {e}"))?;
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for (seen, entry) in entries.enumerate() {
+        if seen >= MAX_DIR_ENTRIES {
+            return Err(format!(
+                "more than {MAX_DIR_ENTRIES} directory entries: is this the limits directory?"
+            ));
+        }
+        let entry = entry.map_err(|e| format!("cannot read directory: {e}"))?;
+        let file_name = short(&entry.file_name().to_string_lossy());
+        if !is_config_file(&file_name) {
+            continue;
+        }
+        let path = entry.path();
+        // `metadata` follows symlinks; a dangling link or a directory named *.yaml is an error.
+        let size = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => meta.len(),
+            Ok(_) => return Err(format!("{file_name}: not a regular file")),
+            Err(e) => return Err(format!("{file_name}: {e}")),
+        };
+        total += size;
+        if size > MAX_FILE_BYTES || total > MAX_DIR_BYTES {
+            return Err(format!(
+                "{file_name}: too large ({size} bytes; at most {MAX_FILE_BYTES} per file and \
+                 {MAX_DIR_BYTES} in all)"
+            ));
+        }
+        // Read at most one byte past the bound, in case the file grew since `metadata`.
+        let mut text = String::new();
+        std::fs::File::open(&path)
+            .and_then(|f| {
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(f, MAX_FILE_BYTES + 1),
+                    &mut text,
+                )
+            })
+            .map_err(|e| format!("{file_name}: cannot read: {e}"))?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(format!(
+                "{file_name}: too large (at most {MAX_FILE_BYTES} bytes)"
+            ));
+        }
+        files.push((file_name, text));
+    }
+    files.sort();
+    Ok(files)
+}
+
+pub(super) fn content_version(files: &[(String, String)]) -> String {
+    let mut sorted: Vec<_> = files.iter().collect();
+    sorted.sort();
+    let mut hash = Sha256::new();
+    for (name, text) in sorted {
+        hash.update((name.len() as u64).to_le_bytes());
+        hash.update(name.as_bytes());
+        hash.update((text.len() as u64).to_le_bytes());
+        hash.update(text.as_bytes());
+    }
+    hex::encode(&hash.finalize()[..8])
+}

@@ -1,0 +1,210 @@
+//! The limits files as written: serde structures that mirror the YAML, with the bounds that
+//! hold while parsing (override entries counted, so aliases cannot multiply them). They
+//! are turned into validated types by [`super::build`]; nothing else reads them.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::{Policy, MAX_OVERRIDE_ENTRIES};
+use crate::gcra::Limit;
+use crate::limits::duration::parse_duration;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawName {
+    pub(super) number: u32,
+    pub(super) format: String,
+    #[serde(default)]
+    pub(super) description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub(super) burst: u64,
+    pub(super) count: u64,
+    pub(super) period: String,
+    #[serde(default)]
+    pub(super) shadow: bool,
+}
+
+impl RawLimit {
+    pub(super) fn build(&self) -> Result<Policy, String> {
+        let period = parse_duration(&self.period).map_err(|e| format!("period: {e}"))?;
+        let limit = Limit::new(self.burst, self.count, period).map_err(|e| e.to_string())?;
+        Ok(Policy::Limited {
+            limit,
+            shadow: self.shadow,
+        })
+    }
+}
+
+/// An overrides file's entries, at most [`MAX_OVERRIDE_ENTRIES`] of them.
+#[derive(Debug, Default)]
+pub(super) struct OverrideEntries(pub(super) Vec<OverrideEntry>);
+
+/// One entry: a map that should hold exactly one limit name, kept as its pairs (a
+/// `BTreeMap` would allocate a whole node, over a kilobyte, per entry).
+#[derive(Debug)]
+pub(super) struct OverrideEntry(pub(super) Vec<(String, RawOverride)>);
+
+impl<'de> Deserialize<'de> for OverrideEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> Visitor<'de> for Pairs {
+            type Value = OverrideEntry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from one limit name to its override")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::with_capacity(1);
+                while let Some(pair) = map.next_entry()? {
+                    if pairs.len() == 16 {
+                        return Err(de::Error::custom("an override entry with over 16 keys"));
+                    }
+                    pairs.push(pair);
+                }
+                Ok(OverrideEntry(pairs))
+            }
+        }
+        deserializer.deserialize_map(Pairs)
+    }
+}
+
+impl<'de> Deserialize<'de> for OverrideEntries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = OverrideEntries;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of override entries")
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element()? {
+                    if entries.len() == MAX_OVERRIDE_ENTRIES {
+                        return Err(de::Error::custom(format!(
+                            "more than {MAX_OVERRIDE_ENTRIES} override entries"
+                        )));
+                    }
+                    entries.push(entry);
+                }
+                Ok(OverrideEntries(entries))
+            }
+        }
+        deserializer.deserialize_seq(Entries)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOverride {
+    pub(super) burst: Option<u64>,
+    pub(super) count: Option<u64>,
+    pub(super) period: Option<String>,
+    #[serde(default)]
+    pub(super) unlimited: bool,
+    #[serde(default)]
+    pub(super) deny: bool,
+    #[serde(default)]
+    pub(super) shadow: bool,
+    #[serde(default)]
+    pub(super) ids: Vec<IdEntry>,
+}
+
+impl RawOverride {
+    pub(super) fn policy(&self) -> Result<Policy, String> {
+        let numbers = [
+            self.burst.is_some(),
+            self.count.is_some(),
+            self.period.is_some(),
+        ];
+        match (self.unlimited, self.deny, numbers) {
+            (false, false, [true, true, true]) => RawLimit {
+                burst: self.burst.unwrap_or_default(),
+                count: self.count.unwrap_or_default(),
+                period: self.period.clone().unwrap_or_default(),
+                shadow: self.shadow,
+            }
+            .build(),
+            _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),
+            (true, false, [false, false, false]) => Ok(Policy::Unlimited),
+            (false, true, [false, false, false]) => Ok(Policy::Denied),
+            (true, true, _) => Err("unlimited and deny exclude each other".to_string()),
+            (true, false, _) | (false, true, _) => {
+                Err("unlimited or deny stands alone: leave out burst, count and period".to_string())
+            }
+            (false, false, _) => {
+                Err("an override needs burst, count and period (or unlimited/deny)".to_string())
+            }
+        }
+    }
+}
+
+/// An override id: a plain scalar (the seed's form; numbers allowed, since YAML reads
+/// `12345678` as one) or `{id, comment}` (Boulder's current form).
+#[derive(Debug)]
+pub(super) struct IdEntry {
+    pub(super) id: String,
+    /// `{id, comment}`'s comment: for people, and reported by admin `Inspect`.
+    pub(super) comment: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for IdEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<IdEntry, D::Error> {
+        struct IdVisitor;
+
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Detailed {
+            id: IdEntry,
+            #[serde(default)]
+            comment: Option<String>,
+        }
+
+        impl<'de> Visitor<'de> for IdVisitor {
+            type Value = IdEntry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an id (string or number) or {id: ..., comment: ...}")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IdEntry, E> {
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IdEntry, E> {
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IdEntry, E> {
+                Ok(IdEntry {
+                    id: v.to_string(),
+                    comment: None,
+                })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IdEntry, A::Error> {
+                let detailed = Detailed::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(IdEntry {
+                    id: detailed.id.id,
+                    comment: detailed.comment,
+                })
+            }
+        }
+
+        deserializer.deserialize_any(IdVisitor)
+    }
+}
