@@ -14,18 +14,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{new_debouncer, DebounceEventResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::clock::Clock;
+use super::Shared;
 use crate::limits::config::{LimitTable, LoadError};
-use crate::observe::health::Health;
-use crate::observe::metrics::Metrics;
-use crate::store::Store;
 
 type Watcher = notify_debouncer_full::Debouncer<
     notify::RecommendedWatcher,
@@ -84,32 +80,18 @@ pub struct ReloadSettings {
 /// Loads the directory and swaps valid, changed limits in.
 pub struct Reloader {
     dir: PathBuf,
-    limits: Arc<ArcSwap<LimitTable>>,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    clock: Arc<dyn Clock>,
-    /// Told after every swap, so that nothing derived from the old limits survives.
-    store: Arc<dyn Store>,
+    /// The limits it swaps; the store it tells after every swap (so that nothing derived
+    /// from the old limits survives); the counters and health it reports to.
+    shared: Shared,
     /// The errors of the last rejected reload, to log a repeat in one line.
     last_failure: Mutex<Option<String>>,
 }
 
 impl Reloader {
-    pub fn new(
-        dir: PathBuf,
-        limits: Arc<ArcSwap<LimitTable>>,
-        metrics: Arc<Metrics>,
-        health: Arc<Health>,
-        clock: Arc<dyn Clock>,
-        store: Arc<dyn Store>,
-    ) -> Reloader {
+    pub fn new(dir: PathBuf, shared: Shared) -> Reloader {
         Reloader {
             dir,
-            limits,
-            metrics,
-            health,
-            clock,
-            store,
+            shared,
             last_failure: Mutex::new(None),
         }
     }
@@ -117,7 +99,7 @@ impl Reloader {
     /// Reloads now. `Ok(true)`: new limits are in force; `Ok(false)`: unchanged content.
     pub fn reload(&self, cause: &str) -> Result<bool, LoadError> {
         match LimitTable::load_dir(&self.dir) {
-            Ok(table) if table.version() == self.limits.load().version() => {
+            Ok(table) if table.version() == self.shared.limits.load().version() => {
                 // Logged when an event or SIGHUP caused it (after a rejected reload this is
                 // the operator's revert taking effect); the timer's quiet re-reads only at
                 // debug level, not a line every interval.
@@ -130,8 +112,8 @@ impl Reloader {
                     .last_failure
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = None;
-                self.health.config_valid();
-                self.metrics.reload("unchanged");
+                self.shared.health.config_valid();
+                self.shared.metrics.reload("unchanged");
                 Ok(false)
             }
             Ok(table) => {
@@ -140,11 +122,13 @@ impl Reloader {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = None;
                 let version = table.version().to_string();
-                self.limits.store(Arc::new(table));
-                self.store.limits_changed();
-                self.metrics.config_loaded(&version, self.clock.now());
-                self.health.config_loaded(&version);
-                self.metrics.reload("success");
+                self.shared.limits.store(Arc::new(table));
+                self.shared.store.limits_changed();
+                self.shared
+                    .metrics
+                    .config_loaded(&version, self.shared.clock.now());
+                self.shared.health.config_loaded(&version);
+                self.shared.metrics.reload("success");
                 tracing::info!(cause, %version, "limits reloaded");
                 Ok(true)
             }
@@ -164,8 +148,8 @@ impl Reloader {
                     }
                     *last = Some(message);
                 }
-                self.health.reload_failed(&errors.0);
-                self.metrics.reload("failure");
+                self.shared.health.reload_failed(&errors.0);
+                self.shared.metrics.reload("failure");
                 Err(errors)
             }
         }

@@ -2,12 +2,94 @@
 //! by its cancellation tokens, joined through its task tracker.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::listener::GuardedListener;
+use crate::limits::config::LimitTable;
+use crate::observe::metrics::Metrics;
 use crate::resp::RespServer;
+use crate::service::overrides::RuntimeOverrides;
+use crate::store::Store;
+
+/// Drops expired buckets every `every` and keeps the live-bucket gauge current, until
+/// `stopped`.
+pub async fn sweep(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.cancelled() => return,
+        }
+        let dropped = store.sweep();
+        metrics.swept_buckets.inc_by(dropped as u64);
+        if let Some(live) = store.live_buckets() {
+            metrics.live_buckets.set(live as i64);
+        }
+    }
+}
+
+/// Copies the shared temporary overrides every `every` (at once first) until `stopped`.
+/// A failure keeps the last copy in force (each override still expiring on time).
+pub async fn sync_overrides(
+    runtime: Arc<RuntimeOverrides>,
+    limits: Arc<ArcSwap<LimitTable>>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.cancelled() => return,
+        }
+        let table = limits.load_full();
+        match runtime.sync(table.names()).await {
+            Ok(synced) => {
+                if failing {
+                    tracing::info!("temporary overrides: copied from redis again");
+                    failing = false;
+                }
+                if synced.changed {
+                    tracing::info!(
+                        applied = synced.applied,
+                        unknown_names = synced.unknown_names,
+                        "temporary overrides changed in redis: copied"
+                    );
+                }
+                if !synced.rejected.is_empty() {
+                    tracing::warn!(
+                        rejected = synced.rejected.len(),
+                        first = ?&synced.rejected[..synced.rejected.len().min(5)],
+                        "temporary overrides in redis that are no valid override here were left out"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.override_sync_failures.inc();
+                if !failing {
+                    tracing::warn!(
+                        error = %e,
+                        "temporary overrides: cannot copy them from redis; the last copy stays in force"
+                    );
+                    failing = true;
+                }
+            }
+        }
+    }
+}
 
 /// Accepts Redis-protocol connections until `stop`; each then finishes what it has read
 /// (within the grace period) and closes. Connection tasks join `tasks`.

@@ -328,66 +328,6 @@ impl pb::admin_server::Admin for AdminService {
     }
 }
 
-/// `cellrate.v1.Admin` on the decision listener: every call is UNIMPLEMENTED with a message
-/// that says where admin RPCs are served (the service is not listed by reflection there).
-pub struct AdminElsewhere {
-    message: String,
-}
-
-impl AdminElsewhere {
-    /// `admin` is the admin listener's bound address.
-    pub fn new(admin: &str) -> AdminElsewhere {
-        AdminElsewhere {
-            message: format!(
-                "admin RPCs (cellrate.v1.Admin) are served on the admin listener, {admin} \
-                 (--admin-listen), not on the decision listener"
-            ),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::admin_server::Admin for AdminElsewhere {
-    async fn reset(
-        &self,
-        _: Request<pb::ResetRequest>,
-    ) -> Result<Response<pb::ResetResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-
-    async fn inspect(
-        &self,
-        _: Request<pb::InspectRequest>,
-    ) -> Result<Response<pb::InspectResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-
-    async fn top(&self, _: Request<pb::TopRequest>) -> Result<Response<pb::TopResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-
-    async fn set_override(
-        &self,
-        _: Request<pb::SetOverrideRequest>,
-    ) -> Result<Response<pb::SetOverrideResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-
-    async fn clear_override(
-        &self,
-        _: Request<pb::ClearOverrideRequest>,
-    ) -> Result<Response<pb::ClearOverrideResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-
-    async fn list_overrides(
-        &self,
-        _: Request<pb::ListOverridesRequest>,
-    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
-        Err(Status::unimplemented(self.message.clone()))
-    }
-}
-
 /// Where the limit of a (valid) item comes from: a temporary override, else `table`.
 fn source(
     table: &crate::limits::config::LimitTable,

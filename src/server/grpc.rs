@@ -1,0 +1,263 @@
+//! The two gRPC stacks: the decisions listener (the native `RateLimiter`, Envoy's
+//! `RateLimitService` and RLQS, health, reflection) and the admin listener (`Admin` behind
+//! its token, health, reflection), each with its layers: the RPC histogram, the in-flight
+//! bound, TLS and HTTP/2 limits, and on the decisions listener the shortcut past tonic's
+//! router. Admin calls that reach the decisions listener are told where to go.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
+
+use super::admin::AdminAuth;
+use super::listener::{GuardedListener, InFlightLayer};
+use super::rpc_metrics::RpcMetricsLayer;
+use super::shortcut::ShortcutLayer;
+use super::{ServeError, ServerLimits, Settings};
+use crate::observe::metrics::Metrics;
+use crate::observe::top::DenialTracker;
+use crate::proto::v1::admin_server::AdminServer;
+use crate::proto::v1::rate_limiter_server::RateLimiterServer;
+use crate::service::envoy::EnvoyRateLimitService;
+use crate::service::native::{AdminService, RateLimiterService};
+use crate::service::rlqs::RlqsService;
+use crate::service::{Decider, MAX_MESSAGE_BYTES};
+
+const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
+const ENVOY_RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+const ENVOY_RLQS: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+const ADMIN: &str = "cellrate.v1.Admin";
+const HEALTH: &str = "grpc.health.v1.Health";
+const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
+const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
+
+/// A reflection builder listing exactly `services` (the descriptor set holds both of our
+/// services; each listener advertises only what it serves). Built as v1 and as v1alpha,
+/// so that every grpcurl version works.
+fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'static> {
+    let mut builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    if services.contains(&ENVOY_RLS) || services.contains(&ENVOY_RLQS) {
+        builder =
+            builder.register_encoded_file_descriptor_set(crate::proto::ENVOY_RLS_DESCRIPTOR_SET);
+    }
+    services.iter().fold(builder, |builder, service| {
+        builder.with_service_name(*service)
+    })
+}
+
+/// gRPC health, one service for both listeners, so that shutdown flips both at once.
+pub(super) struct GrpcHealth {
+    reporter: HealthReporter,
+    service: HealthServer<HealthService>,
+}
+
+impl GrpcHealth {
+    /// Every service SERVING.
+    pub(super) async fn serving() -> GrpcHealth {
+        let reporter = HealthReporter::new();
+        let service = HealthServer::new(HealthService::from_health_reporter(reporter.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        reporter
+            .set_serving::<RateLimiterServer<RateLimiterService>>()
+            .await;
+        reporter
+            .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
+            .await;
+        reporter.set_serving::<AdminServer<AdminService>>().await;
+        GrpcHealth { reporter, service }
+    }
+
+    /// Every service NOT_SERVING, the server as a whole too.
+    pub(super) async fn not_serving(&self) {
+        let reporter = &self.reporter;
+        reporter
+            .set_not_serving::<RateLimiterServer<RateLimiterService>>()
+            .await;
+        reporter
+            .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
+            .await;
+        reporter
+            .set_not_serving::<AdminServer<AdminService>>()
+            .await;
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+}
+
+/// What both stacks are built from.
+pub(super) struct Stacks<'a> {
+    pub(super) settings: &'a Settings,
+    /// The listeners' bounds, fitted to the descriptor limit.
+    pub(super) limits: ServerLimits,
+    pub(super) decider: Arc<Decider>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) health: &'a GrpcHealth,
+    /// Both servers stop accepting when this is cancelled.
+    pub(super) stop: CancellationToken,
+}
+
+impl Stacks<'_> {
+    /// A gRPC server builder with the HTTP/2 limits and, when configured, TLS (the whole
+    /// handshake within the handshake timeout: else a client that stalls after its first
+    /// bytes holds a connection until the idle timeout).
+    fn builder(&self, admin: bool) -> Result<tonic::transport::Server, ServeError> {
+        let server = self.limits.grpc_server();
+        Ok(match (&self.settings.tls, admin) {
+            (None, _) => server,
+            (Some(tls), false) => server.tls_config(
+                tls.decisions()
+                    .timeout(self.limits.decisions.handshake_timeout),
+            )?,
+            (Some(tls), true) => {
+                server.tls_config(tls.admin().timeout(self.limits.admin.handshake_timeout))?
+            }
+        })
+    }
+
+    /// The decisions listener's server, serving until [`Self::stop`].
+    pub(super) fn decisions(
+        &self,
+        listener: TcpListener,
+        rlqs: RlqsService,
+        admin_addr: &str,
+    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        let services = [
+            RATE_LIMITER,
+            ENVOY_RLS,
+            ENVOY_RLQS,
+            HEALTH,
+            REFLECTION_V1,
+            REFLECTION_V1ALPHA,
+        ];
+        let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions");
+        let native = RateLimiterServer::new(RateLimiterService::new(
+            self.decider.clone(),
+            self.metrics.clone(),
+        ))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let envoy = RateLimitServiceServer::new(EnvoyRateLimitService::new(
+            self.decider.clone(),
+            self.settings.envoy,
+            self.metrics.clone(),
+        ))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(self
+            .builder(false)?
+            .layer(RpcMetricsLayer::new(self.metrics.clone()))
+            .layer(InFlightLayer::new(self.limits.max_in_flight))
+            // Innermost: the decision RPCs skip the router (and are mounted in it too).
+            .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
+            .add_service(self.health.service.clone())
+            .add_service(
+                reflection(&services)
+                    .build_v1()?
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                reflection(&services)
+                    .build_v1alpha()?
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(native)
+            .add_service(envoy)
+            .add_service(
+                RateLimitQuotaServiceServer::new(rlqs)
+                    .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
+            )
+            .add_service(AdminElsewhere::new(admin_addr))
+            .serve_with_incoming_shutdown(
+                incoming.into_stream(),
+                self.stop.clone().cancelled_owned(),
+            ))
+    }
+
+    /// The admin listener's server, serving until [`Self::stop`].
+    pub(super) fn admin(
+        &self,
+        listener: TcpListener,
+        denials: Arc<DenialTracker>,
+    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        let services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
+        let incoming = GuardedListener::new(listener, self.limits.admin, "admin");
+        let admin = AdminServer::new(
+            AdminService::new(self.decider.clone())
+                .with_denials(denials)
+                .with_metrics(self.metrics.clone()),
+        )
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(self
+            .builder(true)?
+            .layer(RpcMetricsLayer::new(self.metrics.clone()))
+            .layer(InFlightLayer::new(self.limits.max_in_flight))
+            .add_service(self.health.service.clone())
+            .add_service(
+                reflection(&services)
+                    .build_v1()?
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                reflection(&services)
+                    .build_v1alpha()?
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                admin,
+                AdminAuth::new(self.settings.admin_token.as_deref()),
+            ))
+            .serve_with_incoming_shutdown(
+                incoming.into_stream(),
+                self.stop.clone().cancelled_owned(),
+            ))
+    }
+}
+
+/// Mounted as `cellrate.v1.Admin` on the decisions listener: every call is answered
+/// UNIMPLEMENTED with the admin listener's address, whatever the method.
+#[derive(Clone)]
+struct AdminElsewhere {
+    message: Arc<str>,
+}
+
+impl AdminElsewhere {
+    /// `admin` is the admin listener's bound address.
+    fn new(admin: &str) -> AdminElsewhere {
+        AdminElsewhere {
+            message: format!(
+                "admin RPCs (cellrate.v1.Admin) are served on the admin listener, {admin} \
+                 (--admin-listen), not on the decision listener"
+            )
+            .into(),
+        }
+    }
+}
+
+impl NamedService for AdminElsewhere {
+    const NAME: &'static str = ADMIN;
+}
+
+impl<B> tower_service::Service<http::Request<B>> for AdminElsewhere {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// The request is not read: the answer is in the headers (a trailers-only response).
+    fn call(&mut self, _: http::Request<B>) -> Self::Future {
+        let status = tonic::Status::unimplemented(self.message.to_string());
+        std::future::ready(Ok(status.into_http()))
+    }
+}

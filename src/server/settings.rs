@@ -1,0 +1,185 @@
+//! How the server runs: its settings (each with the default the flags document), the
+//! bounds and timeouts on its listeners, where buckets live, and the sockets it answers on.
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+
+use super::admin::TlsPem;
+use super::listener::ConnectionLimits;
+use super::reload::ReloadSettings;
+use crate::resp::RespSettings;
+use crate::service::envoy::EnvoyOptions;
+use crate::service::CallerLimits;
+use crate::store::redis::RedisSettings;
+
+/// How the service runs, beyond its listeners.
+#[derive(Clone)]
+pub struct Settings {
+    /// Bound on live buckets in the memory store.
+    pub max_buckets: usize,
+    /// Percent of `max_buckets` that buckets under caller-given limits may hold.
+    pub caller_bucket_share: usize,
+    /// Bounds on limits that callers give (or none at all).
+    pub caller: CallerLimits,
+    /// Temporary overrides: at most this many in force, each for at most this long.
+    pub max_runtime_overrides: usize,
+    pub max_override_ttl: crate::clock::Nanos,
+    /// Envoy's RLQS on the decision listener: bounds and timings.
+    pub rlqs: crate::service::rlqs::RlqsSettings,
+    /// How often expired buckets are swept from the memory store.
+    pub sweep_interval: Duration,
+    /// After SIGTERM, how long health reports NOT_SERVING while requests are still served
+    /// (so that load balancers stop sending before the listeners close).
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight RPCs may take to finish.
+    pub grace: Duration,
+    /// How Envoy's ShouldRateLimit answers (headers, global shadow mode).
+    pub envoy: EnvoyOptions,
+    /// Hot reload of the limits directory; `None`: the limits never change.
+    pub reload: Option<ReloadSettings>,
+    /// Bearer token required on admin RPCs.
+    pub admin_token: Option<String>,
+    /// TLS on both gRPC listeners.
+    pub tls: Option<TlsPem>,
+    /// Where buckets live.
+    pub store: StoreSettings,
+    /// Bounds and timeouts on every listener.
+    pub server: ServerLimits,
+    /// The Redis-protocol listener's token and command bounds (when it listens).
+    pub resp: RespSettings,
+}
+
+/// Bounds and timeouts on the listeners (see [`crate::server::listener`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    pub decisions: ConnectionLimits,
+    pub admin: ConnectionLimits,
+    pub metrics: ConnectionLimits,
+    pub resp: ConnectionLimits,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on both gRPC listeners.
+    pub max_streams_per_connection: u32,
+    /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
+    pub max_in_flight: usize,
+    /// Longest time a gRPC request may take, body included (a caller's shorter
+    /// `grpc-timeout` wins).
+    pub request_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> ServerLimits {
+        ServerLimits {
+            decisions: ConnectionLimits::default(),
+            admin: ConnectionLimits {
+                max_connections: 256,
+                ..ConnectionLimits::default()
+            },
+            metrics: ConnectionLimits {
+                max_connections: 64,
+                idle_timeout: Duration::from_secs(60),
+                ..ConnectionLimits::default()
+            },
+            resp: ConnectionLimits {
+                max_connections: 1024,
+                ..ConnectionLimits::default()
+            },
+            max_streams_per_connection: 100,
+            max_in_flight: 4096,
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Descriptors kept free for everything but connections (files, Redis, logs).
+const RESERVED_FDS: u64 = 256;
+
+impl ServerLimits {
+    /// These limits with connection bounds that fit the process's descriptor limit
+    /// (raised to its hard limit first).
+    pub(super) fn fitted(mut self) -> ServerLimits {
+        let wanted = [
+            self.decisions.max_connections,
+            self.admin.max_connections,
+            self.metrics.max_connections,
+            self.resp.max_connections,
+        ];
+        let fitted = super::listener::fit_to_fd_limit(
+            &wanted,
+            super::listener::raise_fd_limit(),
+            RESERVED_FDS,
+        );
+        if fitted != wanted {
+            tracing::warn!(
+                ?wanted,
+                ?fitted,
+                "connection bounds lowered to fit the open-files limit (raise `ulimit -n`)"
+            );
+        }
+        self.decisions.max_connections = fitted[0];
+        self.admin.max_connections = fitted[1];
+        self.metrics.max_connections = fitted[2];
+        self.resp.max_connections = fitted[3];
+        self
+    }
+
+    /// A gRPC server builder with the HTTP/2 limits.
+    pub(super) fn grpc_server(&self) -> Server {
+        Server::builder()
+            .max_concurrent_streams(self.max_streams_per_connection)
+            .timeout(self.request_timeout)
+            // tonic passes None for both, which disables h2's defences against reset floods.
+            .http2_max_pending_accept_reset_streams(Some(20))
+            .http2_max_local_error_reset_streams(Some(1024))
+            .http2_max_header_list_size(16 * 1024)
+    }
+}
+
+/// Where buckets live.
+#[derive(Debug, Clone, Default)]
+pub enum StoreSettings {
+    /// This process's memory (the default).
+    #[default]
+    Memory,
+    /// Redis, shared by replicas; `required_for_ready` makes `/readyz` fail while Redis does.
+    Redis {
+        /// Boxed: far larger than the other variant.
+        settings: Box<RedisSettings>,
+        required_for_ready: bool,
+    },
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
+            caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            caller: CallerLimits::default(),
+            max_runtime_overrides: 10_000,
+            max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
+            rlqs: crate::service::rlqs::RlqsSettings::default(),
+            sweep_interval: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
+            grace: Duration::from_secs(10),
+            envoy: EnvoyOptions::default(),
+            reload: None,
+            admin_token: None,
+            tls: None,
+            store: StoreSettings::Memory,
+            server: ServerLimits::default(),
+            resp: RespSettings::default(),
+        }
+    }
+}
+
+/// The bound sockets the service answers on.
+pub struct Listeners {
+    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection.
+    pub decisions: TcpListener,
+    /// `Admin`, health, reflection. Loopback by default.
+    pub admin: TcpListener,
+    /// HTTP: `/metrics`, `/healthz`, `/readyz`.
+    pub metrics: Option<TcpListener>,
+    /// The Redis protocol (`CL.THROTTLE`); off unless given.
+    pub resp: Option<TcpListener>,
+}

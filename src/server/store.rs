@@ -1,0 +1,82 @@
+//! Where buckets live: the store `--store` names (the memory store, or Redis with the
+//! shared temporary overrides and RLQS demand that come with it).
+
+use std::sync::Arc;
+
+use super::{Settings, StoreSettings};
+use crate::clock::Clock;
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
+#[cfg(feature = "redis")]
+use crate::store::redis::{RedisDemand, RedisOverrides, RedisStore};
+use crate::store::shared::{SharedDemand, SharedOverrides};
+use crate::store::{MemoryStore, Store, StoreError};
+
+/// The store, and the shared state that comes with it.
+pub struct Stores {
+    pub store: Arc<dyn Store>,
+    /// Where temporary overrides are shared with other replicas (the Redis store).
+    pub shared_overrides: Option<Arc<dyn SharedOverrides>>,
+    /// Where RLQS demand is shared with other replicas (the Redis store).
+    pub shared_demand: Option<Arc<dyn SharedDemand>>,
+}
+
+impl Stores {
+    /// `store` alone: nothing shared.
+    pub fn only(store: Arc<dyn Store>) -> Stores {
+        Stores {
+            store,
+            shared_overrides: None,
+            shared_demand: None,
+        }
+    }
+
+    /// The store `settings.store` names. The memory store's bound is published as a
+    /// metric; with Redis `required_for_ready`, readiness follows Redis's health.
+    pub fn build(
+        settings: &Settings,
+        clock: &Arc<dyn Clock>,
+        metrics: &Arc<Metrics>,
+        health: &Health,
+    ) -> Result<Stores, StoreError> {
+        match &settings.store {
+            StoreSettings::Memory => {
+                metrics.max_buckets.set(settings.max_buckets as i64);
+                Ok(Stores::only(Arc::new(MemoryStore::with_caller_share(
+                    clock.clone(),
+                    MemoryStore::shards_for(settings.max_buckets),
+                    settings.max_buckets,
+                    settings.caller_bucket_share,
+                ))))
+            }
+            #[cfg(feature = "redis")]
+            StoreSettings::Redis {
+                settings: redis,
+                required_for_ready,
+            } => {
+                let store = RedisStore::new((**redis).clone(), clock.clone(), metrics.clone())?;
+                if *required_for_ready {
+                    health.require_store_health(store.healthy());
+                }
+                Ok(Stores {
+                    store,
+                    shared_overrides: Some(Arc::new(RedisOverrides::new(redis)?)),
+                    shared_demand: Some(Arc::new(RedisDemand::new(redis, 3 * settings.rlqs.sync)?)),
+                })
+            }
+            #[cfg(not(feature = "redis"))]
+            StoreSettings::Redis { .. } => {
+                let _ = health;
+                Err(no_redis())
+            }
+        }
+    }
+}
+
+/// Why `--store redis` cannot work in this build.
+pub fn no_redis() -> StoreError {
+    StoreError::Config(
+        "this cellrate was built without the `redis` feature: --store redis is not available"
+            .to_string(),
+    )
+}
