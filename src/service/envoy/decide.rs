@@ -1,0 +1,287 @@
+//! ShouldRateLimit's request: its bounds checked (each a clear INVALID_ARGUMENT naming
+//! the field), its descriptors mapped to limit names and ids (or to a descriptor's own
+//! limit), and the whole decided as one all-or-nothing batch.
+
+use std::borrow::Cow;
+use std::sync::atomic::Ordering;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::Status;
+
+use super::{
+    invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
+    MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
+};
+use crate::gcra::Mode;
+use crate::limits::config::LimitTable;
+use crate::limits::descriptors::Mapping;
+use crate::service::{
+    count_decisions, store_unavailable, trace, CheckOptions, DecideError, ItemResult, ItemSpec,
+    Rule, Target,
+};
+
+/// A request's descriptors as one batch: the items, the descriptor each item comes from,
+/// and how many descriptors matched nothing (counted once the request is decided: a
+/// rejected request decided nothing).
+#[derive(Default)]
+struct Batch<'a> {
+    items: Vec<ItemSpec<'a>>,
+    owner: Vec<usize>,
+    unmatched: usize,
+}
+
+impl EnvoyRateLimitService {
+    pub(super) async fn decide(
+        &self,
+        request: RateLimitRequest,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<RateLimitResponse, Status> {
+        check_request(&request)?;
+        // One snapshot for mapping and deciding: a reload never splits a request.
+        let table = self.decider.limits();
+        // hits_addend 0 means 1.
+        let request_cost = u64::from(request.hits_addend.max(1));
+        let mut batch = Batch::default();
+        for (d, descriptor) in request.descriptors.iter().enumerate() {
+            self.add_descriptor(
+                &table,
+                &request.domain,
+                request_cost,
+                d,
+                descriptor,
+                &mut batch,
+            )?;
+        }
+        let results = if batch.items.is_empty() {
+            Vec::new()
+        } else {
+            self.check(&table, &request.domain, &batch).await?
+        };
+        for _ in 0..batch.unmatched {
+            self.metrics.decision("envoy", "", "unmatched");
+        }
+        self.log_invalid_ids(&request, &batch.owner, &results);
+        count_decisions(&self.metrics, "envoy", &results);
+        trace::log_denied("envoy", metadata, &results);
+        Ok(self.respond(request.descriptors.len(), &batch.owner, &results))
+    }
+
+    /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its
+    /// own limit when it matches nothing but brings a limit.
+    fn add_descriptor<'a>(
+        &self,
+        table: &'a LimitTable,
+        domain: &str,
+        request_cost: u64,
+        d: usize,
+        descriptor: &'a RateLimitDescriptor,
+        batch: &mut Batch<'a>,
+    ) -> Result<(), Status> {
+        check_descriptor(d, descriptor)?;
+        let given = descriptor
+            .limit
+            .as_ref()
+            .map(override_limit)
+            .transpose()
+            .map_err(|e| invalid(format!("descriptors[{d}].limit: {e}")))?
+            // Caller-given limits turned off: the field is ignored.
+            .filter(|_| self.decider.caller_limits().enabled);
+        let cost = descriptor
+            .hits_addend
+            .map_or(request_cost, |explicit| explicit.value);
+        // At most MAX_ENTRIES (checked above): on the stack.
+        let mut entry_buf = [("", ""); MAX_ENTRIES];
+        for (slot, e) in entry_buf.iter_mut().zip(&descriptor.entries) {
+            *slot = (e.key.as_str(), e.value.as_str());
+        }
+        let entries = &entry_buf[..descriptor.entries.len()];
+        let spec = |target| ItemSpec {
+            target,
+            cost: Some(cost),
+            mode: Mode::CheckAndSpend,
+            limit: given,
+        };
+        match table.descriptors().map(table.names(), domain, entries) {
+            Mapping::Limits { names, id } => {
+                for name in names {
+                    batch.items.push(spec(Target::Named {
+                        name: Cow::Borrowed(name),
+                        id: id.clone(),
+                    }));
+                    batch.owner.push(d);
+                }
+            }
+            // An unmatched descriptor that brings its own limit is limited by it, on a
+            // bucket named after the domain and entries (as envoyproxy/ratelimit does).
+            Mapping::Unmatched => match given {
+                None => batch.unmatched += 1,
+                Some(limit) => {
+                    batch.items.push(spec(Target::Descriptor {
+                        digest: descriptor_digest(domain, entries),
+                        limit,
+                    }));
+                    batch.owner.push(d);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Decides the batch; an invalid item is reported in Envoy's fields (an id is built
+    /// from the descriptor's entries).
+    async fn check(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<ItemResult>, Status> {
+        let options = CheckOptions {
+            invalid_ids: table.descriptors().invalid_ids(domain),
+            oversize_denies: true,
+            honour_shadow: true,
+            shadow_all: self.options.shadow,
+        };
+        match self.decider.check_with(table, &batch.items, options).await {
+            Ok(result) => Ok(result.items),
+            Err(DecideError::Invalid(e)) => {
+                let message = match e.item {
+                    Some(i) => format!(
+                        "descriptors[{}]{}: {}",
+                        batch.owner[i],
+                        if e.field == ".id" {
+                            ".entries"
+                        } else {
+                            e.field
+                        },
+                        e.message
+                    ),
+                    None => format!("descriptors: {}", e.message),
+                };
+                Err(invalid(message))
+            }
+            Err(DecideError::Store(e)) => Err(store_unavailable(&e)),
+        }
+    }
+
+    /// Logs descriptors whose id did not fit its name's format: at most one line a
+    /// second (a client sending garbage must not flood the logs), with how many there were.
+    fn log_invalid_ids(&self, request: &RateLimitRequest, owner: &[usize], results: &[ItemResult]) {
+        let Some(i) = results
+            .iter()
+            .position(|r| matches!(r.rule, Rule::InvalidId { .. }))
+        else {
+            return;
+        };
+        let count = results
+            .iter()
+            .filter(|r| matches!(r.rule, Rule::InvalidId { .. }))
+            .count() as u64;
+        let pending = self.invalid_unlogged.fetch_add(count, Ordering::Relaxed) + count;
+        // Seconds since start, plus one, so that the first line is written at once.
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.invalid_logged_at.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .invalid_logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.invalid_unlogged.fetch_sub(pending, Ordering::Relaxed);
+            let descriptor = &request.descriptors[owner[i]];
+            let entries: Vec<String> = descriptor
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", short(&e.key), short(&e.value)))
+                .collect();
+            tracing::warn!(
+                domain = short(&request.domain),
+                limit = %results[i].name,
+                example = entries.join(","),
+                since_last_line = pending,
+                "descriptors with an id that does not fit the limit's format"
+            );
+        }
+    }
+}
+
+/// At most 64 characters of a caller's text, for a log line.
+fn short(text: &str) -> &str {
+    match text.char_indices().nth(64) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+/// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
+/// and entries, each length-prefixed, so that no two different descriptors (nor a domain
+/// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
+/// whatever the entries' lengths.
+fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    let mut field = |text: &str| {
+        hash.update((text.len() as u64).to_le_bytes());
+        hash.update(text.as_bytes());
+    };
+    field(domain);
+    for (key, value) in entries {
+        field(key);
+        field(value);
+    }
+    hex::encode(hash.finalize())
+}
+
+/// The request's own bounds: a domain, at least one descriptor, and not too many.
+fn check_request(request: &RateLimitRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(invalid("domain: empty".to_string()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(invalid("descriptors: empty".to_string()));
+    }
+    if request.domain.len() > MAX_DOMAIN {
+        return Err(invalid(format!("domain: longer than {MAX_DOMAIN} bytes")));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(invalid(format!(
+            "descriptors: {} descriptors, at most {MAX_DESCRIPTORS}",
+            request.descriptors.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A descriptor's bounds: entries, keys and values, and no negative hits.
+fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), Status> {
+    if descriptor.entries.is_empty() {
+        return Err(invalid(format!("descriptors[{d}].entries: empty")));
+    }
+    if descriptor.entries.len() > MAX_ENTRIES {
+        return Err(invalid(format!(
+            "descriptors[{d}].entries: {} entries, at most {MAX_ENTRIES}",
+            descriptor.entries.len()
+        )));
+    }
+    if let Some(e) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
+        return Err(invalid(format!("descriptors[{d}].entries[{e}].key: empty")));
+    }
+    for (e, entry) in descriptor.entries.iter().enumerate() {
+        if entry.key.len() > MAX_ENTRY_KEY {
+            return Err(invalid(format!(
+                "descriptors[{d}].entries[{e}].key: longer than {MAX_ENTRY_KEY} bytes"
+            )));
+        }
+        if entry.value.len() > MAX_ENTRY_VALUE {
+            return Err(invalid(format!(
+                "descriptors[{d}].entries[{e}].value: longer than {MAX_ENTRY_VALUE} bytes"
+            )));
+        }
+    }
+    if descriptor.is_negative_hits {
+        return Err(invalid(format!(
+            "descriptors[{d}].is_negative_hits: not supported (use cellrate.v1 Refund)"
+        )));
+    }
+    Ok(())
+}

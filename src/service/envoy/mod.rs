@@ -1,0 +1,203 @@
+//! Envoy's Rate Limit Service v3 (`envoy.service.ratelimit.v3.RateLimitService`):
+//! descriptors -> one all-or-nothing batch -> statuses, headers and metadata.
+//!
+//! Protocol facts the code relies on:
+//! - the request's `hits_addend` 0 means 1; a descriptor's own `hits_addend` (a
+//!   `UInt64Value`) wins when present, and an explicit 0 asks without spending;
+//! - Envoy treats UNKNOWN as "allow" and cannot act on a per-descriptor error, so a cost
+//!   above the burst is OVER_LIMIT for that descriptor, and a store failure is UNAVAILABLE;
+//! - `overall_code` is OK or OVER_LIMIT, never UNKNOWN.
+//!
+//! `decide.rs` checks the request and maps its descriptors to one batch; `respond.rs`
+//! turns the batch's answer into statuses, rate-limit headers and dynamic metadata.
+
+mod decide;
+mod respond;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::{Request, Response, Status};
+
+use crate::clock::{Nanos, SECOND};
+use crate::gcra::Limit;
+use crate::observe::metrics::Metrics;
+use crate::service::{trace, Decider};
+
+/// Which rate-limit headers go into `response_headers_to_add`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HeaderStyle {
+    /// No rate-limit fields (`Retry-After` is still sent on OVER_LIMIT).
+    #[default]
+    Off,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Envoy's draft 03).
+    Draft03,
+    /// The IETF `RateLimit-Policy` and `RateLimit` structured fields, every limit named.
+    Ietf,
+}
+
+/// How ShouldRateLimit answers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnvoyOptions {
+    pub headers: HeaderStyle,
+    /// Global shadow mode: decide, spend and count, but always answer OK.
+    pub shadow: bool,
+}
+
+/// The RLS service, served on the decision listener.
+pub struct EnvoyRateLimitService {
+    decider: Arc<Decider>,
+    options: EnvoyOptions,
+    metrics: Arc<Metrics>,
+    /// Invalid-id descriptors not yet logged, and the second (since start) of the last line.
+    invalid_unlogged: AtomicU64,
+    invalid_logged_at: AtomicU64,
+    started: Instant,
+}
+
+impl EnvoyRateLimitService {
+    pub fn new(
+        decider: Arc<Decider>,
+        options: EnvoyOptions,
+        metrics: Arc<Metrics>,
+    ) -> EnvoyRateLimitService {
+        EnvoyRateLimitService {
+            decider,
+            options,
+            metrics,
+            invalid_unlogged: AtomicU64::new(0),
+            invalid_logged_at: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Input limits of ShouldRateLimit (each a clear INVALID_ARGUMENT when exceeded).
+pub const MAX_DOMAIN: usize = 256;
+pub const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_ENTRIES: usize = 16;
+pub const MAX_ENTRY_KEY: usize = 256;
+pub const MAX_ENTRY_VALUE: usize = 1024;
+
+/// Unit lengths as envoyproxy/ratelimit counts them (a month is 30 days, a year 365).
+const UNITS: [(Unit, Nanos); 7] = [
+    (Unit::Second, SECOND),
+    (Unit::Minute, 60 * SECOND),
+    (Unit::Hour, 3_600 * SECOND),
+    (Unit::Day, 86_400 * SECOND),
+    (Unit::Week, 7 * 86_400 * SECOND),
+    (Unit::Month, 30 * 86_400 * SECOND),
+    (Unit::Year, 365 * 86_400 * SECOND),
+];
+
+/// A descriptor's `limit`: `requests_per_unit` per `unit`, burst = `requests_per_unit`.
+fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
+    let unit = match RateLimitUnit::try_from(o.unit) {
+        Ok(RateLimitUnit::Second) => SECOND,
+        Ok(RateLimitUnit::Minute) => 60 * SECOND,
+        Ok(RateLimitUnit::Hour) => 3_600 * SECOND,
+        Ok(RateLimitUnit::Day) => 86_400 * SECOND,
+        Ok(RateLimitUnit::Month) => 30 * 86_400 * SECOND,
+        Ok(RateLimitUnit::Year) => 365 * 86_400 * SECOND,
+        // WEEK is 7 in newer Envoy protos.
+        _ if o.unit == 7 => 7 * 86_400 * SECOND,
+        _ => return Err(format!("unit {} is not a known time unit", o.unit)),
+    };
+    let n = u64::from(o.requests_per_unit);
+    Limit::new(n, n, unit).map_err(|e| e.to_string())
+}
+
+/// `count` per `period` as Envoy's `requests_per_unit` per `unit`: the smallest unit at
+/// least as long as the period, with the count scaled to it and rounded down (at least 1).
+/// Exact whenever the period divides the unit (1s, 500ms, 15m, 180m, 1d, ...).
+///
+/// ```
+/// use cellrate::gcra::Limit;
+/// use cellrate::service::envoy::requests_per_unit;
+/// use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+/// let s = 1_000_000_000;
+/// assert_eq!(requests_per_unit(&Limit::new(20, 20, s).unwrap()), (20, Unit::Second));
+/// assert_eq!(requests_per_unit(&Limit::new(300, 300, 10_800 * s).unwrap()), (2_400, Unit::Day));
+/// assert_eq!(requests_per_unit(&Limit::new(5, 5, s / 2).unwrap()), (10, Unit::Second));
+/// ```
+pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
+    let period = limit.period();
+    let (unit, unit_ns) = UNITS
+        .iter()
+        .copied()
+        .find(|&(_, ns)| ns >= period)
+        .unwrap_or(UNITS[UNITS.len() - 1]);
+    let scaled = i128::from(limit.count()) * i128::from(unit_ns) / i128::from(period);
+    (scaled.clamp(1, i128::from(u32::MAX)) as u32, unit)
+}
+
+/// Whole seconds, rounded up.
+fn ceil_seconds(nanos: Nanos) -> i64 {
+    let nanos = nanos.max(0);
+    nanos / SECOND + i64::from(nanos % SECOND != 0)
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+#[tonic::async_trait]
+impl RateLimitService for EnvoyRateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let (metadata, _, request) = request.into_parts();
+        let answer = self.decide(request, &metadata).await;
+        trace::log_failed("envoy", &metadata, answer).map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_rounding() {
+        let s = SECOND;
+        let l = |b, c, p| Limit::new(b, c, p).unwrap();
+        assert_eq!(requests_per_unit(&l(1, 1, 60 * s)), (1, Unit::Minute));
+        assert_eq!(requests_per_unit(&l(7, 7, 45 * s)), (9, Unit::Minute)); // 9.33 -> 9
+        assert_eq!(
+            requests_per_unit(&l(10_000, 10_000, 86_400 * s)),
+            (10_000, Unit::Day)
+        );
+        assert_eq!(
+            requests_per_unit(&l(1, 1, 2 * 365 * 86_400 * s)),
+            (1, Unit::Year)
+        ); // 0.5 -> 1
+        assert_eq!(ceil_seconds(1), 1);
+        assert_eq!(ceil_seconds(SECOND), 1);
+        assert_eq!(ceil_seconds(SECOND + 1), 2);
+        assert_eq!(ceil_seconds(0), 0);
+    }
+
+    #[test]
+    fn override_units() {
+        let o = |requests_per_unit, unit| RateLimitOverride {
+            requests_per_unit,
+            unit,
+        };
+        assert_eq!(
+            override_limit(&o(5, RateLimitUnit::Minute as i32)),
+            Ok(Limit::new(5, 5, 60 * SECOND).unwrap())
+        );
+        assert_eq!(
+            override_limit(&o(5, 7)),
+            Ok(Limit::new(5, 5, 7 * 86_400 * SECOND).unwrap())
+        );
+        assert!(override_limit(&o(5, 0)).unwrap_err().contains("unit 0"));
+        assert!(override_limit(&o(0, 1)).unwrap_err().contains("burst"));
+    }
+}

@@ -1,0 +1,146 @@
+//! A request and its answer in domain terms, whichever API it came through: items naming
+//! buckets ([`ItemSpec`], [`Target`]), how a front end wants them decided
+//! ([`CheckOptions`]), and the per-item and overall answers ([`ItemResult`],
+//! [`BatchResult`]), with the labels they are counted under.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::InvalidIds;
+use crate::gcra::{Decision, Limit, Mode};
+use crate::limits::names::BucketKey;
+
+/// Which bucket an item names. The strings borrow from the request where they can: the
+/// request path copies no name or id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// A configured name and an id in its format.
+    Named {
+        name: Cow<'a, str>,
+        id: Cow<'a, str>,
+    },
+    /// A limit given in the request (native inline), on the caller's key.
+    Inline { key: Cow<'a, str>, limit: Limit },
+    /// An unmatched Envoy descriptor with its own limit; `digest` identifies its domain
+    /// and entries unambiguously (see [`super::envoy`]).
+    Descriptor { digest: String, limit: Limit },
+}
+
+/// One item of a request, before resolution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemSpec<'a> {
+    pub target: Target<'a>,
+    /// Tokens; `None` means 1.
+    pub cost: Option<u64>,
+    pub mode: Mode,
+    /// A limit given by the caller for this bucket (Envoy's descriptor `limit`), in place
+    /// of the configured one. Allow and deny lists still apply.
+    pub limit: Option<Limit>,
+}
+
+impl<'a> ItemSpec<'a> {
+    /// A named item of cost 1.
+    pub fn named(name: &'a str, id: &'a str) -> ItemSpec<'a> {
+        ItemSpec {
+            target: Target::Named {
+                name: Cow::Borrowed(name),
+                id: Cow::Borrowed(id),
+            },
+            cost: None,
+            mode: Mode::CheckAndSpend,
+            limit: None,
+        }
+    }
+}
+
+/// The `result` label of a decided item, for `cellrate_decisions_total`.
+pub fn outcome(item: &ItemResult) -> &'static str {
+    match item.rule {
+        Rule::Unlimited => "unlimited",
+        Rule::NotConfigured => "not_configured",
+        Rule::Denied => "denied",
+        Rule::InvalidId { .. } => "invalid",
+        Rule::Limited(_) if item.decision.allowed => "allowed",
+        Rule::Limited(_) if item.shadow => "shadow_denied",
+        Rule::Limited(_) => "denied",
+    }
+}
+
+/// Counts a batch's items in `metrics` under `api`.
+pub fn count_decisions(
+    metrics: &crate::observe::metrics::Metrics,
+    api: &str,
+    items: &[ItemResult],
+) {
+    for item in items {
+        let outcome = outcome(item);
+        metrics.decision(api, &item.name, outcome);
+        if outcome == "denied" {
+            metrics.denied_id(&item.name, item.key.parts().1);
+        }
+    }
+}
+
+/// How a front end wants a batch decided.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// A cost above the limit's burst denies the item (and so the batch) instead of being
+    /// an error. Envoy cannot act on a per-descriptor error.
+    pub oversize_denies: bool,
+    /// Honour the `shadow` flag of configured limits: decide and spend, never deny.
+    pub honour_shadow: bool,
+    /// Treat every limit as shadow (global shadow mode).
+    pub shadow_all: bool,
+    /// What an id that does not fit its name's format does to the request.
+    pub invalid_ids: InvalidIds,
+}
+
+/// Which rule decided an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    Limited(Limit),
+    Unlimited,
+    Denied,
+    NotConfigured,
+    /// The id does not fit the name's format; `deny` under [`InvalidIds::Deny`].
+    InvalidId {
+        deny: bool,
+    },
+}
+
+impl Rule {
+    /// Whether the rule can restrict a batch (limited, deny-listed, a denied invalid id).
+    pub fn restricts(&self) -> bool {
+        matches!(
+            self,
+            Rule::Limited(_) | Rule::Denied | Rule::InvalidId { deny: true }
+        )
+    }
+}
+
+/// One item's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemResult {
+    pub decision: Decision,
+    pub rule: Rule,
+    /// The limit's name (or [`super::INLINE_NAME`]).
+    pub name: Arc<str>,
+    pub key: BucketKey,
+    /// Decided in shadow mode: a denial here did not deny the batch.
+    pub shadow: bool,
+    /// The cost exceeded the burst ([`CheckOptions::oversize_denies`]): denied for good.
+    pub oversize: bool,
+    /// How the item took part (a shadow item is spend-only).
+    pub mode: Mode,
+}
+
+/// A batch's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchResult {
+    /// The strictest decision among counting items that are limited or denied; allowed
+    /// with zeros when there is none.
+    pub overall: Decision,
+    /// The item the overall decision comes from, if any.
+    pub overall_item: Option<usize>,
+    pub items: Vec<ItemResult>,
+}

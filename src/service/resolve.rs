@@ -1,0 +1,272 @@
+//! How the decider turns a request's items into buckets: the name and the id in its
+//! canonical form (or the caller's own limit), the rule in force (a temporary override,
+//! the configured override or default, the caller's limit, allow and deny lists), the
+//! cost checked against the burst, and each bucket at most once per request.
+
+use std::sync::Arc;
+
+use super::{
+    CheckOptions, DecideError, Decider, Invalid, InvalidIds, ItemSpec, Rule, Target, INLINE_NAME,
+    MAX_BATCH, MAX_NAME,
+};
+use crate::gcra::{Limit, Mode};
+use crate::limits::config::{LimitTable, Policy};
+use crate::limits::ids::IdFormat;
+use crate::limits::names::BucketKey;
+
+/// A resolved item.
+pub(super) struct Resolved {
+    pub(super) key: BucketKey,
+    pub(super) name: Arc<str>,
+    pub(super) rule: Rule,
+    pub(super) cost: u64,
+    pub(super) mode: Mode,
+    pub(super) shadow: bool,
+    pub(super) oversize: bool,
+}
+
+/// Where an item's bucket is, before its rule: its key, its limit's name and the policy
+/// configured for it (`None`: not configured).
+struct Bucket {
+    key: BucketKey,
+    name: Arc<str>,
+    policy: Option<Policy>,
+}
+
+fn invalid(i: usize, field: &'static str, message: String) -> DecideError {
+    DecideError::Invalid(Invalid::at(i, field, message))
+}
+
+fn invalid_batch(message: String) -> DecideError {
+    DecideError::Invalid(Invalid {
+        item: None,
+        field: "",
+        message,
+    })
+}
+
+impl Decider {
+    /// Resolves every item of a batch against `table`, or says which item is wrong and why.
+    pub(super) fn resolve(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec<'_>],
+        options: CheckOptions,
+    ) -> Result<Vec<Resolved>, DecideError> {
+        if items.is_empty() {
+            return Err(invalid_batch("empty batch".to_string()));
+        }
+        if items.len() > MAX_BATCH {
+            return Err(invalid_batch(format!(
+                "{} items, at most {MAX_BATCH} per request",
+                items.len()
+            )));
+        }
+        let mut resolved: Vec<Resolved> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let item = self.resolve_item(table, i, item, options)?;
+            // An invalid id has no bucket: decided without the store, never a duplicate.
+            // At most 64 items: a scan beats hashing, and allocates nothing.
+            let has_bucket = |r: &Resolved| !matches!(r.rule, Rule::InvalidId { .. });
+            if has_bucket(&item) {
+                if let Some(first) = resolved
+                    .iter()
+                    .position(|r| r.key == item.key && has_bucket(r))
+                {
+                    return Err(invalid(
+                        i,
+                        "",
+                        format!(
+                            "bucket {} is already items[{first}] (each bucket once per request)",
+                            item.key
+                        ),
+                    ));
+                }
+            }
+            resolved.push(item);
+        }
+        Ok(resolved)
+    }
+
+    fn resolve_item(
+        &self,
+        table: &LimitTable,
+        i: usize,
+        item: &ItemSpec<'_>,
+        options: CheckOptions,
+    ) -> Result<Resolved, DecideError> {
+        // A caller-given limit outside the bounds: an error, or for Envoy a denial.
+        let mut refused = false;
+        let bucket = match &item.target {
+            Target::Named { name, id } => match self.named(table, i, name, id, item, options)? {
+                Ok(bucket) => bucket,
+                Err(invalid_id) => return Ok(invalid_id),
+            },
+            Target::Inline { key, limit } => {
+                refused |= self.check_caller(i, limit, options)?;
+                let canonical = IdFormat::String
+                    .canonicalize_cow(key)
+                    .map_err(|e| invalid(i, ".inline.key", e.to_string()))?;
+                caller_bucket(BucketKey::caller_given('i', limit, &canonical), limit)
+            }
+            Target::Descriptor { digest, limit } => {
+                refused |= self.check_caller(i, limit, options)?;
+                caller_bucket(BucketKey::caller_given('d', limit, digest), limit)
+            }
+        };
+        if let Some(given) = &item.limit {
+            refused |= self.check_caller(i, given, options)?;
+        }
+        let (rule, configured_shadow) = match (bucket.policy, item.limit) {
+            (Some(Policy::Unlimited), _) => (Rule::Unlimited, false),
+            (Some(Policy::Denied), _) => (Rule::Denied, false),
+            (Some(Policy::Limited { shadow, .. }), Some(given)) => (Rule::Limited(given), shadow),
+            (Some(Policy::Limited { limit, shadow }), None) => (Rule::Limited(limit), shadow),
+            (None, Some(given)) => (Rule::Limited(given), false),
+            (None, None) => (Rule::NotConfigured, false),
+        };
+        let shadow = options.shadow_all || (options.honour_shadow && configured_shadow);
+        let (cost, oversize) = cost(i, item, rule, refused, &bucket.name, options)?;
+        Ok(Resolved {
+            key: bucket.key,
+            name: bucket.name,
+            rule,
+            cost,
+            mode: if shadow { Mode::SpendOnly } else { item.mode },
+            shadow,
+            oversize,
+        })
+    }
+
+    /// A configured name's bucket; `Err` (in `Ok`) the resolved item of an id that does
+    /// not fit the name's format, when the options let such ids through.
+    fn named(
+        &self,
+        table: &LimitTable,
+        i: usize,
+        name: &str,
+        id: &str,
+        item: &ItemSpec<'_>,
+        options: CheckOptions,
+    ) -> Result<Result<Bucket, Resolved>, DecideError> {
+        if name.len() > MAX_NAME {
+            return Err(invalid(i, ".name", format!("longer than {MAX_NAME} bytes")));
+        }
+        let found = table
+            .names()
+            .get(name)
+            .ok_or_else(|| invalid(i, ".name", table.names().unknown(name)))?;
+        let canonical = match found.format.canonicalize_cow(id) {
+            Ok(canonical) => canonical,
+            Err(e) if options.invalid_ids == InvalidIds::Reject => {
+                return Err(invalid(
+                    i,
+                    ".id",
+                    format!("{e} (format {} of {name})", found.format),
+                ))
+            }
+            Err(_) => {
+                return Ok(Err(Resolved {
+                    key: BucketKey::new(found.number, ""),
+                    name: found.text.clone(),
+                    rule: Rule::InvalidId {
+                        deny: options.invalid_ids == InvalidIds::Deny,
+                    },
+                    cost: 0,
+                    mode: if options.shadow_all {
+                        Mode::SpendOnly
+                    } else {
+                        item.mode
+                    },
+                    shadow: options.shadow_all,
+                    oversize: false,
+                }))
+            }
+        };
+        let policy = self.policy(table, found, &canonical);
+        let key = match item.limit {
+            // The caller's limit on a configured name: a bucket of its own.
+            Some(given) => BucketKey::caller_given(
+                'n',
+                &given,
+                BucketKey::new(found.number, &canonical).as_str(),
+            ),
+            None => BucketKey::new(found.number, &canonical),
+        };
+        Ok(Ok(Bucket {
+            key,
+            name: found.text.clone(),
+            policy,
+        }))
+    }
+
+    /// Checks a caller-given limit against the bounds: an error when caller-given limits
+    /// are off or it is out of bounds, except that with [`CheckOptions::oversize_denies`]
+    /// an out-of-bounds limit is `Ok(true)`: the item is refused (denied), not the request.
+    fn check_caller(
+        &self,
+        i: usize,
+        limit: &Limit,
+        options: CheckOptions,
+    ) -> Result<bool, DecideError> {
+        if !self.caller.enabled {
+            return Err(invalid(
+                i,
+                ".inline",
+                "caller-given limits are turned off on this server".to_string(),
+            ));
+        }
+        match self.caller.refuse(limit) {
+            Some(_) if options.oversize_denies => Ok(true),
+            Some(reason) => Err(invalid(i, ".inline", reason)),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The bucket of a limit the caller gave (inline, or an unmatched descriptor's).
+fn caller_bucket(key: BucketKey, limit: &Limit) -> Bucket {
+    Bucket {
+        key,
+        name: Arc::from(INLINE_NAME),
+        policy: Some(Policy::Limited {
+            limit: *limit,
+            shadow: false,
+        }),
+    }
+}
+
+/// The item's cost, and whether it is oversize: refused, or above its limit's burst (an
+/// error unless [`CheckOptions::oversize_denies`]). An oversize item costs nothing: the
+/// bucket is reported as it is (a peek) and the item is denied.
+fn cost(
+    i: usize,
+    item: &ItemSpec<'_>,
+    rule: Rule,
+    refused: bool,
+    name: &str,
+    options: CheckOptions,
+) -> Result<(u64, bool), DecideError> {
+    let cost = item.cost.unwrap_or(1);
+    if refused {
+        // Never allowed, whatever the bucket holds (as a cost above the burst).
+        return Ok((0, true));
+    }
+    match rule {
+        Rule::Limited(limit) if cost > limit.burst() => {
+            if options.oversize_denies {
+                Ok((0, true))
+            } else {
+                Err(invalid(
+                    i,
+                    "",
+                    format!(
+                        "cost {cost} exceeds the burst {} of {name}: it can never be allowed",
+                        limit.burst()
+                    ),
+                ))
+            }
+        }
+        _ => Ok((cost, false)),
+    }
+}
