@@ -114,7 +114,7 @@ struct Open(Arc<Metrics>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.resp_connections.dec();
+        self.0.resp.connections.dec();
     }
 }
 
@@ -170,7 +170,7 @@ impl RespServer {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        self.metrics.resp_connections.inc();
+        self.metrics.resp.connections.inc();
         let _open = Open(self.metrics.clone());
         let mut conn = Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),

@@ -41,7 +41,7 @@ impl Stores {
     ) -> Result<Stores, StoreError> {
         match &settings.store {
             StoreSettings::Memory => {
-                metrics.max_buckets.set(settings.max_buckets as i64);
+                metrics.store.max_buckets.set(settings.max_buckets as i64);
                 Ok(Stores::only(Arc::new(MemoryStore::with_caller_share(
                     clock.clone(),
                     MemoryStore::shards_for(settings.max_buckets),

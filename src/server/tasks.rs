@@ -31,9 +31,9 @@ pub async fn sweep(
             _ = stopped.cancelled() => return,
         }
         let dropped = store.sweep();
-        metrics.swept_buckets.inc_by(dropped as u64);
+        metrics.store.swept_buckets.inc_by(dropped as u64);
         if let Some(live) = store.live_buckets() {
-            metrics.live_buckets.set(live as i64);
+            metrics.store.live_buckets.set(live as i64);
         }
     }
 }
@@ -78,7 +78,7 @@ pub async fn sync_overrides(
                 }
             }
             Err(e) => {
-                metrics.override_sync_failures.inc();
+                metrics.config.override_sync_failures.inc();
                 if !failing {
                     tracing::warn!(
                         error = %e,

@@ -41,3 +41,4 @@ mod runtime_overrides;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod store_scenarios;
+mod structure;

@@ -234,7 +234,7 @@ impl RateLimitQuotaService for RlqsService {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, (tx.clone(), undelivered.clone()));
-        self.shared.metrics.rlqs_streams.inc();
+        self.shared.metrics.rlqs.streams.inc();
         tokio::spawn(serve_stream(
             self.shared.clone(),
             id,

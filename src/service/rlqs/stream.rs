@@ -108,8 +108,8 @@ pub(super) async fn serve_stream(
         .unwrap_or_else(PoisonError::into_inner)
         .spend(work as u64, Instant::now());
     push(&shared, pushes);
-    shared.metrics.rlqs_buckets.set(tracked as i64);
-    shared.metrics.rlqs_streams.dec();
+    shared.metrics.rlqs.buckets.set(tracked as i64);
+    shared.metrics.rlqs.streams.dec();
 }
 
 /// Work that may still be done now: `rate` a second, refilled continuously, at most `rate`
@@ -218,7 +218,7 @@ pub(super) fn answer(
             pushes.extend(reported.pushes);
             work += reported.evaluated as u64;
         }
-        shared.metrics.rlqs_buckets.set(book.tracked() as i64);
+        shared.metrics.rlqs.buckets.set(book.tracked() as i64);
     }
     push(shared, pushes);
     let response = (!actions.is_empty()).then_some(RateLimitQuotaResponse {

@@ -1,0 +1,358 @@
+//! The metrics in groups by what they watch (RPCs, the store, RLQS, the Redis-protocol
+//! listener, the configuration), each registered with its help text and, where its label
+//! set is known, every series created at zero.
+
+use prometheus::{
+    Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+use super::{LATENCY_BUCKETS, RPCS, STORE_OPS};
+
+/// Every RPC timed and counted by status code.
+pub(super) struct RpcMetrics {
+    pub(super) duration: HistogramVec,
+    pub(super) codes: IntCounterVec,
+    /// [`RPCS`]' OK counters, resolved once (the common case).
+    pub(super) ok: Vec<IntCounter>,
+    /// [`RPCS`]' series, resolved once: a label lookup costs a hash and a lock per call.
+    pub(super) series: Vec<prometheus::Histogram>,
+}
+
+/// The store: operations, buckets, failures and the Redis store's own machinery.
+pub struct StoreMetrics {
+    pub(super) duration: HistogramVec,
+    /// [`STORE_OPS`]' series, resolved once.
+    pub(super) series: Vec<prometheus::Histogram>,
+    pub(super) errors: IntCounterVec,
+    pub live_buckets: IntGauge,
+    /// The memory store's bound on live buckets (`--max-buckets`); 0 with Redis.
+    pub max_buckets: IntGauge,
+    pub swept_buckets: IntCounter,
+    pub(super) fallbacks: IntCounterVec,
+    pub(super) compensations: IntCounter,
+    pub(super) breaker_rejections: IntCounter,
+    /// Redis circuit breakers open now (one per slot, one in all for a standalone Redis).
+    pub(super) breakers_open: IntGauge,
+    /// Requests' batches per spend call Redis answered (coalescing).
+    pub(super) redis_batches_per_call: prometheus::Histogram,
+    /// Items waiting for a coalesced Redis call.
+    pub(super) redis_queued_items: IntGauge,
+    pub(super) deny_cache_hits: IntCounter,
+}
+
+/// Envoy's RLQS: streams, buckets, actions sent, refusals, reported requests.
+pub struct RlqsMetrics {
+    /// RLQS streams open, and buckets tracked over them.
+    pub streams: IntGauge,
+    pub buckets: IntGauge,
+    pub(super) actions: IntCounterVec,
+    pub(super) refusals: IntCounterVec,
+    pub(super) requests: IntCounterVec,
+}
+
+/// The Redis-protocol listener.
+pub struct RespMetrics {
+    /// Connections open on the Redis-protocol listener.
+    pub connections: IntGauge,
+    pub(super) commands: IntCounterVec,
+    /// `CL.THROTTLE` decisions allowed and limited, resolved once (the hot path).
+    pub(super) throttled: [IntCounter; 2],
+    /// `cellrate_resp_commands_total{command="cl.throttle",result="ok"}`, resolved once.
+    pub(super) throttle_ok: IntCounter,
+    pub(super) closed: IntCounterVec,
+}
+
+/// The limits in force, their reloads, and temporary overrides.
+pub struct ConfigMetrics {
+    pub(super) info: IntGaugeVec,
+    pub(super) loaded: Gauge,
+    /// 1 unless the last reload attempt was rejected.
+    pub(super) last_reload_ok: IntGauge,
+    pub(super) reloads: IntCounterVec,
+    pub(super) runtime_overrides: IntCounterVec,
+    /// Copies of the temporary overrides shared through Redis that failed.
+    pub override_sync_failures: IntCounter,
+}
+
+/// Registers metrics in one registry. Names are constants of this file; registering one
+/// twice is a bug the tests catch (so a failure here is a panic at start, never later).
+pub(super) struct Reg<'a>(pub(super) &'a Registry);
+
+impl Reg<'_> {
+    pub(super) fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("metric names are unique");
+        c
+    }
+
+    pub(super) fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help).expect("valid counter"))
+    }
+
+    pub(super) fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help).expect("valid gauge"))
+    }
+
+    pub(super) fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"))
+    }
+
+    /// A latency histogram (10 µs to 1 s) by `label`.
+    pub(super) fn latencies(&self, name: &str, help: &str, label: &str) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(HistogramVec::new(opts, &[label]).expect("valid histogram"))
+    }
+}
+
+impl RpcMetrics {
+    pub(super) fn new(reg: &Reg) -> RpcMetrics {
+        let duration = reg.latencies(
+            "cellrate_rpc_duration_seconds",
+            "Time to answer an RPC, by RPC.",
+            "rpc",
+        );
+        let codes = reg.counters(
+            "cellrate_rpc_requests_total",
+            "Answered RPCs, by RPC and gRPC status code.",
+            &["rpc", "code"],
+        );
+        RpcMetrics {
+            ok: RPCS
+                .iter()
+                .map(|rpc| codes.with_label_values(&[rpc, "OK"]))
+                .collect(),
+            series: RPCS
+                .iter()
+                .map(|rpc| duration.with_label_values(&[rpc]))
+                .collect(),
+            duration,
+            codes,
+        }
+    }
+}
+
+impl StoreMetrics {
+    pub(super) fn new(reg: &Reg) -> StoreMetrics {
+        let duration = reg.latencies(
+            "cellrate_store_operation_duration_seconds",
+            "Time of a store operation (one per request), by operation.",
+            "operation",
+        );
+        let errors = reg.counters(
+            "cellrate_store_errors_total",
+            "Store operations that failed, by operation.",
+            &["operation"],
+        );
+        let fallbacks = reg.counters(
+            "cellrate_store_fallbacks_total",
+            "Requests answered by the failure policy while the store failed, by policy.",
+            &["policy"],
+        );
+        // Every series of a known label set exists from the start, at zero: dashboards and
+        // alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
+        for op in STORE_OPS {
+            errors.with_label_values(&[op]);
+        }
+        for policy in ["allow", "deny", "local"] {
+            fallbacks.with_label_values(&[policy]);
+        }
+        StoreMetrics {
+            series: STORE_OPS
+                .iter()
+                .map(|op| duration.with_label_values(&[op]))
+                .collect(),
+            duration,
+            errors,
+            fallbacks,
+            live_buckets: reg.gauge(
+                "cellrate_live_buckets",
+                "Buckets held by the memory store (including expired ones not yet swept).",
+            ),
+            max_buckets: reg.gauge(
+                "cellrate_max_buckets",
+                "The memory store's bound on live buckets (--max-buckets); 0 with the Redis \
+                 store.",
+            ),
+            swept_buckets: reg.counter(
+                "cellrate_swept_buckets_total",
+                "Expired buckets dropped by the memory store's sweeper.",
+            ),
+            compensations: reg.counter(
+                "cellrate_store_compensations_total",
+                "Cross-slot batches whose spent slot groups were refunded because another \
+                 group denied.",
+            ),
+            breaker_rejections: reg.counter(
+                "cellrate_store_breaker_rejections_total",
+                "Store calls failed fast by an open circuit breaker.",
+            ),
+            breakers_open: reg.gauge(
+                "cellrate_store_breakers_open",
+                "Redis circuit breakers open now, failing calls fast (one breaker per \
+                 cluster slot, one for a standalone Redis; 0 with the memory store).",
+            ),
+            redis_batches_per_call: reg.add(
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "cellrate_redis_batches_per_call",
+                        "Requests' batches per spend call Redis answered: 1 when a request \
+                         found its lane free, more when batches waited and were coalesced \
+                         (bounded by the call's items and bytes).",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+                )
+                .expect("valid histogram"),
+            ),
+            redis_queued_items: reg.gauge(
+                "cellrate_redis_queued_items",
+                "Items waiting for a coalesced Redis spend call, over every lane (beyond \
+                 the queue's bound a request fails at once and the failure policy \
+                 answers it).",
+            ),
+            deny_cache_hits: reg.counter(
+                "cellrate_store_deny_cache_hits_total",
+                "Requests denied by the Redis store's local deny cache without a round trip.",
+            ),
+        }
+    }
+}
+
+impl RlqsMetrics {
+    pub(super) fn new(reg: &Reg) -> RlqsMetrics {
+        let actions = reg.counters(
+            "cellrate_rlqs_actions_total",
+            "RLQS actions sent to Envoy, by action (token_bucket, allow_all, deny_all, abandon, pushed).",
+            &["action"],
+        );
+        let refusals = reg.counters(
+            "cellrate_rlqs_refusals_total",
+            "RLQS streams and buckets refused, by reason (too_many_streams, too_many_buckets, invalid, slow_reader), and failed exchanges of demand with other replicas (sync_failure).",
+            &["reason"],
+        );
+        for action in ["token_bucket", "allow_all", "deny_all", "abandon", "pushed"] {
+            actions.with_label_values(&[action]);
+        }
+        for reason in [
+            "too_many_streams",
+            "too_many_buckets",
+            "invalid",
+            "slow_reader",
+        ] {
+            refusals.with_label_values(&[reason]);
+        }
+        RlqsMetrics {
+            streams: reg.gauge("cellrate_rlqs_streams", "Envoy RLQS streams open."),
+            buckets: reg.gauge(
+                "cellrate_rlqs_buckets",
+                "Envoy RLQS buckets tracked, over every stream.",
+            ),
+            actions,
+            refusals,
+            requests: reg.counters(
+                "cellrate_rlqs_reported_requests_total",
+                "Requests Envoys reported over RLQS, by limit name and result (allowed, denied).",
+                &["limit", "result"],
+            ),
+        }
+    }
+}
+
+impl RespMetrics {
+    pub(super) fn new(reg: &Reg) -> RespMetrics {
+        let commands = reg.counters(
+            "cellrate_resp_commands_total",
+            "Commands answered on the Redis-protocol listener, by command (lower case; `other` \
+             for unknown ones) and result (ok, error).",
+            &["command", "result"],
+        );
+        let closed = reg.counters(
+            "cellrate_resp_closed_total",
+            "Redis-protocol connections closed by cellrate, by reason (protocol_error, \
+             timeout, auth_failures, auth_locked, shutdown).",
+            &["reason"],
+        );
+        for reason in [
+            "protocol_error",
+            "timeout",
+            "auth_failures",
+            "auth_locked",
+            "shutdown",
+        ] {
+            closed.with_label_values(&[reason]);
+        }
+        RespMetrics {
+            connections: reg.gauge(
+                "cellrate_resp_connections",
+                "Connections open on the Redis-protocol listener.",
+            ),
+            throttle_ok: commands.with_label_values(&["cl.throttle", "ok"]),
+            commands,
+            throttled: [
+                reg.counter(
+                    "cellrate_resp_throttle_allowed_total",
+                    "CL.THROTTLE calls allowed.",
+                ),
+                reg.counter(
+                    "cellrate_resp_throttle_limited_total",
+                    "CL.THROTTLE calls limited.",
+                ),
+            ],
+            closed,
+        }
+    }
+}
+
+impl ConfigMetrics {
+    pub(super) fn new(reg: &Reg) -> ConfigMetrics {
+        let reloads = reg.counters(
+            "cellrate_config_reloads_total",
+            "Limits reloads, by result (success, failure, unchanged).",
+            &["result"],
+        );
+        let runtime_overrides = reg.counters(
+            "cellrate_runtime_override_changes_total",
+            "Temporary overrides set and cleared through the admin API, by action.",
+            &["action"],
+        );
+        for result in ["success", "failure", "unchanged"] {
+            reloads.with_label_values(&[result]);
+        }
+        for action in ["set", "clear"] {
+            runtime_overrides.with_label_values(&[action]);
+        }
+        let last_reload_ok = reg.gauge(
+            "cellrate_config_last_reload_successful",
+            "0 when the last attempt to reload the limits was rejected (the previous \
+             limits stay in force), else 1.",
+        );
+        last_reload_ok.set(1);
+        ConfigMetrics {
+            info: reg.add(
+                IntGaugeVec::new(
+                    Opts::new(
+                        "cellrate_config_info",
+                        "1 for the version (content hash) of the limits in force.",
+                    ),
+                    &["version"],
+                )
+                .expect("valid gauge"),
+            ),
+            loaded: reg.add(
+                Gauge::new(
+                    "cellrate_config_loaded_timestamp_seconds",
+                    "Unix time at which the limits in force were loaded.",
+                )
+                .expect("valid gauge"),
+            ),
+            last_reload_ok,
+            reloads,
+            runtime_overrides,
+            override_sync_failures: reg.counter(
+                "cellrate_runtime_override_sync_failures_total",
+                "Failed copies of the temporary overrides shared through Redis (the last copy stays in force).",
+            ),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Prometheus metrics: every series cellrate exports, and nothing else (the route that
+//! serves them is `crate::server::http`'s, the store's timing decorator in
+//! [`crate::store::measured`], the classification of a decision in [`crate::service`]).
+//!
+//! No label ever carries an id, a bucket key or a descriptor value (unbounded cardinality):
+//! labels are API names, RPC names, limit names from the configuration, results and store
+//! operations, all bounded by the code or the config.
+
+use std::sync::Arc;
+
+use prometheus::{Encoder, IntCounterVec, Registry, TextEncoder};
+
+use crate::clock::Nanos;
+pub use groups::{ConfigMetrics, RespMetrics, RlqsMetrics, StoreMetrics};
+use groups::{Reg, RpcMetrics};
+
+mod groups;
+
+/// Latency buckets for RPCs and store calls: 10µs to 1s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// The RPCs that are timed.
+const RPCS: [&str; 5] = ["Check", "Refund", "Reset", "Inspect", "ShouldRateLimit"];
+
+/// The store operations that are timed.
+const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
+
+/// Every metric cellrate exports, in groups by what they watch.
+pub struct Metrics {
+    registry: Registry,
+    /// Who is being denied (admin `Top`); set once the server has its clock.
+    denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
+    decisions: IntCounterVec,
+    rpc: RpcMetrics,
+    pub store: StoreMetrics,
+    pub rlqs: RlqsMetrics,
+    pub resp: RespMetrics,
+    pub config: ConfigMetrics,
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero.
+    pub fn new() -> Arc<Metrics> {
+        let registry = Registry::new();
+        let reg = Reg(&registry);
+        let decisions = reg.counters(
+            "cellrate_decisions_total",
+            "Decisions per limit: api (native, envoy), limit name, result (allowed, denied, \
+             shadow_denied, unlimited, not_configured, invalid, unmatched).",
+            &["api", "limit", "result"],
+        );
+        let (rpc, store) = (RpcMetrics::new(&reg), StoreMetrics::new(&reg));
+        let (rlqs, resp) = (RlqsMetrics::new(&reg), RespMetrics::new(&reg));
+        let config = ConfigMetrics::new(&reg);
+        Arc::new(Metrics {
+            registry,
+            denials: std::sync::OnceLock::new(),
+            decisions,
+            rpc,
+            store,
+            rlqs,
+            resp,
+            config,
+        })
+    }
+
+    /// Counts one Redis-protocol command (`command`: a known name in lower case, or `other`).
+    pub fn resp_command(&self, command: &str, ok: bool) {
+        self.resp
+            .commands
+            .with_label_values(&[command, if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Counts one `CL.THROTTLE` decision.
+    pub fn resp_throttled(&self, allowed: bool) {
+        self.resp.throttle_ok.inc();
+        self.resp.throttled[usize::from(!allowed)].inc();
+    }
+
+    /// Counts one Redis-protocol connection closed by cellrate.
+    pub fn resp_closed(&self, reason: &str) {
+        self.resp.closed.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts one RLQS action sent.
+    pub fn rlqs_action(&self, action: &str) {
+        self.rlqs.actions.with_label_values(&[action]).inc();
+    }
+
+    /// Counts one RLQS stream or bucket refused.
+    pub fn rlqs_refused(&self, reason: &str) {
+        self.rlqs.refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts requests an Envoy reported for `limit`.
+    pub fn rlqs_reported(&self, limit: &str, allowed: u64, denied: u64) {
+        if allowed > 0 {
+            self.rlqs
+                .requests
+                .with_label_values(&[limit, "allowed"])
+                .inc_by(allowed);
+        }
+        if denied > 0 {
+            self.rlqs
+                .requests
+                .with_label_values(&[limit, "denied"])
+                .inc_by(denied);
+        }
+    }
+
+    /// Counts one decided item: `result` is a label of [`crate::service::outcome`].
+    /// Creates the `allowed` and `denied` series of `limits`, at zero, for both APIs and RLQS (the
+    /// names configured at start; names added later appear with their first decision).
+    pub fn known_limits<'a>(&self, limits: impl IntoIterator<Item = &'a str>) {
+        for limit in limits {
+            for api in ["native", "envoy"] {
+                for result in ["allowed", "denied"] {
+                    self.decisions.with_label_values(&[api, limit, result]);
+                }
+            }
+            for result in ["allowed", "denied"] {
+                self.rlqs.requests.with_label_values(&[limit, result]);
+            }
+        }
+    }
+
+    /// Tracks denied ids in `tracker` from now on (once; later calls are ignored).
+    pub fn track_denials(&self, tracker: Arc<crate::observe::top::DenialTracker>) {
+        let _ = self.denials.set(tracker);
+    }
+
+    /// The denial tracker, if one is set.
+    pub fn denials(&self) -> Option<&Arc<crate::observe::top::DenialTracker>> {
+        self.denials.get()
+    }
+
+    /// Counts a denial of `id` under `limit` for admin `Top` (never a metric label).
+    pub fn denied_id(&self, limit: &Arc<str>, id: &str) {
+        if let Some(tracker) = self.denials.get() {
+            tracker.denied(limit, id);
+        }
+    }
+
+    pub fn decision(&self, api: &str, limit: &str, result: &str) {
+        self.decisions
+            .with_label_values(&[api, limit, result])
+            .inc();
+    }
+
+    /// Records an answered RPC: its duration, and its gRPC status code.
+    pub fn rpc(&self, rpc: &str, code: tonic::Code, seconds: f64) {
+        match RPCS.iter().position(|r| *r == rpc) {
+            Some(i) => self.rpc.series[i].observe(seconds),
+            None => self.rpc.duration.with_label_values(&[rpc]).observe(seconds),
+        }
+        match RPCS.iter().position(|r| *r == rpc) {
+            Some(i) if code == tonic::Code::Ok => self.rpc.ok[i].inc(),
+            _ => self
+                .rpc
+                .codes
+                .with_label_values(&[rpc, code_label(code)])
+                .inc(),
+        }
+    }
+
+    /// Records a loaded configuration (at startup or by reload).
+    pub fn config_loaded(&self, version: &str, at: Nanos) {
+        self.config.info.reset();
+        self.config.info.with_label_values(&[version]).set(1);
+        self.config.loaded.set(at as f64 / 1e9);
+    }
+
+    /// Counts a reload attempt: `success` (new limits), `unchanged` or `failure`.
+    pub fn reload(&self, result: &str) {
+        self.config.reloads.with_label_values(&[result]).inc();
+        self.config
+            .last_reload_ok
+            .set(i64::from(result != "failure"));
+    }
+
+    /// Counts a temporary override set or cleared (`action`: `set`, `clear`).
+    pub fn runtime_override(&self, action: &str) {
+        self.config
+            .runtime_overrides
+            .with_label_values(&[action])
+            .inc();
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// What the store reports (through `crate::store::StoreObserver`, which
+/// `crate::store::measured` implements for [`Metrics`] with these).
+impl Metrics {
+    /// One store operation: its time and whether it succeeded.
+    pub fn store_operation(&self, op: &'static str, seconds: f64, ok: bool) {
+        match STORE_OPS.iter().position(|o| *o == op) {
+            Some(i) => self.store.series[i].observe(seconds),
+            None => self
+                .store
+                .duration
+                .with_label_values(&[op])
+                .observe(seconds),
+        }
+        if !ok {
+            self.store.errors.with_label_values(&[op]).inc();
+        }
+    }
+
+    /// A request answered by the failure policy `policy` while the store failed.
+    pub fn store_fallback(&self, policy: &str) {
+        self.store.fallbacks.with_label_values(&[policy]).inc();
+    }
+
+    pub fn store_compensation(&self) {
+        self.store.compensations.inc();
+    }
+
+    pub fn deny_cache_hit(&self) {
+        self.store.deny_cache_hits.inc();
+    }
+
+    pub fn breaker_rejection(&self) {
+        self.store.breaker_rejections.inc();
+    }
+
+    /// A breaker opened (`true`) or closed (`false`).
+    pub fn breaker_turned(&self, open: bool) {
+        if open {
+            self.store.breakers_open.inc();
+        } else {
+            self.store.breakers_open.dec();
+        }
+    }
+
+    /// A Redis spend call that answered `batches` requests' batches.
+    pub fn redis_spend_call(&self, batches: usize) {
+        self.store.redis_batches_per_call.observe(batches as f64);
+    }
+
+    /// Items that began (positive) or stopped (negative) waiting for a Redis call.
+    pub fn redis_queued(&self, items: i64) {
+        self.store.redis_queued_items.add(items);
+    }
+}
+
+/// The `code` label of a gRPC status: its name, as grpc-go and Envoy spell it.
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_has_the_main_series() {
+        let m = Metrics::new();
+        m.decision("native", "NewOrdersPerAccount", "denied");
+        m.config_loaded("abc", 1_700_000_000_000_000_000);
+        m.reload("failure");
+        m.rpc("Check", tonic::Code::InvalidArgument, 0.001);
+        m.store_operation("spend", 0.001, false);
+        m.breaker_rejection();
+        m.breaker_turned(true);
+        m.breaker_turned(true);
+        m.breaker_turned(false);
+        let text = m.render();
+        assert!(text.contains("cellrate_store_breakers_open 1\n"));
+        assert!(text.contains("cellrate_config_last_reload_successful 0\n"));
+        m.reload("unchanged");
+        assert!(m
+            .render()
+            .contains("cellrate_config_last_reload_successful 1\n"));
+        assert!(text.contains(
+            "cellrate_decisions_total{api=\"native\",limit=\"NewOrdersPerAccount\",result=\"denied\"} 1"
+        ));
+        assert!(text.contains("cellrate_config_info{version=\"abc\"} 1"));
+        assert!(text.contains("cellrate_config_reloads_total{result=\"failure\"} 1"));
+        assert!(text.contains("cellrate_config_loaded_timestamp_seconds 1700000000"));
+        assert!(
+            text.contains("cellrate_rpc_requests_total{code=\"INVALID_ARGUMENT\",rpc=\"Check\"} 1")
+        );
+        assert!(text.contains("cellrate_store_errors_total{operation=\"spend\"} 1"));
+        assert!(text.contains("cellrate_store_breaker_rejections_total 1"));
+        m.config_loaded("def", 0);
+        assert!(!m.render().contains("version=\"abc\""));
+    }
+}
