@@ -6,44 +6,43 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way, from the edges to a core that knows no I/O:
+//! This map is the one description of the code's shape (README and `docs/architecture.md`
+//! link here). Imports point down the floors, never up; `tests/it/structure.rs` checks it
+//! (and that no file is over 600 lines before its tests, no function over 100):
 //!
 //! ```text
-//! main.rs                  parse flags, init tracing, dispatch to server / cli
-//! cli/                     the command line: args.rs (clap flags with env fallbacks; no
-//!                          logic), client.rs (check, refund, admin ... against a running
-//!                          server), simulate.rs (a scripted timeline on a fake clock)
-//! server/                  the process: mod.rs (the composition root: store, limits,
-//!                          tonic services, serve, drain), listener.rs (every listener's
-//!                          bounds and timeouts: connections, handshake, idle, accept
-//!                          back-off, requests in flight; the HTTP/1 server), rpc_metrics.rs
-//!                          and shortcut.rs (tower layers: every gRPC request timed and
-//!                          counted; the decision services reached without tonic's router),
-//!                          admin.rs (bearer token, TLS settings), reload.rs (watch,
-//!                          debounce, swap), shutdown.rs (SIGINT | SIGTERM as a future)
-//! resp/                    the Redis protocol (`--resp-listen`): protocol.rs (RESP in,
-//!                          bounded; RESP2/3 out), throttle.rs (redis-cell's five numbers
-//!                          from a GCRA decision), server.rs (connections, commands),
-//!                          lockout.rs (wrong AUTH tokens per client address)
-//! service/                 Decider (request -> batch -> decision; StoreError -> Status),
-//!                          native.rs (protobuf <-> domain for cellrate.v1),
-//!                          envoy.rs (Envoy RLS v3: descriptors -> batch -> statuses),
-//!                          rlqs.rs over quota_book.rs (Envoy RLQS: streams, shares)
-//! store/                   Store trait, StoreError (one variant per cause), StoreObserver;
-//!                          memory.rs (sharded, all-or-nothing batches), measured.rs
-//!                          (timing decorator), redis/ (script call, cluster slots,
-//!                          breaker, deny cache, failure policy, shared overrides and
-//!                          RLQS demand)
-//! limits/                  names.rs (names, id formats, bucket keys), config.rs (YAML ->
-//!                          validated, immutable LimitTable), descriptors.rs (Envoy
-//!                          descriptors -> names and ids), runtime.rs (temporary overrides)
-//! observe/                 metrics.rs (Prometheus series only; the store reports through
-//!                          StoreObserver), health.rs (/healthz, /readyz state and the
-//!                          metrics listener's routes), top.rs (who is being limited)
-//! gcra.rs                  pure arithmetic: Limit, spend, refund, batches, strictest
-//! clock.rs                 Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
-//! fuzzing.rs               fuzz harnesses (bytes in, properties checked) for fuzz/ and the
-//!                          tests (feature `fuzzing`; `redis`, on by default, adds store/redis)
+//! main.rs        parse flags, init tracing, dispatch to server / cli          (top)
+//! cli/           the command line: args.rs (clap flags with env fallbacks; no logic),
+//!                client/ (check, refund, admin ...: transport, decide, admin,
+//!                overrides, render), simulate.rs (a scripted timeline on a fake clock)
+//! server/        the process, the composition root: mod.rs (run, serve, drain),
+//!                settings.rs, store.rs (the store --store names), grpc.rs (the two
+//!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
+//!                listener.rs (every listener's bounds and timeouts; the HTTP/1
+//!                server), rpc_metrics.rs and shortcut.rs (tower layers), admin.rs
+//!                (bearer token, TLS), reload.rs (watch, debounce, swap), http.rs
+//!                (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
+//! service/       the APIs over one Decider: request.rs (items, options, answers),
+//! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
+//!                caller limits, rules, costs), native.rs (cellrate.v1), envoy/ (RLS
+//!                v3: decide, respond), rlqs/ over quota_book.rs (Envoy RLQS),
+//!                overrides.rs (temporary overrides), token.rs, trace.rs;
+//!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
+//!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers)
+//! store/         Store trait, StoreError, StoreObserver; memory.rs over table.rs
+//!                (sharded, all-or-nothing), measured.rs (timing; the observer for
+//!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
+//!                demand), redis/ (script calls, cluster, breaker, deny cache, failure
+//!                policy, coalescing)
+//! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
+//!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
+//!                build, files, raw), descriptors.rs (Envoy descriptors -> names and
+//!                ids), duration.rs, hash.rs
+//! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
+//!                /readyz state), top.rs (who is being limited)
+//! gcra.rs        pure arithmetic: Limit, spend, refund, batches, strictest    (core)
+//! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read)
+//! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
 //! ```
 //!
 //! A request flows: tower layers (RPC metrics, in-flight bound, [`server::shortcut`]) -> tonic

@@ -1,6 +1,6 @@
 //! Wrong `AUTH` tokens counted per client address, across connections.
 //!
-//! A connection is closed after [`super::server::MAX_AUTH_FAILURES`] wrong tokens, but a
+//! A connection is closed after [`super::auth::MAX_AUTH_FAILURES`] wrong tokens, but a
 //! client can open another one; this bounds the guessing of one address whatever the
 //! number of its connections: [`FAILURE_BURST`] wrong tokens, then one more every
 //! [`FAILURE_PERIOD`] / [`FAILURE_BURST`] (a GCRA bucket per address, from the crate's

@@ -1,6 +1,6 @@
 //! The metrics listener's routes: `/metrics` (the Prometheus series of
 //! [`crate::observe::metrics`]), `/healthz` and `/readyz` (the state of
-//! [`crate::observe::health`]), served by [`crate::server::listener::serve_http`].
+//! [`crate::observe::health`]), served by [`crate::server::listener::serve_http1`].
 
 use std::sync::Arc;
 

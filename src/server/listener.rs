@@ -118,7 +118,7 @@ impl GuardedListener {
     }
 
     /// Requires only `bytes` (at least 1) within the handshake timeout instead of
-    /// [`HANDSHAKE_BYTES`]: for protocols whose first request may be shorter (a Redis
+    /// `HANDSHAKE_BYTES`: for protocols whose first request may be shorter (a Redis
     /// client's `PING\r\n`), which bound partial requests themselves.
     pub fn with_handshake_bytes(mut self, bytes: usize) -> Self {
         self.handshake_bytes = bytes.max(1);

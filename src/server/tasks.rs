@@ -1,4 +1,4 @@
-//! The server's background tasks, one function each: started by [`super::serve`], stopped
+//! The server's background tasks, one function each: started by the server (`serve`), stopped
 //! by its cancellation tokens, joined through its task tracker.
 
 use std::sync::Arc;

@@ -2,9 +2,9 @@
 //!
 //! Both front ends (the native API and Envoy's RLS) convert their protobuf requests into
 //! [`ItemSpec`]s and call the decider, which resolves names and ids against the current
-//! [`LimitTable`], checks the batch (size, duplicates, cost <= burst), sends the limited
-//! items to the [`Store`] in one call and assembles per-item and overall decisions.
-//! This is also the single place where a [`StoreError`] becomes a `tonic::Status`.
+//! [`LimitTable`](crate::limits::config::LimitTable), checks the batch (size, duplicates, cost <= burst), sends the limited
+//! items to the [`Store`](crate::store::Store) in one call and assembles per-item and overall decisions.
+//! This is also the single place where a [`StoreError`](crate::store::StoreError) becomes a `tonic::Status`.
 //!
 //! The request and result types are [`request`]; the decider is `decider.rs`, and how it
 //! turns an item into a bucket, a rule and a cost is `resolve.rs`.

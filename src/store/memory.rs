@@ -1,5 +1,5 @@
 //! The in-memory store: TATs in a fixed number of mutex-guarded shards, each an
-//! open-addressing table ([`TatTable`]) keyed by a 64-bit keyed hash of the bucket key: 16
+//! open-addressing table (`TatTable`, in `table.rs`) keyed by a 64-bit keyed hash of the bucket key: 16
 //! bytes a slot whatever the id's length, 20-29 bytes of table a live bucket. The
 //! number of shards grows with the bound on buckets ([`MemoryStore::shards_for`]), so that
 //! a shard stays small enough to sweep in well under a millisecond.

@@ -2,9 +2,9 @@
 //! calls to a running server over its gRPC APIs, printed as an aligned table or as JSON, and
 //! an exit code that tells a denied check from an error (see [`Exit`]).
 //!
-//! [`transport`] connects and makes one call (TLS, the admin token, the deadline);
-//! [`decide`] is `check` and `refund`, [`admin`] is `inspect`, `reset` and `top`,
-//! [`overrides`] the temporary overrides; [`render`] turns answers into rows and JSON.
+//! `transport` connects and makes one call (TLS, the admin token, the deadline);
+//! `decide` is `check` and `refund`, `admin` is `inspect`, `reset` and `top`,
+//! `overrides` the temporary overrides; `render` turns answers into rows and JSON.
 
 mod admin;
 mod decide;

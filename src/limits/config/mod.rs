@@ -15,8 +15,8 @@
 //! reload is: read, build, swap. Any error rejects the whole load; every error found is
 //! reported with its file, entry and reason (and the line, where the YAML parser gives it).
 //!
-//! The module's files: [`build`] assembles a table from files' contents, [`files`] reads a
-//! directory (bounded), [`raw`] is the YAML as written (serde), and this file holds the
+//! The module's files: `build` assembles a table from files' contents, `files` reads a
+//! directory (bounded), `raw` is the YAML as written (serde), and this file holds the
 //! table and its lookups.
 
 mod build;
