@@ -560,6 +560,8 @@ impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::
             Scripted::Status(code) => Err(tonic::Status::new(code, "scripted")),
             Scripted::UnknownReply => reply(Code::Unknown),
             Scripted::Late => {
+                // A fixed wait on purpose: an answer later than Envoy's timeout is the
+                // behaviour under test.
                 tokio::time::sleep(Duration::from_millis(400)).await;
                 reply(Code::Ok)
             }

@@ -20,6 +20,17 @@ struct Seen {
     other: AtomicU64,
 }
 
+/// Waits (at most 10 s) until the load has had `n` answers of `kind`, so that what follows
+/// happens under load however slow the machine; returns the count.
+async fn answered(seen: &Seen, n: u64, kind: fn(&Seen) -> &AtomicU64) -> u64 {
+    crate::common::poll_until(
+        Duration::from_secs(10),
+        async || kind(seen).load(Ordering::Relaxed),
+        |&count| count >= n,
+    )
+    .await
+}
+
 /// Sends Check requests on `client` until `stop`, at most `limit` of them.
 async fn hammer(
     mut client: pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>,
@@ -83,7 +94,7 @@ async fn garbage_config_mid_load_keeps_the_old_limits_then_a_good_one_applies() 
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(answered(&seen, 100, |s| &s.ok).await >= 100, "no load");
 
     // Garbage of every kind the loader might choke on, written over the good files.
     std::fs::write(
@@ -167,7 +178,7 @@ async fn sigterm_under_load_drains_and_exits_cleanly() {
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    answered(&seen, 100, |s| &s.ok).await;
     let before = seen.ok.load(Ordering::Relaxed);
     assert!(before > 0, "no load before SIGTERM");
     assert_eq!(
@@ -240,10 +251,9 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(answered(&seen, 100, |s| &s.ok).await >= 100, "no load");
     redis.kill();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let unavailable_while_down = seen.unavailable.load(Ordering::Relaxed);
+    let unavailable_while_down = answered(&seen, 1, |s| &s.unavailable).await;
     assert!(
         unavailable_while_down > 0,
         "no UNAVAILABLE while Redis was down"

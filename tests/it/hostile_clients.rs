@@ -270,7 +270,8 @@ async fn silent_slow_and_idle_connections_are_closed() {
         closed_within(&mut idle, Duration::from_secs(5)).await,
         "idle"
     );
-    // A client that keeps talking is not cut off: requests 200 ms apart for 1.2 s.
+    // A client that keeps talking is not cut off: requests 200 ms apart for 1.2 s (fixed
+    // waits on purpose: the time between requests is what is tested).
     for _ in 0..6 {
         well_behaved(&mut s)
             .await
@@ -611,6 +612,7 @@ async fn a_small_descriptor_limit_shrinks_the_bounds_instead_of_spinning() {
     assert!(held.len() > 100, "{} connections", held.len());
     let pid = server.child.id();
     let before = cpu_ticks(pid);
+    // A fixed wait on purpose: the absence of work over a span of time is what is tested.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let spent = cpu_ticks(pid) - before;
     assert!(

@@ -501,14 +501,19 @@ async fn a_real_prometheus_scrapes_cellrate_and_every_dashboard_query_returns_da
             prometheus.query("max by (instance, version) (cellrate_config_info{job=~\".*\"} == 1)");
         assert_eq!(versions.len(), 1, "{versions:?}");
         assert_eq!(versions[0].0["version"], version.as_str());
-        // Rates need two scrapes after the traffic.
-        std::thread::sleep(Duration::from_secs(2));
-
-        // Every panel's every query returns data.
+        // Every panel's every query returns data (rates once two scrapes followed the
+        // traffic: each query is polled until it has data, at most 20 s in all).
         let queries = dashboard_queries();
         assert!(queries.len() >= 20, "{} queries", queries.len());
+        let deadline = Instant::now() + Duration::from_secs(20);
         for (panel, query) in &queries {
-            let result = prometheus.query(query);
+            let result = loop {
+                let result = prometheus.query(query);
+                if !result.is_empty() || Instant::now() > deadline {
+                    break result;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            };
             assert!(!result.is_empty(), "panel {panel:?}: no data from {query}");
         }
         // And the panels that name the traffic show it.

@@ -37,7 +37,8 @@ async fn sighup_reloads_when_watching_is_off() {
     );
     assert_eq!(burst(&p.admin).await, 5);
     std::fs::write(dir.path().join("defaults.yaml"), defaults(7)).unwrap();
-    // Longer than the debounce: a watcher would have reloaded by now.
+    // Longer than the debounce: a watcher would have reloaded by now (a fixed wait on
+    // purpose: the absence of a reload is what is tested).
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
         burst(&p.admin).await,

@@ -66,10 +66,27 @@ fn item(id: &str, limit: Limit) -> StoreItem {
     }
 }
 
-/// Spends `items` in a task of its own.
-fn ask(store: &Arc<RedisStore>, items: Vec<StoreItem>) -> JoinHandle<Result<Outcome, StoreError>> {
+/// Spends `items` in a task of its own, and returns once the request has gone as far as
+/// it goes without waiting (its call sent, or its batch queued in its lane): the order of
+/// `ask`s is then the order of arrival.
+async fn ask(
+    store: &Arc<RedisStore>,
+    items: Vec<StoreItem>,
+) -> JoinHandle<Result<Outcome, StoreError>> {
     let store = store.clone();
-    tokio::spawn(async move { store.spend(&items).await })
+    let (reached, waits) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let spend = store.spend(&items);
+        tokio::pin!(spend);
+        let first = futures_util::poll!(&mut spend);
+        let _ = reached.send(());
+        match first {
+            std::task::Poll::Ready(outcome) => outcome,
+            std::task::Poll::Pending => spend.await,
+        }
+    });
+    waits.await.expect("the task polled its request");
+    task
 }
 
 /// How many EVALSHA calls Redis ran since the last `CONFIG RESETSTAT`.
@@ -100,8 +117,7 @@ async fn occupy(
 ) -> Vec<JoinHandle<Result<Outcome, StoreError>>> {
     let mut first = Vec::new();
     for i in 0..2 {
-        first.push(ask(store, vec![items(i)]));
-        settle().await;
+        first.push(ask(store, vec![items(i)]).await);
     }
     first
 }
@@ -126,12 +142,6 @@ async fn held(
     (store, first, metrics)
 }
 
-/// Gives a spawned request the time to reach its lane's queue, so that arrival order is
-/// spawn order.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(10)).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
     let server = RedisServer::start();
@@ -150,8 +160,7 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
         } else {
             item(&format!("own-{i}"), ten())
         };
-        waiting.push(ask(&store, vec![item("hot", ten()), other]));
-        settle().await;
+        waiting.push(ask(&store, vec![item("hot", ten()), other]).await);
     }
     // What an operator sees meanwhile: 30 batches of two items wait.
     assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(60.0));
@@ -200,11 +209,13 @@ async fn calls_are_bounded_in_items() {
     };
     let (store, mut tasks, _) = held(&server, coalescing).await;
     for i in 0..20 {
-        tasks.push(ask(
-            &store,
-            vec![item("hot", ten()), item(&format!("k{i}"), ten())],
-        ));
-        settle().await;
+        tasks.push(
+            ask(
+                &store,
+                vec![item("hot", ten()), item(&format!("k{i}"), ten())],
+            )
+            .await,
+        );
     }
     let mut allowed = 0;
     for task in tasks {
@@ -225,14 +236,14 @@ async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_se
     // The first requests' calls are in flight when their callers go away; a waiting one's
     // caller goes away too.
     let (store, first, metrics) = held(&server, Coalescing::default()).await;
-    let kept: Vec<_> = (0..5)
-        .map(|i| ask(&store, vec![item(&format!("kept-{i}"), ten())]))
-        .collect();
-    settle().await;
-    let abandoned = ask(&store, vec![item("abandoned", ten())]);
-    settle().await;
+    let mut kept = Vec::new();
+    for i in 0..5 {
+        kept.push(ask(&store, vec![item(&format!("kept-{i}"), ten())]).await);
+    }
+    let abandoned = ask(&store, vec![item("abandoned", ten())]).await;
     abandoned.abort();
-    settle().await;
+    // Its task is gone (its waiting batch dropped) once its handle says so.
+    assert!(abandoned.await.unwrap_err().is_cancelled());
     for task in first {
         task.abort();
     }
@@ -264,8 +275,7 @@ async fn every_waiting_request_keeps_its_own_deadline() {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..6 {
-        tasks.push(ask(&store, vec![item(&format!("d{i}"), ten())]));
-        settle().await;
+        tasks.push(ask(&store, vec![item(&format!("d{i}"), ten())]).await);
     }
     for (i, task) in tasks.into_iter().enumerate() {
         let e = task.await.unwrap().unwrap_err();
@@ -294,11 +304,8 @@ async fn a_full_queue_refuses_at_once() {
     };
     let (store, mut tasks, _) = held(&server, coalescing).await;
     for i in 0..2 {
-        tasks.push(ask(
-            &store,
-            vec![item(&format!("a{i}"), ten()), item(&format!("b{i}"), ten())],
-        ));
-        settle().await;
+        let items = vec![item(&format!("a{i}"), ten()), item(&format!("b{i}"), ten())];
+        tasks.push(ask(&store, items).await);
     }
     // Four items wait: one more does not fit.
     let started = Instant::now();
@@ -331,8 +338,7 @@ async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
     ];
     let mut tasks = Vec::new();
     for batch in batches {
-        tasks.push(ask(&store, batch));
-        settle().await;
+        tasks.push(ask(&store, batch).await);
     }
     for task in first {
         assert!(task.await.unwrap().unwrap().allowed);
@@ -396,15 +402,20 @@ async fn the_serve_flags_set_the_bounds() {
         let mut client = client.clone();
         tokio::spawn(async move { client.check(check(id)).await })
     };
+    // One call in flight, one item waiting (whichever of the two arrived second).
     let in_flight = ask("2");
-    settle().await;
     let queued = ask("3");
-    settle().await;
-    let (_, metrics) = crate::common::http_get(&served.metrics, "/metrics");
-    assert!(
-        metrics.contains("\ncellrate_redis_queued_items 1\n"),
-        "one item waits"
-    );
+    let waiting = crate::common::poll_until(
+        Duration::from_secs(5),
+        async || {
+            let addr = served.metrics.parse().expect("an address");
+            let (_, metrics) = crate::common::http_get_async(addr, "/metrics").await;
+            crate::common::sample(&metrics, "cellrate_redis_queued_items")
+        },
+        |&items| items == Some(1.0),
+    )
+    .await;
+    assert_eq!(waiting, Some(1.0), "one item waits");
     let started = Instant::now();
     let e = client.check(check("4")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");

@@ -294,6 +294,8 @@ async fn a_half_open_breaker_lets_one_trial_through() {
         |text: &str| crate::common::sample(text, "cellrate_store_breaker_rejections_total");
     assert_eq!(rejections(&metrics.render()), Some(0.0), "open only now");
     // After the cool-down, ten concurrent calls: one trial reaches Redis, nine fail fast.
+    // A fixed wait on purpose: the cool-down is real monotonic time, and nothing short of
+    // a call (which would take the one trial) shows that it has passed.
     tokio::time::sleep(Duration::from_millis(350)).await;
     let calls = (0..10).map(|_| {
         let store = store.clone();
@@ -311,6 +313,7 @@ async fn a_half_open_breaker_lets_one_trial_through() {
     assert_eq!(rejections(&metrics.render()), Some(10.0));
     // Redis back: after the cool-down the trial succeeds and closes the breaker.
     server.restart();
+    // The cool-down again (see above), then a call every cool-down until one closes it.
     tokio::time::sleep(Duration::from_millis(350)).await;
     let mut closed = false;
     for _ in 0..20 {

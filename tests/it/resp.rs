@@ -519,7 +519,7 @@ async fn oversized_commands_are_refused_on_their_headers() {
 async fn a_trickled_command_and_an_idle_connection_are_closed() {
     let s = served_with(tight(), None).await;
     // One byte every 300 ms: each read is within the idle timeout, but the command is not
-    // whole within the 1 s command timeout.
+    // whole within the 1 s command timeout (fixed waits on purpose: the pace is the attack).
     let mut slow = client(&s);
     let started = Instant::now();
     let mut closed_early = false;
