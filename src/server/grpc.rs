@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
+use tonic::transport::server::Router;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
@@ -53,6 +54,25 @@ fn reflection(services: &[&'static str]) -> tonic_reflection::server::Builder<'s
     services.iter().fold(builder, |builder, service| {
         builder.with_service_name(*service)
     })
+}
+
+/// `router` with server reflection listing exactly `services`, as v1 and as v1alpha (so
+/// that every grpcurl version works).
+fn with_reflection<L>(
+    router: Router<L>,
+    services: &[&'static str],
+) -> Result<Router<L>, ServeError> {
+    Ok(router
+        .add_service(
+            reflection(services)
+                .build_v1()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection(services)
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        ))
 }
 
 /// gRPC health, one service for both listeners, so that shutdown flips both at once.
@@ -152,23 +172,14 @@ impl Stacks<'_> {
             self.metrics.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        Ok(self
+        let router = self
             .builder(false)?
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
-            .add_service(self.health.service.clone())
-            .add_service(
-                reflection(&services)
-                    .build_v1()?
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
-            )
-            .add_service(
-                reflection(&services)
-                    .build_v1alpha()?
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
-            )
+            .add_service(self.health.service.clone());
+        Ok(with_reflection(router, &services)?
             .add_service(native)
             .add_service(envoy)
             .add_service(
@@ -196,21 +207,12 @@ impl Stacks<'_> {
                 .with_metrics(self.metrics.clone()),
         )
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        Ok(self
+        let router = self
             .builder(true)?
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight))
-            .add_service(self.health.service.clone())
-            .add_service(
-                reflection(&services)
-                    .build_v1()?
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
-            )
-            .add_service(
-                reflection(&services)
-                    .build_v1alpha()?
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
-            )
+            .add_service(self.health.service.clone());
+        Ok(with_reflection(router, &services)?
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 admin,
                 AdminAuth::new(self.settings.admin_token.as_deref()),

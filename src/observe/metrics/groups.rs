@@ -99,6 +99,22 @@ impl Reg<'_> {
         self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"))
     }
 
+    /// Counters by one label, with a series at zero for each of `values`: dashboards and
+    /// alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
+    pub(super) fn counters_from_zero(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+        values: &[&str],
+    ) -> IntCounterVec {
+        let counters = self.counters(name, help, &[label]);
+        for value in values {
+            counters.with_label_values(&[value]);
+        }
+        counters
+    }
+
     /// A latency histogram (10 µs to 1 s) by `label`.
     pub(super) fn latencies(&self, name: &str, help: &str, label: &str) -> HistogramVec {
         let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
@@ -140,24 +156,18 @@ impl StoreMetrics {
             "Time of a store operation (one per request), by operation.",
             "operation",
         );
-        let errors = reg.counters(
+        let errors = reg.counters_from_zero(
             "cellrate_store_errors_total",
             "Store operations that failed, by operation.",
-            &["operation"],
+            "operation",
+            &STORE_OPS,
         );
-        let fallbacks = reg.counters(
+        let fallbacks = reg.counters_from_zero(
             "cellrate_store_fallbacks_total",
             "Requests answered by the failure policy while the store failed, by policy.",
-            &["policy"],
+            "policy",
+            &["allow", "deny", "local"],
         );
-        // Every series of a known label set exists from the start, at zero: dashboards and
-        // alerts (`increase(...) > 0`, absent-series checks) need them before the first event.
-        for op in STORE_OPS {
-            errors.with_label_values(&[op]);
-        }
-        for policy in ["allow", "deny", "local"] {
-            fallbacks.with_label_values(&[policy]);
-        }
         StoreMetrics {
             series: STORE_OPS
                 .iter()
@@ -221,27 +231,23 @@ impl StoreMetrics {
 
 impl RlqsMetrics {
     pub(super) fn new(reg: &Reg) -> RlqsMetrics {
-        let actions = reg.counters(
+        let actions = reg.counters_from_zero(
             "cellrate_rlqs_actions_total",
             "RLQS actions sent to Envoy, by action (token_bucket, allow_all, deny_all, abandon, pushed).",
-            &["action"],
+            "action",
+            &["token_bucket", "allow_all", "deny_all", "abandon", "pushed"],
         );
-        let refusals = reg.counters(
+        let refusals = reg.counters_from_zero(
             "cellrate_rlqs_refusals_total",
             "RLQS streams and buckets refused, by reason (too_many_streams, too_many_buckets, invalid, slow_reader), and failed exchanges of demand with other replicas (sync_failure).",
-            &["reason"],
-        );
-        for action in ["token_bucket", "allow_all", "deny_all", "abandon", "pushed"] {
-            actions.with_label_values(&[action]);
-        }
-        for reason in [
+            "reason",
+            &[
             "too_many_streams",
             "too_many_buckets",
             "invalid",
             "slow_reader",
-        ] {
-            refusals.with_label_values(&[reason]);
-        }
+        ],
+        );
         RlqsMetrics {
             streams: reg.gauge("cellrate_rlqs_streams", "Envoy RLQS streams open."),
             buckets: reg.gauge(
@@ -267,21 +273,19 @@ impl RespMetrics {
              for unknown ones) and result (ok, error).",
             &["command", "result"],
         );
-        let closed = reg.counters(
+        let closed = reg.counters_from_zero(
             "cellrate_resp_closed_total",
             "Redis-protocol connections closed by cellrate, by reason (protocol_error, \
              timeout, auth_failures, auth_locked, shutdown).",
-            &["reason"],
+            "reason",
+            &[
+                "protocol_error",
+                "timeout",
+                "auth_failures",
+                "auth_locked",
+                "shutdown",
+            ],
         );
-        for reason in [
-            "protocol_error",
-            "timeout",
-            "auth_failures",
-            "auth_locked",
-            "shutdown",
-        ] {
-            closed.with_label_values(&[reason]);
-        }
         RespMetrics {
             connections: reg.gauge(
                 "cellrate_resp_connections",
@@ -306,22 +310,18 @@ impl RespMetrics {
 
 impl ConfigMetrics {
     pub(super) fn new(reg: &Reg) -> ConfigMetrics {
-        let reloads = reg.counters(
+        let reloads = reg.counters_from_zero(
             "cellrate_config_reloads_total",
             "Limits reloads, by result (success, failure, unchanged).",
-            &["result"],
+            "result",
+            &["success", "failure", "unchanged"],
         );
-        let runtime_overrides = reg.counters(
+        let runtime_overrides = reg.counters_from_zero(
             "cellrate_runtime_override_changes_total",
             "Temporary overrides set and cleared through the admin API, by action.",
-            &["action"],
+            "action",
+            &["set", "clear"],
         );
-        for result in ["success", "failure", "unchanged"] {
-            reloads.with_label_values(&[result]);
-        }
-        for action in ["set", "clear"] {
-            runtime_overrides.with_label_values(&[action]);
-        }
         let last_reload_ok = reg.gauge(
             "cellrate_config_last_reload_successful",
             "0 when the last attempt to reload the limits was rejected (the previous \
