@@ -1,8 +1,10 @@
 //! The command line: its flags ([`Cli`], each with an environment fallback), the client
-//! commands that ask a running server ([`client`]), and `cellrate simulate` ([`simulate`]).
+//! commands that ask a running server ([`client`]), `cellrate simulate` ([`simulate`]), and
+//! what `cellrate serve`'s flags mean for the server (`serve.rs`: settings, listeners).
 
 mod args;
 pub use args::*;
 
 pub mod client;
+mod serve;
 pub mod simulate;

@@ -1,0 +1,204 @@
+//! `cellrate serve`'s flags turned into the server's settings: the TLS files read, the
+//! store described, the listeners' bounds, and the listeners bound.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::{ServeArgs, StoreKind};
+use crate::limits::config::LimitTable;
+use crate::server::admin::TlsPem;
+use crate::server::listener::ConnectionLimits;
+use crate::server::reload::ReloadSettings;
+use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
+use crate::service::envoy::EnvoyOptions;
+use crate::service::rlqs::RlqsSettings;
+use crate::service::CallerLimits;
+use crate::store::redis::{Coalescing, RedisSettings};
+
+impl ServeArgs {
+    /// Refuses an empty token: a token of spaces would look set and protect nothing.
+    pub fn check_tokens(&self) -> Result<(), &'static str> {
+        if self
+            .resp_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(
+                "--resp-token (CELLRATE_RESP_TOKEN) is empty: set a real token, or unset \
+                        it to serve the Redis protocol without authentication",
+            );
+        }
+        if self
+            .admin_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(
+                "--admin-token (CELLRATE_ADMIN_TOKEN) is empty: set a real token, or \
+                        unset it to serve admin RPCs without one",
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads the TLS files named by the flags.
+    pub fn tls(&self) -> anyhow::Result<Option<TlsPem>> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+        };
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        Ok(Some(TlsPem {
+            cert: read(cert)?,
+            key: read(key)?,
+            admin_client_ca: self.admin_client_ca.as_deref().map(read).transpose()?,
+        }))
+    }
+
+    /// The store the flags describe.
+    pub fn store(&self, limits: &LimitTable) -> anyhow::Result<StoreSettings> {
+        if self.store == StoreKind::Memory {
+            return Ok(StoreSettings::Memory);
+        }
+        if !cfg!(feature = "redis") {
+            return Err(crate::server::no_redis().into());
+        }
+        if self.redis_url.is_none() && self.redis_cluster_nodes.is_empty() {
+            anyhow::bail!("--store redis needs --redis-url or --redis-cluster-nodes");
+        }
+        let tag_by_id = if self.redis_tag_by_id.iter().any(|n| n == "*") {
+            None
+        } else {
+            let mut numbers = std::collections::HashSet::new();
+            for name in &self.redis_tag_by_id {
+                let found = limits.names().get(name).with_context(|| {
+                    format!("--redis-tag-by-id: {}", limits.names().unknown(name))
+                })?;
+                numbers.insert(found.number);
+            }
+            Some(numbers)
+        };
+        Ok(StoreSettings::Redis {
+            settings: Box::new(RedisSettings {
+                url: self.redis_url.clone(),
+                cluster_nodes: self.redis_cluster_nodes.clone(),
+                prefix: self.redis_prefix.clone(),
+                timeout: Duration::from_millis(self.redis_timeout_ms.max(1)),
+                clock: self.redis_clock,
+                failure: self.redis_failure_policy,
+                local_divisor: self.redis_local_divisor.max(1),
+                tag_by_id,
+                deny_cache: self.redis_deny_cache,
+                override_sync: Duration::from_millis(self.redis_override_sync_ms),
+                // Small values: clap checked their ranges.
+                coalescing: Coalescing {
+                    calls_in_flight: self.redis_calls_in_flight as usize,
+                    call_items: self.redis_call_max_items as usize,
+                    call_bytes: self.redis_call_max_bytes as usize,
+                    queued_items: self.redis_queue_max_items as usize,
+                },
+                ..RedisSettings::default()
+            }),
+            required_for_ready: self.redis_required_for_ready,
+        })
+    }
+
+    /// The server's settings, with `tls` and `store` as read by [`Self::tls`] and
+    /// [`Self::store`].
+    pub fn settings(&self, tls: Option<TlsPem>, store: StoreSettings) -> Settings {
+        Settings {
+            max_buckets: self.max_buckets,
+            caller_bucket_share: usize::from(self.caller_limit_bucket_share),
+            caller: CallerLimits {
+                enabled: self.caller_limits,
+                max_period: self.caller_limit_max_period,
+                max_burst: self.caller_limit_max_burst,
+            },
+            max_runtime_overrides: self.max_runtime_overrides,
+            max_override_ttl: self.max_override_ttl,
+            rlqs: RlqsSettings {
+                max_streams: self.rlqs_max_streams,
+                max_buckets: self.rlqs_max_buckets,
+                max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
+                assignment_ttl: Duration::from_secs(self.rlqs_assignment_ttl_seconds),
+                idle: Duration::from_secs(self.rlqs_idle_seconds),
+                sync: Duration::from_millis(self.rlqs_sync_ms),
+            },
+            grace: Duration::from_secs(self.grace_seconds),
+            shutdown_delay: Duration::from_secs(self.shutdown_delay_seconds),
+            reload: Some(ReloadSettings {
+                dir: self.config.clone(),
+                watch: self.watch_config,
+                debounce: Duration::from_millis(self.reload_debounce_ms),
+                interval: Duration::from_secs(self.reload_interval_seconds.max(1)),
+                sighup: true,
+            }),
+            admin_token: self.admin_token.clone(),
+            resp: crate::resp::RespSettings {
+                token: self.resp_token.clone(),
+                ..Default::default()
+            },
+            tls,
+            store,
+            server: self.server_limits(),
+            envoy: EnvoyOptions {
+                headers: self.rate_limit_headers,
+                shadow: self.shadow,
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The listeners' bounds and timeouts the flags describe.
+    pub fn server_limits(&self) -> ServerLimits {
+        let connections = |max_connections| ConnectionLimits {
+            max_connections,
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_seconds.max(1)),
+            idle_timeout: Duration::from_secs(self.idle_timeout_seconds.max(1)),
+            ..Default::default()
+        };
+        ServerLimits {
+            decisions: connections(self.max_connections),
+            admin: connections(self.admin_max_connections),
+            metrics: ConnectionLimits {
+                // HTTP/1 scrapes and probes come and go: idle connections are not kept long.
+                idle_timeout: Duration::from_secs(self.idle_timeout_seconds.clamp(1, 60)),
+                ..connections(self.metrics_max_connections)
+            },
+            resp: connections(self.resp_max_connections),
+            max_streams_per_connection: self.max_streams_per_connection.max(1),
+            max_in_flight: self.max_in_flight.max(1),
+            request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+        }
+    }
+
+    /// Binds the listeners the flags name (the metrics listener always; the Redis protocol's
+    /// only when given).
+    pub async fn bind(&self) -> anyhow::Result<Listeners> {
+        let decisions = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("binding --listen {}", self.listen))?;
+        let admin = tokio::net::TcpListener::bind(self.admin_listen)
+            .await
+            .with_context(|| format!("binding --admin-listen {}", self.admin_listen))?;
+        let metrics = tokio::net::TcpListener::bind(self.metrics_listen)
+            .await
+            .with_context(|| format!("binding --metrics-listen {}", self.metrics_listen))?;
+        let resp = match self.resp_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --resp-listen {addr}"))?,
+            ),
+            None => None,
+        };
+        Ok(Listeners {
+            decisions,
+            admin,
+            metrics: Some(metrics),
+            resp,
+        })
+    }
+}
