@@ -376,7 +376,8 @@ pub struct ServeArgs {
     pub caller_limits: bool,
 
     /// Longest period (and time to refill a full burst) of a caller-given limit, e.g. 1h.
-    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_PERIOD", default_value = "1d", value_parser = parse_period)]
+    /// The default takes every Envoy unit up to YEAR and redis-cell's yearly quotas.
+    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_PERIOD", default_value = "732d", value_parser = parse_period)]
     pub caller_limit_max_period: i64,
 
     /// Largest burst of a caller-given limit.

@@ -23,11 +23,18 @@ pub struct CallerLimits {
     pub max_burst: u64,
 }
 
+/// The default longest period, and longest full-burst refill, of a caller-given limit: two
+/// 366-day years. Every Envoy unit up to YEAR (365 days) is accepted, so are calendar years,
+/// and redis-cell's `N N <a year>` quotas for every N (a full burst of N + 1 takes at most
+/// two years to come back). What bounds a flood of long-lived buckets is the caller share
+/// of the store (`--caller-limit-bucket-share`), not the period.
+pub const DEFAULT_MAX_PERIOD: Nanos = 732 * 86_400 * crate::clock::SECOND;
+
 impl Default for CallerLimits {
     fn default() -> CallerLimits {
         CallerLimits {
             enabled: true,
-            max_period: 86_400 * crate::clock::SECOND,
+            max_period: DEFAULT_MAX_PERIOD,
             max_burst: 1_000_000,
         }
     }

@@ -18,6 +18,8 @@ const OVER: i32 = Code::OverLimit as i32;
 // Envoy's RateLimitUnit values.
 const SECOND: i32 = 1;
 const HOUR: i32 = 3;
+const DAY: i32 = 4;
+const MONTH: i32 = 5;
 const YEAR: i32 = 6;
 
 fn descriptor(entries: &[(&str, &str)], limit: Option<(u32, i32)>) -> RateLimitDescriptor {
@@ -72,7 +74,15 @@ async fn refund(s: &mut Served, items: Vec<pb::Item>) -> pb::RefundResponse {
 
 #[tokio::test]
 async fn a_descriptor_limit_never_touches_the_configured_bucket() {
-    let mut s = Served::start(None).await;
+    // A server that takes caller-given limits of at most a day.
+    let settings = Settings {
+        caller: CallerLimits {
+            max_period: 86_400 * 1_000 * MS,
+            ..CallerLimits::default()
+        },
+        ..Settings::default()
+    };
+    let mut s = Served::with_settings(config(), settings).await;
     // 1 per hour on account 42's descriptor: the caller's own bucket.
     let one_per_hour = || descriptor(&[("NewOrdersPerAccount", "42")], Some((1, HOUR)));
     assert_eq!(ask(&mut s, "edge", one_per_hour()).await.overall_code, OK);
@@ -85,7 +95,7 @@ async fn a_descriptor_limit_never_touches_the_configured_bucket() {
     let r = ask(&mut s, "edge", plain).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 299));
 
-    // 1 per year is beyond the server's maximum period (1 day): over limit, nothing
+    // 1 per year is beyond this server's maximum period (1 day): over limit, nothing
     // stored, no Retry-After, the configured bucket untouched.
     let r = ask(
         &mut s,
@@ -240,7 +250,9 @@ fn config() -> LimitTable {
 
 #[tokio::test]
 async fn configured_limits_keep_working_when_the_caller_share_is_full() {
-    // 1 280 buckets, 10 % (128, one per shard) for caller-given limits.
+    // 1 280 buckets, 10 % (128, one per shard) for caller-given limits, filled with the
+    // longest-lived buckets the default bounds take (a year to refill: they never expire
+    // during the attack).
     let settings = Settings {
         max_buckets: 1_280,
         ..Settings::default()
@@ -250,7 +262,7 @@ async fn configured_limits_keep_working_when_the_caller_share_is_full() {
     for i in 0..10_000 {
         if let Err(e) = check(
             &mut s,
-            vec![inline(&format!("fill-{i}"), 1, 1, 3_600, None)],
+            vec![inline(&format!("fill-{i}"), 1, 1, 365 * 86_400, None)],
         )
         .await
         {
@@ -271,5 +283,41 @@ async fn configured_limits_keep_working_when_the_caller_share_is_full() {
         .expect("configured limits keep working");
         assert_eq!(r.overall.unwrap().remaining, 299);
     }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn monthly_and_yearly_limits_work_with_the_default_bounds() {
+    let mut s = Served::with_settings(config(), Settings::default()).await;
+    // Envoy Gateway's per-tenant limits arrive as descriptor limits in any unit up to YEAR.
+    for (unit, name) in [(DAY, "day"), (MONTH, "month"), (YEAR, "year")] {
+        let tenant = format!("tenant-{name}");
+        let d = || descriptor(&[("tenant", tenant.as_str())], Some((1_000, unit)));
+        let first = ask(&mut s, "budgets", d()).await;
+        assert_eq!(first.overall_code, OK, "1 000 per {name}: {first:?}");
+        assert_eq!(first.statuses[0].limit_remaining, 999, "1 000 per {name}");
+    }
+    // And natively: 1 000 000 tokens a year, and a redis-cell style yearly quota whose
+    // full burst takes a little more than a year (1 001 tokens at 1 000 a year).
+    let big = check(
+        &mut s,
+        vec![inline("tokens", 1_000_000, 1_000_000, 365 * 86_400, None)],
+    )
+    .await
+    .expect("a yearly budget is accepted");
+    assert_eq!(big.overall.unwrap().remaining, 999_999);
+    let cell = check(
+        &mut s,
+        vec![inline("cell", 1_001, 1_000, 365 * 86_400, None)],
+    )
+    .await
+    .expect("a redis-cell yearly quota is accepted");
+    assert_eq!(cell.overall.unwrap().remaining, 1_000);
+    // Beyond two years to refill: still refused, with the flag named.
+    let e = check(&mut s, vec![inline("k", 3, 1, 365 * 86_400, None)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Grpc::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("maximum"), "{e:?}");
     s.stop().await;
 }

@@ -157,7 +157,7 @@ async fn bad_arguments_get_redis_cells_errors_and_change_nothing() {
             "Cell error: arguments too large: their products overflow 64-bit nanoseconds"
                 .to_string(),
         ),
-        // The bounds on caller-given limits (1 000 000 burst, a day to refill).
+        // The bounds on caller-given limits (1 000 000 burst, 732 days to refill).
         (
             &["CL.THROTTLE", "k", "1000000", "1000000", "1"],
             "Cell error: max_burst 1000000 is above this server's maximum of 999999 \
@@ -165,9 +165,9 @@ async fn bad_arguments_get_redis_cells_errors_and_change_nothing() {
                 .to_string(),
         ),
         (
-            &["CL.THROTTLE", "k", "1", "1", "86400"],
-            "Cell error: a full burst takes 172800s to come back ((max_burst + 1) x period / \
-             count), above this server's maximum of 86400s (--caller-limit-max-period)"
+            &["CL.THROTTLE", "k", "1", "1", "31708800"],
+            "Cell error: a full burst takes 63417600s to come back ((max_burst + 1) x period / \
+             count), above this server's maximum of 63244800s (--caller-limit-max-period)"
                 .to_string(),
         ),
     ] {

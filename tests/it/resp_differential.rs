@@ -55,8 +55,10 @@ impl Rng {
 }
 
 /// Rates as (count, period in seconds): emission intervals from 100 ms to 10 s, several
-/// of them not whole in nanoseconds (7 per 3 s), so that redis-cell's f64 truncation shows.
-const RATES: [(i64, i64); 13] = [
+/// of them not whole in nanoseconds (7 per 3 s), so that redis-cell's f64 truncation shows,
+/// and the common quotas (a day, a week, a 30-day month, a year) that the default bounds
+/// on caller-given limits must take.
+const RATES: [(i64, i64); 18] = [
     (1, 1),
     (2, 1),
     (3, 1),
@@ -70,6 +72,11 @@ const RATES: [(i64, i64); 13] = [
     (1, 10),
     (100, 60),
     (4, 10),
+    (1, 86_400),
+    (1_000, 86_400),
+    (1, 604_800),
+    (30, 2_592_000),
+    (12, 31_536_000),
 ];
 
 const KEYS: usize = 12;
