@@ -223,6 +223,54 @@ pub fn spend(
     (decision, (cost > 0).then_some(new_tat))
 }
 
+/// Charges `cost` tokens at `now` to a bucket whose TAT is `tat`, into debt when it has too
+/// few: the charge is recorded whatever the bucket holds, and `allowed` says whether it fit.
+///
+/// A bucket in debt has its TAT more than one burst offset past `now`: `remaining` is
+/// negative (the debt in whole tokens, rounded toward zero), and every request
+/// that needs a token is denied until the debt is repaid by refill. The debt is bounded at
+/// one burst: the TAT never lies more than two burst offsets past `now` (the rest of a
+/// larger charge is forgiven), so that one huge charge cannot lock a bucket for a century.
+/// `retry_in` is the time until one token exists again (0 when one does), `reset_in` the
+/// time until the bucket is full. Returns the TAT to store (`Some` when `cost > 0`).
+///
+/// ```
+/// use cellrate::gcra::{charge, Limit};
+/// let s = 1_000_000_000;
+/// let limit = Limit::new(10, 10, s).unwrap(); // 10 a second
+/// let (d, tat) = charge(&limit, 0, None, 15); // five more than it holds
+/// assert!(!d.allowed);
+/// assert_eq!((d.remaining, d.retry_in, tat), (-5, 600_000_000, Some(1_500_000_000)));
+/// let (d, tat) = charge(&limit, 0, tat, 1_000); // the debt stops at one burst
+/// assert_eq!((d.remaining, tat), (-10, Some(2 * s)));
+/// ```
+pub fn charge(
+    limit: &Limit,
+    now: Nanos,
+    tat: Option<Nanos>,
+    cost: u64,
+) -> (Decision, Option<Nanos>) {
+    let (decision, write) = spend(limit, now, tat, cost);
+    // What fits is a spend, and a charge of nothing is a peek.
+    if decision.allowed || cost == 0 {
+        return (decision, write);
+    }
+    let t = tat.map_or(now, |tat| tat.max(now));
+    let cap = now.saturating_add(limit.bo.saturating_mul(2));
+    let new_tat = t.saturating_add(limit.increment(cost)).min(cap).max(t);
+    let decision = Decision {
+        allowed: false,
+        remaining: limit.balance(now, new_tat),
+        retry_in: new_tat
+            .saturating_add(limit.ei)
+            .saturating_sub(limit.bo)
+            .saturating_sub(now)
+            .max(0),
+        reset_in: new_tat - now,
+    };
+    (decision, (cost > 0).then_some(new_tat))
+}
+
 /// Gives `cost` tokens back at `now` to a bucket whose TAT is `tat`.
 ///
 /// Never fuller than full and never creates a bucket: a missing or full bucket stays as
@@ -279,6 +327,10 @@ pub enum Mode {
     /// of a batch already known to be denied (a deny-listed or oversize item), whose
     /// answers must say what is there, not what a spend would leave.
     Probe,
+    /// Decide and count, and always spend, into debt if need be (see [`charge`]): for costs
+    /// known only afterwards (tokens a response used) and limits declared `overdraw`. The
+    /// charge is recorded even when the batch is denied, by it or by another item.
+    Charge,
 }
 
 impl Mode {
@@ -311,7 +363,7 @@ pub struct BatchOutcome {
 ///
 /// Every item is decided against the current state. The spends are written only if every
 /// counting item (not [`Mode::SpendOnly`]) is allowed; a spend-only item is written only if
-/// it is allowed itself. A check-only item of an allowed batch reports what its spend would
+/// it is allowed itself; a charge ([`Mode::Charge`]) is always written. A check-only item of an allowed batch reports what its spend would
 /// leave (nothing is written); any other item that was allowed but not written (in a
 /// denied batch, a probe) reports `allowed = true` with its bucket as it is now (a peek),
 /// since nothing was spent. Items must name distinct buckets.
@@ -336,7 +388,10 @@ pub fn spend_batch(now: Nanos, items: &[BatchItem<'_>], tats: &[Option<Nanos>]) 
     let mut writes = Vec::with_capacity(items.len());
     let mut allowed = true;
     for (item, &tat) in items.iter().zip(tats) {
-        let (decision, write) = spend(item.limit, now, tat, item.cost);
+        let (decision, write) = match item.mode {
+            Mode::Charge => charge(item.limit, now, tat, item.cost),
+            _ => spend(item.limit, now, tat, item.cost),
+        };
         allowed &= decision.allowed || !item.mode.counts();
         decisions.push(decision);
         writes.push(write);
@@ -350,7 +405,7 @@ pub fn spend_batch(now: Nanos, items: &[BatchItem<'_>], tats: &[Option<Nanos>]) 
             continue;
         }
         match (allowed, item.mode) {
-            (true, Mode::CheckAndSpend | Mode::SpendOnly) => {}
+            (true, Mode::CheckAndSpend | Mode::SpendOnly) | (_, Mode::Charge) => {}
             // Check-only in an allowed batch: the hypothetical spend stands, unwritten.
             (true, Mode::CheckOnly) => *write = None,
             // Allowed but not spent (a denied batch, a probe): the bucket as it stands.
@@ -378,6 +433,61 @@ pub fn strictest<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_charge_that_fits_is_a_spend() {
+        let limit = Limit::new(10, 10, 1_000).unwrap();
+        for tat in [None, Some(0), Some(500)] {
+            assert_eq!(charge(&limit, 0, tat, 3), spend(&limit, 0, tat, 3));
+        }
+    }
+
+    #[test]
+    fn a_charge_goes_into_debt_at_most_one_burst_deep() {
+        // 10 tokens, one per 100 ns.
+        let limit = Limit::new(10, 10, 1_000).unwrap();
+        let (d, tat) = charge(&limit, 0, None, 13);
+        assert_eq!((d.allowed, d.remaining, tat), (false, -3, Some(1_300)));
+        // A cost-0 charge is a peek.
+        assert_eq!(charge(&limit, 0, tat, 0).1, None);
+        // Denied until the debt and one token have come back: 400 ns.
+        assert_eq!(d.retry_in, 400);
+        assert!(!spend(&limit, 399, tat, 1).0.allowed);
+        assert!(spend(&limit, 400, tat, 1).0.allowed);
+        // Capped at one burst of debt; never moves a TAT back (a lowered limit).
+        let (d, tat) = charge(&limit, 0, tat, u64::MAX);
+        assert_eq!((d.remaining, tat), (-10, Some(2_000)));
+        let (_, back) = charge(&limit, 0, Some(5_000), 1);
+        assert_eq!(back, Some(5_000));
+    }
+
+    #[test]
+    fn a_denied_batch_still_records_its_charges() {
+        let ample = Limit::new(10, 10, 1_000).unwrap();
+        let tight = Limit::new(1, 1, 1_000).unwrap();
+        let items = [
+            BatchItem {
+                limit: &ample,
+                cost: 2,
+                mode: Mode::CheckAndSpend,
+            },
+            BatchItem {
+                limit: &ample,
+                cost: 4,
+                mode: Mode::Charge,
+            },
+            BatchItem {
+                limit: &tight,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(0, &items, &[None, None, Some(1_000)]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, Some(400), None]);
+        assert_eq!(out.decisions[1].remaining, 6);
+    }
+
     use crate::clock::SECOND;
 
     const MS: Nanos = 1_000_000;

@@ -209,8 +209,9 @@ pub struct ClientItemArgs {
 pub struct ClientCheckArgs {
     #[command(flatten)]
     pub item: ClientItemArgs,
-    /// check-and-spend (default), check-only (what a spend would get; spends nothing) or
-    /// spend-only (best effort: spent when the bucket has the tokens).
+    /// check-and-spend (default), check-only (what a spend would get; spends nothing),
+    /// spend-only (best effort: spent when the bucket has the tokens) or charge (always
+    /// recorded, into debt if need be: a cost known only afterwards).
     #[arg(long, value_enum, default_value = "check-and-spend")]
     pub mode: ClientMode,
 }
@@ -220,6 +221,7 @@ pub enum ClientMode {
     CheckAndSpend,
     CheckOnly,
     SpendOnly,
+    Charge,
 }
 
 #[derive(Debug, clap::Args)]

@@ -62,7 +62,19 @@ impl Decider {
             .as_ref()
             .and_then(|r| r.get(name, canonical_id))
         {
-            Some(temporary) => Some(temporary.policy),
+            // A temporary override changes the numbers, not how spends count: a limit
+            // configured `overdraw` keeps charging under it.
+            Some(temporary) => Some(match temporary.policy {
+                Policy::Limited { limit, shadow, .. } => Policy::Limited {
+                    limit,
+                    shadow,
+                    overdraw: matches!(
+                        table.policy(name, canonical_id),
+                        Some(Policy::Limited { overdraw: true, .. })
+                    ),
+                },
+                other => other,
+            }),
             None => table.policy(name, canonical_id),
         }
     }
@@ -94,12 +106,12 @@ impl Decider {
             (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true }) || r.oversize)
                 && r.mode.counts()
         });
-        let store_items = store_items(&resolved, |r| {
-            if blocked || r.oversize {
-                Mode::Probe
-            } else {
-                r.mode
-            }
+        // Charges are recorded even in a blocked batch.
+        let store_items = store_items(&resolved, |r| match r.mode {
+            _ if r.oversize => Mode::Probe,
+            Mode::Charge => Mode::Charge,
+            _ if blocked => Mode::Probe,
+            mode => mode,
         });
         let store_decisions = if store_items.is_empty() {
             Vec::new()

@@ -439,6 +439,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
         pb::Mode::CheckAndSpend => Mode::CheckAndSpend,
         pb::Mode::CheckOnly => Mode::CheckOnly,
         pb::Mode::SpendOnly => Mode::SpendOnly,
+        pb::Mode::Charge => Mode::Charge,
     };
     match usage {
         Use::Check => {}

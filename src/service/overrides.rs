@@ -124,6 +124,7 @@ pub fn policy_of(
             Ok(Policy::Limited {
                 limit,
                 shadow: false,
+                overdraw: false,
             })
         }
         _ => Err("give exactly one of: burst, count and period; unlimited; deny".to_string()),
@@ -432,6 +433,7 @@ mod tests {
         let limited = Policy::Limited {
             limit: Limit::new(5, 5, SECOND).unwrap(),
             shadow: false,
+            overdraw: false,
         };
         assert!(r.get(orders, "1").is_none());
         let set = r
@@ -494,6 +496,7 @@ mod tests {
             Policy::Limited {
                 limit,
                 shadow: false,
+                overdraw: false,
             },
             Policy::Unlimited,
             Policy::Denied,

@@ -121,18 +121,25 @@ impl Decider {
             (Some(Policy::Unlimited), _) => (Rule::Unlimited, false),
             (Some(Policy::Denied), _) => (Rule::Denied, false),
             (Some(Policy::Limited { shadow, .. }), Some(given)) => (Rule::Limited(given), shadow),
-            (Some(Policy::Limited { limit, shadow }), None) => (Rule::Limited(limit), shadow),
+            (Some(Policy::Limited { limit, shadow, .. }), None) => (Rule::Limited(limit), shadow),
             (None, Some(given)) => (Rule::Limited(given), false),
             (None, None) => (Rule::NotConfigured, false),
         };
         let shadow = options.shadow_all || (options.honour_shadow && configured_shadow);
-        let (cost, oversize) = cost(i, item, rule, refused, &bucket.name, options)?;
+        // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left.
+        let overdraw = matches!(bucket.policy, Some(Policy::Limited { overdraw: true, .. }));
+        let mode = match item.mode {
+            _ if shadow => Mode::SpendOnly,
+            Mode::CheckAndSpend if overdraw => Mode::Charge,
+            mode => mode,
+        };
+        let (cost, oversize) = cost(i, item, rule, mode, refused, &bucket.name, options)?;
         Ok(Resolved {
             key: bucket.key,
             name: bucket.name,
             rule,
             cost,
-            mode: if shadow { Mode::SpendOnly } else { item.mode },
+            mode,
             shadow,
             oversize,
         })
@@ -232,17 +239,20 @@ fn caller_bucket(key: BucketKey, limit: &Limit) -> Bucket {
         policy: Some(Policy::Limited {
             limit: *limit,
             shadow: false,
+            overdraw: false,
         }),
     }
 }
 
 /// The item's cost, and whether it is oversize: refused, or above its limit's burst (an
-/// error unless [`CheckOptions::oversize_denies`]). An oversize item costs nothing: the
-/// bucket is reported as it is (a peek) and the item is denied.
+/// error unless [`CheckOptions::oversize_denies`]; a charge may exceed the burst, it goes
+/// into debt). An oversize item costs nothing: the bucket is reported as it is (a peek)
+/// and the item is denied.
 fn cost(
     i: usize,
     item: &ItemSpec<'_>,
     rule: Rule,
+    mode: Mode,
     refused: bool,
     name: &str,
     options: CheckOptions,
@@ -253,7 +263,7 @@ fn cost(
         return Ok((0, true));
     }
     match rule {
-        Rule::Limited(limit) if cost > limit.burst() => {
+        Rule::Limited(limit) if cost > limit.burst() && mode != Mode::Charge => {
             if options.oversize_denies {
                 Ok((0, true))
             } else {

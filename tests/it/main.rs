@@ -4,6 +4,7 @@
 
 mod common;
 
+mod budgets;
 mod caller_limits;
 mod cli;
 mod client_cli;

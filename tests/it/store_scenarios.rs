@@ -227,6 +227,57 @@ async fn modes(s: &Subject) {
     assert_eq!(one(s, spend("m-other", seed(), 0)).await, d(true, 20, 0, 0));
 }
 
+/// Charges: recorded whatever the bucket holds, into debt at most one burst deep; a bucket
+/// in debt denies until refill repays it; a charge counts even in a batch another item
+/// denies (across cluster slots too: compensation leaves it).
+async fn charges(s: &Subject) {
+    let charge = |key, cost| item(key, seed(), cost, Mode::Charge);
+    // 25 tokens from a bucket of 20 (one token per 50 ms): five in debt.
+    assert_eq!(
+        one(s, charge("c-debt", 25)).await,
+        d(false, -5, 300 * MS, 1_250 * MS)
+    );
+    // In debt: a request that needs a token waits for the debt and the token.
+    assert_eq!(
+        one(s, spend("c-debt", seed(), 1)).await,
+        d(false, -5, 300 * MS, 1_250 * MS)
+    );
+    // A huge charge: the debt stops at one burst (the TAT two burst offsets ahead).
+    assert_eq!(
+        one(s, charge("c-debt", 1_000_000)).await,
+        d(false, -20, 1_050 * MS, 2 * SECOND)
+    );
+    // Repaid by refill: the next token exists 1.05 s later, not a nanosecond sooner.
+    s.clock.advance(1_050 * MS - 1);
+    assert!(!one(s, spend("c-debt", seed(), 1)).await.allowed);
+    s.clock.advance(1);
+    assert_eq!(
+        one(s, spend("c-debt", seed(), 1)).await,
+        d(true, 0, 50 * MS, SECOND)
+    );
+
+    // A batch denied by another item: the charge is recorded, the spend is not.
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    let (a, b, c) = ("aon-a", "aon-b", "aon-c");
+    one(s, spend(c, tight, 1)).await;
+    let out = s
+        .store
+        .spend(&[spend(a, seed(), 1), charge(b, 5), spend(c, tight, 1)])
+        .await
+        .unwrap();
+    assert!(!out.allowed);
+    assert_eq!(
+        out.decisions,
+        vec![
+            d(true, 20, 0, 0),
+            d(true, 15, 0, 250 * MS),
+            d(false, 0, SECOND, SECOND)
+        ]
+    );
+    assert_eq!(one(s, spend(a, seed(), 0)).await, d(true, 20, 0, 0));
+    assert_eq!(one(s, spend(b, seed(), 0)).await, d(true, 15, 0, 250 * MS));
+}
+
 async fn refunds(s: &Subject) {
     one(s, spend("r", seed(), 5)).await;
     let refund = |key: &str, cost| vec![spend(key, seed(), cost)];
@@ -325,6 +376,7 @@ on_every_store!(
     peek_and_oversize,
     all_or_nothing,
     modes,
+    charges,
     refunds,
     resets,
     lowered_limit,

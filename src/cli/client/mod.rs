@@ -83,6 +83,7 @@ pub fn run_check(args: ClientCheckArgs) -> Exit {
         ClientMode::CheckAndSpend => pb::Mode::CheckAndSpend,
         ClientMode::CheckOnly => pb::Mode::CheckOnly,
         ClientMode::SpendOnly => pb::Mode::SpendOnly,
+        ClientMode::Charge => pb::Mode::Charge,
     };
     let item = args.item;
     finish(

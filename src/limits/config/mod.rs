@@ -64,8 +64,13 @@ fn short(text: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
     /// Decide with this limit. In shadow mode, Envoy's answers report OK even when the
-    /// limit denies (the decision is still made, spent when allowed, and counted).
-    Limited { limit: Limit, shadow: bool },
+    /// limit denies (the decision is still made, spent when allowed, and counted). With
+    /// `overdraw`, every spend is recorded, into debt if need be ([`crate::gcra::charge`]).
+    Limited {
+        limit: Limit,
+        shadow: bool,
+        overdraw: bool,
+    },
     /// On the allow list: always allowed, nothing stored.
     Unlimited,
     /// On the deny list: always denied, nothing stored.
@@ -307,6 +312,7 @@ NewOrdersPerAccount:
             Some(Policy::Limited {
                 limit: Limit::new(b, c, p).unwrap(),
                 shadow: false,
+                overdraw: false,
             })
         };
         assert_eq!(table.policy(ip, "10.0.0.2"), limit(20, 40, SECOND));

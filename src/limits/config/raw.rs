@@ -28,6 +28,9 @@ pub(super) struct RawLimit {
     pub(super) period: String,
     #[serde(default)]
     pub(super) shadow: bool,
+    /// Every spend is recorded, into debt if need be (token and cost budgets).
+    #[serde(default)]
+    pub(super) overdraw: bool,
 }
 
 impl RawLimit {
@@ -37,6 +40,7 @@ impl RawLimit {
         Ok(Policy::Limited {
             limit,
             shadow: self.shadow,
+            overdraw: self.overdraw,
         })
     }
 }
@@ -115,6 +119,8 @@ pub(super) struct RawOverride {
     #[serde(default)]
     pub(super) shadow: bool,
     #[serde(default)]
+    pub(super) overdraw: bool,
+    #[serde(default)]
     pub(super) ids: Vec<IdEntry>,
 }
 
@@ -125,12 +131,19 @@ impl RawOverride {
             self.count.is_some(),
             self.period.is_some(),
         ];
+        if self.overdraw && (self.unlimited || self.deny) {
+            return Err(
+                "overdraw applies to a limit (burst, count, period), not to unlimited or deny"
+                    .to_string(),
+            );
+        }
         match (self.unlimited, self.deny, numbers) {
             (false, false, [true, true, true]) => RawLimit {
                 burst: self.burst.unwrap_or_default(),
                 count: self.count.unwrap_or_default(),
                 period: self.period.clone().unwrap_or_default(),
                 shadow: self.shadow,
+                overdraw: self.overdraw,
             }
             .build(),
             _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),

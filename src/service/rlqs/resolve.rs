@@ -101,6 +101,7 @@ pub(super) fn resolve<'t>(
             Some(Policy::Limited {
                 limit,
                 shadow: false,
+                ..
             }) => {
                 let key = BucketKey::new(name.number, &canonical);
                 keys.push((Arc::from(key.as_str()), limit));

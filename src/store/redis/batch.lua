@@ -19,7 +19,8 @@
 --   KEYS: the distinct buckets of all batches.
 --   ARGV[3...]: per batch its item count n, then per item four values: the index of its
 --   key in KEYS (from 1), increment (ei * cost), burst offset (ei * burst), mode ("0"
---   check_and_spend, "1" check_only, "2" spend_only).
+--   check_and_spend, "1" check_only, "2" spend_only, "3" charge: written even when its
+--   batch is denied, into debt if need be, the TAT at most two burst offsets past now).
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
@@ -125,8 +126,9 @@ if op == 'spend' then
     local n = tonumber(ARGV[at])
     at = at + 1
     -- Decide every item against the state before this batch; write only if every counting
-    -- item (not spend_only) is allowed, and then only allowed items that spend something.
-    local allowed = true
+    -- item (not spend_only) is allowed, and then only allowed items that spend something;
+    -- charges are written whatever the batch decides (unless it cannot be decided).
+    local allowed, decidable = true, true
     for i = 1, n do
       local p = at + (i - 1) * 4
       local k = tonumber(ARGV[p])
@@ -137,7 +139,7 @@ if op == 'spend' then
       out[o] = text[k]
       if text[k] ~= '' and not curs[k] then
         -- No TAT: the batch is not decided (and its stale oks are never read).
-        allowed = false
+        allowed, decidable = false, false
       else
         local ts, tn = nows, nown
         if curs[k] and less(nows, nown, curs[k], curn[k]) then
@@ -148,16 +150,34 @@ if op == 'spend' then
         local bs, bn = parse(ARGV[p + 2])
         local ls, ln = sub(ns, nn, bs, bn)
         local ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
+        if not ok and ARGV[p + 3] == '3' then
+          -- A charge that does not fit goes into debt, at most one burst deep, never back.
+          local cs, cn = add(nows, nown, bs, bn)
+          cs, cn = add(cs, cn, bs, bn)
+          if less(cs, cn, ns, nn) then
+            ns, nn = cs, cn
+          end
+          if less(ns, nn, ts, tn) then
+            ns, nn = ts, tn
+          end
+        end
         news[i], newn[i], oks[i] = ns, nn, ok
         if not ok and ARGV[p + 3] ~= '2' then
           allowed = false
         end
       end
     end
-    if allowed then
+    if decidable then
       for i = 1, n do
         local p = at + (i - 1) * 4
-        if oks[i] and ARGV[p + 3] ~= '1' and ARGV[p + 1] ~= '0' then
+        local mode = ARGV[p + 3]
+        local write
+        if mode == '3' then
+          write = ARGV[p + 1] ~= '0' and news[i] < MAX_SECONDS
+        else
+          write = allowed and oks[i] and mode ~= '1' and ARGV[p + 1] ~= '0'
+        end
+        if write then
           local k = tonumber(ARGV[p])
           curs[k], curn[k], text[k] = news[i], newn[i], nil
           dirty[k] = true

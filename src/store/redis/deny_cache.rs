@@ -3,7 +3,7 @@
 use super::wire::Read;
 use super::{RedisClock, RedisStore};
 use crate::clock::Nanos;
-use crate::gcra;
+use crate::gcra::{self, Mode};
 use crate::store::{Outcome, StoreEvent, StoreItem};
 
 /// The local deny cache: a denied bucket's TAT is a lower bound (TATs only grow, but for
@@ -90,7 +90,8 @@ impl RedisStore {
     pub(super) fn cached_denial(&self, items: &[StoreItem], key: &str) -> Option<Outcome> {
         let cache = self.deny_cache.as_ref()?;
         let [item] = items else { return None };
-        if !item.mode.counts() {
+        // A charge must reach Redis: it is recorded whatever the bucket holds.
+        if !item.mode.counts() || item.mode == Mode::Charge {
             return None;
         }
         let mut entries = cache.lock();

@@ -132,6 +132,7 @@ impl RedisStore {
                             Mode::CheckAndSpend => "0",
                             Mode::CheckOnly | Mode::Probe => "1",
                             Mode::SpendOnly => "2",
+                            Mode::Charge => "3",
                         },
                     }
                 })
@@ -181,10 +182,14 @@ impl RedisStore {
             let group_decisions = if all_allowed {
                 out.decisions.clone()
             } else {
-                // Nothing stays spent: report each bucket as it stands.
+                // Nothing stays spent but the charges: report each other bucket as it
+                // stands, and each charged one as its charge left it.
                 let batch: Vec<BatchItem<'_>> = members
                     .iter()
-                    .map(|&i| batch_item(&items[i], Mode::Probe))
+                    .map(|&i| match items[i].mode {
+                        Mode::Charge => batch_item(&items[i], Mode::Charge),
+                        _ => batch_item(&items[i], Mode::Probe),
+                    })
                     .collect();
                 gcra::spend_batch(read.now, &batch, &read.tats).decisions
             };
@@ -209,10 +214,11 @@ impl RedisStore {
         let mut counted = false;
         for ((slot, members), outcome) in groups.iter().zip(outcomes) {
             let Some((_, out)) = outcome else { continue };
+            // Charges stay: they count whatever the batch decides.
             let spent: Vec<usize> = members
                 .iter()
                 .zip(&out.writes)
-                .filter(|(_, w)| w.is_some())
+                .filter(|(&i, w)| w.is_some() && items[i].mode != Mode::Charge)
                 .map(|(&i, _)| i)
                 .collect();
             if spent.is_empty() {

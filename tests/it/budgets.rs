@@ -1,0 +1,215 @@
+//! Budgets (#35): charges that always count. A limit declared `overdraw: true` records every
+//! spend, into debt when it is larger than what is left (Envoy's `apply_on_stream_done`
+//! charges, a response's token count); a bucket in debt denies until refill repays it; the
+//! debt stops at one burst. The native API charges per item with `MODE_CHARGE`. Through a
+//! real gRPC client, on a fake clock.
+
+use std::path::Path;
+
+use crate::common::{descriptor, item, remaining, Served, MS};
+use cellrate::clock::SECOND;
+use cellrate::limits::config::LimitTable;
+use cellrate::proto::v1 as pb;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// Tokens per tenant: 10 000 a day with charges that count (`overdraw`), and requests per
+/// tenant: 5 a second, without.
+fn budgets() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write(
+        "names.yaml",
+        "TokensPerTenant: {number: 100, format: string}\n\
+         RequestsPerTenant: {number: 101, format: string}\n",
+    );
+    write(
+        "defaults.yaml",
+        "TokensPerTenant: {burst: 10000, count: 10000, period: 1d, overdraw: true}\n\
+         RequestsPerTenant: {burst: 5, count: 5, period: 1s}\n",
+    );
+    write(
+        "descriptors.yaml",
+        "ai:\n  - match: [{key: tenant}]\n    limits: [TokensPerTenant]\n    id: \"{tenant}\"\n",
+    );
+    dir
+}
+
+async fn served(dir: &Path) -> Served {
+    Served::with_limits(LimitTable::load_dir(dir).expect("the budgets load")).await
+}
+
+/// `ShouldRateLimit` for `tenant`, with `hits` as the descriptor's own `hits_addend`
+/// (Envoy sets it from a substitution format; 0 asks without spending).
+async fn tenant(s: &mut Served, tenant: &str, hits: u64) -> RateLimitResponse {
+    let mut d = descriptor(&[("tenant", tenant)]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+    s.envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "ai".to_string(),
+            descriptors: vec![d],
+            hits_addend: 0,
+        })
+        .await
+        .expect("ShouldRateLimit succeeds")
+        .into_inner()
+}
+
+fn retry_after(r: &RateLimitResponse) -> Option<&str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key == "Retry-After")
+        .map(|h| h.value.as_str())
+}
+
+#[tokio::test]
+async fn a_charge_after_the_response_counts_even_beyond_the_budget() {
+    let dir = budgets();
+    let mut s = served(dir.path()).await;
+    // The request path asks without spending: allowed.
+    assert_eq!(tenant(&mut s, "t1", 0).await.overall_code, OK);
+    // The response used 50 000 tokens: charged at stream done, over the budget. The answer
+    // (which Envoy ignores there) says so, and the charge is recorded: the debt stops at
+    // one burst, 10 000 tokens (the rest is forgiven).
+    let charged = tenant(&mut s, "t1", 50_000).await;
+    assert_eq!(charged.overall_code, OVER);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, -10_000);
+    // The next request is denied, and told to come back when the debt is repaid (a day)
+    // and one token has come back (8.64 s).
+    let next = tenant(&mut s, "t1", 0).await;
+    assert_eq!(next.overall_code, OVER);
+    assert_eq!(next.statuses[0].limit_remaining, 0);
+    assert_eq!(retry_after(&next), Some("86400"));
+    let one = tenant(&mut s, "t1", 1).await;
+    assert_eq!((one.overall_code, retry_after(&one)), (OVER, Some("86409")));
+    // Another tenant is untouched.
+    assert_eq!(tenant(&mut s, "t2", 1).await.overall_code, OK);
+    // Repaid by refill, to the nanosecond: half a day repays half the debt...
+    s.clock.advance(43_200 * SECOND);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, -5_000);
+    assert_eq!(tenant(&mut s, "t1", 0).await.overall_code, OVER);
+    // ...a whole day all of it: a request that asks without spending passes again.
+    s.clock.advance(43_200 * SECOND);
+    assert_eq!(tenant(&mut s, "t1", 0).await.overall_code, OK);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, 0);
+    // On a limit that charges, every hit counts, a denied one too (as envoyproxy/ratelimit
+    // counts them): one token short, denied, and one more token owed.
+    assert_eq!(tenant(&mut s, "t1", 1).await.overall_code, OVER);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, -1);
+    // That token and the next come back 8.64 s apart, to the nanosecond.
+    s.clock.advance(2 * 8_640 * MS - 1);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, 0);
+    s.clock.advance(1);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, 1);
+    assert_eq!(tenant(&mut s, "t1", 1).await.overall_code, OK);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_charge_counts_in_a_batch_that_another_limit_denies() {
+    let dir = budgets();
+    let mut s = served(dir.path()).await;
+    let batch = |tokens| {
+        vec![
+            item("RequestsPerTenant", "t1", None),
+            item("TokensPerTenant", "t1", Some(tokens)),
+        ]
+    };
+    for _ in 0..5 {
+        let r = s
+            .decisions
+            .check(pb::CheckRequest { items: batch(100) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.overall.unwrap().allowed);
+    }
+    // The request limit denies the sixth: its request is not spent, its charge is.
+    let r = s
+        .decisions
+        .check(pb::CheckRequest { items: batch(100) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.overall.unwrap().allowed);
+    assert_eq!(r.items[1].remaining, 9_400);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, 9_400);
+    assert_eq!(remaining(&mut s, "RequestsPerTenant", "t1").await, 0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_native_charge_mode_goes_into_debt_on_any_limit() {
+    let mut s = Served::start(None).await;
+    let charge = |cost| pb::Item {
+        mode: pb::Mode::Charge as i32,
+        ..item("NewOrdersPerAccount", "42", Some(cost))
+    };
+    // 500 tokens from a bucket of 300: a charge may exceed the burst (a spend may not).
+    let r = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![charge(500)],
+        })
+        .await
+        .expect("a charge above the burst is accepted")
+        .into_inner();
+    let d = r.overall.unwrap();
+    assert!(!d.allowed, "it did not fit");
+    assert_eq!(d.remaining, -200);
+    // A check-and-spend of the same cost is still refused as malformed.
+    let e = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item("NewOrdersPerAccount", "43", Some(500))],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // In debt: a plain check is denied, and waits for 201 tokens (36 s each).
+    let r = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item("NewOrdersPerAccount", "42", None)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let d = r.overall.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(crate::common::nanos(&d.retry_after), 201 * 36 * SECOND);
+    assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "42").await, -200);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn overdraw_where_it_cannot_apply_is_refused_and_changes_nothing() {
+    let dir = budgets();
+    for (file, text, says) in [
+        (
+            "overrides.yaml",
+            "- TokensPerTenant: {unlimited: true, overdraw: true, ids: [t9]}\n",
+            "overdraw",
+        ),
+        (
+            "defaults.yaml",
+            "TokensPerTenant: {burst: 10, count: 10, period: 1s, overdraw: yes please}\n",
+            "overdraw",
+        ),
+    ] {
+        let mut files: Vec<(String, String)> = ["names.yaml", "defaults.yaml", "descriptors.yaml"]
+            .iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
+                (f.to_string(), text)
+            })
+            .collect();
+        files.retain(|(f, _)| f != file);
+        files.push((file.to_string(), text.to_string()));
+        let e = LimitTable::from_files(&files).unwrap_err();
+        assert!(e.to_string().contains(says), "{file}: {e}");
+    }
+}
