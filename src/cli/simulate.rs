@@ -7,7 +7,8 @@
 //! {"at_ns": 0, "op": "spend", "items": [{"bucket": "a"}, {"bucket": "b", "mode": "check_only"}]}
 //! ```
 //!
-//! `op` is `spend`, `check` (decide without writing), `refund` or `reset`. Output is one
+//! `op` is `spend`, `check` (decide without writing), `charge` (always recorded, into debt
+//! if need be), `refund` or `reset`. Output is one
 //! JSON line per input line: `{"allowed", "remaining", "retry_in_ns", "reset_in_ns"}`, plus
 //! `"items"` for the batch form; a bad line gets `{"error": "..."}` and the run goes on.
 //! The decisions go through the same [`Decider`] and memory store as the server's.
@@ -52,6 +53,7 @@ struct Line {
 enum Op {
     Spend,
     Check,
+    Charge,
     Refund,
     Reset,
 }
@@ -70,6 +72,7 @@ enum ModeName {
     CheckAndSpend,
     CheckOnly,
     SpendOnly,
+    Charge,
 }
 
 /// Parses `LABEL=BURST/COUNT/PERIOD`, e.g. `api=20/20/1s`.
@@ -189,6 +192,7 @@ impl Script {
                             (Some(ModeName::CheckAndSpend), _) => Mode::CheckAndSpend,
                             (Some(ModeName::CheckOnly), _) => Mode::CheckOnly,
                             (Some(ModeName::SpendOnly), _) => Mode::SpendOnly,
+                            (Some(ModeName::Charge), _) => Mode::Charge,
                         },
                     })
                 })
@@ -197,15 +201,15 @@ impl Script {
                 target: self.target(line.bucket.as_deref())?,
                 cost: line.cost,
                 limit: None,
-                mode: if line.op == Op::Check {
-                    Mode::CheckOnly
-                } else {
-                    Mode::CheckAndSpend
+                mode: match line.op {
+                    Op::Check => Mode::CheckOnly,
+                    Op::Charge => Mode::Charge,
+                    _ => Mode::CheckAndSpend,
                 },
             }],
         };
         let result = match line.op {
-            Op::Spend | Op::Check => decider.check(&items).await,
+            Op::Spend | Op::Check | Op::Charge => decider.check(&items).await,
             Op::Refund => decider.refund(&items).await,
             Op::Reset => match decider.reset(&items).await {
                 // Report the buckets as they are after the reset.

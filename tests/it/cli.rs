@@ -344,3 +344,29 @@ fn human_logs_off_a_terminal_are_plain_text() {
     );
     assert!(!text.contains("Some("), "{text}");
 }
+
+#[test]
+fn simulate_charges_into_debt_and_refill_repays_it() {
+    // 10 a second (one token per 100 ms): a charge of 15 leaves a debt of 5; a spend waits
+    // for the debt and one token (600 ms), and passes then, not a nanosecond sooner.
+    let out = simulate(
+        &["--limit", "tok=10/10/1s"],
+        concat!(
+            r#"{"at_ns": 0, "op": "charge", "bucket": "tok", "cost": 15}"#,
+            "\n",
+            r#"{"at_ns": 0, "op": "spend", "items": [{"bucket": "tok", "mode": "charge", "cost": 0}]}"#,
+            "\n",
+            r#"{"at_ns": 599999999, "op": "check", "bucket": "tok"}"#,
+            "\n",
+            r#"{"at_ns": 600000000, "op": "spend", "bucket": "tok"}"#,
+            "\n",
+        ),
+    );
+    assert_eq!(out[0]["allowed"], false);
+    assert_eq!(out[0]["remaining"], -5);
+    assert_eq!(out[0]["retry_in_ns"], 600_000_000);
+    assert_eq!(out[1]["remaining"], -5, "a charge of nothing only looks");
+    assert_eq!(out[2]["allowed"], false);
+    assert_eq!(out[3]["allowed"], true);
+    assert_eq!(out[3]["remaining"], 0);
+}

@@ -242,9 +242,18 @@ async fn charges(s: &Subject) {
         one(s, spend("c-debt", seed(), 1)).await,
         d(false, -5, 300 * MS, 1_250 * MS)
     );
-    // A huge charge: the debt stops at one burst (the TAT two burst offsets ahead).
+    // A huge charge: the debt stops at one burst (the TAT two burst offsets ahead), the
+    // largest cost there is included (no overflow on the way, in Rust or in Lua).
     assert_eq!(
         one(s, charge("c-debt", 1_000_000)).await,
+        d(false, -20, 1_050 * MS, 2 * SECOND)
+    );
+    assert_eq!(
+        one(s, charge("c-debt", u64::MAX)).await,
+        d(false, -20, 1_050 * MS, 2 * SECOND)
+    );
+    assert_eq!(
+        one(s, charge("c-max", u64::MAX)).await,
         d(false, -20, 1_050 * MS, 2 * SECOND)
     );
     // Repaid by refill: the next token exists 1.05 s later, not a nanosecond sooner.
