@@ -282,3 +282,50 @@ async fn a_real_envoy_charges_the_tokens_a_response_used() {
     drop(envoy);
     s.stop().await;
 }
+
+/// A hostile caller with `MODE_CHARGE`: the largest cost there is, on a configured limit and
+/// on a caller-given one, puts each bucket at most one burst into debt (two full refills at
+/// most), harms no other bucket, and leaves the server answering.
+#[tokio::test]
+async fn a_hostile_charge_is_bounded() {
+    let mut s = Served::start(None).await;
+    let charge = |item: pb::Item| pb::Item {
+        mode: pb::Mode::Charge as i32,
+        cost: Some(u64::MAX),
+        ..item
+    };
+    let inline = pb::Item {
+        inline: Some(pb::InlineLimit {
+            key: "victim".to_string(),
+            burst: 10,
+            count: 10,
+            period: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+        }),
+        ..Default::default()
+    };
+    for target in [item("NewOrdersPerAccount", "7", None), inline.clone()] {
+        let r = s
+            .decisions
+            .check(pb::CheckRequest {
+                items: vec![charge(target)],
+            })
+            .await
+            .expect("a charge of any size is decided")
+            .into_inner();
+        let d = r.overall.unwrap();
+        assert!(!d.allowed);
+        assert!(d.remaining == -300 || d.remaining == -10, "{d:?}");
+    }
+    assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, -300);
+    // Another account is untouched.
+    assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "8").await, 300);
+    // Two full refills (2 x 180 min) later the bucket is full again, to the nanosecond.
+    s.clock.advance(2 * 10_800 * SECOND - 1);
+    assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, 299);
+    s.clock.advance(1);
+    assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, 300);
+    s.stop().await;
+}
