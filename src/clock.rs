@@ -3,6 +3,10 @@
 //! This is the only module that reads the operating system's clock (`.clippy.toml` bans
 //! `SystemTime::now` elsewhere). Decisions take `now` from an injected clock so that
 //! tests and `cellrate simulate` move a [`FakeClock`] instead of sleeping.
+//!
+//! It also knows the UTC calendar, for calendar windows ([`CalendarPeriod`]): where the
+//! window that holds an instant starts and ends, for fixed spans aligned to the epoch and for
+//! calendar months and years, in exact integer arithmetic on days ([`civil_from_days`]).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -67,5 +71,221 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now(&self) -> Nanos {
         self.0.load(Ordering::SeqCst)
+    }
+}
+/// Nanoseconds in one day.
+pub const DAY: Nanos = 86_400 * SECOND;
+
+/// A calendar window's length: a fixed span aligned to UTC multiples since the epoch, or a
+/// calendar month or year in UTC. What a `window: calendar` limit counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CalendarPeriod {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Month,
+    Year,
+}
+
+impl CalendarPeriod {
+    /// `1s`, `1m`, `1h`, `1d`, `1mo`, `1y`: the periods a calendar window may have.
+    pub fn parse(text: &str) -> Result<CalendarPeriod, String> {
+        match text {
+            "1s" => Ok(CalendarPeriod::Second),
+            "1m" => Ok(CalendarPeriod::Minute),
+            "1h" => Ok(CalendarPeriod::Hour),
+            "1d" => Ok(CalendarPeriod::Day),
+            "1mo" => Ok(CalendarPeriod::Month),
+            "1y" => Ok(CalendarPeriod::Year),
+            _ => Err(format!(
+                "{text:?} is no calendar period: one of 1s, 1m, 1h, 1d, 1mo, 1y"
+            )),
+        }
+    }
+
+    /// The fixed length of a window, or `None` for months and years.
+    fn fixed(self) -> Option<Nanos> {
+        match self {
+            CalendarPeriod::Second => Some(SECOND),
+            CalendarPeriod::Minute => Some(60 * SECOND),
+            CalendarPeriod::Hour => Some(3_600 * SECOND),
+            CalendarPeriod::Day => Some(DAY),
+            CalendarPeriod::Month | CalendarPeriod::Year => None,
+        }
+    }
+
+    /// The longest a window may be: 31 days for a month, 366 for a year.
+    pub fn longest(self) -> Nanos {
+        match self {
+            CalendarPeriod::Month => 31 * DAY,
+            CalendarPeriod::Year => 366 * DAY,
+            fixed => fixed.fixed().unwrap_or(DAY),
+        }
+    }
+
+    /// The start of the window that holds `now` (UTC).
+    ///
+    /// ```
+    /// use cellrate::clock::{CalendarPeriod, DAY};
+    /// // 2024-02-15T12:00:00Z: its month began on 2024-02-01 (day 19 754 since the epoch).
+    /// let now = 19_768 * DAY + DAY / 2;
+    /// assert_eq!(CalendarPeriod::Month.window_start(now), 19_754 * DAY);
+    /// assert_eq!(CalendarPeriod::Month.window_end(now), 19_783 * DAY); // 2024-03-01
+    /// ```
+    pub fn window_start(self, now: Nanos) -> Nanos {
+        if let Some(len) = self.fixed() {
+            return now - now.rem_euclid(len);
+        }
+        let (year, month, _) = civil_from_days(now.div_euclid(DAY));
+        let first = match self {
+            CalendarPeriod::Year => days_from_civil(year, 1, 1),
+            _ => days_from_civil(year, month, 1),
+        };
+        first * DAY
+    }
+
+    /// The end of the window that holds `now` (UTC), exclusive: the next window's start.
+    /// Saturates at the end of 64-bit nanoseconds (the year 2262).
+    pub fn window_end(self, now: Nanos) -> Nanos {
+        if let Some(len) = self.fixed() {
+            return self.window_start(now).saturating_add(len);
+        }
+        let (year, month, _) = civil_from_days(now.div_euclid(DAY));
+        let next = match (self, month) {
+            (CalendarPeriod::Year, _) | (_, 12) => days_from_civil(year + 1, 1, 1),
+            _ => days_from_civil(year, month + 1, 1),
+        };
+        next.saturating_mul(DAY)
+    }
+}
+
+/// The proleptic Gregorian date (year, month 1-12, day 1-31) of `days` since 1970-01-01.
+///
+/// Counted in eras of 400 years (146 097 days), each starting on a 1 March so that the
+/// leap day is the last day of its year: the day of the era gives the year of the era, the
+/// day of that year gives the month by a linear formula over March-based months.
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468; // days since 0000-03-01
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146 096]
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // March = 0
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Days since 1970-01-01 of the proleptic Gregorian date `year`-`month`-`day`; the inverse
+/// of [`civil_from_days`].
+pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = year - i64::from(month <= 2);
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400); // [0, 399]
+    let mp = i64::from(if month > 2 { month - 3 } else { month + 9 });
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1; // [0, 365]
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146 096]
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_round_trip_and_hit_known_days() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(days_from_civil(2024, 2, 29), 19_782);
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        // Every day from 1708 to 2262, both ways.
+        for z in -96_000..=106_751 {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m, d), z, "{y}-{m}-{d}");
+        }
+    }
+
+    #[test]
+    fn every_instant_lies_in_one_window_and_windows_follow_each_other() {
+        let periods = [
+            CalendarPeriod::Second,
+            CalendarPeriod::Minute,
+            CalendarPeriod::Hour,
+            CalendarPeriod::Day,
+            CalendarPeriod::Month,
+            CalendarPeriod::Year,
+        ];
+        // A spread of instants up to 2261 (2262's windows end past 64-bit nanoseconds and
+        // saturate: see below), some on a boundary or a nanosecond before one.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut instants = vec![0, DAY - 1, DAY, 19_782 * DAY, 19_783 * DAY - 1];
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            instants.push((x % (106_500 * DAY as u64)) as i64);
+        }
+        for now in instants {
+            for period in periods {
+                let (start, end) = (period.window_start(now), period.window_end(now));
+                assert!(start <= now && now < end, "{period:?} at {now}");
+                assert_eq!(
+                    period.window_start(end),
+                    end,
+                    "{period:?}: next starts at end"
+                );
+                assert_eq!(period.window_start(end - 1), start);
+                let len = end - start;
+                match period.fixed() {
+                    Some(fixed) => {
+                        assert_eq!(len, fixed);
+                        assert_eq!(start % fixed, 0, "aligned to the epoch");
+                    }
+                    None if period == CalendarPeriod::Month => {
+                        assert!((28 * DAY..=31 * DAY).contains(&len), "{len}");
+                        assert_eq!(civil_from_days(start / DAY).2, 1, "the 1st");
+                    }
+                    None => {
+                        assert!(len == 365 * DAY || len == 366 * DAY, "{len}");
+                        assert_eq!(civil_from_days(start / DAY).1, 1, "January");
+                    }
+                }
+                assert!(len <= period.longest());
+            }
+        }
+    }
+
+    #[test]
+    fn new_year_and_the_end_of_time() {
+        // 2023-12-31T23:59:59.999999999Z: month and year end together.
+        let last = days_from_civil(2024, 1, 1) * DAY - 1;
+        assert_eq!(CalendarPeriod::Month.window_end(last), last + 1);
+        assert_eq!(CalendarPeriod::Year.window_end(last), last + 1);
+        // The last instant 64-bit nanoseconds hold: the window's end saturates.
+        let end = i64::MAX;
+        assert_eq!(CalendarPeriod::Year.window_end(end - 1), i64::MAX);
+        assert!(CalendarPeriod::Month.window_start(end - 1) < end);
+        assert_eq!(CalendarPeriod::Second.window_end(end - 1), i64::MAX);
+    }
+
+    #[test]
+    fn only_the_listed_periods_parse() {
+        for (text, period) in [
+            ("1s", CalendarPeriod::Second),
+            ("1m", CalendarPeriod::Minute),
+            ("1h", CalendarPeriod::Hour),
+            ("1d", CalendarPeriod::Day),
+            ("1mo", CalendarPeriod::Month),
+            ("1y", CalendarPeriod::Year),
+        ] {
+            assert_eq!(CalendarPeriod::parse(text), Ok(period));
+        }
+        for bad in ["", "2d", "1w", "1M", "1 mo", "30d", "1yr"] {
+            let e = CalendarPeriod::parse(bad).unwrap_err();
+            assert!(e.contains("1mo"), "{bad}: {e}");
+        }
     }
 }
