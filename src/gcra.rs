@@ -17,7 +17,7 @@
 //! [`Decision`] plus the TAT to store. The stores do the read-decide-write atomically.
 //! No floats: every division truncates toward zero, as Rust's `/` on `i64` does.
 
-use crate::clock::Nanos;
+use crate::clock::{CalendarPeriod, Nanos};
 
 /// Why a limit cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +44,8 @@ pub enum LimitError {
         max = MAX_BURST_OFFSET / DAY
     )]
     TooLong { bo: Nanos },
+    #[error("count {count} per calendar window is too large (at most {max})", max = MAX_CALENDAR_COUNT)]
+    TooManyPerWindow { count: u64 },
 }
 
 const DAY: Nanos = 86_400 * crate::clock::SECOND;
@@ -72,7 +74,26 @@ pub struct Limit {
     period: Nanos,
     ei: Nanos,
     bo: Nanos,
+    window: Window,
 }
+
+/// How a limit counts: GCRA's continuous refill (the default), or a calendar window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Window {
+    /// `count` tokens per `period`, refilled continuously, at most `burst` at once.
+    #[default]
+    Gcra,
+    /// At most `count` per window of the period, all back when the next window starts.
+    ///
+    /// A bucket's stored value is `W + used`, `W` the end of its window: it belongs to the
+    /// current window while it is at least that window's end, and it expires (as a TAT
+    /// does) `used` nanoseconds after its window has ended, when it means nothing any more.
+    Calendar(CalendarPeriod),
+}
+
+/// The largest count of a calendar limit: `2 x count` must stay exact in a double (the
+/// Redis script's numbers).
+pub const MAX_CALENDAR_COUNT: u64 = 1 << 52;
 
 impl Limit {
     /// Builds a limit, rejecting zero values, an emission interval of 0 and overflow.
@@ -110,7 +131,34 @@ impl Limit {
             period,
             ei,
             bo,
+            window: Window::Gcra,
         })
+    }
+
+    /// A calendar limit: at most `count` per window of `period` (UTC). Its burst is
+    /// `count`, its period and burst offset the longest window (31 days for a month).
+    ///
+    /// ```
+    /// use cellrate::clock::CalendarPeriod;
+    /// use cellrate::gcra::{Limit, Window};
+    /// let monthly = Limit::calendar(1_000_000, CalendarPeriod::Month).unwrap();
+    /// assert_eq!(monthly.window(), Window::Calendar(CalendarPeriod::Month));
+    /// assert_eq!(monthly.burst(), 1_000_000);
+    /// ```
+    pub fn calendar(count: u64, period: CalendarPeriod) -> Result<Limit, LimitError> {
+        if count > MAX_CALENDAR_COUNT {
+            return Err(LimitError::TooManyPerWindow { count });
+        }
+        let limit = Limit::new(count, count, period.longest())?;
+        Ok(Limit {
+            window: Window::Calendar(period),
+            ..limit
+        })
+    }
+
+    /// How the limit counts.
+    pub fn window(&self) -> Window {
+        self.window
     }
 
     /// Bucket capacity in tokens.
@@ -201,6 +249,9 @@ pub fn spend(
     tat: Option<Nanos>,
     cost: u64,
 ) -> (Decision, Option<Nanos>) {
+    if let Window::Calendar(period) = limit.window {
+        return window_spend(limit, period, now, tat, cost, false);
+    }
     let t = tat.map_or(now, |tat| tat.max(now));
     let inc = limit.increment(cost);
     let new_tat = t.saturating_add(inc);
@@ -250,6 +301,9 @@ pub fn charge(
     tat: Option<Nanos>,
     cost: u64,
 ) -> (Decision, Option<Nanos>) {
+    if let Window::Calendar(period) = limit.window {
+        return window_spend(limit, period, now, tat, cost, true);
+    }
     let (decision, write) = spend(limit, now, tat, cost);
     // What fits is a spend, and a charge of nothing is a peek.
     if decision.allowed || cost == 0 {
@@ -291,6 +345,9 @@ pub fn refund(
     tat: Option<Nanos>,
     cost: u64,
 ) -> (Decision, Option<Nanos>) {
+    if let Window::Calendar(period) = limit.window {
+        return window_refund(limit, period, now, tat, cost);
+    }
     let full = Decision {
         allowed: false,
         remaining: limit.burst,
@@ -308,6 +365,76 @@ pub fn refund(
         reset_in: new_tat - now,
     };
     (decision, decision.allowed.then_some(new_tat))
+}
+
+/// Tokens used in the window that holds `now` by a calendar bucket whose stored value is
+/// `stored` (`W + used`), and that window's end `W`.
+fn window_used(period: CalendarPeriod, now: Nanos, stored: Option<Nanos>) -> (i64, Nanos) {
+    let end = period.window_end(now);
+    let used = stored.filter(|&v| v >= end).map_or(0, |v| v - end);
+    (used, end)
+}
+
+/// [`spend`] and [`charge`] on a calendar window: at most `count` spends per window; a
+/// charge goes into debt, at most one `count` deep, and a window's debt ends with it.
+fn window_spend(
+    limit: &Limit,
+    period: CalendarPeriod,
+    now: Nanos,
+    stored: Option<Nanos>,
+    cost: u64,
+    charge: bool,
+) -> (Decision, Option<Nanos>) {
+    let (used, end) = window_used(period, now, stored);
+    let count = limit.count;
+    let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+    let after = used.saturating_add(cost);
+    let fits = after <= count;
+    let until_end = end - now;
+    let recorded = fits || (charge && cost > 0);
+    if !recorded {
+        let decision = Decision {
+            allowed: false,
+            remaining: count - used,
+            retry_in: until_end,
+            reset_in: if used > 0 { until_end } else { 0 },
+        };
+        return (decision, None);
+    }
+    let new_used = after.min(2 * count).max(used);
+    let remaining = count - new_used;
+    let decision = Decision {
+        allowed: fits,
+        remaining,
+        retry_in: if fits && remaining >= cost {
+            0
+        } else {
+            until_end
+        },
+        reset_in: if new_used > 0 { until_end } else { 0 },
+    };
+    (decision, (cost > 0).then_some(end + new_used))
+}
+
+/// [`refund`] on a calendar window: gives tokens back to the current window, never below
+/// none used; a bucket of an earlier window (or none) is full and stays as it is.
+fn window_refund(
+    limit: &Limit,
+    period: CalendarPeriod,
+    now: Nanos,
+    stored: Option<Nanos>,
+    cost: u64,
+) -> (Decision, Option<Nanos>) {
+    let (used, end) = window_used(period, now, stored);
+    let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+    let new_used = used.saturating_sub(cost).max(0);
+    let decision = Decision {
+        allowed: new_used != used,
+        remaining: limit.count - new_used,
+        retry_in: 0,
+        reset_in: if new_used > 0 { end - now } else { 0 },
+    };
+    (decision, decision.allowed.then_some(end + new_used))
 }
 
 /// How an item takes part in a batch.
@@ -433,6 +560,78 @@ pub fn strictest<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 2024-02-15T12:00:00Z, and the end of its month (2024-03-01).
+    const MID_FEB: Nanos = 19_768 * crate::clock::DAY + crate::clock::DAY / 2;
+    const MARCH: Nanos = 19_783 * crate::clock::DAY;
+
+    #[test]
+    fn a_calendar_window_allows_its_count_then_waits_for_the_next_window() {
+        let monthly = Limit::calendar(3, CalendarPeriod::Month).unwrap();
+        let mut stored = None;
+        for left in [2, 1, 0] {
+            let (d, write) = spend(&monthly, MID_FEB, stored, 1);
+            assert!(d.allowed);
+            assert_eq!((d.remaining, d.reset_in), (left, MARCH - MID_FEB));
+            stored = write;
+        }
+        assert_eq!(stored, Some(MARCH + 3));
+        // The fourth waits for March, not a nanosecond less.
+        let (d, write) = spend(&monthly, MID_FEB, stored, 1);
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_in),
+            (false, 0, MARCH - MID_FEB)
+        );
+        assert_eq!(write, None);
+        assert!(!spend(&monthly, MARCH - 1, stored, 1).0.allowed);
+        let (d, write) = spend(&monthly, MARCH, stored, 1);
+        assert_eq!((d.allowed, d.remaining), (true, 2));
+        assert_eq!(
+            write,
+            Some(19_814 * crate::clock::DAY + 1),
+            "April 1st + 1 used"
+        );
+        // A peek of an untouched bucket: full, nothing to reset.
+        assert_eq!(spend(&monthly, MID_FEB, None, 0).0.reset_in, 0);
+    }
+
+    #[test]
+    fn a_calendar_charge_goes_into_debt_until_the_window_ends() {
+        let monthly = Limit::calendar(3, CalendarPeriod::Month).unwrap();
+        let (_, stored) = spend(&monthly, MID_FEB, None, 3);
+        let (d, stored) = charge(&monthly, MID_FEB, stored, 5);
+        // Debt at most one count deep: 3 used, 3 owed (the rest forgiven).
+        assert_eq!((d.allowed, d.remaining), (false, -3));
+        assert_eq!(stored, Some(MARCH + 6));
+        assert!(!spend(&monthly, MARCH - 1, stored, 0).0.allowed);
+        // The debt ends with its window.
+        assert_eq!(spend(&monthly, MARCH, stored, 1).0.remaining, 2);
+    }
+
+    #[test]
+    fn a_calendar_refund_gives_back_to_the_current_window_only() {
+        let daily = Limit::calendar(10, CalendarPeriod::Day).unwrap();
+        let (_, stored) = spend(&daily, MID_FEB, None, 4);
+        let (d, stored) = refund(&daily, MID_FEB, stored, 6);
+        assert_eq!((d.allowed, d.remaining, d.reset_in), (true, 10, 0));
+        let (_, later) = spend(&daily, MID_FEB, stored, 2);
+        let tomorrow = MID_FEB + crate::clock::DAY;
+        let (d, write) = refund(&daily, tomorrow, later, 1);
+        assert_eq!((d.allowed, d.remaining, write), (false, 10, None));
+    }
+
+    #[test]
+    fn calendar_counts_are_bounded() {
+        assert!(Limit::calendar(MAX_CALENDAR_COUNT, CalendarPeriod::Year).is_ok());
+        assert_eq!(
+            Limit::calendar(MAX_CALENDAR_COUNT + 1, CalendarPeriod::Year),
+            Err(LimitError::TooManyPerWindow {
+                count: MAX_CALENDAR_COUNT + 1
+            })
+        );
+        // More than one a nanosecond over the shortest window's length is refused too.
+        assert!(Limit::calendar(2_000_000_000, CalendarPeriod::Second).is_err());
+    }
 
     #[test]
     fn a_charge_that_fits_is_a_spend() {
