@@ -287,6 +287,58 @@ async fn charges(s: &Subject) {
     assert_eq!(one(s, spend(b, seed(), 0)).await, d(true, 15, 0, 250 * MS));
 }
 
+/// Calendar windows: at most `count` per window, back when the next window starts (on the
+/// store's clock); all-or-nothing with GCRA items; charges into debt; refunds to the window.
+async fn calendar_windows(s: &Subject) {
+    use cellrate::clock::CalendarPeriod;
+    // T0 is 22:13:20: this minute's window ends 40 s later.
+    let minute = Limit::calendar(3, CalendarPeriod::Minute).unwrap();
+    let end = 40 * SECOND;
+    for left in [2, 1, 0] {
+        assert_eq!(
+            one(s, spend("w-min", minute, 1)).await,
+            d(true, left, if left > 0 { 0 } else { end }, end)
+        );
+    }
+    assert_eq!(
+        one(s, spend("w-min", minute, 1)).await,
+        d(false, 0, end, end)
+    );
+    // All-or-nothing with a GCRA item: the full window denies both.
+    let out = s
+        .store
+        .spend(&[spend("w-gcra", seed(), 1), spend("w-min", minute, 1)])
+        .await
+        .unwrap();
+    assert!(!out.allowed);
+    assert_eq!(one(s, spend("w-gcra", seed(), 0)).await, d(true, 20, 0, 0));
+    // A charge goes into debt (at most one count), a refund gives back to the window.
+    assert_eq!(
+        one(s, item("w-charge", minute, 5, Mode::Charge)).await,
+        d(false, -2, end, end)
+    );
+    let back = s
+        .store
+        .refund(&[spend("w-charge", minute, 1)])
+        .await
+        .unwrap();
+    assert_eq!(back[0], d(true, -1, 0, end));
+    // The next window: everything back, debt included.
+    s.clock.advance(end - 1);
+    assert!(!one(s, spend("w-min", minute, 1)).await.allowed);
+    s.clock.advance(1);
+    assert_eq!(one(s, spend("w-min", minute, 0)).await, d(true, 3, 0, 0));
+    assert_eq!(one(s, spend("w-charge", minute, 0)).await, d(true, 3, 0, 0));
+    // A month: the window ends on the 1st (now 22:14:00 on 2023-11-14; 2023-12-01T00:00Z
+    // is 16 d 1 h 46 min on).
+    let month = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
+    let to_december = (16 * 86_400 + 6_360) * SECOND;
+    assert_eq!(
+        one(s, spend("w-month", month, 10)).await,
+        d(true, 990, 0, to_december)
+    );
+}
+
 async fn refunds(s: &Subject) {
     one(s, spend("r", seed(), 5)).await;
     let refund = |key: &str, cost| vec![spend(key, seed(), cost)];
@@ -386,6 +438,7 @@ on_every_store!(
     all_or_nothing,
     modes,
     charges,
+    calendar_windows,
     refunds,
     resets,
     lowered_limit,

@@ -21,10 +21,15 @@
 --   key in KEYS (from 1), increment (ei * cost), burst offset (ei * burst), mode ("0"
 --   check_and_spend, "1" check_only, "2" spend_only, "3" charge: written even when its
 --   batch is denied, into debt if need be, the TAT at most two burst offsets past now).
+--   A calendar window's item has its period's letter after the mode digit (s m h d, o for
+--   a month, y for a year; "0o"), its cost in tokens for the increment and its count for
+--   the burst offset; its bucket holds W + used, W the end of its window (UTC, on this
+--   script's now), and belongs to the current window while it is at least that end.
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
--- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost).
+-- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost),
+--   or for a calendar window its letter and the cost in tokens ("o12").
 -- reset: KEYS the buckets.
 --   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
@@ -92,6 +97,68 @@ local function ttl_ms(ts, tn, nows, nown)
   return ms
 end
 
+-- Calendar days (UTC) as clock.rs counts them: eras of 400 years from 0000-03-01. Every
+-- value stays far below 2^53, so the doubles are exact integers.
+local floor = math.floor
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m
+end
+
+local function days_from_civil(y, m)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + floor((153 * mp + 2) / 5)
+  return era * 146097 + doe - 719468
+end
+
+-- The end, in whole seconds, of the calendar window of letter `cal` that holds now.
+local function window_end(cal, nows)
+  if cal == 's' then
+    return nows + 1
+  elseif cal == 'm' then
+    return (floor(nows / 60) + 1) * 60
+  elseif cal == 'h' then
+    return (floor(nows / 3600) + 1) * 3600
+  elseif cal == 'd' then
+    return (floor(nows / 86400) + 1) * 86400
+  end
+  local y, m = civil_from_days(floor(nows / 86400))
+  if cal == 'y' or m == 12 then
+    return days_from_civil(y + 1, 1) * 86400
+  end
+  return days_from_civil(y, m + 1) * 86400
+end
+
+-- Tokens a calendar bucket (cs, cn: nil when none) has used in the window ending at ws.
+local function window_used(cs, cn, ws)
+  if cs and not less(cs, cn, ws, 0) then
+    local us, un = sub(cs, cn, ws, 0)
+    return us * BILLION + un
+  end
+  return 0
+end
+
+-- W + used as seconds and nanoseconds.
+local function window_value(ws, used)
+  return add(ws, 0, floor(used / BILLION), used % BILLION)
+end
+
 local op = ARGV[1]
 local nows, nown
 if ARGV[2] == '' then
@@ -141,28 +208,50 @@ if op == 'spend' then
         -- No TAT: the batch is not decided (and its stale oks are never read).
         allowed, decidable = false, false
       else
-        local ts, tn = nows, nown
-        if curs[k] and less(nows, nown, curs[k], curn[k]) then
-          ts, tn = curs[k], curn[k]
-        end
-        local is, inn = parse(ARGV[p + 1])
-        local ns, nn = add(ts, tn, is, inn)
-        local bs, bn = parse(ARGV[p + 2])
-        local ls, ln = sub(ns, nn, bs, bn)
-        local ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
-        if not ok and ARGV[p + 3] == '3' then
-          -- A charge that does not fit goes into debt, at most one burst deep, never back.
-          local cs, cn = add(nows, nown, bs, bn)
-          cs, cn = add(cs, cn, bs, bn)
-          if less(cs, cn, ns, nn) then
-            ns, nn = cs, cn
+        local mode = ARGV[p + 3]
+        local cal = string_sub(mode, 2, 2)
+        local ns, nn, ok
+        if cal ~= '' then
+          -- A calendar window: at most count per window; a charge at most count in debt.
+          local ws = window_end(cal, nows)
+          local used = window_used(curs[k], curn[k], ws)
+          local count = tonumber(ARGV[p + 2])
+          local after = used + tonumber(ARGV[p + 1])
+          ok = after <= count
+          if not ok then
+            if after > 2 * count then
+              after = 2 * count
+            end
+            if after < used then
+              after = used
+            end
           end
-          if less(ns, nn, ts, tn) then
-            ns, nn = ts, tn
+          ns, nn = window_value(ws, after)
+          ok = ok and ns < MAX_SECONDS
+        else
+          local ts, tn = nows, nown
+          if curs[k] and less(nows, nown, curs[k], curn[k]) then
+            ts, tn = curs[k], curn[k]
+          end
+          local is, inn = parse(ARGV[p + 1])
+          ns, nn = add(ts, tn, is, inn)
+          local bs, bn = parse(ARGV[p + 2])
+          local ls, ln = sub(ns, nn, bs, bn)
+          ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
+          if not ok and mode == '3' then
+            -- A charge that does not fit goes into debt, at most one burst deep, never back.
+            local cs, cn = add(nows, nown, bs, bn)
+            cs, cn = add(cs, cn, bs, bn)
+            if less(cs, cn, ns, nn) then
+              ns, nn = cs, cn
+            end
+            if less(ns, nn, ts, tn) then
+              ns, nn = ts, tn
+            end
           end
         end
         news[i], newn[i], oks[i] = ns, nn, ok
-        if not ok and ARGV[p + 3] ~= '2' then
+        if not ok and string_sub(mode, 1, 1) ~= '2' then
           allowed = false
         end
       end
@@ -170,7 +259,7 @@ if op == 'spend' then
     if decidable then
       for i = 1, n do
         local p = at + (i - 1) * 4
-        local mode = ARGV[p + 3]
+        local mode = string_sub(ARGV[p + 3], 1, 1)
         local write
         if mode == '3' then
           write = ARGV[p + 1] ~= '0' and news[i] < MAX_SECONDS
@@ -203,7 +292,23 @@ end
 if op == 'refund' then
   -- Never fuller than full, never a new bucket; a bucket refunded to full is deleted.
   for i = 1, n do
-    if tats[i] then
+    local arg = ARGV[2 + i]
+    local cal = string_sub(arg, 1, 1)
+    if tats[i] and string_find(cal, '%a') then
+      -- A calendar window: tokens back to the current window, never below none used.
+      local ws = window_end(cal, nows)
+      local cs, cn = parse(tats[i])
+      local used = window_used(cs, cn, ws)
+      local back = tonumber(string_sub(arg, 2))
+      if used > 0 then
+        local left = used - back
+        if left < 0 then
+          left = 0
+        end
+        local vs, vn = window_value(ws, left)
+        redis.call('SET', KEYS[i], format(vs, vn), 'PX', ttl_ms(vs, vn, nows, nown))
+      end
+    elseif tats[i] then
       local ts, tn = parse(tats[i])
       if not less(ts, tn, nows, nown) then
         local ns, nn = sub(ts, tn, parse(ARGV[2 + i]))

@@ -91,7 +91,12 @@ impl RedisStore {
         let cache = self.deny_cache.as_ref()?;
         let [item] = items else { return None };
         // A charge must reach Redis: it is recorded whatever the bucket holds.
-        if !item.mode.counts() || item.mode == Mode::Charge {
+        // A calendar window's end is the store's to judge: near it, an estimated `now` could
+        // deny what the next window allows.
+        if !item.mode.counts()
+            || item.mode == Mode::Charge
+            || item.limit.window() != gcra::Window::Gcra
+        {
             return None;
         }
         let mut entries = cache.lock();

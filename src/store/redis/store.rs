@@ -11,8 +11,8 @@ use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::wire::{Op, Read, Wire};
 use super::{FailurePolicy, RedisSettings};
-use crate::clock::Clock;
-use crate::gcra::{self, BatchItem, Decision, Mode};
+use crate::clock::{CalendarPeriod, Clock};
+use crate::gcra::{self, BatchItem, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
     MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
@@ -124,16 +124,20 @@ impl RedisStore {
                 .iter()
                 .map(|&i| {
                     let item = &items[i];
+                    // A calendar item carries its cost and count in tokens, and its
+                    // window in the mode (see batch.lua).
+                    let (increment, burst_offset) = match item.limit.window() {
+                        Window::Gcra => (increment_nanos(item), item.limit.burst_offset()),
+                        Window::Calendar(_) => (
+                            i64::try_from(item.cost).unwrap_or(i64::MAX),
+                            item.limit.burst() as i64,
+                        ),
+                    };
                     Wire {
                         key: keys[i].clone(),
-                        increment: increment_nanos(item),
-                        burst_offset: item.limit.burst_offset(),
-                        mode: match item.mode {
-                            Mode::CheckAndSpend => "0",
-                            Mode::CheckOnly | Mode::Probe => "1",
-                            Mode::SpendOnly => "2",
-                            Mode::Charge => "3",
-                        },
+                        increment,
+                        burst_offset,
+                        mode: wire_mode(item.mode, item.limit.window()),
                     }
                 })
                 .collect();
@@ -352,8 +356,48 @@ fn increment_nanos(item: &StoreItem) -> i64 {
         .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
 }
 
+/// A refund's argument: the increment in nanoseconds, or for a calendar window its letter
+/// and the cost in tokens (`o12`: 12 tokens back to a monthly window).
 pub(super) fn increment(item: &StoreItem) -> String {
-    increment_nanos(item).to_string()
+    match item.limit.window() {
+        Window::Gcra => increment_nanos(item).to_string(),
+        Window::Calendar(period) => format!("{}{}", period_letter(period), item.cost),
+    }
+}
+
+/// The script's letter for a calendar period.
+fn period_letter(period: CalendarPeriod) -> char {
+    match period {
+        CalendarPeriod::Second => 's',
+        CalendarPeriod::Minute => 'm',
+        CalendarPeriod::Hour => 'h',
+        CalendarPeriod::Day => 'd',
+        CalendarPeriod::Month => 'o',
+        CalendarPeriod::Year => 'y',
+    }
+}
+
+/// The script's mode of an item: its digit, then its calendar period's letter, if any.
+fn wire_mode(mode: Mode, window: Window) -> &'static str {
+    const CALENDAR: [[&str; 6]; 4] = [
+        ["0s", "0m", "0h", "0d", "0o", "0y"],
+        ["1s", "1m", "1h", "1d", "1o", "1y"],
+        ["2s", "2m", "2h", "2d", "2o", "2y"],
+        ["3s", "3m", "3h", "3d", "3o", "3y"],
+    ];
+    let digit = match mode {
+        Mode::CheckAndSpend => 0,
+        Mode::CheckOnly | Mode::Probe => 1,
+        Mode::SpendOnly => 2,
+        Mode::Charge => 3,
+    };
+    match window {
+        Window::Gcra => ["0", "1", "2", "3"][digit],
+        Window::Calendar(period) => {
+            let at = "smhdoy".find(period_letter(period)).unwrap_or_default();
+            CALENDAR[digit][at]
+        }
+    }
 }
 
 impl Store for RedisStore {

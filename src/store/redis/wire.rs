@@ -33,7 +33,8 @@ pub(super) struct Wire {
     pub(super) key: String,
     pub(super) increment: i64,
     pub(super) burst_offset: i64,
-    /// "0" check_and_spend, "1" check_only, "2" spend_only.
+    /// "0" check_and_spend, "1" check_only, "2" spend_only, "3" charge; a calendar window
+    /// adds its letter ("0o": check-and-spend in a monthly window).
     pub(super) mode: &'static str,
 }
 
