@@ -208,10 +208,14 @@ if op == 'spend' then
         -- No TAT: the batch is not decided (and its stale oks are never read).
         allowed, decidable = false, false
       else
-        local mode = ARGV[p + 3]
-        local cal = string_sub(mode, 2, 2)
+        -- The mode digit, and a calendar window's letter (GCRA items, the common case, have
+        -- one character: no string is cut for them).
+        local mode, cal = ARGV[p + 3], nil
+        if #mode > 1 then
+          mode, cal = string_sub(mode, 1, 1), string_sub(mode, 2, 2)
+        end
         local ns, nn, ok
-        if cal ~= '' then
+        if cal then
           -- A calendar window: at most count per window; a charge at most count in debt.
           local ws = window_end(cal, nows)
           local used = window_used(curs[k], curn[k], ws)
@@ -251,7 +255,7 @@ if op == 'spend' then
           end
         end
         news[i], newn[i], oks[i] = ns, nn, ok
-        if not ok and string_sub(mode, 1, 1) ~= '2' then
+        if not ok and mode ~= '2' then
           allowed = false
         end
       end
@@ -259,7 +263,10 @@ if op == 'spend' then
     if decidable then
       for i = 1, n do
         local p = at + (i - 1) * 4
-        local mode = string_sub(ARGV[p + 3], 1, 1)
+        local mode = ARGV[p + 3]
+        if #mode > 1 then
+          mode = string_sub(mode, 1, 1)
+        end
         local write
         if mode == '3' then
           write = ARGV[p + 1] ~= '0' and news[i] < MAX_SECONDS
