@@ -38,6 +38,14 @@ fn budgets() -> tempfile::TempDir {
     dir
 }
 
+/// A native `Check` of `items`.
+async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
+    Ok(s.decisions
+        .check(pb::CheckRequest { items })
+        .await?
+        .into_inner())
+}
+
 async fn served(dir: &Path) -> Served {
     Served::with_limits(LimitTable::load_dir(dir).expect("the budgets load")).await
 }
@@ -119,21 +127,11 @@ async fn a_charge_counts_in_a_batch_that_another_limit_denies() {
         ]
     };
     for _ in 0..5 {
-        let r = s
-            .decisions
-            .check(pb::CheckRequest { items: batch(100) })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = check(&mut s, batch(100)).await.expect("decided");
         assert!(r.overall.unwrap().allowed);
     }
     // The request limit denies the sixth: its request is not spent, its charge is.
-    let r = s
-        .decisions
-        .check(pb::CheckRequest { items: batch(100) })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = check(&mut s, batch(100)).await.expect("decided");
     assert!(!r.overall.unwrap().allowed);
     assert_eq!(r.items[1].remaining, 9_400);
     assert_eq!(remaining(&mut s, "TokensPerTenant", "t1").await, 9_400);
@@ -149,35 +147,21 @@ async fn the_native_charge_mode_goes_into_debt_on_any_limit() {
         ..item("NewOrdersPerAccount", "42", Some(cost))
     };
     // 500 tokens from a bucket of 300: a charge may exceed the burst (a spend may not).
-    let r = s
-        .decisions
-        .check(pb::CheckRequest {
-            items: vec![charge(500)],
-        })
+    let r = check(&mut s, vec![charge(500)])
         .await
-        .expect("a charge above the burst is accepted")
-        .into_inner();
+        .expect("a charge above the burst is accepted");
     let d = r.overall.unwrap();
     assert!(!d.allowed, "it did not fit");
     assert_eq!(d.remaining, -200);
     // A check-and-spend of the same cost is still refused as malformed.
-    let e = s
-        .decisions
-        .check(pb::CheckRequest {
-            items: vec![item("NewOrdersPerAccount", "43", Some(500))],
-        })
+    let e = check(&mut s, vec![item("NewOrdersPerAccount", "43", Some(500))])
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     // In debt: a plain check is denied, and waits for 201 tokens (36 s each).
-    let r = s
-        .decisions
-        .check(pb::CheckRequest {
-            items: vec![item("NewOrdersPerAccount", "42", None)],
-        })
+    let r = check(&mut s, vec![item("NewOrdersPerAccount", "42", None)])
         .await
-        .unwrap()
-        .into_inner();
+        .expect("decided");
     let d = r.overall.unwrap();
     assert!(!d.allowed);
     assert_eq!(crate::common::nanos(&d.retry_after), 201 * 36 * SECOND);
@@ -307,14 +291,9 @@ async fn a_hostile_charge_is_bounded() {
         ..Default::default()
     };
     for target in [item("NewOrdersPerAccount", "7", None), inline.clone()] {
-        let r = s
-            .decisions
-            .check(pb::CheckRequest {
-                items: vec![charge(target)],
-            })
+        let r = check(&mut s, vec![charge(target)])
             .await
-            .expect("a charge of any size is decided")
-            .into_inner();
+            .expect("a charge of any size is decided");
         let d = r.overall.unwrap();
         assert!(!d.allowed);
         assert!(d.remaining == -300 || d.remaining == -10, "{d:?}");
