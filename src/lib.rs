@@ -40,7 +40,8 @@
 //!                ids), duration.rs, hash.rs
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)
-//! gcra.rs        pure arithmetic: Limit, spend, refund, batches, strictest    (core)
+//! gcra.rs        pure arithmetic: Limit (GCRA or a calendar window), spend, charge
+//!                (debt), refund, batches, strictest                          (core)
 //! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read); the
 //!                UTC calendar's window boundaries (CalendarPeriod)
 //! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
