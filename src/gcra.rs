@@ -13,6 +13,11 @@
 //! the TAT is in the past: a missing bucket and one whose TAT has passed are the same full
 //! bucket, so expired buckets can be dropped without losing anything.
 //!
+//! Two variations serve budgets: a **charge** ([`charge`], [`Mode::Charge`]) is recorded
+//! even when it exceeds what is left, putting the bucket into a bounded debt; and a
+//! **calendar window** ([`Window::Calendar`]) allows `count` per UTC window and gives
+//! everything back when the next one starts, its bucket storing `window end + used`.
+//!
 //! Everything here is pure: functions take the previous TAT and `now` and return a
 //! [`Decision`] plus the TAT to store. The stores do the read-decide-write atomically.
 //! No floats: every division truncates toward zero, as Rust's `/` on `i64` does.
