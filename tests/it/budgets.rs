@@ -290,13 +290,19 @@ async fn a_hostile_charge_is_bounded() {
         }),
         ..Default::default()
     };
-    for target in [item("NewOrdersPerAccount", "7", None), inline.clone()] {
+    for (target, debt) in [
+        (item("NewOrdersPerAccount", "7", None), -300),
+        (inline, -10),
+    ] {
         let r = check(&mut s, vec![charge(target)])
             .await
             .expect("a charge of any size is decided");
         let d = r.overall.unwrap();
-        assert!(!d.allowed);
-        assert!(d.remaining == -300 || d.remaining == -10, "{d:?}");
+        assert_eq!(
+            (d.allowed, d.remaining),
+            (false, debt),
+            "one burst of debt: {d:?}"
+        );
     }
     assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, -300);
     // Another account is untouched.
@@ -306,5 +312,30 @@ async fn a_hostile_charge_is_bounded() {
     assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, 299);
     s.clock.advance(1);
     assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "7").await, 300);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_temporary_override_keeps_an_overdraw_limit_charging() {
+    let dir = budgets();
+    let mut s = served(dir.path()).await;
+    let secs = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
+    // An operator lowers t3's budget to 100 tokens a day for an hour.
+    s.admin
+        .set_override(pb::SetOverrideRequest {
+            name: "TokensPerTenant".into(),
+            id: "t3".into(),
+            burst: 100,
+            count: 100,
+            period: secs(86_400),
+            ttl: secs(3_600),
+            ..Default::default()
+        })
+        .await
+        .expect("the override is set");
+    // A response of 150 tokens is still charged, into debt under the override's numbers.
+    let charged = tenant(&mut s, "t3", 150).await;
+    assert_eq!(charged.overall_code, OVER);
+    assert_eq!(remaining(&mut s, "TokensPerTenant", "t3").await, -50);
     s.stop().await;
 }
