@@ -190,9 +190,9 @@ impl RedisStore {
                 // stands, and each charged one as its charge left it.
                 let batch: Vec<BatchItem<'_>> = members
                     .iter()
-                    .map(|&i| match items[i].mode {
-                        Mode::Charge => batch_item(&items[i], Mode::Charge),
-                        _ => batch_item(&items[i], Mode::Probe),
+                    .map(|&i| {
+                        let charged = items[i].mode == Mode::Charge;
+                        batch_item(&items[i], if charged { Mode::Charge } else { Mode::Probe })
                     })
                     .collect();
                 gcra::spend_batch(read.now, &batch, &read.tats).decisions
@@ -361,19 +361,21 @@ fn increment_nanos(item: &StoreItem) -> i64 {
 pub(super) fn increment(item: &StoreItem) -> String {
     match item.limit.window() {
         Window::Gcra => increment_nanos(item).to_string(),
-        Window::Calendar(period) => format!("{}{}", period_letter(period), item.cost),
+        Window::Calendar(period) => format!("{}{}", LETTERS[period_index(period)], item.cost),
     }
 }
 
-/// The script's letter for a calendar period.
-fn period_letter(period: CalendarPeriod) -> char {
+/// The script's letters for the calendar periods, in [`period_index`] order.
+const LETTERS: [char; 6] = ['s', 'm', 'h', 'd', 'o', 'y'];
+
+fn period_index(period: CalendarPeriod) -> usize {
     match period {
-        CalendarPeriod::Second => 's',
-        CalendarPeriod::Minute => 'm',
-        CalendarPeriod::Hour => 'h',
-        CalendarPeriod::Day => 'd',
-        CalendarPeriod::Month => 'o',
-        CalendarPeriod::Year => 'y',
+        CalendarPeriod::Second => 0,
+        CalendarPeriod::Minute => 1,
+        CalendarPeriod::Hour => 2,
+        CalendarPeriod::Day => 3,
+        CalendarPeriod::Month => 4,
+        CalendarPeriod::Year => 5,
     }
 }
 
@@ -393,10 +395,7 @@ fn wire_mode(mode: Mode, window: Window) -> &'static str {
     };
     match window {
         Window::Gcra => ["0", "1", "2", "3"][digit],
-        Window::Calendar(period) => {
-            let at = "smhdoy".find(period_letter(period)).unwrap_or_default();
-            CALENDAR[digit][at]
-        }
+        Window::Calendar(period) => CALENDAR[digit][period_index(period)],
     }
 }
 
