@@ -88,6 +88,12 @@ pub enum CalendarPeriod {
     Year,
 }
 
+impl std::fmt::Display for CalendarPeriod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
 impl CalendarPeriod {
     /// `1s`, `1m`, `1h`, `1d`, `1mo`, `1y`: the periods a calendar window may have.
     pub fn parse(text: &str) -> Result<CalendarPeriod, String> {
@@ -98,9 +104,26 @@ impl CalendarPeriod {
             "1d" => Ok(CalendarPeriod::Day),
             "1mo" => Ok(CalendarPeriod::Month),
             "1y" => Ok(CalendarPeriod::Year),
-            _ => Err(format!(
-                "{text:?} is no calendar period: one of 1s, 1m, 1h, 1d, 1mo, 1y"
-            )),
+            _ => {
+                // Quoted short: the text may come from a hostile caller.
+                let shown: String = text.chars().take(16).collect();
+                let cut = if shown.len() < text.len() { "..." } else { "" };
+                Err(format!(
+                    "{shown:?}{cut} is no calendar period: one of 1s, 1m, 1h, 1d, 1mo, 1y"
+                ))
+            }
+        }
+    }
+
+    /// How the period is written: `1s`, `1m`, `1h`, `1d`, `1mo` or `1y`.
+    pub fn text(self) -> &'static str {
+        match self {
+            CalendarPeriod::Second => "1s",
+            CalendarPeriod::Minute => "1m",
+            CalendarPeriod::Hour => "1h",
+            CalendarPeriod::Day => "1d",
+            CalendarPeriod::Month => "1mo",
+            CalendarPeriod::Year => "1y",
         }
     }
 

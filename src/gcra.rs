@@ -151,6 +151,9 @@ impl Limit {
     /// assert_eq!(monthly.burst(), 1_000_000);
     /// ```
     pub fn calendar(count: u64, period: CalendarPeriod) -> Result<Limit, LimitError> {
+        if count == 0 {
+            return Err(LimitError::ZeroCount);
+        }
         if count > MAX_CALENDAR_COUNT {
             return Err(LimitError::TooManyPerWindow { count });
         }
@@ -159,6 +162,15 @@ impl Limit {
             window: Window::Calendar(period),
             ..limit
         })
+    }
+
+    /// The same numbers counted by GCRA: a calendar limit's count refilled over its
+    /// longest window (where only a refilling rate can be expressed, as in RLQS).
+    pub fn as_gcra(&self) -> Limit {
+        Limit {
+            window: Window::Gcra,
+            ..*self
+        }
     }
 
     /// How the limit counts.

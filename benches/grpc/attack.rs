@@ -188,6 +188,7 @@ async fn caller_fill(addr: String, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) 
                         seconds: 86_400,
                         nanos: 0,
                     }),
+                    calendar: String::new(),
                 }),
                 ..Default::default()
             })

@@ -96,12 +96,15 @@ pub struct OverrideSetArgs {
     /// A limit: burst (with --count and --period).
     #[arg(long, requires_all = ["count", "period"], conflicts_with_all = ["unlimited", "deny"])]
     pub burst: Option<u64>,
-    /// A limit: tokens refilled per period.
-    #[arg(long, requires = "burst")]
+    /// A limit: tokens refilled per period (or, with --calendar, allowed per window).
+    #[arg(long, conflicts_with_all = ["unlimited", "deny"])]
     pub count: Option<u64>,
     /// A limit: the period (e.g. 1s, 1h).
     #[arg(long, requires = "burst", value_parser = parse_period)]
     pub period: Option<i64>,
+    /// A calendar limit: --count per UTC window, one of 1s, 1m, 1h, 1d, 1mo, 1y.
+    #[arg(long, requires = "count", conflicts_with_all = ["burst", "period", "unlimited", "deny"])]
+    pub calendar: Option<String>,
     /// Always allowed.
     #[arg(long, conflicts_with = "deny")]
     pub unlimited: bool,
@@ -493,7 +496,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// A limit to simulate, LABEL=BURST/COUNT/PERIOD, e.g. api=20/20/1s (repeatable).
+    /// A limit to simulate, LABEL=BURST/COUNT/PERIOD, e.g. api=20/20/1s, or a calendar
+    /// limit LABEL=COUNT/WINDOW, e.g. monthly=1000000/1mo (repeatable).
     #[arg(long = "limit", value_name = "LABEL=BURST/COUNT/PERIOD")]
     pub limits: Vec<String>,
 

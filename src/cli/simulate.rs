@@ -22,7 +22,7 @@ use arc_swap::ArcSwap;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::clock::{FakeClock, Nanos, SECOND};
+use crate::clock::{CalendarPeriod, FakeClock, Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::config::LimitTable;
 use crate::limits::duration::parse_duration;
@@ -75,22 +75,33 @@ enum ModeName {
     Charge,
 }
 
-/// Parses `LABEL=BURST/COUNT/PERIOD`, e.g. `api=20/20/1s`.
+/// Parses `LABEL=BURST/COUNT/PERIOD` (GCRA, e.g. `api=20/20/1s`) or
+/// `LABEL=COUNT/WINDOW` (a calendar limit, e.g. `monthly=1000000/1mo`).
 pub fn parse_limit_flag(flag: &str) -> Result<(String, Limit), String> {
-    let bad = |why: &str| format!("--limit {flag:?}: {why} (expected LABEL=BURST/COUNT/PERIOD)");
+    let bad = |why: &str| {
+        format!("--limit {flag:?}: {why} (expected LABEL=BURST/COUNT/PERIOD or LABEL=COUNT/WINDOW)")
+    };
     let (label, spec) = flag.split_once('=').ok_or_else(|| bad("no '='"))?;
     if label.is_empty() || label.contains(':') {
         return Err(bad("the label must be non-empty and have no ':'"));
     }
     let parts: Vec<&str> = spec.split('/').collect();
-    let [burst, count, period] = parts[..] else {
-        return Err(bad("three parts needed"));
+    let number = |text: &str, what: &str| {
+        text.parse::<u64>()
+            .map_err(|_| bad(&format!("{what} is not a number")))
     };
-    let burst = burst.parse().map_err(|_| bad("burst is not a number"))?;
-    let count = count.parse().map_err(|_| bad("count is not a number"))?;
-    let period = parse_duration(period).map_err(|e| bad(&e))?;
-    let limit = Limit::new(burst, count, period).map_err(|e| bad(&e.to_string()))?;
-    Ok((label.to_string(), limit))
+    let limit = match parts[..] {
+        [burst, count, period] => {
+            let period = parse_duration(period).map_err(|e| bad(&e))?;
+            Limit::new(number(burst, "burst")?, number(count, "count")?, period)
+        }
+        [count, window] => {
+            let window = CalendarPeriod::parse(window).map_err(|e| bad(&e))?;
+            Limit::calendar(number(count, "count")?, window)
+        }
+        _ => return Err(bad("two or three parts needed")),
+    };
+    Ok((label.to_string(), limit.map_err(|e| bad(&e.to_string()))?))
 }
 
 impl Script {
@@ -270,6 +281,33 @@ mod tests {
         ] {
             assert!(parse_limit_flag(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn calendar_limits_count_per_window() {
+        assert!(parse_limit_flag("monthly=1000000/1mo").is_ok());
+        assert!(parse_limit_flag("bad=10/1w").is_err());
+        assert!(parse_limit_flag("bad=0/1d").is_err());
+        // t0 is 22:13:20 UTC: the minute's window ends 40 s later, whatever was spent.
+        let s = SECOND;
+        let out = run(
+            &["m=2/1m"],
+            &format!(
+                "{{\"at_ns\": 0, \"op\": \"spend\"}}\n{{\"at_ns\": {}, \"op\": \"spend\"}}\n\
+                 {{\"at_ns\": {}, \"op\": \"spend\"}}\n{{\"at_ns\": {}, \"op\": \"spend\"}}\n",
+                30 * s,
+                39 * s,
+                40 * s
+            ),
+        );
+        assert_eq!(out[0]["remaining"], 1);
+        assert_eq!(out[0]["reset_in_ns"], 40 * s);
+        assert_eq!(out[1]["remaining"], 0);
+        assert_eq!(out[2]["allowed"], false);
+        assert_eq!(out[2]["retry_in_ns"], s);
+        assert_eq!(out[3]["allowed"], true);
+        assert_eq!(out[3]["remaining"], 1);
+        assert_eq!(out[3]["reset_in_ns"], 60 * s);
     }
 
     #[test]

@@ -205,6 +205,14 @@ impl DescriptorRules {
         rules
     }
 
+    /// Every name a rule maps to (repeats included).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_domain
+            .values()
+            .flatten()
+            .flat_map(|rule| rule.names.iter().map(|name| name.as_ref()))
+    }
+
     /// Maps one descriptor of `domain` (entries as `(key, value)`).
     ///
     /// ```

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::gcra::{Limit, Window};
 use crate::limits::hash::ConfigMap;
 use crate::limits::ids::{IdError, IdFormat};
 
@@ -279,14 +280,40 @@ impl BucketKey {
         BucketKey(Arc::from(key))
     }
 
+    /// The key of `id` under name `number` for a limit that counts in `window`: a GCRA
+    /// limit's is [`BucketKey::new`]'s, a calendar limit's carries its period after the
+    /// number (`"<number>@<period>:<id>"`). A bucket's stored value means something else in
+    /// each kind (a TAT, or a window's end plus what it used), so a limit whose kind or
+    /// window changes (a reload, a temporary override) starts from a fresh bucket instead
+    /// of misreading the other kind's.
+    ///
+    /// ```
+    /// use cellrate::clock::CalendarPeriod;
+    /// use cellrate::gcra::Window;
+    /// use cellrate::limits::names::BucketKey;
+    /// let monthly = Window::Calendar(CalendarPeriod::Month);
+    /// let key = BucketKey::windowed(101, "tenant1", monthly);
+    /// assert_eq!(key.as_str(), "101@1mo:tenant1");
+    /// assert_eq!(key.parts(), (101, "tenant1"));
+    /// assert_eq!(BucketKey::windowed(101, "tenant1", Window::Gcra).as_str(), "101:tenant1");
+    /// ```
+    pub fn windowed(number: u32, id: &str, window: Window) -> BucketKey {
+        match window {
+            Window::Gcra => BucketKey::new(number, id),
+            Window::Calendar(period) => BucketKey(Arc::from(format!("{number}@{period}:{id}"))),
+        }
+    }
+
     /// The key of a bucket under a caller-given limit: `0:<kind>/<burst>/<count>/<period
-    /// ns>/<rest>`. The limit is part of the key, so a caller-given limit never reads or
-    /// writes a configured bucket, nor a bucket of another limit. Kinds: `i` native inline
-    /// (rest: the caller's key), `n` a configured name under a caller's limit (rest:
+    /// ns>/<rest>`, or `0:<kind>/<count>/<calendar period>/<rest>` for a calendar limit.
+    /// The limit is part of the key, so a caller-given limit never reads or writes a
+    /// configured bucket, nor a bucket of another limit. Kinds: `i` native inline (rest:
+    /// the caller's key), `n` a configured name under a caller's limit (rest:
     /// `<number>:<id>`), `d` an unmatched Envoy descriptor (rest: a hash of domain and
     /// entries).
     ///
     /// ```
+    /// use cellrate::clock::CalendarPeriod;
     /// use cellrate::gcra::Limit;
     /// use cellrate::limits::names::BucketKey;
     /// let limit = Limit::new(20, 10, 1_000_000_000).unwrap();
@@ -294,17 +321,21 @@ impl BucketKey {
     /// assert_eq!(key.as_str(), "0:i/20/10/1000000000/checkout");
     /// assert!(key.is_caller_given());
     /// assert!(!BucketKey::new(3, "12345").is_caller_given());
+    /// let monthly = Limit::calendar(1000, CalendarPeriod::Month).unwrap();
+    /// let key = BucketKey::caller_given('i', &monthly, "checkout");
+    /// assert_eq!(key.as_str(), "0:i/1000/1mo/checkout");
     /// ```
-    pub fn caller_given(kind: char, limit: &crate::gcra::Limit, rest: &str) -> BucketKey {
-        BucketKey::new(
-            INLINE_NUMBER,
-            &format!(
+    pub fn caller_given(kind: char, limit: &Limit, rest: &str) -> BucketKey {
+        let key = match limit.window() {
+            Window::Gcra => format!(
                 "{kind}/{}/{}/{}/{rest}",
                 limit.burst(),
                 limit.count(),
                 limit.period()
             ),
-        )
+            Window::Calendar(period) => format!("{kind}/{}/{period}/{rest}", limit.count()),
+        };
+        BucketKey::new(INLINE_NUMBER, &key)
     }
 
     /// The key of a bucket under caller-given limits that are not part of its key:
@@ -336,10 +367,17 @@ impl BucketKey {
         &self.0
     }
 
-    /// The name number and the id, split at the first colon.
+    /// The name number and the id, split at the first colon (a calendar key's period
+    /// left out: see [`BucketKey::head`]).
     pub fn parts(&self) -> (u32, &str) {
-        let (number, id) = self.0.split_once(':').unwrap_or(("0", &self.0));
+        let (head, id) = self.0.split_once(':').unwrap_or(("0", &self.0));
+        let number = head.split_once('@').map_or(head, |(number, _)| number);
         (number.parse().unwrap_or(INLINE_NUMBER), id)
+    }
+
+    /// What precedes the id: the number, and a calendar key's `@<period>`.
+    pub fn head(&self) -> &str {
+        self.0.split_once(':').map_or("0", |(head, _)| head)
     }
 }
 

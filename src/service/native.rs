@@ -7,12 +7,14 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::clock::{Nanos, SECOND};
-use crate::gcra::{Decision, Limit, Mode};
+use crate::gcra::{Decision, Limit, Mode, Window};
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::names::Name;
 use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
-use crate::service::overrides::{policy_of, OverrideError, RuntimeOverride, RuntimeOverrides};
+use crate::service::overrides::{
+    calendar_of, policy_of, OverrideError, RuntimeOverride, RuntimeOverrides,
+};
 use crate::service::{
     count_decisions, trace, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target,
 };
@@ -117,7 +119,10 @@ fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::
         Policy::Limited { limit, .. } => {
             out.burst = limit.burst();
             out.count = limit.count();
-            out.period = Some(duration(limit.period()));
+            match limit.window() {
+                Window::Gcra => out.period = Some(duration(limit.period())),
+                Window::Calendar(period) => out.calendar = Some(period.text().to_string()),
+            }
         }
         Policy::Unlimited => out.unlimited = true,
         Policy::Denied => out.deny = true,
@@ -260,7 +265,13 @@ impl pb::admin_server::Admin for AdminService {
                     .ok_or_else(|| invalid("period: out of range".to_string()))?,
             ),
         };
-        let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny).map_err(invalid)?;
+        let calendar = calendar_of(&r.calendar).map_err(invalid)?;
+        let policy =
+            policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar).map_err(invalid)?;
+        if let Some(reason) = table.window_mismatch(name.number, &policy) {
+            return Err(invalid(reason));
+        }
+
         let ttl = r
             .ttl
             .as_ref()
@@ -417,16 +428,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
                     "items[{i}].id: an inline limit takes inline.key, not id"
                 )));
             }
-            let period = inline
-                .period
-                .as_ref()
-                .ok_or_else(|| invalid(format!("items[{i}].inline.period: missing")))
-                .and_then(|d| {
-                    duration_nanos(d)
-                        .ok_or_else(|| invalid(format!("items[{i}].inline.period: out of range")))
-                })?;
-            let limit = Limit::new(inline.burst, inline.count, period)
-                .map_err(|e| invalid(format!("items[{i}].inline: {e}")))?;
+            let limit = inline_limit(i, inline)?;
             Target::Inline {
                 key: Cow::Borrowed(&inline.key),
                 limit,
@@ -493,7 +495,43 @@ fn limit_info(item: &ItemResult) -> Option<pb::LimitInfo> {
         count: limit.map_or(0, |l| l.count()),
         period: limit.map(|l| duration(l.period())),
         key: item.key.to_string(),
+        calendar: match limit.map(|l| l.window()) {
+            Some(Window::Calendar(period)) => Some(period.text().to_string()),
+            _ => None,
+        },
     })
+}
+
+/// An inline limit's numbers: burst, count and period, or count and a calendar window.
+fn inline_limit(i: usize, inline: &pb::InlineLimit) -> Result<Limit, Status> {
+    let calendar =
+        calendar_of(&inline.calendar).map_err(|e| invalid(format!("items[{i}].inline.{e}")))?;
+    let period = match (&inline.period, calendar) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(format!(
+                "items[{i}].inline.period: a calendar limit takes no period (its window is it)"
+            )))
+        }
+        (None, Some(_)) => None,
+        (None, None) => return Err(invalid(format!("items[{i}].inline.period: missing"))),
+        (Some(d), None) => Some(
+            duration_nanos(d)
+                .ok_or_else(|| invalid(format!("items[{i}].inline.period: out of range")))?,
+        ),
+    };
+    let limit = match (period, calendar) {
+        (Some(period), _) => Limit::new(inline.burst, inline.count, period),
+        (None, Some(calendar)) if inline.burst == 0 || inline.burst == inline.count => {
+            Limit::calendar(inline.count, calendar)
+        }
+        (None, _) => {
+            return Err(invalid(format!(
+                "items[{i}].inline.burst: {} is not the calendar window's count {} (leave it 0)",
+                inline.burst, inline.count
+            )))
+        }
+    };
+    limit.map_err(|e| invalid(format!("items[{i}].inline: {e}")))
 }
 
 fn policy(rule: Rule) -> pb::Policy {

@@ -14,8 +14,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{Clock, Nanos, SECOND};
-use crate::gcra::Limit;
+use crate::clock::{CalendarPeriod, Clock, Nanos, SECOND};
+use crate::gcra::{Limit, Window};
 use crate::limits::config::Policy;
 use crate::limits::names::{Name, Names};
 use crate::store::shared::{Fetched, Put, SharedOverrides};
@@ -87,6 +87,10 @@ struct Record {
     comment: String,
     #[serde(default)]
     author: String,
+    /// A calendar override's window; left out otherwise, so that GCRA records read the
+    /// same in older versions.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    calendar: String,
 }
 
 type Entries = HashMap<u32, HashMap<Box<str>, RuntimeOverride>>;
@@ -107,27 +111,50 @@ pub struct RuntimeOverrides {
 }
 
 /// The policy that `burst`, `count`, `period`, `unlimited` and `deny` give: exactly one of
-/// a limit, unlimited or deny.
+/// a limit, unlimited or deny. With `calendar`, the limit counts `count` per calendar
+/// window: no period, and a burst of 0 or `count`.
 pub fn policy_of(
     burst: u64,
     count: u64,
     period: Option<Nanos>,
     unlimited: bool,
     deny: bool,
+    calendar: Option<CalendarPeriod>,
 ) -> Result<Policy, String> {
-    match (unlimited, deny, period) {
-        (true, false, None) if burst == 0 && count == 0 => Ok(Policy::Unlimited),
-        (false, true, None) if burst == 0 && count == 0 => Ok(Policy::Denied),
-        (false, false, Some(period)) => {
-            let limit = Limit::new(burst, count, period)
-                .map_err(|e| format!("burst, count, period: {e}"))?;
-            Ok(Policy::Limited {
-                limit,
-                shadow: false,
-                overdraw: false,
-            })
+    let limited = |limit| Policy::Limited {
+        limit,
+        shadow: false,
+        overdraw: false,
+    };
+    match (unlimited, deny, period, calendar) {
+        (true, false, None, None) if burst == 0 && count == 0 => Ok(Policy::Unlimited),
+        (false, true, None, None) if burst == 0 && count == 0 => Ok(Policy::Denied),
+        (false, false, Some(period), None) => Limit::new(burst, count, period)
+            .map(limited)
+            .map_err(|e| format!("burst, count, period: {e}")),
+        (false, false, None, Some(calendar)) if burst == 0 || burst == count => {
+            Limit::calendar(count, calendar)
+                .map(limited)
+                .map_err(|e| format!("count, calendar: {e}"))
         }
-        _ => Err("give exactly one of: burst, count and period; unlimited; deny".to_string()),
+        (false, false, None, Some(_)) => Err(format!(
+            "burst {burst}: a calendar window's burst is its count {count} (leave burst 0)"
+        )),
+        _ => Err(
+            "give exactly one of: burst, count and period; count and calendar; \
+                  unlimited; deny"
+                .to_string(),
+        ),
+    }
+}
+
+/// The calendar window a request or record names (`""`: none).
+pub fn calendar_of(text: &str) -> Result<Option<CalendarPeriod>, String> {
+    match text {
+        "" => Ok(None),
+        text => CalendarPeriod::parse(text)
+            .map(Some)
+            .map_err(|e| format!("calendar: {e}")),
     }
 }
 
@@ -337,13 +364,20 @@ fn record_of(name: &Name, id: &str, policy: Policy, comment: &str, author: &str)
         deny: false,
         comment: comment.to_string(),
         author: author.to_string(),
+        calendar: String::new(),
     };
     match policy {
-        Policy::Limited { limit, .. } => {
-            record.burst = limit.burst();
-            record.count = limit.count();
-            record.period_ns = limit.period();
-        }
+        Policy::Limited { limit, .. } => match limit.window() {
+            Window::Gcra => {
+                record.burst = limit.burst();
+                record.count = limit.count();
+                record.period_ns = limit.period();
+            }
+            Window::Calendar(period) => {
+                record.count = limit.count();
+                record.calendar = period.text().to_string();
+            }
+        },
         Policy::Unlimited => record.unlimited = true,
         Policy::Denied => record.deny = true,
     }
@@ -379,8 +413,9 @@ fn parse_record(
         Ok(_) => return Err(format!("id {:?} is not canonical", shown(&r.id))),
         Err(e) => return Err(format!("id: {e} (format {format})")),
     }
-    let period = (!r.unlimited && !r.deny).then_some(r.period_ns);
-    let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny)?;
+    let calendar = calendar_of(&r.calendar)?;
+    let period = (!r.unlimited && !r.deny && calendar.is_none()).then_some(r.period_ns);
+    let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar)?;
     bounded(&r.comment, MAX_COMMENT, "comment")?;
     bounded(&r.author, MAX_AUTHOR, "author")?;
     Ok(Some((
@@ -498,11 +533,22 @@ mod tests {
                 shadow: false,
                 overdraw: false,
             },
+            Policy::Limited {
+                limit: Limit::calendar(1000, CalendarPeriod::Month).unwrap(),
+                shadow: false,
+                overdraw: false,
+            },
             Policy::Unlimited,
             Policy::Denied,
         ];
         for policy in policies {
             let record = record_of(orders, "42", policy, "ticket 7", "ops");
+            // A GCRA record reads the same as before calendar windows existed.
+            assert_eq!(
+                record.contains("calendar"),
+                policy.window() != Window::Gcra,
+                "{record}"
+            );
             let field = format!("{}:42", orders.number);
             let (number, read) = parse_record(&names, &field, &record).unwrap().unwrap();
             assert_eq!(number, orders.number);
@@ -521,6 +567,8 @@ mod tests {
         assert!(bad(&format!("{n}:42"), &twice).contains("exactly one"));
         let padded = good.replace("\"id\":\"42\"", "\"id\":\"042\"");
         assert!(bad(&format!("{n}:042"), &padded).contains("canonical"));
+        let weekly = record_of(orders, "42", policies[1], "", "").replace("1mo", "1w");
+        assert!(bad(&format!("{n}:42"), &weekly).contains("calendar"));
         let renumbered = good.replace(&format!("\"number\":{n}"), "\"number\":999");
         assert!(bad("999:42", &renumbered).contains("number"));
         let long = good.replace(

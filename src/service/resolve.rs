@@ -9,7 +9,7 @@ use super::{
     CheckOptions, DecideError, Decider, Invalid, InvalidIds, ItemSpec, Rule, Target, INLINE_NAME,
     MAX_BATCH, MAX_NAME,
 };
-use crate::gcra::{Limit, Mode};
+use crate::gcra::{Limit, Mode, Window};
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::ids::IdFormat;
 use crate::limits::names::BucketKey;
@@ -198,7 +198,11 @@ impl Decider {
                 &given,
                 BucketKey::new(found.number, &canonical).as_str(),
             ),
-            None => BucketKey::new(found.number, &canonical),
+            None => BucketKey::windowed(
+                found.number,
+                &canonical,
+                policy.map_or(Window::Gcra, |p| p.window()),
+            ),
         };
         Ok(Ok(Bucket {
             key,

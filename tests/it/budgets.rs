@@ -204,11 +204,37 @@ async fn overdraw_where_it_cannot_apply_is_refused_and_changes_nothing() {
 /// the token count the client asks for in `x-test-tokens`.
 #[tokio::test]
 async fn a_real_envoy_charges_the_tokens_a_response_used() {
+    let limits = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/budgets/limits");
+    // In debt by 10 000 of 100 000 a day: refill repays it in 8 640 s.
+    charged_through_envoy(&limits, 8_640).await;
+}
+
+/// The same with the budget as a calendar day (`docs/budgets.md`'s calendar pattern): the
+/// debt ends with the UTC day, 6 400 s after the fake clock's start (22:13:20).
+#[tokio::test]
+async fn a_real_envoy_charges_a_calendar_budget_until_the_day_ends() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/budgets/limits");
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["names.yaml", "descriptors.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "TokensPerTenant: {window: calendar, count: 100000, period: 1d, overdraw: true}\n\
+         RequestsPerTenant: {burst: 5, count: 5, period: 1s}\n",
+    )
+    .unwrap();
+    charged_through_envoy(dir.path(), 6_400).await;
+}
+
+/// Runs `examples/budgets/envoy.yaml` against `limits` (100 000 tokens per tenant, overdraw):
+/// two responses put the tenant 10 000 tokens into debt, the next request is 429 with
+/// `Retry-After: recovers_in`, and after that many seconds the tenant passes again.
+async fn charged_through_envoy(limits: &Path, recovers_in: i64) {
     use crate::common::envoy::{yaml, Envoy};
     use crate::common::poll_until;
     use std::time::Duration;
-    let limits = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/budgets/limits");
-    let mut s = served(&limits).await;
+    let mut s = served(limits).await;
     let envoy = Envoy::example_of("examples/budgets/envoy.yaml", s.decisions_addr, |config| {
         let listeners = config["static_resources"]["listeners"]
             .as_sequence_mut()
@@ -251,7 +277,8 @@ async fn a_real_envoy_charges_the_tokens_a_response_used() {
     // zero-token charge at stream done changes nothing.
     let denied = client.get("/v1/chat", &ask("0")).await;
     assert_eq!(denied.status, 429, "{denied:?}");
-    assert_eq!(denied.header("retry-after"), Some("8640"));
+    let recovers = recovers_in.to_string();
+    assert_eq!(denied.header("retry-after"), Some(recovers.as_str()));
     assert_eq!(remaining(&mut s, "TokensPerTenant", "acme").await, -10_000);
     // Another tenant is not affected.
     let other = client
@@ -259,8 +286,11 @@ async fn a_real_envoy_charges_the_tokens_a_response_used() {
         .await;
     assert_eq!(other.status, 200);
 
-    // The budget recovers by refill: after 8 640 s the debt is repaid.
-    s.clock.advance(8_640 * SECOND);
+    // The budget recovers (by refill, or when the window ends), not a nanosecond early.
+    s.clock.advance(recovers_in * SECOND - 1);
+    let early = client.get("/v1/chat", &ask("0")).await;
+    assert_eq!(early.status, 429, "{early:?}");
+    s.clock.advance(1);
     let back = client.get("/v1/chat", &ask("1")).await;
     assert_eq!(back.status, 200, "{back:?}");
     drop(envoy);
@@ -287,6 +317,7 @@ async fn a_hostile_charge_is_bounded() {
                 seconds: 1,
                 nanos: 0,
             }),
+            ..Default::default()
         }),
         ..Default::default()
     };

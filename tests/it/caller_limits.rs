@@ -51,6 +51,7 @@ fn inline(key: &str, burst: u64, count: u64, seconds: i64, cost: Option<u64>) ->
             burst,
             count,
             period: Some(prost_types::Duration { seconds, nanos: 0 }),
+            ..Default::default()
         }),
         cost,
         ..Default::default()

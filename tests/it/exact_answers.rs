@@ -22,6 +22,7 @@ fn inline(key: &str, limit: u64, cost: Option<u64>, mode: pb::Mode) -> pb::Item 
                 seconds: 1,
                 nanos: 0,
             }),
+            ..Default::default()
         }),
         cost,
         mode: mode as i32,

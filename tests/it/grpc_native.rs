@@ -160,6 +160,7 @@ async fn cost_zero_peeks_and_inline_limits_work() {
                 seconds: 2,
                 nanos: 0,
             }),
+            ..Default::default()
         }),
         cost,
         ..Default::default()
@@ -324,14 +325,14 @@ async fn bad_input_is_invalid_argument_naming_the_item_and_spends_nothing() {
             vec![
                 good(),
                 pb::Item {
-                    inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 2_000_000_000, period: Some(prost_types::Duration { seconds: 1, nanos: 0 }) }),
+                    inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 2_000_000_000, period: Some(prost_types::Duration { seconds: 1, nanos: 0 }), ..Default::default() }),
                     ..Default::default()
                 },
             ],
             "items[1].inline: count 2000000000 per period 1000000000ns gives an emission interval of 0ns",
         ),
         (
-            vec![good(), pb::Item { inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 1, period: None }), ..Default::default() }],
+            vec![good(), pb::Item { inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 1, period: None, ..Default::default() }), ..Default::default() }],
             "items[1].inline.period: missing",
         ),
         (
@@ -339,7 +340,7 @@ async fn bad_input_is_invalid_argument_naming_the_item_and_spends_nothing() {
                 good(),
                 pb::Item {
                     name: "ApiRequestsPerKey".into(),
-                    inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 1, period: Some(prost_types::Duration { seconds: 1, nanos: 0 }) }),
+                    inline: Some(pb::InlineLimit { key: "k".into(), burst: 1, count: 1, period: Some(prost_types::Duration { seconds: 1, nanos: 0 }), ..Default::default() }),
                     ..Default::default()
                 },
             ],
@@ -411,6 +412,7 @@ async fn inspect_says_where_each_limit_comes_from() {
                 seconds: 1,
                 nanos: 0,
             }),
+            ..Default::default()
         }),
         ..Default::default()
     };

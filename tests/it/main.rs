@@ -5,6 +5,7 @@
 mod common;
 
 mod budgets;
+mod calendar;
 mod caller_limits;
 mod cli;
 mod client_cli;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::redis_server::{RedisCluster, RedisServer};
-use cellrate::clock::{FakeClock, Nanos, SECOND};
-use cellrate::gcra::{Limit, Mode};
+use cellrate::clock::{CalendarPeriod, FakeClock, Nanos, SECOND};
+use cellrate::gcra::{Limit, Mode, Window};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
@@ -101,6 +101,17 @@ async fn values_are_exact_nanoseconds_and_expire_at_the_tat() {
     assert_eq!(
         tagged.redis_key(&BucketKey::new(3, "42")),
         "cellrate:3:{42}"
+    );
+    // A calendar limit's bucket names its window after the number, beside the id's tag:
+    // another key than the same id's GCRA bucket, in the same slot.
+    let monthly = Window::Calendar(CalendarPeriod::Month);
+    assert_eq!(
+        tagged.redis_key(&BucketKey::windowed(3, "42", monthly)),
+        "cellrate:3@1mo:{42}"
+    );
+    assert_eq!(
+        store.redis_key(&BucketKey::windowed(100, "{x}", monthly)),
+        "cellrate:100@1mo:%7Bx%7D"
     );
 }
 

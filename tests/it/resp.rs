@@ -216,6 +216,7 @@ async fn cl_throttle_keys_live_apart_from_grpc_callers() {
                 seconds: 3600,
                 nanos: 0,
             }),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -23,6 +23,8 @@ fn override_row(o: &pb::RuntimeOverride) -> (Vec<String>, Value) {
         "unlimited".to_string()
     } else if o.deny {
         "deny".to_string()
+    } else if let Some(calendar) = &o.calendar {
+        format!("{} per calendar {calendar}", o.count)
     } else {
         format!(
             "{} per {}, burst {}",
@@ -43,6 +45,7 @@ fn override_row(o: &pb::RuntimeOverride) -> (Vec<String>, Value) {
     let json = json!({
         "name": o.name, "id": o.id, "override": what, "unlimited": o.unlimited, "deny": o.deny,
         "burst": o.burst, "count": o.count, "period_ns": nanos(o.period.as_ref()),
+        "calendar": o.calendar,
         "expires_in_ns": left, "author": o.author, "comment": o.comment,
     });
     (row, json)
@@ -64,6 +67,7 @@ pub(super) async fn set(args: &OverrideSetArgs) -> Result<Answer, Failed> {
             ttl: Some(nanos_duration(args.ttl)),
             comment: args.comment.clone(),
             author: args.author.clone(),
+            calendar: args.calendar.clone().unwrap_or_default(),
         };
         let entry = admin_call(
             &args.client,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::files::{content_version, read_dir, FileKind};
 use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName};
-use super::{short, ConfigError, LimitTable, LoadError, Source, MAX_ERRORS};
+use super::{short, ConfigError, LimitTable, LoadError, Policy, Source, MAX_ERRORS};
+use crate::gcra::Window;
 use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
 use crate::limits::ids::IdFormat;
@@ -94,6 +95,15 @@ impl LimitTable {
                     }
                     Err(reason) => report(None, reason),
                 },
+            }
+        }
+        for (name, reason) in table.calendar_quota_names() {
+            if errors.len() < MAX_ERRORS {
+                errors.push(ConfigError {
+                    file: "quota.yaml".to_string(),
+                    entry: Some(name),
+                    reason,
+                });
             }
         }
         if suppressed > 0 {
@@ -192,6 +202,10 @@ impl LimitTable {
                     continue;
                 }
             };
+            if let Some(reason) = self.window_mismatch(name.number, &policy) {
+                report(Some(at(&text)), reason);
+                continue;
+            }
             if over.ids.is_empty() {
                 report(Some(at(&text)), "ids must list at least one id".to_string());
             }
@@ -237,6 +251,68 @@ impl LimitTable {
                     .insert(canonical.into_boxed_str(), (policy, source));
             }
         }
+    }
+
+    /// Why an override (from a file, or temporary) cannot count as `policy` does: its
+    /// name's default counts the other way (GCRA against calendar windows), or the name
+    /// is used in `quota.yaml` and `policy` counts in calendar windows. An override
+    /// without `window` on a calendar default would otherwise silently become a
+    /// refilling rate.
+    pub fn window_mismatch(&self, number: u32, policy: &Policy) -> Option<String> {
+        let Policy::Limited { limit: over, .. } = policy else {
+            return None;
+        };
+        if let (Window::Calendar(_), Some(name)) = (over.window(), self.names.by_number(number)) {
+            if self.quota.names().any(|used| used == &*name.text) {
+                return Some(format!(
+                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows",
+                    name.text
+                ));
+            }
+        }
+        let Some(Policy::Limited { limit, .. }) = self.policies.get(&number)?.default else {
+            return None;
+        };
+        match (limit.window(), over.window()) {
+            (Window::Calendar(period), Window::Gcra) => Some(format!(
+                "the default counts in calendar windows ({period}): an override counts the \
+                 same way (add `window: calendar`)"
+            )),
+            (Window::Gcra, Window::Calendar(_)) => Some(
+                "the default counts by GCRA: an override counts the same way \
+                 (leave out `window: calendar`, or make the default a calendar limit)"
+                    .to_string(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Why `quota.yaml` cannot use a name: a limit of it counts in calendar windows, which
+    /// an RLQS token-bucket assignment cannot express.
+    fn calendar_quota_names(&self) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for text in self.quota.names() {
+            let Some(name) = self.names.get(text) else {
+                continue;
+            };
+            let Some(policies) = self.policies.get(&name.number) else {
+                continue;
+            };
+            let calendar = policies
+                .default
+                .iter()
+                .chain(policies.overrides.values().map(|(policy, _)| policy))
+                .any(|policy| matches!(policy.window(), Window::Calendar(_)));
+            if calendar && !found.iter().any(|(t, _)| t == text) {
+                found.push((
+                    text.to_string(),
+                    "counts in calendar windows, which RLQS cannot assign (Envoy's \
+                     quota buckets refill as token buckets): use it through ShouldRateLimit"
+                        .to_string(),
+                ));
+            }
+        }
+        found
     }
 
     fn add_source(&mut self, source: Source) -> u32 {

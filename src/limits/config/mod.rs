@@ -26,7 +26,7 @@ mod raw;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::gcra::Limit;
+use crate::gcra::{Limit, Window};
 use crate::limits::descriptors::DescriptorRules;
 use crate::limits::hash::ConfigMap;
 use crate::limits::names::{Name, Names};
@@ -75,6 +75,16 @@ pub enum Policy {
     Unlimited,
     /// On the deny list: always denied, nothing stored.
     Denied,
+}
+
+impl Policy {
+    /// How a bucket under this policy counts (GCRA when nothing is stored).
+    pub fn window(&self) -> Window {
+        match self {
+            Policy::Limited { limit, .. } => limit.window(),
+            Policy::Unlimited | Policy::Denied => Window::Gcra,
+        }
+    }
 }
 
 /// One problem found while loading.
@@ -671,6 +681,127 @@ NewOrdersPerAccount:
         let errors = LimitTable::load_dir(dir.path()).unwrap_err().0;
         let text = LoadError(errors).to_string();
         assert!(text.len() < 600, "{text}");
+    }
+
+    #[test]
+    fn calendar_windows_load_with_their_kind_and_bad_ones_are_refused() {
+        use crate::clock::CalendarPeriod;
+        use crate::gcra::Window;
+        let names = ("names.yaml", "Monthly: {number: 150, format: string}");
+        let table = load(&[
+            names,
+            (
+                "defaults.yaml",
+                "Monthly: {window: calendar, count: 1000000, period: 1mo}",
+            ),
+            (
+                "overrides.yaml",
+                "- Monthly: {window: calendar, count: 5, burst: 5, period: 1d, ids: [small]}",
+            ),
+        ])
+        .unwrap();
+        let monthly = table.names().get("Monthly").unwrap();
+        let limit = |id| match table.policy(monthly, id) {
+            Some(Policy::Limited { limit, .. }) => limit,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            limit("any").window(),
+            Window::Calendar(CalendarPeriod::Month)
+        );
+        assert_eq!(limit("any").count(), 1_000_000);
+        assert_eq!(
+            limit("small").window(),
+            Window::Calendar(CalendarPeriod::Day)
+        );
+        assert_eq!(limit("small").burst(), 5);
+
+        let defaults = |text| error(&[names, ("defaults.yaml", text)]);
+        for (text, says) in [
+            (
+                "Monthly: {burst: 10, count: 10, period: 1mo}",
+                "needs `window: calendar`",
+            ),
+            (
+                "Monthly: {burst: 10, count: 10, period: 1y}",
+                "needs `window: calendar`",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 2d}",
+                "no calendar period",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1w}",
+                "one of 1s, 1m, 1h, 1d, 1mo, 1y",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, burst: 20, period: 1d}",
+                "burst 20",
+            ),
+            ("Monthly: {window: calendar, count: 0, period: 1d}", "count"),
+            (
+                "Monthly: {window: calender, count: 10, period: 1d}",
+                "unknown variant",
+            ),
+            ("Monthly: {count: 10, period: 1d}", "burst: missing"),
+            (
+                "Monthly: {window: calendar, count: 9007199254740993, period: 1d}",
+                "too large",
+            ),
+        ] {
+            let e = defaults(text);
+            assert!(e.contains(says), "{text}: {e}");
+            assert!(e.contains("Monthly"), "{text}: {e}");
+        }
+
+        // An override counts as its default does; unlimited and deny take no window.
+        let calendar = (
+            "defaults.yaml",
+            "Monthly: {window: calendar, count: 10, period: 1mo}",
+        );
+        let gcra = (
+            "defaults.yaml",
+            "Monthly: {burst: 10, count: 10, period: 1d}",
+        );
+        for (default, over, says) in [
+            (
+                calendar,
+                "{burst: 5, count: 5, period: 1d, ids: [a]}",
+                "add `window: calendar`",
+            ),
+            (
+                gcra,
+                "{window: calendar, count: 5, period: 1d, ids: [a]}",
+                "counts by GCRA",
+            ),
+            (
+                calendar,
+                "{window: calendar, unlimited: true, ids: [a]}",
+                "not to unlimited",
+            ),
+        ] {
+            let e = error(&[
+                names,
+                default,
+                ("overrides.yaml", &format!("- Monthly: {over}")),
+            ]);
+            assert!(e.contains(says), "{over}: {e}");
+            assert!(e.contains("entry 1 (Monthly)"), "{over}: {e}");
+        }
+
+        // RLQS assigns refilling rates: quota.yaml cannot use a calendar limit.
+        let e = error(&[
+            names,
+            calendar,
+            (
+                "quota.yaml",
+                "edge:\n  - match: [{key: tenant}]\n    limits: [Monthly]\n",
+            ),
+        ]);
+        assert!(
+            e.contains("quota.yaml: Monthly: counts in calendar windows"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::{Policy, MAX_OVERRIDE_ENTRIES};
+use crate::clock::CalendarPeriod;
 use crate::gcra::Limit;
 use crate::limits::duration::parse_duration;
 
@@ -23,9 +24,13 @@ pub(super) struct RawName {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimit {
-    pub(super) burst: u64,
+    /// Required for GCRA; a calendar limit's burst is its count (absent or equal).
+    #[serde(default)]
+    pub(super) burst: Option<u64>,
     pub(super) count: u64,
     pub(super) period: String,
+    #[serde(default)]
+    pub(super) window: RawWindow,
     #[serde(default)]
     pub(super) shadow: bool,
     /// Every spend is recorded, into debt if need be (token and cost budgets).
@@ -33,10 +38,47 @@ pub(super) struct RawLimit {
     pub(super) overdraw: bool,
 }
 
+/// How a limit counts: `gcra` (the default) or `calendar`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawWindow {
+    #[default]
+    Gcra,
+    Calendar,
+}
+
 impl RawLimit {
     pub(super) fn build(&self) -> Result<Policy, String> {
-        let period = parse_duration(&self.period).map_err(|e| format!("period: {e}"))?;
-        let limit = Limit::new(self.burst, self.count, period).map_err(|e| e.to_string())?;
+        let limit = match self.window {
+            RawWindow::Gcra => {
+                let period =
+                    parse_duration(&self.period).map_err(|e| match self.period.as_str() {
+                        "1mo" | "1y" => format!(
+                            "period: {e}; a calendar month or year needs `window: calendar` \
+                         (count per window, everything back when the next one starts)"
+                        ),
+                        _ => format!("period: {e}"),
+                    })?;
+                let burst = self.burst.ok_or(
+                    "burst: missing (a GCRA limit needs burst, count and period; \
+                     `window: calendar` limits take count and period)",
+                )?;
+                Limit::new(burst, self.count, period).map_err(|e| e.to_string())?
+            }
+            RawWindow::Calendar => {
+                let period = CalendarPeriod::parse(&self.period).map_err(|e| {
+                    format!("period: {e} (a calendar window is a UTC second, minute, hour, day, month or year)")
+                })?;
+                if let Some(burst) = self.burst.filter(|&b| b != self.count) {
+                    return Err(format!(
+                        "burst {burst}: a calendar window's burst is its count {} \
+                         (leave burst out)",
+                        self.count
+                    ));
+                }
+                Limit::calendar(self.count, period).map_err(|e| e.to_string())?
+            }
+        };
         Ok(Policy::Limited {
             limit,
             shadow: self.shadow,
@@ -121,6 +163,8 @@ pub(super) struct RawOverride {
     #[serde(default)]
     pub(super) overdraw: bool,
     #[serde(default)]
+    pub(super) window: RawWindow,
+    #[serde(default)]
     pub(super) ids: Vec<IdEntry>,
 }
 
@@ -131,6 +175,11 @@ impl RawOverride {
             self.count.is_some(),
             self.period.is_some(),
         ];
+        if self.window == RawWindow::Calendar && (self.unlimited || self.deny) {
+            return Err(
+                "window applies to a limit (count, period), not to unlimited or deny".to_string(),
+            );
+        }
         if self.overdraw && (self.unlimited || self.deny) {
             return Err(
                 "overdraw applies to a limit (burst, count, period), not to unlimited or deny"
@@ -138,10 +187,11 @@ impl RawOverride {
             );
         }
         match (self.unlimited, self.deny, numbers) {
-            (false, false, [true, true, true]) => RawLimit {
-                burst: self.burst.unwrap_or_default(),
+            (false, false, [_, true, true]) => RawLimit {
+                burst: self.burst,
                 count: self.count.unwrap_or_default(),
                 period: self.period.clone().unwrap_or_default(),
+                window: self.window,
                 shadow: self.shadow,
                 overdraw: self.overdraw,
             }

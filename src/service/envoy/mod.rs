@@ -25,8 +25,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
-use crate::clock::{Nanos, SECOND};
-use crate::gcra::Limit;
+use crate::clock::{CalendarPeriod, Nanos, SECOND};
+use crate::gcra::{Limit, Window};
 use crate::observe::metrics::Metrics;
 use crate::service::{trace, Decider};
 
@@ -127,6 +127,18 @@ fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
 /// assert_eq!(requests_per_unit(&Limit::new(5, 5, s / 2).unwrap()), (10, Unit::Second));
 /// ```
 pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
+    if let Window::Calendar(period) = limit.window() {
+        // A calendar window is one of Envoy's units: exact.
+        let unit = match period {
+            CalendarPeriod::Second => Unit::Second,
+            CalendarPeriod::Minute => Unit::Minute,
+            CalendarPeriod::Hour => Unit::Hour,
+            CalendarPeriod::Day => Unit::Day,
+            CalendarPeriod::Month => Unit::Month,
+            CalendarPeriod::Year => Unit::Year,
+        };
+        return (limit.count().min(u64::from(u32::MAX)) as u32, unit);
+    }
     let period = limit.period();
     let (unit, unit_ns) = UNITS
         .iter()
@@ -168,6 +180,19 @@ mod tests {
         let s = SECOND;
         let l = |b, c, p| Limit::new(b, c, p).unwrap();
         assert_eq!(requests_per_unit(&l(1, 1, 60 * s)), (1, Unit::Minute));
+        let calendar = |count, period| Limit::calendar(count, period).unwrap();
+        assert_eq!(
+            requests_per_unit(&calendar(1_000_000, CalendarPeriod::Month)),
+            (1_000_000, Unit::Month)
+        );
+        assert_eq!(
+            requests_per_unit(&calendar(3, CalendarPeriod::Hour)),
+            (3, Unit::Hour)
+        );
+        assert_eq!(
+            requests_per_unit(&calendar(1 << 40, CalendarPeriod::Year)),
+            (u32::MAX, Unit::Year)
+        );
         assert_eq!(requests_per_unit(&l(7, 7, 45 * s)), (9, Unit::Minute)); // 9.33 -> 9
         assert_eq!(
             requests_per_unit(&l(10_000, 10_000, 86_400 * s)),

@@ -103,8 +103,10 @@ pub(super) fn resolve<'t>(
                 shadow: false,
                 ..
             }) => {
+                // quota.yaml refuses calendar limits; one that arrives later (another
+                // replica's temporary override) is assigned as its refilling rate.
                 let key = BucketKey::new(name.number, &canonical);
-                keys.push((Arc::from(key.as_str()), limit));
+                keys.push((Arc::from(key.as_str()), limit.as_gcra()));
             }
             // Shadow mode decides without enforcing; nothing configured does not limit.
             Some(Policy::Limited { shadow: true, .. } | Policy::Unlimited) | None => {}

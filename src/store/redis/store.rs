@@ -92,9 +92,10 @@ impl RedisStore {
     }
 
     /// The Redis key of a bucket: prefix, then `<number>:<id>` or, tagged,
-    /// `<number>:{<id>}`; the id escaped.
+    /// `<number>:{<id>}` (a calendar key's `@<period>` after the number); the id escaped.
     pub fn redis_key(&self, key: &BucketKey) -> String {
         let (number, id) = key.parts();
+        let head = key.head();
         let tagged = self
             .settings
             .tag_by_id
@@ -102,9 +103,9 @@ impl RedisStore {
             .is_none_or(|names| names.contains(&number));
         let id = escape(id);
         if tagged {
-            format!("{}{number}:{{{id}}}", self.settings.prefix)
+            format!("{}{head}:{{{id}}}", self.settings.prefix)
         } else {
-            format!("{}{number}:{id}", self.settings.prefix)
+            format!("{}{head}:{id}", self.settings.prefix)
         }
     }
 
