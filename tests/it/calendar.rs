@@ -117,6 +117,18 @@ async fn a_calendar_quota_counts_per_utc_hour_natively_and_through_envoy() {
         .into_inner();
     assert!(refunded.items[0].allowed);
     assert_eq!(remaining(&mut s, "CallsPerTenant", "acme").await, 3);
+    // An admin reset finds the calendar bucket too.
+    spend(&mut s, "acme").await;
+    let reset = s
+        .admin
+        .reset(pb::ResetRequest {
+            items: vec![item("CallsPerTenant", "acme", None)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reset.deleted, 1);
+    assert_eq!(remaining(&mut s, "CallsPerTenant", "acme").await, 3);
     s.stop().await;
 }
 
