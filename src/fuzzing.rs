@@ -583,6 +583,12 @@ fn check_seeds() -> Vec<Vec<u8>> {
     ];
     requests
         .into_iter()
-        .map(|items| pb::CheckRequest { items }.encode_to_vec())
+        .map(|items| {
+            pb::CheckRequest {
+                items,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        })
         .collect()
 }

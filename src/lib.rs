@@ -24,7 +24,8 @@
 //!                (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
-//!                caller limits, rules, costs), native.rs (cellrate.v1), envoy/ (RLS
+//!                caller limits, rules, costs), native/ (cellrate.v1: the services,
+//!                convert.rs), settle.rs (Checks kept for Settle), envoy/ (RLS
 //!                v3: decide, respond), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
@@ -32,8 +33,9 @@
 //! store/         Store trait, StoreError, StoreObserver; memory.rs over table.rs
 //!                (sharded, all-or-nothing), measured.rs (timing; the observer for
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
-//!                demand), redis/ (script calls, cluster, breaker, deny cache, failure
-//!                policy, coalescing)
+//!                demand, settlements; settlements.rs keeps them in memory), redis/
+//!                (script calls, cluster, breaker, deny cache, failure policy,
+//!                coalescing, shared tables)
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and

@@ -194,7 +194,12 @@ async fn caller_fill(addr: String, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) 
             })
             .collect();
         n += 1;
-        let _ = client.check(pb::CheckRequest { items }).await;
+        let _ = client
+            .check(pb::CheckRequest {
+                items,
+                ..Default::default()
+            })
+            .await;
         sent.fetch_add(64, Ordering::Relaxed);
     }
 }
@@ -245,6 +250,7 @@ fn main() {
                     cost: Some(0),
                     ..Default::default()
                 }],
+                request_id: String::new(),
             });
             request.set_timeout(Duration::from_secs(1));
             let sent_at = Instant::now();

@@ -64,6 +64,16 @@ impl pb::rate_limiter_server::RateLimiter for Baseline {
             items: vec![allowed(); request.get_ref().items.len()],
         }))
     }
+
+    async fn settle(
+        &self,
+        request: Request<pb::SettleRequest>,
+    ) -> Result<Response<pb::SettleResponse>, Status> {
+        Ok(Response::new(pb::SettleResponse {
+            items: vec![allowed(); request.get_ref().costs.len()],
+            already_settled: false,
+        }))
+    }
 }
 
 #[tokio::main]

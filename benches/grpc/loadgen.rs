@@ -82,6 +82,7 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
                 id,
                 ..Default::default()
             }],
+            request_id: String::new(),
         }),
     }
 }

@@ -401,6 +401,14 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_OVERRIDE_TTL", default_value = "7d", value_parser = parse_period)]
     pub max_override_ttl: i64,
 
+    /// How long a Check made with a request id is kept for Settle (1s to 7d).
+    #[arg(long, env = "CELLRATE_SETTLE_WINDOW", default_value = "1h", value_parser = parse_settle_window)]
+    pub settle_window: i64,
+
+    /// Checks kept for Settle at most (each at most 1 KiB); beyond, the oldest are pushed out.
+    #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value = "100000", value_parser = parse_settle_max)]
+    pub settle_max_records: usize,
+
     /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
     #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = 256)]
     pub rlqs_max_streams: usize,
@@ -504,6 +512,24 @@ pub struct SimulateArgs {
     /// A limits directory; buckets are then written Name:id.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// `--settle-max-records`: 1 to 10 000 000.
+fn parse_settle_max(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("{text}: not a number from 1 to 10000000")),
+    }
+}
+
+/// `--settle-window`: 1 s to 7 days.
+fn parse_settle_window(text: &str) -> Result<i64, String> {
+    let window = parse_period(text)?;
+    let (min, max) = (crate::clock::SECOND, 7 * crate::clock::DAY);
+    if !(min..=max).contains(&window) {
+        return Err(format!("{text}: not between 1s and 7d"));
+    }
+    Ok(window)
 }
 
 /// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).

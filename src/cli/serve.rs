@@ -118,6 +118,8 @@ impl ServeArgs {
             },
             max_runtime_overrides: self.max_runtime_overrides,
             max_override_ttl: self.max_override_ttl,
+            settle_window: self.settle_window,
+            settle_max_records: self.settle_max_records,
             rlqs: RlqsSettings {
                 max_streams: self.rlqs_max_streams,
                 max_buckets: self.rlqs_max_buckets,

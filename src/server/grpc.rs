@@ -123,6 +123,8 @@ pub(super) struct Stacks<'a> {
     pub(super) decider: Arc<Decider>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: &'a GrpcHealth,
+    /// Where Checks are kept for `Settle`.
+    pub(super) settlements: Option<Arc<dyn crate::store::shared::Settlements>>,
     /// Both servers stop accepting when this is cancelled.
     pub(super) stop: CancellationToken,
 }
@@ -161,11 +163,11 @@ impl Stacks<'_> {
             REFLECTION_V1ALPHA,
         ];
         let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions");
-        let native = RateLimiterServer::new(RateLimiterService::new(
-            self.decider.clone(),
-            self.metrics.clone(),
-        ))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let mut service = RateLimiterService::new(self.decider.clone(), self.metrics.clone());
+        if let Some(settlements) = &self.settlements {
+            service = service.with_settlements(settlements.clone());
+        }
+        let native = RateLimiterServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let envoy = RateLimitServiceServer::new(EnvoyRateLimitService::new(
             self.decider.clone(),
             self.settings.envoy,

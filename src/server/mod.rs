@@ -96,7 +96,7 @@ pub async fn run_with_store(
     let server = Server {
         limits,
         listeners,
-        stores: Stores::only(store),
+        stores: Stores::only(store).settling_here(&settings, &clock),
         clock,
         metrics: Metrics::new(),
         health: Health::new(),
@@ -198,6 +198,7 @@ impl Server {
             decider,
             metrics: shared.metrics.clone(),
             health: &health,
+            settlements: self.stores.settlements.clone(),
             stop: stop_servers.clone(),
         };
         let decisions = stacks.decisions(self.listeners.decisions, rlqs, &addresses.admin)?;

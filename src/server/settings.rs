@@ -26,6 +26,9 @@ pub struct Settings {
     /// Temporary overrides: at most this many in force, each for at most this long.
     pub max_runtime_overrides: usize,
     pub max_override_ttl: crate::clock::Nanos,
+    /// Checks kept for `Settle`: each for this long, at most this many.
+    pub settle_window: crate::clock::Nanos,
+    pub settle_max_records: usize,
     /// Envoy's RLQS on the decision listener: bounds and timings.
     pub rlqs: crate::service::rlqs::RlqsSettings,
     /// How often expired buckets are swept from the memory store.
@@ -157,6 +160,8 @@ impl Default for Settings {
             caller: CallerLimits::default(),
             max_runtime_overrides: 10_000,
             max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
+            settle_window: 3_600 * crate::clock::SECOND,
+            settle_max_records: 100_000,
             rlqs: crate::service::rlqs::RlqsSettings::default(),
             sweep_interval: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,

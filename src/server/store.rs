@@ -8,8 +8,9 @@ use crate::clock::Clock;
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 #[cfg(feature = "redis")]
-use crate::store::redis::{RedisDemand, RedisOverrides, RedisStore};
-use crate::store::shared::{SharedDemand, SharedOverrides};
+use crate::store::redis::{RedisDemand, RedisOverrides, RedisSettlements, RedisStore};
+use crate::store::settlements::MemorySettlements;
+use crate::store::shared::{Settlements, SharedDemand, SharedOverrides};
 use crate::store::{MemoryStore, Store, StoreError};
 
 /// The store, and the shared state that comes with it.
@@ -19,6 +20,8 @@ pub struct Stores {
     pub shared_overrides: Option<Arc<dyn SharedOverrides>>,
     /// Where RLQS demand is shared with other replicas (the Redis store).
     pub shared_demand: Option<Arc<dyn SharedDemand>>,
+    /// Where Checks are kept for `Settle`: in this process, or in Redis for every replica.
+    pub settlements: Option<Arc<dyn Settlements>>,
 }
 
 impl Stores {
@@ -28,6 +31,19 @@ impl Stores {
             store,
             shared_overrides: None,
             shared_demand: None,
+            settlements: None,
+        }
+    }
+
+    /// With Checks kept for `Settle` in this process.
+    pub fn settling_here(self, settings: &Settings, clock: &Arc<dyn Clock>) -> Stores {
+        Stores {
+            settlements: Some(Arc::new(MemorySettlements::new(
+                clock.clone(),
+                settings.settle_window,
+                settings.settle_max_records,
+            ))),
+            ..self
         }
     }
 
@@ -42,12 +58,13 @@ impl Stores {
         match &settings.store {
             StoreSettings::Memory => {
                 metrics.store.max_buckets.set(settings.max_buckets as i64);
-                Ok(Stores::only(Arc::new(MemoryStore::with_caller_share(
+                let store = Arc::new(MemoryStore::with_caller_share(
                     clock.clone(),
                     MemoryStore::shards_for(settings.max_buckets),
                     settings.max_buckets,
                     settings.caller_bucket_share,
-                ))))
+                ));
+                Ok(Stores::only(store).settling_here(settings, clock))
             }
             #[cfg(feature = "redis")]
             StoreSettings::Redis {
@@ -62,6 +79,11 @@ impl Stores {
                     store,
                     shared_overrides: Some(Arc::new(RedisOverrides::new(redis)?)),
                     shared_demand: Some(Arc::new(RedisDemand::new(redis, 3 * settings.rlqs.sync)?)),
+                    settlements: Some(Arc::new(RedisSettlements::new(
+                        redis,
+                        settings.settle_window,
+                        settings.settle_max_records,
+                    )?)),
                 })
             }
             #[cfg(not(feature = "redis"))]

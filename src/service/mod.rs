@@ -19,6 +19,7 @@ pub mod quota_book;
 pub mod request;
 mod resolve;
 pub mod rlqs;
+pub mod settle;
 pub mod token;
 pub mod trace;
 

@@ -22,6 +22,7 @@ use crate::limits::names::BucketKey;
 pub mod measured;
 pub mod memory;
 pub mod redis;
+pub mod settlements;
 pub mod shared;
 mod table;
 

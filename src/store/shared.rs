@@ -1,8 +1,9 @@
 //! The ports through which replicas share state other than buckets, beside the store that
 //! implements them (the Redis store, `store::redis`): temporary overrides
-//! ([`SharedOverrides`], used by `crate::service::overrides`) and RLQS demand
-//! ([`SharedDemand`], used by `crate::service::rlqs`). They live here, below the services
-//! that use them, so that a store never imports a service.
+//! ([`SharedOverrides`], used by `crate::service::overrides`), RLQS demand
+//! ([`SharedDemand`], used by `crate::service::rlqs`) and settlements ([`Settlements`],
+//! used by `crate::service::settle`; the memory store's are in-process). They live here,
+//! below the services that use them, so that a store never imports a service.
 
 use std::sync::Arc;
 
@@ -63,4 +64,40 @@ pub trait SharedDemand: Send + Sync + 'static {
     /// other replicas' reporters of it.
     fn exchange<'a>(&'a self, mine: &'a [(Arc<str>, Aggregate)])
         -> StoreFuture<'a, Vec<Aggregate>>;
+}
+
+/// The table of Checks kept for settling (see `crate::service::settle`): request id ->
+/// record (opaque bytes), each for the table's window, at most the table's number of
+/// records (beyond it, the oldest are pushed out). A record is open until it is claimed
+/// for settling, and then remembers the costs it was settled with.
+pub trait Settlements: Send + Sync + 'static {
+    /// Keeps `record` under `id` unless `id` is kept already, pushing out the oldest
+    /// records when the table is full.
+    fn open<'a>(&'a self, id: &'a str, record: &'a [u8]) -> StoreFuture<'a, Opened>;
+    /// Drops the record of `id` (its Check was denied or failed).
+    fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()>;
+    /// Claims the open record of `id` for settling at `costs` (opaque bytes).
+    fn claim<'a>(&'a self, id: &'a str, costs: &'a [u8]) -> StoreFuture<'a, Claim>;
+    /// Opens a claimed record again (its adjustment could not be made).
+    fn unclaim<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()>;
+}
+
+/// What [`Settlements::open`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// Whether the record was written (`false`: the id is kept already).
+    pub written: bool,
+    /// Records pushed out to make room (the oldest).
+    pub evicted: u64,
+}
+
+/// What [`Settlements::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// No record of that id.
+    Unknown,
+    /// The open record, now claimed.
+    Claimed(Vec<u8>),
+    /// Settled before, at `costs`.
+    Settled { record: Vec<u8>, costs: Vec<u8> },
 }

@@ -41,7 +41,10 @@ fn budgets() -> tempfile::TempDir {
 /// A native `Check` of `items`.
 async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
     Ok(s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await?
         .into_inner())
 }

@@ -39,7 +39,10 @@ async fn served(dir: &Path) -> Served {
 
 async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
     Ok(s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await?
         .into_inner())
 }

@@ -60,7 +60,10 @@ fn inline(key: &str, burst: u64, count: u64, seconds: i64, cost: Option<u64>) ->
 
 async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
     s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .map(|r| r.into_inner())
 }

@@ -362,6 +362,7 @@ async fn shadow_mode_per_limit_and_global() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item("NewRegistrationsPerIPAddress", "10.0.0.1", None)],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -32,7 +32,10 @@ fn inline(key: &str, limit: u64, cost: Option<u64>, mode: pb::Mode) -> pb::Item 
 
 async fn check(s: &mut Served, items: Vec<pb::Item>) -> pb::CheckResponse {
     s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .expect("Check succeeds")
         .into_inner()
@@ -148,6 +151,7 @@ async fn a_store_answering_for_fewer_items_is_an_error_not_an_allow() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item("NewOrdersPerAccount", "1", None)],
+            ..Default::default()
         })
         .await
         .unwrap_err();

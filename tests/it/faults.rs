@@ -45,6 +45,7 @@ async fn hammer(
         }
         let request = pb::CheckRequest {
             items: vec![item(name, &format!("k{}", i % 500), None)],
+            ..Default::default()
         };
         match client.check(request).await {
             Ok(_) => seen.ok.fetch_add(1, Ordering::Relaxed),

@@ -8,7 +8,10 @@ const IP: &str = "NewRegistrationsPerIPAddress";
 
 async fn check(s: &mut Served, items: Vec<pb::Item>) -> pb::CheckResponse {
     s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .expect("check succeeds")
         .into_inner()
@@ -25,7 +28,10 @@ async fn inspect(s: &mut Served, items: Vec<pb::Item>) -> Vec<pb::Decision> {
 
 async fn check_error(s: &mut Served, items: Vec<pb::Item>) -> tonic::Status {
     s.decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .expect_err("check must fail")
 }
@@ -393,6 +399,7 @@ async fn admin_rpcs_are_not_served_on_the_decision_listener() {
     let e = wrong
         .check(pb::CheckRequest {
             items: vec![item(IP, "10.0.0.1", None)],
+            ..Default::default()
         })
         .await
         .unwrap_err();

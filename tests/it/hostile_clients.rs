@@ -109,6 +109,7 @@ async fn serve(server: ServerLimits) -> Served {
 async fn well_behaved(s: &mut Served) -> Result<pb::CheckResponse, tonic::Status> {
     let mut request = tonic::Request::new(pb::CheckRequest {
         items: vec![item("ApiRequestsPerKey", "polite", Some(0))],
+        ..Default::default()
     });
     request.set_timeout(Duration::from_secs(2));
     s.decisions.check(request).await.map(|r| r.into_inner())
@@ -368,6 +369,7 @@ async fn slow_and_idle_tls_clients_are_closed() {
     let r = pb::rate_limiter_client::RateLimiterClient::new(channel)
         .check(pb::CheckRequest {
             items: vec![item("ApiRequestsPerKey", "tls-polite", None)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -475,6 +477,7 @@ async fn a_second_message_in_a_unary_call_is_refused() {
     let mut client = h2_client(s.decisions_addr).await;
     let check = pb::CheckRequest {
         items: vec![item("ApiRequestsPerKey", "twice", None)],
+        ..Default::default()
     };
     // Two messages, split across data frames at an awkward place.
     let mut body = grpc_frame(&check);
@@ -507,6 +510,7 @@ async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
     let mut client = h2_client(s.decisions_addr).await;
     let check = grpc_frame(&pb::CheckRequest {
         items: vec![item("ApiRequestsPerKey", "lookalike", None)],
+        ..Default::default()
     });
     for path in [
         "/cellrate.v1.RateLimiter/",

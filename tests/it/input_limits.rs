@@ -90,6 +90,7 @@ async fn native_request_limits() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item(&"N".repeat(129), "x", None)],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -104,6 +105,7 @@ async fn native_request_limits() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item("ApiRequestsPerKey", &"x".repeat(10_000), None)],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -135,7 +137,10 @@ async fn oversized_messages_are_refused_before_decoding() {
         .collect();
     let e = s
         .decisions
-        .check(pb::CheckRequest { items })
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");

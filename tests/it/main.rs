@@ -40,6 +40,7 @@ mod resp_differential;
 mod rlqs;
 mod rlqs_e2e;
 mod runtime_overrides;
+mod settle;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod store_scenarios;

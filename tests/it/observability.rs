@@ -41,6 +41,7 @@ async fn failed_check(
 ) {
     let request = pb::CheckRequest {
         items: vec![item("NoSuchLimit", "x", None)],
+        ..Default::default()
     };
     let e = native
         .check(with_ids(request, traceparent, request_id))
@@ -116,6 +117,7 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
         let r = native
             .check(pb::CheckRequest {
                 items: vec![item("ApiRequestsPerKey", "key-busy", None)],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -125,6 +127,7 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
         .check(with_ids(
             pb::CheckRequest {
                 items: vec![item("ApiRequestsPerKey", "key-busy", None)],
+                ..Default::default()
             },
             &traceparent(3),
             "req-native-denied",
@@ -441,6 +444,7 @@ async fn a_real_prometheus_scrapes_cellrate_and_every_dashboard_query_returns_da
         let r = native
             .check(pb::CheckRequest {
                 items: vec![item("NewOrdersPerAccount", "1001", Some(100))],
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -66,6 +66,7 @@ async fn reload_after_an_in_place_write() {
     s.decisions
         .check(pb::CheckRequest {
             items: vec![item("ApiRequestsPerKey", "k", Some(4))],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -187,6 +188,7 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
             .decisions
             .check(pb::CheckRequest {
                 items: vec![item("ApiRequestsPerKey", "m", None)],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -195,6 +197,7 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item("CertificatesPerDomain", "example.com", None)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -202,6 +205,7 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item("Nope", "x", None)],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -210,7 +214,10 @@ async fn metrics_count_decisions_rpcs_store_calls_and_config() {
     both.inline = Some(pb::InlineLimit::default());
     let _ = s
         .decisions
-        .check(pb::CheckRequest { items: vec![both] })
+        .check(pb::CheckRequest {
+            items: vec![both],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     let m = scrape(&s).await;
@@ -270,6 +277,7 @@ async fn ten_thousand_distinct_ids_make_no_new_series() {
     s.decisions
         .check(pb::CheckRequest {
             items: vec![item("ApiRequestsPerKey", "warm", None)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -283,7 +291,13 @@ async fn ten_thousand_distinct_ids_make_no_new_series() {
         let items = (0..64)
             .map(|i| item("ApiRequestsPerKey", &format!("id-{batch}-{i}"), None))
             .collect();
-        s.decisions.check(pb::CheckRequest { items }).await.unwrap();
+        s.decisions
+            .check(pb::CheckRequest {
+                items,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
     }
     for i in 0..200u32 {
         s.envoy
@@ -382,6 +396,7 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
     let r = client
         .check(pb::CheckRequest {
             items: vec![item("ApiRequestsPerKey", "tls", None)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -390,7 +405,8 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
     let mut plain = s.decisions.clone();
     assert!(plain
         .check(pb::CheckRequest {
-            items: vec![item("ApiRequestsPerKey", "tls", None)]
+            items: vec![item("ApiRequestsPerKey", "tls", None)],
+            ..Default::default()
         })
         .await
         .is_err());
@@ -492,6 +508,7 @@ async fn shutdown_flips_health_and_drains_the_rpc_in_flight() {
         client
             .check(pb::CheckRequest {
                 items: vec![item("ApiRequestsPerKey", "drain", None)],
+                ..Default::default()
             })
             .await
     });

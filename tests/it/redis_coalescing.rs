@@ -393,6 +393,7 @@ async fn the_serve_flags_set_the_bounds() {
             .unwrap();
     let check = |id: &str| pb::CheckRequest {
         items: vec![crate::common::item("NewOrdersPerAccount", id, None)],
+        ..Default::default()
     };
     // The script is loaded before Redis is held.
     client.check(check("1")).await.unwrap();

@@ -464,6 +464,7 @@ async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
             let r = client
                 .check(pb::CheckRequest {
                     items: vec![crate::common::item("NewOrdersPerAccount", "777", None)],
+                    ..Default::default()
                 })
                 .await
                 .unwrap();

@@ -224,6 +224,7 @@ async fn cl_throttle_keys_live_apart_from_grpc_callers() {
         .decisions
         .check(pb::CheckRequest {
             items: vec![inline.clone()],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -238,6 +239,7 @@ async fn cl_throttle_keys_live_apart_from_grpc_callers() {
         s.decisions
             .check(pb::CheckRequest {
                 items: vec![inline.clone()],
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -36,6 +36,7 @@ async fn allowed(s: &mut Served, name: &str, id: &str) -> bool {
         .decisions
         .check(pb::CheckRequest {
             items: vec![item(name, id, None)],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -21,6 +21,7 @@ pub(super) async fn check(args: &ClientItemArgs, mode: pb::Mode) -> Result<Answe
     let response = pb::rate_limiter_client::RateLimiterClient::new(channel)
         .check(pb::CheckRequest {
             items: vec![item(args, mode)],
+            ..Default::default()
         })
         .await?
         .into_inner();

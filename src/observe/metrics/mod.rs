@@ -34,6 +34,8 @@ pub struct Metrics {
     /// Who is being denied (admin `Top`); set once the server has its clock.
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
+    /// `cellrate_settlements_total{result}`: settled, retried, unknown, conflict, pushed_out.
+    pub settlements: IntCounterVec,
     rpc: RpcMetrics,
     pub store: StoreMetrics,
     pub rlqs: RlqsMetrics,
@@ -52,6 +54,14 @@ impl Metrics {
              shadow_denied, unlimited, not_configured, invalid, unmatched).",
             &["api", "limit", "result"],
         );
+        let settlements = reg.counters_from_zero(
+            "cellrate_settlements_total",
+            "Settle calls and kept Checks, by result: settled, retried (already settled at \
+             the same costs), unknown (no such request id), conflict (settled at other \
+             costs), pushed_out (a kept Check dropped to make room).",
+            "result",
+            &["settled", "retried", "unknown", "conflict", "pushed_out"],
+        );
         let (rpc, store) = (RpcMetrics::new(&reg), StoreMetrics::new(&reg));
         let (rlqs, resp) = (RlqsMetrics::new(&reg), RespMetrics::new(&reg));
         let config = ConfigMetrics::new(&reg);
@@ -59,6 +69,7 @@ impl Metrics {
             registry,
             denials: std::sync::OnceLock::new(),
             decisions,
+            settlements,
             rpc,
             store,
             rlqs,

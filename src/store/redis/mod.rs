@@ -10,7 +10,8 @@
 //!
 //! **Temporary overrides** (admin `SetOverride`) live in one hash, `<prefix>overrides`,
 //! reached over a second connection ([`RedisOverrides`]); every replica copies it into
-//! memory when it changes.
+//! memory when it changes. **Checks kept for `Settle`** live under `<prefix>{settle}:`
+//! ([`RedisSettlements`]), so that a settlement counts once whichever replica it reaches.
 //!
 //! Time comes from Redis `TIME` (replicas' clocks drift; the store's clock is the one they
 //! share), at microsecond resolution, or from cellrate's clock with [`RedisClock::Local`].
@@ -50,6 +51,8 @@ mod failure;
 #[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]
+mod settlements;
+#[cfg(feature = "redis")]
 mod store;
 #[cfg(feature = "redis")]
 mod wire;
@@ -60,5 +63,7 @@ pub use cluster::slot;
 pub use demand::RedisDemand;
 #[cfg(feature = "redis")]
 pub use overrides::RedisOverrides;
+#[cfg(feature = "redis")]
+pub use settlements::RedisSettlements;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;

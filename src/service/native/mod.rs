@@ -1,13 +1,13 @@
 //! The native API (`cellrate.v1.RateLimiter` and `cellrate.v1.Admin`): protobuf <-> domain
-//! conversion only; deciding is the [`Decider`]'s.
+//! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
-use std::borrow::Cow;
+mod convert;
+
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::clock::{Nanos, SECOND};
-use crate::gcra::{Decision, Limit, Mode, Window};
+use crate::gcra::Window;
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::names::Name;
 use crate::observe::metrics::Metrics;
@@ -15,19 +15,41 @@ use crate::proto::v1 as pb;
 use crate::service::overrides::{
     calendar_of, policy_of, OverrideError, RuntimeOverride, RuntimeOverrides,
 };
-use crate::service::{
-    count_decisions, trace, BatchResult, Decider, ItemResult, ItemSpec, Rule, Target,
-};
+pub use convert::duration;
+pub(crate) use convert::{decisions, item_specs, Use};
+use convert::{duration_nanos, invalid};
+
+use crate::service::settle::Settler;
+use crate::service::{count_decisions, trace, Decider};
+use crate::store::shared::Settlements;
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
     decider: Arc<Decider>,
     metrics: Arc<Metrics>,
+    /// Where Checks with a request id are kept for `Settle` (none: `Settle` is off).
+    settler: Option<Settler>,
 }
 
 impl RateLimiterService {
     pub fn new(decider: Arc<Decider>, metrics: Arc<Metrics>) -> RateLimiterService {
-        RateLimiterService { decider, metrics }
+        RateLimiterService {
+            decider,
+            metrics,
+            settler: None,
+        }
+    }
+
+    /// Keeps Checks with a request id in `table`, for `Settle`.
+    pub fn with_settlements(mut self, table: Arc<dyn Settlements>) -> RateLimiterService {
+        self.settler = Some(Settler::new(table, self.metrics.clone()));
+        self
+    }
+
+    fn settler(&self) -> Result<&Settler, Status> {
+        self.settler
+            .as_ref()
+            .ok_or_else(|| Status::unimplemented("settlements are not kept by this server"))
     }
 }
 
@@ -161,7 +183,19 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let answer = async {
             let items = item_specs(&request.get_ref().items, Use::Check)?;
-            let result = self.decider.check(&items).await?;
+            let kept = match request.get_ref().request_id.is_empty() {
+                true => None,
+                false => Some((
+                    self.settler()?,
+                    self.settler()?.open(request.get_ref()).await?,
+                )),
+            };
+            let result = self.decider.check(&items).await;
+            if let Some((settler, id)) = kept {
+                let allowed = result.as_ref().is_ok_and(|r| r.overall.allowed);
+                settler.close(id, allowed).await;
+            }
+            let result = result?;
             count_decisions(&self.metrics, "native", &result.items);
             trace::log_denied("native", request.metadata(), &result.items);
             let (overall, items) = decisions(&result);
@@ -186,6 +220,19 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
                 overall: Some(overall),
                 items,
             }))
+        }
+        .await;
+        trace::log_failed("native", request.metadata(), answer)
+    }
+
+    async fn settle(
+        &self,
+        request: Request<pb::SettleRequest>,
+    ) -> Result<Response<pb::SettleResponse>, Status> {
+        let answer = async {
+            let settler = self.settler()?;
+            let response = settler.settle(&self.decider, request.get_ref()).await?;
+            Ok(Response::new(response))
         }
         .await;
         trace::log_failed("native", request.metadata(), answer)
@@ -383,223 +430,5 @@ fn source(
             comment: comment.map(|c| c.to_string()).unwrap_or_default(),
             ..Default::default()
         },
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Use {
-    Check,
-    Refund,
-    Admin,
-}
-
-fn invalid(message: String) -> Status {
-    Status::invalid_argument(message)
-}
-
-/// Converts request items, saying which item and field is wrong.
-fn item_specs(items: &[pb::Item], usage: Use) -> Result<Vec<ItemSpec<'_>>, Status> {
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| item_spec(i, item, usage))
-        .collect()
-}
-
-fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Status> {
-    let target = match (&item.inline, item.name.is_empty()) {
-        (Some(_), false) => {
-            return Err(invalid(format!(
-                "items[{i}]: give either name and id, or inline, not both"
-            )))
-        }
-        (None, true) => {
-            return Err(invalid(format!(
-                "items[{i}].name: empty (give name and id, or inline)"
-            )))
-        }
-        (None, false) => Target::Named {
-            name: Cow::Borrowed(&item.name),
-            id: Cow::Borrowed(&item.id),
-        },
-        (Some(inline), true) => {
-            if !item.id.is_empty() {
-                return Err(invalid(format!(
-                    "items[{i}].id: an inline limit takes inline.key, not id"
-                )));
-            }
-            let limit = inline_limit(i, inline)?;
-            Target::Inline {
-                key: Cow::Borrowed(&inline.key),
-                limit,
-            }
-        }
-    };
-    let mode = pb::Mode::try_from(item.mode)
-        .map_err(|_| invalid(format!("items[{i}].mode: unknown mode {}", item.mode)))?;
-    let mode = match mode {
-        pb::Mode::CheckAndSpend => Mode::CheckAndSpend,
-        pb::Mode::CheckOnly => Mode::CheckOnly,
-        pb::Mode::SpendOnly => Mode::SpendOnly,
-        pb::Mode::Charge => Mode::Charge,
-    };
-    match usage {
-        Use::Check => {}
-        Use::Refund if mode != Mode::CheckAndSpend => {
-            return Err(invalid(format!(
-                "items[{i}].mode: Refund takes no mode (leave it unset)"
-            )))
-        }
-        Use::Refund => {}
-        Use::Admin if mode != Mode::CheckAndSpend || item.cost.is_some() => {
-            return Err(invalid(format!(
-                "items[{i}]: Reset and Inspect take no cost or mode (leave them unset)"
-            )))
-        }
-        Use::Admin => {}
-    }
-    Ok(ItemSpec {
-        target,
-        cost: item.cost,
-        mode,
-        limit: None,
-    })
-}
-
-/// A protobuf duration as nanoseconds; `None` if negative or out of range.
-fn duration_nanos(d: &prost_types::Duration) -> Option<Nanos> {
-    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
-        return None;
-    }
-    d.seconds
-        .checked_mul(SECOND)?
-        .checked_add(i64::from(d.nanos))
-}
-
-/// Nanoseconds as a protobuf duration.
-pub fn duration(nanos: Nanos) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: nanos.div_euclid(SECOND),
-        nanos: nanos.rem_euclid(SECOND) as i32,
-    }
-}
-
-fn limit_info(item: &ItemResult) -> Option<pb::LimitInfo> {
-    let limit = match item.rule {
-        Rule::Limited(limit) => Some(limit),
-        _ => None,
-    };
-    Some(pb::LimitInfo {
-        name: item.name.to_string(),
-        burst: limit.map_or(0, |l| l.burst()),
-        count: limit.map_or(0, |l| l.count()),
-        period: limit.map(|l| duration(l.period())),
-        key: item.key.to_string(),
-        calendar: match limit.map(|l| l.window()) {
-            Some(Window::Calendar(period)) => Some(period.text().to_string()),
-            _ => None,
-        },
-    })
-}
-
-/// An inline limit's numbers: burst, count and period, or count and a calendar window.
-fn inline_limit(i: usize, inline: &pb::InlineLimit) -> Result<Limit, Status> {
-    let calendar =
-        calendar_of(&inline.calendar).map_err(|e| invalid(format!("items[{i}].inline.{e}")))?;
-    let period = match (&inline.period, calendar) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(format!(
-                "items[{i}].inline.period: a calendar limit takes no period (its window is it)"
-            )))
-        }
-        (None, Some(_)) => None,
-        (None, None) => return Err(invalid(format!("items[{i}].inline.period: missing"))),
-        (Some(d), None) => Some(
-            duration_nanos(d)
-                .ok_or_else(|| invalid(format!("items[{i}].inline.period: out of range")))?,
-        ),
-    };
-    let limit = match (period, calendar) {
-        (Some(period), _) => Limit::new(inline.burst, inline.count, period),
-        (None, Some(calendar)) if inline.burst == 0 || inline.burst == inline.count => {
-            Limit::calendar(inline.count, calendar)
-        }
-        (None, _) => {
-            return Err(invalid(format!(
-                "items[{i}].inline.burst: {} is not the calendar window's count {} (leave it 0)",
-                inline.burst, inline.count
-            )))
-        }
-    };
-    limit.map_err(|e| invalid(format!("items[{i}].inline: {e}")))
-}
-
-fn policy(rule: Rule) -> pb::Policy {
-    match rule {
-        Rule::Limited(_) => pb::Policy::Limited,
-        Rule::Unlimited => pb::Policy::Unlimited,
-        Rule::Denied | Rule::InvalidId { deny: true } => pb::Policy::Denied,
-        // Never reached: the native API rejects invalid ids.
-        Rule::InvalidId { deny: false } => pb::Policy::NotConfigured,
-        Rule::NotConfigured => pb::Policy::NotConfigured,
-    }
-}
-
-fn decision(d: &Decision, limit: Option<pb::LimitInfo>, rule: pb::Policy) -> pb::Decision {
-    pb::Decision {
-        allowed: d.allowed,
-        remaining: d.remaining,
-        retry_after: Some(duration(d.retry_in)),
-        reset_after: Some(duration(d.reset_in)),
-        limit,
-        policy: rule as i32,
-        source: None,
-    }
-}
-
-/// The overall and per-item decisions of a batch.
-fn decisions(result: &BatchResult) -> (pb::Decision, Vec<pb::Decision>) {
-    let items = result
-        .items
-        .iter()
-        .map(|item| decision(&item.decision, limit_info(item), policy(item.rule)))
-        .collect();
-    let overall = match result.overall_item {
-        Some(i) => {
-            let item = &result.items[i];
-            decision(&result.overall, limit_info(item), policy(item.rule))
-        }
-        None => {
-            // Nothing restricted the batch: say why (an allow-listed item, or no limit).
-            let rule = if result.items.iter().any(|i| i.rule == Rule::Unlimited) {
-                pb::Policy::Unlimited
-            } else {
-                pb::Policy::NotConfigured
-            };
-            decision(&result.overall, None, rule)
-        }
-    };
-    (overall, items)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_round_trip_and_reject_negatives() {
-        let d = duration(1_500_000_000);
-        assert_eq!((d.seconds, d.nanos), (1, 500_000_000));
-        assert_eq!(duration_nanos(&d), Some(1_500_000_000));
-        let negative = prost_types::Duration {
-            seconds: -1,
-            nanos: 0,
-        };
-        assert_eq!(duration_nanos(&negative), None);
-        let huge = prost_types::Duration {
-            seconds: i64::MAX,
-            nanos: 0,
-        };
-        assert_eq!(duration_nanos(&huge), None);
     }
 }

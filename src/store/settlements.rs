@@ -1,0 +1,210 @@
+//! The memory store's table of Checks kept for settling ([`Settlements`]): in this
+//! process, bounded in number of records and in how long each is kept. With the Redis
+//! store, the table is in Redis (`store::redis::settlements`), shared by the replicas.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::clock::{Clock, Nanos};
+use crate::store::shared::{Claim, Opened, Settlements};
+use crate::store::StoreFuture;
+
+/// Checks kept for settling, in memory.
+pub struct MemorySettlements {
+    clock: Arc<dyn Clock>,
+    window: Nanos,
+    max: usize,
+    ledger: Mutex<Ledger>,
+}
+
+#[derive(Default)]
+struct Ledger {
+    records: HashMap<Box<str>, Record>,
+    /// Ids in the order they were opened, with their expiry: every record has the same
+    /// window, so the front expires first and is the oldest. An id forgotten (or expired
+    /// and opened again) leaves a stale pair here, recognised by its expiry.
+    order: VecDeque<(Nanos, Box<str>)>,
+}
+
+struct Record {
+    expires: Nanos,
+    record: Vec<u8>,
+    /// The costs it was settled with, once claimed.
+    settled: Option<Vec<u8>>,
+}
+
+impl Ledger {
+    /// Drops the front pair, and its record if the pair is that record's.
+    fn pop_front(&mut self) -> bool {
+        let Some((expires, id)) = self.order.pop_front() else {
+            return false;
+        };
+        if self.records.get(&id).is_some_and(|r| r.expires == expires) {
+            self.records.remove(&id);
+            return true;
+        }
+        false
+    }
+
+    /// Drops what has expired at `now`.
+    fn purge(&mut self, now: Nanos) {
+        while self
+            .order
+            .front()
+            .is_some_and(|(expires, _)| *expires <= now)
+        {
+            self.pop_front();
+        }
+    }
+
+    /// The record of `id` in force at `now`.
+    fn live(&mut self, id: &str, now: Nanos) -> Option<&mut Record> {
+        self.records.get_mut(id).filter(|r| r.expires > now)
+    }
+}
+
+impl MemorySettlements {
+    /// Keeps each record for `window`, at most `max` of them.
+    pub fn new(clock: Arc<dyn Clock>, window: Nanos, max: usize) -> MemorySettlements {
+        MemorySettlements {
+            clock,
+            window,
+            max: max.max(1),
+            ledger: Mutex::new(Ledger::default()),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records kept now (expired ones included until the next change).
+    pub fn len(&self) -> usize {
+        self.ledger().records.len()
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Settlements for MemorySettlements {
+    fn open<'a>(&'a self, id: &'a str, record: &'a [u8]) -> StoreFuture<'a, Opened> {
+        let now = self.clock.now();
+        let mut ledger = self.ledger();
+        ledger.purge(now);
+        if ledger.live(id, now).is_some() {
+            return Box::pin(std::future::ready(Ok(Opened {
+                written: false,
+                evicted: 0,
+            })));
+        }
+        let mut evicted = 0;
+        while ledger.records.len() >= self.max && !ledger.order.is_empty() {
+            evicted += u64::from(ledger.pop_front());
+        }
+        let expires = now.saturating_add(self.window);
+        ledger.records.insert(
+            Box::from(id),
+            Record {
+                expires,
+                record: record.to_vec(),
+                settled: None,
+            },
+        );
+        ledger.order.push_back((expires, Box::from(id)));
+        Box::pin(std::future::ready(Ok(Opened {
+            written: true,
+            evicted,
+        })))
+    }
+
+    fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
+        self.ledger().records.remove(id);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim<'a>(&'a self, id: &'a str, costs: &'a [u8]) -> StoreFuture<'a, Claim> {
+        let now = self.clock.now();
+        let mut ledger = self.ledger();
+        let claim = match ledger.live(id, now) {
+            None => Claim::Unknown,
+            Some(r) => match &r.settled {
+                Some(settled) => Claim::Settled {
+                    record: r.record.clone(),
+                    costs: settled.clone(),
+                },
+                None => {
+                    r.settled = Some(costs.to_vec());
+                    Claim::Claimed(r.record.clone())
+                }
+            },
+        };
+        Box::pin(std::future::ready(Ok(claim)))
+    }
+
+    fn unclaim<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
+        let now = self.clock.now();
+        if let Some(r) = self.ledger().live(id, now) {
+            r.settled = None;
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{FakeClock, SECOND};
+
+    fn block<T>(f: StoreFuture<'_, T>) -> T {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(f).unwrap()
+    }
+
+    #[test]
+    fn records_are_kept_for_the_window_claimed_once_and_bounded() {
+        let clock = FakeClock::new(1_000 * SECOND);
+        let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
+        assert!(block(table.open("a", b"A")).written);
+        assert!(
+            !block(table.open("a", b"other")).written,
+            "an id is kept once"
+        );
+        assert_eq!(block(table.claim("nope", b"1")), Claim::Unknown);
+        assert_eq!(block(table.claim("a", b"5")), Claim::Claimed(b"A".to_vec()));
+        let settled = Claim::Settled {
+            record: b"A".to_vec(),
+            costs: b"5".to_vec(),
+        };
+        assert_eq!(block(table.claim("a", b"6")), settled, "claimed once");
+        block(table.unclaim("a"));
+        assert_eq!(block(table.claim("a", b"6")), Claim::Claimed(b"A".to_vec()));
+
+        // Full: the oldest is pushed out.
+        block(table.open("b", b"B"));
+        block(table.open("c", b"C"));
+        let opened = block(table.open("d", b"D"));
+        assert_eq!((opened.written, opened.evicted), (true, 1));
+        assert_eq!(block(table.claim("a", b"1")), Claim::Unknown);
+        assert_eq!(table.len(), 3);
+
+        // Forgotten, and expired at the window's end to the nanosecond.
+        block(table.forget("b"));
+        assert_eq!(block(table.claim("b", b"1")), Claim::Unknown);
+        clock.advance(60 * SECOND - 1);
+        assert_eq!(block(table.claim("c", b"1")), Claim::Claimed(b"C".to_vec()));
+        clock.advance(1);
+        assert_eq!(block(table.claim("d", b"1")), Claim::Unknown);
+        // An expired id may be used again; the stale order pair does not drop it.
+        assert!(block(table.open("c", b"C2")).written);
+        assert_eq!(table.len(), 1);
+        assert_eq!(
+            block(table.claim("c", b"1")),
+            Claim::Claimed(b"C2".to_vec())
+        );
+    }
+}
