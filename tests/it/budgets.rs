@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::common::{descriptor, item, remaining, Served, MS};
+use crate::common::{check, descriptor, item, remaining, Served, MS};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
@@ -36,17 +36,6 @@ fn budgets() -> tempfile::TempDir {
         "ai:\n  - match: [{key: tenant}]\n    limits: [TokensPerTenant]\n    id: \"{tenant}\"\n",
     );
     dir
-}
-
-/// A native `Check` of `items`.
-async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
-    Ok(s.decisions
-        .check(pb::CheckRequest {
-            items,
-            ..Default::default()
-        })
-        .await?
-        .into_inner())
 }
 
 async fn served(dir: &Path) -> Served {

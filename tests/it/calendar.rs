@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{descriptor, item, nanos, poll_until, remaining, Served};
+use crate::common::{check, descriptor, item, nanos, poll_until, remaining, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
@@ -35,16 +35,6 @@ fn limits(defaults: &str) -> tempfile::TempDir {
 
 async fn served(dir: &Path) -> Served {
     Served::with_limits(LimitTable::load_dir(dir).unwrap()).await
-}
-
-async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
-    Ok(s.decisions
-        .check(pb::CheckRequest {
-            items,
-            ..Default::default()
-        })
-        .await?
-        .into_inner())
 }
 
 async fn spend(s: &mut Served, id: &str) -> pb::Decision {

@@ -2,7 +2,7 @@
 //! would use them: to poison configured buckets or other callers' buckets, to outlive
 //! every sweep, or to fill the store. Each bound is checked through a real gRPC client.
 
-use crate::common::{item, remaining, Served, MS};
+use crate::common::{check, item, remaining, Served, MS};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
@@ -56,16 +56,6 @@ fn inline(key: &str, burst: u64, count: u64, seconds: i64, cost: Option<u64>) ->
         cost,
         ..Default::default()
     }
-}
-
-async fn check(s: &mut Served, items: Vec<pb::Item>) -> Result<pb::CheckResponse, tonic::Status> {
-    s.decisions
-        .check(pb::CheckRequest {
-            items,
-            ..Default::default()
-        })
-        .await
-        .map(|r| r.into_inner())
 }
 
 async fn refund(s: &mut Served, items: Vec<pb::Item>) -> pb::RefundResponse {

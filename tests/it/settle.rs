@@ -66,6 +66,17 @@ async fn settle(
         .into_inner())
 }
 
+/// A client of a served process's decision listener.
+async fn connect(addr: &str) -> Client {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    pb::rate_limiter_client::RateLimiterClient::new(channel)
+}
+
 fn code<T: std::fmt::Debug>(answer: Result<T, tonic::Status>) -> (Code, String) {
     let e = answer.expect_err("refused");
     (e.code(), e.message().to_string())
@@ -261,15 +272,6 @@ async fn a_settlement_counts_once_across_replicas_on_redis() {
         serve_with(dir.path(), &flags),
         serve_with(dir.path(), &flags),
     );
-    let connect = async |addr: &str| {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap();
-        pb::rate_limiter_client::RateLimiterClient::new(channel)
-    };
     let (mut on_a, mut on_b) = (connect(&a.listen).await, connect(&b.listen).await);
     estimate(&mut on_a, "order-77", "acme", 2_000)
         .await
@@ -322,15 +324,6 @@ async fn settlements_work_on_a_redis_cluster() {
         serve_with(dir.path(), &flags),
         serve_with(dir.path(), &flags),
     );
-    let connect = async |addr: &str| {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap();
-        pb::rate_limiter_client::RateLimiterClient::new(channel)
-    };
     let (mut on_a, mut on_b) = (connect(&a.listen).await, connect(&b.listen).await);
     for id in ["c-1", "c-2", "c-3"] {
         estimate(&mut on_a, id, "acme", 100).await.unwrap();

@@ -217,6 +217,20 @@ pub fn envoy_request(
     }
 }
 
+/// A native `Check` of `items`, its answer or its status.
+pub async fn check(
+    s: &mut Served,
+    items: Vec<pb::Item>,
+) -> Result<pb::CheckResponse, tonic::Status> {
+    Ok(s.decisions
+        .check(pb::CheckRequest {
+            items,
+            ..Default::default()
+        })
+        .await?
+        .into_inner())
+}
+
 /// A named item with an optional cost.
 pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
     pb::Item {
