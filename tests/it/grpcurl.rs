@@ -98,6 +98,43 @@ fn operators_drive_cellrate_with_grpcurl() {
         serde_json::from_str(&ok(&["-d", peek, admin, "cellrate.v1.Admin/Inspect"])).unwrap();
     assert_eq!(inspected["items"][0]["remaining"], "300");
 
+    // docs/native-api.md's settlement: an estimate under a request id, then the actual cost.
+    let estimate = r#"{"items":[{"name":"ApiRequestsPerKeyDaily","id":"key-abc","cost":"2000"}],"requestId":"7f3c9a2e-req"}"#;
+    let checked: Value = serde_json::from_str(&ok(&[
+        "-d",
+        estimate,
+        listen,
+        "cellrate.v1.RateLimiter/Check",
+    ]))
+    .unwrap();
+    assert_eq!(checked["overall"]["remaining"], "8000");
+    let settle = r#"{"requestId":"7f3c9a2e-req","costs":["3500"]}"#;
+    for already in [false, true] {
+        let settled: Value = serde_json::from_str(&ok(&[
+            "-d",
+            settle,
+            listen,
+            "cellrate.v1.RateLimiter/Settle",
+        ]))
+        .unwrap();
+        assert_eq!(settled["items"][0]["remaining"], "6500", "{settled}");
+        // grpcurl leaves out a false bool.
+        let said = settled["alreadySettled"].as_bool().unwrap_or(false);
+        assert_eq!(said, already, "{settled}");
+    }
+    // And its calendar quota: 1 000 a month.
+    let monthly = r#"{"items":[{"inline":{"key":"user42","count":1000,"calendar":"1mo"}}]}"#;
+    let checked: Value = serde_json::from_str(&ok(&[
+        "-d",
+        monthly,
+        listen,
+        "cellrate.v1.RateLimiter/Check",
+    ]))
+    .unwrap();
+    assert_eq!(checked["overall"]["remaining"], "999");
+    assert_eq!(checked["overall"]["limit"]["calendar"], "1mo");
+    assert_eq!(checked["overall"]["limit"]["key"], "0:i/1000/1mo/user42");
+
     let bad = grpcurl(&[
         "-d",
         r#"{"items":[{"name":"NewOrdersPerAccount","id":"abc"}]}"#,
