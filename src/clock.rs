@@ -86,6 +86,12 @@ pub enum CalendarPeriod {
     Day,
     Month,
     Year,
+    /// envoyproxy/ratelimit's WEEK, MONTH and YEAR: fixed spans of 7, 30 and 365 days
+    /// aligned to multiples since the epoch (not calendar weeks, months or years). Only
+    /// its file format counts in them; `window: calendar` takes the six above.
+    Week,
+    Days30,
+    Days365,
 }
 
 impl std::fmt::Display for CalendarPeriod {
@@ -124,6 +130,9 @@ impl CalendarPeriod {
             CalendarPeriod::Day => "1d",
             CalendarPeriod::Month => "1mo",
             CalendarPeriod::Year => "1y",
+            CalendarPeriod::Week => "7d",
+            CalendarPeriod::Days30 => "30d",
+            CalendarPeriod::Days365 => "365d",
         }
     }
 
@@ -134,6 +143,9 @@ impl CalendarPeriod {
             CalendarPeriod::Minute => Some(60 * SECOND),
             CalendarPeriod::Hour => Some(3_600 * SECOND),
             CalendarPeriod::Day => Some(DAY),
+            CalendarPeriod::Week => Some(7 * DAY),
+            CalendarPeriod::Days30 => Some(30 * DAY),
+            CalendarPeriod::Days365 => Some(365 * DAY),
             CalendarPeriod::Month | CalendarPeriod::Year => None,
         }
     }

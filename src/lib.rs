@@ -39,7 +39,8 @@
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and
-//!                ids), duration.rs, hash.rs
+//!                ids), ratelimit_format.rs (envoyproxy/ratelimit's files and matching),
+//!                duration.rs, hash.rs
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)
 //! gcra.rs        pure arithmetic: Limit (GCRA or a calendar window), spend, charge

@@ -337,6 +337,26 @@ async fn calendar_windows(s: &Subject) {
         one(s, spend("w-month", month, 10)).await,
         d(true, 990, 0, to_december)
     );
+    // envoyproxy/ratelimit's WEEK, MONTH and YEAR: 7, 30 and 365 days since the epoch
+    // (now is 1 700 000 040 s).
+    for (period, to_end) in [
+        (CalendarPeriod::Week, 92_760),
+        (CalendarPeriod::Days30, 351_960),
+        (CalendarPeriod::Days365, 2_943_960),
+    ] {
+        let limit = Limit::calendar(2, period).unwrap();
+        let key = format!("w-{period}");
+        assert_eq!(
+            one(s, spend(&key, limit, 2)).await,
+            d(true, 0, to_end * SECOND, to_end * SECOND),
+            "{period}"
+        );
+        assert_eq!(
+            one(s, spend(&key, limit, 1)).await,
+            d(false, 0, to_end * SECOND, to_end * SECOND),
+            "{period}"
+        );
+    }
 }
 
 async fn refunds(s: &Subject) {

@@ -134,8 +134,9 @@ pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
             CalendarPeriod::Minute => Unit::Minute,
             CalendarPeriod::Hour => Unit::Hour,
             CalendarPeriod::Day => Unit::Day,
-            CalendarPeriod::Month => Unit::Month,
-            CalendarPeriod::Year => Unit::Year,
+            CalendarPeriod::Month | CalendarPeriod::Days30 => Unit::Month,
+            CalendarPeriod::Year | CalendarPeriod::Days365 => Unit::Year,
+            CalendarPeriod::Week => Unit::Week,
         };
         return (limit.count().min(u64::from(u32::MAX)) as u32, unit);
     }

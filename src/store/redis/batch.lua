@@ -22,7 +22,8 @@
 --   check_and_spend, "1" check_only, "2" spend_only, "3" charge: written even when its
 --   batch is denied, into debt if need be, the TAT at most two burst offsets past now).
 --   A calendar window's item has its period's letter after the mode digit (s m h d, o for
---   a month, y for a year; "0o"), its cost in tokens for the increment and its count for
+--   a month, y for a year; w, t, z for envoyproxy/ratelimit's fixed 7, 30 and 365 days;
+--   "0o"), its cost in tokens for the increment and its count for
 --   the burst offset; its bucket holds W + used, W the end of its window (UTC, on this
 --   script's now), and belongs to the current window while it is at least that end.
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
@@ -137,6 +138,12 @@ local function window_end(cal, nows)
     return (floor(nows / 3600) + 1) * 3600
   elseif cal == 'd' then
     return (floor(nows / 86400) + 1) * 86400
+  elseif cal == 'w' then
+    return (floor(nows / 604800) + 1) * 604800
+  elseif cal == 't' then
+    return (floor(nows / 2592000) + 1) * 2592000
+  elseif cal == 'z' then
+    return (floor(nows / 31536000) + 1) * 31536000
   end
   local y, m = civil_from_days(floor(nows / 86400))
   if cal == 'y' or m == 12 then

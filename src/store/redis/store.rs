@@ -367,7 +367,7 @@ pub(super) fn increment(item: &StoreItem) -> String {
 }
 
 /// The script's letters for the calendar periods, in [`period_index`] order.
-const LETTERS: [char; 6] = ['s', 'm', 'h', 'd', 'o', 'y'];
+const LETTERS: [char; 9] = ['s', 'm', 'h', 'd', 'o', 'y', 'w', 't', 'z'];
 
 fn period_index(period: CalendarPeriod) -> usize {
     match period {
@@ -377,16 +377,19 @@ fn period_index(period: CalendarPeriod) -> usize {
         CalendarPeriod::Day => 3,
         CalendarPeriod::Month => 4,
         CalendarPeriod::Year => 5,
+        CalendarPeriod::Week => 6,
+        CalendarPeriod::Days30 => 7,
+        CalendarPeriod::Days365 => 8,
     }
 }
 
 /// The script's mode of an item: its digit, then its calendar period's letter, if any.
 fn wire_mode(mode: Mode, window: Window) -> &'static str {
-    const CALENDAR: [[&str; 6]; 4] = [
-        ["0s", "0m", "0h", "0d", "0o", "0y"],
-        ["1s", "1m", "1h", "1d", "1o", "1y"],
-        ["2s", "2m", "2h", "2d", "2o", "2y"],
-        ["3s", "3m", "3h", "3d", "3o", "3y"],
+    const CALENDAR: [[&str; 9]; 4] = [
+        ["0s", "0m", "0h", "0d", "0o", "0y", "0w", "0t", "0z"],
+        ["1s", "1m", "1h", "1d", "1o", "1y", "1w", "1t", "1z"],
+        ["2s", "2m", "2h", "2d", "2o", "2y", "2w", "2t", "2z"],
+        ["3s", "3m", "3h", "3d", "3o", "3y", "3w", "3t", "3z"],
     ];
     let digit = match mode {
         Mode::CheckAndSpend => 0,
