@@ -276,6 +276,7 @@ pub fn should_rate_limit(data: &[u8]) {
         EnvoyOptions {
             headers: style,
             shadow: false,
+            ratelimit_counting: Default::default(),
         },
         metrics,
     );

@@ -456,6 +456,16 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_SHADOW")]
     pub shadow: bool,
 
+    /// How limits in envoyproxy/ratelimit's file format count: fixed-window (as it does)
+    /// or gcra (cellrate's exact GCRA, all-or-nothing).
+    #[arg(
+        long,
+        env = "CELLRATE_RATELIMIT_COUNTING",
+        value_enum,
+        default_value = "fixed-window"
+    )]
+    pub ratelimit_counting: crate::service::envoy::RatelimitCounting,
+
     /// Open connections at most on the decision listener (more wait in the backlog).
     #[arg(long, env = "CELLRATE_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,

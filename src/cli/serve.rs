@@ -148,6 +148,7 @@ impl ServeArgs {
             envoy: EnvoyOptions {
                 headers: self.rate_limit_headers,
                 shadow: self.shadow,
+                ratelimit_counting: self.ratelimit_counting,
             },
             ..Default::default()
         }

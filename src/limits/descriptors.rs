@@ -205,6 +205,11 @@ impl DescriptorRules {
         rules
     }
 
+    /// Whether `domain` has rules.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.by_domain.contains_key(domain)
+    }
+
     /// Every name a rule maps to (repeats included).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_domain

@@ -19,6 +19,10 @@ pub const FIRST_USER_NUMBER: u32 = 100;
 /// apart from every name.
 pub const INLINE_NUMBER: u32 = 0;
 
+/// The number of the buckets of envoyproxy/ratelimit-format limits (`"99:<digest>"`, the
+/// digest of the domain and the descriptor's entries), apart from every name.
+pub const RATELIMIT_NUMBER: u32 = 99;
+
 /// A limit name: its text, stable number and id format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Name {

@@ -27,6 +27,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde::de::{self, Deserializer, Visitor};
+
+use crate::clock::CalendarPeriod;
 use serde::Deserialize;
 
 /// The deepest nesting of descriptors (Envoy sends at most this many entries).
@@ -63,6 +65,33 @@ impl Unit {
         })
     }
 
+    /// From Envoy's `RateLimitUnit` number (a descriptor's `limit` override).
+    pub fn from_envoy(unit: i32) -> Option<Unit> {
+        Some(match unit {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+
+    /// The fixed window envoyproxy/ratelimit counts this unit in.
+    pub fn window(self) -> CalendarPeriod {
+        match self {
+            Unit::Second => CalendarPeriod::Second,
+            Unit::Minute => CalendarPeriod::Minute,
+            Unit::Hour => CalendarPeriod::Hour,
+            Unit::Day => CalendarPeriod::Day,
+            Unit::Week => CalendarPeriod::Week,
+            Unit::Month => CalendarPeriod::Days30,
+            Unit::Year => CalendarPeriod::Days365,
+        }
+    }
+
     /// The window's length in seconds.
     pub fn seconds(self) -> i64 {
         match self {
@@ -89,6 +118,8 @@ pub struct RateLimit {
     pub detailed_metric: bool,
     /// Where it is configured: `domain.key1_value1.key2` (its statistics key there).
     pub full_key: String,
+    /// How answers and metrics name it: its `name`, else its full key.
+    pub label: Arc<str>,
 }
 
 /// A match: the limit, and for each request entry matched through a `share_threshold`
@@ -425,8 +456,13 @@ impl Reader<'_> {
                     }
                     replaces.push(replaced.name);
                 }
+                let label = match rate_limit.name.as_str() {
+                    "" => Arc::from(full_key.as_str()),
+                    name => Arc::from(name),
+                };
                 Some(Arc::new(RateLimit {
                     limit,
+                    label,
                     name: (!rate_limit.name.is_empty()).then_some(rate_limit.name),
                     replaces,
                     shadow_mode: raw.shadow_mode,

@@ -24,6 +24,18 @@ pub enum Target<'a> {
     /// An unmatched Envoy descriptor with its own limit; `digest` identifies its domain
     /// and entries unambiguously (see [`super::envoy`]).
     Descriptor { digest: String, limit: Limit },
+    /// A descriptor matched in a domain in envoyproxy/ratelimit's file format: its bucket
+    /// (`digest`, of the domain and the entries), its limit (`None`: zero requests per
+    /// unit, always over), the name answers and metrics give it, its `shadow_mode`, and
+    /// whether every hit counts, a denied one too (its fixed windows), or only what is
+    /// allowed (cellrate's GCRA).
+    Ratelimit {
+        digest: String,
+        limit: Option<Limit>,
+        name: Arc<str>,
+        shadow: bool,
+        every_hit: bool,
+    },
 }
 
 /// One item of a request, before resolution.

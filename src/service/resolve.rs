@@ -12,7 +12,7 @@ use super::{
 use crate::gcra::{Limit, Mode, Window};
 use crate::limits::config::{LimitTable, Policy};
 use crate::limits::ids::IdFormat;
-use crate::limits::names::BucketKey;
+use crate::limits::names::{BucketKey, RATELIMIT_NUMBER};
 
 /// A resolved item.
 pub(super) struct Resolved {
@@ -113,6 +113,28 @@ impl Decider {
                 refused |= self.check_caller(i, limit, options)?;
                 caller_bucket(BucketKey::caller_given('d', limit, digest), limit)
             }
+            Target::Ratelimit {
+                digest,
+                limit,
+                name,
+                shadow,
+                every_hit,
+            } => Bucket {
+                key: BucketKey::windowed(
+                    RATELIMIT_NUMBER,
+                    digest,
+                    limit.map_or(Window::Gcra, |l| l.window()),
+                ),
+                name: name.clone(),
+                policy: Some(match limit {
+                    Some(limit) => Policy::Limited {
+                        limit: *limit,
+                        shadow: *shadow,
+                        overdraw: *every_hit,
+                    },
+                    None => Policy::Denied,
+                }),
+            },
         };
         if let Some(given) = &item.limit {
             refused |= self.check_caller(i, given, options)?;

@@ -57,7 +57,11 @@ async fn served(headers: HeaderStyle, shadow: bool) -> Served {
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let settings = Settings {
-        envoy: EnvoyOptions { headers, shadow },
+        envoy: EnvoyOptions {
+            headers,
+            shadow,
+            ..EnvoyOptions::default()
+        },
         ..Settings::default()
     };
     Served::with_settings(limits, settings).await
@@ -374,6 +378,7 @@ async fn shadow_mode_per_limit_and_global() {
         envoy: EnvoyOptions {
             headers: HeaderStyle::Off,
             shadow: true,
+            ..EnvoyOptions::default()
         },
         ..Settings::default()
     };

@@ -29,6 +29,7 @@ mod operations;
 mod process_ops;
 mod proptests;
 mod python_envoy;
+mod ratelimit_format;
 mod readme;
 #[cfg(feature = "redis")]
 mod redis_coalescing;

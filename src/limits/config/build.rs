@@ -13,6 +13,7 @@ use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
 use crate::limits::ids::IdFormat;
 use crate::limits::names::Names;
+use crate::limits::ratelimit_format::is_ratelimit_file;
 
 impl LimitTable {
     /// Loads a limits directory.
@@ -34,12 +35,15 @@ impl LimitTable {
         for (file, text) in files {
             match FileKind::of(file) {
                 Some(kind) => kinds.push((kind, file, text)),
+                // Any other file with a top-level `domain`: envoyproxy/ratelimit's format.
+                None if is_ratelimit_file(text) => kinds.push((FileKind::Ratelimit, file, text)),
                 None if errors.len() >= MAX_ERRORS => {}
                 None => errors.push(ConfigError {
                     file: short(file),
                     entry: None,
                     reason: "unknown limits file: expected names.yaml, defaults.yaml, \
-                             overrides*.yaml, descriptors.yaml or quota.yaml"
+                             overrides*.yaml, descriptors.yaml, quota.yaml, or a file in \
+                             envoyproxy/ratelimit's format (a top-level domain)"
                         .to_string(),
                 }),
             }
@@ -52,6 +56,7 @@ impl LimitTable {
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
+            ratelimit: Default::default(),
             version: content_version(files),
         };
         // Where each override id was set, to name both places of a duplicate.
@@ -95,15 +100,12 @@ impl LimitTable {
                     }
                     Err(reason) => report(None, reason),
                 },
+                FileKind::Ratelimit => table.ratelimit.add_file(text, &mut report),
             }
         }
-        for (name, reason) in table.calendar_quota_names() {
+        for error in table.across_files() {
             if errors.len() < MAX_ERRORS {
-                errors.push(ConfigError {
-                    file: "quota.yaml".to_string(),
-                    entry: Some(name),
-                    reason,
-                });
+                errors.push(error);
             }
         }
         if suppressed > 0 {
@@ -285,6 +287,33 @@ impl LimitTable {
             ),
             _ => None,
         }
+    }
+
+    /// What is wrong only when the files are taken together: a domain in both
+    /// `descriptors.yaml` and envoyproxy/ratelimit's format, a calendar limit in
+    /// `quota.yaml`.
+    fn across_files(&self) -> Vec<ConfigError> {
+        let mut errors: Vec<ConfigError> = self
+            .ratelimit
+            .domains()
+            .filter(|domain| self.descriptors.has_domain(domain))
+            .map(|domain| ConfigError {
+                file: "descriptors.yaml".to_string(),
+                entry: Some(short(domain)),
+                reason: "this domain is also configured in envoyproxy/ratelimit's format: \
+                         one file decides a domain"
+                    .to_string(),
+            })
+            .collect();
+        errors.sort_by(|a, b| a.entry.cmp(&b.entry));
+        for (name, reason) in self.calendar_quota_names() {
+            errors.push(ConfigError {
+                file: "quota.yaml".to_string(),
+                entry: Some(name),
+                reason,
+            });
+        }
+        errors
     }
 
     /// Why `quota.yaml` cannot use a name: a limit of it counts in calendar windows, which

@@ -15,6 +15,8 @@ pub(super) enum FileKind {
     Overrides,
     Descriptors,
     Quota,
+    /// Any other YAML file with a top-level `domain`: envoyproxy/ratelimit's format.
+    Ratelimit,
 }
 
 impl FileKind {

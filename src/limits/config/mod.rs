@@ -10,6 +10,7 @@
 //! | `descriptors.yaml` | Envoy descriptor rules per domain (see [`crate::limits::descriptors`]) |
 //! | `quota.yaml` | Envoy RLQS bucket-id rules per domain: as `descriptors.yaml`, keys in any order |
 //! | `overrides*.yaml` | a list of `- Name: {burst, count, period, ids: [...]}`, or `unlimited: true` / `deny: true` instead of the three numbers |
+//! | any other `*.yaml` with a top-level `domain` | envoyproxy/ratelimit's format (see [`crate::limits::ratelimit_format`]) |
 //!
 //! Loading is a pure function of the files' contents ([`LimitTable::from_files`]), so a
 //! reload is: read, build, swap. Any error rejects the whole load; every error found is
@@ -30,6 +31,7 @@ use crate::gcra::{Limit, Window};
 use crate::limits::descriptors::DescriptorRules;
 use crate::limits::hash::ConfigMap;
 use crate::limits::names::{Name, Names};
+use crate::limits::ratelimit_format::RatelimitDomains;
 
 use files::content_version;
 pub use files::is_config_file;
@@ -166,6 +168,8 @@ pub struct LimitTable {
     descriptors: DescriptorRules,
     /// RLQS bucket-id rules (`quota.yaml`): keys matched as a set.
     quota: DescriptorRules,
+    /// Domains in envoyproxy/ratelimit's file format.
+    ratelimit: RatelimitDomains,
     version: String,
 }
 impl LimitTable {
@@ -177,6 +181,7 @@ impl LimitTable {
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
+            ratelimit: RatelimitDomains::default(),
             version: content_version(&[]),
         }
     }
@@ -235,6 +240,11 @@ impl LimitTable {
     /// The RLQS bucket-id rules (`quota.yaml`).
     pub fn quota(&self) -> &DescriptorRules {
         &self.quota
+    }
+
+    /// The domains configured in envoyproxy/ratelimit's file format.
+    pub fn ratelimit(&self) -> &RatelimitDomains {
+        &self.ratelimit
     }
 
     /// The default limit of `name`, if any.

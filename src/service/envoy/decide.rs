@@ -25,10 +25,10 @@ use crate::service::{
 /// and how many descriptors matched nothing (counted once the request is decided: a
 /// rejected request decided nothing).
 #[derive(Default)]
-struct Batch<'a> {
-    items: Vec<ItemSpec<'a>>,
-    owner: Vec<usize>,
-    unmatched: usize,
+pub(super) struct Batch<'a> {
+    pub(super) items: Vec<ItemSpec<'a>>,
+    pub(super) owner: Vec<usize>,
+    pub(super) unmatched: usize,
 }
 
 impl EnvoyRateLimitService {
@@ -43,7 +43,17 @@ impl EnvoyRateLimitService {
         // hits_addend 0 means 1.
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut batch = Batch::default();
+        if table.ratelimit().has_domain(&request.domain) {
+            // A domain in envoyproxy/ratelimit's file format: matched as it matches.
+            for (d, descriptor) in request.descriptors.iter().enumerate() {
+                check_descriptor(d, descriptor)?;
+            }
+            self.add_ratelimit(&table, &request, request_cost, &mut batch)?;
+        }
         for (d, descriptor) in request.descriptors.iter().enumerate() {
+            if table.ratelimit().has_domain(&request.domain) {
+                break;
+            }
             self.add_descriptor(
                 &table,
                 &request.domain,
@@ -217,7 +227,7 @@ fn short(text: &str) -> &str {
 /// and entries, each length-prefixed, so that no two different descriptors (nor a domain
 /// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
 /// whatever the entries' lengths.
-fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
+pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
     let mut field = |text: &str| {

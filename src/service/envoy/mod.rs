@@ -12,6 +12,7 @@
 //! turns the batch's answer into statuses, rate-limit headers and dynamic metadata.
 
 mod decide;
+mod ratelimit;
 mod respond;
 
 use std::sync::atomic::AtomicU64;
@@ -42,12 +43,26 @@ pub enum HeaderStyle {
     Ietf,
 }
 
+/// How limits from envoyproxy/ratelimit's file format count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RatelimitCounting {
+    /// As envoyproxy/ratelimit: fixed windows aligned to the unit, every hit counted on
+    /// every descriptor, a denied one too.
+    #[default]
+    FixedWindow,
+    /// cellrate's exact GCRA (burst = requests_per_unit), all-or-nothing across the
+    /// request's descriptors.
+    Gcra,
+}
+
 /// How ShouldRateLimit answers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EnvoyOptions {
     pub headers: HeaderStyle,
     /// Global shadow mode: decide, spend and count, but always answer OK.
     pub shadow: bool,
+    /// How envoyproxy/ratelimit-format limits count.
+    pub ratelimit_counting: RatelimitCounting,
 }
 
 /// The RLS service, served on the decision listener.

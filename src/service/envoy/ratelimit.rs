@@ -1,0 +1,125 @@
+//! ShouldRateLimit in a domain configured in envoyproxy/ratelimit's file format: each
+//! descriptor gets the limit envoyproxy/ratelimit's matching finds (or the descriptor's
+//! own `limit`), limits named in another matched limit's `replaces` are left out, and
+//! each limit counts on a bucket of the domain and the descriptor's entries (a
+//! `share_threshold` wildcard's entries under the pattern). By default in fixed windows
+//! aligned to the unit with every hit counted, as there; with `--ratelimit-counting gcra`
+//! by cellrate's GCRA, all-or-nothing.
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Status;
+
+use super::decide::{descriptor_digest, Batch};
+use super::{invalid, EnvoyRateLimitService, RatelimitCounting, MAX_ENTRIES};
+use crate::clock::SECOND;
+use crate::gcra::{Limit, Mode};
+use crate::limits::config::LimitTable;
+use crate::limits::ratelimit_format::Unit;
+use crate::service::{ItemSpec, Target};
+
+/// The name answers and metrics give a descriptor's own `limit` (its entries would make
+/// the label's values unbounded).
+const DESCRIPTOR_LIMIT: &str = "descriptor_limit";
+
+impl EnvoyRateLimitService {
+    /// Adds every descriptor of `request` (a domain in envoyproxy/ratelimit's format) to
+    /// `batch`.
+    pub(super) fn add_ratelimit<'a>(
+        &self,
+        table: &'a LimitTable,
+        request: &'a RateLimitRequest,
+        request_cost: u64,
+        batch: &mut Batch<'a>,
+    ) -> Result<(), Status> {
+        let domains = table.ratelimit();
+        let entries: Vec<Vec<(&str, &str)>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .take(MAX_ENTRIES)
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect()
+            })
+            .collect();
+        let found: Vec<_> = entries
+            .iter()
+            .map(|e| domains.find(&request.domain, e))
+            .collect();
+        // `replaces`: a limit named by another matched limit is left out.
+        let replaced = |name: &str| {
+            found
+                .iter()
+                .flatten()
+                .any(|f| f.limit.replaces.iter().any(|r| r == name))
+        };
+        for (d, descriptor) in request.descriptors.iter().enumerate() {
+            let cost = descriptor
+                .hits_addend
+                .map_or(request_cost, |explicit| explicit.value);
+            let given = match &descriptor.limit {
+                Some(o) if self.decider.caller_limits().enabled => {
+                    let unit = Unit::from_envoy(o.unit).ok_or_else(|| {
+                        invalid(format!(
+                            "descriptors[{d}].limit: unit {} is not a known time unit",
+                            o.unit
+                        ))
+                    })?;
+                    Some((o.requests_per_unit, unit))
+                }
+                _ => None,
+            };
+            let (numbers, name, shadow, shared) = match (given, &found[d]) {
+                (Some(numbers), _) => (numbers, DESCRIPTOR_LIMIT.into(), false, &[][..]),
+                (None, Some(f)) => match f.limit.limit {
+                    // Unlimited, or replaced: nothing to count.
+                    None => continue,
+                    Some(_) if f.limit.name.as_deref().is_some_and(replaced) => continue,
+                    Some(numbers) => (
+                        numbers,
+                        f.limit.label.clone(),
+                        f.limit.shadow_mode,
+                        &f.shared[..],
+                    ),
+                },
+                (None, None) => {
+                    batch.unmatched += 1;
+                    continue;
+                }
+            };
+            let mut counted = entries[d].clone();
+            for &(i, pattern) in shared {
+                if let Some(entry) = counted.get_mut(i) {
+                    entry.1 = pattern;
+                }
+            }
+            let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
+            batch.items.push(ItemSpec {
+                target: Target::Ratelimit {
+                    digest: descriptor_digest(&request.domain, &counted),
+                    limit: limit(numbers, every_hit),
+                    name,
+                    shadow,
+                    every_hit,
+                },
+                cost: Some(cost),
+                mode: Mode::CheckAndSpend,
+                limit: None,
+            });
+            batch.owner.push(d);
+        }
+        Ok(())
+    }
+}
+
+/// `requests_per_unit` per `unit` as a limit: a fixed window of the unit (every hit
+/// counted), or GCRA with that burst. `None` for zero, which is always over the limit.
+fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
+    let n = u64::from(requests);
+    let limit = match fixed_window {
+        true => Limit::calendar(n, unit.window()),
+        false => Limit::new(n, n, unit.seconds() * SECOND),
+    };
+    limit.ok()
+}

@@ -1,0 +1,300 @@
+//! envoyproxy/ratelimit's file format (#36): a limits directory holding its files (alone, or
+//! beside cellrate's own) answers ShouldRateLimit as envoyproxy/ratelimit does by default,
+//! fixed windows aligned to the unit and every hit counted on every descriptor, and with
+//! cellrate's GCRA on request. Through a real gRPC client, on a fake clock that starts on a
+//! whole second (1 700 000 000 s).
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::Served;
+use cellrate::clock::SECOND;
+use cellrate::limits::config::LimitTable;
+use cellrate::server::Settings;
+use cellrate::service::envoy::{EnvoyOptions, RatelimitCounting};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// A config in envoyproxy/ratelimit's format, written for these tests.
+const CONFIG: &str = "
+domain: rl
+descriptors:
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: bar
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: bay
+    value: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: specific
+    rate_limit: {name: specific, unit: minute, requests_per_unit: 10, replaces: [{name: general}]}
+  - key: general
+    rate_limit: {name: general, unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.path().join(file), text).unwrap();
+    }
+    dir
+}
+
+async fn served(dir: &Path, counting: RatelimitCounting) -> Served {
+    let settings = Settings {
+        envoy: EnvoyOptions {
+            ratelimit_counting: counting,
+            ..EnvoyOptions::default()
+        },
+        ..Settings::default()
+    };
+    let limits = LimitTable::load_dir(dir).expect("the directory loads");
+    Served::with_settings(limits, settings).await
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: key.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn ask(s: &mut Served, descriptors: Vec<RateLimitDescriptor>) -> RateLimitResponse {
+    s.envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "rl".to_string(),
+            descriptors,
+            hits_addend: 0,
+        })
+        .await
+        .expect("answered")
+        .into_inner()
+}
+
+async fn one(s: &mut Served, entries: &[(&str, &str)]) -> RateLimitResponse {
+    ask(s, vec![descriptor(entries)]).await
+}
+
+#[tokio::test]
+async fn its_files_answer_as_envoyproxy_ratelimit_does() {
+    // The directory holds only its file: a complete configuration.
+    let dir = directory(&[("config.yaml", CONFIG)]);
+    let mut s = served(dir.path(), RatelimitCounting::FixedWindow).await;
+    let ip = [("remote_address", "10.0.0.1")];
+    for left in [1, 0] {
+        let r = one(&mut s, &ip).await;
+        assert_eq!(r.overall_code, OK);
+        let status = &r.statuses[0];
+        assert_eq!(status.limit_remaining, left);
+        let current = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (current.requests_per_unit, current.unit),
+            (2, Unit::Second as i32)
+        );
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 1);
+    }
+    assert_eq!(one(&mut s, &ip).await.overall_code, OVER);
+    // Every value of a key-only entry has its own counter.
+    assert_eq!(
+        one(&mut s, &[("remote_address", "10.0.0.2")])
+            .await
+            .overall_code,
+        OK
+    );
+
+    // Every hit counts on every descriptor, even in a request that is over the limit.
+    let both = vec![descriptor(&ip), descriptor(&[("foo", "x")])];
+    let r = ask(&mut s, both).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code, r.statuses[1].code),
+        (OVER, OVER, OK)
+    );
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    assert_eq!(
+        one(&mut s, &[("foo", "x")]).await.statuses[0].limit_remaining,
+        0
+    );
+
+    // The window is aligned to the unit: the next second starts afresh.
+    s.clock.advance(SECOND);
+    assert_eq!(one(&mut s, &ip).await.overall_code, OK);
+
+    // Nested entries, and a level that does not match: no limit, nothing counted.
+    let nested = [("source_cluster", "proxy"), ("destination_cluster", "bar")];
+    for _ in 0..3 {
+        assert_eq!(one(&mut s, &nested).await.overall_code, OK);
+    }
+    assert_eq!(one(&mut s, &nested).await.overall_code, OVER);
+    let other = [("source_cluster", "proxy"), ("destination_cluster", "baz")];
+    let r = one(&mut s, &other).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].current_limit.clone()),
+        (OK, None)
+    );
+
+    // share_threshold: every path under /api/ counts in one bucket.
+    assert_eq!(one(&mut s, &[("path", "/api/a")]).await.overall_code, OK);
+    assert_eq!(one(&mut s, &[("path", "/api/b")]).await.overall_code, OK);
+    assert_eq!(one(&mut s, &[("path", "/api/c")]).await.overall_code, OVER);
+
+    // shadow_mode: over the limit, answered OK.
+    for _ in 0..3 {
+        assert_eq!(one(&mut s, &[("bay", "shadow")]).await.overall_code, OK);
+    }
+    // replaces: the general limit (1 a minute) is left out when the specific one matches.
+    let replaced = || {
+        vec![
+            descriptor(&[("specific", "a")]),
+            descriptor(&[("general", "a")]),
+        ]
+    };
+    for _ in 0..3 {
+        assert_eq!(ask(&mut s, replaced()).await.overall_code, OK);
+    }
+    // unlimited: never over.
+    for _ in 0..5 {
+        assert_eq!(one(&mut s, &[("free", "a")]).await.overall_code, OK);
+    }
+    // A descriptor's own limit (Envoy Gateway's per-tenant limits) replaces the file's.
+    let mut own = descriptor(&[("tenant", "t1")]);
+    own.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour as i32,
+    });
+    assert_eq!(ask(&mut s, vec![own.clone()]).await.overall_code, OK);
+    let r = ask(&mut s, vec![own]).await;
+    assert_eq!(r.overall_code, OVER);
+    let current = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (current.requests_per_unit, current.unit),
+        (1, Unit::Hour as i32)
+    );
+    s.stop().await;
+}
+
+/// `--ratelimit-counting gcra`: the same files decided by cellrate's GCRA (burst =
+/// requests_per_unit), all-or-nothing: a denied request spends nothing.
+#[tokio::test]
+async fn on_request_the_same_files_count_by_gcra_all_or_nothing() {
+    let dir = directory(&[("config.yaml", CONFIG)]);
+    let mut s = served(dir.path(), RatelimitCounting::Gcra).await;
+    let ip = [("remote_address", "10.0.0.1")];
+    assert_eq!(one(&mut s, &ip).await.overall_code, OK);
+    assert_eq!(one(&mut s, &ip).await.overall_code, OK);
+    let both = vec![descriptor(&ip), descriptor(&[("foo", "x")])];
+    assert_eq!(ask(&mut s, both).await.overall_code, OVER);
+    // foo spent nothing in the denied request.
+    assert_eq!(
+        one(&mut s, &[("foo", "x")]).await.statuses[0].limit_remaining,
+        1
+    );
+    // GCRA refills continuously: one token after half a second, not a whole window.
+    s.clock.advance(SECOND / 2);
+    assert_eq!(one(&mut s, &ip).await.overall_code, OK);
+    assert_eq!(one(&mut s, &ip).await.overall_code, OVER);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn beside_cellrates_own_files_and_refused_as_envoyproxy_ratelimit_refuses() {
+    // Beside cellrate's own files: both decide, each its domains.
+    let dir = directory(&[
+        ("config.yaml", CONFIG),
+        ("defaults.yaml", "NewOrdersPerAccount: {burst: 1, count: 1, period: 1h}\n"),
+        (
+            "descriptors.yaml",
+            "edge:\n  - match: [{key: account}]\n    limits: [NewOrdersPerAccount]\n    id: \"{account}\"\n",
+        ),
+    ]);
+    let table = LimitTable::load_dir(dir.path()).unwrap();
+    assert!(table.ratelimit().has_domain("rl"));
+    assert!(table.descriptors().has_domain("edge"));
+
+    // One domain in both formats is refused; so is every broken file, naming file and entry.
+    let both =
+        "rl:\n  - match: [{key: foo}]\n    limits: [NewOrdersPerAccount]\n    id: \"{foo}\"\n";
+    let e = LimitTable::from_files(&[
+        ("config.yaml".into(), CONFIG.into()),
+        ("descriptors.yaml".into(), both.into()),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("descriptors.yaml: rl: this domain is also configured"),
+        "{e}"
+    );
+    for (text, says) in [
+        ("domain: rl\ndescriptors: [{key: a, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n", "bad.yaml: rl.a: invalid rate limit unit 'fortnight'"),
+        ("domain: rl\ndescriptors: [{key: a, ratelimit: {unit: second}}]\n", "bad.yaml: descriptors[0]: unknown field `ratelimit`"),
+        ("domain: rl\ndescriptors: [{key: a}, {key: a}]\n", "bad.yaml: rl.a: duplicate descriptor composite key 'rl.a'"),
+    ] {
+        let e = LimitTable::from_files(&[("bad.yaml".into(), text.into())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+    let e = LimitTable::from_files(&[
+        ("a.yaml".into(), "domain: rl\n".into()),
+        ("b.yaml".into(), "domain: rl\n".into()),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("b.yaml: duplicate domain 'rl' in config file"),
+        "{e}"
+    );
+}
+
+/// `cellrate validate` checks its files with the same file-and-entry errors.
+#[test]
+fn validate_checks_its_files() {
+    let good = directory(&[("config.yaml", CONFIG)]);
+    let out = Command::new(env!("CARGO_BIN_EXE_cellrate"))
+        .arg("validate")
+        .arg(good.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let bad = directory(&[(
+        "config.yaml",
+        "domain: rl\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: second}}]\n",
+    )]);
+    let out = Command::new(env!("CARGO_BIN_EXE_cellrate"))
+        .arg("validate")
+        .arg(bad.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("config.yaml: rl.a: should not specify rate limit unit when unlimited"),
+        "{said}"
+    );
+}
