@@ -51,6 +51,12 @@ descriptors:
     rate_limit: {name: general, unit: minute, requests_per_unit: 1}
   - key: free
     rate_limit: {unlimited: true}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
 ";
 
 fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
@@ -182,6 +188,30 @@ async fn its_files_answer_as_envoyproxy_ratelimit_does() {
     for _ in 0..5 {
         assert_eq!(one(&mut s, &[("free", "a")]).await.overall_code, OK);
     }
+    // quota_mode: a quota over its limit denies only when every quota is over.
+    let quotas = || {
+        vec![
+            descriptor(&[("quota_a", "q")]),
+            descriptor(&[("quota_b", "q")]),
+        ]
+    };
+    assert_eq!(ask(&mut s, quotas()).await.overall_code, OK);
+    let r = ask(&mut s, quotas()).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code, r.statuses[1].code),
+        (OK, OVER, OK)
+    );
+    assert_eq!(ask(&mut s, quotas()).await.overall_code, OK);
+    assert_eq!(
+        ask(&mut s, quotas()).await.overall_code,
+        OVER,
+        "both quotas over"
+    );
+    // Any other descriptor over the limit still denies.
+    let with_ip = vec![descriptor(&[("quota_a", "r")]), descriptor(&ip)];
+    assert_eq!(ask(&mut s, with_ip.clone()).await.overall_code, OK);
+    assert_eq!(ask(&mut s, with_ip).await.overall_code, OVER);
+
     // A descriptor's own limit (Envoy Gateway's per-tenant limits) replaces the file's.
     let mut own = descriptor(&[("tenant", "t1")]);
     own.limit = Some(RateLimitOverride {

@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::Status;
 
+use super::ratelimit::quota_mode;
 use super::{
     invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
     MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
@@ -29,6 +30,8 @@ pub(super) struct Batch<'a> {
     pub(super) items: Vec<ItemSpec<'a>>,
     pub(super) owner: Vec<usize>,
     pub(super) unmatched: usize,
+    /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
+    pub(super) quota: Vec<usize>,
 }
 
 impl EnvoyRateLimitService {
@@ -74,7 +77,11 @@ impl EnvoyRateLimitService {
         self.log_invalid_ids(&request, &batch.owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
         trace::log_denied("envoy", metadata, &results);
-        Ok(self.respond(request.descriptors.len(), &batch.owner, &results))
+        let mut response = self.respond(request.descriptors.len(), &batch.owner, &results);
+        if !batch.quota.is_empty() {
+            quota_mode(&mut response, &batch.quota);
+        }
+        Ok(response)
     }
 
     /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its

@@ -6,7 +6,8 @@
 //! aligned to the unit with every hit counted, as there; with `--ratelimit-counting gcra`
 //! by cellrate's GCRA, all-or-nothing.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::Status;
 
 use super::decide::{descriptor_digest, Batch};
@@ -88,6 +89,9 @@ impl EnvoyRateLimitService {
                     continue;
                 }
             };
+            if found[d].as_ref().is_some_and(|f| f.limit.quota_mode) && given.is_none() {
+                batch.quota.push(d);
+            }
             let mut counted = entries[d].clone();
             for &(i, pattern) in shared {
                 if let Some(entry) = counted.get_mut(i) {
@@ -122,4 +126,24 @@ fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
         false => Limit::new(n, n, unit.seconds() * SECOND),
     };
     limit.ok()
+}
+
+/// envoyproxy/ratelimit's `quota_mode`: a quota descriptor over its limit keeps its
+/// OVER_LIMIT status but denies the request only when every quota descriptor is over
+/// (any other descriptor over the limit still denies).
+pub(super) fn quota_mode(response: &mut RateLimitResponse, quota: &[usize]) {
+    let over = |d: usize| {
+        response
+            .statuses
+            .get(d)
+            .is_some_and(|s| s.code == Code::OverLimit as i32)
+    };
+    let others_over = (0..response.statuses.len()).any(|d| !quota.contains(&d) && over(d));
+    let all_quota_over = quota.iter().all(|&d| over(d));
+    if response.overall_code == Code::OverLimit as i32 && !others_over && !all_quota_over {
+        response.overall_code = Code::Ok as i32;
+        response
+            .response_headers_to_add
+            .retain(|h| h.key != "Retry-After");
+    }
 }
