@@ -22,6 +22,11 @@ const EXIT_USAGE: u8 = 64;
 const EXIT_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
+    // Run as `ratelimit` (the image's /bin/ratelimit, where envoyproxy/ratelimit was).
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ratelimit")) {
+        return as_ratelimit(true);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -34,7 +39,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_tracing(cli.log_format);
+    init_tracing(cli.log_format, None);
     match cli.command {
         Command::Validate { dir } => match LimitTable::load_dir(&dir) {
             Ok(table) => {
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => serve(*args),
+        Command::Ratelimit => as_ratelimit(false),
         Command::Check(args) => ExitCode::from(cellrate::cli::client::run_check(args).code()),
         Command::Refund(args) => ExitCode::from(cellrate::cli::client::run_refund(args).code()),
         Command::Admin { command } => {
@@ -88,6 +94,73 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// What envoyproxy/ratelimit's environment means: `cellrate serve`'s arguments, the log
+/// format, the translation (warnings, log level) and the flags as text.
+struct AsRatelimit {
+    args: Box<ServeArgs>,
+    format: LogFormat,
+    translated: cellrate::cli::ratelimit_env::Translated,
+    flags: String,
+}
+
+/// envoyproxy/ratelimit's environment as [`AsRatelimit`], or the exit code and why not.
+fn ratelimit_args() -> Result<AsRatelimit, (u8, String)> {
+    let translated =
+        cellrate::cli::ratelimit_env::translate(|n| std::env::var(n).ok()).map_err(|e| {
+            (
+                EXIT_CONFIG,
+                format!("cellrate (as envoyproxy/ratelimit): {e}"),
+            )
+        })?;
+    let mut argv = vec!["cellrate".to_string(), "serve".to_string()];
+    if translated.json_logs {
+        argv.extend(["--log-format".to_string(), "json".to_string()]);
+    }
+    argv.extend(translated.flags.iter().cloned());
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Serve(args),
+            log_format,
+        }) => Ok(AsRatelimit {
+            args,
+            format: log_format,
+            flags: argv[2..].join(" "),
+            translated,
+        }),
+        Ok(_) => Err((EXIT_USAGE, "not a serve command".to_string())),
+        Err(e) => Err((EXIT_USAGE, e.to_string())),
+    }
+}
+
+/// Serves as envoyproxy/ratelimit (run as `ratelimit`, or `cellrate ratelimit`); starts
+/// logging unless `main` has, with the environment's level and format.
+fn as_ratelimit(logging: bool) -> ExitCode {
+    let AsRatelimit {
+        args,
+        format,
+        translated,
+        flags,
+    } = match ratelimit_args() {
+        Ok(parts) => parts,
+        Err((code, why)) => {
+            if logging {
+                eprintln!("{why}");
+            } else {
+                tracing::error!("{why}");
+            }
+            return ExitCode::from(code);
+        }
+    };
+    if logging {
+        init_tracing(format, translated.log_level.as_deref());
+    }
+    tracing::info!(flags, "serving as envoyproxy/ratelimit");
+    for warning in &translated.warnings {
+        tracing::warn!("{warning}");
+    }
+    serve(*args)
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
@@ -151,9 +224,10 @@ async fn serve_async(
     Ok(())
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logging: RUST_LOG's filter, else `level`, else info.
+fn init_tracing(format: LogFormat, level: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
     // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -50,6 +50,9 @@ pub enum Command {
     },
     /// Run limits over a scripted timeline (JSON lines on stdin) on a fake clock.
     Simulate(SimulateArgs),
+    /// Serve as envoyproxy/ratelimit does, configured by its environment variables (also
+    /// what the binary does when run as `ratelimit`, e.g. the image's /bin/ratelimit).
+    Ratelimit,
     /// Ask a running cellrate to spend (or only check) one bucket: exit 0 allowed, 2 denied.
     Check(ClientCheckArgs),
     /// Give tokens back to one bucket of a running cellrate.
@@ -240,6 +243,11 @@ pub struct ServeArgs {
     /// Metrics listener (HTTP): /metrics, /healthz, /readyz.
     #[arg(long, env = "CELLRATE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
+
+    /// A second HTTP listener with the same routes (/healthcheck for envoyproxy/ratelimit's
+    /// probes; off unless given).
+    #[arg(long, env = "CELLRATE_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
 
     /// Redis-protocol listener: `CL.THROTTLE` as redis-cell answers it, for any Redis
     /// client. Off unless given.

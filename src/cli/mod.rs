@@ -6,5 +6,6 @@ mod args;
 pub use args::*;
 
 pub mod client;
+pub mod ratelimit_env;
 mod serve;
 pub mod simulate;

@@ -197,10 +197,19 @@ impl ServeArgs {
             ),
             None => None,
         };
+        let health = match self.health_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --health-listen {addr}"))?,
+            ),
+            None => None,
+        };
         Ok(Listeners {
             decisions,
             admin,
             metrics: Some(metrics),
+            health,
             resp,
         })
     }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 
-/// The metrics listener's routes: `/metrics`, `/healthz` and `/readyz`.
+/// The metrics listener's routes: `/metrics`, `/healthz`, `/readyz` and `/healthcheck`.
 pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::routing::get;
     let for_health = health.clone();
+    let for_check = health.clone();
     axum::Router::new()
         .route(
             "/metrics",
@@ -36,6 +37,20 @@ pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
                         (StatusCode::OK, "ready")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+                    }
+                }
+            }),
+        )
+        // envoyproxy/ratelimit's probe path: "OK" while ready, 500 otherwise, as there.
+        .route(
+            "/healthcheck",
+            get(move || {
+                let ready = for_check.ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "OK")
+                    } else {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "not ready")
                     }
                 }
             }),

@@ -162,7 +162,8 @@ impl Server {
             tasks: TaskTracker::new(),
         };
         let limits = settings.server.fitted();
-        background.start(&shared, &runtime, &settings, limits, self.listeners.metrics);
+        let http = [self.listeners.metrics, self.listeners.health];
+        background.start(&shared, &runtime, &settings, limits, http);
 
         // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams
         // end then too (Envoys reconnect to another replica). A child of the tasks' token:
@@ -249,7 +250,7 @@ impl Background {
         runtime: &Arc<RuntimeOverrides>,
         settings: &Settings,
         limits: ServerLimits,
-        metrics_listener: Option<TcpListener>,
+        http_listeners: [Option<TcpListener>; 2],
     ) {
         let (stop, metrics) = (&self.stop, &shared.metrics);
         self.tasks.spawn(tasks::sweep(
@@ -278,7 +279,7 @@ impl Background {
             let reloader = Arc::new(Reloader::new(reload.dir.clone(), shared.clone()));
             reloader.spawn(reload, stop.clone(), &self.tasks);
         }
-        if let Some(listener) = metrics_listener {
+        for listener in http_listeners.into_iter().flatten() {
             let routes = http::http_routes(metrics.clone(), shared.health.clone());
             let listener = GuardedListener::new(listener, limits.metrics, "metrics");
             let stopped = stop.clone().cancelled_owned();
@@ -301,6 +302,7 @@ struct Addresses {
     decisions: String,
     admin: String,
     metrics: String,
+    health: String,
     resp: String,
 }
 
@@ -315,6 +317,7 @@ impl Addresses {
             decisions: addr(&listeners.decisions),
             admin: addr(&listeners.admin),
             metrics: off(&listeners.metrics),
+            health: off(&listeners.health),
             resp: off(&listeners.resp),
         }
     }
@@ -325,6 +328,7 @@ impl Addresses {
             listen = %self.decisions,
             admin = %self.admin,
             metrics = %self.metrics,
+            health = %self.health,
             resp = %self.resp,
             tls = settings.tls.is_some(),
             admin_token = settings.admin_token.is_some(),

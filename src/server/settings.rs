@@ -183,8 +183,11 @@ pub struct Listeners {
     pub decisions: TcpListener,
     /// `Admin`, health, reflection. Loopback by default.
     pub admin: TcpListener,
-    /// HTTP: `/metrics`, `/healthz`, `/readyz`.
+    /// HTTP: `/metrics`, `/healthz`, `/readyz`, `/healthcheck`.
     pub metrics: Option<TcpListener>,
+    /// A second HTTP listener with the same routes (envoyproxy/ratelimit's `PORT`, its
+    /// probes' `/healthcheck`, apart from the metrics port).
+    pub health: Option<TcpListener>,
     /// The Redis protocol (`CL.THROTTLE`); off unless given.
     pub resp: Option<TcpListener>,
 }

@@ -86,6 +86,7 @@ impl Served {
             decisions,
             admin,
             metrics: Some(metrics),
+            health: None,
             resp: Some(resp),
         };
         let shutdown = async move {

@@ -1,0 +1,347 @@
+//! `cellrate ratelimit` (and the binary run as `/bin/ratelimit`): envoyproxy/ratelimit's
+//! environment variables turned into `cellrate serve` flags, so that a deployment of it
+//! (Envoy Gateway's among them) can run cellrate by changing the image.
+//!
+//! Every variable envoyproxy/ratelimit reads is known here: those that apply become flags,
+//! those that do not are accepted with one warning each, and a bad value stops startup
+//! with an error that names the variable. Defaults are envoyproxy/ratelimit's: gRPC on
+//! `0.0.0.0:8081`, HTTP (`/healthcheck`) on `0.0.0.0:8080`, the limits in
+//! `/srv/runtime_data/current/config`, the Redis store.
+
+/// Flags for `cellrate serve`, and warnings to log once logging is up.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translated {
+    pub flags: Vec<String>,
+    pub warnings: Vec<String>,
+    /// `LOG_LEVEL`, as a tracing filter.
+    pub log_level: Option<String>,
+    /// `LOG_FORMAT=json`.
+    pub json_logs: bool,
+}
+
+/// Variables that are accepted and change nothing here, with why.
+const NOT_APPLICABLE: &[(&str, &str)] = &[
+    (
+        "USE_STATSD",
+        "cellrate exports Prometheus metrics, not statsd",
+    ),
+    (
+        "STATSD_HOST",
+        "cellrate exports Prometheus metrics, not statsd",
+    ),
+    (
+        "STATSD_PORT",
+        "cellrate exports Prometheus metrics, not statsd",
+    ),
+    (
+        "USE_DOG_STATSD",
+        "cellrate exports Prometheus metrics, not statsd",
+    ),
+    ("DEBUG_HOST", "cellrate has no debug listener"),
+    ("DEBUG_PORT", "cellrate has no debug listener"),
+    (
+        "NEAR_LIMIT_RATIO",
+        "near-limit statistics are not exported yet",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "cellrate's deny cache is --redis-deny-cache",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "cellrate's keys expire exactly when their bucket is full",
+    ),
+    (
+        "REDIS_POOL_SIZE",
+        "cellrate multiplexes one connection per node",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "cellrate coalesces calls by itself",
+    ),
+    ("REDIS_PIPELINE_LIMIT", "cellrate coalesces calls by itself"),
+    ("REDIS_PERSECOND", "one Redis serves every limit"),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTIONS",
+        "cellrate's readiness follows Redis by itself",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "cellrate watches the directory and the symlinks to it",
+    ),
+    ("GRPC_MAX_CONNECTION_AGE", "not applied"),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "every hit is counted, as by default there",
+    ),
+    ("RESPONSE_DYNAMIC_METADATA", "not sent"),
+    ("TRACING_ENABLED", "no OpenTelemetry export"),
+    ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+];
+
+/// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
+fn boolean(name: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        other => Err(format!("{name}={other:?}: not a boolean (true or false)")),
+    }
+}
+
+/// `host:port`, an empty host meaning every interface (`:19001`).
+fn address(name: &str, host: &str, port: &str) -> Result<String, String> {
+    let variable = name.rsplit(':').next().unwrap_or(name);
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{variable}={port:?}: not a port number"))?;
+    let host = match host {
+        "" => "0.0.0.0",
+        host => host,
+    };
+    let text = match host.contains(':') && !host.starts_with('[') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    };
+    text.parse::<std::net::SocketAddr>()
+        .map(|a| a.to_string())
+        .map_err(|_| format!("{name}: {text:?} is not an IP address and port"))
+}
+
+/// Translates the environment `var` reads.
+pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, String> {
+    let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
+    let flag = |name: &str| boolean(name, &get(name, "false"));
+    let mut out = Translated::default();
+    let mut push = |flag: &str, value: String| {
+        out.flags.push(flag.to_string());
+        out.flags.push(value);
+    };
+    // Limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+    let dir = std::path::Path::new(&get("RUNTIME_ROOT", "/srv/runtime_data/current"))
+        .join(get("RUNTIME_SUBDIRECTORY", ""))
+        .join(get("RUNTIME_APPDIRECTORY", "config"));
+    push("--config", dir.display().to_string());
+    match get("CONFIG_TYPE", "FILE").as_str() {
+        "FILE" => {}
+        "GRPC_XDS_SOTW" => {
+            return Err("CONFIG_TYPE=GRPC_XDS_SOTW: configuration over xDS is not \
+                        served yet; use CONFIG_TYPE=FILE"
+                .to_string())
+        }
+        other => return Err(format!("CONFIG_TYPE={other:?}: one of FILE, GRPC_XDS_SOTW")),
+    }
+    // Listeners.
+    push(
+        "--listen",
+        address(
+            "GRPC_HOST:GRPC_PORT",
+            &get("GRPC_HOST", "0.0.0.0"),
+            &get("GRPC_PORT", "8081"),
+        )?,
+    );
+    let http = address("HOST:PORT", &get("HOST", "0.0.0.0"), &get("PORT", "8080"))?;
+    if flag("USE_PROMETHEUS")? {
+        let prometheus = get("PROMETHEUS_ADDR", ":9090");
+        let (host, port) = prometheus
+            .rsplit_once(':')
+            .ok_or_else(|| format!("PROMETHEUS_ADDR={prometheus:?}: not host:port"))?;
+        push("--metrics-listen", address("PROMETHEUS_ADDR", host, port)?);
+        push("--health-listen", http);
+    } else {
+        push("--metrics-listen", http);
+    }
+    if flag("GRPC_SERVER_USE_TLS")? {
+        for (name, flag) in [
+            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
+        ] {
+            let path =
+                var(name).ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
+            push(flag, path);
+        }
+    }
+    if var("GRPC_CLIENT_TLS_CACERT").is_some() {
+        out.warnings.push(
+            "GRPC_CLIENT_TLS_CACERT: client certificates are checked on the admin listener \
+             only (--admin-client-ca), not on the decision listener"
+                .to_string(),
+        );
+    }
+    store(&var, &mut out)?;
+    // Behaviour.
+    if flag("SHADOW_MODE")? {
+        out.flags.push("--shadow".to_string());
+    }
+    if flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        out.flags.push("--rate-limit-headers".to_string());
+        out.flags.push("draft03".to_string());
+    }
+    if flag("QUOTA_MODE")? {
+        out.warnings
+            .push("QUOTA_MODE: set quota_mode on the limits instead; ignored".into());
+    }
+    out.log_level = match var("LOG_LEVEL").map(|l| l.to_ascii_lowercase()) {
+        None => None,
+        Some(level) if ["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) => {
+            Some(level)
+        }
+        Some(level) if level == "warning" => Some("warn".to_string()),
+        Some(other) => {
+            return Err(format!(
+                "LOG_LEVEL={other:?}: one of debug, info, warn, error"
+            ))
+        }
+    };
+    out.json_logs = match get("LOG_FORMAT", "text").as_str() {
+        "text" => false,
+        "json" => true,
+        other => return Err(format!("LOG_FORMAT={other:?}: text or json")),
+    };
+    for (name, why) in NOT_APPLICABLE {
+        if var(name).is_some() {
+            out.warnings
+                .push(format!("{name} is accepted and not used: {why}"));
+        }
+    }
+    Ok(out)
+}
+
+/// BACKEND_TYPE and the REDIS_* variables.
+fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
+    let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
+    match backend.as_str() {
+        "redis" => {}
+        // cellrate's own: its memory store (one replica).
+        "memory" => return Ok(()),
+        other => {
+            return Err(format!(
+                "BACKEND_TYPE={other:?}: redis (or cellrate's memory); memcache is not served"
+            ))
+        }
+    }
+    if var("REDIS_SOCKET_TYPE").is_some_and(|t| t != "tcp") {
+        return Err("REDIS_SOCKET_TYPE: only tcp is served".to_string());
+    }
+    let urls = var("REDIS_URL").ok_or("REDIS_URL: needed with BACKEND_TYPE=redis")?;
+    let tls = boolean(
+        "REDIS_TLS",
+        &var("REDIS_TLS").unwrap_or_else(|| "false".into()),
+    )?;
+    let auth = var("REDIS_AUTH").filter(|a| !a.is_empty());
+    let scheme = if tls { "rediss" } else { "redis" };
+    let url = |host: &str| match &auth {
+        Some(auth) if auth.contains(':') => format!("{scheme}://{auth}@{host}"),
+        Some(password) => format!("{scheme}://:{password}@{host}"),
+        None => format!("{scheme}://{host}"),
+    };
+    out.flags
+        .extend(["--store".to_string(), "redis".to_string()]);
+    match var("REDIS_TYPE").as_deref().unwrap_or("single") {
+        "single" | "SINGLE" => out.flags.extend(["--redis-url".to_string(), url(&urls)]),
+        "cluster" | "CLUSTER" => {
+            let nodes: Vec<String> = urls.split(',').map(|h| url(h.trim())).collect();
+            out.flags
+                .extend(["--redis-cluster-nodes".to_string(), nodes.join(",")]);
+        }
+        "sentinel" | "SENTINEL" => {
+            return Err("REDIS_TYPE=sentinel: Sentinel is not served yet".to_string())
+        }
+        other => return Err(format!("REDIS_TYPE={other:?}: single, cluster or sentinel")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn run(vars: &[(&str, &str)]) -> Result<Translated, String> {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        translate(|name| env.get(name).cloned())
+    }
+
+    #[test]
+    fn envoy_gateways_environment_translates() {
+        let t = run(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_URL", "redis.svc:6379"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("USE_STATSD", "false"),
+            ("LOG_LEVEL", "INFO"),
+        ])
+        .unwrap();
+        let flags = t.flags.join(" ");
+        assert!(flags.contains("--config /data/ratelimit/config"), "{flags}");
+        assert!(flags.contains("--listen 0.0.0.0:8081"), "{flags}");
+        assert!(flags.contains("--metrics-listen 0.0.0.0:19001"), "{flags}");
+        assert!(flags.contains("--health-listen 0.0.0.0:8080"), "{flags}");
+        assert!(
+            flags.contains("--store redis --redis-url redis://redis.svc:6379"),
+            "{flags}"
+        );
+        assert_eq!(t.log_level.as_deref(), Some("info"));
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        assert!(t.warnings[0].starts_with("USE_STATSD"));
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        for (vars, says) in [
+            (vec![("GRPC_PORT", "eighty")], "GRPC_PORT"),
+            (vec![("PORT", "70000")], "PORT"),
+            (vec![("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS"),
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
+            (vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")], "CONFIG_TYPE"),
+            (
+                vec![("LOG_LEVEL", "loud"), ("BACKEND_TYPE", "memory")],
+                "LOG_LEVEL",
+            ),
+            (
+                vec![("REDIS_URL", "r:1"), ("REDIS_TYPE", "ring")],
+                "REDIS_TYPE",
+            ),
+            (
+                vec![("GRPC_HOST", "not-an-ip"), ("BACKEND_TYPE", "memory")],
+                "GRPC_HOST",
+            ),
+        ] {
+            let e = run(&vars).unwrap_err();
+            assert!(e.contains(says), "{vars:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn redis_auth_tls_and_cluster() {
+        let t = run(&[
+            ("REDIS_URL", "a:1, b:2"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_AUTH", "user:secret"),
+            ("REDIS_TLS", "true"),
+        ])
+        .unwrap();
+        let flags = t.flags.join(" ");
+        assert!(
+            flags.contains(
+                "--redis-cluster-nodes rediss://user:secret@a:1,rediss://user:secret@b:2"
+            ),
+            "{flags}"
+        );
+        let t = run(&[("REDIS_URL", "a:1"), ("REDIS_AUTH", "pw")]).unwrap();
+        assert!(t.flags.join(" ").contains("redis://:pw@a:1"));
+        let t = run(&[("BACKEND_TYPE", "memory"), ("USE_PROMETHEUS", "false")]).unwrap();
+        assert!(!t.flags.join(" ").contains("--store"));
+        assert!(t.flags.join(" ").contains("--metrics-listen 0.0.0.0:8080"));
+    }
+}
