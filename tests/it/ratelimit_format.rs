@@ -429,3 +429,88 @@ async fn run_as_ratelimit_it_reads_envoyproxy_ratelimits_environment() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The status codes of `times` GETs of `path` with `headers`, through Envoy.
+async fn statuses(
+    client: &mut crate::common::http1::Http1,
+    headers: &[(&str, &str)],
+    path: &str,
+    times: usize,
+) -> Vec<u16> {
+    let mut seen = Vec::new();
+    for _ in 0..times {
+        seen.push(client.get(path, headers).await.status);
+    }
+    seen
+}
+
+/// examples/ratelimit/: limits in envoyproxy/ratelimit's format and an Envoy route config
+/// in the spirit of its own example, through the real Envoy: each answer as
+/// envoyproxy/ratelimit gives it (fixed windows, every hit counted, replaces, a zero
+/// limit, shadow mode, unlimited, a wildcard), with its X-RateLimit headers.
+#[tokio::test]
+async fn envoyproxy_ratelimits_example_through_the_real_envoy() {
+    use crate::common::envoy::Envoy;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ratelimit");
+    let mut s = served(&root.join("config"), RatelimitCounting::FixedWindow).await;
+    let envoy = Envoy::example_of("examples/ratelimit/envoy.yaml", s.decisions_addr, |_| {}).await;
+    let mut client = envoy.client().await;
+    let client = &mut client;
+    // Every user: 2 a minute.
+    assert_eq!(
+        statuses(client, &[("x-user", "alice")], "/api", 3).await,
+        [200, 200, 429]
+    );
+    // The free plan: 1 a minute, and the hit on the user's own limit counts too.
+    let bob = [("x-user", "bob"), ("x-plan", "free")];
+    assert_eq!(statuses(client, &bob, "/api", 2).await, [200, 429]);
+    assert_eq!(
+        statuses(client, &[("x-user", "bob")], "/api", 1).await,
+        [429],
+        "bob's 3rd hit"
+    );
+    // The account category replaces the free plan's limit: the user's 2 decide.
+    let carol = [
+        ("x-user", "carol"),
+        ("x-plan", "free"),
+        ("x-category", "account"),
+    ];
+    assert_eq!(statuses(client, &carol, "/api", 3).await, [200, 200, 429]);
+    // Zero a minute: always over.
+    assert_eq!(
+        statuses(
+            client,
+            &[("x-user", "dave"), ("x-plan", "banned")],
+            "/api",
+            1
+        )
+        .await,
+        [429]
+    );
+    // Shadow mode: the trial plan's limit is over from the 2nd request, answered OK.
+    let erin = [("x-user", "erin"), ("x-plan", "trial")];
+    assert_eq!(statuses(client, &erin, "/api", 3).await, [200, 200, 429]);
+    // Unlimited plan: only the user's limit.
+    let frank = [("x-user", "frank"), ("x-plan", "internal")];
+    assert_eq!(statuses(client, &frank, "/api", 3).await, [200, 200, 429]);
+    // A wildcard: 3 a minute for each path under /static/; others unlimited.
+    assert_eq!(
+        statuses(client, &[], "/static/app.css", 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(statuses(client, &[], "/static/app.js", 1).await, [200]);
+    assert_eq!(statuses(client, &[], "/other", 5).await, [200; 5]);
+    // The answer carries envoyproxy/ratelimit's draft-03 headers.
+    let limited = client.get("/api", &[("x-user", "alice")]).await;
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(limited.header("x-ratelimit-reset"), Some("40"));
+    // The next minute (T0 is 22:13:20): everyone starts afresh.
+    s.clock.advance(40 * SECOND);
+    assert_eq!(
+        statuses(client, &[("x-user", "alice")], "/api", 1).await,
+        [200]
+    );
+    drop(envoy);
+    s.stop().await;
+}
