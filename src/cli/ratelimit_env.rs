@@ -41,7 +41,7 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("DEBUG_PORT", "cellrate has no debug listener"),
     (
         "NEAR_LIMIT_RATIO",
-        "near-limit statistics are not exported yet",
+        "near_limit counts above 80 % of a limit, its default",
     ),
     (
         "LOCAL_CACHE_SIZE_IN_BYTES",

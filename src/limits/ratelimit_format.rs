@@ -116,6 +116,9 @@ pub struct RateLimit {
     pub shadow_mode: bool,
     pub quota_mode: bool,
     pub detailed_metric: bool,
+    /// `value_to_metric` on its entry: counted with the request's values, as
+    /// `detailed_metric` (here for every entry, not only the flagged levels).
+    pub value_to_metric: bool,
     /// Where it is configured: `domain.key1_value1.key2` (its statistics key there).
     pub full_key: String,
     /// How answers and metrics name it: its `name`, else its full key.
@@ -258,9 +261,7 @@ struct RawDescriptor {
     quota_mode: bool,
     #[serde(default)]
     detailed_metric: bool,
-    /// Statistics only (issue #36's metrics part); read so that it is accepted.
     #[serde(default)]
-    #[allow(dead_code)]
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
@@ -468,6 +469,7 @@ impl Reader<'_> {
                     shadow_mode: raw.shadow_mode,
                     quota_mode: raw.quota_mode,
                     detailed_metric: raw.detailed_metric,
+                    value_to_metric: raw.value_to_metric,
                     full_key: full_key.clone(),
                 }))
             }

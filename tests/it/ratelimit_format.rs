@@ -452,7 +452,7 @@ async fn statuses(
 async fn envoyproxy_ratelimits_example_through_the_real_envoy() {
     use crate::common::envoy::Envoy;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ratelimit");
-    let mut s = served(&root.join("config"), RatelimitCounting::FixedWindow).await;
+    let s = served(&root.join("config"), RatelimitCounting::FixedWindow).await;
     let envoy = Envoy::example_of("examples/ratelimit/envoy.yaml", s.decisions_addr, |_| {}).await;
     let mut client = envoy.client().await;
     let client = &mut client;
@@ -512,5 +512,55 @@ async fn envoyproxy_ratelimits_example_through_the_real_envoy() {
         [200]
     );
     drop(envoy);
+    s.stop().await;
+}
+
+/// envoyproxy/ratelimit's per-descriptor statistics, under its statistics keys: by
+/// default the configured key (bounded by the config), with `detailed_metric` the request's
+/// values (bounded by a cap on keys).
+#[tokio::test]
+async fn its_statistics_are_counted_per_descriptor() {
+    use crate::common::{http_get_async, sample};
+    let config = "
+domain: rl
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: bay
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let dir = directory(&[("config.yaml", config)]);
+    let mut s = served(dir.path(), RatelimitCounting::FixedWindow).await;
+    for _ in 0..3 {
+        one(&mut s, &[("ip", "10.0.0.1")]).await;
+    }
+    one(&mut s, &[("ip", "10.0.0.2")]).await;
+    for _ in 0..2 {
+        one(&mut s, &[("bay", "x")]).await;
+    }
+    one(&mut s, &[("user", "alice")]).await;
+    let (_, metrics) = http_get_async(s.metrics_addr, "/metrics").await;
+    let stat = |key: &str, stat: &str| {
+        sample(
+            &metrics,
+            &format!("cellrate_ratelimit_hits_total{{key=\"{key}\",stat=\"{stat}\"}}"),
+        )
+    };
+    // Every ip counts under the configured key: 4 hits, 1 over, 3 within; the 2nd hit of
+    // 10.0.0.1 was past 80 % of 2.
+    assert_eq!(stat("rl.ip", "total_hits"), Some(4.0));
+    assert_eq!(stat("rl.ip", "over_limit"), Some(1.0));
+    assert_eq!(stat("rl.ip", "within_limit"), Some(3.0));
+    assert_eq!(stat("rl.ip", "near_limit"), Some(1.0));
+    // Shadow mode: over the limit and answered OK, counted as both.
+    assert_eq!(stat("rl.bay", "over_limit"), Some(1.0));
+    assert_eq!(stat("rl.bay", "shadow_mode"), Some(1.0));
+    // detailed_metric: the request's value in the key.
+    assert_eq!(stat("rl.user_alice", "total_hits"), Some(1.0));
+    assert_eq!(stat("rl.user", "total_hits"), None);
     s.stop().await;
 }

@@ -28,6 +28,24 @@ const RPCS: [&str; 5] = ["Check", "Refund", "Reset", "Inspect", "ShouldRateLimit
 /// The store operations that are timed.
 const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
 
+/// envoyproxy/ratelimit's per-descriptor statistics.
+pub const RATELIMIT_STATS: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+/// The most keys of `cellrate_ratelimit_hits_total` with series of their own.
+pub const MAX_RATELIMIT_KEYS: usize = 10_000;
+
+/// envoyproxy/ratelimit's statistics, and the keys that have series.
+struct RatelimitStats {
+    hits: IntCounterVec,
+    keys: std::sync::Mutex<std::collections::HashSet<Box<str>>>,
+}
+
 /// Every metric cellrate exports, in groups by what they watch.
 pub struct Metrics {
     registry: Registry,
@@ -36,6 +54,8 @@ pub struct Metrics {
     decisions: IntCounterVec,
     /// `cellrate_settlements_total{result}`: settled, retried, unknown, conflict, pushed_out.
     pub settlements: IntCounterVec,
+    /// envoyproxy/ratelimit's per-descriptor statistics, by key and stat.
+    ratelimit: RatelimitStats,
     rpc: RpcMetrics,
     pub store: StoreMetrics,
     pub rlqs: RlqsMetrics,
@@ -62,6 +82,19 @@ impl Metrics {
             "result",
             &["settled", "retried", "unknown", "conflict", "pushed_out"],
         );
+        let ratelimit = RatelimitStats {
+            hits: reg.counters(
+                "cellrate_ratelimit_hits_total",
+                "envoyproxy/ratelimit's per-descriptor statistics: key (its statistics key), \
+                 stat (total_hits, over_limit, near_limit, within_limit, shadow_mode).",
+                &["key", "stat"],
+            ),
+            keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+        };
+        // At zero from the start: an alert on the cap needs the series before it fills.
+        for stat in RATELIMIT_STATS {
+            ratelimit.hits.with_label_values(&["overflow", stat]);
+        }
         let (rpc, store) = (RpcMetrics::new(&reg), StoreMetrics::new(&reg));
         let (rlqs, resp) = (RlqsMetrics::new(&reg), RespMetrics::new(&reg));
         let config = ConfigMetrics::new(&reg);
@@ -70,6 +103,7 @@ impl Metrics {
             denials: std::sync::OnceLock::new(),
             decisions,
             settlements,
+            ratelimit,
             rpc,
             store,
             rlqs,
@@ -160,6 +194,31 @@ impl Metrics {
         self.decisions
             .with_label_values(&[api, limit, result])
             .inc();
+    }
+
+    /// Adds `n` to envoyproxy/ratelimit's statistic `stat` of `key`. At most
+    /// [`MAX_RATELIMIT_KEYS`] keys get series of their own (`detailed_metric` puts request
+    /// values in them); the rest count under `key="overflow"`.
+    pub fn ratelimit_stat(&self, key: &str, stat: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let key = {
+            let mut keys = self
+                .ratelimit
+                .keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if keys.contains(key) || keys.len() < MAX_RATELIMIT_KEYS && keys.insert(key.into()) {
+                key
+            } else {
+                "overflow"
+            }
+        };
+        self.ratelimit
+            .hits
+            .with_label_values(&[key, stat])
+            .inc_by(n);
     }
 
     /// Records an answered RPC: its duration, and its gRPC status code.
@@ -291,6 +350,30 @@ fn code_label(code: tonic::Code) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn ratelimit_statistics_keys_are_bounded() {
+        let metrics = Metrics::new();
+        for i in 0..MAX_RATELIMIT_KEYS + 5 {
+            metrics.ratelimit_stat(&format!("rl.user_{i}"), "total_hits", 1);
+        }
+        // A key seen before keeps its series when the set is full.
+        metrics.ratelimit_stat("rl.user_0", "total_hits", 1);
+        let text = metrics.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("cellrate_ratelimit_hits_total{"))
+            .count();
+        // The cap, plus overflow's five (at zero from the start).
+        assert_eq!(series, MAX_RATELIMIT_KEYS + 5);
+        assert!(
+            text.contains("cellrate_ratelimit_hits_total{key=\"overflow\",stat=\"total_hits\"} 5")
+        );
+        assert!(
+            text.contains("cellrate_ratelimit_hits_total{key=\"rl.user_0\",stat=\"total_hits\"} 2")
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -32,6 +32,8 @@ pub(super) struct Batch<'a> {
     pub(super) unmatched: usize,
     /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
     pub(super) quota: Vec<usize>,
+    /// envoyproxy/ratelimit's statistics key of each item from its file format.
+    pub(super) stats: Vec<(usize, String)>,
 }
 
 impl EnvoyRateLimitService {
@@ -77,6 +79,9 @@ impl EnvoyRateLimitService {
         self.log_invalid_ids(&request, &batch.owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
         trace::log_denied("envoy", metadata, &results);
+        if !batch.stats.is_empty() {
+            self.count_ratelimit(&batch, &results);
+        }
         let mut response = self.respond(request.descriptors.len(), &batch.owner, &results);
         if !batch.quota.is_empty() {
             quota_mode(&mut response, &batch.quota);

@@ -16,7 +16,7 @@ use crate::clock::SECOND;
 use crate::gcra::{Limit, Mode};
 use crate::limits::config::LimitTable;
 use crate::limits::ratelimit_format::Unit;
-use crate::service::{ItemSpec, Target};
+use crate::service::{ItemResult, ItemSpec, Rule, Target};
 
 /// The name answers and metrics give a descriptor's own `limit` (its entries would make
 /// the label's values unbounded).
@@ -98,6 +98,15 @@ impl EnvoyRateLimitService {
                     entry.1 = pattern;
                 }
             }
+            let stats_key = match &found[d] {
+                Some(f)
+                    if given.is_none() && !(f.limit.detailed_metric || f.limit.value_to_metric) =>
+                {
+                    f.limit.full_key.clone()
+                }
+                _ => detailed_key(&request.domain, &counted),
+            };
+            batch.stats.push((batch.items.len(), stats_key));
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
@@ -145,5 +154,73 @@ pub(super) fn quota_mode(response: &mut RateLimitResponse, quota: &[usize]) {
         response
             .response_headers_to_add
             .retain(|h| h.key != "Retry-After");
+    }
+}
+
+/// envoyproxy/ratelimit's detailed statistics key: `domain.key1_value1.key2_value2`.
+fn detailed_key(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut key = domain.to_string();
+    for (k, v) in entries {
+        key.push('.');
+        key.push_str(k);
+        if !v.is_empty() {
+            key.push('_');
+            key.push_str(v);
+        }
+    }
+    key
+}
+
+/// envoyproxy/ratelimit's near-limit threshold: 80 % of the limit (its NEAR_LIMIT_RATIO).
+const NEAR_LIMIT_RATIO: f64 = 0.8;
+
+impl EnvoyRateLimitService {
+    /// Counts envoyproxy/ratelimit's statistics of the batch's items from its file format:
+    /// hits, and of them those over the limit, near it (above 80 %), within it, and over
+    /// it in shadow mode, split as it splits them when a request's hits straddle a
+    /// threshold.
+    pub(super) fn count_ratelimit(&self, batch: &Batch<'_>, results: &[ItemResult]) {
+        for (i, key) in &batch.stats {
+            let (Some(item), Some(spec)) = (results.get(*i), batch.items.get(*i)) else {
+                continue;
+            };
+            let hits = spec.cost.unwrap_or(1);
+            let stat = |name: &str, n: u64| self.metrics.ratelimit_stat(key, name, n);
+            stat("total_hits", hits);
+            let limit = match item.rule {
+                Rule::Limited(limit) => limit.count(),
+                // Zero a minute: every hit over.
+                _ => 0,
+            };
+            let after = (limit as i64)
+                .saturating_sub(item.decision.remaining)
+                .max(0) as u64;
+            let after = if item.decision.allowed {
+                after
+            } else {
+                after.max(limit + 1)
+            };
+            let before = after.saturating_sub(hits);
+            let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+            if after > limit {
+                let over = if before >= limit { hits } else { after - limit };
+                stat("over_limit", over);
+                stat(
+                    "near_limit",
+                    limit.saturating_sub(near.max(before)).min(hits - over),
+                );
+                if item.shadow {
+                    stat("shadow_mode", over);
+                }
+            } else {
+                stat("within_limit", hits);
+                if after > near {
+                    stat(
+                        "near_limit",
+                        if before >= near { hits } else { after - near },
+                    );
+                }
+            }
+        }
     }
 }
