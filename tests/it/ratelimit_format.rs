@@ -7,14 +7,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::Served;
+use crate::common::{descriptor, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, RatelimitCounting};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -77,19 +75,6 @@ async fn served(dir: &Path, counting: RatelimitCounting) -> Served {
     };
     let limits = LimitTable::load_dir(dir).expect("the directory loads");
     Served::with_settings(limits, settings).await
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: key.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 async fn ask(s: &mut Served, descriptors: Vec<RateLimitDescriptor>) -> RateLimitResponse {

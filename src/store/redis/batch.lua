@@ -129,21 +129,11 @@ local function days_from_civil(y, m)
 end
 
 -- The end, in whole seconds, of the calendar window of letter `cal` that holds now.
+local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
 local function window_end(cal, nows)
-  if cal == 's' then
-    return nows + 1
-  elseif cal == 'm' then
-    return (floor(nows / 60) + 1) * 60
-  elseif cal == 'h' then
-    return (floor(nows / 3600) + 1) * 3600
-  elseif cal == 'd' then
-    return (floor(nows / 86400) + 1) * 86400
-  elseif cal == 'w' then
-    return (floor(nows / 604800) + 1) * 604800
-  elseif cal == 't' then
-    return (floor(nows / 2592000) + 1) * 2592000
-  elseif cal == 'z' then
-    return (floor(nows / 31536000) + 1) * 31536000
+  local len = FIXED[cal]
+  if len then
+    return (floor(nows / len) + 1) * len
   end
   local y, m = civil_from_days(floor(nows / 86400))
   if cal == 'y' or m == 12 then
