@@ -114,6 +114,12 @@ impl Settlements for MemorySettlements {
             },
         );
         ledger.order.push_back((expires, Box::from(id)));
+        // Forgotten ids (denied Checks) leave stale pairs: a flood of them must not grow
+        // the order past twice the table.
+        if ledger.order.len() > 2 * self.max {
+            let Ledger { records, order } = &mut *ledger;
+            order.retain(|(expires, id)| records.get(id).is_some_and(|r| r.expires == *expires));
+        }
         Box::pin(std::future::ready(Ok(Opened {
             written: true,
             evicted,
@@ -205,6 +211,25 @@ mod tests {
         assert_eq!(
             block(table.claim("c", b"1")),
             Claim::Claimed(b"C2".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_flood_of_denied_checks_leaves_nothing_behind() {
+        let clock = FakeClock::new(1_000 * SECOND);
+        let table = MemorySettlements::new(Arc::new(clock), 60 * SECOND, 10);
+        block(table.open("kept", b"K"));
+        for i in 0..1_000 {
+            let id = format!("denied-{i}");
+            block(table.open(&id, b"D"));
+            block(table.forget(&id));
+        }
+        let order = table.ledger().order.len();
+        assert!(order <= 21, "{order} order pairs for one record");
+        assert_eq!(table.len(), 1);
+        assert_eq!(
+            block(table.claim("kept", b"1")),
+            Claim::Claimed(b"K".to_vec())
         );
     }
 }
