@@ -67,7 +67,7 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
     ),
     (
         "RUNTIME_WATCH_ROOT",
-        "cellrate watches the directory and the symlinks to it",
+        "the directory is watched, and re-read every --reload-interval-seconds",
     ),
     ("GRPC_MAX_CONNECTION_AGE", "not applied"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
