@@ -30,15 +30,16 @@ COPY benches ./benches
 # The library embeds the example limits (src/fuzzing.rs).
 COPY config ./config
 RUN touch src/main.rs src/lib.rs && cargo build --profile "$PROFILE" --locked --bin cellrate \
-    && cp "target/$PROFILE/cellrate" cellrate \
-    && ln -sf /usr/local/bin/cellrate ratelimit
+    && cp "target/$PROFILE/cellrate" cellrate
 
 # --- run: distroless with libc, no shell, non-root ------------------------------------
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/cellrate /usr/local/bin/cellrate
 # Where envoyproxy/ratelimit's image has its binary: run as `ratelimit`, cellrate reads
 # its environment variables (Envoy Gateway's `command: [/bin/ratelimit]` works unchanged).
-COPY --from=build /src/ratelimit /bin/ratelimit
+# A copy, not a link: distroless has no shell to make one, and a link's target would
+# depend on whether the base image's /bin is itself a link.
+COPY --from=build /src/cellrate /bin/ratelimit
 COPY config /etc/cellrate
 # The binary's defaults listen on 0.0.0.0:8081 (decisions) and 0.0.0.0:9090 (metrics);
 # admin stays on 127.0.0.1:8082 unless CELLRATE_ADMIN_LISTEN says otherwise.
