@@ -62,6 +62,7 @@ fn main() -> ExitCode {
         Command::Ratelimit => as_ratelimit(false),
         Command::Check(args) => ExitCode::from(cellrate::cli::client::run_check(args).code()),
         Command::Refund(args) => ExitCode::from(cellrate::cli::client::run_refund(args).code()),
+        Command::Settle(args) => ExitCode::from(cellrate::cli::client::run_settle(args).code()),
         Command::Admin { command } => {
             ExitCode::from(cellrate::cli::client::run_admin(command).code())
         }

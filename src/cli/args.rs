@@ -57,6 +57,8 @@ pub enum Command {
     Check(ClientCheckArgs),
     /// Give tokens back to one bucket of a running cellrate.
     Refund(ClientItemArgs),
+    /// Settle a check made with --request-id at what the work actually cost, once.
+    Settle(ClientSettleArgs),
     /// Admin RPCs of a running cellrate, on its admin listener.
     Admin {
         #[command(subcommand)]
@@ -220,6 +222,19 @@ pub struct ClientCheckArgs {
     /// recorded, into debt if need be: a cost known only afterwards).
     #[arg(long, value_enum, default_value = "check-and-spend")]
     pub mode: ClientMode,
+    /// Keep an allowed check under this id, to settle it later (`cellrate settle`).
+    #[arg(long)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientSettleArgs {
+    /// The request id a check was kept under.
+    pub request_id: String,
+    /// What the work actually cost (the check's cost is charged or refunded to it).
+    pub cost: u64,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -391,3 +391,35 @@ fn admin_top_merges_replicas_with_exact_counts() {
     );
     assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
 }
+
+/// `cellrate check --request-id` keeps a check; `cellrate settle` adjusts it once to the
+/// actual cost; a retry says it was settled and changes nothing; an unknown id fails.
+#[test]
+fn settle_through_the_cli() {
+    let server = serve();
+    let run = |args: &[&str]| cellrate(&server.listen, &server.admin, args, &[]);
+    let out = run(&[
+        "check",
+        "ApiRequestsPerKeyDaily",
+        "key-cli",
+        "--cost",
+        "2000",
+        "--request-id",
+        "job-1",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json(&out)["remaining"], 8000);
+    for already in [false, true] {
+        let out = run(&["settle", "job-1", "3500", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let settled = json(&out);
+        assert_eq!(settled["remaining"], 6500);
+        assert_eq!(settled["already_settled"], already);
+    }
+    let out = run(&["settle", "job-1", "3500"]);
+    assert_eq!(rows(&out)[1][..2], ["job-1", "6500"]);
+    let out = run(&["settle", "never-kept", "1"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("unknown"), "{}", stderr(&out));
+}

@@ -1,9 +1,9 @@
 //! `cellrate check` and `cellrate refund`: one item, on the decisions port.
 
-use super::render::{decision_answer, one};
+use super::render::{decision_answer, duration, nanos, one};
 use super::transport::connect;
 use super::{Answer, Exit, Failed};
-use crate::cli::ClientItemArgs;
+use crate::cli::{ClientItemArgs, ClientSettleArgs};
 use crate::proto::v1 as pb;
 
 pub(super) fn item(args: &ClientItemArgs, mode: pb::Mode) -> pb::Item {
@@ -16,12 +16,16 @@ pub(super) fn item(args: &ClientItemArgs, mode: pb::Mode) -> pb::Item {
     }
 }
 
-pub(super) async fn check(args: &ClientItemArgs, mode: pb::Mode) -> Result<Answer, Failed> {
+pub(super) async fn check(
+    args: &ClientItemArgs,
+    mode: pb::Mode,
+    request_id: Option<&str>,
+) -> Result<Answer, Failed> {
     let channel = connect(&args.client, &args.client.addr).await?;
     let response = pb::rate_limiter_client::RateLimiterClient::new(channel)
         .check(pb::CheckRequest {
             items: vec![item(args, mode)],
-            ..Default::default()
+            request_id: request_id.unwrap_or_default().to_string(),
         })
         .await?
         .into_inner();
@@ -43,4 +47,48 @@ pub(super) async fn refund(args: &ClientItemArgs) -> Result<Answer, Failed> {
         .await?
         .into_inner();
     Ok(decision_answer(args, &one(response.items)?, Exit::Ok))
+}
+
+/// `cellrate settle`: the kept check's one item adjusted to `cost`, answered as the bucket
+/// then is (with whether this id had been settled before: a retry changes nothing).
+pub(super) async fn settle(args: &ClientSettleArgs) -> Result<Answer, Failed> {
+    let channel = connect(&args.client, &args.client.addr).await?;
+    let response = pb::rate_limiter_client::RateLimiterClient::new(channel)
+        .settle(pb::SettleRequest {
+            request_id: args.request_id.clone(),
+            costs: vec![args.cost],
+        })
+        .await?
+        .into_inner();
+    let already = response.already_settled;
+    let d = one(response.items)?;
+    let (retry, reset) = (nanos(d.retry_after.as_ref()), nanos(d.reset_after.as_ref()));
+    Ok(Answer {
+        rows: vec![
+            [
+                "REQUEST ID",
+                "REMAINING",
+                "RETRY AFTER",
+                "RESET AFTER",
+                "ALREADY SETTLED",
+            ]
+            .map(String::from)
+            .to_vec(),
+            vec![
+                args.request_id.clone(),
+                d.remaining.to_string(),
+                duration(retry),
+                duration(reset),
+                if already { "yes" } else { "no" }.to_string(),
+            ],
+        ],
+        json: serde_json::json!({
+            "request_id": args.request_id,
+            "remaining": d.remaining,
+            "retry_after_ns": retry,
+            "reset_after_ns": reset,
+            "already_settled": already,
+        }),
+        exit: Exit::Ok,
+    })
 }

@@ -15,7 +15,8 @@ mod transport;
 use serde_json::Value;
 
 use crate::cli::{
-    AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode, OverrideCommand,
+    AdminCommand, ClientArgs, ClientCheckArgs, ClientItemArgs, ClientMode, ClientSettleArgs,
+    OverrideCommand,
 };
 use crate::proto::v1 as pb;
 pub use render::{duration, table};
@@ -88,8 +89,15 @@ pub fn run_check(args: ClientCheckArgs) -> Exit {
     let item = args.item;
     finish(
         &item.client,
-        block_on(&item.client, decide::check(&item, mode)),
+        block_on(
+            &item.client,
+            decide::check(&item, mode, args.request_id.as_deref()),
+        ),
     )
+}
+
+pub fn run_settle(args: ClientSettleArgs) -> Exit {
+    finish(&args.client, block_on(&args.client, decide::settle(&args)))
 }
 
 pub fn run_refund(args: ClientItemArgs) -> Exit {

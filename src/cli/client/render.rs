@@ -51,6 +51,26 @@ pub(super) fn decision_answer(args: &ClientItemArgs, d: &pb::Decision, exit: Exi
             limit.burst
         )
     };
+    let mut json = json!({
+        "name": args.name,
+        "id": args.id,
+        "allowed": d.allowed,
+        "remaining": d.remaining,
+        "retry_after_ns": retry,
+        "reset_after_ns": reset,
+        "limit": {
+            "name": limit.name,
+            "key": limit.key,
+            "burst": limit.burst,
+            "count": limit.count,
+            "period_ns": period,
+        },
+        "policy": policy(d),
+    });
+    // A calendar limit's window; left out for GCRA (the common case).
+    if let Some(calendar) = &limit.calendar {
+        json["limit"]["calendar"] = calendar.clone().into();
+    }
     Answer {
         rows: vec![
             [
@@ -76,23 +96,7 @@ pub(super) fn decision_answer(args: &ClientItemArgs, d: &pb::Decision, exit: Exi
                 policy(d).to_string(),
             ],
         ],
-        json: json!({
-            "name": args.name,
-            "id": args.id,
-            "allowed": d.allowed,
-            "remaining": d.remaining,
-            "retry_after_ns": retry,
-            "reset_after_ns": reset,
-            "limit": {
-                "name": limit.name,
-                "key": limit.key,
-                "burst": limit.burst,
-                "count": limit.count,
-                "period_ns": period,
-                "calendar": limit.calendar,
-            },
-            "policy": policy(d),
-        }),
+        json,
         exit,
     }
 }
