@@ -242,7 +242,12 @@ async fn silent_slow_and_idle_connections_are_closed() {
         ..ServerLimits::default()
     })
     .await;
-    for addr in [s.decisions_addr, s.admin_addr, s.metrics_addr] {
+    for addr in [
+        s.decisions_addr,
+        s.admin_addr,
+        s.metrics_addr,
+        s.health_addr,
+    ] {
         // Silent: nothing sent at all.
         let mut silent = TcpStream::connect(addr).await.unwrap();
         assert!(

@@ -48,25 +48,25 @@ impl EnvoyRateLimitService {
         // hits_addend 0 means 1.
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut batch = Batch::default();
-        if table.ratelimit().has_domain(&request.domain) {
+        // One lookup per request, none when no file is in that format.
+        let ratelimit = table.ratelimit();
+        if !ratelimit.is_empty() && ratelimit.has_domain(&request.domain) {
             // A domain in envoyproxy/ratelimit's file format: matched as it matches.
             for (d, descriptor) in request.descriptors.iter().enumerate() {
                 check_descriptor(d, descriptor)?;
             }
             self.add_ratelimit(&table, &request, request_cost, &mut batch)?;
-        }
-        for (d, descriptor) in request.descriptors.iter().enumerate() {
-            if table.ratelimit().has_domain(&request.domain) {
-                break;
+        } else {
+            for (d, descriptor) in request.descriptors.iter().enumerate() {
+                self.add_descriptor(
+                    &table,
+                    &request.domain,
+                    request_cost,
+                    d,
+                    descriptor,
+                    &mut batch,
+                )?;
             }
-            self.add_descriptor(
-                &table,
-                &request.domain,
-                request_cost,
-                d,
-                descriptor,
-                &mut batch,
-            )?;
         }
         let results = if batch.items.is_empty() {
             Vec::new()

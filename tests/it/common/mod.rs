@@ -29,6 +29,8 @@ pub struct Served {
     pub decisions_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
+    /// The second HTTP listener (`--health-listen`, envoyproxy/ratelimit's `PORT`).
+    pub health_addr: std::net::SocketAddr,
     /// The Redis-protocol listener.
     pub resp_addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -76,6 +78,8 @@ impl Served {
         let clock = FakeClock::new(T0);
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health_addr = health.local_addr().unwrap();
         let resp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let resp_addr = resp.local_addr().unwrap();
         let decisions_addr = decisions.local_addr().unwrap();
@@ -86,7 +90,7 @@ impl Served {
             decisions,
             admin,
             metrics: Some(metrics),
-            health: None,
+            health: Some(health),
             resp: Some(resp),
         };
         let shutdown = async move {
@@ -132,6 +136,7 @@ impl Served {
             decisions_addr,
             admin_addr,
             metrics_addr,
+            health_addr,
             resp_addr,
             stop: Some(stop),
             task: Some(task),
