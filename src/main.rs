@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
-use cellrate::limits::config::LimitTable;
+use cellrate::limits::config::{read_files, LimitTable};
 use cellrate::server::StoreSettings;
 
 #[cfg(feature = "mimalloc")]
@@ -166,7 +166,18 @@ fn as_ratelimit(logging: bool) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     // Bad configuration or flags exit (78, 64) before any port is bound.
-    let limits = match LimitTable::load_dir(&args.config) {
+    let xds = match args.xds.settings() {
+        Ok(xds) => xds,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "invalid xDS settings");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if xds.is_some() && !args.config.exists() {
+        tracing::warn!(dir = %args.config.display(), "the limits directory does not exist: limits come from xDS alone");
+    }
+    let files = read_files(&args.config, xds.is_some());
+    let limits = match files.and_then(|files| LimitTable::from_files(&files)) {
         Ok(limits) => limits,
         Err(errors) => {
             for error in &errors.0 {
@@ -200,7 +211,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve_async(args, limits, tls, store)) {
+    match runtime.block_on(serve_async(args, limits, tls, store, xds)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
@@ -214,11 +225,15 @@ async fn serve_async(
     limits: LimitTable,
     tls: Option<cellrate::server::admin::TlsPem>,
     store: StoreSettings,
+    xds: Option<cellrate::server::xds::XdsSettings>,
 ) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
     let shutdown = cellrate::server::shutdown::signal();
     let listeners = args.bind().await?;
-    let settings = args.settings(tls, store);
+    let settings = cellrate::server::Settings {
+        xds,
+        ..args.settings(tls, store)
+    };
     let clock = Arc::new(cellrate::clock::SystemClock);
     cellrate::server::run(limits, listeners, clock, settings, shutdown).await?;
     tracing::info!("cellrate stopped");

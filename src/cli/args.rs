@@ -533,6 +533,9 @@ pub struct ServeArgs {
     /// Seconds that in-flight RPCs may then take to finish.
     #[arg(long, env = "CELLRATE_GRACE_SECONDS", default_value_t = 10)]
     pub grace_seconds: u64,
+
+    #[command(flatten)]
+    pub xds: super::xds_args::XdsArgs,
 }
 
 #[derive(Debug, clap::Args)]

@@ -9,3 +9,4 @@ pub mod client;
 pub mod ratelimit_env;
 mod serve;
 pub mod simulate;
+pub mod xds_args;

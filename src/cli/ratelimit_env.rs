@@ -79,8 +79,16 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("TRACING_ENABLED", "no OpenTelemetry export"),
     ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
     (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "connecting is retried with XDS_CLIENT_BACKOFF_*",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "each wait doubles the last, drawn from its upper half",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "each wait doubles the last, drawn from its upper half",
     ),
 ];
 
@@ -126,15 +134,6 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         .join(get("RUNTIME_SUBDIRECTORY", ""))
         .join(get("RUNTIME_APPDIRECTORY", "config"));
     push("--config", dir.display().to_string());
-    match get("CONFIG_TYPE", "FILE").as_str() {
-        "FILE" => {}
-        "GRPC_XDS_SOTW" => {
-            return Err("CONFIG_TYPE=GRPC_XDS_SOTW: configuration over xDS is not \
-                        served yet; use CONFIG_TYPE=FILE"
-                .to_string())
-        }
-        other => return Err(format!("CONFIG_TYPE={other:?}: one of FILE, GRPC_XDS_SOTW")),
-    }
     // Listeners.
     push(
         "--listen",
@@ -173,6 +172,19 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         );
     }
     store(&var, &mut out)?;
+    match get("CONFIG_TYPE", "FILE").as_str() {
+        "FILE" => {
+            if var("FORCE_START_WITHOUT_INITIAL_CONFIG").is_some() {
+                out.warnings.push(
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG is accepted and not used: only with \
+                     CONFIG_TYPE=GRPC_XDS_SOTW"
+                        .to_string(),
+                );
+            }
+        }
+        "GRPC_XDS_SOTW" => xds(&var, &mut out)?,
+        other => return Err(format!("CONFIG_TYPE={other:?}: one of FILE, GRPC_XDS_SOTW")),
+    }
     // Behaviour.
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
@@ -209,6 +221,87 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// CONFIG_TYPE=GRPC_XDS_SOTW: the CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables.
+fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
+    let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
+    let mut push = |flag: &str, value: String| {
+        out.flags.push(flag.to_string());
+        out.flags.push(value);
+    };
+    push(
+        "--xds-server",
+        get("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"),
+    );
+    push("--xds-node-id", get("CONFIG_GRPC_XDS_NODE_ID", "default"));
+    // "key1=val1,key2=val2"; an entry without `=` is skipped there, and here with a word.
+    for entry in get("CONFIG_GRPC_XDS_NODE_METADATA", "").split(',') {
+        match entry.split_once('=') {
+            Some((key, _)) if !key.is_empty() => push("--xds-node-metadata", entry.to_string()),
+            _ if entry.is_empty() => {}
+            _ => out.warnings.push(format!(
+                "CONFIG_GRPC_XDS_NODE_METADATA: {entry:?} is not key=value and is skipped, \
+                 as envoyproxy/ratelimit skips it"
+            )),
+        }
+    }
+    // "name1:value1,name2:value2".
+    for entry in get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "").split(',') {
+        match entry.split_once(':') {
+            Some((name, _)) if !name.trim().is_empty() => push("--xds-header", entry.to_string()),
+            _ if entry.is_empty() => {}
+            _ => {
+                return Err(format!(
+                    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {entry:?} is not name:value"
+                ))
+            }
+        }
+    }
+    let flag = |name: &str| boolean(name, &get(name, "false"));
+    if flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")? {
+        out.flags.push("--xds-tls".to_string());
+        for (name, flag) in [
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-ca"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-client-cert"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-client-key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-server-name"),
+        ] {
+            if let Some(value) = var(name).filter(|v| !v.is_empty()) {
+                out.flags.extend([flag.to_string(), value]);
+            }
+        }
+    }
+    for (name, flag) in [
+        (
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            "--xds-backoff-initial",
+        ),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max"),
+    ] {
+        if let Some(value) = var(name) {
+            crate::limits::duration::parse_duration(&value)
+                .map_err(|e| format!("{name}={value:?}: {e}"))?;
+            out.flags.extend([flag.to_string(), value]);
+        }
+    }
+    if let Some(size) = var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES").filter(|s| !s.is_empty()) {
+        match size.parse::<u64>() {
+            Ok(n) if (1024..=64 << 20).contains(&n) => out
+                .flags
+                .extend(["--xds-max-message-bytes".to_string(), size]),
+            _ => {
+                return Err(format!(
+                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={size:?}: a number of bytes from 1024 \
+                     to 67108864"
+                ))
+            }
+        }
+    }
+    if flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
+        out.flags.push("--xds-force-start".to_string());
+    }
+    Ok(())
 }
 
 /// BACKEND_TYPE and the REDIS_* variables.
@@ -303,7 +396,42 @@ mod tests {
             (vec![("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS"),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
             (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
-            (vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")], "CONFIG_TYPE"),
+            (
+                vec![("CONFIG_TYPE", "XDS"), ("BACKEND_TYPE", "memory")],
+                "CONFIG_TYPE",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memory"),
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "on"),
+                ],
+                "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memory"),
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60"),
+                ],
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memory"),
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "huge"),
+                ],
+                "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memory"),
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "token"),
+                ],
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            ),
             (
                 vec![("LOG_LEVEL", "loud"), ("BACKEND_TYPE", "memory")],
                 "LOG_LEVEL",
@@ -320,6 +448,50 @@ mod tests {
             let e = run(&vars).unwrap_err();
             assert!(e.contains(says), "{vars:?}: {e}");
         }
+    }
+
+    #[test]
+    fn envoy_gateways_xds_environment_translates() {
+        // Its deployment's variables, as internal/infrastructure/kubernetes/ratelimit sets them.
+        let t = run(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("BACKEND_TYPE", "memory"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,key1:val1"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-token:abc"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ])
+        .unwrap();
+        let flags = t.flags.join(" ");
+        for expected in [
+            "--config /data/ratelimit/config",
+            "--xds-server envoy-gateway:18001 --xds-node-id envoy-ratelimit",
+            "--xds-node-metadata zone=a --xds-header x-token:abc",
+            "--xds-tls --xds-ca /certs/ca.crt --xds-client-cert /certs/tls.crt \
+             --xds-client-key /certs/tls.key",
+            "--xds-backoff-initial 10s",
+            "--xds-force-start",
+        ] {
+            assert!(flags.contains(expected), "{expected}: {flags}");
+        }
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        assert!(t.warnings[0].contains("\"key1:val1\" is not key=value"));
+        // FILE: no xDS flags, and the force-start variable is only noted.
+        let t = run(&[
+            ("BACKEND_TYPE", "memory"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ])
+        .unwrap();
+        assert!(!t.flags.join(" ").contains("--xds"));
+        assert!(t.warnings[0].starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG"));
     }
 
     #[test]

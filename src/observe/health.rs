@@ -17,6 +17,8 @@ pub struct Health {
     shutting_down: AtomicBool,
     /// When set, `/readyz` also needs the store to be answering.
     store_health: Mutex<Option<Arc<AtomicBool>>>,
+    /// Set while the first xDS update is awaited (the gRPC listeners do not serve yet).
+    waiting_for_config: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,9 +56,15 @@ impl Health {
         *lock(&self.store_health) = Some(healthy);
     }
 
+    /// Whether the first xDS update is awaited: `/readyz` answers 503 meanwhile.
+    pub fn set_waiting_for_config(&self, waiting: bool) {
+        self.waiting_for_config.store(waiting, Ordering::SeqCst);
+    }
+
     /// Whether `/readyz` answers 200.
     pub fn ready(&self) -> bool {
         !self.shutting_down.load(Ordering::SeqCst)
+            && !self.waiting_for_config.load(Ordering::SeqCst)
             && lock(&self.store_health)
                 .as_ref()
                 .is_none_or(|h| h.load(Ordering::Relaxed))

@@ -10,7 +10,7 @@
 //! live ([`store`]), the two gRPC stacks (`grpc.rs`), the background tasks ([`tasks`]),
 //! every listener's bounds ([`listener`]), the tower layers of the gRPC stacks
 //! ([`rpc_metrics`], [`shortcut`]), admin security ([`admin`]), the config reloader
-//! ([`reload`]), the HTTP routes ([`http`]) and the shutdown signal ([`shutdown`]).
+//! ([`reload`]) and the xDS client that feeds it ([`xds`]), the HTTP routes ([`http`]) and the shutdown signal ([`shutdown`]).
 
 pub mod admin;
 mod grpc;
@@ -23,6 +23,7 @@ pub mod shortcut;
 pub mod shutdown;
 pub mod store;
 pub mod tasks;
+pub mod xds;
 
 pub use settings::{Listeners, ServerLimits, Settings, StoreSettings};
 pub use store::no_redis;
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -163,7 +165,19 @@ impl Server {
         };
         let limits = settings.server.fitted();
         let http = [self.listeners.metrics, self.listeners.health];
-        background.start(&shared, &runtime, &settings, limits, http);
+        let mut first_config = background.start(&shared, &runtime, &settings, limits, http);
+        tokio::pin!(shutdown);
+        if let Some(first_config) = first_config.as_mut() {
+            // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions
+            // only once the control plane's limits are in force, as envoyproxy/ratelimit.
+            shared.health.set_waiting_for_config(true);
+            tracing::info!("waiting for the first xDS update before serving");
+            tokio::select! {
+                _ = first_update(first_config) => {}
+                _ = &mut shutdown => return background.finish(Ok(())).await,
+            }
+            shared.health.set_waiting_for_config(false);
+        }
 
         // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams
         // end then too (Envoys reconnect to another replica). A child of the tasks' token:
@@ -242,8 +256,10 @@ impl Server {
 }
 
 impl Background {
-    /// Starts the sweeper, the copy of shared overrides, the reloader and the metrics
-    /// listener (which serves until the tasks stop, so that a drain can be watched).
+    /// Starts the sweeper, the copy of shared overrides, the reloader, the xDS client
+    /// and the metrics listener (which serves until the tasks stop, so that a drain can
+    /// be watched). With xDS and without `force_start`: what says when a first update is
+    /// in force.
     fn start(
         &self,
         shared: &Shared,
@@ -251,7 +267,7 @@ impl Background {
         settings: &Settings,
         limits: ServerLimits,
         http_listeners: [Option<TcpListener>; 2],
-    ) {
+    ) -> Option<watch::Receiver<bool>> {
         let (stop, metrics) = (&self.stop, &shared.metrics);
         self.tasks.spawn(tasks::sweep(
             shared.store.clone(),
@@ -275,9 +291,10 @@ impl Background {
         }
         // The reloader swaps new limits in; decisions in flight keep the snapshot they
         // started with.
+        let dir = settings.reload.as_ref().map(|r| r.dir.clone());
+        let reloader = Arc::new(Reloader::new(dir, settings.xds.is_some(), shared.clone()));
         if let Some(reload) = settings.reload.clone() {
-            let reloader = Arc::new(Reloader::new(reload.dir.clone(), shared.clone()));
-            reloader.spawn(reload, stop.clone(), &self.tasks);
+            reloader.clone().spawn(reload, stop.clone(), &self.tasks);
         }
         for listener in http_listeners.into_iter().flatten() {
             let routes = http::http_routes(metrics.clone(), shared.health.clone());
@@ -286,6 +303,17 @@ impl Background {
             let serve = listener::serve_http1(listener, routes, stopped, Duration::from_secs(1));
             self.tasks.spawn(serve);
         }
+        let xds = settings.xds.clone()?;
+        let (ready, first_config) = watch::channel(false);
+        let force_start = xds.force_start;
+        let client = xds::XdsClient {
+            settings: xds,
+            reloader,
+            metrics: metrics.clone(),
+            ready,
+        };
+        self.tasks.spawn(client.run(stop.clone()));
+        (!force_start).then_some(first_config)
     }
 
     /// Stops the background tasks, waits for them, and returns the servers' result.
@@ -294,6 +322,16 @@ impl Background {
         self.tasks.close();
         self.tasks.wait().await;
         result
+    }
+}
+
+/// Resolves once the xDS client has put a first update in force.
+async fn first_update(ready: &mut watch::Receiver<bool>) {
+    loop {
+        let in_force = *ready.borrow_and_update();
+        if in_force || ready.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -20,8 +20,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::limits::ratelimit_format::RateLimitConfig;
+
 use super::Shared;
-use crate::limits::config::{LimitTable, LoadError};
+use crate::limits::config::{read_files, LimitTable, LoadError, Sources};
 
 type Watcher = notify_debouncer_full::Debouncer<
     notify::RecommendedWatcher,
@@ -77,67 +79,89 @@ pub struct ReloadSettings {
     pub sighup: bool,
 }
 
-/// Loads the directory and swaps valid, changed limits in.
+/// Loads the directory (and applies xDS updates) and swaps valid, changed limits in.
 pub struct Reloader {
-    dir: PathBuf,
+    /// The limits directory; `None`: no files (limits from xDS alone, or fixed).
+    dir: Option<PathBuf>,
+    /// With xDS, a directory that does not exist holds no files instead of being an error.
+    missing_dir_ok: bool,
     /// The limits it swaps; the store it tells after every swap (so that nothing derived
     /// from the old limits survives); the counters and health it reports to.
     shared: Shared,
+    /// Held while a new table is built and swapped in: a file reload and an xDS update
+    /// each rebuild with the other's sources in force, so they must not interleave.
+    building: Mutex<()>,
     /// The errors of the last rejected reload, to log a repeat in one line.
     last_failure: Mutex<Option<String>>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Reloader {
-    pub fn new(dir: PathBuf, shared: Shared) -> Reloader {
+    pub fn new(dir: Option<PathBuf>, missing_dir_ok: bool, shared: Shared) -> Reloader {
         Reloader {
             dir,
+            missing_dir_ok,
             shared,
+            building: Mutex::new(()),
             last_failure: Mutex::new(None),
         }
     }
 
-    /// Reloads now. `Ok(true)`: new limits are in force; `Ok(false)`: unchanged content.
+    /// Swaps `table` in unless its version is in force. `Ok(true)`: swapped.
+    fn install(&self, table: LimitTable, cause: &str) -> bool {
+        if table.version() == self.shared.limits.load().version() {
+            return false;
+        }
+        let version = table.version().to_string();
+        self.shared.limits.store(Arc::new(table));
+        self.shared.store.limits_changed();
+        self.shared
+            .metrics
+            .config_loaded(&version, self.shared.clock.now());
+        self.shared.health.config_loaded(&version);
+        tracing::info!(cause, %version, "limits reloaded");
+        true
+    }
+
+    /// Re-reads the directory now, with the xDS resources in force. `Ok(true)`: new
+    /// limits are in force; `Ok(false)`: unchanged content.
     pub fn reload(&self, cause: &str) -> Result<bool, LoadError> {
-        match LimitTable::load_dir(&self.dir) {
-            Ok(table) if table.version() == self.shared.limits.load().version() => {
+        let Some(dir) = &self.dir else {
+            return Ok(false);
+        };
+        let _building = lock(&self.building);
+        let built = read_files(dir, self.missing_dir_ok).and_then(|files| {
+            LimitTable::from_sources(Sources {
+                files: Arc::new(files),
+                xds: self.shared.limits.load().sources().xds.clone(),
+            })
+        });
+        match built {
+            Ok(table) => {
+                *lock(&self.last_failure) = None;
+                if self.install(table, cause) {
+                    self.shared.metrics.reload("success");
+                    return Ok(true);
+                }
                 // Logged when an event or SIGHUP caused it (after a rejected reload this is
                 // the operator's revert taking effect); the timer's quiet re-reads only at
                 // debug level, not a line every interval.
+                let version = self.shared.limits.load().version().to_string();
                 if cause == "timer" {
-                    tracing::debug!(cause, version = %table.version(), "limits unchanged");
+                    tracing::debug!(cause, %version, "limits unchanged");
                 } else {
-                    tracing::info!(cause, version = %table.version(), "limits unchanged");
+                    tracing::info!(cause, %version, "limits unchanged");
                 }
-                *self
-                    .last_failure
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = None;
                 self.shared.health.config_valid();
                 self.shared.metrics.reload("unchanged");
                 Ok(false)
             }
-            Ok(table) => {
-                *self
-                    .last_failure
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = None;
-                let version = table.version().to_string();
-                self.shared.limits.store(Arc::new(table));
-                self.shared.store.limits_changed();
-                self.shared
-                    .metrics
-                    .config_loaded(&version, self.shared.clock.now());
-                self.shared.health.config_loaded(&version);
-                self.shared.metrics.reload("success");
-                tracing::info!(cause, %version, "limits reloaded");
-                Ok(true)
-            }
             Err(errors) => {
                 let message = errors.to_string();
-                let mut last = self
-                    .last_failure
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
+                let mut last = lock(&self.last_failure);
                 if last.as_deref() == Some(message.as_str()) {
                     // The timer retries a broken directory every interval: one line, not
                     // every error again.
@@ -152,6 +176,30 @@ impl Reloader {
                 self.shared.metrics.reload("failure");
                 Err(errors)
             }
+        }
+    }
+
+    /// Applies the resources of one xDS update (all of them: state of the world) with the
+    /// files in force. `Ok(true)`: new limits are in force; `Ok(false)`: the same content;
+    /// `Err`: nothing changed (the update is to be NACKed with the errors).
+    pub fn apply_xds(&self, resources: Vec<RateLimitConfig>) -> Result<bool, LoadError> {
+        let _building = lock(&self.building);
+        let built = LimitTable::from_sources(Sources {
+            files: self.shared.limits.load().sources().files.clone(),
+            xds: Arc::new(resources),
+        });
+        let updates = &self.shared.metrics.config.xds_updates;
+        match built.map(|table| self.install(table, "xds")) {
+            Ok(true) => {
+                updates.with_label_values(&["applied"]).inc();
+                Ok(true)
+            }
+            Ok(false) => {
+                updates.with_label_values(&["unchanged"]).inc();
+                Ok(false)
+            }
+            // Logged and counted by the xDS client, which NACKs it.
+            Err(errors) => Err(errors),
         }
     }
 

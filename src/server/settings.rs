@@ -42,6 +42,8 @@ pub struct Settings {
     pub envoy: EnvoyOptions,
     /// Hot reload of the limits directory; `None`: the limits never change.
     pub reload: Option<ReloadSettings>,
+    /// Limits over xDS from a control plane (with the directory's, if any).
+    pub xds: Option<super::xds::XdsSettings>,
     /// Bearer token required on admin RPCs.
     pub admin_token: Option<String>,
     /// TLS on both gRPC listeners.
@@ -168,6 +170,7 @@ impl Default for Settings {
             grace: Duration::from_secs(10),
             envoy: EnvoyOptions::default(),
             reload: None,
+            xds: None,
             admin_token: None,
             tls: None,
             store: StoreSettings::Memory,

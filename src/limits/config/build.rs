@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::files::{content_version, read_dir, FileKind};
 use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName};
-use super::{short, ConfigError, LimitTable, LoadError, Policy, Source, MAX_ERRORS};
+use super::{short, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS};
 use crate::gcra::Window;
 use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
@@ -15,21 +15,40 @@ use crate::limits::ids::IdFormat;
 use crate::limits::names::Names;
 use crate::limits::ratelimit_format::is_ratelimit_file;
 
+/// The YAML files of a limits directory, in name order. `missing_ok`: a directory that
+/// does not exist holds no files (limits may come from xDS alone).
+pub fn read_files(dir: &Path, missing_ok: bool) -> Result<Vec<(String, String)>, LoadError> {
+    if missing_ok && !dir.exists() {
+        return Ok(Vec::new());
+    }
+    read_dir(dir).map_err(|reason| {
+        LoadError(vec![ConfigError {
+            file: dir.display().to_string(),
+            entry: None,
+            reason,
+        }])
+    })
+}
+
 impl LimitTable {
     /// Loads a limits directory.
     pub fn load_dir(dir: &Path) -> Result<LimitTable, LoadError> {
-        let files = read_dir(dir).map_err(|reason| {
-            LoadError(vec![ConfigError {
-                file: dir.display().to_string(),
-                entry: None,
-                reason,
-            }])
-        })?;
-        LimitTable::from_files(&files)
+        LimitTable::from_files(&read_files(dir, false)?)
     }
 
     /// Builds a table from `(file name, contents)` pairs, as found in a directory.
     pub fn from_files(files: &[(String, String)]) -> Result<LimitTable, LoadError> {
+        LimitTable::from_sources(Sources {
+            files: Arc::new(files.to_vec()),
+            xds: Arc::default(),
+        })
+    }
+
+    /// Builds a table from files and xDS resources (envoyproxy/ratelimit's
+    /// `RateLimitConfig`, each read as a file in that format would be, and named
+    /// `xds:<resource name>` in errors).
+    pub fn from_sources(sources: Sources) -> Result<LimitTable, LoadError> {
+        let files = &sources.files[..];
         let mut errors = Vec::new();
         let mut kinds: Vec<(FileKind, &str, &str)> = Vec::new();
         for (file, text) in files {
@@ -57,7 +76,8 @@ impl LimitTable {
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
             ratelimit: Default::default(),
-            version: content_version(files),
+            version: content_version(files, &sources.xds),
+            sources: sources.clone(),
         };
         // Where each override id was set, to name both places of a duplicate.
         let mut override_origin: HashMap<(u32, String), String> = HashMap::new();
@@ -102,6 +122,20 @@ impl LimitTable {
                 },
                 FileKind::Ratelimit => table.ratelimit.add_file(text, &mut report),
             }
+        }
+        for config in sources.xds.iter() {
+            let file = format!("xds:{}", config.name);
+            table.ratelimit.add_xds(config, &mut |entry, reason| {
+                if errors.len() >= MAX_ERRORS {
+                    suppressed += 1;
+                    return;
+                }
+                errors.push(ConfigError {
+                    file: short(&file),
+                    entry: entry.as_deref().map(short),
+                    reason: short(&reason),
+                })
+            });
         }
         for error in table.across_files() {
             if errors.len() < MAX_ERRORS {

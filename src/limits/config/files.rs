@@ -1,7 +1,11 @@
 //! Reading the limits directory: its YAML files by name, bounded in count and size,
 //! following symlinks (Kubernetes ConfigMaps), and the content version of what was read.
 
+use std::borrow::Cow;
 use std::path::Path;
+
+use crate::limits::ratelimit_format::RateLimitConfig;
+use prost::Message;
 
 use sha2::{Digest, Sha256};
 
@@ -92,15 +96,31 @@ pub(super) fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, String> {
     Ok(files)
 }
 
-pub(super) fn content_version(files: &[(String, String)]) -> String {
-    let mut sorted: Vec<_> = files.iter().collect();
-    sorted.sort();
+/// A short hash of the files' names and contents and of the xDS resources (the same
+/// content, the same version, whatever the order).
+pub(super) fn content_version(files: &[(String, String)], xds: &[RateLimitConfig]) -> String {
+    let mut sorted: Vec<(&[u8], Cow<'_, [u8]>)> = files
+        .iter()
+        .map(|(name, text)| (name.as_bytes(), Cow::Borrowed(text.as_bytes())))
+        .collect();
+    // Resources are told from files by a name no file has (`/` cannot be in a file name).
+    sorted.extend(
+        xds.iter()
+            .map(|c| (c.name.as_bytes(), Cow::Owned(c.encode_to_vec()))),
+    );
+    let files_end = files.len();
+    let (files_part, xds_part) = sorted.split_at_mut(files_end);
+    files_part.sort();
+    xds_part.sort();
     let mut hash = Sha256::new();
-    for (name, text) in sorted {
+    for (i, (name, bytes)) in sorted.iter().enumerate() {
+        if i == files_end {
+            hash.update(b"/xds/");
+        }
         hash.update((name.len() as u64).to_le_bytes());
-        hash.update(name.as_bytes());
-        hash.update((text.len() as u64).to_le_bytes());
-        hash.update(text.as_bytes());
+        hash.update(name);
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
     }
     hex::encode(&hash.finalize()[..8])
 }

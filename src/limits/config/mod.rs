@@ -33,6 +33,8 @@ use crate::limits::hash::ConfigMap;
 use crate::limits::names::{Name, Names};
 use crate::limits::ratelimit_format::RatelimitDomains;
 
+use crate::limits::ratelimit_format::RateLimitConfig;
+pub use build::read_files;
 use files::content_version;
 pub use files::is_config_file;
 
@@ -171,6 +173,18 @@ pub struct LimitTable {
     /// Domains in envoyproxy/ratelimit's file format.
     ratelimit: RatelimitDomains,
     version: String,
+    /// What it was built from: a change to one source rebuilds with the others.
+    sources: Sources,
+}
+
+/// What a table is built from: the limits directory's files, and the resources received
+/// over xDS (`--xds-server`).
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// `(file name, contents)`, in name order.
+    pub files: Arc<Vec<(String, String)>>,
+    /// envoyproxy/ratelimit's `RateLimitConfig`s, as the control plane sent them.
+    pub xds: Arc<Vec<RateLimitConfig>>,
 }
 impl LimitTable {
     /// A table with the built-in names and no limits.
@@ -182,7 +196,8 @@ impl LimitTable {
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
             ratelimit: RatelimitDomains::default(),
-            version: content_version(&[]),
+            version: content_version(&[], &[]),
+            sources: Sources::default(),
         }
     }
 
@@ -263,6 +278,11 @@ impl LimitTable {
     /// A short hash of the loaded files' names and contents: equal contents, equal version.
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// What this table was built from.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 }
 

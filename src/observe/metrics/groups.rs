@@ -73,6 +73,10 @@ pub struct ConfigMetrics {
     pub(super) runtime_overrides: IntCounterVec,
     /// Copies of the temporary overrides shared through Redis that failed.
     pub override_sync_failures: IntCounter,
+    /// `cellrate_xds_updates_total{result}`: applied, unchanged, rejected.
+    pub xds_updates: IntCounterVec,
+    /// `cellrate_xds_connected`: 1 while the xDS stream is open.
+    pub xds_connected: IntGauge,
 }
 
 /// Registers metrics in one registry. Names are constants of this file; registering one
@@ -328,6 +332,18 @@ impl ConfigMetrics {
              limits stay in force), else 1.",
         );
         last_reload_ok.set(1);
+        let xds_updates = reg.counters_from_zero(
+            "cellrate_xds_updates_total",
+            "RateLimitConfig updates received over xDS, by result: applied (ACKed, new limits \
+             in force), unchanged (ACKed, same content), rejected (NACKed, the previous \
+             limits stay in force).",
+            "result",
+            &["applied", "unchanged", "rejected"],
+        );
+        let xds_connected = reg.gauge(
+            "cellrate_xds_connected",
+            "1 while the xDS stream to the control plane is open (--xds-server), else 0.",
+        );
         ConfigMetrics {
             info: reg.add(
                 IntGaugeVec::new(
@@ -353,6 +369,8 @@ impl ConfigMetrics {
                 "cellrate_runtime_override_sync_failures_total",
                 "Failed copies of the temporary overrides shared through Redis (the last copy stays in force).",
             ),
+            xds_updates,
+            xds_connected,
         }
     }
 }

@@ -22,14 +22,16 @@
 //! duplicate `key_value` at one level, an unknown field, a bad unit, `unlimited` with a
 //! unit, `replaces` naming itself or nothing, `share_threshold` without a wildcard.
 
+mod read;
+mod xds;
+
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{self, Deserializer, Visitor};
-
 use crate::clock::CalendarPeriod;
-use serde::Deserialize;
+
+pub use read::is_ratelimit_file;
+pub use xds::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, TYPE_URL};
 
 /// The deepest nesting of descriptors (Envoy sends at most this many entries).
 pub const MAX_DEPTH: usize = 16;
@@ -52,7 +54,7 @@ pub enum Unit {
 
 impl Unit {
     /// A unit as the files write it, in any case (`second`, `SECOND`, ...).
-    fn parse(text: &str) -> Option<Unit> {
+    pub(crate) fn parse(text: &str) -> Option<Unit> {
         Some(match text.to_ascii_uppercase().as_str() {
             "SECOND" => Unit::Second,
             "MINUTE" => Unit::Minute,
@@ -231,258 +233,6 @@ impl RatelimitDomains {
             level = &node.next;
         }
         found.map(|limit| Found { limit, shared })
-    }
-}
-
-/// A file's root.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRoot {
-    #[serde(default, deserialize_with = "scalar")]
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDescriptor {
-    #[serde(default, deserialize_with = "scalar")]
-    key: String,
-    #[serde(default, deserialize_with = "scalar")]
-    value: String,
-    #[serde(default)]
-    rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-    #[serde(default)]
-    shadow_mode: bool,
-    #[serde(default)]
-    quota_mode: bool,
-    #[serde(default)]
-    detailed_metric: bool,
-    #[serde(default)]
-    value_to_metric: bool,
-    #[serde(default)]
-    share_threshold: bool,
-    /// Returned to Envoy as dynamic metadata there; read and left alone here.
-    #[serde(default)]
-    #[allow(dead_code)]
-    metadata: Option<serde_yaml_ng::Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRateLimit {
-    #[serde(default)]
-    requests_per_unit: u32,
-    #[serde(default, deserialize_with = "scalar")]
-    unit: String,
-    #[serde(default)]
-    unlimited: bool,
-    #[serde(default, deserialize_with = "scalar")]
-    name: String,
-    #[serde(default)]
-    replaces: Vec<RawReplaces>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReplaces {
-    #[serde(default, deserialize_with = "scalar")]
-    name: String,
-}
-
-/// Any YAML scalar as text (envoyproxy/ratelimit's YAML reads `value: 200` as "200").
-fn scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    struct Scalar;
-    impl Visitor<'_> for Scalar {
-        type Value = String;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a string")
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-        fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
-            Ok(v.to_string())
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<String, E> {
-            Ok(String::new())
-        }
-    }
-    deserializer.deserialize_any(Scalar)
-}
-
-/// Whether a file's text is in this format: a YAML map with a top-level `domain`.
-pub fn is_ratelimit_file(text: &str) -> bool {
-    matches!(
-        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text),
-        Ok(serde_yaml_ng::Value::Mapping(map)) if map.contains_key("domain")
-    )
-}
-
-/// Reading one file: where its descriptors are counted and errors gathered.
-struct Reader<'r> {
-    count: usize,
-    report: &'r mut dyn FnMut(Option<String>, String),
-}
-
-impl RatelimitDomains {
-    /// Adds one file's domain; every problem is reported with the entry it is in
-    /// (`domain.key_value.key`), and a file with any problem adds nothing.
-    pub fn add_file(&mut self, text: &str, report: &mut dyn FnMut(Option<String>, String)) {
-        let root: RawRoot = match serde_yaml_ng::from_str(text) {
-            Ok(root) => root,
-            Err(e) => return report(None, e.to_string()),
-        };
-        if root.domain.is_empty() {
-            return report(None, "config file cannot have empty domain".to_string());
-        }
-        if self.domains.contains_key(&root.domain) {
-            return report(
-                None,
-                format!("duplicate domain '{}' in config file", root.domain),
-            );
-        }
-        let mut failed = false;
-        let mut noting = |entry: Option<String>, reason: String| {
-            failed = true;
-            report(entry, reason);
-        };
-        let mut reader = Reader {
-            count: 0,
-            report: &mut noting,
-        };
-        let level = reader.level(&format!("{}.", root.domain), root.descriptors, 1);
-        if !failed {
-            self.domains.insert(root.domain, level);
-        }
-    }
-}
-
-impl Reader<'_> {
-    fn level(&mut self, parent: &str, raw: Vec<RawDescriptor>, depth: usize) -> Level {
-        let mut level = Level::default();
-        if depth > MAX_DEPTH && !raw.is_empty() {
-            (self.report)(
-                Some(parent.trim_end_matches('.').to_string()),
-                format!("descriptors nested deeper than {MAX_DEPTH} levels"),
-            );
-            return level;
-        }
-        for descriptor in raw {
-            self.count += 1;
-            if self.count > MAX_DESCRIPTORS {
-                if self.count == MAX_DESCRIPTORS + 1 {
-                    (self.report)(None, format!("more than {MAX_DESCRIPTORS} descriptors"));
-                }
-                return level;
-            }
-            let Some((composite, node)) = self.node(parent, descriptor, depth) else {
-                continue;
-            };
-            if level.children.contains_key(composite.as_str()) {
-                (self.report)(
-                    Some(format!("{parent}{composite}")),
-                    format!("duplicate descriptor composite key '{parent}{composite}'"),
-                );
-                continue;
-            }
-            if composite.contains('*') {
-                let parts = composite.split('*').map(Box::from).collect();
-                level.wildcards.push((Box::from(composite.as_str()), parts));
-            }
-            level.children.insert(composite.into_boxed_str(), node);
-        }
-        level
-    }
-
-    /// One descriptor entry: its composite key (`key` or `key_value`) and node.
-    fn node(&mut self, parent: &str, raw: RawDescriptor, depth: usize) -> Option<(String, Node)> {
-        if raw.key.is_empty() {
-            (self.report)(
-                Some(parent.trim_end_matches('.').to_string()),
-                "descriptor has empty key".to_string(),
-            );
-            return None;
-        }
-        let composite = match raw.value.is_empty() {
-            true => raw.key.clone(),
-            false => format!("{}_{}", raw.key, raw.value),
-        };
-        let full_key = format!("{parent}{composite}");
-        let mut bad = |reason: String| (self.report)(Some(full_key.clone()), reason);
-        if raw.share_threshold && !composite.contains('*') {
-            bad(format!(
-                "share_threshold can only be used with wildcard values (containing '*'), but \
-                 found key '{composite}'"
-            ));
-            return None;
-        }
-        let limit = match raw.rate_limit {
-            None => None,
-            Some(rate_limit) => {
-                let unit = Unit::parse(&rate_limit.unit);
-                let limit = match (rate_limit.unlimited, unit) {
-                    (true, Some(_)) => {
-                        bad("should not specify rate limit unit when unlimited".to_string());
-                        return None;
-                    }
-                    (true, None) => None,
-                    (false, None) => {
-                        bad(format!("invalid rate limit unit '{}'", rate_limit.unit));
-                        return None;
-                    }
-                    (false, Some(unit)) => Some((rate_limit.requests_per_unit, unit)),
-                };
-                let mut replaces = Vec::new();
-                for replaced in rate_limit.replaces {
-                    if replaced.name.is_empty() {
-                        bad("should not have an empty replaces entry".to_string());
-                        return None;
-                    }
-                    if replaced.name == rate_limit.name {
-                        bad("replaces should not contain name of same descriptor".to_string());
-                        return None;
-                    }
-                    replaces.push(replaced.name);
-                }
-                let label = match rate_limit.name.as_str() {
-                    "" => Arc::from(full_key.as_str()),
-                    name => Arc::from(name),
-                };
-                Some(Arc::new(RateLimit {
-                    limit,
-                    label,
-                    name: (!rate_limit.name.is_empty()).then_some(rate_limit.name),
-                    replaces,
-                    shadow_mode: raw.shadow_mode,
-                    quota_mode: raw.quota_mode,
-                    detailed_metric: raw.detailed_metric,
-                    value_to_metric: raw.value_to_metric,
-                    full_key: full_key.clone(),
-                }))
-            }
-        };
-        let next = self.level(&format!("{full_key}."), raw.descriptors, depth + 1);
-        Some((
-            composite,
-            Node {
-                limit,
-                share_threshold: raw.share_threshold,
-                next,
-            },
-        ))
     }
 }
 
