@@ -20,8 +20,9 @@
 //!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
 //!                listener.rs (every listener's bounds and timeouts; the HTTP/1
 //!                server), rpc_metrics.rs and shortcut.rs (tower layers), admin.rs
-//!                (bearer token, TLS), reload.rs (watch, debounce, swap), http.rs
-//!                (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
+//!                (bearer token, TLS), reload.rs (watch, debounce, swap), xds/ (the
+//!                ADS client that feeds it; wire.rs bounds updates before decoding),
+//!                http.rs (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
@@ -39,7 +40,8 @@
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and
-//!                ids), ratelimit_format.rs (envoyproxy/ratelimit's files and matching),
+//!                ids), ratelimit_format/ (envoyproxy/ratelimit's files and xDS resources:
+//!                read, xds, matching),
 //!                duration.rs, hash.rs
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)

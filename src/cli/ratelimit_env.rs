@@ -172,19 +172,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         );
     }
     store(&var, &mut out)?;
-    match get("CONFIG_TYPE", "FILE").as_str() {
-        "FILE" => {
-            if var("FORCE_START_WITHOUT_INITIAL_CONFIG").is_some() {
-                out.warnings.push(
-                    "FORCE_START_WITHOUT_INITIAL_CONFIG is accepted and not used: only with \
-                     CONFIG_TYPE=GRPC_XDS_SOTW"
-                        .to_string(),
-                );
-            }
-        }
-        "GRPC_XDS_SOTW" => xds(&var, &mut out)?,
-        other => return Err(format!("CONFIG_TYPE={other:?}: one of FILE, GRPC_XDS_SOTW")),
-    }
+    config_type(&var, &mut out)?;
     // Behaviour.
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
@@ -221,6 +209,24 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// CONFIG_TYPE: FILE (the directory alone) or GRPC_XDS_SOTW (xDS beside it).
+fn config_type(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
+    match var("CONFIG_TYPE").as_deref().unwrap_or("FILE") {
+        "FILE" => {
+            if var("FORCE_START_WITHOUT_INITIAL_CONFIG").is_some() {
+                out.warnings.push(
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG is accepted and not used: only with \
+                     CONFIG_TYPE=GRPC_XDS_SOTW"
+                        .to_string(),
+                );
+            }
+            Ok(())
+        }
+        "GRPC_XDS_SOTW" => xds(var, out),
+        other => Err(format!("CONFIG_TYPE={other:?}: one of FILE, GRPC_XDS_SOTW")),
+    }
 }
 
 /// CONFIG_TYPE=GRPC_XDS_SOTW: the CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables.

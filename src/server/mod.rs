@@ -171,7 +171,12 @@ impl Server {
             // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions
             // only once the control plane's limits are in force, as envoyproxy/ratelimit.
             shared.health.set_waiting_for_config(true);
-            tracing::info!("waiting for the first xDS update before serving");
+            tracing::info!(
+                listen = %addresses.decisions,
+                metrics = %addresses.metrics,
+                health = %addresses.health,
+                "waiting for the first xDS update before serving"
+            );
             tokio::select! {
                 _ = first_update(first_config) => {}
                 _ = &mut shutdown => return background.finish(Ok(())).await,

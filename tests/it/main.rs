@@ -46,3 +46,4 @@ mod settle;
 mod shared_overrides;
 mod store_scenarios;
 mod structure;
+mod xds;

@@ -30,6 +30,33 @@ pub fn read_files(dir: &Path, missing_ok: bool) -> Result<Vec<(String, String)>,
     })
 }
 
+/// Each file with its kind, in the order they are read (names first); a file of no kind
+/// is an error.
+fn kinds<'f>(
+    files: &'f [(String, String)],
+    errors: &mut Vec<ConfigError>,
+) -> Vec<(FileKind, &'f str, &'f str)> {
+    let mut kinds = Vec::new();
+    for (file, text) in files {
+        match FileKind::of(file) {
+            Some(kind) => kinds.push((kind, file.as_str(), text.as_str())),
+            // Any other file with a top-level `domain`: envoyproxy/ratelimit's format.
+            None if is_ratelimit_file(text) => kinds.push((FileKind::Ratelimit, file, text)),
+            None if errors.len() >= MAX_ERRORS => {}
+            None => errors.push(ConfigError {
+                file: short(file),
+                entry: None,
+                reason: "unknown limits file: expected names.yaml, defaults.yaml, \
+                         overrides*.yaml, descriptors.yaml, quota.yaml, or a file in \
+                         envoyproxy/ratelimit's format (a top-level domain)"
+                    .to_string(),
+            }),
+        }
+    }
+    kinds.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    kinds
+}
+
 impl LimitTable {
     /// Loads a limits directory.
     pub fn load_dir(dir: &Path) -> Result<LimitTable, LoadError> {
@@ -50,24 +77,7 @@ impl LimitTable {
     pub fn from_sources(sources: Sources) -> Result<LimitTable, LoadError> {
         let files = &sources.files[..];
         let mut errors = Vec::new();
-        let mut kinds: Vec<(FileKind, &str, &str)> = Vec::new();
-        for (file, text) in files {
-            match FileKind::of(file) {
-                Some(kind) => kinds.push((kind, file, text)),
-                // Any other file with a top-level `domain`: envoyproxy/ratelimit's format.
-                None if is_ratelimit_file(text) => kinds.push((FileKind::Ratelimit, file, text)),
-                None if errors.len() >= MAX_ERRORS => {}
-                None => errors.push(ConfigError {
-                    file: short(file),
-                    entry: None,
-                    reason: "unknown limits file: expected names.yaml, defaults.yaml, \
-                             overrides*.yaml, descriptors.yaml, quota.yaml, or a file in \
-                             envoyproxy/ratelimit's format (a top-level domain)"
-                        .to_string(),
-                }),
-            }
-        }
-        kinds.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let kinds = kinds(files, &mut errors);
 
         let mut table = LimitTable {
             names: Names::builtin(),

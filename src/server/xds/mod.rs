@@ -239,7 +239,7 @@ impl XdsClient {
             let received = match responses.message().await {
                 Ok(Some(received)) => received,
                 Ok(None) => return "the control plane closed the stream".to_string(),
-                Err(status) => return format!("{}: {}", status.code(), status.message()),
+                Err(status) => return status_text(&status),
             };
             // A stream that delivers is healthy: the next failure waits little again.
             backoff.reset();
@@ -273,7 +273,7 @@ impl XdsClient {
         grpc.streaming(request, path, XdsCodec)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| format!("{}: {}", status.code(), status.message()))
+            .map_err(|status| status_text(&status))
     }
 
     /// The request that answers `received`: an ACK when it is now in force, else a NACK.
@@ -362,6 +362,16 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         text.push_str(": ");
         text.push_str(&e.to_string());
         source = e.source();
+    }
+    text
+}
+
+/// A status as the log says it: code, message, and the transport's reason if any.
+fn status_text(status: &tonic::Status) -> String {
+    let mut text = format!("{}: {}", status.code(), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(": ");
+        text.push_str(&error_chain(source));
     }
     text
 }

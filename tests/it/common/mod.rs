@@ -426,6 +426,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
+pub mod ads;
 pub mod envoy;
 pub mod http1;
 pub mod pki;
