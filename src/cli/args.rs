@@ -310,6 +310,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_ADMIN_CLIENT_CA", requires = "tls_cert")]
     pub admin_client_ca: Option<PathBuf>,
 
+    /// CA (PEM) whose client certificates the decision listener requires (mTLS).
+    #[arg(long, env = "CELLRATE_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+
     /// Where buckets live: this process's memory, or Redis shared by replicas.
     #[arg(long, env = "CELLRATE_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,

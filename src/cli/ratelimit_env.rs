@@ -163,11 +163,15 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 var(name).ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
             push(flag, path);
         }
+        // mTLS: a client certificate from this CA is required, as there.
+        if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").filter(|ca| !ca.is_empty()) {
+            push("--client-ca", ca);
+        }
     }
-    if var("GRPC_CLIENT_TLS_CACERT").is_some() {
+    if var("GRPC_CLIENT_TLS_SAN").is_some() {
         out.warnings.push(
-            "GRPC_CLIENT_TLS_CACERT: client certificates are checked on the admin listener \
-             only (--admin-client-ca), not on the decision listener"
+            "GRPC_CLIENT_TLS_SAN is accepted and not used: any client certificate the \
+             GRPC_CLIENT_TLS_CACERT CA signed is accepted"
                 .to_string(),
         );
     }
@@ -474,10 +478,17 @@ mod tests {
             ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
             ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            // Envoy Gateway's name; envoyproxy/ratelimit reads GRPC_CLIENT_TLS_CACERT.
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
         ])
         .unwrap();
         let flags = t.flags.join(" ");
+        assert!(!flags.contains("--client-ca"), "{flags}");
         for expected in [
+            "--tls-cert /certs/tls.crt --tls-key /certs/tls.key",
             "--config /data/ratelimit/config",
             "--xds-server envoy-gateway:18001 --xds-node-id envoy-ratelimit",
             "--xds-node-metadata zone=a --xds-header x-token:abc",
@@ -490,6 +501,16 @@ mod tests {
         }
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].contains("\"key1:val1\" is not key=value"));
+        // envoyproxy/ratelimit's own mTLS variable.
+        let t = run(&[
+            ("BACKEND_TYPE", "memory"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_CACERT", "ca"),
+        ])
+        .unwrap();
+        assert!(t.flags.join(" ").contains("--tls-cert c --tls-key k --client-ca ca"));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),

@@ -54,6 +54,7 @@ impl ServeArgs {
             cert: read(cert)?,
             key: read(key)?,
             admin_client_ca: self.admin_client_ca.as_deref().map(read).transpose()?,
+            client_ca: self.client_ca.as_deref().map(read).transpose()?,
         }))
     }
 

@@ -49,21 +49,29 @@ pub struct TlsPem {
     pub key: Vec<u8>,
     /// CA whose client certificates the admin listener requires (mTLS), if any.
     pub admin_client_ca: Option<Vec<u8>>,
+    /// CA whose client certificates the decision listener requires (mTLS), if any.
+    pub client_ca: Option<Vec<u8>>,
 }
 
 impl TlsPem {
-    /// The decision listener's TLS: server certificate only.
-    pub fn decisions(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key))
-    }
-
-    /// The admin listener's TLS: with client-certificate verification when a CA is set.
-    pub fn admin(&self) -> ServerTlsConfig {
-        let config = self.decisions();
-        match &self.admin_client_ca {
+    fn with_ca(&self, ca: &Option<Vec<u8>>) -> ServerTlsConfig {
+        let config = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));
+        match ca {
             Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
             None => config,
         }
+    }
+
+    /// The decision listener's TLS: with client-certificate verification when
+    /// `--client-ca` is set.
+    pub fn decisions(&self) -> ServerTlsConfig {
+        self.with_ca(&self.client_ca)
+    }
+
+    /// The admin listener's TLS: with client-certificate verification when
+    /// `--admin-client-ca` is set.
+    pub fn admin(&self) -> ServerTlsConfig {
+        self.with_ca(&self.admin_client_ca)
     }
 }
 

@@ -330,6 +330,7 @@ async fn slow_and_idle_tls_clients_are_closed() {
                 cert: pki.server_cert.clone().into_bytes(),
                 key: pki.server_key.clone().into_bytes(),
                 admin_client_ca: None,
+                client_ca: None,
             }),
             ..Settings::default()
         },

@@ -372,6 +372,7 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
             cert: pki.server_cert.into_bytes(),
             key: pki.server_key.into_bytes(),
             admin_client_ca: Some(pki.ca.into_bytes()),
+            client_ca: None,
         }),
         ..Settings::default()
     };
@@ -430,6 +431,61 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
         .await
         .unwrap();
     assert_eq!(r.into_inner().items[0].remaining, 9);
+}
+
+#[tokio::test]
+async fn client_certificates_on_the_decision_listener() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+    let pki = crate::common::pki::Pki::new();
+    let settings = Settings {
+        tls: Some(cellrate::server::admin::TlsPem {
+            cert: pki.server_cert.clone().into_bytes(),
+            key: pki.server_key.clone().into_bytes(),
+            admin_client_ca: None,
+            client_ca: Some(pki.ca.clone().into_bytes()),
+        }),
+        ..Settings::default()
+    };
+    let limits =
+        LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
+    let s = Served::full(limits, settings, None).await;
+    let tls = || {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&pki.ca))
+            .domain_name("localhost")
+    };
+    let check = |config: ClientTlsConfig| async move {
+        let channel = Channel::from_shared(format!("https://{}", s.decisions_addr))
+            .unwrap()
+            .tls_config(config)
+            .unwrap()
+            .connect()
+            .await;
+        match channel {
+            Ok(channel) => pb::rate_limiter_client::RateLimiterClient::new(channel)
+                .check(pb::CheckRequest {
+                    items: vec![item("ApiRequestsPerKey", "mtls", None)],
+                    ..Default::default()
+                })
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    };
+    assert!(
+        !check(tls()).await,
+        "a client without a certificate was answered"
+    );
+    // A certificate from another CA is refused too.
+    let other = crate::common::pki::Pki::new();
+    let stranger = tls().identity(Identity::from_pem(&other.client_cert, &other.client_key));
+    assert!(
+        !check(stranger).await,
+        "a stranger's certificate was accepted"
+    );
+    let with = tls().identity(Identity::from_pem(&pki.client_cert, &pki.client_key));
+    assert!(check(with).await);
 }
 
 /// A store that holds `spend` until released, to have an RPC in flight.
