@@ -49,6 +49,7 @@
 //!                (debt), refund, batches, strictest                          (core)
 //! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read); the
 //!                UTC calendar's window boundaries (CalendarPeriod)
+//! text.rs        caller text cut for logs and errors, an error's causes      (core)
 //! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
 //! ```
 //!
@@ -69,6 +70,7 @@ pub mod resp;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod text;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

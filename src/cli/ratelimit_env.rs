@@ -510,7 +510,10 @@ mod tests {
             ("GRPC_CLIENT_TLS_CACERT", "ca"),
         ])
         .unwrap();
-        assert!(t.flags.join(" ").contains("--tls-cert c --tls-key k --client-ca ca"));
+        assert!(t
+            .flags
+            .join(" ")
+            .contains("--tls-cert c --tls-key k --client-ca ca"));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),

@@ -189,14 +189,7 @@ impl DenialTracker {
 }
 
 fn cut(id: &str) -> &str {
-    if id.len() <= MAX_ID_BYTES {
-        return id;
-    }
-    let mut end = MAX_ID_BYTES;
-    while !id.is_char_boundary(end) {
-        end -= 1;
-    }
-    &id[..end]
+    crate::text::cut_bytes(id, MAX_ID_BYTES)
 }
 
 #[cfg(test)]

@@ -87,10 +87,7 @@ fn request_id_ok(id: &str) -> bool {
 
 /// At most 64 characters of a caller's text, for a log line.
 fn short(text: &str) -> &str {
-    match text.char_indices().nth(64) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
+    crate::text::first_chars(text, 64)
 }
 
 /// Logs a decision that denied the request (at debug level): the first item that denied

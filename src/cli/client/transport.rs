@@ -68,21 +68,9 @@ pub(super) async fn connect(client: &ClientArgs, addr: &str) -> Result<Channel, 
     endpoint.connect().await.map_err(|e| {
         Failed(
             Exit::Unavailable,
-            format!("cannot connect to {uri}: {}", source_chain(&e)),
+            format!("cannot connect to {uri}: {}", crate::text::error_chain(&e)),
         )
     })
-}
-
-/// An error and its causes, on one line.
-fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
 }
 
 /// Largest admin answer read: a full `ListOverrides` (10 000 overrides with the longest

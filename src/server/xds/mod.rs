@@ -29,6 +29,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use super::reload::Reloader;
 use crate::limits::ratelimit_format::{RateLimitConfig, TYPE_URL};
 use crate::observe::metrics::Metrics;
+use crate::text::{cut_bytes as cut, error_chain};
 use wire::{Received, Response, XdsCodec};
 pub use wire::{MAX_ELEMENTS, MAX_RESOURCES};
 
@@ -354,18 +355,6 @@ impl XdsClient {
     }
 }
 
-/// An error with its sources (a transport error's cause is where the reason is).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
-}
-
 /// A status as the log says it: code, message, and the transport's reason if any.
 fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{}: {}", status.code(), status.message());
@@ -374,15 +363,6 @@ fn status_text(status: &tonic::Status) -> String {
         text.push_str(&error_chain(source));
     }
     text
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
@@ -419,11 +399,5 @@ mod tests {
             "https://envoy-gateway:18001/"
         );
         assert!(XdsSettings::new("not a host").endpoint().is_err());
-    }
-
-    #[test]
-    fn nack_messages_are_cut_at_a_character_boundary() {
-        assert_eq!(cut("ab\u{e9}", 3), "ab");
-        assert_eq!(cut("abc", 10), "abc");
     }
 }

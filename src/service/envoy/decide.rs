@@ -229,10 +229,7 @@ impl EnvoyRateLimitService {
 
 /// At most 64 characters of a caller's text, for a log line.
 fn short(text: &str) -> &str {
-    match text.char_indices().nth(64) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
+    crate::text::first_chars(text, 64)
 }
 
 /// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
