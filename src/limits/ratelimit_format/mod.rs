@@ -23,12 +23,14 @@
 //! unit, `replaces` naming itself or nothing, `share_threshold` without a wildcard.
 
 mod read;
+mod wildcards;
 mod xds;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::clock::CalendarPeriod;
+use crate::limits::hash::ConfigMap;
+use wildcards::Wildcards;
 
 pub use read::is_ratelimit_file;
 pub use xds::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, TYPE_URL};
@@ -138,15 +140,15 @@ pub struct Found<'a> {
 /// Every domain read from envoyproxy/ratelimit-format files.
 #[derive(Debug, Clone, Default)]
 pub struct RatelimitDomains {
-    domains: HashMap<String, Level>,
+    domains: ConfigMap<String, Level>,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Level {
     /// By `key` or `key_value`, as envoyproxy/ratelimit keys them.
-    children: HashMap<Box<str>, Node>,
-    /// `key_value`s with a `*`, in file order, split at the `*`s.
-    wildcards: Vec<(Box<str>, Vec<Box<str>>)>,
+    children: ConfigMap<Box<str>, Node>,
+    /// `key_value`s with a `*`, found in file order.
+    wildcards: Wildcards,
 }
 
 #[derive(Debug, Clone)]
@@ -154,28 +156,6 @@ struct Node {
     limit: Option<Arc<RateLimit>>,
     share_threshold: bool,
     next: Level,
-}
-
-/// Whether `value` matches `parts` (a pattern split at its `*`s; each `*` matches any
-/// run of characters, the empty one too).
-fn wildcard_match(parts: &[Box<str>], value: &str) -> bool {
-    let [first, middle @ .., last] = parts else {
-        return parts.first().is_some_and(|p| **p == *value);
-    };
-    if value.len() < parts.iter().map(|p| p.len()).sum::<usize>()
-        || !value.starts_with(&**first)
-        || !value.ends_with(&**last)
-    {
-        return false;
-    }
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for part in middle {
-        match rest.find(&**part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    true
 }
 
 impl RatelimitDomains {
@@ -208,11 +188,7 @@ impl RatelimitDomains {
             composite.push_str(value);
             let mut node = level.children.get(composite.as_str());
             if node.is_none() {
-                if let Some((pattern, _)) = level
-                    .wildcards
-                    .iter()
-                    .find(|(_, parts)| wildcard_match(parts, &composite))
-                {
+                if let Some(pattern) = level.wildcards.first_match(&composite) {
                     node = level.children.get(pattern);
                     if node.is_some_and(|n| n.share_threshold) {
                         // Counted under the pattern's value, `*` and all.

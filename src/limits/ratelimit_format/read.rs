@@ -172,6 +172,7 @@ impl Reader<'_> {
                 }
                 return level;
             }
+            let key_len = descriptor.key.len();
             let Some((composite, node)) = self.node(parent, descriptor, depth) else {
                 continue;
             };
@@ -183,8 +184,7 @@ impl Reader<'_> {
                 continue;
             }
             if composite.contains('*') {
-                let parts = composite.split('*').map(Box::from).collect();
-                level.wildcards.push((Box::from(composite.as_str()), parts));
+                level.wildcards.add(&composite, key_len);
             }
             level.children.insert(composite.into_boxed_str(), node);
         }
