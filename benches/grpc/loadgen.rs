@@ -8,6 +8,7 @@
 //!   RPC       envoy | check
 //!   SCENARIO  hot (one key, all allowed) | distinct (100 000 keys) | denied (one key, denied)
 //!             | fresh (a new key every request: scripts/soak.sh)
+//!             | million (1 000 000 keys in turn, each kept an hour: memory per live key)
 //!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
 //! With `LOADGEN_TOTAL=N` in the environment it sends exactly N requests, measured from the
@@ -47,6 +48,7 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
         "distinct" => ("BenchKeys", 100_000),
         "denied" => ("BenchDenied", 1),
         "fresh" => ("BenchFresh", 0),
+        "million" => ("BenchMillion", 1_000_000),
         other => panic!("unknown scenario {other}"),
     };
     let path = match rpc {
