@@ -5,7 +5,7 @@
 
 RESULTS holds lines `ROUND SCENARIO TARGET key=value ...` (loadgen's output after the first
 three fields). For each scenario, prints NUMERATOR / DENOMINATOR of rps, p50_us, p99_us and
-cpu_us_per_req, min - max over the rounds that have both.
+cpu_us_per_req, min - max over the rounds that have both, and the median in brackets.
 """
 import sys
 
@@ -25,7 +25,9 @@ def main():
                       if s == scenario and numerator in t and denominator in t
                       and t[denominator][key] > 0]
             if values:
-                parts.append(f"{key} {min(values):.2f}-{max(values):.2f}")
+                median = sorted(values)[len(values) // 2] if len(values) % 2 else \
+                    sum(sorted(values)[len(values) // 2 - 1:len(values) // 2 + 1]) / 2
+                parts.append(f"{key} {min(values):.2f}-{max(values):.2f} [{median:.2f}]")
         print(f"  {scenario:9s} " + "  ".join(parts))
 
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Three servers side by side, one run (#37 goal 7): the empty tonic RLS server that answers
+# a constant (benches/grpc/baseline.rs, the floor of this stack), cellrate (memory store),
+# and Kuadrant's limitador (Rust, tonic, memory store), built here from its repository at a
+# pinned commit, so that the lead is measured again whenever the path changes.
+#
+#   scripts/bench-peers.sh [rounds] [seconds]        (default 5 rounds of 5 s)
+#
+# limitador needs protoc and libclang to build (installed from Debian's packages when
+# missing, as root or through sudo); cellrate needs neither. Its first build takes a long
+# while on two cores (RocksDB and a vendored OpenSSL); it is kept in target/peers/.
+#
+# Scenarios (ShouldRateLimit, loadgen on one thread, 4 connections x 64 streams):
+#   hot       one key, allowed
+#   distinct  100 000 keys in turn, 100 a second each
+#   denied    one key, denied
+#   million   1 000 000 keys in turn, each kept an hour: RSS per live key afterwards
+# The servers take turns within each round (A B C A B C). Prints requests/s, latency,
+# server CPU per request (utime+stime from /proc) and RSS, then the median and min-max of
+# cellrate/baseline and limitador/cellrate, and memory per live key at 10^6 keys.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+seconds=${2:-5}
+limitador_commit=2981b2b
+peers=$PWD/target/peers
+
+sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+if ! command -v protoc >/dev/null || ! ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1; then
+  echo "installing protobuf-compiler and libclang-dev from Debian's packages (limitador's build)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq protobuf-compiler libclang-dev >/dev/null
+fi
+if [ ! -x "$peers/limitador/target/release/limitador-server" ]; then
+  if [ ! -d "$peers/limitador" ]; then
+    git clone -q https://github.com/Kuadrant/limitador "$peers/limitador"
+  fi
+  git -C "$peers/limitador" checkout -q "$limitador_commit"
+  echo "building limitador-server $limitador_commit (release, as it ships)"
+  (cd "$peers/limitador" && cargo build --release --quiet -p limitador-server)
+fi
+
+cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
+bin=target/release-lto
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work=$(mktemp -d)
+# The same limits in limitador's terms: namespace = domain, a limit per descriptor key,
+# counted per value (its variable).
+cat > "$work/limits.yaml" <<'EOF'
+- {namespace: bench, max_value: 1000000000, seconds: 1, conditions: [], variables: ["descriptors[0]['BenchHot']"]}
+- {namespace: bench, max_value: 100, seconds: 1, conditions: [], variables: ["descriptors[0]['BenchKeys']"]}
+- {namespace: bench, max_value: 1, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchDenied']"]}
+- {namespace: bench, max_value: 100, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchMillion']"]}
+EOF
+"$peers/limitador/target/release/limitador-server" --validate "$work/limits.yaml" >/dev/null
+
+declare -A port pid
+start() { # name: (re)starts a server with no buckets
+  local p; p=$(free_port)
+  case $1 in
+    baseline) "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
+    cellrate) "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
+      --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
+    limitador) "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
+      -B 127.0.0.1 -P "$(free_port)" "$work/limits.yaml" memory >/dev/null 2>&1 & ;;
+  esac
+  pid[$1]=$!; port[$1]=$p
+}
+stop_all() { for name in "${!pid[@]}"; do kill "${pid[$name]}" 2>/dev/null || true; done; }
+trap 'stop_all; rm -rf "$work"' EXIT
+for name in baseline cellrate limitador; do start "$name"; done
+sleep 1
+
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+results="$work/results"
+printf '%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n' round scenario server req/s p50_us p99_us cpu_us/req rss_kib errors
+for round in $(seq "$rounds"); do
+  for scenario in hot distinct denied; do
+    for target in baseline cellrate limitador; do
+      out=$("$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
+      printf '%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n' "$round" "$scenario" "$target" \
+        "$(echo "$out" | field rps)" "$(echo "$out" | field p50_us)" "$(echo "$out" | field p99_us)" \
+        "$(echo "$out" | field cpu_us_per_req)" "$(echo "$out" | field rss_kib)" "$(echo "$out" | field errors)"
+      echo "$round $scenario $target $out" >> "$results"
+    done
+  done
+done
+
+# Memory per live key: fresh servers, RSS before, then every one of 10^6 keys once.
+echo
+echo "memory per live key (10^6 keys, each kept an hour):"
+for target in cellrate limitador; do
+  kill "${pid[$target]}" 2>/dev/null; wait "${pid[$target]}" 2>/dev/null || true
+  start "$target"; sleep 1
+  before=$(awk '/VmRSS/ {print $2}' "/proc/${pid[$target]}/status")
+  out=$(LOADGEN_TOTAL=1000000 "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy million 4 64 600 "${pid[$target]}")
+  after=$(echo "$out" | field rss_kib)
+  python3 -c "print(f'  {\"$target\":10s} RSS {$before} KiB -> {$after} KiB: {($after - $before) * 1024 / 1e6:.0f} bytes per key ($(echo "$out" | field errors) errors)')"
+done
+
+echo
+for pair in "cellrate baseline" "limitador cellrate"; do
+  set -- $pair
+  echo "$1 / $2, min - max over $rounds rounds:"
+  python3 scripts/ratios.py "$results" "$1" "$2" hot distinct denied
+done
