@@ -20,7 +20,7 @@ seconds=${2:-5}
 
 cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
 bin=target/release-lto
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-lib.sh
 
 base_port=$(free_port)
 "$bin/examples/baseline" "127.0.0.1:$base_port" 2>/dev/null &
@@ -43,17 +43,13 @@ run() { # target scenario -> loadgen output
   "$bin/examples/loadgen" "127.0.0.1:$port" "$rpc" "$scenario" "$conns" "$streams" "$seconds" "$pid"
 }
 
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 results=$(mktemp)
-printf '%-6s %-9s %-9s %10s %8s %8s %12s %9s %6s\n' round scenario server req/s p50_us p99_us cpu_us/req rss_kib errors
+header
 for round in $(seq "$rounds"); do
   for scenario in hot distinct denied check latency; do
     for target in baseline cellrate; do
       out=$(run "$target" "$scenario")
-      printf '%-6s %-9s %-9s %10s %8s %8s %12s %9s %6s\n' "$round" "$scenario" "$target" \
-        "$(echo "$out" | field rps)" "$(echo "$out" | field p50_us)" "$(echo "$out" | field p99_us)" \
-        "$(echo "$out" | field cpu_us_per_req)" "$(echo "$out" | field rss_kib)" "$(echo "$out" | field errors)"
-      echo "$round $scenario $target $out" >> "$results"
+      row "$round" "$scenario" "$target" "$out" "$results"
     done
   done
 done

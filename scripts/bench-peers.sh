@@ -42,7 +42,7 @@ fi
 
 cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
 bin=target/release-lto
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-lib.sh
 work=$(mktemp -d)
 # The same limits in limitador's terms: namespace = domain, a limit per descriptor key,
 # counted per value (its variable).
@@ -71,17 +71,13 @@ trap 'stop_all; rm -rf "$work"' EXIT
 for name in baseline cellrate limitador; do start "$name"; done
 sleep 1
 
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 results="$work/results"
-printf '%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n' round scenario server req/s p50_us p99_us cpu_us/req rss_kib errors
+header
 for round in $(seq "$rounds"); do
   for scenario in hot distinct denied; do
     for target in baseline cellrate limitador; do
       out=$("$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
-      printf '%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n' "$round" "$scenario" "$target" \
-        "$(echo "$out" | field rps)" "$(echo "$out" | field p50_us)" "$(echo "$out" | field p99_us)" \
-        "$(echo "$out" | field cpu_us_per_req)" "$(echo "$out" | field rss_kib)" "$(echo "$out" | field errors)"
-      echo "$round $scenario $target $out" >> "$results"
+      row "$round" "$scenario" "$target" "$out" "$results"
     done
   done
 done

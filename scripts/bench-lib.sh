@@ -1,0 +1,19 @@
+# Shared by the end-to-end benchmark scripts (sourced): a free loopback port, a field of
+# loadgen's output, and the table every script prints and keeps for scripts/ratios.py.
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# field NAME: the value of NAME=... in loadgen's output on stdin.
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+
+row_format='%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n'
+
+header() { printf "$row_format" round scenario server req/s p50_us p99_us cpu_us/req rss_kib errors; }
+
+# row ROUND SCENARIO SERVER OUTPUT RESULTS: prints one row and keeps the run for ratios.py.
+row() {
+  printf "$row_format" "$1" "$2" "$3" \
+    "$(echo "$4" | field rps)" "$(echo "$4" | field p50_us)" "$(echo "$4" | field p99_us)" \
+    "$(echo "$4" | field cpu_us_per_req)" "$(echo "$4" | field rss_kib)" "$(echo "$4" | field errors)"
+  echo "$1 $2 $3 $4" >> "$5"
+}
