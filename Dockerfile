@@ -21,7 +21,7 @@ COPY proto ./proto
 # keeps this list equal to Cargo.toml's targets).
 RUN mkdir -p src benches/grpc \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs \
+    && touch src/lib.rs benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs benches/new_paths.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && rm -rf src benches
