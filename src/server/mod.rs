@@ -10,7 +10,8 @@
 //! live ([`store`]), the two gRPC stacks (`grpc.rs`), the background tasks ([`tasks`]),
 //! every listener's bounds ([`listener`]), the tower layers of the gRPC stacks
 //! ([`rpc_metrics`], [`shortcut`]), admin security ([`admin`]), the config reloader
-//! ([`reload`]) and the xDS client that feeds it ([`xds`]), the HTTP routes ([`http`]) and the shutdown signal ([`shutdown`]).
+//! ([`reload`]) and the xDS client that feeds it ([`xds`]), the HTTP routes ([`http`]) and
+//! the shutdown signal ([`shutdown`]).
 
 pub mod admin;
 mod grpc;

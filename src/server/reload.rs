@@ -110,7 +110,7 @@ impl Reloader {
         }
     }
 
-    /// Swaps `table` in unless its version is in force. `Ok(true)`: swapped.
+    /// Swaps `table` in unless its version is in force; `true`: swapped.
     fn install(&self, table: LimitTable, cause: &str) -> bool {
         if table.version() == self.shared.limits.load().version() {
             return false;
