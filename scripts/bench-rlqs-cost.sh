@@ -17,13 +17,7 @@ rounds=${1:-3}
 seconds=${2:-30}
 
 source scripts/envoy-lib.sh
-envoy_tools
-cargo build --profile release-lto --quiet --bin cellrate
-bin=target/release-lto
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+envoy_bench_start
 . scripts/bench-lib.sh
 
 # start_cellrate NAME: sets CR_PORT and CR_PID.

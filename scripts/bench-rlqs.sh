@@ -20,13 +20,7 @@ burst=1000
 light=200
 
 source scripts/envoy-lib.sh
-envoy_tools
-cargo build --profile release-lto --quiet --bin cellrate
-bin=target/release-lto
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+envoy_bench_start
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # start_cellrate EXTRA...: sets CR_PORT.

@@ -23,6 +23,17 @@ envoy_tools() {
   envoy=$("$py" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')
 }
 
+# envoy_bench_start: the tools, cellrate's release-lto build (`bin`), a scratch directory
+# (`work`) and the processes to stop on exit (`pids`).
+envoy_bench_start() {
+  envoy_tools
+  cargo build --profile release-lto --quiet --bin cellrate
+  bin=target/release-lto
+  work=$(mktemp -d)
+  pids=()
+  trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+}
+
 # start_envoy NAME RLS_PORT EXAMPLE: renders EXAMPLE (listener on a free port, the cluster
 # `cellrate` at RLS_PORT, the backend a direct response on a Unix socket) and starts Envoy
 # in a session of its own; sets ENVOY_PID, ENVOY_PORT and ENVOY_ADMIN.
