@@ -10,7 +10,8 @@
 #   scripts/bench-rlqs-cost.sh [rounds] [seconds]     (default 3 rounds of 30 s)
 #
 # Prints, per round and filter: requests, admitted, limited, server CPU (ms) and µs per
-# admitted request; then the ratio rls / rlqs of CPU per admitted request, min-max.
+# admitted request; then the ratio rls / rlqs of CPU per admitted request per round (a
+# bound when the RLQS side spent less than one tick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -67,12 +68,20 @@ print(f"{rnd:6s} {flt:5s} {ok + limited:9d} {ok:9d} {limited:9d} {cpu / 1e6:9.1f
 PY
   done
 done
-"$py" - "$results" <<'PY'
+"$py" - "$results" "$tick_ns" <<'PY'
 import sys
 rows = {}
 for line in open(sys.argv[1]):
-    rnd, flt, *_, per = line.split()
-    rows.setdefault(rnd, {})[flt] = float(per)
-ratios = [r['rls'] / r['rlqs'] for r in rows.values() if 'rls' in r and r.get('rlqs', 0) > 0]
-print(f"\nserver CPU per admitted request, rls / rlqs: {min(ratios):.1f}-{max(ratios):.1f}x over {len(ratios)} rounds")
+    rnd, flt, requests, admitted, limited, cpu_ms, per = line.split()
+    rows.setdefault(rnd, {})[flt] = (float(per), int(admitted))
+tick_us = int(sys.argv[2]) / 1e3
+parts = []
+for rnd, r in sorted(rows.items()):
+    if 'rls' not in r or 'rlqs' not in r:
+        continue
+    if r['rlqs'][0] > 0:
+        parts.append(f"{r['rls'][0] / r['rlqs'][0]:.0f}x")
+    else:  # under one tick: bounded by one tick's worth
+        parts.append(f">{r['rls'][0] / (tick_us / max(r['rlqs'][1], 1)):.0f}x")
+print(f"\nserver CPU per admitted request, rls / rlqs, per round: {' '.join(parts)}")
 PY
