@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
-use cellrate::limits::config::{read_files, LimitTable};
+use cellrate::limits::config::{read_files, LimitTable, Sources};
 use cellrate::server::StoreSettings;
 
 #[cfg(feature = "mimalloc")]
@@ -177,7 +177,12 @@ fn serve(args: ServeArgs) -> ExitCode {
         tracing::warn!(dir = %args.config.display(), "the limits directory does not exist: limits come from xDS alone");
     }
     let files = read_files(&args.config, xds.is_some());
-    let limits = match files.and_then(|files| LimitTable::from_files(&files)) {
+    let limits = match files.and_then(|files| {
+        LimitTable::from_sources(Sources {
+            files: Arc::new(files),
+            xds: Arc::default(),
+        })
+    }) {
         Ok(limits) => limits,
         Err(errors) => {
             for error in &errors.0 {

@@ -30,6 +30,26 @@ pub fn read_files(dir: &Path, missing_ok: bool) -> Result<Vec<(String, String)>,
     })
 }
 
+/// Keeps one error of `file` (quoted short), or counts it as suppressed past
+/// [`MAX_ERRORS`].
+fn record(
+    errors: &mut Vec<ConfigError>,
+    suppressed: &mut usize,
+    file: &str,
+    entry: Option<String>,
+    reason: String,
+) {
+    if errors.len() >= MAX_ERRORS {
+        *suppressed += 1;
+        return;
+    }
+    errors.push(ConfigError {
+        file: short(file),
+        entry: entry.as_deref().map(short),
+        reason: short(&reason),
+    })
+}
+
 /// Each file with its kind, in the order they are read (names first); a file of no kind
 /// is an error.
 fn kinds<'f>(
@@ -60,7 +80,10 @@ fn kinds<'f>(
 impl LimitTable {
     /// Loads a limits directory.
     pub fn load_dir(dir: &Path) -> Result<LimitTable, LoadError> {
-        LimitTable::from_files(&read_files(dir, false)?)
+        LimitTable::from_sources(Sources {
+            files: Arc::new(read_files(dir, false)?),
+            xds: Arc::default(),
+        })
     }
 
     /// Builds a table from `(file name, contents)` pairs, as found in a directory.
@@ -94,15 +117,7 @@ impl LimitTable {
         let mut suppressed = 0usize;
         for (kind, file, text) in kinds {
             let mut report = |entry: Option<String>, reason: String| {
-                if errors.len() >= MAX_ERRORS {
-                    suppressed += 1;
-                    return;
-                }
-                errors.push(ConfigError {
-                    file: short(file),
-                    entry: entry.as_deref().map(short),
-                    reason: short(&reason),
-                })
+                record(&mut errors, &mut suppressed, file, entry, reason)
             };
             match kind {
                 FileKind::Names => match parse::<BTreeMap<String, RawName>>(text) {
@@ -136,15 +151,7 @@ impl LimitTable {
         for config in sources.xds.iter() {
             let file = format!("xds:{}", config.name);
             table.ratelimit.add_xds(config, &mut |entry, reason| {
-                if errors.len() >= MAX_ERRORS {
-                    suppressed += 1;
-                    return;
-                }
-                errors.push(ConfigError {
-                    file: short(&file),
-                    entry: entry.as_deref().map(short),
-                    reason: short(&reason),
-                })
+                record(&mut errors, &mut suppressed, &file, entry, reason)
             });
         }
         for error in table.across_files() {
