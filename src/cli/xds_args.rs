@@ -51,7 +51,7 @@ pub struct XdsArgs {
 
     /// Largest xDS message accepted, in bytes (1 KiB to 64 MiB); a larger one ends the
     /// stream, which is opened again.
-    #[arg(long, env = "CELLRATE_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
+    #[arg(long, env = "CELLRATE_XDS_MAX_MESSAGE_BYTES", default_value_t = crate::server::xds::DEFAULT_MAX_MESSAGE_BYTES as u64, value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     pub xds_max_message_bytes: u64,
 
     /// First wait before opening a failed xDS stream again; each failure doubles it.
@@ -106,6 +106,20 @@ fn read(path: &PathBuf, what: &str) -> anyhow::Result<String> {
 }
 
 impl XdsArgs {
+    /// The `--xds-header`s (checked when parsed) as the stream's metadata.
+    fn headers(&self) -> anyhow::Result<tonic::metadata::MetadataMap> {
+        let mut headers = tonic::metadata::MetadataMap::new();
+        for (name, value) in &self.xds_headers {
+            let key = tonic::metadata::MetadataKey::from_bytes(name.as_bytes())
+                .with_context(|| format!("--xds-header {name:?}"))?;
+            let value = value
+                .parse()
+                .with_context(|| format!("--xds-header {name:?}: its value"))?;
+            headers.insert(key, value);
+        }
+        Ok(headers)
+    }
+
     /// The client's settings, its PEM files read; `None` without --xds-server.
     pub fn settings(&self) -> anyhow::Result<Option<XdsSettings>> {
         let Some(server) = &self.xds_server else {
@@ -135,7 +149,7 @@ impl XdsArgs {
         let settings = XdsSettings {
             node_id: self.xds_node_id.clone(),
             node_metadata: self.xds_node_metadata.clone(),
-            headers: self.xds_headers.clone(),
+            headers: self.headers()?,
             tls,
             max_message_bytes: self.xds_max_message_bytes as usize,
             backoff_initial: self.xds_backoff_initial,
@@ -168,5 +182,33 @@ mod tests {
         assert_eq!(parse_wait("250ms"), Ok(Duration::from_millis(250)));
         assert!(parse_wait("1ms").is_err());
         assert!(parse_wait("2h").is_err());
+    }
+
+    #[test]
+    fn the_flags_make_the_clients_settings() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            xds: XdsArgs,
+        }
+        let flags = <Flags as clap::Parser>::try_parse_from([
+            "serve",
+            "--xds-server",
+            "envoy-gateway:18001",
+            "--xds-header",
+            "Authorization: Bearer t0k",
+            "--xds-node-metadata",
+            "zone=a",
+        ])
+        .unwrap();
+        let settings = flags.xds.settings().unwrap().unwrap();
+        assert_eq!(settings.headers.get("authorization").unwrap(), "Bearer t0k");
+        assert_eq!(
+            settings.node_metadata,
+            [("zone".to_string(), "a".to_string())]
+        );
+        assert_eq!(settings.max_message_bytes, 4 * 1024 * 1024);
+        let none = <Flags as clap::Parser>::try_parse_from(["serve"]).unwrap();
+        assert!(none.xds.settings().unwrap().is_none());
     }
 }

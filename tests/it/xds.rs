@@ -63,7 +63,11 @@ fn settings(ads: &Ads) -> XdsSettings {
     XdsSettings {
         node_id: "envoy-ratelimit".to_string(),
         node_metadata: vec![("zone".to_string(), "a".to_string())],
-        headers: vec![("x-token".to_string(), "t0ken".to_string())],
+        headers: {
+            let mut headers = tonic::metadata::MetadataMap::new();
+            headers.insert("x-token", "t0ken".parse().unwrap());
+            headers
+        },
         backoff_initial: Duration::from_millis(50),
         backoff_max: Duration::from_millis(200),
         ..XdsSettings::new(ads.addr.to_string())
@@ -103,7 +107,14 @@ async fn envoy_gateways_updates_are_applied_acked_nacked_and_survive_a_disconnec
     let first = ads.next(WAIT).await;
     let node = first.request.node.clone().unwrap();
     assert_eq!(node.id, "envoy-ratelimit");
-    assert!(format!("{:?}", node.metadata).contains("\"a\""), "{node:?}");
+    let zone = node.metadata.as_ref().and_then(|m| m.fields.get("zone"));
+    assert_eq!(
+        zone.and_then(|v| v.kind.clone()),
+        Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(
+            "a".into()
+        )),
+        "{node:?}"
+    );
     assert_eq!(first.request.type_url, TYPE_URL);
     assert!(first.request.version_info.is_empty() && first.request.response_nonce.is_empty());
     assert!(

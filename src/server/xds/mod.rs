@@ -45,6 +45,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest message accepted by default (gRPC's own default).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// The longest NACK message sent (the errors are cut there).
 const MAX_NACK_MESSAGE: usize = 4096;
 
@@ -69,8 +72,8 @@ pub struct XdsSettings {
     pub node_id: String,
     /// The node's metadata, string values.
     pub node_metadata: Vec<(String, String)>,
-    /// Extra request headers (e.g. an authorization token).
-    pub headers: Vec<(String, String)>,
+    /// Extra request headers (e.g. an authorization token), checked when parsed.
+    pub headers: tonic::metadata::MetadataMap,
     pub tls: Option<XdsTls>,
     pub max_message_bytes: usize,
     pub backoff_initial: Duration,
@@ -86,9 +89,9 @@ impl XdsSettings {
             server: server.into(),
             node_id: "default".to_string(),
             node_metadata: Vec::new(),
-            headers: Vec::new(),
+            headers: tonic::metadata::MetadataMap::new(),
             tls: None,
-            max_message_bytes: 4 * 1024 * 1024,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
             force_start: false,
@@ -208,7 +211,7 @@ impl XdsClient {
             };
             self.metrics.config.xds_connected.set(0);
             let wait = backoff.wait();
-            tracing::warn!(server = %self.settings.server, error = %outcome, ?wait, "xDS stream ended; the limits in force stay; trying again");
+            tracing::warn!(server = %self.settings.server, error = %shown(&outcome, 1024), ?wait, "xDS stream ended; the limits in force stay; trying again");
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
@@ -261,15 +264,7 @@ impl XdsClient {
             .max_encoding_message_size(self.settings.max_message_bytes);
         grpc.ready().await.map_err(|e| error_chain(&e))?;
         let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        for (name, value) in &self.settings.headers {
-            let (Ok(name), Ok(value)) = (
-                tonic::metadata::MetadataKey::from_bytes(name.as_bytes()),
-                value.parse(),
-            ) else {
-                continue; // checked at startup
-            };
-            request.metadata_mut().insert(name, value);
-        }
+        *request.metadata_mut() = self.settings.headers.clone();
         let path = http::uri::PathAndQuery::from_static(PATH);
         grpc.streaming(request, path, XdsCodec)
             .await
@@ -292,13 +287,13 @@ impl XdsClient {
         };
         match outcome {
             Ok(()) => {
-                tracing::info!(%version, "xDS update in force (ACK)");
+                tracing::info!(version = %shown(&version, 200), "xDS update in force (ACK)");
                 *acked = version;
                 self.ready.send_replace(true);
                 self.request(acked, &nonce, None)
             }
             Err(reason) => {
-                tracing::error!(%version, error = %reason, "xDS update rejected (NACK); the limits in force stay");
+                tracing::error!(version = %shown(&version, 200), error = %shown(&reason, MAX_NACK_MESSAGE), "xDS update rejected (NACK); the limits in force stay");
                 self.metrics
                     .config
                     .xds_updates
@@ -355,6 +350,12 @@ impl XdsClient {
     }
 }
 
+/// Text from the control plane as a log line shows it: cut to `max` bytes, quoted, with
+/// control characters escaped (a newline in a version cannot forge a log line).
+fn shown(text: &str, max: usize) -> String {
+    format!("{:?}", cut(text, max))
+}
+
 /// A status as the log says it: code, message, and the transport's reason if any.
 fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{}: {}", status.code(), status.message());
@@ -380,6 +381,15 @@ mod tests {
         }
         b.reset();
         assert!(b.wait() <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn control_plane_text_reaches_the_log_escaped_and_cut() {
+        assert_eq!(
+            shown("v1\nINFO forged\u{1b}[2J", 100),
+            "\"v1\\nINFO forged\\u{1b}[2J\""
+        );
+        assert_eq!(shown(&"x".repeat(10_000), 200).len(), 202);
     }
 
     #[test]
