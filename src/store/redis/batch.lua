@@ -16,16 +16,21 @@
 --
 -- spend: one or more batches (requests coalesced into one call), decided in order, each
 --   all-or-nothing against the state the batches before it left.
---   KEYS: the distinct buckets of all batches.
---   ARGV[3...]: per batch its item count n, then per item four values: the index of its
---   key in KEYS (from 1), increment (ei * cost), burst offset (ei * burst), mode ("0"
---   check_and_spend, "1" check_only, "2" spend_only, "3" charge: written even when its
---   batch is denied, into debt if need be, the TAT at most two burst offsets past now).
---   A calendar window's item has its period's letter after the mode digit (s m h d, o for
+--   KEYS: each item's bucket, in the order of the items (a bucket named by several items
+--   is named again: its state is kept by name, so later batches decide from what earlier
+--   ones wrote).
+--   ARGV[3]: the number of shapes S, then per shape three values: increment (ei * cost),
+--   burst offset (ei * burst), mode ("0" check_and_spend, "1" check_only, "2" spend_only,
+--   "3" charge: written even when its batch is denied, into debt if need be, the TAT at
+--   most two burst offsets past now). A call's items share a few shapes, whose numbers
+--   are parsed once here, not per item.
+--   A calendar window's shape has its period's letter after the mode digit (s m h d, o for
 --   a month, y for a year; w, t, z for envoyproxy/ratelimit's fixed 7, 30 and 365 days;
 --   "0o"), its cost in tokens for the increment and its count for
 --   the burst offset; its bucket holds W + used, W the end of its window (UTC, on this
 --   script's now), and belongs to the current window while it is at least that end.
+--   Then the batches: per batch its item count n, then per item the index of its shape
+--   (from 1).
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
@@ -61,11 +66,14 @@ local function readable(s)
   return len < 19 or s <= '9223372036854775807'
 end
 
+-- Printed as integers ('%d' casts to a C long, 64 bits here, exact below 2^53): '%.0f' and
+-- Lua's own number-to-text go through glibc's arbitrary-precision float printing, which was
+-- the largest single cost of a decision in Redis's profile.
 local function format(s, n)
   if s == 0 then
-    return string_format('%.0f', n)
+    return string_format('%d', n)
   end
-  return string_format('%.0f%09.0f', s, n)
+  return string_format('%d%09d', s, n)
 end
 
 local function add(as, an, bs, bn)
@@ -88,14 +96,14 @@ local function less(as, an, bs, bn)
   return as < bs or (as == bs and an < bn)
 end
 
--- Milliseconds from now until t, rounded up, at least 1.
+-- Milliseconds from now until t, rounded up, at least 1, as text (see format).
 local function ttl_ms(ts, tn, nows, nown)
   local s, n = sub(ts, tn, nows, nown)
   local ms = s * 1000 + math.ceil(n / 1000000)
   if ms < 1 then
     ms = 1
   end
-  return ms
+  return string_format('%d', ms)
 end
 
 -- Calendar days (UTC) as clock.rs counts them: eras of 400 years from 0000-03-01. Every
@@ -166,26 +174,47 @@ else
 end
 
 if op == 'spend' then
-  -- Each key's current TAT (seconds, nanoseconds) when readable, and its text: as stored
-  -- ('' when absent), or as written by an earlier batch (nil until a later batch or the
-  -- final SET needs it).
+  -- By key name: its current TAT (seconds, nanoseconds) when readable, and its text: as
+  -- stored ('' when absent), or as written by an earlier batch (nil until a later batch or
+  -- the final SET needs it).
   local curs, curn, text, dirty = {}, {}, {}, {}
   -- One MGET, not a GET per key: every command a script runs has a fixed cost in Redis.
   local stored = redis.call('MGET', unpack(KEYS))
-  for k = 1, #KEYS do
-    local v = stored[k]
-    if v then
-      text[k] = v
-      if readable(v) then
-        curs[k], curn[k] = parse(v)
+  for g = 1, #KEYS do
+    local k = KEYS[g]
+    if text[k] == nil then
+      local v = stored[g]
+      if v then
+        text[k] = v
+        if readable(v) then
+          curs[k], curn[k] = parse(v)
+        end
+      else
+        text[k] = ''
       end
-    else
-      text[k] = ''
     end
+  end
+  -- The shapes: per shape its mode digit, calendar letter (nil for GCRA), whether it
+  -- spends anything, and its numbers (GCRA: increment and burst offset as two parts;
+  -- calendar: cost and count in tokens).
+  local shapes = tonumber(ARGV[3])
+  local smode, scal, szero, sis, sin, sbs, sbn = {}, {}, {}, {}, {}, {}, {}
+  for j = 1, shapes do
+    local p = 1 + 3 * j
+    local mode = ARGV[p + 2]
+    if #mode > 1 then
+      scal[j] = string_sub(mode, 2, 2)
+      mode = string_sub(mode, 1, 1)
+      sis[j], sbs[j] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    else
+      sis[j], sin[j] = parse(ARGV[p])
+      sbs[j], sbn[j] = parse(ARGV[p + 1])
+    end
+    smode[j], szero[j] = mode, ARGV[p] == '0'
   end
   local out, o = {''}, 1
   local news, newn, oks = {}, {}, {}
-  local at = 3
+  local at, first = 4 + 3 * shapes, 0
   while at <= #ARGV do
     local n = tonumber(ARGV[at])
     at = at + 1
@@ -194,8 +223,7 @@ if op == 'spend' then
     -- charges are written whatever the batch decides (unless it cannot be decided).
     local allowed, decidable = true, true
     for i = 1, n do
-      local p = at + (i - 1) * 4
-      local k = tonumber(ARGV[p])
+      local k, j = KEYS[first + i], tonumber(ARGV[at + i - 1])
       if text[k] == nil then
         text[k] = format(curs[k], curn[k])
       end
@@ -205,19 +233,14 @@ if op == 'spend' then
         -- No TAT: the batch is not decided (and its stale oks are never read).
         allowed, decidable = false, false
       else
-        -- The mode digit, and a calendar window's letter (GCRA items, the common case, have
-        -- one character: no string is cut for them).
-        local mode, cal = ARGV[p + 3], nil
-        if #mode > 1 then
-          mode, cal = string_sub(mode, 1, 1), string_sub(mode, 2, 2)
-        end
+        local mode, cal = smode[j], scal[j]
         local ns, nn, ok
         if cal then
           -- A calendar window: at most count per window; a charge at most count in debt.
           local ws = window_end(cal, nows)
           local used = window_used(curs[k], curn[k], ws)
-          local count = tonumber(ARGV[p + 2])
-          local after = used + tonumber(ARGV[p + 1])
+          local count = sbs[j]
+          local after = used + sis[j]
           ok = after <= count
           if not ok then
             if after > 2 * count then
@@ -234,9 +257,8 @@ if op == 'spend' then
           if curs[k] and less(nows, nown, curs[k], curn[k]) then
             ts, tn = curs[k], curn[k]
           end
-          local is, inn = parse(ARGV[p + 1])
-          ns, nn = add(ts, tn, is, inn)
-          local bs, bn = parse(ARGV[p + 2])
+          local bs, bn = sbs[j], sbn[j]
+          ns, nn = add(ts, tn, sis[j], sin[j])
           local ls, ln = sub(ns, nn, bs, bn)
           ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
           if not ok and mode == '3' then
@@ -259,29 +281,26 @@ if op == 'spend' then
     end
     if decidable then
       for i = 1, n do
-        local p = at + (i - 1) * 4
-        local mode = ARGV[p + 3]
-        if #mode > 1 then
-          mode = string_sub(mode, 1, 1)
-        end
+        local j = tonumber(ARGV[at + i - 1])
+        local mode = smode[j]
         local write
         if mode == '3' then
-          write = ARGV[p + 1] ~= '0' and news[i] < MAX_SECONDS
+          write = not szero[j] and news[i] < MAX_SECONDS
         else
-          write = allowed and oks[i] and mode ~= '1' and ARGV[p + 1] ~= '0'
+          write = allowed and oks[i] and mode ~= '1' and not szero[j]
         end
         if write then
-          local k = tonumber(ARGV[p])
+          local k = KEYS[first + i]
           curs[k], curn[k], text[k] = news[i], newn[i], nil
           dirty[k] = true
         end
       end
     end
-    at = at + n * 4
+    at, first = at + n, first + n
   end
   for k in pairs(dirty) do
     local v = text[k] or format(curs[k], curn[k])
-    redis.call('SET', KEYS[k], v, 'PX', ttl_ms(curs[k], curn[k], nows, nown))
+    redis.call('SET', k, v, 'PX', ttl_ms(curs[k], curn[k], nows, nown))
   end
   out[1] = format(nows, nown)
   return out

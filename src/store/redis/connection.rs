@@ -138,37 +138,30 @@ impl RedisStore {
         slot: usize,
         batches: &[&[Wire]],
     ) -> Result<Vec<Result<Read, StoreError>>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(Op::Spend.name()).arg(self.now_arg());
-        // Each key once: a hot key's later batches decide from what earlier ones wrote.
-        // A few keys are found by a scan; a map pays off beyond.
+        // Each item names its key (the script keeps a bucket's state by name, so a hot
+        // key's later batches decide from what earlier ones wrote) and the number of its
+        // shape (increment, burst offset, mode): a call's items share a few limits, and
+        // the script parses each shape's numbers once, not per item.
         let items: usize = batches.iter().map(|b| b.len()).sum();
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        let mut keys: Vec<&str> = Vec::with_capacity(items);
+        let mut shapes = Dedup::new(items);
+        let mut invocation = self.script.prepare_invoke();
+        let mut numbers: Vec<usize> = Vec::with_capacity(items);
+        for wire in batches.iter().flat_map(|b| b.iter()) {
+            invocation.key(wire.key.as_str());
+            numbers.push(shapes.index((wire.increment, wire.burst_offset, wire.mode)));
+        }
+        invocation
+            .arg(Op::Spend.name())
+            .arg(self.now_arg())
+            .arg(shapes.order.len());
+        for (increment, burst_offset, mode) in &shapes.order {
+            invocation.arg(*increment).arg(*burst_offset).arg(*mode);
+        }
+        let mut at = 0;
         for batch in batches {
             invocation.arg(batch.len());
-            for wire in *batch {
-                let known = if items <= 8 {
-                    keys.iter().position(|k| *k == wire.key).map(|i| i + 1)
-                } else {
-                    index.get(wire.key.as_str()).copied()
-                };
-                let at = known.unwrap_or_else(|| {
-                    keys.push(&wire.key);
-                    if items > 8 {
-                        index.insert(&wire.key, keys.len());
-                    }
-                    keys.len()
-                });
-                invocation
-                    .arg(at)
-                    .arg(wire.increment)
-                    .arg(wire.burst_offset)
-                    .arg(wire.mode);
-            }
-        }
-        for key in &keys {
-            invocation.key(*key);
+            invocation.arg(&numbers[at..at + batch.len()]);
+            at += batch.len();
         }
         let values = self.run(Op::Spend, slot, &invocation).await?;
         self.observer.event(StoreEvent::SpendCall {
@@ -267,6 +260,40 @@ pub(super) fn parse_read<'k, V: AsRef<str>>(
         })
         .collect::<Result<_, _>>()?;
     Ok(Read { now, tats })
+}
+
+/// Values numbered from 1 in their order of first appearance: a call's shapes.
+struct Dedup<T> {
+    order: Vec<T>,
+    index: HashMap<T, usize>,
+    /// Whether `index` is kept: a few values are found faster by a scan.
+    mapped: bool,
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Dedup<T> {
+    fn new(items: usize) -> Dedup<T> {
+        Dedup {
+            order: Vec::with_capacity(items),
+            index: HashMap::new(),
+            mapped: items > 8,
+        }
+    }
+
+    /// The number of `value`, added if new.
+    fn index(&mut self, value: T) -> usize {
+        let known = if self.mapped {
+            self.index.get(&value).copied()
+        } else {
+            self.order.iter().position(|v| *v == value).map(|i| i + 1)
+        };
+        known.unwrap_or_else(|| {
+            self.order.push(value);
+            if self.mapped {
+                self.index.insert(value, self.order.len());
+            }
+            self.order.len()
+        })
+    }
 }
 
 #[cfg(test)]
