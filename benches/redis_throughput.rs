@@ -2,12 +2,15 @@
 //! `scripts/bench-redis.sh` starts a redis-server and runs this beside `redis-benchmark`
 //! (a trivial EVALSHA on the same server), alternating, and prints the ratios.
 //!
+//! `KIND` picks the limit: `gcra` (default), `calendar` (a count per UTC hour) or `charge`
+//! (GCRA, charged: the debt path's mode).
+//!
 //! Output: one line, `decisions_per_second=<n> p50_us=<n> p99_us=<n>`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cellrate::clock::{SystemClock, SECOND};
+use cellrate::clock::{CalendarPeriod, SystemClock, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
@@ -39,7 +42,20 @@ fn main() {
         };
         let store = RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap();
         // Large limits: every decision is allowed and writes (the script's full path).
-        let limit = Limit::new(1_000_000_000, 1_000_000_000, SECOND).unwrap();
+        let (limit, mode) = match std::env::var("KIND").as_deref() {
+            Ok("calendar") => (
+                Limit::calendar(1 << 40, CalendarPeriod::Hour).unwrap(),
+                Mode::CheckAndSpend,
+            ),
+            Ok("charge") => (
+                Limit::new(1_000_000_000, 1_000_000_000, SECOND).unwrap(),
+                Mode::Charge,
+            ),
+            _ => (
+                Limit::new(1_000_000_000, 1_000_000_000, SECOND).unwrap(),
+                Mode::CheckAndSpend,
+            ),
+        };
         let start = Instant::now();
         let tasks: Vec<_> = (0..clients)
             .map(|c| {
@@ -51,7 +67,7 @@ fn main() {
                             key: BucketKey::new(100, &format!("bench-{}", (c * 7919 + i) % 10_000)),
                             limit,
                             cost: 1,
-                            mode: Mode::CheckAndSpend,
+                            mode,
                         };
                         let t = Instant::now();
                         store

@@ -6,7 +6,9 @@
 # Usage: scripts/bench-redis.sh [rounds] [requests] [streams] [before-binary]
 #   streams: concurrent callers (redis-benchmark -c, the store's concurrent tasks);
 #   before-binary: a `redis_throughput` bench binary built from another commit, measured
-#   beside this one (e.g. before and after a change), at `streams` and at one stream.
+#   beside this one (e.g. before and after a change), at `streams` and at one stream;
+#   or the word `kinds`: this binary with a GCRA limit, a calendar window and charges
+#   (KIND=gcra|calendar|charge), side by side.
 # Prints one line per measurement (`ROUND SCENARIO TARGET key=value ...`), then min-max
 # ratios over the rounds.
 set -euo pipefail
@@ -39,9 +41,10 @@ measure() {
         awk -F, '{printf "rps=%s p50_us=%.0f p99_us=%.0f", $2, $5 * 1000, $7 * 1000}')
       ;;
     *)
-      local binary=$after
+      local binary=$after kind=gcra
       [ "$target" = before ] && binary=$before
-      line=$(REDIS_URL="redis://127.0.0.1:$port" REQUESTS="$n" CLIENTS="$clients" "$binary" |
+      case $target in gcra | calendar | charge) kind=$target ;; esac
+      line=$(KIND=$kind REDIS_URL="redis://127.0.0.1:$port" REQUESTS="$n" CLIENTS="$clients" "$binary" |
         grep -o 'decisions_per_second=.*' | sed 's/decisions_per_second=/rps=/')
       ;;
   esac
@@ -53,6 +56,7 @@ measure() {
 
 targets="evalsha after"
 [ -n "$before" ] && targets="evalsha before after"
+[ "$before" = kinds ] && targets="evalsha gcra calendar charge"
 for round in $(seq "$rounds"); do
   for target in $targets; do
     measure "$round" "streams-$streams" "$target" "$streams" "$requests"
@@ -63,6 +67,14 @@ for round in $(seq "$rounds"); do
 done
 
 echo "ratios, min-max over the rounds (cpu_us_per_req is Redis's CPU per call or decision):"
+if [ "$before" = kinds ]; then
+  for kind in calendar charge; do
+    echo " $kind / gcra:"
+    python3 scripts/ratios.py "$results" "$kind" gcra "streams-$streams" one-stream
+  done
+  rm -f "$results"
+  exit 0
+fi
 echo " cellrate / trivial EVALSHA:"
 python3 scripts/ratios.py "$results" after evalsha "streams-$streams" one-stream
 if [ -n "$before" ]; then
