@@ -7,13 +7,15 @@ cd "$(dirname "$0")/.."
 # redis-server, redis-cli and redis-benchmark from Debian's packages, for the Redis store's
 # tests and the Redis-protocol listener's (the tests start their own servers on free
 # loopback ports).
+# redis-sentinel too, for the failover test (master, replica and three sentinels).
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 \
-  || ! command -v redis-benchmark >/dev/null 2>&1; then
-  echo "installing redis-server from Debian's packages"
+  || ! command -v redis-benchmark >/dev/null 2>&1 || ! command -v redis-sentinel >/dev/null 2>&1; then
+  echo "installing redis-server and redis-sentinel from Debian's packages"
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-sentinel \
+    redis-tools >/dev/null
 fi
 
 # prometheus and promtool from Debian's package, for the tests of the shipped alerting rules

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::store::redis::Coalescing;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "cellrate",
@@ -318,85 +316,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
 
-    /// Redis URL: redis://[user:password@]host:port[/db], or rediss:// for TLS.
-    #[arg(long, env = "CELLRATE_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
-
-    /// Redis Cluster seed nodes, comma-separated URLs (instead of --redis-url).
-    #[arg(
-        long,
-        env = "CELLRATE_REDIS_CLUSTER_NODES",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub redis_cluster_nodes: Vec<String>,
-
-    /// Prefix of every Redis key.
-    #[arg(long, env = "CELLRATE_REDIS_PREFIX", default_value = "cellrate:")]
-    pub redis_prefix: String,
-
-    /// Deadline of every Redis call, in milliseconds (Envoy's RLS timeout is 20 ms).
-    #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = 10)]
-    pub redis_timeout_ms: u64,
-
-    /// How often each replica looks for changes of the temporary overrides kept in Redis,
-    /// in milliseconds (a change made on another replica applies here within this).
-    #[arg(long, env = "CELLRATE_REDIS_OVERRIDE_SYNC_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
-    pub redis_override_sync_ms: u64,
-
-    /// Whose clock decides: Redis TIME (shared by replicas) or this process's.
-    #[arg(
-        long,
-        env = "CELLRATE_REDIS_CLOCK",
-        value_enum,
-        default_value = "redis"
-    )]
-    pub redis_clock: crate::store::redis::RedisClock,
-
-    /// What requests get while Redis fails.
-    #[arg(
-        long,
-        env = "CELLRATE_REDIS_FAILURE_POLICY",
-        value_enum,
-        default_value = "unavailable"
-    )]
-    pub redis_failure_policy: crate::store::redis::FailurePolicy,
-
-    /// With --redis-failure-policy local: divide each limit by this (e.g. the replica count).
-    #[arg(long, env = "CELLRATE_REDIS_LOCAL_DIVISOR", default_value_t = 1)]
-    pub redis_local_divisor: u64,
-
-    /// Names whose keys are tagged by id so one id's limits share a cluster slot
-    /// (comma-separated; * for all).
-    #[arg(long, env = "CELLRATE_REDIS_TAG_BY_ID", value_delimiter = ',')]
-    pub redis_tag_by_id: Vec<String>,
-
-    /// Entries of the local deny cache (0: off): repeat requests for a bucket Redis just
-    /// denied are denied here while the denial is provable, without a round trip.
-    #[arg(long, env = "CELLRATE_REDIS_DENY_CACHE", default_value_t = 0)]
-    pub redis_deny_cache: usize,
-
-    /// Spend calls in flight at a time per Redis node (per slot in a cluster); requests
-    /// that find them taken wait and are coalesced into the next call.
-    #[arg(long, env = "CELLRATE_REDIS_CALLS_IN_FLIGHT", default_value_t = Coalescing::DEFAULT.calls_in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
-    pub redis_calls_in_flight: u64,
-
-    /// Items in one coalesced Redis call, at most (a larger single batch still goes alone).
-    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.call_items as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub redis_call_max_items: u64,
-
-    /// Bytes of keys and arguments in one coalesced Redis call, at most.
-    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_BYTES", default_value_t = Coalescing::DEFAULT.call_bytes as u64, value_parser = clap::value_parser!(u64).range(1024..=4 * 1024 * 1024))]
-    pub redis_call_max_bytes: u64,
-
-    /// Items waiting for a coalesced call per Redis node (per slot), at most; beyond, a
-    /// request fails at once and the failure policy answers it.
-    #[arg(long, env = "CELLRATE_REDIS_QUEUE_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.queued_items as u64, value_parser = clap::value_parser!(u64).range(1..=262_144))]
-    pub redis_queue_max_items: u64,
-
-    /// Make /readyz fail while Redis does (by default readiness ignores Redis).
-    #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]
-    pub redis_required_for_ready: bool,
+    #[command(flatten)]
+    pub redis: super::redis_args::RedisArgs,
 
     /// Bound on live buckets in the memory store.
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]

@@ -7,6 +7,7 @@ pub use args::*;
 
 pub mod client;
 pub mod ratelimit_env;
+pub mod redis_args;
 mod serve;
 pub mod simulate;
 pub mod xds_args;

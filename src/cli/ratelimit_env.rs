@@ -352,7 +352,34 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
                 .extend(["--redis-cluster-nodes".to_string(), nodes.join(",")]);
         }
         "sentinel" | "SENTINEL" => {
-            return Err("REDIS_TYPE=sentinel: Sentinel is not served yet".to_string())
+            // `<master name>,<sentinel>,...`; REDIS_AUTH logs in to the master,
+            // REDIS_SENTINEL_AUTH to the sentinels, REDIS_TLS is for both.
+            let mut parts = urls.split(',').map(str::trim);
+            let master = parts.next().unwrap_or_default();
+            let sentinels: Vec<&str> = parts.collect();
+            if master.is_empty() || sentinels.is_empty() || sentinels.contains(&"") {
+                return Err("REDIS_URL: with REDIS_TYPE=sentinel, \
+                    <master name>,<sentinel host:port>,... (as envoyproxy/ratelimit reads it)"
+                    .to_string());
+            }
+            out.flags.extend([
+                "--redis-sentinel".to_string(),
+                sentinels.join(","),
+                "--redis-sentinel-master".to_string(),
+                master.to_string(),
+            ]);
+            if auth.is_some() || tls {
+                // The master's login only: its address comes from the sentinels.
+                out.flags
+                    .extend(["--redis-url".to_string(), url("sentinel-master")]);
+            }
+            if let Some(password) = var("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty()) {
+                out.flags
+                    .extend(["--redis-sentinel-password".to_string(), password]);
+            }
+            if tls {
+                out.flags.push("--redis-sentinel-tls".to_string());
+            }
         }
         other => return Err(format!("REDIS_TYPE={other:?}: single, cluster or sentinel")),
     }
@@ -542,6 +569,26 @@ mod tests {
         );
         let t = run(&[("REDIS_URL", "a:1"), ("REDIS_AUTH", "pw")]).unwrap();
         assert!(t.flags.join(" ").contains("redis://:pw@a:1"));
+        let t = run(&[
+            ("REDIS_URL", "mymaster, s1:26379,s2:26379"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_AUTH", "pw"),
+            ("REDIS_SENTINEL_AUTH", "spw"),
+            ("REDIS_TLS", "true"),
+        ])
+        .unwrap();
+        assert!(t.flags.join(" ").ends_with(
+            "--store redis --redis-sentinel s1:26379,s2:26379 --redis-sentinel-master mymaster \
+             --redis-url rediss://:pw@sentinel-master --redis-sentinel-password spw \
+             --redis-sentinel-tls"
+        ));
+        for url in ["mymaster", "mymaster,", ",s1:1", "m,s1:1,,s2:2"] {
+            let e = run(&[("REDIS_URL", url), ("REDIS_TYPE", "sentinel")]).unwrap_err();
+            assert!(
+                e.contains("<master name>,<sentinel host:port>"),
+                "{url}: {e}"
+            );
+        }
         let t = run(&[("BACKEND_TYPE", "memory"), ("USE_PROMETHEUS", "false")]).unwrap();
         assert!(!t.flags.join(" ").contains("--store"));
         assert!(t.flags.join(" ").contains("--metrics-listen 0.0.0.0:8080"));

@@ -14,7 +14,6 @@ use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
 use crate::service::envoy::EnvoyOptions;
 use crate::service::rlqs::RlqsSettings;
 use crate::service::CallerLimits;
-use crate::store::redis::{Coalescing, RedisSettings};
 
 impl ServeArgs {
     /// Refuses an empty token: a token of spaces would look set and protect nothing.
@@ -66,43 +65,9 @@ impl ServeArgs {
         if !cfg!(feature = "redis") {
             return Err(crate::server::no_redis().into());
         }
-        if self.redis_url.is_none() && self.redis_cluster_nodes.is_empty() {
-            anyhow::bail!("--store redis needs --redis-url or --redis-cluster-nodes");
-        }
-        let tag_by_id = if self.redis_tag_by_id.iter().any(|n| n == "*") {
-            None
-        } else {
-            let mut numbers = std::collections::HashSet::new();
-            for name in &self.redis_tag_by_id {
-                let found = limits.names().get(name).with_context(|| {
-                    format!("--redis-tag-by-id: {}", limits.names().unknown(name))
-                })?;
-                numbers.insert(found.number);
-            }
-            Some(numbers)
-        };
         Ok(StoreSettings::Redis {
-            settings: Box::new(RedisSettings {
-                url: self.redis_url.clone(),
-                cluster_nodes: self.redis_cluster_nodes.clone(),
-                prefix: self.redis_prefix.clone(),
-                timeout: Duration::from_millis(self.redis_timeout_ms.max(1)),
-                clock: self.redis_clock,
-                failure: self.redis_failure_policy,
-                local_divisor: self.redis_local_divisor.max(1),
-                tag_by_id,
-                deny_cache: self.redis_deny_cache,
-                override_sync: Duration::from_millis(self.redis_override_sync_ms),
-                // Small values: clap checked their ranges.
-                coalescing: Coalescing {
-                    calls_in_flight: self.redis_calls_in_flight as usize,
-                    call_items: self.redis_call_max_items as usize,
-                    call_bytes: self.redis_call_max_bytes as usize,
-                    queued_items: self.redis_queue_max_items as usize,
-                },
-                ..RedisSettings::default()
-            }),
-            required_for_ready: self.redis_required_for_ready,
+            settings: Box::new(self.redis.settings(limits)?),
+            required_for_ready: self.redis.redis_required_for_ready,
         })
     }
 

@@ -295,3 +295,192 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
         "failures other than UNAVAILABLE"
     );
 }
+
+/// Redis behind Sentinel: the master is killed under load. Decisions answer UNAVAILABLE
+/// (the failure policy) until the sentinels promote the replica, then resume on it without
+/// restarting cellrate; the old master, back as a replica, is never written to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_under_load_follows_the_new_master() {
+    use crate::common::redis_server::{RedisSentinels, SENTINEL_MASTER};
+    use cellrate::server::StoreSettings;
+    use cellrate::store::redis::{FailurePolicy, RedisSettings, SentinelSettings};
+    let mut set = RedisSentinels::start();
+    let old_port = set.master.port;
+    let limits =
+        LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
+    let settings = Settings {
+        store: StoreSettings::Redis {
+            settings: Box::new(RedisSettings {
+                sentinel: Some(SentinelSettings {
+                    nodes: set.addresses(),
+                    master: SENTINEL_MASTER.to_string(),
+                    password: None,
+                    tls: false,
+                }),
+                timeout: Duration::from_millis(100),
+                failure: FailurePolicy::Unavailable,
+                breaker_threshold: 3,
+                breaker_cooldown: Duration::from_millis(200),
+                ..RedisSettings::default()
+            }),
+            required_for_ready: false,
+        },
+        ..Settings::default()
+    };
+    let s = Served::full(limits, settings, None).await;
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(hammer(
+                s.decisions.clone(),
+                "ApiRequestsPerKeyDaily",
+                stop.clone(),
+                seen.clone(),
+                1_000_000,
+            ))
+        })
+        .collect();
+    assert!(answered(&seen, 100, |s| &s.ok).await >= 100, "no load");
+    let written = set.master.cli(&["DBSIZE"]).unwrap();
+    assert_ne!(written.trim(), "0", "the master holds no bucket");
+
+    set.master.kill();
+    let killed = Instant::now();
+    assert!(
+        answered(&seen, 1, |s| &s.unavailable).await > 0,
+        "no UNAVAILABLE while the master was down"
+    );
+    // The sentinels notice (1 s without answers), agree and promote the replica.
+    let promoted = crate::common::poll_until(
+        Duration::from_secs(30),
+        async || set.master_port(),
+        |&p| p == Some(set.replica.port),
+    )
+    .await;
+    assert_eq!(promoted, Some(set.replica.port), "no promotion within 30 s");
+    let promoted_at = killed.elapsed();
+    let ok_at_promotion = seen.ok.load(Ordering::Relaxed);
+    let resumed = crate::common::poll_until(
+        Duration::from_secs(10),
+        async || seen.ok.load(Ordering::Relaxed) > ok_at_promotion + 50,
+        |&ok| ok,
+    )
+    .await;
+    let resumed_at = killed.elapsed();
+    eprintln!(
+        "sentinel failover: promoted {promoted_at:?} after the kill, decisions answered again \
+         {:?} after the promotion",
+        resumed_at.saturating_sub(promoted_at)
+    );
+    assert!(
+        resumed,
+        "decisions did not resume within 10 s of the promotion"
+    );
+    assert!(
+        set.replica
+            .cli(&["INFO", "replication"])
+            .is_some_and(|i| i.contains("role:master")),
+        "the replica was not promoted"
+    );
+
+    // The old master comes back (empty) and the sentinels make it a replica of the new one:
+    // cellrate goes on writing to the new master only.
+    set.master.restart();
+    assert_eq!(set.master.port, old_port);
+    let demoted = crate::common::poll_until(
+        Duration::from_secs(30),
+        async || set.master.cli(&["INFO", "replication"]),
+        |i| i.as_ref().is_some_and(|i| i.contains("role:slave")),
+    )
+    .await;
+    assert!(
+        demoted.is_some_and(|i| i.contains("role:slave")),
+        "the old master was not made a replica within 30 s"
+    );
+    let ok_before = seen.ok.load(Ordering::Relaxed);
+    let more = crate::common::poll_until(
+        Duration::from_secs(10),
+        async || seen.ok.load(Ordering::Relaxed) > ok_before + 200,
+        |&ok| ok,
+    )
+    .await;
+    assert!(more, "decisions stopped after the old master came back");
+    let stats = set.master.cli(&["INFO", "commandstats"]).unwrap();
+    assert!(
+        !stats.contains("cmdstat_evalsha") && !stats.contains("cmdstat_eval:"),
+        "a script ran on the old master, now a replica: {stats}"
+    );
+
+    // A switchover: the sentinels demote the live master (cellrate's connection to it stays
+    // open, and it answers READONLY) and promote the old one back. cellrate follows, and
+    // sends the demoted node nothing more.
+    let scripts_on = |node: &crate::common::redis_server::RedisServer| {
+        let stats = node.cli(&["INFO", "commandstats"]).unwrap_or_default();
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .map(str::to_string)
+    };
+    let sentinel = &set.sentinels[0];
+    assert!(
+        sentinel
+            .cli(&["SENTINEL", "FAILOVER", SENTINEL_MASTER])
+            .is_some_and(|o| o.trim() == "OK"),
+        "SENTINEL FAILOVER refused"
+    );
+    let switched = crate::common::poll_until(
+        Duration::from_secs(30),
+        async || set.master_port(),
+        |&p| p == Some(old_port),
+    )
+    .await;
+    assert_eq!(switched, Some(old_port), "no switchover within 30 s");
+    let demoted = crate::common::poll_until(
+        Duration::from_secs(30),
+        async || set.replica.cli(&["INFO", "replication"]),
+        |i| i.as_ref().is_some_and(|i| i.contains("role:slave")),
+    )
+    .await;
+    assert!(
+        demoted.is_some_and(|i| i.contains("role:slave")),
+        "not demoted"
+    );
+    let ok_at_switch = seen.ok.load(Ordering::Relaxed);
+    let followed = crate::common::poll_until(
+        Duration::from_secs(10),
+        async || seen.ok.load(Ordering::Relaxed) > ok_at_switch + 100,
+        |&ok| ok,
+    )
+    .await;
+    assert!(followed, "decisions did not resume after the switchover");
+    let on_demoted = scripts_on(&set.replica);
+    let ok_then = seen.ok.load(Ordering::Relaxed);
+    let more = crate::common::poll_until(
+        Duration::from_secs(10),
+        async || seen.ok.load(Ordering::Relaxed) > ok_then + 200,
+        |&ok| ok,
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("no hang")
+            .unwrap();
+    }
+    assert!(more, "decisions stopped after the switchover");
+    assert_eq!(
+        scripts_on(&set.replica),
+        on_demoted,
+        "scripts went on reaching the demoted master"
+    );
+    assert!(
+        set.master.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"),
+        "the master of the switchover holds no bucket"
+    );
+    assert_eq!(
+        seen.other.load(Ordering::Relaxed),
+        0,
+        "failures other than UNAVAILABLE"
+    );
+}

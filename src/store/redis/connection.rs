@@ -8,6 +8,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
+use super::sentinel::SentinelLink;
 use super::wire::{Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
@@ -15,6 +16,8 @@ use crate::store::{StoreError, StoreEvent};
 
 pub(super) enum Connection {
     Single(ConnectionManager),
+    /// The master the sentinels name, followed across failovers.
+    Sentinel(std::sync::Arc<SentinelLink>),
     /// Connected on first use (retried on the next call while that fails; one attempt at
     /// a time); the cluster connection then reconnects to nodes by itself.
     Cluster {
@@ -31,18 +34,24 @@ impl Connection {
         timeout: Duration,
     ) -> Result<Connection, StoreError> {
         let connect_timeout = timeout.max(Duration::from_millis(100));
+        let manager_config = || {
+            redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500))
+        };
+        if let Some(sentinel) = &settings.sentinel {
+            let link = SentinelLink::new(sentinel, settings.url.as_deref(), manager_config())?;
+            return Ok(Connection::Sentinel(std::sync::Arc::new(link)));
+        }
         if settings.cluster_nodes.is_empty() {
             let url = settings.url.as_deref().ok_or_else(|| {
                 StoreError::Config("redis: no --redis-url or cluster nodes".into())
             })?;
             let client = redis::Client::open(url)
                 .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(500));
-            let manager = ConnectionManager::new_lazy_with_config(client, config)
+            let manager = ConnectionManager::new_lazy_with_config(client, manager_config())
                 .map_err(|e| store_error("connection", e))?;
             Ok(Connection::Single(manager))
         } else {
@@ -74,6 +83,7 @@ impl Connection {
                     .await
                     .map_err(|e| store_error(context, e))
             }
+            Connection::Sentinel(link) => link.invoke(invocation, context).await,
             Connection::Cluster { client, connection } => {
                 let mut conn = connection
                     .get_or_try_init(|| async {

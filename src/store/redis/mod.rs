@@ -1,4 +1,5 @@
-//! The Redis store: TATs shared by many replicas, standalone or Redis Cluster.
+//! The Redis store: TATs shared by many replicas, standalone, behind Sentinel, or Redis
+//! Cluster.
 //!
 //! Every batch is one server-side script (`batch.lua`, sent with EVALSHA and loaded
 //! again on NOSCRIPT): it reads the batch's TATs, decides all-or-nothing which to write,
@@ -30,9 +31,11 @@
 //! one trial through after a cool-down (half-open). On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
 //! default; Envoy's `failure_mode_deny` then decides), allow, deny, or decide locally in
 //! memory with a share of each limit. Connections re-establish by themselves.
+//!
+//! **Sentinel.** The sentinels name the master; a failover is followed (`sentinel.rs`).
 
 mod settings;
-pub use settings::{Coalescing, FailurePolicy, RedisClock, RedisSettings};
+pub use settings::{Coalescing, FailurePolicy, RedisClock, RedisSettings, SentinelSettings};
 
 #[cfg(feature = "redis")]
 mod breaker;
@@ -50,6 +53,8 @@ mod deny_cache;
 mod failure;
 #[cfg(feature = "redis")]
 mod overrides;
+#[cfg(feature = "redis")]
+mod sentinel;
 #[cfg(feature = "redis")]
 mod settlements;
 #[cfg(feature = "redis")]

@@ -35,6 +35,9 @@ pub struct RedisSettings {
     pub url: Option<String>,
     /// Redis Cluster seed nodes (URLs); used instead of `url` when not empty.
     pub cluster_nodes: Vec<String>,
+    /// Redis behind Sentinel: the sentinels name the master (`url`, if given, is then only
+    /// the master's login: user, password, db, TLS).
+    pub sentinel: Option<SentinelSettings>,
     /// Prefix of every key.
     pub prefix: String,
     /// Deadline of every Redis call.
@@ -64,6 +67,7 @@ impl Default for RedisSettings {
         RedisSettings {
             url: None,
             cluster_nodes: Vec::new(),
+            sentinel: None,
             prefix: "cellrate:".to_string(),
             timeout: Duration::from_millis(10),
             clock: RedisClock::Redis,
@@ -77,6 +81,19 @@ impl Default for RedisSettings {
             coalescing: Coalescing::default(),
         }
     }
+}
+
+/// Where the sentinels are and which master to ask them for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelSettings {
+    /// `HOST:PORT`, or URLs (`redis://[user:password@]host:port`, `rediss://`).
+    pub nodes: Vec<String>,
+    /// The master's name in the sentinels' configuration.
+    pub master: String,
+    /// The sentinels' password, for nodes whose URL carries none.
+    pub password: Option<String>,
+    /// TLS to the sentinels given as `HOST:PORT`.
+    pub tls: bool,
 }
 
 /// Bounds of coalescing, per lane.

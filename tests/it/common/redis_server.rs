@@ -22,6 +22,8 @@ pub struct RedisServer {
     cluster: bool,
     /// More arguments for redis-server (a module to load).
     extra: Vec<String>,
+    /// A sentinel's configuration file: run as `redis-sentinel FILE` instead.
+    sentinel: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
@@ -44,6 +46,7 @@ impl RedisServer {
                 dir,
                 cluster,
                 extra: extra.iter().map(|a| a.to_string()).collect(),
+                sentinel: None,
             };
             if server.spawn() {
                 return server;
@@ -60,24 +63,34 @@ impl RedisServer {
 
     /// Starts the process on `self.port`; true once it answers PING.
     fn spawn(&mut self) -> bool {
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut command = match &self.sentinel {
+            Some(conf) => {
+                let mut command = Command::new("redis-sentinel");
+                command.arg(conf);
+                command
+            }
+            None => {
+                let mut command = Command::new("redis-server");
+                command
+                    .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                    .arg("--dir")
+                    .arg(self.dir.path())
+                    .args(&self.extra);
+                command
+            }
+        };
+        command.stdout(Stdio::null()).stderr(Stdio::null());
         if self.cluster {
             command.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"]);
             command.args(["--cluster-config-file", "nodes.conf"]);
         }
         let child = command.spawn().unwrap_or_else(|e| {
             panic!(
-                "cannot start redis-server ({e}): the Redis tests need it on PATH; \
-                 scripts/test.sh installs it from Debian's packages, or run \
-                 `apt-get install redis-server`"
+                "cannot start {:?} ({e}): the Redis tests need redis-server and \
+                 redis-sentinel on PATH; scripts/test.sh installs them from Debian's \
+                 packages, or run `apt-get install redis-server redis-sentinel`",
+                command.get_program()
             )
         });
         self.child = Some(child);
@@ -213,5 +226,112 @@ impl RedisCluster {
             i += 1;
         }
         panic!("no node serves slot {slot}: {slots}");
+    }
+}
+
+/// A master, one replica and three `redis-sentinel`s watching them (quorum 2, a master is
+/// down after 1 s without answers), all on free loopback ports.
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+}
+
+/// The master's name in the sentinels' configuration.
+pub const SENTINEL_MASTER: &str = "cellrate-master";
+
+impl RedisSentinels {
+    pub fn start() -> RedisSentinels {
+        let master = RedisServer::start();
+        let port = master.port.to_string();
+        let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_sentinel(master.port))
+            .collect();
+        let set = RedisSentinels {
+            master,
+            replica,
+            sentinels,
+        };
+        // Ready: the replica is in sync and every sentinel knows it and its peers.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let synced = set
+                .replica
+                .cli(&["INFO", "replication"])
+                .is_some_and(|i| i.contains("master_link_status:up"));
+            let known = set.sentinels.iter().all(|s| {
+                s.cli(&["SENTINEL", "MASTER", SENTINEL_MASTER])
+                    .is_some_and(|m| {
+                        let fields: Vec<&str> = m.lines().collect();
+                        let value = |name: &str| {
+                            fields
+                                .iter()
+                                .position(|f| *f == name)
+                                .and_then(|i| fields.get(i + 1))
+                                .and_then(|v| v.parse::<u32>().ok())
+                        };
+                        value("num-slaves") == Some(1) && value("num-other-sentinels") == Some(2)
+                    })
+            });
+            if synced && known {
+                return set;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not see the replica and each other within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The sentinels' addresses, `127.0.0.1:PORT`.
+    pub fn addresses(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// The master's port as the first sentinel names it.
+    pub fn master_port(&self) -> Option<u16> {
+        let out =
+            self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER])?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl RedisServer {
+    /// A `redis-sentinel` watching the master on `master_port`.
+    fn start_sentinel(master_port: u16) -> RedisServer {
+        let mut dir = tempfile::tempdir().unwrap();
+        for _ in 0..5 {
+            let port = free_port();
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 10000\n",
+                    dir = dir.path().display()
+                ),
+            )
+            .unwrap();
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+                cluster: false,
+                extra: Vec::new(),
+                sentinel: Some(conf),
+            };
+            if server.spawn() {
+                return server;
+            }
+            dir = server.take_dir();
+        }
+        panic!("redis-sentinel did not start on a free port in 5 tries");
     }
 }

@@ -1,0 +1,179 @@
+//! `cellrate serve`'s Redis flags (standalone, Sentinel or Cluster), and the store settings
+//! they describe.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::limits::config::LimitTable;
+use crate::store::redis::{Coalescing, RedisSettings, SentinelSettings};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisArgs {
+    /// Redis URL: redis://[user:password@]host:port[/db], or rediss:// for TLS.
+    #[arg(long, env = "CELLRATE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Redis Cluster seed nodes, comma-separated URLs (instead of --redis-url).
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_CLUSTER_NODES",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub redis_cluster_nodes: Vec<String>,
+
+    /// Redis behind Sentinel: the sentinels, comma-separated HOST:PORT or URLs
+    /// (redis://[user:password@]host:port, rediss://). With it, --redis-url is optional and
+    /// only gives the master's login (user, password, db, rediss:// for TLS).
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_SENTINEL",
+        value_delimiter = ',',
+        hide_env_values = true,
+        requires = "redis_sentinel_master",
+        conflicts_with = "redis_cluster_nodes"
+    )]
+    pub redis_sentinel: Vec<String>,
+
+    /// The master's name in the sentinels' configuration (with --redis-sentinel).
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_SENTINEL_MASTER",
+        requires = "redis_sentinel"
+    )]
+    pub redis_sentinel_master: Option<String>,
+
+    /// The sentinels' password, for sentinels given without one in their URL.
+    #[arg(long, env = "CELLRATE_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub redis_sentinel_password: Option<String>,
+
+    /// TLS to the sentinels given as HOST:PORT.
+    #[arg(long, env = "CELLRATE_REDIS_SENTINEL_TLS")]
+    pub redis_sentinel_tls: bool,
+
+    /// Prefix of every Redis key.
+    #[arg(long, env = "CELLRATE_REDIS_PREFIX", default_value = "cellrate:")]
+    pub redis_prefix: String,
+
+    /// Deadline of every Redis call, in milliseconds (Envoy's RLS timeout is 20 ms).
+    #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = 10)]
+    pub redis_timeout_ms: u64,
+
+    /// How often each replica looks for changes of the temporary overrides kept in Redis,
+    /// in milliseconds (a change made on another replica applies here within this).
+    #[arg(long, env = "CELLRATE_REDIS_OVERRIDE_SYNC_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub redis_override_sync_ms: u64,
+
+    /// Whose clock decides: Redis TIME (shared by replicas) or this process's.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_CLOCK",
+        value_enum,
+        default_value = "redis"
+    )]
+    pub redis_clock: crate::store::redis::RedisClock,
+
+    /// What requests get while Redis fails.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_FAILURE_POLICY",
+        value_enum,
+        default_value = "unavailable"
+    )]
+    pub redis_failure_policy: crate::store::redis::FailurePolicy,
+
+    /// With --redis-failure-policy local: divide each limit by this (e.g. the replica count).
+    #[arg(long, env = "CELLRATE_REDIS_LOCAL_DIVISOR", default_value_t = 1)]
+    pub redis_local_divisor: u64,
+
+    /// Names whose keys are tagged by id so one id's limits share a cluster slot
+    /// (comma-separated; * for all).
+    #[arg(long, env = "CELLRATE_REDIS_TAG_BY_ID", value_delimiter = ',')]
+    pub redis_tag_by_id: Vec<String>,
+
+    /// Entries of the local deny cache (0: off): repeat requests for a bucket Redis just
+    /// denied are denied here while the denial is provable, without a round trip.
+    #[arg(long, env = "CELLRATE_REDIS_DENY_CACHE", default_value_t = 0)]
+    pub redis_deny_cache: usize,
+
+    /// Spend calls in flight at a time per Redis node (per slot in a cluster); requests
+    /// that find them taken wait and are coalesced into the next call.
+    #[arg(long, env = "CELLRATE_REDIS_CALLS_IN_FLIGHT", default_value_t = Coalescing::DEFAULT.calls_in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub redis_calls_in_flight: u64,
+
+    /// Items in one coalesced Redis call, at most (a larger single batch still goes alone).
+    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.call_items as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub redis_call_max_items: u64,
+
+    /// Bytes of keys and arguments in one coalesced Redis call, at most.
+    #[arg(long, env = "CELLRATE_REDIS_CALL_MAX_BYTES", default_value_t = Coalescing::DEFAULT.call_bytes as u64, value_parser = clap::value_parser!(u64).range(1024..=4 * 1024 * 1024))]
+    pub redis_call_max_bytes: u64,
+
+    /// Items waiting for a coalesced call per Redis node (per slot), at most; beyond, a
+    /// request fails at once and the failure policy answers it.
+    #[arg(long, env = "CELLRATE_REDIS_QUEUE_MAX_ITEMS", default_value_t = Coalescing::DEFAULT.queued_items as u64, value_parser = clap::value_parser!(u64).range(1..=262_144))]
+    pub redis_queue_max_items: u64,
+
+    /// Make /readyz fail while Redis does (by default readiness ignores Redis).
+    #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]
+    pub redis_required_for_ready: bool,
+}
+
+impl RedisArgs {
+    /// The Redis store's settings these flags describe (`limits` resolves the names of
+    /// `--redis-tag-by-id`).
+    pub fn settings(&self, limits: &LimitTable) -> anyhow::Result<RedisSettings> {
+        if self.redis_url.is_none()
+            && self.redis_cluster_nodes.is_empty()
+            && self.redis_sentinel.is_empty()
+        {
+            anyhow::bail!(
+                "--store redis needs --redis-url, --redis-sentinel or --redis-cluster-nodes"
+            );
+        }
+        let sentinel = self
+            .redis_sentinel_master
+            .as_ref()
+            .map(|master| SentinelSettings {
+                nodes: self.redis_sentinel.clone(),
+                master: master.clone(),
+                password: self.redis_sentinel_password.clone(),
+                tls: self.redis_sentinel_tls,
+            });
+        let tag_by_id = if self.redis_tag_by_id.iter().any(|n| n == "*") {
+            None
+        } else {
+            let mut numbers = HashSet::new();
+            for name in &self.redis_tag_by_id {
+                let found = limits.names().get(name).with_context(|| {
+                    format!("--redis-tag-by-id: {}", limits.names().unknown(name))
+                })?;
+                numbers.insert(found.number);
+            }
+            Some(numbers)
+        };
+        Ok(RedisSettings {
+            url: self.redis_url.clone(),
+            cluster_nodes: self.redis_cluster_nodes.clone(),
+            sentinel,
+            prefix: self.redis_prefix.clone(),
+            timeout: Duration::from_millis(self.redis_timeout_ms.max(1)),
+            clock: self.redis_clock,
+            failure: self.redis_failure_policy,
+            local_divisor: self.redis_local_divisor.max(1),
+            tag_by_id,
+            deny_cache: self.redis_deny_cache,
+            override_sync: Duration::from_millis(self.redis_override_sync_ms),
+            // Small values: clap checked their ranges.
+            coalescing: Coalescing {
+                calls_in_flight: self.redis_calls_in_flight as usize,
+                call_items: self.redis_call_max_items as usize,
+                call_bytes: self.redis_call_max_bytes as usize,
+                queued_items: self.redis_queue_max_items as usize,
+            },
+            ..RedisSettings::default()
+        })
+    }
+}
