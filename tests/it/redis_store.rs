@@ -535,3 +535,86 @@ async fn the_deny_cache_answers_repeat_denials_without_redis() {
         .render()
         .contains("cellrate_store_deny_cache_hits_total 1"));
 }
+
+/// Sentinels and a master that ask for passwords: the sentinels' password (a flag, or in a
+/// sentinel's URL) and the master's login (`--redis-url`'s user and password) are each
+/// used where they belong, and a wrong or missing one gets no decision.
+#[tokio::test]
+async fn sentinel_with_passwords_logs_in_to_sentinels_and_master() {
+    use crate::common::redis_server::{RedisSentinels, SENTINEL_MASTER};
+    use cellrate::store::redis::SentinelSettings;
+    let set = RedisSentinels::start_with(Some(("data-pw", "sentinel-pw")));
+    let clock = FakeClock::new(T0);
+    let make = |nodes: Vec<String>, sentinel_pw: Option<&str>, master_url: Option<&str>| {
+        let s = RedisSettings {
+            url: master_url.map(str::to_string),
+            sentinel: Some(SentinelSettings {
+                nodes,
+                master: SENTINEL_MASTER.to_string(),
+                password: sentinel_pw.map(str::to_string),
+                tls: false,
+            }),
+            timeout: Duration::from_millis(300),
+            clock: RedisClock::Local,
+            ..RedisSettings::default()
+        };
+        store(s, &clock).0
+    };
+    let limit = per_10s();
+    let good = make(
+        set.addresses(),
+        Some("sentinel-pw"),
+        Some("redis://:data-pw@master"),
+    );
+    let out = good.spend(&[spend("pw", limit, 1)]).await.unwrap();
+    assert_eq!(out.decisions[0].remaining, 9);
+    // The password in each sentinel's URL instead of the flag.
+    let in_urls: Vec<String> = set
+        .addresses()
+        .iter()
+        .map(|a| format!("redis://:sentinel-pw@{a}"))
+        .collect();
+    let by_url = make(in_urls, None, Some("redis://:data-pw@master"));
+    let out = by_url.spend(&[spend("pw", limit, 1)]).await.unwrap();
+    assert_eq!(
+        out.decisions[0].remaining, 8,
+        "the same bucket, on the master"
+    );
+
+    let wrong = [
+        (
+            "no sentinel password",
+            make(set.addresses(), None, Some("redis://:data-pw@master")),
+        ),
+        (
+            "a wrong sentinel password",
+            make(
+                set.addresses(),
+                Some("guess"),
+                Some("redis://:data-pw@master"),
+            ),
+        ),
+        (
+            "no master login",
+            make(set.addresses(), Some("sentinel-pw"), None),
+        ),
+        (
+            "a wrong master password",
+            make(
+                set.addresses(),
+                Some("sentinel-pw"),
+                Some("redis://:guess@master"),
+            ),
+        ),
+    ];
+    for (what, store) in wrong {
+        for _ in 0..3 {
+            let e = store.spend(&[spend("pw", limit, 1)]).await;
+            assert!(e.is_err(), "{what}: decided {:?}", e.map(|o| o.allowed));
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+    }
+    // Nothing the refused stores tried was spent.
+    let out = good.spend(&[spend("pw", limit, 1)]).await.unwrap();
+    assert_eq!(out.decisions[0].remaining, 7);
+}

@@ -24,6 +24,8 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// A sentinel's configuration file: run as `redis-sentinel FILE` instead.
     sentinel: Option<std::path::PathBuf>,
+    /// What `cli` logs in with.
+    password: Option<String>,
 }
 
 impl RedisServer {
@@ -47,6 +49,11 @@ impl RedisServer {
                 cluster,
                 extra: extra.iter().map(|a| a.to_string()).collect(),
                 sentinel: None,
+                password: extra
+                    .iter()
+                    .position(|a| *a == "--requirepass")
+                    .and_then(|i| extra.get(i + 1))
+                    .map(|p| p.to_string()),
             };
             if server.spawn() {
                 return server;
@@ -111,12 +118,12 @@ impl RedisServer {
 
     /// `redis-cli -p PORT args...`; stdout when it succeeded.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
+        let mut command = Command::new("redis-cli");
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(password) = &self.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        let out = command.args(args).stderr(Stdio::null()).output().ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -242,11 +249,23 @@ pub const SENTINEL_MASTER: &str = "cellrate-master";
 
 impl RedisSentinels {
     pub fn start() -> RedisSentinels {
-        let master = RedisServer::start();
+        RedisSentinels::start_with(None)
+    }
+
+    /// With `passwords` (the master's and replica's, the sentinels'), each asks for its
+    /// password, and the sentinels and the replica are given what they need.
+    pub fn start_with(passwords: Option<(&str, &str)>) -> RedisSentinels {
+        let mut master_args: Vec<&str> = Vec::new();
+        if let Some((data, _)) = passwords {
+            master_args.extend(["--requirepass", data, "--masterauth", data]);
+        }
+        let master = RedisServer::start_with_args(&master_args);
         let port = master.port.to_string();
-        let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
+        replica_args.extend(&master_args);
+        let replica = RedisServer::start_with_args(&replica_args);
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_sentinel(master.port))
+            .map(|_| RedisServer::start_sentinel(master.port, passwords))
             .collect();
         let set = RedisSentinels {
             master,
@@ -303,22 +322,25 @@ impl RedisSentinels {
 
 impl RedisServer {
     /// A `redis-sentinel` watching the master on `master_port`.
-    fn start_sentinel(master_port: u16) -> RedisServer {
+    fn start_sentinel(master_port: u16, passwords: Option<(&str, &str)>) -> RedisServer {
         let mut dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
-                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
-                     sentinel failover-timeout {SENTINEL_MASTER} 10000\n",
-                    dir = dir.path().display()
-                ),
-            )
-            .unwrap();
+            let mut text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n",
+                dir = dir.path().display()
+            );
+            if let Some((data, own)) = passwords {
+                text.push_str(&format!(
+                    "sentinel auth-pass {SENTINEL_MASTER} {data}\nrequirepass {own}\n\
+                     sentinel sentinel-pass {own}\n"
+                ));
+            }
+            std::fs::write(&conf, text).unwrap();
             let mut server = RedisServer {
                 child: None,
                 port,
@@ -326,6 +348,7 @@ impl RedisServer {
                 cluster: false,
                 extra: Vec::new(),
                 sentinel: Some(conf),
+                password: passwords.map(|(_, own)| own.to_string()),
             };
             if server.spawn() {
                 return server;
