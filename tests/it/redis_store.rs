@@ -1,6 +1,6 @@
 //! The Redis store against real redis-server processes: script reloading, expiry, exact
-//! values, Redis TIME, failures and recovery, a killed cluster primary, and two cellrate
-//! processes sharing one Redis.
+//! values, Redis TIME, failures and recovery, a killed cluster primary, two cellrate
+//! processes sharing one Redis (and one Valkey), and Sentinel with passwords.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -434,8 +434,18 @@ async fn healthy_cluster_slots_keep_working_when_a_primary_dies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_cellrate_processes_sharing_redis_admit_no_more_than_one() {
+    two_processes_sharing(RedisServer::start()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cellrate_processes_sharing_valkey_admit_no_more_than_one() {
+    two_processes_sharing(RedisServer::start_valkey()).await;
+}
+
+/// Two cellrate processes on one server admit exactly the limit between them, and Envoy
+/// gets UNAVAILABLE once the server is gone.
+async fn two_processes_sharing(server: RedisServer) {
     use cellrate::proto::v1 as pb;
-    let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     // 50 per hour: nothing comes back during the test.
     std::fs::write(

@@ -413,7 +413,7 @@ async fn past_tat_is_full(s: &Subject) {
 }
 
 /// One test per scenario and store: `store_scenarios::<store>::<scenario>`, each on a
-/// fresh store (and, for Redis, a server or cluster of its own).
+/// fresh store (and, for Redis and Valkey, a server or cluster of its own).
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {
         mod memory_store {
@@ -433,6 +433,30 @@ macro_rules! on_every_store {
                 async fn $scenario() {
                     let server = RedisServer::start();
                     super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "redis")]
+        mod valkey_standalone {
+            use super::RedisServer;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let server = RedisServer::start_valkey();
+                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "redis")]
+        mod valkey_cluster {
+            use super::RedisCluster;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let cluster = RedisCluster::start_valkey();
+                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
                 }
             )*
         }

