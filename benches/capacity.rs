@@ -1,7 +1,7 @@
 //! Capacity figures (no criterion: one measurement each, printed):
 //! - the memory store at 10^3, 10^6, 10^7 and 10^8 live buckets: memory per live bucket (RSS
 //!   growth per bucket, everything included), check latency on random live keys, and the
-//!   sweeper's pause per shard;
+//!   sweeper's pause per shard; the time to write its snapshot file and to restore it;
 //! - the time to load and swap in a limits directory with 100 000 overrides.
 //!
 //! Each memory figure comes from a fresh child process, so that memory freed by one run
@@ -31,8 +31,8 @@ fn rss() -> u64 {
 
 fn memory_per_bucket(n: usize) {
     let clock = FakeClock::new(1_700_000_000 * SECOND);
-    // Room for every key whatever shard it hashes to (the bound is per shard), none of it
-    // set aside for caller-given limits; the shard count `serve --max-buckets n` chooses.
+    // Room for every key, none of it set aside for caller-given limits; the shard count
+    // `serve --max-buckets n` chooses.
     let max = (n + n / 5).max(1_000_000);
     let shards = MemoryStore::shards_for(n);
     let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0);
@@ -109,6 +109,24 @@ fn memory_per_bucket(n: usize) {
         "memory_store live_buckets={n} check_ns mean={mean:.0} p50={} p99={} (one timer per check: ~20 ns of it)",
         each[each.len() / 2].as_nanos(),
         each[each.len() * 99 / 100].as_nanos()
+    );
+
+    // The snapshot file (`--snapshot-file`): written from this store, restored into a new
+    // one (a restart), on the machine's disk (fsynced).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("buckets.snapshot");
+    let written = store.write_snapshot(&path).unwrap();
+    let restore = Instant::now();
+    let mut restored = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0);
+    let got = restored.restore_snapshot(&path).unwrap();
+    let restore = restore.elapsed();
+    assert_eq!(got.buckets, n);
+    drop(restored);
+    println!(
+        "memory_store live_buckets={n} snapshot_mib={:.0} write_s={:.2} restore_s={:.2}",
+        written.bytes as f64 / (1 << 20) as f64,
+        written.seconds,
+        restore.as_secs_f64()
     );
 
     // The sweeper's pause: how long each shard's lock is held by a sweep, first with every

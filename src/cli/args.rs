@@ -323,6 +323,17 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 
+    /// The memory store's snapshot file: its buckets are restored from it at start (a
+    /// missing or unusable file: one warning, an empty store) and written to it at graceful
+    /// shutdown, so that a restart does not refill every bucket.
+    #[arg(long, env = "CELLRATE_SNAPSHOT_FILE")]
+    pub snapshot_file: Option<PathBuf>,
+
+    /// With --snapshot-file: also write it this often while serving, in seconds (a crash
+    /// then loses at most this much); 0: only at shutdown.
+    #[arg(long, env = "CELLRATE_SNAPSHOT_INTERVAL_SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub snapshot_interval_seconds: u64,
+
     /// Accept limits given by callers (native inline limits, Envoy descriptor `limit`s).
     /// Off: inline limits are INVALID_ARGUMENT and descriptor limits are ignored.
     #[arg(long, env = "CELLRATE_CALLER_LIMITS", default_value_t = true, action = clap::ArgAction::Set)]

@@ -62,6 +62,12 @@ impl ServeArgs {
         if self.store == StoreKind::Memory {
             return Ok(StoreSettings::Memory);
         }
+        if self.snapshot_file.is_some() {
+            anyhow::bail!(
+                "--snapshot-file is for the memory store; with --store redis, Redis keeps the \
+                 buckets (use its own persistence)"
+            );
+        }
         if !cfg!(feature = "redis") {
             return Err(crate::server::no_redis().into());
         }
@@ -110,6 +116,14 @@ impl ServeArgs {
             },
             tls,
             store,
+            snapshot: self
+                .snapshot_file
+                .clone()
+                .map(|path| crate::server::SnapshotSettings {
+                    path,
+                    interval: (self.snapshot_interval_seconds > 0)
+                        .then(|| Duration::from_secs(self.snapshot_interval_seconds)),
+                }),
             server: self.server_limits(),
             envoy: EnvoyOptions {
                 headers: self.rate_limit_headers,

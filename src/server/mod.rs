@@ -26,7 +26,7 @@ pub mod store;
 pub mod tasks;
 pub mod xds;
 
-pub use settings::{Listeners, ServerLimits, Settings, StoreSettings};
+pub use settings::{Listeners, ServerLimits, Settings, SnapshotSettings, StoreSettings};
 pub use store::no_redis;
 
 use std::future::Future;
@@ -138,8 +138,23 @@ struct Background {
 
 impl Server {
     /// Serves until `shutdown` resolves: health NOT_SERVING, wait the shutdown delay, stop
-    /// accepting, drain in-flight RPCs for up to the grace period.
+    /// accepting, drain in-flight RPCs for up to the grace period. Then, with a snapshot
+    /// file, writes the memory store's buckets to it.
     async fn serve(
+        self,
+        settings: Settings,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let last = self.stores.snapshot.clone().zip(settings.snapshot.clone());
+        let metrics = self.metrics.clone();
+        let result = self.serve_until(settings, shutdown).await;
+        if let Some((store, snapshot)) = last {
+            tasks::write_snapshot(store, snapshot.path, metrics).await;
+        }
+        result
+    }
+
+    async fn serve_until(
         self,
         settings: Settings,
         shutdown: impl Future<Output = ()> + Send,
@@ -167,6 +182,7 @@ impl Server {
         let limits = settings.server.fitted();
         let http = [self.listeners.metrics, self.listeners.health];
         let mut first_config = background.start(&shared, &runtime, &settings, limits, http);
+        background.snapshots(self.stores.snapshot.as_ref(), &settings, &shared.metrics);
         tokio::pin!(shutdown);
         if let Some(first_config) = first_config.as_mut() {
             // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions
@@ -320,6 +336,28 @@ impl Background {
         };
         self.tasks.spawn(client.run(stop.clone()));
         (!force_start).then_some(first_config)
+    }
+
+    /// With a snapshot file and an interval: writes the memory store's snapshot every
+    /// interval.
+    fn snapshots(
+        &self,
+        store: Option<&Arc<crate::store::MemoryStore>>,
+        settings: &Settings,
+        metrics: &Arc<Metrics>,
+    ) {
+        let (Some(store), Some(snapshot)) = (store, &settings.snapshot) else {
+            return;
+        };
+        if let Some(every) = snapshot.interval {
+            self.tasks.spawn(tasks::snapshots(
+                store.clone(),
+                snapshot.path.clone(),
+                metrics.clone(),
+                every,
+                self.stop.clone(),
+            ));
+        }
     }
 
     /// Stops the background tasks, waits for them, and returns the servers' result.

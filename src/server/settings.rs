@@ -50,10 +50,20 @@ pub struct Settings {
     pub tls: Option<TlsPem>,
     /// Where buckets live.
     pub store: StoreSettings,
+    /// The memory store's snapshot file (restored at start, written at shutdown).
+    pub snapshot: Option<SnapshotSettings>,
     /// Bounds and timeouts on every listener.
     pub server: ServerLimits,
     /// The Redis-protocol listener's token and command bounds (when it listens).
     pub resp: RespSettings,
+}
+
+/// The memory store's snapshot file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSettings {
+    pub path: std::path::PathBuf,
+    /// Also written this often while serving (a crash then loses at most this much).
+    pub interval: Option<Duration>,
 }
 
 /// Bounds and timeouts on the listeners (see [`crate::server::listener`]).
@@ -174,6 +184,7 @@ impl Default for Settings {
             admin_token: None,
             tls: None,
             store: StoreSettings::Memory,
+            snapshot: None,
             server: ServerLimits::default(),
             resp: RespSettings::default(),
         }

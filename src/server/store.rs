@@ -22,6 +22,8 @@ pub struct Stores {
     pub shared_demand: Option<Arc<dyn SharedDemand>>,
     /// Where Checks are kept for `Settle`: in this process, or in Redis for every replica.
     pub settlements: Option<Arc<dyn Settlements>>,
+    /// The memory store, when its snapshot file is to be written.
+    pub snapshot: Option<Arc<MemoryStore>>,
 }
 
 impl Stores {
@@ -32,6 +34,7 @@ impl Stores {
             shared_overrides: None,
             shared_demand: None,
             settlements: None,
+            snapshot: None,
         }
     }
 
@@ -58,13 +61,21 @@ impl Stores {
         match &settings.store {
             StoreSettings::Memory => {
                 metrics.store.max_buckets.set(settings.max_buckets as i64);
-                let store = Arc::new(MemoryStore::with_caller_share(
+                let mut store = MemoryStore::with_caller_share(
                     clock.clone(),
                     MemoryStore::shards_for(settings.max_buckets),
                     settings.max_buckets,
                     settings.caller_bucket_share,
-                ));
-                Ok(Stores::only(store).settling_here(settings, clock))
+                );
+                if let Some(snapshot) = &settings.snapshot {
+                    restore(&mut store, &snapshot.path, metrics);
+                }
+                let store = Arc::new(store);
+                let snapshot = settings.snapshot.as_ref().map(|_| store.clone());
+                Ok(Stores {
+                    snapshot,
+                    ..Stores::only(store).settling_here(settings, clock)
+                })
             }
             #[cfg(feature = "redis")]
             StoreSettings::Redis {
@@ -84,6 +95,7 @@ impl Stores {
                         settings.settle_window,
                         settings.settle_max_records,
                     )?)),
+                    snapshot: None,
                 })
             }
             #[cfg(not(feature = "redis"))]
@@ -91,6 +103,44 @@ impl Stores {
                 let _ = health;
                 Err(no_redis())
             }
+        }
+    }
+}
+
+/// Restores the memory store from its snapshot file, if there is one to use: a file that
+/// cannot be used is one warning and a metric, and the store starts empty.
+fn restore(store: &mut MemoryStore, path: &std::path::Path, metrics: &Metrics) {
+    let started = std::time::Instant::now();
+    match store.restore_snapshot(path) {
+        Ok(restored) => {
+            metrics.store.snapshot.restored.set(restored.buckets as i64);
+            tracing::info!(
+                path = %path.display(),
+                buckets = restored.buckets,
+                expired = restored.expired,
+                over_bound = restored.over_bound,
+                seconds = started.elapsed().as_secs_f64(),
+                "memory store restored from its snapshot"
+            );
+            if restored.over_bound > 0 {
+                tracing::warn!(
+                    left_out = restored.over_bound,
+                    "the snapshot holds more live buckets than --max-buckets allows"
+                );
+            }
+        }
+        Err(ignored) => {
+            metrics
+                .store
+                .snapshot
+                .ignored
+                .with_label_values(&[ignored.reason()])
+                .inc();
+            tracing::warn!(
+                path = %path.display(),
+                reason = %ignored,
+                "snapshot not used: the memory store starts empty"
+            );
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::limits::config::LimitTable;
 use crate::observe::metrics::Metrics;
 use crate::resp::RespServer;
 use crate::service::overrides::RuntimeOverrides;
-use crate::store::Store;
+use crate::store::{MemoryStore, Store};
 
 /// Drops expired buckets every `every` and keeps the live-bucket gauge current, until
 /// `stopped`.
@@ -110,5 +110,74 @@ pub async fn accept_resp(
             resp.clone()
                 .serve_connection(stream, peer.ip(), stop.clone()),
         );
+    }
+}
+
+/// Writes the memory store's snapshot every `every`, until `stopped` (the last one is
+/// written after the drain, by the server).
+pub async fn snapshots(
+    store: Arc<MemoryStore>,
+    path: std::path::PathBuf,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.cancelled() => return,
+        }
+        write_snapshot(store.clone(), path.clone(), metrics.clone()).await;
+    }
+}
+
+/// Writes the memory store's snapshot once (on a blocking thread), logging and counting
+/// the result.
+pub async fn write_snapshot(
+    store: Arc<MemoryStore>,
+    path: std::path::PathBuf,
+    metrics: Arc<Metrics>,
+) {
+    let shown = path.display().to_string();
+    let written = tokio::task::spawn_blocking(move || store.write_snapshot(&path)).await;
+    match written {
+        Ok(Ok(written)) => {
+            metrics
+                .store
+                .snapshot
+                .writes
+                .with_label_values(&["ok"])
+                .inc();
+            metrics.store.snapshot.write_seconds.set(written.seconds);
+            let at = written.at as f64 / crate::clock::SECOND as f64;
+            metrics.store.snapshot.written_at.set(at);
+            tracing::info!(
+                path = %shown,
+                buckets = written.buckets,
+                bytes = written.bytes,
+                seconds = written.seconds,
+                "memory store snapshot written"
+            );
+        }
+        Ok(Err(e)) => {
+            metrics
+                .store
+                .snapshot
+                .writes
+                .with_label_values(&["failed"])
+                .inc();
+            tracing::error!(path = %shown, error = %e, "could not write the memory store snapshot");
+        }
+        Err(e) => {
+            metrics
+                .store
+                .snapshot
+                .writes
+                .with_label_values(&["failed"])
+                .inc();
+            tracing::error!(path = %shown, error = %e, "the snapshot writer failed");
+        }
     }
 }

@@ -79,6 +79,7 @@ impl TatTable {
     }
 
     /// Buckets held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.live
     }
@@ -134,12 +135,12 @@ impl TatTable {
         }
     }
 
-    /// Sets the TAT of `print`, adding the bucket if it is not held.
-    pub fn insert(&mut self, print: u64, tat: Nanos) {
+    /// Sets the TAT of `print`, adding the bucket if it is not held; true if it was added.
+    pub fn insert(&mut self, print: u64, tat: Nanos) -> bool {
         let at = match self.probe(print) {
             Probe::Found(i) => {
                 self.slots[i].tat = tat;
-                return;
+                return false;
             }
             Probe::Absent(Some(i)) if self.slots[i].print == TOMBSTONE => {
                 self.dead -= 1;
@@ -153,6 +154,7 @@ impl TatTable {
         };
         self.slots[at] = Slot { print, tat };
         self.live += 1;
+        true
     }
 
     fn has_room_for_one(&self) -> bool {
@@ -172,6 +174,14 @@ impl TatTable {
                 debug_assert!(false, "a full table");
                 home
             })
+    }
+
+    /// Every bucket held: fingerprint and TAT.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, Nanos)> + '_ {
+        self.slots
+            .iter()
+            .filter(|slot| slot.is_bucket())
+            .map(|slot| (slot.print, slot.tat))
     }
 
     /// Removes `print`; returns its TAT if it was held.

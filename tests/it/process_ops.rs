@@ -83,3 +83,168 @@ fn metrics_listener_serves_metrics_health_and_readiness() {
     assert_eq!(http_get(&p.metrics, "/readyz").0, 200);
     assert_eq!(http_get(&p.metrics, "/nope").0, 404);
 }
+
+/// What `admin inspect` says is left of `id`'s budget on the process at `admin`.
+async fn budget_left(admin: &str, id: &str) -> i64 {
+    let mut client = pb::admin_client::AdminClient::connect(format!("http://{admin}"))
+        .await
+        .unwrap();
+    let r = client
+        .inspect(pb::InspectRequest {
+            items: vec![item("Budget", id, None)],
+        })
+        .await
+        .unwrap();
+    r.into_inner().items[0].remaining
+}
+
+/// Spends `cost` of `id`'s budget on the process at `listen`.
+async fn spend_budget(listen: &str, id: &str, cost: u64) {
+    let mut client =
+        pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{listen}"))
+            .await
+            .unwrap();
+    let r = client
+        .check(pb::CheckRequest {
+            items: vec![item("Budget", id, Some(cost))],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(r.into_inner().overall.unwrap().allowed);
+}
+
+fn metric(process: &crate::common::Process, series: &str) -> Option<f64> {
+    let (_, text) = http_get(&process.metrics, "/metrics");
+    sample(&text, series)
+}
+
+/// Stops `process` with SIGTERM and waits for its exit (successful).
+fn terminate(mut process: crate::common::Process) {
+    let pid = process.child.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = process.child.try_wait().unwrap() {
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit within 20 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `--snapshot-file`: a restarted process goes on where the stopped one left each bucket,
+/// after a graceful stop and (with `--snapshot-interval-seconds`) after a crash; a damaged
+/// file is ignored with its metric, and the process serves with empty buckets.
+#[tokio::test]
+async fn the_memory_store_survives_restarts_through_its_snapshot() {
+    // 10 000 a month: a token comes back every 259 s, never during the test.
+    let limits = tempfile::tempdir().unwrap();
+    std::fs::write(
+        limits.path().join("names.yaml"),
+        "Budget: {number: 107, format: string}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        limits.path().join("defaults.yaml"),
+        "Budget: {burst: 10000, count: 10000, period: 720h}\n",
+    )
+    .unwrap();
+    let config = limits.path().to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("buckets.snapshot");
+    // The test's idle client connections would hold each drain for its whole grace.
+    let flags = [
+        "--snapshot-file",
+        file.to_str().unwrap(),
+        "--grace-seconds",
+        "1",
+    ];
+
+    let first = serve_with(config.as_ref(), &flags);
+    assert_eq!(
+        metric(
+            &first,
+            "cellrate_snapshot_ignored_total{reason=\"missing\"}"
+        ),
+        Some(1.0),
+        "a first start has no file"
+    );
+    spend_budget(&first.listen, "key-1", 300).await;
+    spend_budget(&first.listen, "key-2", 7).await;
+    assert_eq!(budget_left(&first.admin, "key-1").await, 9_700);
+    terminate(first);
+    assert!(file.exists(), "no snapshot written at shutdown");
+
+    // Restarted: the same buckets.
+    let second = serve_with(config.as_ref(), &flags);
+    assert_eq!(
+        metric(&second, "cellrate_snapshot_restored_buckets"),
+        Some(2.0)
+    );
+    assert_eq!(budget_left(&second.admin, "key-1").await, 9_700);
+    assert_eq!(budget_left(&second.admin, "key-2").await, 9_993);
+    spend_budget(&second.listen, "key-1", 1).await;
+    assert_eq!(budget_left(&second.admin, "key-1").await, 9_699);
+    terminate(second);
+
+    // A crash: with an interval, what was written before it is restored.
+    let interval = [
+        "--snapshot-file",
+        file.to_str().unwrap(),
+        "--snapshot-interval-seconds",
+        "1",
+    ];
+    let mut third = serve_with(config.as_ref(), &interval);
+    spend_budget(&third.listen, "key-3", 50).await;
+    let written = crate::common::poll_until(
+        Duration::from_secs(10),
+        async || metric(&third, "cellrate_snapshot_writes_total{result=\"ok\"}"),
+        |w| w.is_some_and(|w| w >= 1.0),
+    )
+    .await;
+    assert!(written.is_some_and(|w| w >= 1.0), "no periodic write");
+    third.child.kill().unwrap();
+    third.child.wait().unwrap();
+    let fourth = serve_with(config.as_ref(), &flags);
+    assert_eq!(budget_left(&fourth.admin, "key-3").await, 9_950);
+    assert_eq!(budget_left(&fourth.admin, "key-1").await, 9_699);
+    terminate(fourth);
+
+    // A damaged file (one byte changed): ignored with its reason, the server starts empty.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 20;
+    bytes[last] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let fifth = serve_with(config.as_ref(), &flags);
+    assert_eq!(
+        metric(
+            &fifth,
+            "cellrate_snapshot_ignored_total{reason=\"corrupt\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&fifth, "cellrate_snapshot_restored_buckets"),
+        Some(0.0)
+    );
+    assert_eq!(budget_left(&fifth.admin, "key-1").await, 10_000);
+    terminate(fifth);
+    // Garbage of another kind: the same.
+    std::fs::write(&file, b"REDIS0011 not ours").unwrap();
+    let sixth = serve_with(config.as_ref(), &flags);
+    assert_eq!(
+        metric(
+            &sixth,
+            "cellrate_snapshot_ignored_total{reason=\"foreign\"}"
+        ),
+        Some(1.0)
+    );
+    terminate(sixth);
+}

@@ -39,6 +39,68 @@ pub struct StoreMetrics {
     /// Items waiting for a coalesced Redis call.
     pub(super) redis_queued_items: IntGauge,
     pub(super) deny_cache_hits: IntCounter,
+    /// The memory store's snapshot file.
+    pub snapshot: SnapshotMetrics,
+}
+
+/// Why a snapshot file was not used at start: the label values of
+/// `cellrate_snapshot_ignored_total`.
+pub const SNAPSHOT_IGNORED_REASONS: [&str; 7] = [
+    "missing",
+    "unreadable",
+    "foreign",
+    "version",
+    "truncated",
+    "corrupt",
+    "stale",
+];
+
+/// The memory store's snapshot file (`--snapshot-file`).
+pub struct SnapshotMetrics {
+    /// Writes by result (ok, failed).
+    pub writes: IntCounterVec,
+    /// How long the last write took.
+    pub write_seconds: Gauge,
+    /// When the last snapshot was written whole.
+    pub written_at: Gauge,
+    /// Buckets restored at start.
+    pub restored: IntGauge,
+    /// Files not used at start, by reason.
+    pub ignored: IntCounterVec,
+}
+
+impl SnapshotMetrics {
+    fn new(reg: &Reg) -> SnapshotMetrics {
+        let gauge = |name: &str, help: &str| reg.add(Gauge::new(name, help).expect("valid gauge"));
+        SnapshotMetrics {
+            writes: reg.counters_from_zero(
+                "cellrate_snapshot_writes_total",
+                "Writes of the memory store's snapshot file (--snapshot-file), by result (ok, \
+                 failed).",
+                "result",
+                &["ok", "failed"],
+            ),
+            write_seconds: gauge(
+                "cellrate_snapshot_write_duration_seconds",
+                "How long the last write of the snapshot file took.",
+            ),
+            written_at: gauge(
+                "cellrate_snapshot_last_success_timestamp_seconds",
+                "Unix time of the last snapshot file written whole (0: none yet).",
+            ),
+            restored: reg.gauge(
+                "cellrate_snapshot_restored_buckets",
+                "Buckets restored from the snapshot file at start.",
+            ),
+            ignored: reg.counters_from_zero(
+                "cellrate_snapshot_ignored_total",
+                "Snapshot files not used at start (the store started empty), by reason: \
+                 missing, unreadable, foreign, version, truncated, corrupt, stale.",
+                "reason",
+                &SNAPSHOT_IGNORED_REASONS,
+            ),
+        }
+    }
 }
 
 /// Envoy's RLQS: streams, buckets, actions sent, refusals, reported requests.
@@ -173,6 +235,7 @@ impl StoreMetrics {
             &["allow", "deny", "local"],
         );
         StoreMetrics {
+            snapshot: SnapshotMetrics::new(reg),
             series: STORE_OPS
                 .iter()
                 .map(|op| duration.with_label_values(&[op]))

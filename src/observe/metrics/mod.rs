@@ -11,7 +11,10 @@ use std::sync::Arc;
 use prometheus::{Encoder, IntCounterVec, Registry, TextEncoder};
 
 use crate::clock::Nanos;
-pub use groups::{ConfigMetrics, RespMetrics, RlqsMetrics, StoreMetrics};
+pub use groups::{
+    ConfigMetrics, RespMetrics, RlqsMetrics, SnapshotMetrics, StoreMetrics,
+    SNAPSHOT_IGNORED_REASONS,
+};
 use groups::{Reg, RpcMetrics};
 
 mod groups;

@@ -12,17 +12,23 @@
 //! Expired buckets (TAT <= now) are full buckets and carry no information; [`MemoryStore::sweep`]
 //! drops them (the app runs it on a timer).
 //!
-//! **Bound on live buckets.** Each shard holds at most `max_buckets / shards` (rounded up)
-//! buckets. Buckets under caller-given limits ([`BucketKey::is_caller_given`]) live in
-//! tables of their own with their own bound (a share of `max_buckets`), so that callers
-//! who choose their own limits cannot crowd out the configured ones. A batch that would create buckets in a full shard first sweeps that shard's
-//! expired buckets; if it is still full, the batch fails with a transient [`StoreError`]
-//! ("bucket capacity reached"), which the service answers with UNAVAILABLE, and writes
-//! nothing. Existing buckets keep working, denials and refunds are unaffected. Envoy's
-//! `failure_mode_deny` then decides whether such requests pass.
+//! **Bound on live buckets.** The store holds at most `max_buckets` buckets, counted
+//! exactly across its shards (expired buckets count until they are swept). Buckets under
+//! caller-given limits ([`BucketKey::is_caller_given`]) live in tables of their own with
+//! their own bound (a share of `max_buckets`), so that callers who choose their own limits
+//! cannot crowd out the configured ones. A batch that would create buckets beyond the bound
+//! first sweeps the expired buckets of the shards it holds; if that frees too little, the
+//! batch fails with a transient [`StoreError`] ("bucket capacity reached"), which the
+//! service answers with UNAVAILABLE, and writes nothing. Existing buckets keep working,
+//! denials and refunds are unaffected. Envoy's `failure_mode_deny` then decides whether
+//! such requests pass.
+//!
+//! **Snapshots** (`snapshot.rs`): the live buckets written to a file and read back at the
+//! next start, so that a restart does not hand every client a full burst.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::clock::{Clock, Nanos};
@@ -30,6 +36,9 @@ use crate::gcra::{self, BatchItem, Decision};
 use crate::limits::names::BucketKey;
 use crate::store::table::{TatTable, MIN_PRINT};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
+
+mod snapshot;
+pub use snapshot::{Ignored, Restored, Written};
 
 /// The least number of shards: enough that two batches rarely meet.
 pub const DEFAULT_SHARDS: usize = 128;
@@ -44,12 +53,41 @@ const MAX_SHARDS: usize = 8_192;
 /// Default bound on live buckets.
 pub const DEFAULT_MAX_BUCKETS: usize = 10_000_000;
 
-/// A bucket key's 64-bit keyed hash (SipHash-1-3 with process-random keys), stored instead
-/// of the key: 8 bytes whatever the id's length, and no allocation per bucket. Two distinct
-/// keys share a bucket only if their hashes collide: with 10 M live buckets a chance of
-/// about 3 in a million that any two do, with 100 M about 3 in ten thousand; the keys are
-/// secret, so callers cannot aim for it (see docs/operations.md, "Sizing").
+/// A bucket key's 64-bit keyed hash (SipHash-1-3 with random keys, [`BucketHasher`]),
+/// stored instead of the key: 8 bytes whatever the id's length, and no allocation per
+/// bucket. Two distinct keys share a bucket only if their hashes collide: with 10 M live
+/// buckets a chance of about 3 in a million that any two do, with 100 M about 3 in ten
+/// thousand; the keys are secret, so callers cannot aim for it (see docs/operations.md,
+/// "Sizing").
 type Fingerprint = u64;
+
+/// SipHash-1-3 (what std's `RandomState` runs) with keys drawn at random when a store is
+/// made, and kept in its snapshot file so that a restored store finds its buckets again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BucketHasher {
+    keys: (u64, u64),
+}
+
+impl BucketHasher {
+    /// Random keys (from the operating system's randomness, through std's `RandomState`).
+    fn random() -> BucketHasher {
+        let seed = RandomState::new();
+        BucketHasher {
+            keys: (
+                seed.hash_one(0x6365_6c6c_u64),
+                seed.hash_one(0x7261_7465_u64),
+            ),
+        }
+    }
+}
+
+impl BuildHasher for BucketHasher {
+    type Hasher = siphasher::sip::SipHasher13;
+
+    fn build_hasher(&self) -> Self::Hasher {
+        siphasher::sip::SipHasher13::new_with_keys(self.keys.0, self.keys.1)
+    }
+}
 
 /// Which table of a shard a bucket lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,10 +118,6 @@ impl Tables {
     fn table(&mut self, space: Space) -> &mut TatTable {
         &mut self.0[space as usize]
     }
-
-    fn len(&self) -> usize {
-        self.0.iter().map(TatTable::len).sum()
-    }
 }
 
 /// One shard, on its own cache lines so that neighbouring locks do not share one.
@@ -93,10 +127,13 @@ struct Shard(Mutex<Tables>);
 /// TATs in memory, sharded. See the module docs.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    hasher: BucketHasher,
     clock: Arc<dyn Clock>,
-    /// Bucket bound per shard, by [`Space`].
-    per_shard: [usize; 2],
+    /// Bucket bound, by [`Space`].
+    bound: [usize; 2],
+    /// Buckets held, by [`Space`], expired ones included (changed under a shard's lock,
+    /// with the table it counts).
+    held: [AtomicUsize; 2],
 }
 
 /// The share of `max_buckets` that caller-given limits may hold, in percent, by default.
@@ -139,12 +176,10 @@ impl MemoryStore {
             shards: (0..shards)
                 .map(|_| Shard(Mutex::new(Tables::default())))
                 .collect(),
-            hasher: RandomState::new(),
+            hasher: BucketHasher::random(),
             clock,
-            per_shard: [
-                configured.div_ceil(shards).max(1),
-                caller.div_ceil(shards).max(1),
-            ],
+            bound: [configured, caller],
+            held: [AtomicUsize::new(0), AtomicUsize::new(0)],
         }
     }
 
@@ -207,11 +242,18 @@ impl MemoryStore {
             })
             .collect();
         let out = gcra::spend_batch(now, &batch, &tats);
-        self.make_room(&mut guards, &prints, &positions, &tats, &out.writes, now)?;
+        let reserved = self.make_room(&mut guards, &prints, &tats, &out.writes, now)?;
+        // A key named twice in a batch is reserved twice and added once.
+        let mut added = [0usize; 2];
         for ((&(print, space), &p), write) in prints.iter().zip(&positions).zip(&out.writes) {
             if let Some(tat) = *write {
-                guards[p].table(space).insert(print, tat);
+                if guards[p].table(space).insert(print, tat) {
+                    added[space as usize] += 1;
+                }
             }
+        }
+        for space in [Space::Configured, Space::CallerGiven] {
+            self.swept(space, reserved[space as usize] - added[space as usize]);
         }
         Ok(Outcome {
             allowed: out.allowed,
@@ -242,9 +284,9 @@ impl MemoryStore {
             None => {
                 let out = gcra::spend_batch(now, &batch, &[None]);
                 if let Some(tat) = out.writes[0] {
-                    if shard.len() >= self.per_shard[space as usize] {
-                        shard.sweep(now);
-                        if shard.len() >= self.per_shard[space as usize] {
+                    if !self.reserve(space, 1) {
+                        self.swept(space, shard.sweep(now));
+                        if !self.reserve(space, 1) {
                             return Err(self.full(space));
                         }
                     }
@@ -259,48 +301,70 @@ impl MemoryStore {
         })
     }
 
+    /// Counts `n` new buckets of `space` if the bound allows them all.
+    fn reserve(&self, space: Space, n: usize) -> bool {
+        let bound = self.bound[space as usize];
+        self.held[space as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&after| after <= bound)
+            })
+            .is_ok()
+    }
+
+    /// Counts `n` buckets of `space` dropped.
+    fn swept(&self, space: Space, n: usize) {
+        if n > 0 {
+            self.held[space as usize].fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
     fn full(&self, space: Space) -> StoreError {
         StoreError::Capacity(match space {
             Space::Configured => format!(
-                "bucket capacity reached ({} live buckets per shard)",
-                self.per_shard[0]
+                "bucket capacity reached ({} live buckets, --max-buckets)",
+                self.bound[0]
             ),
             Space::CallerGiven => format!(
-                "bucket capacity for caller-given limits reached ({} live buckets per shard)",
-                self.per_shard[1]
+                "bucket capacity for caller-given limits reached ({} live buckets)",
+                self.bound[1]
             ),
         })
     }
 
-    /// Checks that every shard receiving new buckets has room, sweeping it if not.
+    /// Counts the buckets a batch creates against the bound, sweeping the shards it holds
+    /// if they do not fit; fails (counting nothing) if they still do not. Returns what it
+    /// counted, by [`Space`].
     fn make_room(
         &self,
         guards: &mut [MutexGuard<'_, Tables>],
         prints: &[(Fingerprint, Space)],
-        positions: &[usize],
         tats: &[Option<Nanos>],
         writes: &[Option<Nanos>],
         now: Nanos,
-    ) -> Result<(), StoreError> {
-        let mut new_per_guard = vec![[0usize; 2]; guards.len()];
-        for (((&p, (_, space)), tat), write) in positions.iter().zip(prints).zip(tats).zip(writes) {
+    ) -> Result<[usize; 2], StoreError> {
+        let mut new = [0usize; 2];
+        for (((_, space), tat), write) in prints.iter().zip(tats).zip(writes) {
             if tat.is_none() && write.is_some() {
-                new_per_guard[p][*space as usize] += 1;
+                new[*space as usize] += 1;
             }
         }
-        for (guard, new) in guards.iter_mut().zip(new_per_guard) {
-            for space in [Space::Configured, Space::CallerGiven] {
-                let (new, bound) = (new[space as usize], self.per_shard[space as usize]);
-                let table = guard.table(space);
-                if new > 0 && table.len() + new > bound {
-                    table.sweep(now);
-                    if table.len() + new > bound {
-                        return Err(self.full(space));
-                    }
-                }
+        let mut reserved = [0usize; 2];
+        for space in [Space::Configured, Space::CallerGiven] {
+            let n = new[space as usize];
+            if n == 0 || self.reserve(space, n) {
+                reserved[space as usize] = n;
+                continue;
             }
+            for guard in guards.iter_mut() {
+                self.swept(space, guard.table(space).sweep(now));
+            }
+            if !self.reserve(space, n) {
+                self.swept(Space::Configured, reserved[0]);
+                return Err(self.full(space));
+            }
+            reserved[space as usize] = n;
         }
-        Ok(())
+        Ok(reserved)
     }
 
     /// Refunds a batch now (the synchronous core of [`Store::refund`]).
@@ -319,7 +383,8 @@ impl MemoryStore {
                 match write {
                     // Refunded to full: a full bucket is no bucket.
                     Some(tat) if tat <= now => {
-                        shard.remove(print);
+                        let removed = shard.remove(print).is_some();
+                        self.swept(space, usize::from(removed));
                     }
                     Some(tat) => {
                         if let Some(stored) = shard.get_mut(print) {
@@ -342,10 +407,11 @@ impl MemoryStore {
             .iter()
             .zip(&positions)
             .filter(|(&(print, space), &p)| {
-                guards[p]
-                    .table(space)
-                    .remove(print)
-                    .is_some_and(|tat| tat > now)
+                let removed = guards[p].table(space).remove(print);
+                if removed.is_some() {
+                    self.swept(space, 1);
+                }
+                removed.is_some_and(|tat| tat > now)
             })
             .count() as u32
     }
@@ -360,7 +426,14 @@ impl MemoryStore {
     pub fn sweep_shard(&self, shard: usize) -> usize {
         let mut tables = self.lock(shard);
         let now = self.clock.now();
-        tables.0.iter_mut().map(|t| t.sweep(now)).sum()
+        [Space::Configured, Space::CallerGiven]
+            .into_iter()
+            .map(|space| {
+                let dropped = tables.table(space).sweep(now);
+                self.swept(space, dropped);
+                dropped
+            })
+            .sum()
     }
 
     /// The number of shards.
@@ -370,7 +443,10 @@ impl MemoryStore {
 
     /// Buckets held, including expired ones not yet swept.
     pub fn live_buckets(&self) -> usize {
-        (0..self.shards.len()).map(|s| self.lock(s).len()).sum()
+        self.held
+            .iter()
+            .map(|held| held.load(Ordering::Acquire))
+            .sum()
     }
 
     /// The stored TAT of `key` (tests and debugging).
@@ -425,6 +501,40 @@ mod tests {
             cost,
             mode: Mode::CheckAndSpend,
         }
+    }
+
+    /// The bound is exact across shards: with 1 000 and 128 shards, 1 000 distinct ids are
+    /// held (per-shard bounds of 8 refused the 374th on 2026-11-25), the next is refused,
+    /// and a key named twice in a batch counts once.
+    #[test]
+    fn max_buckets_holds_exactly_that_many_across_shards() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), 128, 1_000, 0);
+        for n in 0..1_000 {
+            let out = store.spend_now(&[item(&format!("id-{n}"), 1)]);
+            assert!(out.is_ok(), "id {n} refused: {:?}", out.err());
+        }
+        assert_eq!(store.live_buckets(), 1_000);
+        let refused = store.spend_now(&[item("one-more", 1)]).unwrap_err();
+        assert!(
+            refused.to_string().contains("1000 live buckets"),
+            "{refused}"
+        );
+        let batch = store.spend_now(&[item("x", 1), item("x", 1)]).unwrap_err();
+        assert!(matches!(batch, StoreError::Capacity(_)), "{batch}");
+        // Room again once buckets expire and are swept; a repeated key is one bucket.
+        clock.advance(2 * SECOND);
+        assert_eq!(store.sweep(), 1_000);
+        assert_eq!(store.live_buckets(), 0);
+        assert!(
+            store
+                .spend_now(&[item("x", 1), item("x", 1)])
+                .unwrap()
+                .allowed
+        );
+        assert_eq!(store.live_buckets(), 1);
+        store.reset_now(&[item("x", 1).key]);
+        assert_eq!(store.live_buckets(), 0);
     }
 
     #[test]

@@ -1,0 +1,519 @@
+//! The memory store's snapshot file: its live buckets, written on graceful shutdown (and
+//! every `--snapshot-interval-seconds` if set) and read back at the next start, so that a
+//! restarted replica goes on where it stopped instead of handing every client a full burst.
+//!
+//! Layout, little-endian:
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 8 | `cellrate` |
+//! | 4 | format version, [`VERSION`] |
+//! | 4 | 0 (reserved) |
+//! | 16 | the fingerprints' SipHash keys ([`super::BucketHasher`]) |
+//! | 8 | when it was written, Unix nanoseconds |
+//! | 8, 8 | n, m: the buckets that follow, of configured and of caller-given limits |
+//! | 16 × n | the configured limits' buckets: fingerprint, TAT |
+//! | 16 × m | the caller-given limits' buckets: fingerprint, TAT |
+//! | 8 | CRC-64/XZ of the buckets, then of the header |
+//!
+//! Written to a temporary file beside the target (mode 0600: the hash keys let whoever reads
+//! them aim for collisions), fsynced, renamed over the target, and the directory fsynced: a
+//! crash leaves the old file or the new one, never half of one. Read twice: once to check
+//! the size and checksum, then to restore; a file that fails any check is ignored whole.
+//!
+//! Restored buckets are fingerprints of `"<number>:<id>"` keys with their TATs, so they
+//! meet the limits in force now exactly as a reload's do: a limit that changed since
+//! applies to the old TAT, a name or window that changed makes another key (a fresh
+//! bucket), and a TAT that has passed is a full bucket, not restored.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{BucketHasher, MemoryStore, Space};
+use crate::clock::Nanos;
+
+const MAGIC: &[u8; 8] = b"cellrate";
+/// The format's version; a file of another is ignored.
+pub const VERSION: u32 = 1;
+const HEADER: u64 = 8 + 4 + 4 + 16 + 8 + 16;
+const TRAILER: u64 = 8;
+const ENTRY: u64 = 16;
+const BUFFER: usize = 1 << 20;
+const CRC: crc::Crc<u64, crc::Table<16>> = crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
+
+/// A snapshot written.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    pub buckets: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// When it was written (the store's clock).
+    pub at: Nanos,
+}
+
+/// A snapshot restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// Buckets restored (live at the time of reading).
+    pub buckets: usize,
+    /// Buckets in the file that had expired since (full: nothing to restore).
+    pub expired: usize,
+    /// Live buckets left out because the bound (`--max-buckets`) was reached.
+    pub over_bound: usize,
+}
+
+/// Why a snapshot file was not used (the store then starts empty).
+#[derive(Debug, thiserror::Error)]
+pub enum Ignored {
+    #[error("no snapshot file (a first start)")]
+    Missing,
+    #[error("cannot read it: {0}")]
+    Unreadable(io::Error),
+    #[error("not a cellrate snapshot")]
+    Foreign,
+    #[error("snapshot format {0}, this cellrate reads {VERSION}")]
+    Version(u32),
+    #[error("truncated or padded: {0} bytes where its counts need {1}")]
+    Truncated(u64, u64),
+    #[error("its checksum does not match: corrupt")]
+    Corrupt,
+    #[error("every bucket in it has refilled since it was written: nothing to restore")]
+    Stale,
+}
+
+impl Ignored {
+    /// The metric's label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Ignored::Missing => "missing",
+            Ignored::Unreadable(_) => "unreadable",
+            Ignored::Foreign => "foreign",
+            Ignored::Version(_) => "version",
+            Ignored::Truncated(..) => "truncated",
+            Ignored::Corrupt => "corrupt",
+            Ignored::Stale => "stale",
+        }
+    }
+}
+
+impl MemoryStore {
+    /// Writes the live buckets to `path` (atomically: a temporary file renamed over it).
+    /// One shard is locked at a time, long enough to copy its buckets.
+    pub fn write_snapshot(&self, path: &Path) -> io::Result<Written> {
+        let started = Instant::now();
+        let temporary = temporary_beside(path);
+        let result = self.write_to(&temporary);
+        let written = match result {
+            Ok(written) => written,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temporary);
+                return Err(e);
+            }
+        };
+        if let Err(e) = std::fs::rename(&temporary, path) {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(e);
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(Written {
+            seconds: started.elapsed().as_secs_f64(),
+            ..written
+        })
+    }
+
+    fn write_to(&self, temporary: &Path) -> io::Result<Written> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(temporary)?;
+        let mut out = BufWriter::with_capacity(BUFFER, file);
+        // The header's counts are known at the end: it is written again then.
+        out.write_all(&[0u8; HEADER as usize])?;
+        let mut digest = CRC.digest();
+        let mut counts = [0u64; 2];
+        let mut copy = Vec::new();
+        for space in [Space::Configured, Space::CallerGiven] {
+            for shard in 0..self.shards.len() {
+                copy.clear();
+                copy.extend(self.lock(shard).table(space).entries());
+                for (print, tat) in &copy {
+                    let mut entry = [0u8; ENTRY as usize];
+                    entry[..8].copy_from_slice(&print.to_le_bytes());
+                    entry[8..].copy_from_slice(&tat.to_le_bytes());
+                    digest.update(&entry);
+                    out.write_all(&entry)?;
+                }
+                counts[space as usize] += copy.len() as u64;
+            }
+        }
+        let mut header = Vec::with_capacity(HEADER as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&self.hasher.keys.0.to_le_bytes());
+        header.extend_from_slice(&self.hasher.keys.1.to_le_bytes());
+        header.extend_from_slice(&self.clock.now().to_le_bytes());
+        header.extend_from_slice(&counts[0].to_le_bytes());
+        header.extend_from_slice(&counts[1].to_le_bytes());
+        digest.update(&header);
+        out.write_all(&digest.finalize().to_le_bytes())?;
+        out.seek(SeekFrom::Start(0))?;
+        out.write_all(&header)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        let buckets = (counts[0] + counts[1]) as usize;
+        Ok(Written {
+            buckets,
+            bytes: HEADER + ENTRY * buckets as u64 + TRAILER,
+            seconds: 0.0,
+            at: self.clock.now(),
+        })
+    }
+
+    /// Restores the buckets of the snapshot at `path` into this store, which must be new
+    /// (empty): it takes the file's hash keys. Buckets whose TAT has passed are left out,
+    /// and so are those beyond the bound.
+    pub fn restore_snapshot(&mut self, path: &Path) -> Result<Restored, Ignored> {
+        debug_assert_eq!(self.live_buckets(), 0, "restoring into a store in use");
+        let header = check(path)?;
+        let now = self.clock.now();
+        let file = File::open(path).map_err(Ignored::Unreadable)?;
+        let mut input = BufReader::with_capacity(BUFFER, file);
+        let mut skip = [0u8; HEADER as usize];
+        input.read_exact(&mut skip).map_err(Ignored::Unreadable)?;
+        self.hasher = BucketHasher { keys: header.keys };
+        let mut restored = Restored {
+            buckets: 0,
+            expired: 0,
+            over_bound: 0,
+        };
+        // Each table sized for its share first: the file lists a shard's buckets in slot
+        // order, and a table growing as sorted fingerprints arrive would pack them all in
+        // its first part (restoring 10^7 buckets took 23 s that way, not 1).
+        let shards = self.shards.len() as u64;
+        for (space, count) in [
+            (Space::Configured, header.counts[0]),
+            (Space::CallerGiven, header.counts[1]),
+        ] {
+            let kept = count.min(self.bound[space as usize] as u64);
+            let each = (kept / shards + kept / shards / 8 + 16) as usize;
+            for shard in self.shards.iter_mut() {
+                let tables = shard.0.get_mut().unwrap_or_else(|p| p.into_inner());
+                *tables.table(space) = crate::store::table::TatTable::with_capacity(each);
+            }
+        }
+        let mut entry = [0u8; ENTRY as usize];
+        for (space, count) in [
+            (Space::Configured, header.counts[0]),
+            (Space::CallerGiven, header.counts[1]),
+        ] {
+            for _ in 0..count {
+                input.read_exact(&mut entry).map_err(Ignored::Unreadable)?;
+                let print = u64::from_le_bytes(entry[..8].try_into().unwrap_or_default());
+                let tat = Nanos::from_le_bytes(entry[8..].try_into().unwrap_or_default());
+                if tat <= now || print < crate::store::table::MIN_PRINT {
+                    restored.expired += 1;
+                } else if !self.reserve(space, 1) {
+                    restored.over_bound += 1;
+                } else {
+                    let shard = self.shard_of((print, space));
+                    let added = self.shards[shard]
+                        .0
+                        .get_mut()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .table(space)
+                        .insert(print, tat);
+                    if added {
+                        restored.buckets += 1;
+                    } else {
+                        // The same fingerprint twice: only a damaged file has that.
+                        self.held[space as usize].fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+        if restored.buckets == 0 && restored.expired > 0 {
+            return Err(Ignored::Stale);
+        }
+        Ok(restored)
+    }
+}
+
+/// What the first reading of a file found: it is whole, and these are its keys and counts.
+struct Header {
+    keys: (u64, u64),
+    counts: [u64; 2],
+}
+
+/// Reads `path` once: its magic, version, size against its counts, and checksum.
+fn check(path: &Path) -> Result<Header, Ignored> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ignored::Missing),
+        Err(e) => return Err(Ignored::Unreadable(e)),
+    };
+    let size = file.metadata().map_err(Ignored::Unreadable)?.len();
+    let mut input = BufReader::with_capacity(BUFFER, file);
+    let mut header = [0u8; HEADER as usize];
+    let mut start = Vec::with_capacity(HEADER as usize);
+    (&mut input)
+        .take(HEADER)
+        .read_to_end(&mut start)
+        .map_err(Ignored::Unreadable)?;
+    if !start.starts_with(MAGIC) {
+        // A file cut inside the magic is still ours, cut short.
+        return Err(if MAGIC.starts_with(&start) && !start.is_empty() {
+            Ignored::Truncated(size, HEADER + TRAILER)
+        } else {
+            Ignored::Foreign
+        });
+    }
+    if start.len() < 12 {
+        return Err(Ignored::Truncated(size, HEADER + TRAILER));
+    }
+    let version = u32::from_le_bytes(start[8..12].try_into().unwrap_or_default());
+    if version != VERSION {
+        return Err(Ignored::Version(version));
+    }
+    if start.len() < HEADER as usize {
+        return Err(Ignored::Truncated(size, HEADER + TRAILER));
+    }
+    header.copy_from_slice(&start);
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or_default());
+    let (keys, counts) = ((word(16), word(24)), [word(40), word(48)]);
+    let needed = counts[0]
+        .checked_add(counts[1])
+        .and_then(|n| n.checked_mul(ENTRY))
+        .and_then(|n| n.checked_add(HEADER + TRAILER));
+    if needed != Some(size) {
+        return Err(Ignored::Truncated(size, needed.unwrap_or(u64::MAX)));
+    }
+    let mut digest = CRC.digest();
+    let mut left = size - HEADER - TRAILER;
+    let mut buffer = vec![0u8; BUFFER];
+    while left > 0 {
+        let n = left.min(BUFFER as u64) as usize;
+        input
+            .read_exact(&mut buffer[..n])
+            .map_err(Ignored::Unreadable)?;
+        digest.update(&buffer[..n]);
+        left -= n as u64;
+    }
+    digest.update(&header);
+    let mut sum = [0u8; 8];
+    input.read_exact(&mut sum).map_err(Ignored::Unreadable)?;
+    if digest.finalize() != u64::from_le_bytes(sum) {
+        return Err(Ignored::Corrupt);
+    }
+    Ok(Header { keys, counts })
+}
+
+/// `.<name>.tmp` in the target's directory (a rename within one file system is atomic).
+fn temporary_beside(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".to_string());
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::{FakeClock, SECOND};
+    use crate::gcra::{Limit, Mode};
+    use crate::limits::names::BucketKey;
+    use crate::store::StoreItem;
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn item(key: &str) -> StoreItem {
+        StoreItem {
+            key: BucketKey::new(100, key),
+            limit: Limit::new(10, 10, 10 * SECOND).unwrap(),
+            cost: 4,
+            mode: Mode::CheckAndSpend,
+        }
+    }
+
+    fn store(clock: &FakeClock, max: usize) -> MemoryStore {
+        MemoryStore::with_caller_share(Arc::new(clock.clone()), 16, max, 10)
+    }
+
+    /// A store with three buckets, written: the clock, the directory and the file.
+    fn written() -> (FakeClock, tempfile::TempDir, PathBuf, MemoryStore) {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let old = store(&clock, 1_000);
+        for key in ["a", "b", "c"] {
+            assert!(old.spend_now(&[item(key)]).unwrap().allowed);
+        }
+        let caller = StoreItem {
+            key: BucketKey::new(0, "i/10/10s/k"),
+            ..item("k")
+        };
+        assert!(caller.key.is_caller_given());
+        old.spend_now(&[caller]).unwrap();
+        let written = old.write_snapshot(&path).unwrap();
+        assert_eq!(written.buckets, 4);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), written.bytes);
+        (clock, dir, path, old)
+    }
+
+    #[test]
+    fn a_restored_store_goes_on_where_the_old_one_stopped() {
+        let (clock, _dir, path, old) = written();
+        // A new process: other random hash keys, another shard count, later.
+        clock.advance(SECOND);
+        let mut new = MemoryStore::with_caller_share(Arc::new(clock.clone()), 64, 1_000, 10);
+        assert!(new.hasher != old.hasher);
+        let restored = new.restore_snapshot(&path).unwrap();
+        assert_eq!(
+            restored,
+            Restored {
+                buckets: 4,
+                expired: 0,
+                over_bound: 0
+            }
+        );
+        assert_eq!(new.live_buckets(), 4);
+        for key in ["a", "b", "c"] {
+            assert_eq!(new.tat(&item(key).key), old.tat(&item(key).key), "{key}");
+        }
+        // 4 of 10 spent a second ago (1 back since): 7 left, so a cost of 4 leaves 3.
+        let out = new.spend_now(&[item("a")]).unwrap();
+        assert!(out.allowed);
+        assert_eq!(out.decisions[0].remaining, 3);
+        // Nothing is left of the temporary file, and only the owner may read the file.
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("buckets.snapshot")]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn expired_buckets_are_left_out_and_an_all_expired_file_is_stale() {
+        let (clock, _dir, path, old) = written();
+        // One bucket is spent further: it outlives the others.
+        clock.advance(SECOND);
+        old.spend_now(&[item("a")]).unwrap();
+        old.write_snapshot(&path).unwrap();
+        // "a" is full at T0 + 8 s, the others at T0 + 4 s.
+        clock.advance(5 * SECOND);
+        let mut new = store(&clock, 1_000);
+        let restored = new.restore_snapshot(&path).unwrap();
+        assert_eq!((restored.buckets, restored.expired), (1, 3));
+        clock.advance(60 * SECOND);
+        let mut later = store(&clock, 1_000);
+        let e = later.restore_snapshot(&path).unwrap_err();
+        assert_eq!(e.reason(), "stale", "{e}");
+        assert_eq!(later.live_buckets(), 0);
+    }
+
+    #[test]
+    fn the_bound_holds_on_restore() {
+        let (clock, _dir, path, _old) = written();
+        let mut small = store(&clock, 2);
+        let restored = small.restore_snapshot(&path).unwrap();
+        // 2 with a 10 % caller share: 2 for configured limits, 1 for caller-given ones.
+        assert_eq!(restored.buckets + restored.over_bound, 4);
+        assert_eq!(small.live_buckets(), restored.buckets);
+        assert!(restored.over_bound >= 1);
+    }
+
+    /// Every way a file can be wrong is ignored whole, with its reason, and the store stays
+    /// empty: missing, not ours, another version, cut anywhere, any byte changed.
+    #[test]
+    fn unusable_files_are_ignored_whole_with_their_reason() {
+        let (clock, dir, path, _old) = written();
+        let good = std::fs::read(&path).unwrap();
+        let try_bytes = |bytes: &[u8]| {
+            let file = dir.path().join("bad");
+            std::fs::write(&file, bytes).unwrap();
+            let mut fresh = store(&clock, 1_000);
+            let e = fresh.restore_snapshot(&file).unwrap_err();
+            assert_eq!(fresh.live_buckets(), 0, "{e}");
+            e.reason()
+        };
+        let mut fresh = store(&clock, 1_000);
+        let e = fresh
+            .restore_snapshot(&dir.path().join("none"))
+            .unwrap_err();
+        assert_eq!(e.reason(), "missing");
+        assert_eq!(try_bytes(b""), "foreign");
+        assert_eq!(try_bytes(b"REDIS0011\xfa\x09redis-ver"), "foreign");
+        assert_eq!(try_bytes(&[0xffu8; 4096]), "foreign");
+        let mut other = good.clone();
+        other[8] = 2;
+        assert_eq!(try_bytes(&other), "version");
+        for cut in [3, 8, 12, 40, 56, 57, good.len() - 17, good.len() - 1] {
+            assert_eq!(try_bytes(&good[..cut]), "truncated", "cut at {cut}");
+        }
+        let mut padded = good.clone();
+        padded.extend_from_slice(&[0; 16]);
+        assert_eq!(try_bytes(&padded), "truncated");
+        // Every byte after the version, changed: the keys, the time, the counts, the
+        // buckets, the checksum.
+        for at in 12..good.len() {
+            let mut bad = good.clone();
+            bad[at] ^= 0x20;
+            let reason = try_bytes(&bad);
+            assert!(
+                reason == "corrupt" || reason == "truncated",
+                "byte {at} changed: {reason}"
+            );
+        }
+        // Counts that overflow are no crash.
+        let mut huge = good.clone();
+        huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(try_bytes(&huge), "truncated");
+    }
+
+    #[test]
+    fn every_reason_has_its_series() {
+        let reasons = [
+            Ignored::Missing,
+            Ignored::Unreadable(io::Error::other("x")),
+            Ignored::Foreign,
+            Ignored::Version(2),
+            Ignored::Truncated(1, 2),
+            Ignored::Corrupt,
+            Ignored::Stale,
+        ];
+        let labels: Vec<&str> = reasons.iter().map(Ignored::reason).collect();
+        assert_eq!(labels, crate::observe::metrics::SNAPSHOT_IGNORED_REASONS);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let (_clock, dir, path, old) = written();
+        let before = std::fs::read(&path).unwrap();
+        // The target is a directory now: the rename fails.
+        let blocked = dir.path().join("blocked");
+        std::fs::create_dir(&blocked).unwrap();
+        std::fs::write(blocked.join("x"), b"x").unwrap();
+        assert!(old.write_snapshot(&blocked).is_err());
+        assert!(!dir.path().join(".blocked.tmp").exists());
+        // A directory that does not exist: nothing is written anywhere.
+        assert!(old
+            .write_snapshot(&dir.path().join("no/such/file"))
+            .is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+}
