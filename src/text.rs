@@ -34,9 +34,84 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether `c` would act on a terminal or a log reader rather than show: a control
+/// character (C0, DEL, C1: ESC, CR, LF, NUL, the OSC introducer), a format character
+/// (bidirectional overrides such as U+202E, zero-width ones such as U+200B, the BOM, tag
+/// characters) or a line or paragraph separator (U+2028, U+2029).
+pub fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{0600}'..='\u{0605}'
+                | '\u{061C}'
+                | '\u{06DD}'
+                | '\u{070F}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08E2}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{110BD}'
+                | '\u{110CD}'
+                | '\u{13430}'..='\u{1343F}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0001}'
+                | '\u{E0020}'..='\u{E007F}'
+        )
+}
+
+/// `text` with every [`unprintable`] character written as `\u{XXXX}`: safe to print to a
+/// terminal or a human log line (unchanged, and not copied, when there is none).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(unprintable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unprintable(c) {
+            out.push_str(&format!("\\u{{{:04X}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The first [`unprintable`] character of `text` and its byte offset, for an error that
+/// refuses it.
+pub fn first_unprintable(text: &str) -> Option<(usize, char)> {
+    text.char_indices().find(|&(_, c)| unprintable(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn terminal_and_log_controls_are_escaped_and_text_is_kept() {
+        assert_eq!(printable("admin"), "admin");
+        assert!(matches!(
+            printable("é ü 日本 O'Brien \"q\""),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let hostile = "ad\u{200B}min\u{202E}\x1b]52;c;aGk=\x07\r\nfake\u{2028}\0";
+        let shown = printable(hostile);
+        assert_eq!(
+            shown,
+            "ad\\u{200B}min\\u{202E}\\u{001B}]52;c;aGk=\\u{0007}\\u{000D}\\u{000A}fake\\u{2028}\\u{0000}"
+        );
+        assert!(!shown.chars().any(unprintable));
+        assert_eq!(first_unprintable("ok\x1bx"), Some((2, '\x1b')));
+        assert_eq!(first_unprintable("fine"), None);
+        // C1 controls (0x9B is a one-byte CSI on some terminals).
+        assert!(unprintable('\u{9B}'));
+    }
 
     #[test]
     fn cuts_at_character_boundaries() {

@@ -206,9 +206,9 @@ impl RuntimeOverrides {
     ) -> Result<RuntimeOverride, OverrideError> {
         if ttl < SECOND || ttl > self.max_ttl {
             return Err(OverrideError::Invalid(format!(
-                "ttl: {} s is not 1 s to {} s (--max-override-ttl)",
-                ttl / SECOND,
-                self.max_ttl / SECOND
+                "ttl: {} is not 1 s to {} (--max-override-ttl)",
+                exact_seconds(ttl),
+                exact_seconds(self.max_ttl)
             )));
         }
         let comment = bounded(comment, MAX_COMMENT, "comment").map_err(OverrideError::Invalid)?;
@@ -445,9 +445,27 @@ fn purge(entries: &mut Entries, now: Nanos) -> usize {
     entries.values().map(HashMap::len).sum()
 }
 
+/// `n` nanoseconds as seconds, exactly: `7200 s`, `604800.000000001 s`, `-1.5 s`.
+fn exact_seconds(n: Nanos) -> String {
+    let (whole, part) = (n / SECOND, (n % SECOND).abs());
+    let sign = if n < 0 && whole == 0 { "-" } else { "" };
+    if part == 0 {
+        return format!("{whole} s");
+    }
+    let fraction = format!("{part:09}");
+    format!("{sign}{whole}.{} s", fraction.trim_end_matches('0'))
+}
+
 fn bounded<'a>(text: &'a str, max: usize, field: &str) -> Result<&'a str, String> {
     if text.chars().count() > max {
         return Err(format!("{field}: longer than {max} characters"));
+    }
+    // Shown in logs and in operators' terminals: what would act there is refused here.
+    if let Some((at, c)) = crate::text::first_unprintable(text) {
+        return Err(format!(
+            "{field}: U+{:04X} at byte {at} is a control or format character (not allowed)",
+            c as u32
+        ));
     }
     Ok(text)
 }
@@ -458,6 +476,29 @@ mod tests {
     use crate::clock::FakeClock;
     use crate::gcra::Limit;
     use crate::limits::names::Names;
+
+    #[test]
+    fn comments_and_authors_refuse_what_would_act_on_a_terminal() {
+        assert_eq!(bounded("fine, é 日本", 100, "comment"), Ok("fine, é 日本"));
+        for (text, code) in [
+            ("a\0b", "U+0000 at byte 1"),
+            ("\x1b]52;c;x\x07", "U+001B at byte 0"),
+            ("two\nlines", "U+000A at byte 3"),
+            ("ad\u{200b}min", "U+200B at byte 2"),
+            ("\u{2028}", "U+2028 at byte 0"),
+        ] {
+            let e = bounded(text, 100, "author").unwrap_err();
+            assert!(e.starts_with("author: ") && e.contains(code), "{e}");
+        }
+    }
+
+    #[test]
+    fn ttl_errors_say_the_exact_figures() {
+        assert_eq!(exact_seconds(7_200 * SECOND), "7200 s");
+        assert_eq!(exact_seconds(604_800 * SECOND + 1), "604800.000000001 s");
+        assert_eq!(exact_seconds(SECOND / 2), "0.5 s");
+        assert_eq!(exact_seconds(-SECOND / 2), "-0.5 s");
+    }
 
     #[tokio::test]
     async fn overrides_expire_are_bounded_and_keyed_by_override_id() {

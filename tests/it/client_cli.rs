@@ -423,3 +423,166 @@ fn settle_through_the_cli() {
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("unknown"), "{}", stderr(&out));
 }
+
+/// An attacker's text never acts on an operator's terminal or forges a log line: control
+/// and format characters in an override's comment or author are refused (INVALID_ARGUMENT,
+/// naming the character), and ids carrying them (a right-to-left override, a zero-width
+/// space that makes `ad​min` look like `admin`) are shown escaped in every table and in the
+/// human log, while JSON keeps them exact.
+#[test]
+fn control_and_format_characters_never_reach_a_terminal_or_a_log_line() {
+    /// Killed when the test ends, however it ends.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = Server(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "human",
+                "--config",
+            ])
+            .arg(config())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let logs = crate::common::stderr_lines(&mut server.0);
+    let wait = std::time::Duration::from_secs(20);
+    let announced = (0..1_000)
+        .map_while(|_| logs.recv_timeout(wait).ok())
+        .find(|l| l.contains("cellrate serving"))
+        .expect("cellrate announces itself");
+    let address = |name: &str| {
+        let at = announced.find(&format!("{name}=")).unwrap() + name.len() + 1;
+        announced[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (listen, admin) = (address("listen"), address("admin"));
+    let set = |id: &str, comment: &str, author: &str| {
+        cellrate(
+            &listen,
+            &admin,
+            &[
+                "admin",
+                "override",
+                "set",
+                "ApiRequestsPerKey",
+                id,
+                "--count",
+                "1",
+                "--burst",
+                "1",
+                "--period",
+                "1h",
+                "--ttl",
+                "10m",
+                "--comment",
+                comment,
+                "--author",
+                author,
+            ],
+            &[],
+        )
+    };
+    // OSC 52 (write the clipboard), a forged log line, a C1 CSI, a bidirectional override
+    // (NUL cannot be passed in argv: the unit tests of `bounded` refuse it).
+    for (comment, author, code) in [
+        ("copy \u{1b}]52;c;cm0gLXJmIH4=\u{7}", "ops", "U+001B"),
+        ("ok", "eve\nINFO forged line", "U+000A"),
+        ("ok", "eve\r", "U+000D"),
+        ("C1 \u{9b}2J", "ops", "U+009B"),
+        ("\u{202e}txt.exe", "ops", "U+202E"),
+        ("ok", "zero\u{200b}width", "U+200B"),
+    ] {
+        let out = set("key-1", comment, author);
+        assert_eq!(
+            out.status.code(),
+            Some(65),
+            "{comment:?} {author:?}: {}",
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains(code), "{code}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains('\u{1b}'),
+            "the error echoed the escape"
+        );
+    }
+    let listed = cellrate(&listen, &admin, &["admin", "override", "list"], &[]);
+    assert!(
+        !stdout(&listed).contains("key-1"),
+        "a refused override was set"
+    );
+
+    // Ids are the callers' own: kept exact, shown escaped.
+    // (Control characters in ids are refused by the string format already.)
+    let sneaky = "ad\u{200b}min\u{202e}\u{2028}x";
+    let out = set(sneaky, "looks like admin", "ops");
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (args, what) in [
+        (&["admin", "override", "list"][..], "override list"),
+        (
+            &["admin", "inspect", "ApiRequestsPerKey", sneaky][..],
+            "inspect",
+        ),
+    ] {
+        let out = cellrate(&listen, &admin, args, &[]);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains("ad\\u{200B}min\\u{202E}\\u{2028}x"),
+            "{what}: {text}"
+        );
+        assert!(
+            text.lines()
+                .all(|l| !l.chars().any(cellrate::text::unprintable)),
+            "{what}: {text:?}"
+        );
+    }
+    // Denied twice, so that `admin top` lists it.
+    for _ in 0..3 {
+        cellrate(
+            &listen,
+            &admin,
+            &["check", "ApiRequestsPerKey", sneaky],
+            &[],
+        );
+    }
+    let top = cellrate(&listen, &admin, &["admin", "top"], &[]);
+    assert!(stdout(&top).contains("ad\\u{200B}min"), "{}", stdout(&top));
+    let top_text = stdout(&top);
+    assert!(top_text
+        .lines()
+        .all(|l| !l.chars().any(cellrate::text::unprintable)));
+    let raw = cellrate(
+        &listen,
+        &admin,
+        &["admin", "override", "list", "--json"],
+        &[],
+    );
+    assert!(stdout(&raw).contains("\\u200b") || stdout(&raw).contains('\u{200b}'));
+
+    // The human log line of the override: escaped too, one line.
+    let line = (0..1_000)
+        .map_while(|_| logs.recv_timeout(wait).ok())
+        .find(|l| l.contains("temporary override set"))
+        .expect("the override is logged");
+    assert!(line.contains("ad\\u{200B}min\\u{202E}\\u{2028}x"), "{line}");
+    assert!(!line.chars().any(cellrate::text::unprintable), "{line:?}");
+}

@@ -147,7 +147,7 @@ fn finish(client: &ClientArgs, result: Result<Answer, Failed>) -> Exit {
             answer.exit
         }
         Err(Failed(exit, message)) => {
-            eprintln!("cellrate: {message}");
+            eprintln!("cellrate: {}", crate::text::printable(&message));
             exit
         }
     }

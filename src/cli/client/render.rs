@@ -125,8 +125,18 @@ pub fn duration(ns: i64) -> String {
     text
 }
 
-/// Rows as columns aligned on two spaces (no trailing spaces).
+/// Rows as columns aligned on two spaces (no trailing spaces). Cells come from the server
+/// (ids, comments, authors): control and format characters are shown escaped, never sent to
+/// the terminal.
 pub fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| crate::text::printable(cell))
+                .collect()
+        })
+        .collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {

@@ -330,11 +330,11 @@ impl pb::admin_server::Admin for AdminService {
             .map_err(override_status)?;
         tracing::info!(
             name = %entry.name,
-            id = %entry.id,
+            id = %crate::text::printable(&entry.id),
             ?policy,
             ttl_s = ttl / crate::clock::SECOND,
-            comment = %entry.comment,
-            author = %entry.author,
+            comment = %crate::text::printable(&entry.comment),
+            author = %crate::text::printable(&entry.author),
             "temporary override set"
         );
         self.count("set");
@@ -352,7 +352,12 @@ impl pb::admin_server::Admin for AdminService {
         let r = request.get_ref();
         let (name, id) = named(&table, &r.name, &r.id)?;
         let cleared = runtime.clear(name, &id).await.map_err(override_status)?;
-        tracing::info!(name = %name.text, id = %id, cleared, "temporary override cleared");
+        tracing::info!(
+            name = %name.text,
+            id = %crate::text::printable(&id),
+            cleared,
+            "temporary override cleared"
+        );
         if cleared {
             self.count("clear");
         }
