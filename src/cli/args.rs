@@ -276,6 +276,20 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RESP_MAX_CONNECTIONS", default_value_t = 1024)]
     pub resp_max_connections: usize,
 
+    /// With --resp-token: wrong tokens one client address may give at once, across its
+    /// connections (then one more every period / burst).
+    #[arg(long, env = "CELLRATE_RESP_AUTH_FAILURE_BURST", default_value_t = crate::resp::lockout::FAILURE_BURST, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub resp_auth_failure_burst: u64,
+
+    /// With --resp-token: seconds for an address's allowance of wrong tokens to refill.
+    #[arg(long, env = "CELLRATE_RESP_AUTH_FAILURE_PERIOD_SECONDS", default_value_t = crate::resp::lockout::FAILURE_PERIOD.as_secs(), value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub resp_auth_failure_period_seconds: u64,
+
+    /// With --resp-token: client addresses whose wrong tokens are counted apart; beyond,
+    /// the others share one allowance.
+    #[arg(long, env = "CELLRATE_RESP_AUTH_MAX_ADDRESSES", default_value_t = crate::resp::lockout::MAX_ADDRESSES, value_parser = parse_auth_addresses)]
+    pub resp_auth_max_addresses: usize,
+
     /// The limits directory (reloaded when it changes, on SIGHUP and on a timer).
     #[arg(long, env = "CELLRATE_CONFIG", default_value = "config/")]
     pub config: PathBuf,
@@ -484,6 +498,14 @@ pub struct SimulateArgs {
     /// A limits directory; buckets are then written Name:id.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// `--resp-auth-max-addresses`: 1 to 1 000 000.
+fn parse_auth_addresses(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("{text:?}: a count from 1 to 1000000")),
+    }
 }
 
 /// `--settle-max-records`: 1 to 10 000 000.

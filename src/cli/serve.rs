@@ -112,6 +112,11 @@ impl ServeArgs {
             admin_token: self.admin_token.clone(),
             resp: crate::resp::RespSettings {
                 token: self.resp_token.clone(),
+                lockout: crate::resp::lockout::LockoutSettings {
+                    burst: self.resp_auth_failure_burst,
+                    period: Duration::from_secs(self.resp_auth_failure_period_seconds),
+                    max_addresses: self.resp_auth_max_addresses,
+                },
                 ..Default::default()
             },
             tls,

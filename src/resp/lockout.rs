@@ -2,14 +2,15 @@
 //!
 //! A connection is closed after [`super::auth::MAX_AUTH_FAILURES`] wrong tokens, but a
 //! client can open another one; this bounds the guessing of one address whatever the
-//! number of its connections: [`FAILURE_BURST`] wrong tokens, then one more every
-//! [`FAILURE_PERIOD`] / [`FAILURE_BURST`] (a GCRA bucket per address, from the crate's
-//! own arithmetic). While an address has none left, its `AUTH` is refused without the
+//! number of its connections: `burst` wrong tokens (`--resp-auth-failure-burst`, default
+//! [`FAILURE_BURST`]), then one more every `period / burst` (`--resp-auth-failure-period-
+//! seconds`, default [`FAILURE_PERIOD`]): a GCRA bucket per address, from the crate's own
+//! arithmetic. While an address has none left, its `AUTH` is refused without the
 //! token being compared, so a locked-out guesser learns nothing; a right token from
 //! another address is unaffected.
 //!
 //! IPv6 addresses count by their /64 (what one host usually holds). At most
-//! [`MAX_ADDRESSES`] addresses are tracked; when the table is full of live buckets, the
+//! `--resp-auth-max-addresses` (default [`MAX_ADDRESSES`]) addresses are tracked; when the table is full of live buckets, the
 //! failures of untracked addresses share one bucket, so that spraying addresses does not
 //! lift the bound on guesses (at the cost of locking out those addresses together).
 
@@ -38,9 +39,31 @@ enum Source {
     Untracked,
 }
 
+/// The lockout's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockoutSettings {
+    /// Wrong tokens an address may give at once.
+    pub burst: u64,
+    /// Time for that allowance to refill.
+    pub period: Duration,
+    /// Addresses tracked at most.
+    pub max_addresses: usize,
+}
+
+impl Default for LockoutSettings {
+    fn default() -> LockoutSettings {
+        LockoutSettings {
+            burst: FAILURE_BURST,
+            period: FAILURE_PERIOD,
+            max_addresses: MAX_ADDRESSES,
+        }
+    }
+}
+
 /// The per-address failure buckets of one listener.
 pub struct AuthLockout {
     limit: Limit,
+    max_addresses: usize,
     start: Instant,
     /// Each bucket's TAT, in nanoseconds since `start`.
     buckets: Mutex<HashMap<Source, Nanos>>,
@@ -48,16 +71,23 @@ pub struct AuthLockout {
 
 impl Default for AuthLockout {
     fn default() -> AuthLockout {
-        AuthLockout::new()
+        AuthLockout::new(LockoutSettings::default())
     }
 }
 
 impl AuthLockout {
-    pub fn new() -> AuthLockout {
-        let period = i64::try_from(FAILURE_PERIOD.as_nanos()).unwrap_or(i64::MAX);
+    /// A lockout with `settings` (a burst of 0 counts as 1; the flags' ranges keep the rest
+    /// valid, and an invalid period falls back to the default).
+    pub fn new(settings: LockoutSettings) -> AuthLockout {
+        let burst = settings.burst.max(1);
+        let period = i64::try_from(settings.period.as_nanos()).unwrap_or(i64::MAX);
+        let limit = Limit::new(burst, burst, period).unwrap_or_else(|_| {
+            let period = FAILURE_PERIOD.as_nanos() as i64;
+            Limit::new(FAILURE_BURST, FAILURE_BURST, period).expect("a valid default limit")
+        });
         AuthLockout {
-            limit: Limit::new(FAILURE_BURST, FAILURE_BURST, period)
-                .expect("a valid constant limit"),
+            limit,
+            max_addresses: settings.max_addresses.max(1),
             start: Instant::now(),
             buckets: Mutex::new(HashMap::new()),
         }
@@ -75,7 +105,7 @@ impl AuthLockout {
         let tat = match buckets.get(&source) {
             Some(tat) => Some(*tat),
             // An address the table has no room for counts with the other untracked ones.
-            None if buckets.len() >= MAX_ADDRESSES => buckets.get(&Source::Untracked).copied(),
+            None if buckets.len() >= self.max_addresses => buckets.get(&Source::Untracked).copied(),
             None => None,
         };
         let (decision, _) = gcra::spend(&self.limit, now, tat, 1);
@@ -91,10 +121,10 @@ impl AuthLockout {
         let now = self.now();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
         let mut source = Source::Address(key(address));
-        if !buckets.contains_key(&source) && buckets.len() >= MAX_ADDRESSES {
+        if !buckets.contains_key(&source) && buckets.len() >= self.max_addresses {
             // Full buckets hold nothing worth keeping.
             buckets.retain(|_, tat| *tat > now);
-            if buckets.len() >= MAX_ADDRESSES {
+            if buckets.len() >= self.max_addresses {
                 source = Source::Untracked;
             }
         }
@@ -128,8 +158,26 @@ mod tests {
     }
 
     #[test]
+    fn the_numbers_are_settings() {
+        let lockout = AuthLockout::new(LockoutSettings {
+            burst: 2,
+            period: Duration::from_secs(3600),
+            max_addresses: 1,
+        });
+        for _ in 0..2 {
+            assert!(lockout.check(v4(1)).is_ok());
+            lockout.failed(v4(1));
+        }
+        let wait = lockout.check(v4(1)).unwrap_err();
+        assert!(wait > Duration::from_secs(1_700), "{wait:?}");
+        // A second address finds the table full: it counts with the untracked ones.
+        lockout.failed(v4(2));
+        assert_eq!(lockout.buckets.lock().unwrap().len(), 2);
+    }
+
+    #[test]
     fn an_address_gets_its_burst_then_waits_and_others_are_unaffected() {
-        let lockout = AuthLockout::new();
+        let lockout = AuthLockout::default();
         for _ in 0..FAILURE_BURST {
             assert!(lockout.check(v4(1)).is_ok());
             lockout.failed(v4(1));
@@ -153,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_full_table_shares_one_bucket_among_the_untracked() {
-        let lockout = AuthLockout::new();
+        let lockout = AuthLockout::default();
         for i in 0..MAX_ADDRESSES as u32 {
             lockout.failed(IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
         }

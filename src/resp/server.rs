@@ -56,6 +56,8 @@ pub struct RespSettings {
     pub token: Option<String>,
     /// Size limits on commands.
     pub bounds: Bounds,
+    /// Wrong tokens counted per address, across connections.
+    pub lockout: super::lockout::LockoutSettings,
 }
 
 /// The Redis-protocol service: answers the connections its listener accepts.
@@ -118,6 +120,14 @@ impl Drop for Open {
     }
 }
 
+/// When a read must end: a command begun must arrive whole, and a connection with a token
+/// to give must give it.
+#[derive(Clone, Copy)]
+struct Deadline {
+    begun: Option<Instant>,
+    auth_by: Option<Instant>,
+}
+
 /// How a connection ends.
 enum End {
     /// With its last answers written (see [`close`]).
@@ -144,7 +154,7 @@ impl RespServer {
             command_timeout,
             grace,
             next_id: AtomicU64::new(1),
-            lockout: AuthLockout::new(),
+            lockout: AuthLockout::new(settings.lockout),
         })
     }
 
@@ -184,6 +194,9 @@ impl RespServer {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut begun: Option<Instant> = None;
         let mut run = Run::default();
+        // With a token, a connection must authenticate within the handshake timeout,
+        // whatever else it sends meanwhile (PINGs answered NOAUTH would hold the slot).
+        let auth_by = (!conn.authenticated).then(|| Instant::now() + self.command_timeout);
         let end = loop {
             let completed = match self
                 .answer(&mut conn, &mut buf, &mut run, &mut stream)
@@ -192,6 +205,11 @@ impl RespServer {
                 Ok(completed) => completed,
                 Err(end) => break end,
             };
+            let auth_by = auth_by.filter(|_| !conn.authenticated);
+            if auth_by.is_some_and(|by| Instant::now() >= by) {
+                self.auth_timed_out(&mut conn.replies);
+                break End::Close;
+            }
             // A command begun must arrive whole within the command timeout. A partial command
             // after complete ones is a new command (a busy pipeline's reads end anywhere).
             begun = match begun {
@@ -200,7 +218,8 @@ impl RespServer {
                 _ => Some(Instant::now()),
             };
             buf.reserve(READ_CHUNK);
-            let read = self.read(&mut stream, &mut buf, begun, &stop, &mut conn.replies);
+            let deadline = Deadline { begun, auth_by };
+            let read = self.read(&mut stream, &mut buf, deadline, &stop, &mut conn.replies);
             if let Err(end) = read.await {
                 break end;
             }
@@ -268,28 +287,34 @@ impl RespServer {
         &self,
         stream: &mut S,
         buf: &mut BytesMut,
-        begun: Option<Instant>,
+        deadline: Deadline,
         stop: &CancellationToken,
         replies: &mut Replies,
     ) -> Result<(), End>
     where
         S: AsyncRead + Unpin,
     {
-        let read = match begun {
-            Some(at) => {
-                let deadline = at + self.command_timeout;
-                match tokio::time::timeout_at(deadline, stream.read_buf(buf)).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        replies.error(&format!(
-                            "ERR Protocol error: a command must arrive whole within {}s",
-                            self.command_timeout.as_secs_f64()
-                        ));
-                        self.metrics.resp_closed("timeout");
-                        return Err(End::Close);
-                    }
+        let command_by = deadline.begun.map(|at| at + self.command_timeout);
+        let by = match (command_by, deadline.auth_by) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let read = match by {
+            Some(by) => match tokio::time::timeout_at(by, stream.read_buf(buf)).await {
+                Ok(read) => read,
+                Err(_) if deadline.auth_by == Some(by) => {
+                    self.auth_timed_out(replies);
+                    return Err(End::Close);
                 }
-            }
+                Err(_) => {
+                    replies.error(&format!(
+                        "ERR Protocol error: a command must arrive whole within {}s",
+                        self.command_timeout.as_secs_f64()
+                    ));
+                    self.metrics.resp_closed("timeout");
+                    return Err(End::Close);
+                }
+            },
             None => tokio::select! {
                 read = stream.read_buf(buf) => read,
                 _ = stop.cancelled() => {
@@ -308,6 +333,15 @@ impl RespServer {
                 Err(End::Gone)
             }
         }
+    }
+
+    /// Closes a connection that did not authenticate in time.
+    fn auth_timed_out(&self, replies: &mut Replies) {
+        replies.error(&format!(
+            "NOAUTH Authentication required within {}s of connecting",
+            self.command_timeout.as_secs_f64()
+        ));
+        self.metrics.resp_closed("auth_timeout");
     }
 
     /// Decides the throttles of `run`, their replies appended in order. With a store that

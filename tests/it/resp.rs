@@ -637,3 +637,49 @@ async fn a_client_that_does_not_read_its_answers_stops_being_read() {
     // Meanwhile others are served.
     assert_eq!(client(&s).call(&["PING"]), Reply::Simple("PONG".into()));
 }
+
+/// With a token, clients without it cannot hold the listener's slots: each connection that
+/// has not authenticated within the handshake timeout is closed, however busily it PINGs
+/// (answered NOAUTH) to look alive, and a client with the token then gets a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
+    let s = served_with(tight(), Some(TOKEN)).await;
+    let started = std::time::Instant::now();
+    let mut squatters: Vec<RespClient> = (0..4).map(|_| client(&s)).collect();
+    // PINGs every 200 ms for 3 s: well inside the 2 s idle timeout each time.
+    let mut closed = vec![None; squatters.len()];
+    for _ in 0..15 {
+        for (i, c) in squatters.iter_mut().enumerate() {
+            if closed[i].is_some() {
+                continue;
+            }
+            c.send(&["PING"]);
+            match c.read() {
+                Ok(Reply::Error(e)) if e.starts_with("NOAUTH Authentication required within") => {
+                    assert!(c.closed(), "answered the timeout but kept the connection");
+                    closed[i] = Some(started.elapsed());
+                }
+                Ok(Reply::Error(e)) => assert!(e.starts_with("NOAUTH"), "{e}"),
+                Ok(other) => panic!("answered without the token: {other:?}"),
+                Err(_) => closed[i] = Some(started.elapsed()),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (i, at) in closed.iter().enumerate() {
+        let at = at.unwrap_or_else(|| panic!("connection {i} still open after 3 s"));
+        assert!(at >= Duration::from_millis(900), "closed too early: {at:?}");
+    }
+    // A slot is free again for a client that has the token.
+    let mut good = client(&s);
+    assert_eq!(good.call(&["AUTH", TOKEN]), Reply::Simple("OK".into()));
+    assert_eq!(good.call(&["PING"]), Reply::Simple("PONG".into()));
+    // Authenticated, it is not closed at the deadline.
+    std::thread::sleep(Duration::from_millis(1_200));
+    assert_eq!(good.call(&["PING"]), Reply::Simple("PONG".into()));
+    let (_, text) = http_get_async(s.metrics_addr, "/metrics").await;
+    assert_eq!(
+        sample(&text, "cellrate_resp_closed_total{reason=\"auth_timeout\"}"),
+        Some(4.0)
+    );
+}

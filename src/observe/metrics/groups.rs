@@ -343,13 +343,14 @@ impl RespMetrics {
         let closed = reg.counters_from_zero(
             "cellrate_resp_closed_total",
             "Redis-protocol connections closed by cellrate, by reason (protocol_error, \
-             timeout, auth_failures, auth_locked, shutdown).",
+             timeout, auth_failures, auth_locked, auth_timeout, shutdown).",
             "reason",
             &[
                 "protocol_error",
                 "timeout",
                 "auth_failures",
                 "auth_locked",
+                "auth_timeout",
                 "shutdown",
             ],
         );
