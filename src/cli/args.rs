@@ -451,6 +451,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_METRICS_MAX_CONNECTIONS", default_value_t = 64)]
     pub metrics_max_connections: usize,
 
+    /// Open connections from one client address at most, on every listener (an IPv6
+    /// address counts by its /64); more are closed as they are accepted. 0: no such bound.
+    /// Raise it when many clients reach cellrate through one NAT or proxy address.
+    #[arg(long, env = "CELLRATE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = crate::server::listener::DEFAULT_MAX_PER_ADDRESS)]
+    pub max_connections_per_address: usize,
+
     /// Seconds a new connection has to send its first bytes (HTTP/1: its headers; TLS: its
     /// whole handshake).
     #[arg(long, env = "CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 10)]

@@ -143,6 +143,7 @@ impl ServeArgs {
     pub fn server_limits(&self) -> ServerLimits {
         let connections = |max_connections| ConnectionLimits {
             max_connections,
+            max_per_address: self.max_connections_per_address,
             handshake_timeout: Duration::from_secs(self.handshake_timeout_seconds.max(1)),
             idle_timeout: Duration::from_secs(self.idle_timeout_seconds.max(1)),
             ..Default::default()

@@ -101,7 +101,7 @@ impl AuthLockout {
     pub fn check(&self, address: IpAddr) -> Result<(), Duration> {
         let now = self.now();
         let buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        let source = Source::Address(key(address));
+        let source = Source::Address(source_of(address));
         let tat = match buckets.get(&source) {
             Some(tat) => Some(*tat),
             // An address the table has no room for counts with the other untracked ones.
@@ -120,7 +120,7 @@ impl AuthLockout {
     pub fn failed(&self, address: IpAddr) {
         let now = self.now();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut source = Source::Address(key(address));
+        let mut source = Source::Address(source_of(address));
         if !buckets.contains_key(&source) && buckets.len() >= self.max_addresses {
             // Full buckets hold nothing worth keeping.
             buckets.retain(|_, tat| *tat > now);
@@ -135,8 +135,9 @@ impl AuthLockout {
     }
 }
 
-/// What an address counts as: itself, or for IPv6 its /64.
-fn key(address: IpAddr) -> IpAddr {
+/// What an address counts as: itself, or for IPv6 its /64 (what one host usually holds);
+/// an IPv4-mapped IPv6 address as its IPv4 address.
+pub fn source_of(address: IpAddr) -> IpAddr {
     match address {
         IpAddr::V4(_) => address,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -193,10 +194,10 @@ mod tests {
         let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
         let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
         let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(key(a), key(b));
-        assert_ne!(key(a), key(c));
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(c));
         let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
-        assert_eq!(key(mapped), v4(1));
+        assert_eq!(source_of(mapped), v4(1));
     }
 
     #[test]

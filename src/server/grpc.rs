@@ -19,7 +19,8 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use super::admin::AdminAuth;
-use super::listener::{GuardedListener, InFlightLayer};
+use super::in_flight::InFlightLayer;
+use super::listener::GuardedListener;
 use super::rpc_metrics::RpcMetricsLayer;
 use super::shortcut::ShortcutLayer;
 use super::{ServeError, ServerLimits, Settings};

@@ -7,7 +7,8 @@
 //! - **Connections** are bounded per listener ([`ConnectionLimits::max_connections`]): at
 //!   the bound the listener stops accepting (new clients wait in the kernel's backlog)
 //!   until a connection closes. The bound is clamped below the process's file-descriptor
-//!   limit, so that no listener can starve the others of descriptors.
+//!   limit, so that no listener can starve the others of descriptors. One client address
+//!   holds at most [`ConnectionLimits::max_per_address`] of them (`per_address.rs`).
 //! - **Accept errors back off** (10 ms doubling to 1 s) instead of spinning on a full
 //!   descriptor table.
 //! - **Handshake timeout**: a connection must deliver its first 16 bytes (of the HTTP/2
@@ -19,8 +20,8 @@
 //!   been stuck for that long.
 //! - **TCP keepalive** finds peers that vanished without a FIN.
 //!
-//! The HTTP/2 limits (streams per connection, local resets, request timeout, in-flight
-//! requests) are set where the servers are built, in [`crate::server`].
+//! The HTTP/2 limits (streams per connection, local resets, request timeout) are set where
+//! the servers are built, in [`crate::server`]; the in-flight bound in `in_flight.rs`.
 
 use std::future::Future;
 use std::io;
@@ -40,6 +41,9 @@ use tokio::time::{Instant, Sleep};
 pub struct ConnectionLimits {
     /// Open connections at most; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Open connections from one client address at most (0: no such bound); more are
+    /// closed as they are accepted.
+    pub max_per_address: usize,
     /// Time for a new connection's first bytes (and, with TLS, its whole handshake).
     pub handshake_timeout: Duration,
     /// Time without a byte read (or with a write stuck) before a connection is closed.
@@ -52,12 +56,18 @@ impl Default for ConnectionLimits {
     fn default() -> ConnectionLimits {
         ConnectionLimits {
             max_connections: 4096,
+            max_per_address: DEFAULT_MAX_PER_ADDRESS,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             tcp_keepalive: Duration::from_secs(60),
         }
     }
 }
+
+/// The default of [`ConnectionLimits::max_per_address`]: an Envoy holds a few connections
+/// per worker thread, so a few hundred leave room for many Envoys behind one NAT address
+/// while keeping one client from a listener's whole bound.
+pub const DEFAULT_MAX_PER_ADDRESS: usize = 512;
 
 /// Raises the soft limit on open files to the hard limit (as Go's runtime does) and
 /// returns the limit now in force, or `None` where it cannot be read.
@@ -95,6 +105,8 @@ pub struct GuardedListener {
     name: &'static str,
     /// Bytes a connection must send within the handshake timeout.
     handshake_bytes: usize,
+    /// Connections by client address, when bounded.
+    per_address: Option<Arc<super::per_address::PerAddress>>,
 }
 
 /// What a connection must send within the handshake timeout: as long as an HTTP/1 request
@@ -114,6 +126,8 @@ impl GuardedListener {
             backoff: FIRST_BACKOFF,
             name,
             handshake_bytes: HANDSHAKE_BYTES,
+            per_address: (limits.max_per_address > 0)
+                .then(|| super::per_address::PerAddress::new(limits.max_per_address)),
         }
     }
 
@@ -137,9 +151,21 @@ impl GuardedListener {
             match self.listener.accept().await {
                 Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
+                    let slot = match &self.per_address {
+                        None => None,
+                        Some(table) => match table.take(peer.ip()) {
+                            Some(slot) => Some(slot),
+                            None => {
+                                // Closed at once: this address holds its share already.
+                                tracing::debug!(listener = self.name, %peer, "connection over the per-address bound closed");
+                                continue;
+                            }
+                        },
+                    };
                     configure(&stream, &self.limits);
                     let mut stream = GuardedStream::new(stream, permit, &self.limits);
                     stream.handshake_due = self.handshake_bytes;
+                    stream._address = slot;
                     return (stream, peer);
                 }
                 // The failed connection's own problem: the next accept is fine.
@@ -195,6 +221,8 @@ fn configure(stream: &TcpStream, limits: &ConnectionLimits) {
 pub struct GuardedStream {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    /// Its place in its address's count, when bounded.
+    _address: Option<super::per_address::AddressSlot>,
     remote: Option<SocketAddr>,
     /// Fires at the end of the current read window.
     read_deadline: Pin<Box<Sleep>>,
@@ -213,6 +241,7 @@ impl GuardedStream {
             remote: stream.peer_addr().ok(),
             stream,
             _permit: permit,
+            _address: None,
             read_deadline: Box::pin(tokio::time::sleep(limits.handshake_timeout)),
             read_in_window: false,
             handshake_due: HANDSHAKE_BYTES,
@@ -362,220 +391,6 @@ pub async fn serve_http1(
     }
     drop(listener);
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
-}
-
-/// A bound on the requests one gRPC server handles at once, over all its connections.
-///
-/// Streams per connection are bounded by HTTP/2 (`max_concurrent_streams`), but a request
-/// waiting for its body holds memory until the request timeout, and connections are many:
-/// this bound keeps the total finite. A request over it is answered at once with
-/// UNAVAILABLE ("overloaded"), without reading its body. Admitted requests' bodies are
-/// checked by [`OneMessage`].
-#[derive(Clone)]
-pub struct InFlightLayer {
-    permits: Arc<Semaphore>,
-}
-
-impl InFlightLayer {
-    pub fn new(max_in_flight: usize) -> InFlightLayer {
-        InFlightLayer {
-            permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
-        }
-    }
-}
-
-impl<S> tower_layer::Layer<S> for InFlightLayer {
-    type Service = InFlight<S>;
-
-    fn layer(&self, inner: S) -> InFlight<S> {
-        InFlight {
-            inner,
-            permits: self.permits.clone(),
-        }
-    }
-}
-
-/// The service of [`InFlightLayer`].
-#[derive(Clone)]
-pub struct InFlight<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
-
-type GrpcResponse = http::Response<tonic::body::Body>;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl<S, B> tower_service::Service<http::Request<B>> for InFlight<S>
-where
-    S: tower_service::Service<http::Request<OneMessage<B>>, Response = GrpcResponse>,
-{
-    type Response = GrpcResponse;
-    type Error = S::Error;
-    type Future = InFlightFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => InFlightFuture::Admitted {
-                inner: self.inner.call(OneMessage::wrap(request)),
-                _permit: permit,
-            },
-            Err(_) => InFlightFuture::Refused {
-                response: Some(
-                    tonic::Status::unavailable(
-                        "overloaded: too many requests in flight; retry with backoff",
-                    )
-                    .into_http(),
-                ),
-            },
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The future of [`InFlight`]: the inner call holding its permit, or a refusal.
-    #[project = InFlightProj]
-    pub enum InFlightFuture<F> {
-        Admitted { #[pin] inner: F, _permit: OwnedSemaphorePermit },
-        Refused { response: Option<GrpcResponse> },
-    }
-}
-
-impl<F, E> Future for InFlightFuture<F>
-where
-    F: Future<Output = Result<GrpcResponse, E>>,
-{
-    type Output = Result<GrpcResponse, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            InFlightProj::Admitted { inner, .. } => inner.poll(cx),
-            InFlightProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A request body that fails with INVALID_ARGUMENT when a unary call carries a second
-    /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
-    /// byte, a 4-byte length, the message) across data frames without buffering.
-    /// Streaming calls (server reflection, RLQS) pass through unchecked.
-    pub struct OneMessage<B> {
-        #[pin]
-        inner: B,
-        unary: bool,
-        // Bytes of the current frame header seen (0 = at a frame boundary).
-        header_seen: usize,
-        header: [u8; 5],
-        payload_left: u64,
-        messages: u32,
-    }
-}
-
-impl<B> OneMessage<B> {
-    fn wrap(request: http::Request<B>) -> http::Request<OneMessage<B>> {
-        // Every cellrate and Envoy RPC is unary in its request; reflection and RLQS stream.
-        let path = request.uri().path();
-        let unary = !path.starts_with("/grpc.reflection.")
-            && !path.starts_with("/envoy.service.rate_limit_quota.");
-        request.map(|inner| OneMessage {
-            inner,
-            unary,
-            header_seen: 0,
-            header: [0; 5],
-            payload_left: 0,
-            messages: 0,
-        })
-    }
-}
-
-impl<B> OneMessage<B> {
-    /// Follows the framing through `data`; false when a second message begins.
-    fn follow(
-        header_seen: &mut usize,
-        header: &mut [u8; 5],
-        payload_left: &mut u64,
-        messages: &mut u32,
-        mut data: &[u8],
-    ) -> bool {
-        while !data.is_empty() {
-            if *payload_left > 0 {
-                let n = (*payload_left).min(data.len() as u64) as usize;
-                *payload_left -= n as u64;
-                data = &data[n..];
-                continue;
-            }
-            if *header_seen == 0 {
-                *messages += 1;
-                if *messages > 1 {
-                    return false;
-                }
-            }
-            let n = (5 - *header_seen).min(data.len());
-            header[*header_seen..*header_seen + n].copy_from_slice(&data[..n]);
-            *header_seen += n;
-            data = &data[n..];
-            if *header_seen == 5 {
-                *payload_left = u64::from(u32::from_be_bytes([
-                    header[1], header[2], header[3], header[4],
-                ]));
-                *header_seen = 0;
-            }
-        }
-        true
-    }
-}
-
-impl<B> http_body::Body for OneMessage<B>
-where
-    B: http_body::Body<Data = bytes::Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = bytes::Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        let this = self.project();
-        let frame = match ready!(this.inner.poll_frame(cx)) {
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-            None => return Poll::Ready(None),
-        };
-        if *this.unary {
-            if let Some(data) = frame.data_ref() {
-                if !OneMessage::<B>::follow(
-                    this.header_seen,
-                    this.header,
-                    this.payload_left,
-                    this.messages,
-                    data,
-                ) {
-                    return Poll::Ready(Some(Err(Box::new(tonic::Status::invalid_argument(
-                        "request: a unary call carries exactly one message; a second one followed",
-                    )))));
-                }
-            }
-        }
-        Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@
 pub mod admin;
 mod grpc;
 pub mod http;
+pub mod in_flight;
 pub mod listener;
+pub mod per_address;
 pub mod reload;
 pub mod rpc_metrics;
 mod settings;

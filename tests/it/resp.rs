@@ -683,3 +683,48 @@ async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
         Some(4.0)
     );
 }
+
+/// One client address cannot take a listener's whole connection bound: beyond its share,
+/// its new connections are closed as they are accepted, while another address still gets
+/// in (and the refused address gets in again once one of its connections closes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_connections() {
+    let s = served_with(
+        ConnectionLimits {
+            max_per_address: 3,
+            ..tight()
+        },
+        None,
+    )
+    .await;
+    let mut mine: Vec<RespClient> = (0..3).map(|_| client(&s)).collect();
+    for c in &mut mine {
+        assert_eq!(c.call(&["PING"]), Reply::Simple("PONG".into()));
+    }
+    let mut fourth = client(&s);
+    fourth.send(&["PING"]);
+    assert!(
+        fourth.closed(),
+        "a fourth connection from one address was served"
+    );
+    // 127.0.0.2 is another address on the loopback interface.
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let mut theirs = RespClient::connect_from(s.resp_addr, other).await;
+    assert_eq!(theirs.call(&["PING"]), Reply::Simple("PONG".into()));
+    mine.pop().unwrap().call(&["QUIT"]);
+    let mut again = None;
+    for _ in 0..50 {
+        let mut c = client(&s);
+        c.send(&["PING"]);
+        if let Ok(Reply::Simple(pong)) = c.read() {
+            assert_eq!(pong, "PONG");
+            again = Some(c);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        again.is_some(),
+        "the address's freed place was not given back"
+    );
+}

@@ -1,0 +1,223 @@
+//! A bound on the requests one gRPC server handles at once, and on the messages of a
+//! unary call (one): the tower layers the gRPC servers put before their services.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A bound on the requests one gRPC server handles at once, over all its connections.
+///
+/// Streams per connection are bounded by HTTP/2 (`max_concurrent_streams`), but a request
+/// waiting for its body holds memory until the request timeout, and connections are many:
+/// this bound keeps the total finite. A request over it is answered at once with
+/// UNAVAILABLE ("overloaded"), without reading its body. Admitted requests' bodies are
+/// checked by [`OneMessage`].
+#[derive(Clone)]
+pub struct InFlightLayer {
+    permits: Arc<Semaphore>,
+}
+
+impl InFlightLayer {
+    pub fn new(max_in_flight: usize) -> InFlightLayer {
+        InFlightLayer {
+            permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for InFlightLayer {
+    type Service = InFlight<S>;
+
+    fn layer(&self, inner: S) -> InFlight<S> {
+        InFlight {
+            inner,
+            permits: self.permits.clone(),
+        }
+    }
+}
+
+/// The service of [`InFlightLayer`].
+#[derive(Clone)]
+pub struct InFlight<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+}
+
+type GrpcResponse = http::Response<tonic::body::Body>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for InFlight<S>
+where
+    S: tower_service::Service<http::Request<OneMessage<B>>, Response = GrpcResponse>,
+{
+    type Response = GrpcResponse;
+    type Error = S::Error;
+    type Future = InFlightFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => InFlightFuture::Admitted {
+                inner: self.inner.call(OneMessage::wrap(request)),
+                _permit: permit,
+            },
+            Err(_) => InFlightFuture::Refused {
+                response: Some(
+                    tonic::Status::unavailable(
+                        "overloaded: too many requests in flight; retry with backoff",
+                    )
+                    .into_http(),
+                ),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`InFlight`]: the inner call holding its permit, or a refusal.
+    #[project = InFlightProj]
+    pub enum InFlightFuture<F> {
+        Admitted { #[pin] inner: F, _permit: OwnedSemaphorePermit },
+        Refused { response: Option<GrpcResponse> },
+    }
+}
+
+impl<F, E> Future for InFlightFuture<F>
+where
+    F: Future<Output = Result<GrpcResponse, E>>,
+{
+    type Output = Result<GrpcResponse, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            InFlightProj::Admitted { inner, .. } => inner.poll(cx),
+            InFlightProj::Refused { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that fails with INVALID_ARGUMENT when a unary call carries a second
+    /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
+    /// byte, a 4-byte length, the message) across data frames without buffering.
+    /// Streaming calls (server reflection, RLQS) pass through unchecked.
+    pub struct OneMessage<B> {
+        #[pin]
+        inner: B,
+        unary: bool,
+        // Bytes of the current frame header seen (0 = at a frame boundary).
+        header_seen: usize,
+        header: [u8; 5],
+        payload_left: u64,
+        messages: u32,
+    }
+}
+
+impl<B> OneMessage<B> {
+    fn wrap(request: http::Request<B>) -> http::Request<OneMessage<B>> {
+        // Every cellrate and Envoy RPC is unary in its request; reflection and RLQS stream.
+        let path = request.uri().path();
+        let unary = !path.starts_with("/grpc.reflection.")
+            && !path.starts_with("/envoy.service.rate_limit_quota.");
+        request.map(|inner| OneMessage {
+            inner,
+            unary,
+            header_seen: 0,
+            header: [0; 5],
+            payload_left: 0,
+            messages: 0,
+        })
+    }
+}
+
+impl<B> OneMessage<B> {
+    /// Follows the framing through `data`; false when a second message begins.
+    fn follow(
+        header_seen: &mut usize,
+        header: &mut [u8; 5],
+        payload_left: &mut u64,
+        messages: &mut u32,
+        mut data: &[u8],
+    ) -> bool {
+        while !data.is_empty() {
+            if *payload_left > 0 {
+                let n = (*payload_left).min(data.len() as u64) as usize;
+                *payload_left -= n as u64;
+                data = &data[n..];
+                continue;
+            }
+            if *header_seen == 0 {
+                *messages += 1;
+                if *messages > 1 {
+                    return false;
+                }
+            }
+            let n = (5 - *header_seen).min(data.len());
+            header[*header_seen..*header_seen + n].copy_from_slice(&data[..n]);
+            *header_seen += n;
+            data = &data[n..];
+            if *header_seen == 5 {
+                *payload_left = u64::from(u32::from_be_bytes([
+                    header[1], header[2], header[3], header[4],
+                ]));
+                *header_seen = 0;
+            }
+        }
+        true
+    }
+}
+
+impl<B> http_body::Body for OneMessage<B>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.project();
+        let frame = match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            None => return Poll::Ready(None),
+        };
+        if *this.unary {
+            if let Some(data) = frame.data_ref() {
+                if !OneMessage::<B>::follow(
+                    this.header_seen,
+                    this.header,
+                    this.payload_left,
+                    this.messages,
+                    data,
+                ) {
+                    return Poll::Ready(Some(Err(Box::new(tonic::Status::invalid_argument(
+                        "request: a unary call carries exactly one message; a second one followed",
+                    )))));
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
