@@ -398,6 +398,11 @@ pub struct ServeArgs {
     )]
     pub rlqs_max_buckets_per_stream: usize,
 
+    /// Bytes of RLQS bucket ids tracked at most, over every stream (each id's text plus
+    /// 128); a new bucket beyond is refused as beyond --rlqs-max-buckets is.
+    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKET_BYTES", default_value_t = crate::service::rlqs::DEFAULT_MAX_BUCKET_BYTES, value_parser = parse_bucket_bytes)]
+    pub rlqs_max_bucket_bytes: usize,
+
     /// Lifetime of an RLQS assignment in Envoy, in seconds.
     #[arg(long, env = "CELLRATE_RLQS_ASSIGNMENT_TTL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub rlqs_assignment_ttl_seconds: u64,
@@ -504,6 +509,14 @@ pub struct SimulateArgs {
     /// A limits directory; buckets are then written Name:id.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// `--rlqs-max-bucket-bytes`: 64 KiB to 16 GiB.
+fn parse_bucket_bytes(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if (64 << 10..=16 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("{text:?}: bytes from 65536 to 17179869184")),
+    }
 }
 
 /// `--resp-auth-max-addresses`: 1 to 1 000 000.

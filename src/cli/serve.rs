@@ -96,6 +96,7 @@ impl ServeArgs {
                 max_streams: self.rlqs_max_streams,
                 max_buckets: self.rlqs_max_buckets,
                 max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
+                max_bucket_bytes: self.rlqs_max_bucket_bytes,
                 assignment_ttl: Duration::from_secs(self.rlqs_assignment_ttl_seconds),
                 idle: Duration::from_secs(self.rlqs_idle_seconds),
                 sync: Duration::from_millis(self.rlqs_sync_ms),

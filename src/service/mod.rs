@@ -16,6 +16,7 @@ mod errors;
 pub mod native;
 pub mod overrides;
 pub mod quota_book;
+mod quota_strategy;
 pub mod request;
 mod resolve;
 pub mod rlqs;

@@ -29,7 +29,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::SECOND;
 use crate::gcra::Limit;
 use crate::store::shared::Aggregate;
 
@@ -37,74 +36,8 @@ use crate::store::shared::Aggregate;
 pub const FLOOR: f64 = 0.1;
 /// How far below the new share a previous share may be and still be kept.
 pub const HYSTERESIS: f64 = 0.1;
-/// Fill intervals offered to Envoy, in seconds (Envoy reads whole seconds only).
-const FILL_SECONDS: [u32; 6] = [1, 10, 60, 600, 3_600, 86_400];
-
-/// What a bucket is told to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    AllowAll,
-    DenyAll,
-    /// Envoy's token bucket: `max_tokens`, refilled at `tokens_per_fill / fill_seconds`
-    /// per second (continuously).
-    TokenBucket {
-        max_tokens: u32,
-        tokens_per_fill: u32,
-        fill_seconds: u32,
-    },
-}
-
-impl Strategy {
-    /// Requests per second this strategy admits in the long run (`inf` for allow-all).
-    pub fn rate(&self) -> f64 {
-        match *self {
-            Strategy::AllowAll => f64::INFINITY,
-            Strategy::DenyAll => 0.0,
-            Strategy::TokenBucket {
-                tokens_per_fill,
-                fill_seconds,
-                ..
-            } => f64::from(tokens_per_fill) / f64::from(fill_seconds),
-        }
-    }
-
-    /// The token bucket for `fraction` of `limit`: never a faster rate nor a larger burst
-    /// than the fraction (rounded down), but at least one token held, and one token a day.
-    pub fn share(limit: &Limit, fraction: f64) -> Strategy {
-        let fraction = fraction.clamp(0.0, 1.0);
-        let rate = per_second(limit) * fraction;
-        let max_tokens = ((limit.burst() as f64 * fraction).floor()).clamp(1.0, u32::MAX as f64);
-        // The shortest interval that expresses the rate to 1 % (100 tokens a fill or more).
-        let (mut tokens, mut seconds) = (0.0, FILL_SECONDS[FILL_SECONDS.len() - 1]);
-        for s in FILL_SECONDS {
-            tokens = (rate * f64::from(s)).floor();
-            seconds = s;
-            if tokens >= 100.0 {
-                break;
-            }
-        }
-        Strategy::TokenBucket {
-            max_tokens: max_tokens as u32,
-            tokens_per_fill: tokens.clamp(1.0, u32::MAX as f64) as u32,
-            fill_seconds: seconds,
-        }
-    }
-
-    /// The more restrictive of two strategies (the lower rate; then the smaller burst).
-    fn stricter(self, other: Strategy) -> Strategy {
-        let burst = |s: &Strategy| match s {
-            Strategy::TokenBucket { max_tokens, .. } => *max_tokens,
-            Strategy::AllowAll => u32::MAX,
-            Strategy::DenyAll => 0,
-        };
-        let (a, b) = ((self.rate(), burst(&self)), (other.rate(), burst(&other)));
-        if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
-            other
-        } else {
-            self
-        }
-    }
-}
+use super::quota_strategy::per_second;
+pub use super::quota_strategy::Strategy;
 
 /// Where a bucket leads, as the limits in force say.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,6 +87,9 @@ impl From<Action> for Reported {
 pub struct BookBounds {
     pub max_buckets: usize,
     pub max_buckets_per_stream: usize,
+    /// Bytes of bucket ids held at most (each counted as its text plus
+    /// [`BUCKET_OVERHEAD`]), over every stream, until the bucket is forgotten.
+    pub max_bytes: usize,
     /// A bucket that reported no request for this long is abandoned.
     pub idle: Duration,
     /// How long the buckets of an ended stream keep their shares: the assignments' time to
@@ -184,6 +120,8 @@ pub struct QuotaBook {
     /// key -> reporter -> its demand (capped at the key's rate).
     keys: HashMap<Arc<str>, HashMap<Member, Option<f64>>>,
     tracked: usize,
+    /// Bytes of the buckets held (tracked, and lingering after their stream ended).
+    bytes: usize,
     /// key -> the other replicas' reporters of it (shared through Redis).
     remote: HashMap<Arc<str>, Aggregate>,
     /// Reporters of ended streams that keep their shares until a deadline, in its order.
@@ -210,6 +148,7 @@ impl QuotaBook {
             streams: HashMap::new(),
             keys: HashMap::new(),
             tracked: 0,
+            bytes: 0,
             remote: HashMap::new(),
             lingering: std::collections::VecDeque::new(),
         }
@@ -218,6 +157,11 @@ impl QuotaBook {
     /// Buckets tracked, over every stream.
     pub fn tracked(&self) -> usize {
         self.tracked
+    }
+
+    /// Bytes the buckets held count against [`BookBounds::max_bytes`].
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Reporters of `key` (for tests and introspection).
@@ -254,9 +198,11 @@ impl QuotaBook {
         if !buckets.contains_key(bucket) {
             if self.tracked >= self.bounds.max_buckets
                 || buckets.len() >= self.bounds.max_buckets_per_stream
+                || self.bytes + weight(bucket) > self.bounds.max_bytes
             {
                 return Action::Refused.into();
             }
+            self.bytes += weight(bucket);
             buckets.insert(
                 bucket.clone(),
                 Tracked {
@@ -442,7 +388,9 @@ impl QuotaBook {
         };
         self.tracked -= buckets.len();
         for (bucket, tracked) in buckets {
-            if !tracked.keys.is_empty() {
+            if tracked.keys.is_empty() {
+                self.bytes -= weight(&bucket);
+            } else {
                 let keys = tracked.keys.into_iter().map(|(key, _)| key).collect();
                 self.lingering
                     .push_back((now + self.bounds.linger, (stream, bucket), keys));
@@ -459,6 +407,7 @@ impl QuotaBook {
             let Some((_, member, keys)) = self.lingering.pop_front() else {
                 break;
             };
+            self.bytes -= weight(&member.1);
             for key in keys {
                 remove_member(&mut self.keys, &key, &member);
                 touched.push(key);
@@ -478,6 +427,7 @@ impl QuotaBook {
         };
         if let Some(tracked) = buckets.remove(bucket) {
             self.tracked -= 1;
+            self.bytes -= weight(bucket);
             let member: Member = (stream, bucket.clone());
             for (key, _) in &tracked.keys {
                 remove_member(&mut self.keys, key, &member);
@@ -486,9 +436,12 @@ impl QuotaBook {
     }
 }
 
-/// A limit's rate in requests per second.
-fn per_second(limit: &Limit) -> f64 {
-    limit.count() as f64 * SECOND as f64 / limit.period() as f64
+/// What a bucket counts against [`BookBounds::max_bytes`]: its id's text and the
+/// bookkeeping around it.
+pub const BUCKET_OVERHEAD: usize = 128;
+
+fn weight(bucket: &str) -> usize {
+    bucket.len() + BUCKET_OVERHEAD
 }
 
 /// One key's reporters summed up once, so that each reporter's fraction costs O(1).
@@ -586,10 +539,12 @@ fn remove_member(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SECOND;
 
     const BOUNDS: BookBounds = BookBounds {
         max_buckets: 4,
         max_buckets_per_stream: 3,
+        max_bytes: usize::MAX,
         idle: Duration::from_secs(60),
         linger: Duration::ZERO,
     };

@@ -475,3 +475,96 @@ async fn replicas_on_one_redis_divide_a_limit_among_all_their_streams() {
     )
     .is_some_and(|n| n >= 1.0));
 }
+
+/// The ids of RLQS buckets count against a byte budget (`--rlqs-max-bucket-bytes`): an
+/// unauthenticated client that reports buckets with the largest ids allowed (16 entries of
+/// 640 bytes) is refused new buckets once the budget is spent, the bytes held never pass
+/// it, and they come back when its stream ends (after the assignments' lifetime).
+#[tokio::test]
+async fn bucket_ids_count_against_a_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 100);
+    let budget = 1 << 20;
+    let settings = Settings {
+        rlqs: cellrate::service::rlqs::RlqsSettings {
+            max_bucket_bytes: budget,
+            assignment_ttl: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..Settings::default()
+    };
+    let s = served(dir.path(), settings).await;
+    let mut attacker = Stream::open(&s).await.unwrap();
+    let value = "x".repeat(500);
+    let keys: Vec<String> = (0..15).map(|k| format!("{k:0>120}")).collect();
+    let mut answered = 0;
+    let mut refused = 0;
+    // 400 buckets of about 9.5 KiB each (3.7 MiB of ids) in messages of 50.
+    for batch in 0..8 {
+        let mut message = report("edge", bucket(&[("name", "api"), ("account", "0")]), 1, 0);
+        message.bucket_quota_usages.clear();
+        for i in 0..50 {
+            let n = format!("{batch}-{i}");
+            let mut pairs: Vec<(&str, &str)> =
+                keys.iter().map(|k| (k.as_str(), value.as_str())).collect();
+            pairs.push(("n", &n));
+            message
+                .bucket_quota_usages
+                .push(report("edge", bucket(&pairs), 1, 0).bucket_quota_usages[0].clone());
+        }
+        attacker.send(message).await;
+        // A message whose buckets are all refused gets no answer.
+        let wait = Duration::from_millis(500);
+        if let Ok(answer) = tokio::time::timeout(wait, attacker.answers.message()).await {
+            answered += answer.unwrap().map_or(0, |a| a.bucket_action.len());
+        }
+        refused = 400 - answered;
+    }
+    let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
+    let held = sample(&metrics, "cellrate_rlqs_bucket_bytes").unwrap();
+    assert!(
+        held <= budget as f64,
+        "{held} bytes held over a budget of {budget}"
+    );
+    assert!(
+        held > budget as f64 * 0.9,
+        "the budget was not used: {held}"
+    );
+    let tracked = sample(&metrics, "cellrate_rlqs_buckets").unwrap();
+    assert!(
+        (100.0..=110.0).contains(&tracked),
+        "{tracked} buckets tracked"
+    );
+    assert!(refused > 250, "refused {refused} of 400");
+    assert_eq!(
+        sample(
+            &metrics,
+            "cellrate_rlqs_refusals_total{reason=\"too_many_buckets\"}"
+        ),
+        Some(refused as f64)
+    );
+    // Once the attacker's stream ends and its buckets' assignments lapse, the bytes come
+    // back, and an Envoy's bucket is tracked again.
+    drop(attacker);
+    let freed = poll_until(
+        Duration::from_secs(10),
+        async || {
+            let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
+            sample(&metrics, "cellrate_rlqs_bucket_bytes")
+        },
+        |b| *b == Some(0.0),
+    )
+    .await;
+    assert_eq!(freed, Some(0.0), "the bytes were not given back");
+    let mut envoy = Stream::open(&s).await.unwrap();
+    envoy
+        .send(report(
+            "edge",
+            bucket(&[("name", "api"), ("account", "1")]),
+            1,
+            0,
+        ))
+        .await;
+    let answer = envoy.next().await.unwrap().unwrap();
+    assert_eq!(answer.bucket_action.len(), 1);
+}

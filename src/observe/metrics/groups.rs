@@ -108,6 +108,8 @@ pub struct RlqsMetrics {
     /// RLQS streams open, and buckets tracked over them.
     pub streams: IntGauge,
     pub buckets: IntGauge,
+    /// Bytes the tracked buckets count against `--rlqs-max-bucket-bytes`.
+    pub bucket_bytes: IntGauge,
     pub(super) actions: IntCounterVec,
     pub(super) refusals: IntCounterVec,
     pub(super) requests: IntCounterVec,
@@ -320,6 +322,11 @@ impl RlqsMetrics {
             buckets: reg.gauge(
                 "cellrate_rlqs_buckets",
                 "Envoy RLQS buckets tracked, over every stream.",
+            ),
+            bucket_bytes: reg.gauge(
+                "cellrate_rlqs_bucket_bytes",
+                "Bytes the tracked RLQS buckets' ids count against --rlqs-max-bucket-bytes \
+                 (each id's text plus 128).",
             ),
             actions,
             refusals,

@@ -63,6 +63,10 @@ pub const MAX_WORK_PER_SECOND: u64 = 200_000;
 /// Largest report message (an Envoy reports all its buckets in one message, about 100 bytes
 /// each): with the default `--rlqs-max-streams`, at most 256 MiB held by reports.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// The default of [`RlqsSettings::max_bucket_bytes`]: 100 000 buckets of ids about 200
+/// bytes long (an Envoy's are a few entries of tens of bytes), while 100 000 ids of the
+/// largest allowed size (16 entries of 640 bytes) would take 1 GiB.
+pub const DEFAULT_MAX_BUCKET_BYTES: usize = 32 << 20;
 /// Answers waiting to be sent on one stream; a stream that does not read them is ended.
 pub const QUEUE: usize = 64;
 
@@ -72,6 +76,8 @@ pub struct RlqsSettings {
     pub max_streams: usize,
     pub max_buckets: usize,
     pub max_buckets_per_stream: usize,
+    /// Bytes of bucket ids held at most, over every stream (see [`BookBounds::max_bytes`]).
+    pub max_bucket_bytes: usize,
     /// Lifetime of an assignment in Envoy (whole seconds: Envoy ignores fractions).
     pub assignment_ttl: Duration,
     /// A stream silent for this long is ended; a bucket without requests for this long is
@@ -87,6 +93,7 @@ impl Default for RlqsSettings {
             max_streams: 256,
             max_buckets: 100_000,
             max_buckets_per_stream: 10_000,
+            max_bucket_bytes: DEFAULT_MAX_BUCKET_BYTES,
             assignment_ttl: Duration::from_secs(10),
             idle: Duration::from_secs(60),
             sync: Duration::from_secs(1),
@@ -129,6 +136,7 @@ impl RlqsService {
         let bounds = BookBounds {
             max_buckets: settings.max_buckets,
             max_buckets_per_stream: settings.max_buckets_per_stream,
+            max_bytes: settings.max_bucket_bytes,
             idle: settings.idle,
             linger: settings.assignment_ttl,
         };

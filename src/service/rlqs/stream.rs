@@ -100,7 +100,7 @@ pub(super) async fn serve_stream(
     let (pushes, work, tracked) = {
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
         let (pushes, work) = book.end_stream(id, Instant::now());
-        (pushes, work, book.tracked())
+        (pushes, work, (book.tracked(), book.bytes()))
     };
     let _ = shared
         .work
@@ -108,7 +108,8 @@ pub(super) async fn serve_stream(
         .unwrap_or_else(PoisonError::into_inner)
         .spend(work as u64, Instant::now());
     push(&shared, pushes);
-    shared.metrics.rlqs.buckets.set(tracked as i64);
+    shared.metrics.rlqs.buckets.set(tracked.0 as i64);
+    shared.metrics.rlqs.bucket_bytes.set(tracked.1 as i64);
     shared.metrics.rlqs.streams.dec();
 }
 
@@ -219,6 +220,7 @@ pub(super) fn answer(
             work += reported.evaluated as u64;
         }
         shared.metrics.rlqs.buckets.set(book.tracked() as i64);
+        shared.metrics.rlqs.bucket_bytes.set(book.bytes() as i64);
     }
     push(shared, pushes);
     let response = (!actions.is_empty()).then_some(RateLimitQuotaResponse {

@@ -1,0 +1,79 @@
+//! What an RLQS bucket is told to do ([`Strategy`]): allow, deny, or a token bucket of a
+//! share of a limit, as [`super::quota_book`] assigns it.
+
+use crate::clock::SECOND;
+use crate::gcra::Limit;
+
+/// Fill intervals offered to Envoy, in seconds (Envoy reads whole seconds only).
+const FILL_SECONDS: [u32; 6] = [1, 10, 60, 600, 3_600, 86_400];
+
+/// What a bucket is told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    AllowAll,
+    DenyAll,
+    /// Envoy's token bucket: `max_tokens`, refilled at `tokens_per_fill / fill_seconds`
+    /// per second (continuously).
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_seconds: u32,
+    },
+}
+
+impl Strategy {
+    /// Requests per second this strategy admits in the long run (`inf` for allow-all).
+    pub fn rate(&self) -> f64 {
+        match *self {
+            Strategy::AllowAll => f64::INFINITY,
+            Strategy::DenyAll => 0.0,
+            Strategy::TokenBucket {
+                tokens_per_fill,
+                fill_seconds,
+                ..
+            } => f64::from(tokens_per_fill) / f64::from(fill_seconds),
+        }
+    }
+
+    /// The token bucket for `fraction` of `limit`: never a faster rate nor a larger burst
+    /// than the fraction (rounded down), but at least one token held, and one token a day.
+    pub fn share(limit: &Limit, fraction: f64) -> Strategy {
+        let fraction = fraction.clamp(0.0, 1.0);
+        let rate = per_second(limit) * fraction;
+        let max_tokens = ((limit.burst() as f64 * fraction).floor()).clamp(1.0, u32::MAX as f64);
+        // The shortest interval that expresses the rate to 1 % (100 tokens a fill or more).
+        let (mut tokens, mut seconds) = (0.0, FILL_SECONDS[FILL_SECONDS.len() - 1]);
+        for s in FILL_SECONDS {
+            tokens = (rate * f64::from(s)).floor();
+            seconds = s;
+            if tokens >= 100.0 {
+                break;
+            }
+        }
+        Strategy::TokenBucket {
+            max_tokens: max_tokens as u32,
+            tokens_per_fill: tokens.clamp(1.0, u32::MAX as f64) as u32,
+            fill_seconds: seconds,
+        }
+    }
+
+    /// The more restrictive of two strategies (the lower rate; then the smaller burst).
+    pub(super) fn stricter(self, other: Strategy) -> Strategy {
+        let burst = |s: &Strategy| match s {
+            Strategy::TokenBucket { max_tokens, .. } => *max_tokens,
+            Strategy::AllowAll => u32::MAX,
+            Strategy::DenyAll => 0,
+        };
+        let (a, b) = ((self.rate(), burst(&self)), (other.rate(), burst(&other)));
+        if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// A limit's rate in requests per second.
+pub(super) fn per_second(limit: &Limit) -> f64 {
+    limit.count() as f64 * SECOND as f64 / limit.period() as f64
+}
