@@ -142,7 +142,7 @@ pub async fn write_snapshot(
 ) {
     let shown = path.display().to_string();
     let written = tokio::task::spawn_blocking(move || store.write_snapshot(&path)).await;
-    match written {
+    let error = match written {
         Ok(Ok(written)) => {
             metrics
                 .store
@@ -160,24 +160,16 @@ pub async fn write_snapshot(
                 seconds = written.seconds,
                 "memory store snapshot written"
             );
+            return;
         }
-        Ok(Err(e)) => {
-            metrics
-                .store
-                .snapshot
-                .writes
-                .with_label_values(&["failed"])
-                .inc();
-            tracing::error!(path = %shown, error = %e, "could not write the memory store snapshot");
-        }
-        Err(e) => {
-            metrics
-                .store
-                .snapshot
-                .writes
-                .with_label_values(&["failed"])
-                .inc();
-            tracing::error!(path = %shown, error = %e, "the snapshot writer failed");
-        }
-    }
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => format!("the writer failed: {e}"),
+    };
+    metrics
+        .store
+        .snapshot
+        .writes
+        .with_label_values(&["failed"])
+        .inc();
+    tracing::error!(path = %shown, %error, "could not write the memory store snapshot");
 }
