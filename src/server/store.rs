@@ -69,6 +69,14 @@ impl Stores {
                 );
                 if let Some(snapshot) = &settings.snapshot {
                     restore(&mut store, &snapshot.path, metrics);
+                    if let Err(e) = MemoryStore::check_writable(&snapshot.path) {
+                        // Said now rather than found out at shutdown.
+                        tracing::error!(
+                            path = %snapshot.path.display(),
+                            error = %e,
+                            "the snapshot file cannot be written there: buckets will not survive a restart"
+                        );
+                    }
                 }
                 let store = Arc::new(store);
                 let snapshot = settings.snapshot.as_ref().map(|_| store.clone());

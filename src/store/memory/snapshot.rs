@@ -126,12 +126,16 @@ impl MemoryStore {
         })
     }
 
+    /// Whether a snapshot can be written at `path`: its temporary file is created there
+    /// and removed.
+    pub fn check_writable(path: &Path) -> io::Result<()> {
+        let temporary = temporary_beside(path);
+        create_private(&temporary)?;
+        std::fs::remove_file(&temporary)
+    }
+
     fn write_to(&self, temporary: &Path) -> io::Result<Written> {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(temporary)?;
+        let file = create_private(temporary)?;
         let mut out = BufWriter::with_capacity(BUFFER, file);
         // The header's counts are known at the end: it is written again then.
         out.write_all(&[0u8; HEADER as usize])?;
@@ -314,6 +318,21 @@ fn check(path: &Path) -> Result<Header, Ignored> {
     Ok(Header { keys, counts })
 }
 
+/// A new file at `path` (what was there is removed first) that only its owner may read: it
+/// holds the store's hash keys.
+fn create_private(path: &Path) -> io::Result<File> {
+    // A file left there (by a crash, or by someone else) keeps its own mode: start anew.
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
 /// `.<name>.tmp` in the target's directory (a rename within one file system is atomic).
 fn temporary_beside(path: &Path) -> PathBuf {
     let name = path
@@ -483,6 +502,20 @@ mod tests {
         let mut huge = good.clone();
         huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(try_bytes(&huge), "truncated");
+    }
+
+    /// A temporary file someone left readable does not make the next snapshot readable.
+    #[cfg(unix)]
+    #[test]
+    fn a_leftover_temporary_file_does_not_lend_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_clock, dir, path, old) = written();
+        let leftover = dir.path().join(".buckets.snapshot.tmp");
+        std::fs::write(&leftover, b"old").unwrap();
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644)).unwrap();
+        old.write_snapshot(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

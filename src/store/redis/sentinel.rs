@@ -10,7 +10,7 @@
 //! meanwhile fail within their deadline and the failure policy answers them, as during any
 //! Redis outage.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,8 @@ pub(super) struct SentinelLink {
     last_lookup: Mutex<Option<Instant>>,
     /// Calls in a row that got no answer from the master in use.
     silent: AtomicU32,
+    /// Numbers the masters found, so that a call forgets only the one it used.
+    generations: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -102,6 +104,7 @@ impl SentinelLink {
             looking: AtomicBool::new(false),
             last_lookup: Mutex::new(None),
             silent: AtomicU32::new(0),
+            generations: AtomicU64::new(0),
         })
     }
 
@@ -226,7 +229,7 @@ impl SentinelLink {
             other => other.to_string(),
         };
         let manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
-        let generation = self.current.borrow().as_ref().map_or(0, |m| m.generation) + 1;
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         Ok(Master {
             generation,
             address,
