@@ -420,30 +420,45 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
             .map(str::to_string)
     };
     // The sentinels agree only to a replica that is in sync and that they have seen as one
-    // for a while (NOGOODSLAVE until then).
-    let sentinel = &set.sentinels[0];
-    let agreed = crate::common::poll_until(
+    // for a while (NOGOODSLAVE until then), and a failover they start can still be aborted
+    // (no good replica after all): ask again every 2 s until the old master is back.
+    let synced = crate::common::poll_until(
         Duration::from_secs(60),
-        async || {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            sentinel.cli(&["SENTINEL", "FAILOVER", SENTINEL_MASTER])
+        async || set.master.cli(&["INFO", "replication"]),
+        |i| {
+            i.as_ref()
+                .is_some_and(|i| i.contains("master_link_status:up"))
         },
-        |o| o.as_ref().is_some_and(|o| o.trim() == "OK"),
     )
     .await;
     assert!(
-        agreed.as_ref().is_some_and(|o| o.trim() == "OK"),
-        "SENTINEL FAILOVER refused: {agreed:?}"
+        synced
+            .as_ref()
+            .is_some_and(|i| i.contains("master_link_status:up")),
+        "the old master did not sync as a replica within 60 s: {synced:?}"
     );
+    let sentinel = &set.sentinels[0];
+    let mut asked = Vec::new();
     let switched = crate::common::poll_until(
-        Duration::from_secs(60),
-        async || set.master_port(),
+        Duration::from_secs(120),
+        async || {
+            if set.master_port() == Some(old_port) {
+                return Some(old_port);
+            }
+            asked.push(sentinel.cli(&["SENTINEL", "FAILOVER", SENTINEL_MASTER]));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            set.master_port()
+        },
         |&p| p == Some(old_port),
     )
     .await;
-    assert_eq!(switched, Some(old_port), "no switchover within 60 s");
+    assert_eq!(
+        switched,
+        Some(old_port),
+        "no switchover within 120 s; the sentinel answered {asked:?}"
+    );
     let demoted = crate::common::poll_until(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         async || set.replica.cli(&["INFO", "replication"]),
         |i| i.as_ref().is_some_and(|i| i.contains("role:slave")),
     )
