@@ -109,6 +109,28 @@ fn under_load(
     (stop, seen, load)
 }
 
+/// Whether `more` decisions are answered OK within `within`, counting from now.
+async fn answers_grow(seen: &Seen, more: u64, within: Duration) -> bool {
+    let from = seen.ok.load(Ordering::Relaxed);
+    crate::common::poll_until(
+        within,
+        async || seen.ok.load(Ordering::Relaxed) > from + more,
+        |&ok| ok,
+    )
+    .await
+}
+
+/// Stops the load of [`under_load`] and waits for its clients (each within 10 s).
+async fn stop_load(stop: &AtomicBool, load: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("no hang")
+            .unwrap();
+    }
+}
+
 /// A good limits directory: the name `Api` with `burst` per second.
 fn write_limits(dir: &std::path::Path, burst: u32) {
     std::fs::write(
@@ -287,20 +309,8 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
     assert_eq!(open, Some(1.0), "the open breaker shows in the gauge");
     redis.restart();
     // Recovery: successes resume without restarting cellrate.
-    let ok_at_restart = seen.ok.load(Ordering::Relaxed);
-    let recovered = crate::common::poll_until(
-        Duration::from_secs(5),
-        async || seen.ok.load(Ordering::Relaxed) > ok_at_restart + 50,
-        |&ok| ok,
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("no hang")
-            .unwrap();
-    }
+    let recovered = answers_grow(&seen, 50, Duration::from_secs(5)).await;
+    stop_load(&stop, load).await;
     assert!(
         recovered,
         "decisions did not resume within 5 s of Redis restarting"
@@ -354,13 +364,7 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
     .await;
     assert_eq!(promoted, Some(set.replica.port), "no promotion within 30 s");
     let promoted_at = killed.elapsed();
-    let ok_at_promotion = seen.ok.load(Ordering::Relaxed);
-    let resumed = crate::common::poll_until(
-        Duration::from_secs(10),
-        async || seen.ok.load(Ordering::Relaxed) > ok_at_promotion + 50,
-        |&ok| ok,
-    )
-    .await;
+    let resumed = answers_grow(&seen, 50, Duration::from_secs(10)).await;
     let resumed_at = killed.elapsed();
     eprintln!(
         "sentinel failover: promoted {promoted_at:?} after the kill, decisions answered again \
@@ -395,13 +399,7 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
         "the old master was not made a replica within 60 s: {demoted:?}\nsentinel: {:?}",
         set.sentinels[0].cli(&["SENTINEL", "REPLICAS", SENTINEL_MASTER])
     );
-    let ok_before = seen.ok.load(Ordering::Relaxed);
-    let more = crate::common::poll_until(
-        Duration::from_secs(10),
-        async || seen.ok.load(Ordering::Relaxed) > ok_before + 200,
-        |&ok| ok,
-    )
-    .await;
+    let more = answers_grow(&seen, 200, Duration::from_secs(10)).await;
     assert!(more, "decisions stopped after the old master came back");
     let stats = set.master.cli(&["INFO", "commandstats"]).unwrap();
     assert!(
@@ -467,29 +465,11 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
         demoted.is_some_and(|i| i.contains("role:slave")),
         "not demoted"
     );
-    let ok_at_switch = seen.ok.load(Ordering::Relaxed);
-    let followed = crate::common::poll_until(
-        Duration::from_secs(10),
-        async || seen.ok.load(Ordering::Relaxed) > ok_at_switch + 100,
-        |&ok| ok,
-    )
-    .await;
+    let followed = answers_grow(&seen, 100, Duration::from_secs(10)).await;
     assert!(followed, "decisions did not resume after the switchover");
     let on_demoted = scripts_on(&set.replica);
-    let ok_then = seen.ok.load(Ordering::Relaxed);
-    let more = crate::common::poll_until(
-        Duration::from_secs(10),
-        async || seen.ok.load(Ordering::Relaxed) > ok_then + 200,
-        |&ok| ok,
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("no hang")
-            .unwrap();
-    }
+    let more = answers_grow(&seen, 200, Duration::from_secs(10)).await;
+    stop_load(&stop, load).await;
     assert!(more, "decisions stopped after the switchover");
     assert_eq!(
         scripts_on(&set.replica),
