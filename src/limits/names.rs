@@ -277,11 +277,24 @@ impl BucketKey {
                 break;
             }
         }
-        let mut key = String::with_capacity(digits.len() - at + 1 + id.len());
-        key.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
-        key.push(':');
-        key.push_str(id);
-        BucketKey(Arc::from(key))
+        let number = std::str::from_utf8(&digits[at..]).unwrap_or("0");
+        // One allocation, the Arc's own: the text is put together in a buffer this thread
+        // keeps, not in a fresh String that the Arc would copy and free.
+        thread_local! {
+            static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        TEXT.with_borrow_mut(|text| {
+            text.clear();
+            text.push_str(number);
+            text.push(':');
+            text.push_str(id);
+            let key = BucketKey(Arc::from(text.as_str()));
+            // A long id once must not keep its buffer on this thread for good.
+            if text.capacity() > 256 {
+                *text = String::new();
+            }
+            key
+        })
     }
 
     /// The key of `id` under name `number` for a limit that counts in `window`: a GCRA
@@ -614,6 +627,15 @@ mod tests {
             assert_eq!(
                 BucketKey::new(number, "id").as_str(),
                 format!("{number}:id")
+            );
+        }
+        // The thread's buffer grows for a long id and is let go after: the same text.
+        for len in [0, 1, 115, 116, 117, 118, 300] {
+            let id = "é".repeat(len / 2) + &"x".repeat(len % 2);
+            let number = 4_294_967_295;
+            assert_eq!(
+                BucketKey::new(number, &id).as_str(),
+                format!("{number}:{id}")
             );
         }
     }
