@@ -9,6 +9,7 @@
 #   beside this one (e.g. before and after a change), at `streams` and at one stream;
 #   or the word `kinds`: this binary with a GCRA limit, a calendar window and charges
 #   (KIND=gcra|calendar|charge), side by side.
+# REDIS_SERVER names another server binary with redis-server's flags (e.g. valkey-server).
 # Prints one line per measurement (`ROUND SCENARIO TARGET key=value ...`), then min-max
 # ratios over the rounds.
 set -euo pipefail
@@ -20,7 +21,7 @@ before=${4:-}
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >/dev/null &
+"${REDIS_SERVER:-redis-server}" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >/dev/null &
 server=$!
 trap 'kill $server 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.05; done
