@@ -572,13 +572,19 @@ fn the_chart_renders_every_toggle_on() {
         [
             "autoscaling.enabled",
             "grafanaDashboard.enabled",
+            "memoryStore.snapshot.enabled",
             "podDisruptionBudget.enabled",
             "prometheusRule.enabled",
             "redis.enabled",
             "serviceMonitor.enabled",
         ]
     );
-    let mut sets: Vec<String> = toggles.iter().map(|t| format!("{t}=true")).collect();
+    // The memory store's snapshot excludes Redis and several replicas: its own test below.
+    let mut sets: Vec<String> = toggles
+        .iter()
+        .filter(|t| !t.starts_with("memoryStore."))
+        .map(|t| format!("{t}=true"))
+        .collect();
     sets.push("redis.existingSecret=cellrate-redis".into());
     sets.push("service.exposeAdmin=true".into());
     sets.push("adminToken.existingSecret=cellrate-admin".into());
@@ -659,6 +665,224 @@ fn the_chart_renders_every_toggle_on() {
         pdb["spec"]["selector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]
     );
+}
+
+/// The `env` of the Deployment's container: (name, literal value or "").
+fn container_env(objects: &[Value]) -> Vec<(String, String)> {
+    one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every CELLRATE_ variable in `env` is one `cellrate serve` reads (its own or a global
+/// option's).
+fn assert_the_binary_reads(env: &[(String, String)]) {
+    let cli = cellrate::cli::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    let read: Vec<String> = serve
+        .get_arguments()
+        .chain(cli.get_arguments())
+        .filter_map(|a| Some(a.get_env()?.to_string_lossy().into_owned()))
+        .collect();
+    for (name, _) in env.iter().filter(|(n, _)| n.starts_with("CELLRATE_")) {
+        assert!(
+            read.contains(name),
+            "the chart sets {name}, which serve does not read"
+        );
+    }
+}
+
+/// memoryStore.snapshot: the file where the binary looks for it, on a writable volume the
+/// pod's user owns (an emptyDir, or a claim with the Recreate strategy so that the old pod
+/// has written the file before the new one reads it), and refused where it cannot work.
+#[test]
+fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
+    let objects = helm_template(&["memoryStore.snapshot.enabled=true"]).expect("renders");
+    let env = container_env(&objects);
+    let var = |env: &[(String, String)], name: &str| {
+        env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        var(&env, "CELLRATE_SNAPSHOT_FILE").as_deref(),
+        Some("/var/lib/cellrate/buckets.snapshot")
+    );
+    assert_eq!(
+        var(&env, "CELLRATE_SNAPSHOT_INTERVAL_SECONDS").as_deref(),
+        Some("60")
+    );
+    assert_the_binary_reads(&env);
+    let deployment = one(&objects, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/var/lib/cellrate")
+        .expect("the snapshot's volume is mounted")
+        .clone();
+    assert!(mount.get("readOnly").is_none(), "cellrate writes the file");
+    let volume = |pod: &Value| {
+        pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap()
+            .clone()
+    };
+    assert!(volume(pod).get("emptyDir").is_some());
+    assert_eq!(pod["securityContext"]["fsGroup"].as_u64(), Some(65532));
+    assert!(deployment["spec"].get("strategy").is_none());
+
+    // The binary starts with what the chart renders (the file moved to a writable place).
+    let chart = helm_template(&[]).unwrap();
+    let container = &one(&chart, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("buckets.snapshot");
+    let env: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(n, v)| match n.as_str() {
+            "CELLRATE_SNAPSHOT_FILE" => (n, file.to_string_lossy().into_owned()),
+            _ => (n, v),
+        })
+        .collect();
+    starts_and_answers_health(&args, &env);
+
+    let objects = helm_template(&[
+        "memoryStore.snapshot.enabled=true",
+        "memoryStore.snapshot.existingClaim=cellrate-buckets",
+        "memoryStore.snapshot.intervalSeconds=0",
+    ])
+    .expect("renders with a claim");
+    let deployment = one(&objects, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        volume(pod)["persistentVolumeClaim"]["claimName"],
+        "cellrate-buckets"
+    );
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(
+        var(
+            &container_env(&objects),
+            "CELLRATE_SNAPSHOT_INTERVAL_SECONDS"
+        )
+        .as_deref(),
+        Some("0")
+    );
+
+    for (sets, says) in [
+        (
+            &["redis.enabled=true", "redis.existingSecret=s"][..],
+            "with redis.enabled they live in Redis",
+        ),
+        (
+            &["replicaCount=2", "memoryStore.independentReplicas=true"],
+            "overwrite one another's",
+        ),
+        (
+            &[
+                "autoscaling.enabled=true",
+                "memoryStore.independentReplicas=true",
+            ],
+            "overwrite one another's",
+        ),
+    ] {
+        let mut all = vec!["memoryStore.snapshot.enabled=true"];
+        all.extend_from_slice(sets);
+        let error = helm_template(&all).expect_err("refused");
+        assert!(error.contains(says), "{all:?}: {error}");
+    }
+}
+
+/// redis.sentinel: the sentinels and the master's name as the binary reads them, the
+/// master's login and the sentinels' password from the Secret, and the combinations that
+/// cannot work refused at render time.
+#[test]
+fn the_chart_follows_a_sentinel_master() {
+    let objects = helm_template(&[
+        "redis.enabled=true",
+        "redis.existingSecret=cellrate-redis",
+        "redis.sentinel.nodes=sentinel-0:26379\\,sentinel-1:26379",
+        "redis.sentinel.masterName=mymaster",
+        "redis.sentinel.passwordKey=sentinel-password",
+    ])
+    .expect("renders");
+    let env = container_env(&objects);
+    assert_the_binary_reads(&env);
+    let var = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    assert_eq!(var("CELLRATE_STORE"), Some("redis"));
+    assert_eq!(
+        var("CELLRATE_REDIS_SENTINEL"),
+        Some("sentinel-0:26379,sentinel-1:26379")
+    );
+    assert_eq!(var("CELLRATE_REDIS_SENTINEL_MASTER"), Some("mymaster"));
+    let secret = |name: &str| {
+        one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["valueFrom"]["secretKeyRef"].clone())
+    };
+    let password = secret("CELLRATE_REDIS_SENTINEL_PASSWORD").unwrap();
+    assert_eq!(password["name"], "cellrate-redis");
+    assert_eq!(password["key"], "sentinel-password");
+    assert_eq!(secret("CELLRATE_REDIS_URL").unwrap()["key"], "url");
+
+    // A master without a login: no Secret needed.
+    let objects = helm_template(&[
+        "redis.enabled=true",
+        "redis.sentinel.nodes=sentinel:26379",
+        "redis.sentinel.masterName=mymaster",
+    ])
+    .expect("renders without a Secret");
+    let env = container_env(&objects);
+    assert!(!env.iter().any(|(n, _)| n == "CELLRATE_REDIS_URL"));
+    assert!(env.iter().any(|(n, _)| n == "CELLRATE_REDIS_SENTINEL"));
+
+    for (sets, says) in [
+        (
+            &["redis.sentinel.nodes=s:26379"][..],
+            "needs redis.sentinel.masterName",
+        ),
+        (
+            &[
+                "redis.sentinel.nodes=s:26379",
+                "redis.sentinel.masterName=m",
+                "redis.cluster=true",
+                "redis.existingSecret=x",
+            ],
+            "exclude each other",
+        ),
+        (
+            &[
+                "redis.sentinel.nodes=s:26379",
+                "redis.sentinel.masterName=m",
+                "redis.sentinel.passwordKey=p",
+            ],
+            "which is not set",
+        ),
+    ] {
+        let mut all = vec!["redis.enabled=true"];
+        all.extend_from_slice(sets);
+        let error = helm_template(&all).expect_err("refused");
+        assert!(error.contains(says), "{all:?}: {error}");
+    }
 }
 
 /// Several memory-store replicas would each admit every limit: refused at render time

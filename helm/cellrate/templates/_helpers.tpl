@@ -35,7 +35,24 @@ refused unless memoryStore.independentReplicas opts in.
 {{- if and (include "cellrate.severalReplicas" .) (not .Values.redis.enabled) (not .Values.memoryStore.independentReplicas) -}}
 {{- fail "cellrate: several replicas on the memory store would each admit every limit on its own (N replicas = N times the limits). Enable redis (shared buckets), or set replicaCount: 1 and autoscaling.enabled: false, or opt in with memoryStore.independentReplicas: true." -}}
 {{- end -}}
-{{- if and .Values.redis.enabled (not .Values.redis.existingSecret) -}}
-{{- fail "cellrate: redis.enabled needs redis.existingSecret, the Secret holding the Redis URL (or cluster nodes)." -}}
+{{- if and .Values.redis.enabled (not .Values.redis.existingSecret) (not .Values.redis.sentinel.nodes) -}}
+{{- fail "cellrate: redis.enabled needs redis.existingSecret, the Secret holding the Redis URL (or cluster nodes), or redis.sentinel.nodes." -}}
+{{- end -}}
+{{- if and .Values.redis.sentinel.nodes (not .Values.redis.sentinel.masterName) -}}
+{{- fail "cellrate: redis.sentinel.nodes needs redis.sentinel.masterName, the master's name in the sentinels' configuration." -}}
+{{- end -}}
+{{- if and .Values.redis.sentinel.nodes .Values.redis.cluster -}}
+{{- fail "cellrate: redis.sentinel and redis.cluster exclude each other." -}}
+{{- end -}}
+{{- if and .Values.redis.sentinel.passwordKey (not .Values.redis.existingSecret) -}}
+{{- fail "cellrate: redis.sentinel.passwordKey names a key in redis.existingSecret, which is not set." -}}
+{{- end -}}
+{{- if .Values.memoryStore.snapshot.enabled -}}
+{{- if .Values.redis.enabled -}}
+{{- fail "cellrate: memoryStore.snapshot keeps the memory store's buckets; with redis.enabled they live in Redis. Turn one off." -}}
+{{- end -}}
+{{- if include "cellrate.severalReplicas" . -}}
+{{- fail "cellrate: memoryStore.snapshot keeps one replica's buckets in one file; several replicas would overwrite one another's. Run one replica (replicaCount: 1, autoscaling.enabled: false)." -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
