@@ -338,12 +338,7 @@ fn the_binary_starts_with_the_dockerfile_arguments() {
 fn the_binary_starts_with_the_chart_arguments_and_environment() {
     let objects = helm_template(&[]).expect("the chart renders with its defaults");
     let container = &one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> = container["args"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
+    let args = container_args(&objects);
     let env: Vec<(String, String)> = container["env"]
         .as_sequence()
         .unwrap()
@@ -667,6 +662,16 @@ fn the_chart_renders_every_toggle_on() {
     );
 }
 
+/// The `args` of the Deployment's container.
+fn container_args(objects: &[Value]) -> Vec<String> {
+    one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
 /// The `env` of the Deployment's container: (name, literal value or "").
 fn container_env(objects: &[Value]) -> Vec<(String, String)> {
     one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -698,6 +703,14 @@ fn assert_the_binary_reads(env: &[(String, String)]) {
             "the chart sets {name}, which serve does not read"
         );
     }
+}
+
+/// `helm template` with `first` and `sets` fails, saying `says`.
+fn assert_refused(first: &str, sets: &[&str], says: &str) {
+    let mut all = vec![first];
+    all.extend_from_slice(sets);
+    let error = helm_template(&all).expect_err("refused");
+    assert!(error.contains(says), "{all:?}: {error}");
 }
 
 /// memoryStore.snapshot: the file where the binary looks for it, on a writable volume the
@@ -743,14 +756,7 @@ fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
     assert!(deployment["spec"].get("strategy").is_none());
 
     // The binary starts with what the chart renders (the file moved to a writable place).
-    let chart = helm_template(&[]).unwrap();
-    let container = &one(&chart, "Deployment")["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> = container["args"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
+    let args = container_args(&objects);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("buckets.snapshot");
     let env: Vec<(String, String)> = env
@@ -802,10 +808,7 @@ fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
             "overwrite one another's",
         ),
     ] {
-        let mut all = vec!["memoryStore.snapshot.enabled=true"];
-        all.extend_from_slice(sets);
-        let error = helm_template(&all).expect_err("refused");
-        assert!(error.contains(says), "{all:?}: {error}");
+        assert_refused("memoryStore.snapshot.enabled=true", sets, says);
     }
 }
 
@@ -878,10 +881,7 @@ fn the_chart_follows_a_sentinel_master() {
             "which is not set",
         ),
     ] {
-        let mut all = vec!["redis.enabled=true"];
-        all.extend_from_slice(sets);
-        let error = helm_template(&all).expect_err("refused");
-        assert!(error.contains(says), "{all:?}: {error}");
+        assert_refused("redis.enabled=true", sets, says);
     }
 }
 

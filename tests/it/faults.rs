@@ -328,12 +328,20 @@ async fn redis_killed_and_restarted_under_load_honours_the_policy_and_recovers()
 /// Redis behind Sentinel: the master is killed under load. Decisions answer UNAVAILABLE
 /// (the failure policy) until the sentinels promote the replica, then resume on it without
 /// restarting cellrate; the old master, back as a replica, is never written to.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_failover_under_load_follows_the_new_master() {
-    use crate::common::redis_server::{RedisSentinels, SENTINEL_MASTER};
+/// A server following `set`'s master through its sentinels, under load; then the master is
+/// killed: UNAVAILABLE meanwhile (and nothing else), the sentinels promote the replica, and
+/// decisions answer again on it. Returns the server and its load, still running.
+async fn a_killed_master_is_followed(
+    set: &mut crate::common::redis_server::RedisSentinels,
+    what: &str,
+) -> (
+    Served,
+    Arc<AtomicBool>,
+    Arc<Seen>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    use crate::common::redis_server::SENTINEL_MASTER;
     use cellrate::store::redis::{RedisSettings, SentinelSettings};
-    let mut set = RedisSentinels::start();
-    let old_port = set.master.port;
     let s = served_on_redis(RedisSettings {
         sentinel: Some(SentinelSettings {
             nodes: set.addresses(),
@@ -367,8 +375,8 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
     let resumed = answers_grow(&seen, 50, Duration::from_secs(10)).await;
     let resumed_at = killed.elapsed();
     eprintln!(
-        "sentinel failover: promoted {promoted_at:?} after the kill, decisions answered again \
-         {:?} after the promotion",
+        "{what} sentinel failover: promoted {promoted_at:?} after the kill, decisions answered \
+         again {:?} after the promotion",
         resumed_at.saturating_sub(promoted_at)
     );
     assert!(
@@ -381,6 +389,35 @@ async fn sentinel_failover_under_load_follows_the_new_master() {
             .is_some_and(|i| i.contains("role:master")),
         "the replica was not promoted"
     );
+    assert!(
+        set.replica
+            .cli(&["DBSIZE"])
+            .is_some_and(|n| n.trim() != "0"),
+        "the new master holds no bucket"
+    );
+    (s, stop, seen, load)
+}
+
+/// Valkey's own sentinels (its server run with `--sentinel`) and a Valkey master and
+/// replica: the same failover as with Redis's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_sentinel_failover_under_load_follows_the_new_master() {
+    let mut set = crate::common::redis_server::RedisSentinels::start_valkey();
+    let (_s, stop, seen, load) = a_killed_master_is_followed(&mut set, "Valkey").await;
+    stop_load(&stop, load).await;
+    assert_eq!(
+        seen.other.load(Ordering::Relaxed),
+        0,
+        "failures other than UNAVAILABLE"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_under_load_follows_the_new_master() {
+    use crate::common::redis_server::{RedisSentinels, SENTINEL_MASTER};
+    let mut set = RedisSentinels::start();
+    let old_port = set.master.port;
+    let (_s, stop, seen, load) = a_killed_master_is_followed(&mut set, "Redis").await;
 
     // The old master comes back (empty) and the sentinels make it a replica of the new one:
     // cellrate goes on writing to the new master only.

@@ -86,8 +86,12 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let mut command = match &self.sentinel {
             Some(conf) => {
-                let mut command = Command::new("redis-sentinel");
+                let mut command = Command::new(&self.program);
                 command.arg(conf);
+                if self.program != std::path::Path::new("redis-sentinel") {
+                    // A server binary (Valkey's) runs as a sentinel when told so.
+                    command.arg("--sentinel");
+                }
                 command
             }
             None => {
@@ -303,17 +307,30 @@ impl RedisSentinels {
     /// With `passwords` (the master's and replica's, the sentinels'), each asks for its
     /// password, and the sentinels and the replica are given what they need.
     pub fn start_with(passwords: Option<(&str, &str)>) -> RedisSentinels {
+        RedisSentinels::start_programs("redis-server".into(), "redis-sentinel".into(), passwords)
+    }
+
+    /// The same set of Valkey servers, the sentinels Valkey's server run as sentinels.
+    pub fn start_valkey() -> RedisSentinels {
+        RedisSentinels::start_programs(valkey(), valkey(), None)
+    }
+
+    fn start_programs(
+        server: std::path::PathBuf,
+        sentinel: std::path::PathBuf,
+        passwords: Option<(&str, &str)>,
+    ) -> RedisSentinels {
         let mut master_args: Vec<&str> = Vec::new();
         if let Some((data, _)) = passwords {
             master_args.extend(["--requirepass", data, "--masterauth", data]);
         }
-        let master = RedisServer::start_with_args(&master_args);
+        let master = RedisServer::start_program(server.clone(), false, &master_args);
         let port = master.port.to_string();
         let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
         replica_args.extend(&master_args);
-        let replica = RedisServer::start_with_args(&replica_args);
+        let replica = RedisServer::start_program(server, false, &replica_args);
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_sentinel(master.port, passwords))
+            .map(|_| RedisServer::start_sentinel(&sentinel, master.port, passwords))
             .collect();
         let set = RedisSentinels {
             master,
@@ -369,8 +386,13 @@ impl RedisSentinels {
 }
 
 impl RedisServer {
-    /// A `redis-sentinel` watching the master on `master_port`.
-    fn start_sentinel(master_port: u16, passwords: Option<(&str, &str)>) -> RedisServer {
+    /// A sentinel (`program`: `redis-sentinel`, or a server run as one) watching the
+    /// master on `master_port`.
+    fn start_sentinel(
+        program: &std::path::Path,
+        master_port: u16,
+        passwords: Option<(&str, &str)>,
+    ) -> RedisServer {
         let mut dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
             let port = free_port();
@@ -397,7 +419,7 @@ impl RedisServer {
                 extra: Vec::new(),
                 sentinel: Some(conf),
                 password: passwords.map(|(_, own)| own.to_string()),
-                program: "redis-sentinel".into(),
+                program: program.to_path_buf(),
             };
             if server.spawn() {
                 return server;
