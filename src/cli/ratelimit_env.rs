@@ -336,6 +336,9 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
         &var("REDIS_TLS").unwrap_or_else(|| "false".into()),
     )?;
     let auth = var("REDIS_AUTH").filter(|a| !a.is_empty());
+    if tls {
+        redis_tls_files(var, &mut out.flags)?;
+    }
     let scheme = if tls { "rediss" } else { "redis" };
     let url = |host: &str| match &auth {
         Some(auth) if auth.contains(':') => format!("{scheme}://{auth}@{host}"),
@@ -382,6 +385,33 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
             }
         }
         other => return Err(format!("REDIS_TYPE={other:?}: single, cluster or sentinel")),
+    }
+    Ok(())
+}
+
+/// REDIS_TLS_CACERT, REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY (read, as there, only
+/// with REDIS_TLS; Envoy Gateway sets the client pair for mutual TLS to Redis).
+fn redis_tls_files(
+    var: &impl Fn(&str) -> Option<String>,
+    flags: &mut Vec<String>,
+) -> Result<(), String> {
+    for (name, flag) in [
+        ("REDIS_TLS_CACERT", "--redis-tls-ca"),
+        ("REDIS_TLS_CLIENT_CERT", "--redis-tls-client-cert"),
+        ("REDIS_TLS_CLIENT_KEY", "--redis-tls-client-key"),
+    ] {
+        if let Some(path) = var(name).filter(|p| !p.is_empty()) {
+            flags.extend([flag.to_string(), path]);
+        }
+    }
+    let skip = var("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION").unwrap_or_else(|| "false".into());
+    if boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &skip)? {
+        return Err(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true: not served; cellrate always \
+            checks that Redis's certificate names the host in REDIS_URL (give Redis a \
+            certificate for that name)"
+                .to_string(),
+        );
     }
     Ok(())
 }
@@ -592,5 +622,44 @@ mod tests {
         let t = run(&[("BACKEND_TYPE", "memory"), ("USE_PROMETHEUS", "false")]).unwrap();
         assert!(!t.flags.join(" ").contains("--store"));
         assert!(t.flags.join(" ").contains("--metrics-listen 0.0.0.0:8080"));
+    }
+
+    #[test]
+    fn redis_tls_files_follow_redis_tls() {
+        // Envoy Gateway's mutual TLS to Redis.
+        let gateway = [
+            ("REDIS_URL", "redis.svc:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ];
+        let flags = run(&gateway).unwrap().flags.join(" ");
+        assert!(
+            flags.contains(
+                "--redis-tls-client-cert /redis-certs/tls.crt \
+                 --redis-tls-client-key /redis-certs/tls.key"
+            ) && flags.contains("--redis-url rediss://redis.svc:6379"),
+            "{flags}"
+        );
+        let mut with_ca = gateway.to_vec();
+        with_ca.push(("REDIS_TLS_CACERT", "/ca.pem"));
+        let flags = run(&with_ca).unwrap().flags.join(" ");
+        assert!(flags.contains("--redis-tls-ca /ca.pem"), "{flags}");
+        // As there, the files mean nothing without REDIS_TLS.
+        let mut plain = with_ca.clone();
+        plain.retain(|(name, _)| *name != "REDIS_TLS");
+        let flags = run(&plain).unwrap().flags.join(" ");
+        assert!(!flags.contains("--redis-tls"), "{flags}");
+        // Skipping the name check is refused, not silently stricter.
+        let mut skip = gateway.to_vec();
+        skip.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"));
+        let e = run(&skip).unwrap_err();
+        assert!(
+            e.contains("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true"),
+            "{e}"
+        );
+        skip.pop();
+        skip.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe"));
+        assert!(run(&skip).unwrap_err().contains("not a boolean"));
     }
 }

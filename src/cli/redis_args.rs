@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::limits::config::LimitTable;
-use crate::store::redis::{Coalescing, RedisSettings, SentinelSettings};
+use crate::store::redis::{Coalescing, RedisSettings, RedisTls, SentinelSettings};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RedisArgs {
@@ -52,6 +52,28 @@ pub struct RedisArgs {
     /// TLS to the sentinels given as HOST:PORT.
     #[arg(long, env = "CELLRATE_REDIS_SENTINEL_TLS")]
     pub redis_sentinel_tls: bool,
+
+    /// TLS to Redis (rediss://): a PEM file of the CA certificates to trust instead of the
+    /// Mozilla roots (a private CA). Not with --redis-sentinel.
+    #[arg(long, env = "CELLRATE_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<std::path::PathBuf>,
+
+    /// TLS to Redis (rediss://): a client certificate (PEM) for servers that ask for one
+    /// (`tls-auth-clients yes`), with --redis-tls-client-key. Not with --redis-sentinel.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_TLS_CLIENT_CERT",
+        requires = "redis_tls_client_key"
+    )]
+    pub redis_tls_client_cert: Option<std::path::PathBuf>,
+
+    /// The key (PEM) of --redis-tls-client-cert.
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_TLS_CLIENT_KEY",
+        requires = "redis_tls_client_cert"
+    )]
+    pub redis_tls_client_key: Option<std::path::PathBuf>,
 
     /// Prefix of every Redis key.
     #[arg(long, env = "CELLRATE_REDIS_PREFIX", default_value = "cellrate:")]
@@ -122,6 +144,48 @@ pub struct RedisArgs {
 }
 
 impl RedisArgs {
+    /// The certificates the --redis-tls-* files hold: read now, so that a missing or
+    /// unreadable file stops the start with its name, and only for rediss:// URLs.
+    fn tls(&self) -> anyhow::Result<RedisTls> {
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+        };
+        let tls = RedisTls {
+            ca: match &self.redis_tls_ca {
+                Some(path) => Some(read("--redis-tls-ca", path)?),
+                None => None,
+            },
+            client: match (&self.redis_tls_client_cert, &self.redis_tls_client_key) {
+                (Some(cert), Some(key)) => Some((
+                    read("--redis-tls-client-cert", cert)?,
+                    read("--redis-tls-client-key", key)?,
+                )),
+                _ => None,
+            },
+        };
+        if tls.is_set() {
+            if !self.redis_sentinel.is_empty() {
+                anyhow::bail!(
+                    "--redis-tls-ca and --redis-tls-client-cert are not served with \
+                     --redis-sentinel: give the master and the sentinels certificates from a \
+                     public CA"
+                );
+            }
+            let plain = self
+                .redis_url
+                .iter()
+                .chain(&self.redis_cluster_nodes)
+                .find(|url| !url.starts_with("rediss://"));
+            if let Some(url) = plain {
+                anyhow::bail!(
+                    "--redis-tls-ca and --redis-tls-client-cert are for rediss:// (TLS); {} is not",
+                    crate::text::printable(url.split('@').next_back().unwrap_or_default())
+                );
+            }
+        }
+        Ok(tls)
+    }
+
     /// The Redis store's settings these flags describe (`limits` resolves the names of
     /// `--redis-tag-by-id`).
     pub fn settings(&self, limits: &LimitTable) -> anyhow::Result<RedisSettings> {
@@ -154,7 +218,9 @@ impl RedisArgs {
             }
             Some(numbers)
         };
+        let tls = self.tls()?;
         Ok(RedisSettings {
+            tls,
             url: self.redis_url.clone(),
             cluster_nodes: self.redis_cluster_nodes.clone(),
             sentinel,

@@ -196,6 +196,70 @@ fn serve_exits_64_on_an_empty_admin_token() {
     }
 }
 
+/// The Redis TLS files: an unreadable one is named; a CA or client certificate with a
+/// plain redis:// URL (never used), or with Sentinel (not served), is refused before any
+/// port is bound, without echoing the URL's password.
+#[test]
+fn serve_refuses_redis_tls_files_it_cannot_use() {
+    let readable = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "--redis-url",
+                "rediss://127.0.0.1:1",
+                "--redis-tls-ca",
+                "/nonexistent/ca.pem",
+            ],
+            "--redis-tls-ca /nonexistent/ca.pem",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://:secret@127.0.0.1:1",
+                "--redis-tls-ca",
+                readable,
+            ],
+            "are for rediss:// (TLS); 127.0.0.1:1 is not",
+        ),
+        (
+            &[
+                "--redis-cluster-nodes",
+                "rediss://127.0.0.1:1,redis://127.0.0.1:2",
+                "--redis-tls-client-cert",
+                readable,
+                "--redis-tls-client-key",
+                readable,
+            ],
+            "redis://127.0.0.1:2 is not",
+        ),
+        (
+            &[
+                "--redis-sentinel",
+                "127.0.0.1:1",
+                "--redis-sentinel-master",
+                "m",
+                "--redis-tls-ca",
+                readable,
+            ],
+            "not served with --redis-sentinel",
+        ),
+    ];
+    for (flags, says) in cases {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .args(LOOPBACK)
+            .args(["--config", concat!(env!("CARGO_MANIFEST_DIR"), "/config")])
+            .args(["--store", "redis"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("secret"), "{flags:?}: {stderr}");
+    }
+}
+
 /// Every exit code of the documented set, each from the command that gives it.
 #[test]
 fn exit_codes_are_one_documented_set() {

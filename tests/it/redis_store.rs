@@ -10,7 +10,7 @@ use cellrate::clock::{CalendarPeriod, FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode, Window};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
-use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
+use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore, RedisTls};
 use cellrate::store::{Store, StoreError, StoreItem};
 
 const T0: Nanos = 1_700_000_000 * SECOND + 123_456_789;
@@ -627,4 +627,73 @@ async fn sentinel_with_passwords_logs_in_to_sentinels_and_master() {
     // Nothing the refused stores tried was spent.
     let out = good.spend(&[spend("pw", limit, 1)]).await.unwrap();
     assert_eq!(out.decisions[0].remaining, 7);
+}
+
+/// rediss:// to a server with a private CA that asks clients for certificates: decisions
+/// go through with the CA and the client pair (`--redis-tls-ca`, `--redis-tls-client-*`).
+/// Without the CA, the server's certificate is not trusted (the Mozilla roots do not know
+/// it); without the client pair, the server refuses the connection. Neither spends.
+#[tokio::test]
+async fn tls_with_a_private_ca_and_a_client_certificate() {
+    let pki = crate::common::pki::Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.write(dir.path());
+    let (server, tls_port) = RedisServer::start_tls(dir.path());
+    let clock = FakeClock::new(T0);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let ca = Some(pki.ca.clone().into_bytes());
+    let client = Some((
+        pki.client_cert.clone().into_bytes(),
+        pki.client_key.clone().into_bytes(),
+    ));
+    let over_tls = |tls: RedisTls| {
+        store(
+            RedisSettings {
+                tls,
+                ..settings(&url)
+            },
+            &clock,
+        )
+        .0
+    };
+    let keys = || server.cli(&["DBSIZE"]).unwrap().trim().to_string();
+
+    let refused = [
+        (
+            "no CA",
+            RedisTls {
+                ca: None,
+                client: client.clone(),
+            },
+        ),
+        (
+            "no client certificate",
+            RedisTls {
+                ca: ca.clone(),
+                client: None,
+            },
+        ),
+    ];
+    for (what, tls) in refused {
+        let result = over_tls(tls).spend(&[spend("tls", per_10s(), 1)]).await;
+        eprintln!("{what}: {result:?}");
+        assert!(
+            matches!(
+                result,
+                Err(StoreError::Backend { .. } | StoreError::Timeout { .. })
+            ),
+            "{what}: {result:?}"
+        );
+        assert_eq!(keys(), "0", "{what}: something was written");
+    }
+
+    let good = over_tls(RedisTls { ca, client });
+    for expected in [true, true, false] {
+        let outcome = good
+            .spend(&[spend("tls", Limit::new(2, 1, 10 * SECOND).unwrap(), 1)])
+            .await
+            .expect("decided over TLS");
+        assert_eq!(outcome.allowed, expected);
+    }
+    assert_eq!(keys(), "1");
 }

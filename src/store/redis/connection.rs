@@ -42,6 +42,16 @@ impl Connection {
                 .set_max_delay(Duration::from_millis(500))
         };
         if let Some(sentinel) = &settings.sentinel {
+            if settings.tls.is_set() {
+                // redis-rs's Sentinel checks a master's role over a connection of its own,
+                // which takes no CA and no client certificate from here.
+                return Err(StoreError::Config(
+                    "redis: --redis-tls-ca and --redis-tls-client-cert are not served with \
+                     --redis-sentinel: give the master and the sentinels certificates from a \
+                     public CA"
+                        .into(),
+                ));
+            }
             let link = SentinelLink::new(sentinel, settings.url.as_deref(), manager_config())?;
             return Ok(Connection::Sentinel(std::sync::Arc::new(link)));
         }
@@ -49,16 +59,24 @@ impl Connection {
             let url = settings.url.as_deref().ok_or_else(|| {
                 StoreError::Config("redis: no --redis-url or cluster nodes".into())
             })?;
-            let client = redis::Client::open(url)
-                .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
+            let client = match certificates(&settings.tls) {
+                Some(certificates) => redis::Client::build_with_tls(url, certificates),
+                None => redis::Client::open(url),
+            }
+            .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
             let manager = ConnectionManager::new_lazy_with_config(client, manager_config())
                 .map_err(|e| store_error("connection", e))?;
             Ok(Connection::Single(manager))
         } else {
-            let client = redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
-                .connection_timeout(connect_timeout)
-                .response_timeout(timeout)
-                .retries(1)
+            let mut builder =
+                redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout)
+                    .retries(1);
+            if let Some(certificates) = certificates(&settings.tls) {
+                builder = builder.certs(certificates);
+            }
+            let client = builder
                 .build()
                 .map_err(|e| StoreError::Config(format!("redis cluster nodes: {e}")))?;
             Ok(Connection::Cluster {
@@ -101,6 +119,21 @@ impl Connection {
             }
         }
     }
+}
+
+/// The certificates of `tls` as redis-rs takes them; `None` keeps its defaults (the
+/// Mozilla roots, no client certificate).
+fn certificates(tls: &super::RedisTls) -> Option<redis::TlsCertificates> {
+    tls.is_set().then(|| redis::TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    })
 }
 
 pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {

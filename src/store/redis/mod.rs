@@ -35,7 +35,9 @@
 //! **Sentinel.** The sentinels name the master; a failover is followed (`sentinel.rs`).
 
 mod settings;
-pub use settings::{Coalescing, FailurePolicy, RedisClock, RedisSettings, SentinelSettings};
+pub use settings::{
+    Coalescing, FailurePolicy, RedisClock, RedisSettings, RedisTls, SentinelSettings,
+};
 
 #[cfg(feature = "redis")]
 mod breaker;

@@ -60,6 +60,36 @@ pub struct RedisSettings {
     pub override_sync: Duration,
     /// Bounds of the spend calls that coalesce concurrent batches.
     pub coalescing: Coalescing,
+    /// Certificates for `rediss://` beyond the defaults (a private CA, a client
+    /// certificate).
+    pub tls: RedisTls,
+}
+
+/// PEM certificates for TLS to Redis, read from their files at start.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// CA certificates to trust instead of the Mozilla roots (a private CA).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate and its key, for servers that ask for one
+    /// (`tls-auth-clients yes`).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisTls {
+    /// Whether anything differs from the defaults.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.client.is_some()
+    }
+}
+
+impl std::fmt::Debug for RedisTls {
+    /// Says what is set, never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl Default for RedisSettings {
@@ -79,6 +109,7 @@ impl Default for RedisSettings {
             breaker_cooldown: Duration::from_secs(1),
             override_sync: Duration::from_secs(1),
             coalescing: Coalescing::default(),
+            tls: RedisTls::default(),
         }
     }
 }

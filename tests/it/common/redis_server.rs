@@ -43,6 +43,27 @@ impl RedisServer {
         RedisServer::start_with(false, extra)
     }
 
+    /// A standalone server that also serves TLS on a port of its own (returned), with
+    /// `dir`'s server.pem and server.key, asking every TLS client for a certificate of
+    /// ca.pem's CA (`tls-auth-clients yes`). Files as `Pki::write` names them.
+    pub fn start_tls(dir: &std::path::Path) -> (RedisServer, u16) {
+        let tls_port = free_port();
+        let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let server = RedisServer::start_with_args(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            "yes",
+        ]);
+        (server, tls_port)
+    }
+
     /// A standalone Valkey server.
     pub fn start_valkey() -> RedisServer {
         RedisServer::start_program(valkey(), false, &[])
