@@ -687,6 +687,28 @@ fn container_env(objects: &[Value]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The container's volume mount `name` and the pod's volume behind it.
+fn mount_and_volume(objects: &[Value], name: &str) -> (Value, Value) {
+    let pod = &one(objects, "Deployment")["spec"]["template"]["spec"];
+    let named = |list: &Value| {
+        list.as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list:?}"))
+            .clone()
+    };
+    (
+        named(&pod["containers"][0]["volumeMounts"]),
+        named(&pod["volumes"]),
+    )
+}
+
+/// The value of the variable `name` in `env`.
+fn var(env: &[(String, String)], name: &str) -> Option<String> {
+    env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+}
+
 /// Every CELLRATE_ variable in `env` is one `cellrate serve` reads (its own or a global
 /// option's).
 fn assert_the_binary_reads(env: &[(String, String)]) {
@@ -720,9 +742,6 @@ fn assert_refused(first: &str, sets: &[&str], says: &str) {
 fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
     let objects = helm_template(&["memoryStore.snapshot.enabled=true"]).expect("renders");
     let env = container_env(&objects);
-    let var = |env: &[(String, String)], name: &str| {
-        env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
-    };
     assert_eq!(
         var(&env, "CELLRATE_SNAPSHOT_FILE").as_deref(),
         Some("/var/lib/cellrate/buckets.snapshot")
@@ -734,24 +753,10 @@ fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
     assert_the_binary_reads(&env);
     let deployment = one(&objects, "Deployment");
     let pod = &deployment["spec"]["template"]["spec"];
-    let mount = pod["containers"][0]["volumeMounts"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == "/var/lib/cellrate")
-        .expect("the snapshot's volume is mounted")
-        .clone();
+    let (mount, volume) = mount_and_volume(&objects, "snapshot");
+    assert_eq!(mount["mountPath"], "/var/lib/cellrate");
     assert!(mount.get("readOnly").is_none(), "cellrate writes the file");
-    let volume = |pod: &Value| {
-        pod["volumes"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == mount["name"])
-            .unwrap()
-            .clone()
-    };
-    assert!(volume(pod).get("emptyDir").is_some());
+    assert!(volume.get("emptyDir").is_some());
     assert_eq!(pod["securityContext"]["fsGroup"].as_u64(), Some(65532));
     assert!(deployment["spec"].get("strategy").is_none());
 
@@ -775,13 +780,14 @@ fn the_chart_keeps_the_memory_stores_buckets_with_a_snapshot() {
         "memoryStore.snapshot.intervalSeconds=0",
     ])
     .expect("renders with a claim");
-    let deployment = one(&objects, "Deployment");
-    let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(
-        volume(pod)["persistentVolumeClaim"]["claimName"],
+        mount_and_volume(&objects, "snapshot").1["persistentVolumeClaim"]["claimName"],
         "cellrate-buckets"
     );
-    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(
+        one(&objects, "Deployment")["spec"]["strategy"]["type"],
+        "Recreate"
+    );
     assert_eq!(
         var(
             &container_env(&objects),
@@ -882,6 +888,61 @@ fn the_chart_follows_a_sentinel_master() {
         ),
     ] {
         assert_refused("redis.enabled=true", sets, says);
+    }
+}
+
+/// redis.tls: the Secret mounted read-only, the binary pointed at its files (a CA, a client
+/// pair, or both), and refused with Sentinel or with no file named.
+#[test]
+fn the_chart_gives_redis_its_tls_files() {
+    let redis = ["redis.enabled=true", "redis.existingSecret=cellrate-redis"];
+    let render = |extra: &[&str]| {
+        let mut sets = redis.to_vec();
+        sets.push("redis.tls.existingSecret=redis-certs");
+        sets.extend_from_slice(extra);
+        helm_template(&sets).expect("renders")
+    };
+    let objects = render(&[]);
+    let env = container_env(&objects);
+    assert_the_binary_reads(&env);
+    let (mount, volume) = mount_and_volume(&objects, "redis-tls");
+    assert_eq!(mount["readOnly"].as_bool(), Some(true));
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(volume["secret"]["secretName"], "redis-certs");
+    for (name, file) in [
+        ("CELLRATE_REDIS_TLS_CA", "ca.crt"),
+        ("CELLRATE_REDIS_TLS_CLIENT_CERT", "tls.crt"),
+        ("CELLRATE_REDIS_TLS_CLIENT_KEY", "tls.key"),
+    ] {
+        assert_eq!(var(&env, name), Some(format!("{dir}/{file}")), "{name}");
+    }
+    // Only a CA: no client pair.
+    let env = container_env(&render(&["redis.tls.certKey="]));
+    assert!(var(&env, "CELLRATE_REDIS_TLS_CA").is_some());
+    assert!(var(&env, "CELLRATE_REDIS_TLS_CLIENT_CERT").is_none());
+    assert!(var(&env, "CELLRATE_REDIS_TLS_CLIENT_KEY").is_none());
+    // Without redis.tls, nothing of it.
+    let env = container_env(&helm_template(&redis).unwrap());
+    assert!(!env.iter().any(|(n, _)| n.starts_with("CELLRATE_REDIS_TLS")));
+
+    let mut tls = redis.to_vec();
+    tls.push("redis.tls.existingSecret=redis-certs");
+    for (sets, says) in [
+        (
+            &[
+                "redis.sentinel.nodes=s:26379",
+                "redis.sentinel.masterName=m",
+            ][..],
+            "not served with redis.sentinel",
+        ),
+        (
+            &["redis.tls.caKey=", "redis.tls.keyKey="],
+            "needs caKey, or certKey and keyKey",
+        ),
+    ] {
+        let mut all = tls[1..].to_vec();
+        all.extend_from_slice(sets);
+        assert_refused(tls[0], &all, says);
     }
 }
 

@@ -47,6 +47,12 @@ refused unless memoryStore.independentReplicas opts in.
 {{- if and .Values.redis.sentinel.passwordKey (not .Values.redis.existingSecret) -}}
 {{- fail "cellrate: redis.sentinel.passwordKey names a key in redis.existingSecret, which is not set." -}}
 {{- end -}}
+{{- if and .Values.redis.tls.existingSecret .Values.redis.sentinel.nodes -}}
+{{- fail "cellrate: redis.tls (a private CA, client certificates) is not served with redis.sentinel: give the master and the sentinels certificates from a public CA." -}}
+{{- end -}}
+{{- if and .Values.redis.tls.existingSecret (not .Values.redis.tls.caKey) (not (and .Values.redis.tls.certKey .Values.redis.tls.keyKey)) -}}
+{{- fail "cellrate: redis.tls.existingSecret needs caKey, or certKey and keyKey." -}}
+{{- end -}}
 {{- if .Values.memoryStore.snapshot.enabled -}}
 {{- if .Values.redis.enabled -}}
 {{- fail "cellrate: memoryStore.snapshot keeps the memory store's buckets; with redis.enabled they live in Redis. Turn one off." -}}
