@@ -195,7 +195,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(store) => store,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "invalid store settings");
-            return ExitCode::from(EXIT_USAGE);
+            return ExitCode::from(match e.is::<cellrate::cli::redis_args::TlsFileError>() {
+                true => EXIT_CONFIG,
+                false => EXIT_USAGE,
+            });
         }
     };
     let tls = match args.tls() {

@@ -9,6 +9,12 @@ use anyhow::Context;
 use crate::limits::config::LimitTable;
 use crate::store::redis::{Coalescing, RedisSettings, RedisTls, SentinelSettings};
 
+/// A Redis TLS file that cannot be read or holds no PEM certificate (or key): a fault of
+/// the configuration (exit 78), where the other store settings are of the command line.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsFileError(String);
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct RedisArgs {
     /// Redis URL: redis://[user:password@]host:port[/db], or rediss:// for TLS.
@@ -147,18 +153,40 @@ impl RedisArgs {
     /// The certificates the --redis-tls-* files hold: read now, so that a missing or
     /// unreadable file stops the start with its name, and only for rediss:// URLs.
     fn tls(&self) -> anyhow::Result<RedisTls> {
-        let read = |flag: &str, path: &std::path::Path| {
-            std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        // Read and parsed now: a file that holds no certificate (or key) would otherwise
+        // fail every connection later, with the server already serving.
+        let read = |flag: &str, path: &std::path::Path, key: bool| {
+            let what = |why: String| TlsFileError(format!("{flag} {}: {why}", path.display()));
+            let bytes = std::fs::read(path).map_err(|e| what(e.to_string()))?;
+            let parsed = if key {
+                PrivateKeyDer::from_pem_slice(&bytes).map(|_| ())
+            } else {
+                CertificateDer::pem_slice_iter(&bytes)
+                    .collect::<Result<Vec<_>, _>>()
+                    .and_then(|certs| match certs.is_empty() {
+                        true => Err(rustls_pki_types::pem::Error::NoItemsFound),
+                        false => Ok(()),
+                    })
+            };
+            parsed.map_err(|e| {
+                what(format!(
+                    "no PEM {} in it ({e})",
+                    ["certificate", "key"][usize::from(key)]
+                ))
+            })?;
+            Ok::<_, TlsFileError>(bytes)
         };
         let tls = RedisTls {
             ca: match &self.redis_tls_ca {
-                Some(path) => Some(read("--redis-tls-ca", path)?),
+                Some(path) => Some(read("--redis-tls-ca", path, false)?),
                 None => None,
             },
             client: match (&self.redis_tls_client_cert, &self.redis_tls_client_key) {
                 (Some(cert), Some(key)) => Some((
-                    read("--redis-tls-client-cert", cert)?,
-                    read("--redis-tls-client-key", key)?,
+                    read("--redis-tls-client-cert", cert, false)?,
+                    read("--redis-tls-client-key", key, true)?,
                 )),
                 _ => None,
             },

@@ -196,41 +196,71 @@ fn serve_exits_64_on_an_empty_admin_token() {
     }
 }
 
-/// The Redis TLS files: an unreadable one is named; a CA or client certificate with a
-/// plain redis:// URL (never used), or with Sentinel (not served), is refused before any
-/// port is bound, without echoing the URL's password.
+/// The Redis TLS files: one that cannot be read or holds no PEM certificate (or key) is
+/// named, exit 78 as for the other TLS files; a CA or client certificate with a plain
+/// redis:// URL (never used) or with Sentinel (not served) is a command-line fault, 64.
+/// All before any port is bound, and without echoing the URL's password.
 #[test]
 fn serve_refuses_redis_tls_files_it_cannot_use() {
-    let readable = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cases: [(&[&str], &str); 4] = [
+    let pki = crate::common::pki::Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.write(dir.path());
+    let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let not_pem = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let rediss = ["--redis-url", "rediss://127.0.0.1:1"];
+    let cases: [(&[&str], i32, String); 8] = [
+        (
+            &["--redis-tls-ca", "/nonexistent/ca.pem"],
+            78,
+            "--redis-tls-ca /nonexistent/ca.pem".into(),
+        ),
+        (
+            &["--redis-tls-ca", not_pem],
+            78,
+            "no PEM certificate in it".into(),
+        ),
         (
             &[
-                "--redis-url",
-                "rediss://127.0.0.1:1",
-                "--redis-tls-ca",
-                "/nonexistent/ca.pem",
+                "--redis-tls-client-cert",
+                &cert,
+                "--redis-tls-client-key",
+                &cert,
             ],
-            "--redis-tls-ca /nonexistent/ca.pem",
+            78,
+            format!("--redis-tls-client-key {cert}: no PEM key in it"),
+        ),
+        (
+            &[
+                "--redis-tls-client-cert",
+                &key,
+                "--redis-tls-client-key",
+                &key,
+            ],
+            78,
+            format!("--redis-tls-client-cert {key}: no PEM certificate in it"),
         ),
         (
             &[
                 "--redis-url",
                 "redis://:secret@127.0.0.1:1",
                 "--redis-tls-ca",
-                readable,
+                &ca,
             ],
-            "are for rediss:// (TLS); 127.0.0.1:1 is not",
+            64,
+            "are for rediss:// (TLS); 127.0.0.1:1 is not".into(),
         ),
         (
             &[
                 "--redis-cluster-nodes",
                 "rediss://127.0.0.1:1,redis://127.0.0.1:2",
                 "--redis-tls-client-cert",
-                readable,
+                &cert,
                 "--redis-tls-client-key",
-                readable,
+                &key,
             ],
-            "redis://127.0.0.1:2 is not",
+            64,
+            "redis://127.0.0.1:2 is not".into(),
         ),
         (
             &[
@@ -239,23 +269,57 @@ fn serve_refuses_redis_tls_files_it_cannot_use() {
                 "--redis-sentinel-master",
                 "m",
                 "--redis-tls-ca",
-                readable,
+                &ca,
             ],
-            "not served with --redis-sentinel",
+            64,
+            "not served with --redis-sentinel".into(),
+        ),
+        // Good files, a TLS URL: the flags are taken (then nothing answers on port 1).
+        (
+            &[
+                "--redis-tls-ca",
+                &ca,
+                "--redis-tls-client-cert",
+                &cert,
+                "--redis-tls-client-key",
+                &key,
+            ],
+            0,
+            String::new(),
         ),
     ];
-    for (flags, says) in cases {
-        let out = Command::new(BIN)
+    for (flags, code, says) in cases {
+        let mut command = Command::new(BIN);
+        command
             .arg("serve")
             .args(LOOPBACK)
             .args(["--config", concat!(env!("CARGO_MANIFEST_DIR"), "/config")])
             .args(["--store", "redis"])
-            .args(flags)
-            .output()
-            .unwrap();
+            .args(flags);
+        if !flags.iter().any(|f| {
+            f.starts_with("--redis-url")
+                || f.starts_with("--redis-cluster")
+                || f.starts_with("--redis-sentinel")
+        }) {
+            command.args(rediss);
+        }
+        if code == 0 {
+            // Serving: checked to start, then stopped.
+            command.args(["--grace-seconds", "1"]);
+            let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+            let lines = crate::common::stderr_lines(&mut child);
+            let serving = (0..1000)
+                .map_while(|_| lines.recv_timeout(std::time::Duration::from_secs(20)).ok())
+                .any(|line| line.contains("cellrate serving"));
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(serving, "{flags:?}: did not start");
+            continue;
+        }
+        let out = command.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{flags:?}: {stderr}");
-        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{flags:?}: {stderr}");
+        assert!(stderr.contains(&says), "{flags:?}: {stderr}");
         assert!(!stderr.contains("secret"), "{flags:?}: {stderr}");
     }
 }
