@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::limits::config::LimitTable;
-use crate::store::redis::{Coalescing, RedisSettings, RedisTls, SentinelSettings};
+use crate::store::redis::{
+    Coalescing, RedisSettings, RedisTls, SentinelSettings, MAX_TLS_FILE_BYTES, SENTINEL_TLS_REFUSED,
+};
 
 /// A Redis TLS file that cannot be read or holds no PEM certificate (or key): a fault of
 /// the configuration (exit 78), where the other store settings are of the command line.
@@ -159,7 +161,20 @@ impl RedisArgs {
         // fail every connection later, with the server already serving.
         let read = |flag: &str, path: &std::path::Path, key: bool| {
             let what = |why: String| TlsFileError(format!("{flag} {}: {why}", path.display()));
-            let bytes = std::fs::read(path).map_err(|e| what(e.to_string()))?;
+            let mut bytes = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|file| {
+                    std::io::Read::read_to_end(
+                        &mut std::io::Read::take(file, MAX_TLS_FILE_BYTES + 1),
+                        &mut bytes,
+                    )
+                })
+                .map_err(|e| what(e.to_string()))?;
+            if bytes.len() as u64 > MAX_TLS_FILE_BYTES {
+                return Err(what(format!(
+                    "larger than a PEM file needs ({MAX_TLS_FILE_BYTES} bytes at most)"
+                )));
+            }
             let parsed = if key {
                 PrivateKeyDer::from_pem_slice(&bytes).map(|_| ())
             } else {
@@ -193,11 +208,7 @@ impl RedisArgs {
         };
         if tls.is_set() {
             if !self.redis_sentinel.is_empty() {
-                anyhow::bail!(
-                    "--redis-tls-ca and --redis-tls-client-cert are not served with \
-                     --redis-sentinel: give the master and the sentinels certificates from a \
-                     public CA"
-                );
+                anyhow::bail!(SENTINEL_TLS_REFUSED);
             }
             let plain = self
                 .redis_url

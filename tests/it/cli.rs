@@ -208,8 +208,16 @@ fn serve_refuses_redis_tls_files_it_cannot_use() {
     let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
     let not_pem = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    // A file past the bound is refused before it is parsed (a CA file that is a disk image).
+    let huge = file("huge.pem");
+    std::fs::write(&huge, "x".repeat((4 << 20) + 1)).unwrap();
     let rediss = ["--redis-url", "rediss://127.0.0.1:1"];
-    let cases: [(&[&str], i32, String); 8] = [
+    let cases: [(&[&str], i32, String); 9] = [
+        (
+            &["--redis-tls-ca", &huge],
+            78,
+            "larger than a PEM file needs".into(),
+        ),
         (
             &["--redis-tls-ca", "/nonexistent/ca.pem"],
             78,

@@ -43,14 +43,10 @@ impl Connection {
         };
         if let Some(sentinel) = &settings.sentinel {
             if settings.tls.is_set() {
-                // redis-rs's Sentinel checks a master's role over a connection of its own,
-                // which takes no CA and no client certificate from here.
-                return Err(StoreError::Config(
-                    "redis: --redis-tls-ca and --redis-tls-client-cert are not served with \
-                     --redis-sentinel: give the master and the sentinels certificates from a \
-                     public CA"
-                        .into(),
-                ));
+                return Err(StoreError::Config(format!(
+                    "redis: {}",
+                    super::SENTINEL_TLS_REFUSED
+                )));
             }
             let link = SentinelLink::new(sentinel, settings.url.as_deref(), manager_config())?;
             return Ok(Connection::Sentinel(std::sync::Arc::new(link)));

@@ -65,6 +65,15 @@ pub struct RedisSettings {
     pub tls: RedisTls,
 }
 
+/// Why custom certificates are refused with Sentinel: redis-rs's Sentinel checks a
+/// master's role over a connection of its own, which takes no CA and no client certificate
+/// from here.
+pub const SENTINEL_TLS_REFUSED: &str = "--redis-tls-ca and --redis-tls-client-cert are not \
+    served with --redis-sentinel: give the master and the sentinels certificates from a public CA";
+
+/// The largest --redis-tls-* file read (a CA bundle of every Mozilla root is ~200 KiB).
+pub const MAX_TLS_FILE_BYTES: u64 = 4 << 20;
+
 /// PEM certificates for TLS to Redis, read from their files at start.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct RedisTls {
