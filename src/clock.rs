@@ -159,6 +159,23 @@ impl CalendarPeriod {
         }
     }
 
+    /// The shortest a window may be: 28 days for a month, 365 for a year.
+    pub fn shortest(self) -> Nanos {
+        match self {
+            CalendarPeriod::Month => 28 * DAY,
+            CalendarPeriod::Year => 365 * DAY,
+            fixed => fixed.fixed().unwrap_or(DAY),
+        }
+    }
+
+    /// The largest count a window of this period can hold exactly. A bucket stores its
+    /// window's end plus what it used (debt included, up to twice the count), and that
+    /// must stay below the next window's end, or the next window would read the rest as
+    /// its own: `2 x count < shortest`. 499 999 999 a second, about 1.2 x 10^15 a month.
+    pub fn max_count(self) -> u64 {
+        ((self.shortest() - 1) / 2) as u64
+    }
+
     /// The start of the window that holds `now` (UTC).
     ///
     /// ```

@@ -45,8 +45,8 @@
 //!                duration.rs, hash.rs
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)
-//! gcra.rs        pure arithmetic: Limit (GCRA or a calendar window), spend, charge
-//!                (debt), refund, batches, strictest                          (core)
+//! gcra/          pure arithmetic: Limit (GCRA or a calendar window), spend, charge
+//!                (debt), refund, batches, strictest; calendar.rs: windows    (core)
 //! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read); the
 //!                UTC calendar's window boundaries (CalendarPeriod)
 //! text.rs        caller text cut for logs and errors, an error's causes      (core)

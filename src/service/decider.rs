@@ -62,18 +62,21 @@ impl Decider {
             .as_ref()
             .and_then(|r| r.get(name, canonical_id))
         {
-            // A temporary override changes the numbers, not how spends count: a limit
-            // configured `overdraw` keeps charging under it.
-            Some(temporary) => Some(match temporary.policy {
-                Policy::Limited { limit, shadow, .. } => Policy::Limited {
+            // A temporary override changes the numbers, not how the limit behaves: a limit
+            // configured `shadow` stays in shadow mode (raising it in an incident must not
+            // start enforcing it), one configured `overdraw` keeps charging.
+            Some(temporary) => Some(match (temporary.policy, table.policy(name, canonical_id)) {
+                (
+                    Policy::Limited { limit, .. },
+                    Some(Policy::Limited {
+                        shadow, overdraw, ..
+                    }),
+                ) => Policy::Limited {
                     limit,
                     shadow,
-                    overdraw: matches!(
-                        table.policy(name, canonical_id),
-                        Some(Policy::Limited { overdraw: true, .. })
-                    ),
+                    overdraw,
                 },
-                other => other,
+                (other, _) => other,
             }),
             None => table.policy(name, canonical_id),
         }
@@ -152,7 +155,20 @@ impl Decider {
 
     /// Refunds each item's cost. Per item, `allowed` says whether its bucket changed.
     pub async fn refund(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
-        let resolved = self.resolve(&self.limits(), items, CheckOptions::default())?;
+        self.refund_with(&self.limits(), items, CheckOptions::default())
+            .await
+    }
+
+    /// [`Decider::refund`] against `table` (a snapshot the caller already used) with
+    /// `options`. A refund never fills a bucket past full, so an item in [`Mode::Charge`]
+    /// may give back more than the burst (Envoy's `is_negative_hits`).
+    pub async fn refund_with(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec<'_>],
+        options: CheckOptions,
+    ) -> Result<BatchResult, DecideError> {
+        let resolved = self.resolve(table, items, options)?;
         let store_items = store_items(&resolved, |_| Mode::CheckAndSpend);
         let decisions = if store_items.is_empty() {
             Vec::new()

@@ -28,13 +28,16 @@ pub enum Target<'a> {
     /// (`digest`, of the domain and the entries), its limit (`None`: zero requests per
     /// unit, always over), the name answers and metrics give it, its `shadow_mode`, and
     /// whether every hit counts, a denied one too (its fixed windows), or only what is
-    /// allowed (cellrate's GCRA).
+    /// allowed (cellrate's GCRA). A limit the descriptor gave itself (`caller_given`)
+    /// counts in the caller-given key space, under its bounds and share, as every other
+    /// caller-given limit does.
     Ratelimit {
         digest: String,
         limit: Option<Limit>,
         name: Arc<str>,
         shadow: bool,
         every_hit: bool,
+        caller_given: bool,
     },
 }
 

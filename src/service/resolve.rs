@@ -119,22 +119,32 @@ impl Decider {
                 name,
                 shadow,
                 every_hit,
-            } => Bucket {
-                key: BucketKey::windowed(
-                    RATELIMIT_NUMBER,
-                    digest,
-                    limit.map_or(Window::Gcra, |l| l.window()),
-                ),
-                name: name.clone(),
-                policy: Some(match limit {
-                    Some(limit) => Policy::Limited {
-                        limit: *limit,
-                        shadow: *shadow,
-                        overdraw: *every_hit,
-                    },
-                    None => Policy::Denied,
-                }),
-            },
+                caller_given,
+            } => {
+                let key = match limit {
+                    Some(limit) if *caller_given => {
+                        refused |= self.check_caller(i, limit, options)?;
+                        BucketKey::caller_given('r', limit, digest)
+                    }
+                    _ => BucketKey::windowed(
+                        RATELIMIT_NUMBER,
+                        digest,
+                        limit.map_or(Window::Gcra, |l| l.window()),
+                    ),
+                };
+                Bucket {
+                    key,
+                    name: name.clone(),
+                    policy: Some(match limit {
+                        Some(limit) => Policy::Limited {
+                            limit: *limit,
+                            shadow: *shadow,
+                            overdraw: *every_hit,
+                        },
+                        None => Policy::Denied,
+                    }),
+                }
+            }
         };
         if let Some(given) = &item.limit {
             refused |= self.check_caller(i, given, options)?;

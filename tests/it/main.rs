@@ -22,6 +22,7 @@ mod fuzz_regressions;
 mod grpc_native;
 mod grpcurl;
 mod hostile_clients;
+mod hostile_requests;
 mod input_limits;
 mod istio_e2e;
 mod observability;

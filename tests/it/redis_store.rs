@@ -210,6 +210,30 @@ async fn failure_policies_deadline_and_recovery() {
         v
     };
     assert_eq!(decided, vec![true, true, false]);
+    // A cost the share cannot cover is denied, not cut to the share (each of the two
+    // replicas admitted 3 tokens of a 4-token limit before: 6).
+    let big = local.spend(&[spend("big", limit, 3)]).await.unwrap();
+    assert!(!big.allowed, "a cost of 3 passed a local share of 2");
+    // A calendar limit stays a calendar limit: 4 a day shares 2 a day, and a denial waits
+    // for the day's end, not for a refill (GCRA's half day).
+    let daily = Limit::calendar(4, CalendarPeriod::Day).unwrap();
+    let day_key = |id: &str| StoreItem {
+        key: BucketKey::windowed(100, id, daily.window()),
+        ..spend(id, daily, 1)
+    };
+    for _ in 0..2 {
+        assert!(local.spend(&[day_key("d")]).await.unwrap().allowed);
+    }
+    let denied = local.spend(&[day_key("d")]).await.unwrap();
+    assert!(!denied.allowed);
+    let day_end = CalendarPeriod::Day.window_end(T0);
+    assert_eq!(denied.decisions[0].retry_in, day_end - T0);
+    clock.set(day_end);
+    assert!(
+        local.spend(&[day_key("d")]).await.unwrap().allowed,
+        "the local share of a calendar limit resets at the window's end"
+    );
+    clock.set(T0);
 
     // Redis comes back (empty): the same store recovers without a restart.
     server.restart();

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use crate::clock::CalendarPeriod;
 use crate::limits::hash::ConfigMap;
 use wildcards::Wildcards;
+pub use wildcards::MAX_SCANNED as MAX_SCANNED_WILDCARDS;
 
 pub use read::is_ratelimit_file;
 pub use xds::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, TYPE_URL};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
+use super::wildcards::{Wildcards, MAX_SCANNED};
 use super::{Level, Node, RateLimit, RatelimitDomains, Unit, MAX_DEPTH, MAX_DESCRIPTORS};
 
 /// A file's root.
@@ -110,6 +111,8 @@ pub fn is_ratelimit_file(text: &str) -> bool {
 /// Reading one file: where its descriptors are counted and errors gathered.
 struct Reader<'r> {
     count: usize,
+    /// Wildcard values tried in turn ([`Wildcards::is_scanned`]), in the whole domain.
+    scanned: usize,
     report: &'r mut dyn FnMut(Option<String>, String),
 }
 
@@ -145,6 +148,7 @@ impl RatelimitDomains {
         };
         let mut reader = Reader {
             count: 0,
+            scanned: 0,
             report: &mut noting,
         };
         let level = reader.level(&format!("{}.", root.domain), root.descriptors, 1);
@@ -184,6 +188,20 @@ impl Reader<'_> {
                 continue;
             }
             if composite.contains('*') {
+                if Wildcards::is_scanned(&composite, key_len) {
+                    self.scanned += 1;
+                    if self.scanned > MAX_SCANNED {
+                        (self.report)(
+                            Some(format!("{parent}{composite}")),
+                            format!(
+                                "more than {MAX_SCANNED} wildcard values in one domain that \
+                                 are not a plain prefix (abc*) or suffix (*abc): each is tried \
+                                 in turn on every request"
+                            ),
+                        );
+                        continue;
+                    }
+                }
                 level.wildcards.add(&composite, key_len);
             }
             level.children.insert(composite.into_boxed_str(), node);

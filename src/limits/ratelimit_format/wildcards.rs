@@ -13,6 +13,13 @@
 
 use crate::limits::hash::ConfigMap;
 
+/// The most wildcard values in one domain that a lookup must try in turn
+/// ([`Wildcards::is_scanned`]: two `*`s or more, or one between literal text, such as
+/// `*mid*` or `a*z`). Each costs up to a scan of the request's value on every request,
+/// so a domain full of them would cost every caller CPU; envoyproxy/ratelimit's own
+/// examples use a handful.
+pub const MAX_SCANNED: usize = 256;
+
 /// Whether `value` matches `parts` (a pattern split at its `*`s; each `*` matches any
 /// run of characters, the empty one too).
 pub(super) fn wildcard_match(parts: &[Box<str>], value: &str) -> bool {
@@ -78,6 +85,16 @@ pub(super) struct Wildcards {
 }
 
 impl Wildcards {
+    /// Whether `composite` (`key_value`, holding a `*`) would be tried on every lookup
+    /// rather than found through its prefix or suffix: anything but `key_abc*`,
+    /// `key_*abc` and `key_*` (one star, at an end, or the catch-all), which a lookup
+    /// finds in one probe per distinct length. These are what [`MAX_SCANNED`] bounds.
+    pub(super) fn is_scanned(composite: &str, key_len: usize) -> bool {
+        let value = composite.get(key_len + 1..).unwrap_or_default();
+        let stars = value.matches('*').count();
+        !(stars == 1 && (value.starts_with('*') || value.ends_with('*')))
+    }
+
     /// Adds `composite` (`key_value`, holding a `*`) after those added before;
     /// `key_len` is the length of its key.
     pub(super) fn add(&mut self, composite: &str, key_len: usize) {

@@ -18,6 +18,7 @@ pub use groups::{
 use groups::{Reg, RpcMetrics};
 
 mod groups;
+mod ratelimit_keys;
 
 /// Latency buckets for RPCs and store calls: 10µs to 1s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -40,14 +41,17 @@ pub const RATELIMIT_STATS: [&str; 5] = [
     "shadow_mode",
 ];
 
-/// The most keys of `cellrate_ratelimit_hits_total` with series of their own.
-pub const MAX_RATELIMIT_KEYS: usize = 10_000;
+pub use ratelimit_keys::{MAX_KEYS as MAX_RATELIMIT_KEYS, MAX_KEYS_BYTES, MAX_KEY_BYTES};
 
 /// envoyproxy/ratelimit's statistics, and the keys that have series.
 struct RatelimitStats {
     hits: IntCounterVec,
-    keys: std::sync::Mutex<std::collections::HashSet<Box<str>>>,
+    keys: ratelimit_keys::KeySpace,
 }
+
+/// A statistics key that has been bounded, escaped and given its place in the key space
+/// ([`Metrics::ratelimit_key`]): the only key [`Metrics::ratelimit_stat`] counts under.
+pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>);
 
 /// Every metric cellrate exports, in groups by what they watch.
 pub struct Metrics {
@@ -92,11 +96,13 @@ impl Metrics {
                  stat (total_hits, over_limit, near_limit, within_limit, shadow_mode).",
                 &["key", "stat"],
             ),
-            keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+            keys: ratelimit_keys::KeySpace::default(),
         };
         // At zero from the start: an alert on the cap needs the series before it fills.
         for stat in RATELIMIT_STATS {
-            ratelimit.hits.with_label_values(&["overflow", stat]);
+            ratelimit
+                .hits
+                .with_label_values(&[ratelimit_keys::OVERFLOW, stat]);
         }
         let (rpc, store) = (RpcMetrics::new(&reg), StoreMetrics::new(&reg));
         let (rlqs, resp) = (RlqsMetrics::new(&reg), RespMetrics::new(&reg));
@@ -199,28 +205,26 @@ impl Metrics {
             .inc();
     }
 
-    /// Adds `n` to envoyproxy/ratelimit's statistic `stat` of `key`. At most
-    /// [`MAX_RATELIMIT_KEYS`] keys get series of their own (`detailed_metric` puts request
-    /// values in them); the rest count under `key="overflow"`.
-    pub fn ratelimit_stat(&self, key: &str, stat: &str, n: u64) {
+    /// The key envoyproxy/ratelimit's statistics of `key` count under: bounded and escaped
+    /// ([`ratelimit_keys::shown`]), and `overflow` once [`MAX_RATELIMIT_KEYS`] keys or
+    /// [`MAX_KEYS_BYTES`] bytes of keys have series (`detailed_metric` and a descriptor's
+    /// own `limit` put request values in keys).
+    pub fn ratelimit_key<'k>(&self, key: &'k str) -> RatelimitKey<'k> {
+        let shown = ratelimit_keys::shown(key);
+        match self.ratelimit.keys.admit(&shown) {
+            true => RatelimitKey(shown),
+            false => RatelimitKey(std::borrow::Cow::Borrowed(ratelimit_keys::OVERFLOW)),
+        }
+    }
+
+    /// Adds `n` to envoyproxy/ratelimit's statistic `stat` of `key`.
+    pub fn ratelimit_stat(&self, key: &RatelimitKey<'_>, stat: &str, n: u64) {
         if n == 0 {
             return;
         }
-        let key = {
-            let mut keys = self
-                .ratelimit
-                .keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if keys.contains(key) || keys.len() < MAX_RATELIMIT_KEYS && keys.insert(key.into()) {
-                key
-            } else {
-                "overflow"
-            }
-        };
         self.ratelimit
             .hits
-            .with_label_values(&[key, stat])
+            .with_label_values(&[key.0.as_ref(), stat])
             .inc_by(n);
     }
 
@@ -358,10 +362,11 @@ mod tests {
     fn ratelimit_statistics_keys_are_bounded() {
         let metrics = Metrics::new();
         for i in 0..MAX_RATELIMIT_KEYS + 5 {
-            metrics.ratelimit_stat(&format!("rl.user_{i}"), "total_hits", 1);
+            let key = format!("rl.user_{i}");
+            metrics.ratelimit_stat(&metrics.ratelimit_key(&key), "total_hits", 1);
         }
         // A key seen before keeps its series when the set is full.
-        metrics.ratelimit_stat("rl.user_0", "total_hits", 1);
+        metrics.ratelimit_stat(&metrics.ratelimit_key("rl.user_0"), "total_hits", 1);
         let text = metrics.render();
         let series = text
             .lines()

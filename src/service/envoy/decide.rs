@@ -68,11 +68,7 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        let results = if batch.items.is_empty() {
-            Vec::new()
-        } else {
-            self.check(&table, &request.domain, &batch).await?
-        };
+        let results = self.decide_batch(&table, &request, &batch).await?;
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -121,7 +117,7 @@ impl EnvoyRateLimitService {
         let spec = |target| ItemSpec {
             target,
             cost: Some(cost),
-            mode: Mode::CheckAndSpend,
+            mode: mode_of(descriptor),
             limit: given,
         };
         match table.descriptors().map(table.names(), domain, entries) {
@@ -150,13 +146,65 @@ impl EnvoyRateLimitService {
         Ok(())
     }
 
-    /// Decides the batch; an invalid item is reported in Envoy's fields (an id is built
-    /// from the descriptor's entries).
+    /// Decides the batch: the items of descriptors with `is_negative_hits` (Envoy 1.38+:
+    /// hits given back, typically at stream end) are refunds, never past a full bucket, and
+    /// answered OK; the others are decided all-or-nothing among themselves, as ever. A
+    /// negative descriptor neither denies nor spends for the rest of its request.
+    async fn decide_batch(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<ItemResult>, Status> {
+        let negative = |i: usize| request.descriptors[batch.owner[i]].is_negative_hits;
+        let n = batch.items.len();
+        if !(0..n).any(negative) {
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            return self
+                .check(table, &request.domain, &batch.items, &batch.owner)
+                .await;
+        }
+        let (give, take): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| negative(i));
+        let pick = |at: &[usize]| -> (Vec<ItemSpec<'_>>, Vec<usize>) {
+            at.iter()
+                .map(|&i| (batch.items[i].clone(), batch.owner[i]))
+                .unzip()
+        };
+        let mut results: Vec<Option<ItemResult>> = vec![None; n];
+        if !take.is_empty() {
+            let (items, owner) = pick(&take);
+            let taken = self.check(table, &request.domain, &items, &owner).await?;
+            for (&i, r) in take.iter().zip(taken) {
+                results[i] = Some(r);
+            }
+        }
+        let (items, owner) = pick(&give);
+        let options = CheckOptions {
+            invalid_ids: table.descriptors().invalid_ids(&request.domain),
+            oversize_denies: true,
+            ..CheckOptions::default()
+        };
+        let given = match self.decider.refund_with(table, &items, options).await {
+            Ok(result) => result.items,
+            Err(e) => return Err(envoy_error(e, &owner)),
+        };
+        for (&i, mut r) in give.iter().zip(given) {
+            // A refund is never a denial, whether or not the bucket changed.
+            r.decision.allowed = true;
+            results[i] = Some(r);
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    /// Decides `items` (from descriptors `owner`) as one all-or-nothing batch.
     async fn check(
         &self,
         table: &LimitTable,
         domain: &str,
-        batch: &Batch<'_>,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
     ) -> Result<Vec<ItemResult>, Status> {
         let options = CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(domain),
@@ -164,25 +212,9 @@ impl EnvoyRateLimitService {
             honour_shadow: true,
             shadow_all: self.options.shadow,
         };
-        match self.decider.check_with(table, &batch.items, options).await {
+        match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),
-            Err(DecideError::Invalid(e)) => {
-                let message = match e.item {
-                    Some(i) => format!(
-                        "descriptors[{}]{}: {}",
-                        batch.owner[i],
-                        if e.field == ".id" {
-                            ".entries"
-                        } else {
-                            e.field
-                        },
-                        e.message
-                    ),
-                    None => format!("descriptors: {}", e.message),
-                };
-                Err(invalid(message))
-            }
-            Err(DecideError::Store(e)) => Err(store_unavailable(&e)),
+            Err(e) => Err(envoy_error(e, owner)),
         }
     }
 
@@ -224,6 +256,40 @@ impl EnvoyRateLimitService {
                 "descriptors with an id that does not fit the limit's format"
             );
         }
+    }
+}
+
+/// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a
+/// refund, in the mode that lets it give back more than the burst; a full bucket stays
+/// full).
+pub(super) fn mode_of(descriptor: &RateLimitDescriptor) -> Mode {
+    match descriptor.is_negative_hits {
+        true => Mode::Charge,
+        false => Mode::CheckAndSpend,
+    }
+}
+
+/// A decision's error in Envoy's terms: an invalid item named by its descriptor (an id
+/// is built from the descriptor's entries), a store failure UNAVAILABLE.
+fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
+    match e {
+        DecideError::Invalid(e) => {
+            let message = match e.item {
+                Some(i) => format!(
+                    "descriptors[{}]{}: {}",
+                    owner[i],
+                    if e.field == ".id" {
+                        ".entries"
+                    } else {
+                        e.field
+                    },
+                    e.message
+                ),
+                None => format!("descriptors: {}", e.message),
+            };
+            invalid(message)
+        }
+        DecideError::Store(e) => store_unavailable(&e),
     }
 }
 
@@ -271,7 +337,7 @@ fn check_request(request: &RateLimitRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// A descriptor's bounds: entries, keys and values, and no negative hits.
+/// A descriptor's bounds: entries, keys and values.
 fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), Status> {
     if descriptor.entries.is_empty() {
         return Err(invalid(format!("descriptors[{d}].entries: empty")));
@@ -296,11 +362,6 @@ fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), St
                 "descriptors[{d}].entries[{e}].value: longer than {MAX_ENTRY_VALUE} bytes"
             )));
         }
-    }
-    if descriptor.is_negative_hits {
-        return Err(invalid(format!(
-            "descriptors[{d}].is_negative_hits: not supported (use cellrate.v1 Refund)"
-        )));
     }
     Ok(())
 }

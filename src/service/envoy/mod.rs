@@ -111,7 +111,9 @@ const UNITS: [(Unit, Nanos); 7] = [
     (Unit::Year, 365 * 86_400 * SECOND),
 ];
 
-/// A descriptor's `limit`: `requests_per_unit` per `unit`, burst = `requests_per_unit`.
+/// A descriptor's `limit`: `requests_per_unit` per `unit`, burst = `requests_per_unit`;
+/// more than one a nanosecond refills at one a nanosecond (4 294 967 295 a second means
+/// "no practical limit", and must not fail to build and deny).
 fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
     let unit = match RateLimitUnit::try_from(o.unit) {
         Ok(RateLimitUnit::Second) => SECOND,
@@ -125,7 +127,7 @@ fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
         _ => return Err(format!("unit {} is not a known time unit", o.unit)),
     };
     let n = u64::from(o.requests_per_unit);
-    Limit::new(n, n, unit).map_err(|e| e.to_string())
+    Limit::new(n, n.min(unit as u64), unit).map_err(|e| e.to_string())
 }
 
 /// `count` per `period` as Envoy's `requests_per_unit` per `unit`: the smallest unit at

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::Status;
 
-use super::decide::{descriptor_digest, Batch};
+use super::decide::{descriptor_digest, mode_of, Batch};
 use super::{invalid, EnvoyRateLimitService, RatelimitCounting, MAX_ENTRIES};
 use crate::clock::SECOND;
 use crate::gcra::{Limit, Mode};
@@ -115,9 +115,10 @@ impl EnvoyRateLimitService {
                     name,
                     shadow,
                     every_hit,
+                    caller_given: given.is_some(),
                 },
                 cost: Some(cost),
-                mode: Mode::CheckAndSpend,
+                mode: mode_of(descriptor),
                 limit: None,
             });
             batch.owner.push(d);
@@ -128,11 +129,20 @@ impl EnvoyRateLimitService {
 
 /// `requests_per_unit` per `unit` as a limit: a fixed window of the unit (every hit
 /// counted), or GCRA with that burst. `None` for zero, which is always over the limit.
+///
+/// A count above what cellrate counts exactly (a window holds at most
+/// [`crate::clock::CalendarPeriod::max_count`], 499 999 999 a second; GCRA at most one a nanosecond) is
+/// counted at that maximum: 4 294 967 295 a second, written to mean "no practical limit",
+/// lets traffic through as envoyproxy/ratelimit does, instead of failing to build and
+/// denying everything.
 fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
     let n = u64::from(requests);
     let limit = match fixed_window {
-        true => Limit::calendar(n, unit.window()),
-        false => Limit::new(n, n, unit.seconds() * SECOND),
+        true => Limit::calendar(n.min(unit.window().max_count()), unit.window()),
+        false => {
+            let period = unit.seconds() * SECOND;
+            Limit::new(n, n.min(period as u64), period)
+        }
     };
     limit.ok()
 }
@@ -184,8 +194,13 @@ impl EnvoyRateLimitService {
             let (Some(item), Some(spec)) = (results.get(*i), batch.items.get(*i)) else {
                 continue;
             };
+            if spec.mode == Mode::Charge {
+                // Hits given back (`is_negative_hits`) are no hits.
+                continue;
+            }
             let hits = spec.cost.unwrap_or(1);
-            let stat = |name: &str, n: u64| self.metrics.ratelimit_stat(key, name, n);
+            let key = self.metrics.ratelimit_key(key);
+            let stat = |name: &str, n: u64| self.metrics.ratelimit_stat(&key, name, n);
             stat("total_hits", hits);
             let limit = match item.rule {
                 Rule::Limited(limit) => limit.count(),

@@ -1,7 +1,9 @@
 //! What a request gets while Redis fails: the [`FailurePolicy`].
 
 use super::{FailurePolicy, RedisStore};
-use crate::gcra::{Decision, Limit};
+use crate::gcra::Decision;
+#[cfg(doc)]
+use crate::gcra::Limit;
 use crate::store::{Outcome, StoreError, StoreEvent, StoreItem};
 
 impl RedisStore {
@@ -44,24 +46,16 @@ impl RedisStore {
         }
     }
 
-    /// The items with each limit divided by the local divisor.
+    /// The items with each limit divided by the local divisor ([`Limit::divided`]: a
+    /// calendar limit stays a calendar limit). A cost is not cut to the share: a cost the
+    /// share cannot cover is denied, as the whole limit would deny it to one replica.
     pub(super) fn local_share(&self, items: &[StoreItem]) -> Vec<StoreItem> {
         let divisor = self.settings.local_divisor.max(1);
         items
             .iter()
-            .map(|item| {
-                let l = item.limit;
-                let share = Limit::new(
-                    l.burst().div_ceil(divisor),
-                    l.count().div_ceil(divisor),
-                    l.period(),
-                )
-                .unwrap_or(l);
-                StoreItem {
-                    limit: share,
-                    cost: item.cost.min(share.burst()),
-                    ..item.clone()
-                }
+            .map(|item| StoreItem {
+                limit: item.limit.divided(divisor),
+                ..item.clone()
             })
             .collect()
     }

@@ -24,6 +24,9 @@
 
 use crate::clock::{CalendarPeriod, Nanos};
 
+mod calendar;
+use calendar::{window_refund, window_spend};
+
 /// Why a limit cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
@@ -49,8 +52,15 @@ pub enum LimitError {
         max = MAX_BURST_OFFSET / DAY
     )]
     TooLong { bo: Nanos },
-    #[error("count {count} per calendar window is too large (at most {max})", max = MAX_CALENDAR_COUNT)]
-    TooManyPerWindow { count: u64 },
+    #[error(
+        "count {count} per {period} window is too large: at most {max} (twice the count, \
+         with debt, must fit in the window's shortest length in nanoseconds)"
+    )]
+    TooManyPerWindow {
+        count: u64,
+        period: CalendarPeriod,
+        max: u64,
+    },
 }
 
 const DAY: Nanos = 86_400 * crate::clock::SECOND;
@@ -96,8 +106,9 @@ pub enum Window {
     Calendar(CalendarPeriod),
 }
 
-/// The largest count of a calendar limit: `2 x count` must stay exact in a double (the
-/// Redis script's numbers).
+/// The largest count of any calendar limit: `2 x count` must stay exact in a double (the
+/// Redis script's numbers). A window's own bound ([`CalendarPeriod::max_count`]) is lower
+/// for short windows.
 pub const MAX_CALENDAR_COUNT: u64 = 1 << 52;
 
 impl Limit {
@@ -154,14 +165,51 @@ impl Limit {
         if count == 0 {
             return Err(LimitError::ZeroCount);
         }
-        if count > MAX_CALENDAR_COUNT {
-            return Err(LimitError::TooManyPerWindow { count });
+        let max = period.max_count().min(MAX_CALENDAR_COUNT);
+        if count > max {
+            return Err(LimitError::TooManyPerWindow { count, period, max });
         }
         let limit = Limit::new(count, count, period.longest())?;
         Ok(Limit {
             window: Window::Calendar(period),
             ..limit
         })
+    }
+
+    /// This limit's numbers divided by `divisor` (rounded up, at least 1), everything else
+    /// kept: a calendar limit stays a window of the same period, GCRA keeps its period.
+    /// The one way to scale a limit (the Redis store's local fallback shares), so that
+    /// what a limit is cannot be dropped by scaling it.
+    ///
+    /// ```
+    /// use cellrate::clock::CalendarPeriod;
+    /// use cellrate::gcra::Limit;
+    /// let monthly = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
+    /// assert_eq!(monthly.divided(3), Limit::calendar(334, CalendarPeriod::Month).unwrap());
+    /// let gcra = Limit::new(10, 100, 60_000_000_000).unwrap();
+    /// assert_eq!(gcra.divided(4), Limit::new(3, 25, 60_000_000_000).unwrap());
+    /// ```
+    pub fn divided(&self, divisor: u64) -> Limit {
+        let d = divisor.max(1);
+        let numbers = match self.window {
+            Window::Gcra => Limit::new(
+                self.burst().div_ceil(d),
+                self.count().div_ceil(d),
+                self.period,
+            ),
+            Window::Calendar(period) => Limit::calendar(self.count().div_ceil(d), period),
+        };
+        match numbers {
+            Ok(n) => Limit {
+                burst: n.burst,
+                count: n.count,
+                period: n.period,
+                ei: n.ei,
+                bo: n.bo,
+                ..*self
+            },
+            Err(_) => *self,
+        }
     }
 
     /// The same numbers counted by GCRA: a calendar limit's count refilled over its
@@ -384,76 +432,6 @@ pub fn refund(
     (decision, decision.allowed.then_some(new_tat))
 }
 
-/// Tokens used in the window that holds `now` by a calendar bucket whose stored value is
-/// `stored` (`W + used`), and that window's end `W`.
-fn window_used(period: CalendarPeriod, now: Nanos, stored: Option<Nanos>) -> (i64, Nanos) {
-    let end = period.window_end(now);
-    let used = stored.filter(|&v| v >= end).map_or(0, |v| v - end);
-    (used, end)
-}
-
-/// [`spend`] and [`charge`] on a calendar window: at most `count` spends per window; a
-/// charge goes into debt, at most one `count` deep, and a window's debt ends with it.
-fn window_spend(
-    limit: &Limit,
-    period: CalendarPeriod,
-    now: Nanos,
-    stored: Option<Nanos>,
-    cost: u64,
-    charge: bool,
-) -> (Decision, Option<Nanos>) {
-    let (used, end) = window_used(period, now, stored);
-    let count = limit.count;
-    let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-    let after = used.saturating_add(cost);
-    let fits = after <= count;
-    let until_end = end - now;
-    let recorded = fits || (charge && cost > 0);
-    if !recorded {
-        let decision = Decision {
-            allowed: false,
-            remaining: count - used,
-            retry_in: until_end,
-            reset_in: if used > 0 { until_end } else { 0 },
-        };
-        return (decision, None);
-    }
-    let new_used = after.min(2 * count).max(used);
-    let remaining = count - new_used;
-    let decision = Decision {
-        allowed: fits,
-        remaining,
-        retry_in: if fits && remaining >= cost {
-            0
-        } else {
-            until_end
-        },
-        reset_in: if new_used > 0 { until_end } else { 0 },
-    };
-    (decision, (cost > 0).then_some(end + new_used))
-}
-
-/// [`refund`] on a calendar window: gives tokens back to the current window, never below
-/// none used; a bucket of an earlier window (or none) is full and stays as it is.
-fn window_refund(
-    limit: &Limit,
-    period: CalendarPeriod,
-    now: Nanos,
-    stored: Option<Nanos>,
-    cost: u64,
-) -> (Decision, Option<Nanos>) {
-    let (used, end) = window_used(period, now, stored);
-    let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-    let new_used = used.saturating_sub(cost).max(0);
-    let decision = Decision {
-        allowed: new_used != used,
-        remaining: limit.count - new_used,
-        retry_in: 0,
-        reset_in: if new_used > 0 { end - now } else { 0 },
-    };
-    (decision, decision.allowed.then_some(end + new_used))
-}
-
 /// How an item takes part in a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -643,11 +621,49 @@ mod tests {
         assert_eq!(
             Limit::calendar(MAX_CALENDAR_COUNT + 1, CalendarPeriod::Year),
             Err(LimitError::TooManyPerWindow {
-                count: MAX_CALENDAR_COUNT + 1
+                count: MAX_CALENDAR_COUNT + 1,
+                period: CalendarPeriod::Year,
+                max: MAX_CALENDAR_COUNT,
             })
         );
-        // More than one a nanosecond over the shortest window's length is refused too.
-        assert!(Limit::calendar(2_000_000_000, CalendarPeriod::Second).is_err());
+        // A second holds at most 499 999 999: twice that must stay below 10^9 ns.
+        let max = CalendarPeriod::Second.max_count();
+        assert_eq!(max, 499_999_999);
+        assert!(Limit::calendar(max, CalendarPeriod::Second).is_ok());
+        assert!(Limit::calendar(max + 1, CalendarPeriod::Second).is_err());
+        assert!(Limit::calendar(600_000_000, CalendarPeriod::Second).is_err());
+        // A month's bound is its shortest (February's 28 days).
+        let month = CalendarPeriod::Month.max_count();
+        assert_eq!(month, ((28 * DAY - 1) / 2) as u64);
+    }
+
+    #[test]
+    fn the_deepest_calendar_debt_ends_with_its_window_at_every_bound() {
+        // The debt of a window stays below the next window's end, so the next window
+        // starts empty, for the largest count of each period (it leaked before: 6 x 10^8
+        // a second, charged 1.2 x 10^9, left 2 x 10^8 used in the next second).
+        for period in [
+            CalendarPeriod::Second,
+            CalendarPeriod::Minute,
+            CalendarPeriod::Day,
+            CalendarPeriod::Month,
+            CalendarPeriod::Week,
+        ] {
+            let count = period.max_count();
+            let limit = Limit::calendar(count, period).unwrap();
+            // The last nanosecond of February 2024's window (the shortest month near it).
+            let now = MARCH - 1;
+            let (d, stored) = charge(&limit, now, None, 2 * count);
+            assert_eq!(d.remaining, -(count as i64), "{period}");
+            let next = period.window_end(now);
+            let (d, _) = spend(&limit, next, stored, 1);
+            assert!(d.allowed, "{period}");
+            assert_eq!(
+                d.remaining,
+                count as i64 - 1,
+                "{period}: the next window is fresh"
+            );
+        }
     }
 
     #[test]

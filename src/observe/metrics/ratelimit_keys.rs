@@ -1,0 +1,106 @@
+//! envoyproxy/ratelimit's per-descriptor statistics keys: one bounded, escaped key space,
+//! whatever built the key (a file's configured key, or a request's own entries through
+//! `detailed_metric`, `value_to_metric` or a descriptor's own `limit`).
+//!
+//! A key can come from a request, so three bounds hold here, where every key enters the
+//! registry: a key is at most [`MAX_KEY_BYTES`] (a longer one is cut and told apart by a
+//! digest of the whole), its unprintable characters (ESC, NUL, U+202E ...) are written as
+//! `\u{XXXX}` so that no request text reaches the exposition raw, and all keys together
+//! are at most [`MAX_KEYS`] and [`MAX_KEYS_BYTES`] bytes; beyond them, hits count under
+//! `key="overflow"`.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+/// The most keys of `cellrate_ratelimit_hits_total` with series of their own.
+pub const MAX_KEYS: usize = 10_000;
+
+/// The longest key, in bytes, as the exposition shows it.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// The most bytes of all keys together (each key is held once per statistic's series:
+/// five times this, plus the series themselves, is what the keys can cost).
+pub const MAX_KEYS_BYTES: usize = 1 << 20;
+
+/// The key every hit counts under once the key space is full.
+pub const OVERFLOW: &str = "overflow";
+
+/// The keys that have series of their own, and their bytes.
+#[derive(Default)]
+pub(super) struct KeySpace {
+    keys: Mutex<(HashSet<Box<str>>, usize)>,
+}
+
+impl KeySpace {
+    /// Whether `key` has (or may now have) series of its own; if not, it counts under
+    /// [`OVERFLOW`]. `key` is already bounded and escaped ([`shown`]).
+    pub(super) fn admit(&self, key: &str) -> bool {
+        let mut guard = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (keys, bytes) = &mut *guard;
+        if keys.contains(key) {
+            return true;
+        }
+        if keys.len() < MAX_KEYS && *bytes + key.len() <= MAX_KEYS_BYTES {
+            *bytes += key.len();
+            keys.insert(key.into());
+            return true;
+        }
+        false
+    }
+}
+
+/// A statistics key as the exposition shows it: unprintable characters escaped, and a key
+/// longer than [`MAX_KEY_BYTES`] cut at a character boundary and ended with `~` and 16 hex
+/// digits of the whole key's SHA-256 (two long keys that share a beginning stay apart).
+/// Unchanged, and not copied, when it is short and printable.
+pub fn shown(key: &str) -> Cow<'_, str> {
+    let printable = crate::text::printable(key);
+    if printable.len() <= MAX_KEY_BYTES {
+        return printable;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let suffix = hex::encode(&digest[..8]);
+    let head = crate::text::cut_bytes(&printable, MAX_KEY_BYTES - suffix.len() - 1);
+    Cow::Owned(format!("{head}~{suffix}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_escaped_and_cut_but_stay_apart() {
+        assert_eq!(shown("edge.user_alice"), "edge.user_alice");
+        assert_eq!(
+            shown("edge.user_\u{1b}[2J\u{202e}\0"),
+            "edge.user_\\u{001B}[2J\\u{202E}\\u{0000}"
+        );
+        let a = format!("edge.user_{}", "a".repeat(20_000));
+        let b = format!("edge.user_{}b", "a".repeat(20_000));
+        let (a, b) = (shown(&a), shown(&b));
+        assert!(a.len() <= MAX_KEY_BYTES && b.len() <= MAX_KEY_BYTES);
+        assert_ne!(a, b);
+        assert!(a.starts_with("edge.user_aaa"));
+        // Escapes count against the bound too.
+        assert!(shown(&"\u{1b}".repeat(1_000)).len() <= MAX_KEY_BYTES);
+    }
+
+    #[test]
+    fn the_key_space_is_bounded_in_bytes_and_count() {
+        let space = KeySpace::default();
+        let long = |i: usize| format!("{i:0>width$}", width = MAX_KEY_BYTES);
+        let fit = MAX_KEYS_BYTES / MAX_KEY_BYTES;
+        for i in 0..fit {
+            assert!(space.admit(&long(i)), "key {i}");
+        }
+        assert!(!space.admit(&long(fit)));
+        // A key already admitted keeps its series.
+        assert!(space.admit(&long(0)));
+    }
+}
