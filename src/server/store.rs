@@ -122,11 +122,13 @@ fn restore(store: &mut MemoryStore, path: &std::path::Path, metrics: &Metrics) {
     match store.restore_snapshot(path) {
         Ok(restored) => {
             metrics.store.snapshot.restored.set(restored.buckets as i64);
+            metrics.store.snapshot.refused.set(restored.too_far as i64);
             tracing::info!(
                 path = %path.display(),
                 buckets = restored.buckets,
                 expired = restored.expired,
                 over_bound = restored.over_bound,
+                too_far = restored.too_far,
                 seconds = started.elapsed().as_secs_f64(),
                 "memory store restored from its snapshot"
             );
@@ -134,6 +136,14 @@ fn restore(store: &mut MemoryStore, path: &std::path::Path, metrics: &Metrics) {
                 tracing::warn!(
                     left_out = restored.over_bound,
                     "the snapshot holds more live buckets than --max-buckets allows"
+                );
+            }
+            if restored.too_far > 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    left_out = restored.too_far,
+                    "the snapshot holds buckets further ahead than any limit can put one (more \
+                     than 20 years): not restored (a forged or damaged file?)"
                 );
             }
         }

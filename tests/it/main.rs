@@ -45,6 +45,7 @@ mod runtime_overrides;
 mod settle;
 #[cfg(feature = "redis")]
 mod shared_overrides;
+mod snapshot_file;
 mod store_scenarios;
 mod structure;
 mod xds;

@@ -85,7 +85,7 @@ fn metrics_listener_serves_metrics_health_and_readiness() {
 }
 
 /// What `admin inspect` says is left of `id`'s budget on the process at `admin`.
-async fn budget_left(admin: &str, id: &str) -> i64 {
+pub async fn budget_left(admin: &str, id: &str) -> i64 {
     let mut client = pb::admin_client::AdminClient::connect(format!("http://{admin}"))
         .await
         .unwrap();
@@ -99,7 +99,7 @@ async fn budget_left(admin: &str, id: &str) -> i64 {
 }
 
 /// Spends `cost` of `id`'s budget on the process at `listen`.
-async fn spend_budget(listen: &str, id: &str, cost: u64) {
+pub async fn spend_budget(listen: &str, id: &str, cost: u64) {
     let mut client =
         pb::rate_limiter_client::RateLimiterClient::connect(format!("http://{listen}"))
             .await
@@ -114,13 +114,13 @@ async fn spend_budget(listen: &str, id: &str, cost: u64) {
     assert!(r.into_inner().overall.unwrap().allowed);
 }
 
-fn metric(process: &crate::common::Process, series: &str) -> Option<f64> {
+pub fn metric(process: &crate::common::Process, series: &str) -> Option<f64> {
     let (_, text) = http_get(&process.metrics, "/metrics");
     sample(&text, series)
 }
 
 /// Stops `process` with SIGTERM and waits for its exit (successful).
-fn terminate(mut process: crate::common::Process) {
+pub fn terminate(mut process: crate::common::Process) {
     let pid = process.child.id().to_string();
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])

@@ -45,9 +45,12 @@ pub struct StoreMetrics {
 
 /// Why a snapshot file was not used at start: the label values of
 /// `cellrate_snapshot_ignored_total`.
-pub const SNAPSHOT_IGNORED_REASONS: [&str; 7] = [
+pub const SNAPSHOT_IGNORED_REASONS: [&str; 10] = [
     "missing",
     "unreadable",
+    "not_a_file",
+    "untrusted",
+    "too_large",
     "foreign",
     "version",
     "truncated",
@@ -65,6 +68,8 @@ pub struct SnapshotMetrics {
     pub written_at: Gauge,
     /// Buckets restored at start.
     pub restored: IntGauge,
+    /// Buckets in the file not restored at start: their TAT lay too far ahead.
+    pub refused: IntGauge,
     /// Files not used at start, by reason.
     pub ignored: IntCounterVec,
 }
@@ -92,10 +97,16 @@ impl SnapshotMetrics {
                 "cellrate_snapshot_restored_buckets",
                 "Buckets restored from the snapshot file at start.",
             ),
+            refused: reg.gauge(
+                "cellrate_snapshot_refused_buckets",
+                "Buckets in the snapshot file not restored at start because their TAT lay \
+                 further ahead than any limit can put one (a forged or damaged file).",
+            ),
             ignored: reg.counters_from_zero(
                 "cellrate_snapshot_ignored_total",
                 "Snapshot files not used at start (the store started empty), by reason: \
-                 missing, unreadable, foreign, version, truncated, corrupt, stale.",
+                 missing, unreadable, not_a_file, untrusted, too_large, foreign, version, \
+                 truncated, corrupt, stale.",
                 "reason",
                 &SNAPSHOT_IGNORED_REASONS,
             ),

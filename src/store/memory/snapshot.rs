@@ -18,15 +18,24 @@
 //!
 //! Written to a temporary file beside the target (mode 0600: the hash keys let whoever reads
 //! them aim for collisions), fsynced, renamed over the target, and the directory fsynced: a
-//! crash leaves the old file or the new one, never half of one. Read twice: once to check
-//! the size and checksum, then to restore; a file that fails any check is ignored whole.
+//! crash leaves the old file or the new one, never half of one.
+//!
+//! The file is trusted no further than its checks. It is used only when it is a regular
+//! file (a FIFO or a device at the path is refused before it is opened, and it is opened
+//! without blocking in case one is put there in between), owned by this process's user and
+//! writable by no one else (its contents decide who is denied), and no larger than the
+//! store's bound (`--max-buckets`) allows, before any of it is read. Then it is read twice
+//! through the one open file: once to check the size and checksum, then to restore; a file
+//! that fails any check is ignored whole.
 //!
 //! Restored buckets are fingerprints of `"<number>:<id>"` keys with their TATs, so they
 //! meet the limits in force now exactly as a reload's do: a limit that changed since
 //! applies to the old TAT, a name or window that changed makes another key (a fresh
-//! bucket), and a TAT that has passed is a full bucket, not restored.
+//! bucket), and a TAT that has passed is a full bucket, not restored. A TAT further ahead
+//! than any accepted limit can put one ([`HORIZON`]) is not restored either: only a forged
+//! file has one, and restored it would deny its key for centuries.
 
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -34,6 +43,7 @@ use std::time::Instant;
 
 use super::{BucketHasher, MemoryStore, Space};
 use crate::clock::Nanos;
+use crate::gcra::MAX_BURST_OFFSET;
 
 const MAGIC: &[u8; 8] = b"cellrate";
 /// The format's version; a file of another is ignored.
@@ -42,6 +52,11 @@ const HEADER: u64 = 8 + 4 + 4 + 16 + 8 + 16;
 const TRAILER: u64 = 8;
 const ENTRY: u64 = 16;
 const BUFFER: usize = 1 << 20;
+/// How far past now a restored TAT may lie: twice the longest burst offset a limit may have
+/// (20 years). A charge in debt puts a TAT at most two burst offsets ahead, a calendar
+/// window's value at most its end (a year) plus twice its count in nanoseconds (104 days):
+/// nothing an accepted limit wrote lies further.
+pub const HORIZON: Nanos = 2 * MAX_BURST_OFFSET;
 const CRC: crc::Crc<u64, crc::Table<16>> = crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
 
 /// A snapshot written.
@@ -63,6 +78,8 @@ pub struct Restored {
     pub expired: usize,
     /// Live buckets left out because the bound (`--max-buckets`) was reached.
     pub over_bound: usize,
+    /// Buckets left out because their TAT lay further ahead than [`HORIZON`].
+    pub too_far: usize,
 }
 
 /// Why a snapshot file was not used (the store then starts empty).
@@ -72,6 +89,15 @@ pub enum Ignored {
     Missing,
     #[error("cannot read it: {0}")]
     Unreadable(io::Error),
+    #[error("it is a {0}, not a regular file: not opened")]
+    NotAFile(&'static str),
+    #[error("not trusted: {0}")]
+    Untrusted(String),
+    #[error(
+        "{size} bytes, more than a snapshot of the store's bound (--max-buckets) can be \
+         ({most}): not read"
+    )]
+    TooLarge { size: u64, most: u64 },
     #[error("not a cellrate snapshot")]
     Foreign,
     #[error("snapshot format {0}, this cellrate reads {VERSION}")]
@@ -90,6 +116,9 @@ impl Ignored {
         match self {
             Ignored::Missing => "missing",
             Ignored::Unreadable(_) => "unreadable",
+            Ignored::NotAFile(_) => "not_a_file",
+            Ignored::Untrusted(_) => "untrusted",
+            Ignored::TooLarge { .. } => "too_large",
             Ignored::Foreign => "foreign",
             Ignored::Version(_) => "version",
             Ignored::Truncated(..) => "truncated",
@@ -104,9 +133,8 @@ impl MemoryStore {
     /// One shard is locked at a time, long enough to copy its buckets.
     pub fn write_snapshot(&self, path: &Path) -> io::Result<Written> {
         let started = Instant::now();
-        let temporary = temporary_beside(path);
-        let result = self.write_to(&temporary);
-        let written = match result {
+        let (temporary, file) = create_temporary(path)?;
+        let written = match self.write_to(file) {
             Ok(written) => written,
             Err(e) => {
                 let _ = std::fs::remove_file(&temporary);
@@ -115,7 +143,9 @@ impl MemoryStore {
         };
         if let Err(e) = std::fs::rename(&temporary, path) {
             let _ = std::fs::remove_file(&temporary);
-            return Err(e);
+            let why = unreplaceable(path).map(|why| format!(": {why}"));
+            let said = format!("cannot rename the new file over the old: {e}");
+            return Err(io::Error::new(e.kind(), said + &why.unwrap_or_default()));
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)?.sync_all()?;
@@ -127,15 +157,17 @@ impl MemoryStore {
     }
 
     /// Whether a snapshot can be written at `path`: its temporary file is created there
-    /// and removed.
+    /// and removed, and a file at `path` can be replaced.
     pub fn check_writable(path: &Path) -> io::Result<()> {
-        let temporary = temporary_beside(path);
-        create_private(&temporary)?;
-        std::fs::remove_file(&temporary)
+        let (temporary, _) = create_temporary(path)?;
+        std::fs::remove_file(&temporary)?;
+        match unreplaceable(path) {
+            Some(why) => Err(io::Error::new(io::ErrorKind::PermissionDenied, why)),
+            None => Ok(()),
+        }
     }
 
-    fn write_to(&self, temporary: &Path) -> io::Result<Written> {
-        let file = create_private(temporary)?;
+    fn write_to(&self, file: File) -> io::Result<Written> {
         let mut out = BufWriter::with_capacity(BUFFER, file);
         // The header's counts are known at the end: it is written again then.
         out.write_all(&[0u8; HEADER as usize])?;
@@ -182,20 +214,27 @@ impl MemoryStore {
 
     /// Restores the buckets of the snapshot at `path` into this store, which must be new
     /// (empty): it takes the file's hash keys. Buckets whose TAT has passed are left out,
-    /// and so are those beyond the bound.
+    /// and so are those beyond the bound or the [`HORIZON`].
     pub fn restore_snapshot(&mut self, path: &Path) -> Result<Restored, Ignored> {
         debug_assert_eq!(self.live_buckets(), 0, "restoring into a store in use");
-        let header = check(path)?;
+        let file = open_trusted(path)?;
+        let buckets = (self.bound[0] as u64).saturating_add(self.bound[1] as u64);
+        let most = buckets
+            .saturating_mul(ENTRY)
+            .saturating_add(HEADER + TRAILER);
+        let header = check(&file, most)?;
         let now = self.clock.now();
-        let file = File::open(path).map_err(Ignored::Unreadable)?;
-        let mut input = BufReader::with_capacity(BUFFER, file);
-        let mut skip = [0u8; HEADER as usize];
-        input.read_exact(&mut skip).map_err(Ignored::Unreadable)?;
+        let horizon = now.saturating_add(HORIZON);
+        (&file)
+            .seek(SeekFrom::Start(HEADER))
+            .map_err(Ignored::Unreadable)?;
+        let mut input = BufReader::with_capacity(BUFFER, &file);
         self.hasher = BucketHasher { keys: header.keys };
         let mut restored = Restored {
             buckets: 0,
             expired: 0,
             over_bound: 0,
+            too_far: 0,
         };
         // Each table sized for its share first: the file lists a shard's buckets in slot
         // order, and a table growing as sorted fingerprints arrive would pack them all in
@@ -223,6 +262,8 @@ impl MemoryStore {
                 let tat = Nanos::from_le_bytes(entry[8..].try_into().unwrap_or_default());
                 if tat <= now || print < crate::store::table::MIN_PRINT {
                     restored.expired += 1;
+                } else if tat > horizon {
+                    restored.too_far += 1;
                 } else if !self.reserve(space, 1) {
                     restored.over_bound += 1;
                 } else {
@@ -242,7 +283,7 @@ impl MemoryStore {
                 }
             }
         }
-        if restored.buckets == 0 && restored.expired > 0 {
+        if restored.buckets == 0 && restored.expired > 0 && restored.too_far == 0 {
             return Err(Ignored::Stale);
         }
         Ok(restored)
@@ -255,14 +296,117 @@ struct Header {
     counts: [u64; 2],
 }
 
-/// Reads `path` once: its magic, version, size against its counts, and checksum.
-fn check(path: &Path) -> Result<Header, Ignored> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ignored::Missing),
-        Err(e) => return Err(Ignored::Unreadable(e)),
+/// Opens the snapshot at `path` for reading if it is a regular file this process's user
+/// owns and no one else may write. Looked at before it is opened (opening a FIFO waits
+/// for a writer, a device may act), opened without blocking, and looked at again through
+/// the open file (what is read is what was checked).
+fn open_trusted(path: &Path) -> Result<File, Ignored> {
+    let missing = |e: io::Error| match e.kind() {
+        io::ErrorKind::NotFound => Ignored::Missing,
+        _ => Ignored::Unreadable(e),
     };
+    regular(&std::fs::metadata(path).map_err(missing)?)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(missing)?;
+    let metadata = file.metadata().map_err(Ignored::Unreadable)?;
+    regular(&metadata)?;
+    trusted(&metadata)?;
+    Ok(file)
+}
+
+/// A regular file, or what else it is.
+fn regular(metadata: &Metadata) -> Result<(), Ignored> {
+    let kind = metadata.file_type();
+    if kind.is_file() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return Err(Ignored::NotAFile("FIFO"));
+        }
+        if kind.is_socket() {
+            return Err(Ignored::NotAFile("socket"));
+        }
+        if kind.is_block_device() || kind.is_char_device() {
+            return Err(Ignored::NotAFile("device"));
+        }
+    }
+    Err(Ignored::NotAFile(if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }))
+}
+
+/// Owned by this process's user and writable by no one else: whoever could write the file
+/// could choose who is denied after the next start.
+#[cfg(unix)]
+fn trusted(metadata: &Metadata) -> Result<(), Ignored> {
+    use std::os::unix::fs::MetadataExt;
+    let me = effective_uid();
+    if metadata.uid() != me {
+        return Err(Ignored::Untrusted(format!(
+            "owned by uid {}, not by this process's uid {me}: another user may have written it",
+            metadata.uid()
+        )));
+    }
+    if metadata.mode() & 0o022 != 0 {
+        return Err(Ignored::Untrusted(format!(
+            "mode {:04o}: its group or others may write it",
+            metadata.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn trusted(_: &Metadata) -> Result<(), Ignored> {
+    Ok(())
+}
+
+#[cfg(unix)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
+/// Why a file at `path` cannot be replaced by a rename, when it is another user's in a
+/// sticky directory (such as /tmp) this process's user does not own: only the file's or
+/// the directory's owner (or root) may replace it there.
+#[cfg(unix)]
+fn unreplaceable(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = effective_uid();
+    let target = std::fs::symlink_metadata(path).ok()?;
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::metadata(parent.unwrap_or(Path::new("."))).ok()?;
+    let sticky = dir.mode() & 0o1000 != 0;
+    (me != 0 && sticky && target.uid() != me && dir.uid() != me).then(|| {
+        format!(
+            "the file there is owned by uid {}, in a sticky directory: this process's uid \
+             {me} cannot replace it (keep the snapshot in a directory only its user can write)",
+            target.uid()
+        )
+    })
+}
+
+#[cfg(not(unix))]
+fn unreplaceable(_: &Path) -> Option<String> {
+    None
+}
+
+/// Reads the open snapshot once: its size against `most`, magic, version, size against
+/// its counts, and checksum.
+fn check(file: &File, most: u64) -> Result<Header, Ignored> {
     let size = file.metadata().map_err(Ignored::Unreadable)?.len();
+    if size > most {
+        return Err(Ignored::TooLarge { size, most });
+    }
     let mut input = BufReader::with_capacity(BUFFER, file);
     let mut header = [0u8; HEADER as usize];
     let mut start = Vec::with_capacity(HEADER as usize);
@@ -333,13 +477,30 @@ fn create_private(path: &Path) -> io::Result<File> {
     options.open(path)
 }
 
-/// `.<name>.tmp` in the target's directory (a rename within one file system is atomic).
-fn temporary_beside(path: &Path) -> PathBuf {
+/// The temporary file beside `path`: `.<name>.tmp`, or, when another user's file of that
+/// name cannot be removed (in a sticky directory), `.<name>.<random>.tmp`.
+fn create_temporary(path: &Path) -> io::Result<(PathBuf, File)> {
+    let usual = temporary_beside(path, "");
+    match create_private(&usual) {
+        Ok(file) => Ok((usual, file)),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied && usual.exists() => {
+            use std::hash::BuildHasher;
+            let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+            let other = temporary_beside(path, &format!(".{random:016x}"));
+            Ok((other.clone(), create_private(&other)?))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `.<name><suffix>.tmp` in the target's directory (a rename within one file system is
+/// atomic).
+fn temporary_beside(path: &Path, suffix: &str) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "snapshot".to_string());
-    path.with_file_name(format!(".{name}.tmp"))
+    path.with_file_name(format!(".{name}{suffix}.tmp"))
 }
 
 #[cfg(test)]
@@ -401,7 +562,8 @@ mod tests {
             Restored {
                 buckets: 4,
                 expired: 0,
-                over_bound: 0
+                over_bound: 0,
+                too_far: 0
             }
         );
         assert_eq!(new.live_buckets(), 4);
@@ -448,12 +610,195 @@ mod tests {
     #[test]
     fn the_bound_holds_on_restore() {
         let (clock, _dir, path, _old) = written();
-        let mut small = store(&clock, 2);
+        // 4 with a 10 % caller share: 4 for configured limits, none for caller-given ones.
+        let mut small = store(&clock, 4);
         let restored = small.restore_snapshot(&path).unwrap();
-        // 2 with a 10 % caller share: 2 for configured limits, 1 for caller-given ones.
-        assert_eq!(restored.buckets + restored.over_bound, 4);
-        assert_eq!(small.live_buckets(), restored.buckets);
-        assert!(restored.over_bound >= 1);
+        assert_eq!((restored.buckets, restored.over_bound), (3, 1));
+        assert_eq!(small.live_buckets(), 3);
+        // 3 cannot hold the file's 4: it is not read.
+        let mut smaller = store(&clock, 3);
+        let e = smaller.restore_snapshot(&path).unwrap_err();
+        assert_eq!(e.reason(), "too_large", "{e}");
+        assert_eq!(smaller.live_buckets(), 0);
+    }
+
+    /// The header of a snapshot claiming `counts` buckets.
+    fn header_claiming(counts: [u64; 2]) -> Vec<u8> {
+        let mut header = Vec::new();
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&[0; 4 + 16]);
+        header.extend_from_slice(&T0.to_le_bytes());
+        header.extend_from_slice(&counts[0].to_le_bytes());
+        header.extend_from_slice(&counts[1].to_le_bytes());
+        header
+    }
+
+    /// `bytes` with its checksum made good again, as a forger who knows the format makes it.
+    fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+        let end = bytes.len() - TRAILER as usize;
+        let mut digest = CRC.digest();
+        digest.update(&bytes[HEADER as usize..end]);
+        digest.update(&bytes[..HEADER as usize]);
+        bytes[end..].copy_from_slice(&digest.finalize().to_le_bytes());
+        bytes
+    }
+
+    /// The attacker: a file that claims 2^28 buckets (a 4 GiB sparse file, no disk used)
+    /// where the store holds 1 000 000. It was read whole for its checksum (16 to 19 s
+    /// before the server was ready); it is refused from its size, unread.
+    #[test]
+    fn a_file_claiming_more_than_the_bound_is_refused_unread() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let claimed: u64 = 1 << 28;
+        let mut file = File::create(&path).unwrap();
+        file.write_all(&header_claiming([claimed, 0])).unwrap();
+        file.set_len(HEADER + claimed * ENTRY + TRAILER).unwrap();
+        drop(file);
+        private(&path);
+        let mut fresh = store(&clock, 1_000_000);
+        let started = Instant::now();
+        let e = fresh.restore_snapshot(&path).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.reason(), "too_large", "{e} after {took:?}");
+        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+        assert_eq!(fresh.live_buckets(), 0);
+    }
+
+    /// The attacker: a FIFO at the path. Opening it waited for a writer, for ever (the
+    /// server never started); it is refused at once.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_at_the_path_is_refused_without_waiting() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success(), "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo = path.clone();
+        std::thread::spawn(move || {
+            let mut fresh = store(&clock, 1_000);
+            let _ = tx.send(fresh.restore_snapshot(&fifo).map_err(|e| e.reason()));
+        });
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if answer.is_err() {
+            // Lets the reader waiting in open(2) go, so that its thread ends.
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut writer = std::fs::OpenOptions::new();
+            let _ = writer
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path);
+        }
+        let answer = answer.expect("restore_snapshot returned within 5 s");
+        assert_eq!(answer.unwrap_err(), "not_a_file");
+    }
+
+    /// The attacker: a file (with a good checksum) whose first bucket is due 235 years from
+    /// now, which would deny its key for as long. It was restored; now it is left out and
+    /// the other buckets are restored.
+    #[test]
+    fn a_tat_further_ahead_than_any_limit_can_put_one_is_not_restored() {
+        let (clock, dir, path, old) = written();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = HEADER as usize + 8;
+        let forged = T0 + 235 * 365 * 86_400 * SECOND;
+        bytes[at..at + 8].copy_from_slice(&forged.to_le_bytes());
+        let file = dir.path().join("forged");
+        std::fs::write(&file, resealed(bytes)).unwrap();
+        private(&file);
+        let mut new = store(&clock, 1_000);
+        let restored = new.restore_snapshot(&file).unwrap();
+        assert_eq!(restored.buckets, 3);
+        assert_eq!(new.live_buckets(), 3);
+        for key in ["a", "b", "c"] {
+            let tat = new.tat(&item(key).key);
+            assert!(
+                tat.is_none() || tat == old.tat(&item(key).key),
+                "{key}: {tat:?}"
+            );
+        }
+    }
+
+    /// The horizon is exact: a TAT at it is restored, one nanosecond past it is counted and
+    /// left out; a file of such buckets alone restores nothing and says why (not "stale").
+    #[test]
+    fn the_horizon_is_exact_and_counted() {
+        let (clock, dir, path, _old) = written();
+        let good = std::fs::read(&path).unwrap();
+        let with_first = |tat: Nanos| {
+            let mut bytes = good.clone();
+            let at = HEADER as usize + 8;
+            bytes[at..at + 8].copy_from_slice(&tat.to_le_bytes());
+            let file = dir.path().join("edge");
+            std::fs::write(&file, resealed(bytes)).unwrap();
+            private(&file);
+            store(&clock, 1_000).restore_snapshot(&file).unwrap()
+        };
+        assert_eq!(HORIZON, 7_300 * 86_400 * SECOND);
+        let at = with_first(T0 + HORIZON);
+        assert_eq!((at.buckets, at.too_far), (4, 0));
+        let past = with_first(T0 + HORIZON + 1);
+        assert_eq!((past.buckets, past.too_far), (3, 1));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let count = (bytes.len() - (HEADER + TRAILER) as usize) / ENTRY as usize;
+        for n in 0..count {
+            let at = (HEADER + ENTRY * n as u64 + 8) as usize;
+            bytes[at..at + 8].copy_from_slice(&Nanos::MAX.to_le_bytes());
+        }
+        std::fs::write(&path, resealed(bytes)).unwrap();
+        let all = store(&clock, 1_000).restore_snapshot(&path).unwrap();
+        assert_eq!((all.buckets, all.too_far), (0, 4));
+    }
+
+    /// The attacker: a file others may write, or another user's. Either was restored; now
+    /// neither is, and the store starts empty.
+    #[cfg(unix)]
+    #[test]
+    fn a_file_another_user_may_have_written_is_not_restored() {
+        use std::os::unix::fs::PermissionsExt;
+        let (clock, _dir, path, _old) = written();
+        for mode in [0o620, 0o602, 0o666] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let mut fresh = store(&clock, 1_000);
+            let e = fresh.restore_snapshot(&path).unwrap_err();
+            assert_eq!(e.reason(), "untrusted", "mode {mode:o}: {e}");
+            assert_eq!(fresh.live_buckets(), 0);
+        }
+        // Readable by others (which it should not be) but writable by its owner alone.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            store(&clock, 1_000)
+                .restore_snapshot(&path)
+                .unwrap()
+                .buckets,
+            4
+        );
+        private(&path);
+        // Another user's (the tests run as root, who may give it away).
+        match std::os::unix::fs::chown(&path, Some(65534), Some(65534)) {
+            Ok(()) => {
+                let mut fresh = store(&clock, 1_000);
+                let e = fresh.restore_snapshot(&path).unwrap_err();
+                assert_eq!(e.reason(), "untrusted", "{e}");
+                assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+                assert_eq!(fresh.live_buckets(), 0);
+            }
+            Err(e) => eprintln!("not root ({e}): the owner part of this test is not run"),
+        }
+    }
+
+    /// Only the owner may write `path` (whatever the umask made it).
+    fn private(path: &Path) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let _ = path;
     }
 
     /// Every way a file can be wrong is ignored whole, with its reason, and the store stays
@@ -465,6 +810,7 @@ mod tests {
         let try_bytes = |bytes: &[u8]| {
             let file = dir.path().join("bad");
             std::fs::write(&file, bytes).unwrap();
+            private(&file);
             let mut fresh = store(&clock, 1_000);
             let e = fresh.restore_snapshot(&file).unwrap_err();
             assert_eq!(fresh.live_buckets(), 0, "{e}");
@@ -475,6 +821,8 @@ mod tests {
             .restore_snapshot(&dir.path().join("none"))
             .unwrap_err();
         assert_eq!(e.reason(), "missing");
+        let e = fresh.restore_snapshot(dir.path()).unwrap_err();
+        assert_eq!(e.reason(), "not_a_file", "{e}");
         assert_eq!(try_bytes(b""), "foreign");
         assert_eq!(try_bytes(b"REDIS0011\xfa\x09redis-ver"), "foreign");
         assert_eq!(try_bytes(&[0xffu8; 4096]), "foreign");
@@ -523,6 +871,9 @@ mod tests {
         let reasons = [
             Ignored::Missing,
             Ignored::Unreadable(io::Error::other("x")),
+            Ignored::NotAFile("FIFO"),
+            Ignored::Untrusted("x".to_string()),
+            Ignored::TooLarge { size: 2, most: 1 },
             Ignored::Foreign,
             Ignored::Version(2),
             Ignored::Truncated(1, 2),

@@ -293,6 +293,15 @@ pub fn serve_logging(config: &Path, extra: &[&str], filter: &str) -> Process {
     serve_command(command, config, extra)
 }
 
+/// As [`serve_with`], run as the user and group `uid` (the tests run as root).
+#[cfg(unix)]
+pub fn serve_as(uid: u32, config: &Path, extra: &[&str]) -> Process {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cellrate"));
+    command.uid(uid).gid(uid);
+    serve_command(command, config, extra)
+}
+
 /// As [`serve_with`], with at most `nofile` open files (set by the shell, soft and hard).
 pub fn serve_with_nofile(config: &Path, extra: &[&str], nofile: u32) -> Process {
     let mut command = Command::new("sh");
