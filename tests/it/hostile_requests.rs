@@ -381,5 +381,15 @@ async fn negative_hits_give_back_and_the_rest_of_the_request_still_counts() {
     }
     let r = ask(&mut s, "rl", vec![negative(&[("user", "ann")], 10)]).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 3));
+    // Counted in their own statistic, not as hits.
+    let (_, metrics) = http_get_async(s.metrics_addr, "/metrics").await;
+    let stat = |stat: &str| {
+        crate::common::sample(
+            &metrics,
+            &format!("cellrate_ratelimit_hits_total{{key=\"rl.user_ann\",stat=\"{stat}\"}}"),
+        )
+    };
+    assert_eq!(stat("total_hits"), Some(3.0));
+    assert_eq!(stat("total_negative_hits"), Some(10.0));
     s.stop().await;
 }

@@ -33,8 +33,9 @@ const RPCS: [&str; 5] = ["Check", "Refund", "Reset", "Inspect", "ShouldRateLimit
 const STORE_OPS: [&str; 3] = ["spend", "refund", "reset"];
 
 /// envoyproxy/ratelimit's per-descriptor statistics.
-pub const RATELIMIT_STATS: [&str; 5] = [
+pub const RATELIMIT_STATS: [&str; 6] = [
     "total_hits",
+    "total_negative_hits",
     "over_limit",
     "near_limit",
     "within_limit",
@@ -93,7 +94,8 @@ impl Metrics {
             hits: reg.counters(
                 "cellrate_ratelimit_hits_total",
                 "envoyproxy/ratelimit's per-descriptor statistics: key (its statistics key), \
-                 stat (total_hits, over_limit, near_limit, within_limit, shadow_mode).",
+                 stat (total_hits, total_negative_hits, over_limit, near_limit, within_limit, \
+                 shadow_mode).",
                 &["key", "stat"],
             ),
             keys: ratelimit_keys::KeySpace::default(),

@@ -194,13 +194,15 @@ impl EnvoyRateLimitService {
             let (Some(item), Some(spec)) = (results.get(*i), batch.items.get(*i)) else {
                 continue;
             };
-            if spec.mode == Mode::Charge {
-                // Hits given back (`is_negative_hits`) are no hits.
-                continue;
-            }
             let hits = spec.cost.unwrap_or(1);
             let key = self.metrics.ratelimit_key(key);
             let stat = |name: &str, n: u64| self.metrics.ratelimit_stat(&key, name, n);
+            if spec.mode == Mode::Charge {
+                // Hits given back (`is_negative_hits`) count apart, as envoyproxy/ratelimit
+                // counts them.
+                stat("total_negative_hits", hits);
+                continue;
+            }
             stat("total_hits", hits);
             let limit = match item.rule {
                 Rule::Limited(limit) => limit.count(),
