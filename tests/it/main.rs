@@ -42,6 +42,7 @@ mod rlqs;
 mod rlqs_e2e;
 mod runtime_overrides;
 mod settle;
+mod settle_attacks;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod store_scenarios;

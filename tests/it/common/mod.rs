@@ -453,3 +453,4 @@ pub async fn poll_until<T>(
     }
     value
 }
+pub mod faulty;
