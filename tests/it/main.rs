@@ -43,6 +43,7 @@ mod rlqs_e2e;
 mod runtime_overrides;
 mod settle;
 mod settle_attacks;
+mod settle_promise;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod store_scenarios;

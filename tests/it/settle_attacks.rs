@@ -204,7 +204,7 @@ async fn a_retry_after_a_late_store_answer_adjusts_once() {
 #[tokio::test]
 async fn a_refund_is_not_credited_to_the_next_calendar_window() {
     let dir = limits();
-    let mut s = Served::with_limits(table(dir.path())).await;
+    let s = Served::with_limits(table(dir.path())).await;
     let mut c = s.decisions.clone();
     let end = CalendarPeriod::Hour.window_end(T0);
     s.clock.set(end - 10 * SECOND);

@@ -33,7 +33,7 @@ impl Schedule {
         *self.0.lock().unwrap() = faults.into_iter().collect();
     }
 
-    fn next(&self) -> Fault {
+    pub fn next(&self) -> Fault {
         self.0.lock().unwrap().pop_front().unwrap_or(Fault::Pass)
     }
 }
@@ -45,18 +45,18 @@ fn timeout(op: &'static str) -> StoreError {
     }
 }
 
-/// Runs `call` under `fault`.
-pub async fn faulted<T>(
+/// Makes `call` under `fault` (only then: the memory store does its work when called).
+pub async fn faulted<'a, T>(
     fault: Fault,
     op: &'static str,
-    call: StoreFuture<'_, T>,
+    call: impl FnOnce() -> StoreFuture<'a, T>,
 ) -> Result<T, StoreError> {
     match fault {
-        Fault::Pass => call.await,
+        Fault::Pass => call().await,
         Fault::Refused => Err(StoreError::CircuitOpen),
         Fault::Lost => Err(timeout(op)),
         Fault::Late => {
-            call.await?;
+            call().await?;
             Err(timeout(op))
         }
     }
@@ -87,15 +87,13 @@ impl Store for FaultyStore {
             true => self.faults.next(),
             false => Fault::Pass,
         };
-        Box::pin(faulted(fault, "spend", self.inner.spend(items)))
+        Box::pin(faulted(fault, "spend", || self.inner.spend(items)))
     }
 
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
-        Box::pin(faulted(
-            self.faults.next(),
-            "refund",
-            self.inner.refund(items),
-        ))
+        Box::pin(faulted(self.faults.next(), "refund", || {
+            self.inner.refund(items)
+        }))
     }
 
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
