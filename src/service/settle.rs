@@ -1,10 +1,30 @@
-//! Settlements: a native `Check` made with a `request_id` is kept (its items, as the caller
-//! sent them) in a bounded table ([`Settlements`]: in memory, or in Redis for every
-//! replica), and `Settle` adjusts it once to the costs the items actually had. For each
-//! item the difference to what the Check spent is charged (into debt if need be) or
-//! refunded (never fuller than full, a refund capped at the bucket's burst). The claim is
-//! atomic in the table, so a retried or concurrent `Settle` counts once; one that cannot
-//! be applied (the store failed) is opened again for the retry.
+//! Settlements: a native `Check` made with a `request_id` is kept in a bounded table
+//! ([`Settlements`]: in memory, or in Redis for every replica), and `Settle` adjusts it
+//! once to the costs the items actually had.
+//!
+//! The promise: **counted once, never more back than was spent.**
+//!
+//! - One record per Check, of what was actually written, in the window it was written.
+//!   The record is *pending* while its Check is decided (a `Settle` then is UNAVAILABLE
+//!   and changes nothing). Once the Check is allowed, the record is *decided* with, per
+//!   item, the tokens the store wrote (0 for an item not written: a spend-only item that
+//!   did not fit, an unlimited or unconfigured rule, a check-only item, a cost of 0) and,
+//!   for a calendar limit, its period; the table's times of opening and deciding bound
+//!   when the spend happened, so they say which window it was spent in (if they straddle
+//!   a window's end, it is not known, and nothing is given back).
+//! - `Settle` charges what an item cost above what was spent, into debt if need be, now;
+//!   and refunds at most what was spent (never fuller than full, at most the bucket's
+//!   burst), and only into the calendar window it was spent in: nothing comes back for a
+//!   window that has ended (nor in the last [`REFUND_MARGIN`] of it, when the refund
+//!   could land in the next).
+//! - Mark first, then apply: the claim makes the record *settled* atomically in the table
+//!   before anything is charged or refunded, so a retry or a concurrent `Settle`, on any
+//!   replica, finds it settled and applies nothing. When a step fails, the record is
+//!   reopened (with what the steps before it applied folded into what was spent) only if
+//!   the failure surely applied nothing (the request was refused before it reached the
+//!   store's data: an open breaker, a backlog, a full table, an invalid item); a failure
+//!   that may have been applied (a missed deadline, a lost connection) leaves it settled
+//!   for good: the rest of that adjustment is lost rather than risk making it twice.
 
 use std::sync::Arc;
 
@@ -12,10 +32,12 @@ use prost::Message;
 use tonic::Status;
 
 use super::native::{decisions, item_specs, Use};
-use super::{CheckOptions, Decider, ItemSpec, Rule, MAX_BATCH};
+use super::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
+use crate::clock::{CalendarPeriod, Nanos, SECOND};
+use crate::gcra::{Mode, Window};
 use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
-use crate::store::shared::{Claim, Settlements};
+use crate::store::shared::{Claim, Kept, Settlements};
 use crate::store::StoreError;
 
 /// The longest request id (bytes).
@@ -24,6 +46,10 @@ pub const MAX_REQUEST_ID: usize = 128;
 /// The largest kept Check (its items, encoded): with `--settle-max-records` this bounds
 /// the table's memory.
 pub const MAX_RECORD: usize = 1024;
+
+/// A refund to a calendar window is given only while its window has this long left: a
+/// refund decided just before the window's end could land in the next one.
+pub const REFUND_MARGIN: Nanos = SECOND;
 
 /// What settles: the table, and the metrics that count it.
 pub struct Settler {
@@ -50,18 +76,168 @@ fn checked_id(field: &str, id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// What a Check item spent when it was allowed: its cost, unless it only checked.
-fn spent(item: &pb::Item) -> u64 {
-    if item.mode == pb::Mode::CheckOnly as i32 {
-        0
-    } else {
-        item.cost.unwrap_or(1)
-    }
-}
-
 /// The costs as the table keeps them (compared byte for byte on a retry).
 fn costs_bytes(costs: &[u64]) -> Vec<u8> {
     costs.iter().flat_map(|c| c.to_le_bytes()).collect()
+}
+
+/// The calendar periods, by their code in a record (1 + the index; 0 is no window).
+const PERIODS: [CalendarPeriod; 9] = [
+    CalendarPeriod::Second,
+    CalendarPeriod::Minute,
+    CalendarPeriod::Hour,
+    CalendarPeriod::Day,
+    CalendarPeriod::Month,
+    CalendarPeriod::Year,
+    CalendarPeriod::Week,
+    CalendarPeriod::Days30,
+    CalendarPeriod::Days365,
+];
+
+/// What a Check wrote for one item: tokens, and the calendar period they count in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spent {
+    tokens: u64,
+    period: Option<CalendarPeriod>,
+}
+
+const SPENT_BYTES: usize = 9;
+
+/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte).
+fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(spent.len() * SPENT_BYTES);
+    for s in spent {
+        out.extend_from_slice(&s.tokens.to_le_bytes());
+        let code = s
+            .period
+            .and_then(|p| PERIODS.iter().position(|&q| q == p))
+            .map_or(0, |i| i as u8 + 1);
+        out.push(code);
+    }
+    out
+}
+
+fn facts_of(bytes: &[u8]) -> Option<Vec<Spent>> {
+    if !bytes.len().is_multiple_of(SPENT_BYTES) {
+        return None;
+    }
+    bytes
+        .chunks_exact(SPENT_BYTES)
+        .map(|chunk| {
+            let tokens = u64::from_le_bytes(chunk[..8].try_into().ok()?);
+            let period = match chunk[8] {
+                0 => None,
+                code => Some(*PERIODS.get(usize::from(code) - 1)?),
+            };
+            Some(Spent { tokens, period })
+        })
+        .collect()
+}
+
+/// What an allowed Check wrote per item: its cost where the store spent it, else 0.
+fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
+    items
+        .iter()
+        .zip(&result.items)
+        .map(|(item, decided)| match decided.rule {
+            Rule::Limited(limit) => {
+                let written = decided.decision.allowed
+                    && matches!(
+                        decided.mode,
+                        Mode::CheckAndSpend | Mode::SpendOnly | Mode::Charge
+                    );
+                Spent {
+                    tokens: if written { item.cost.unwrap_or(1) } else { 0 },
+                    period: match limit.window() {
+                        Window::Calendar(period) => Some(period),
+                        Window::Gcra => None,
+                    },
+                }
+            }
+            _ => Spent {
+                tokens: 0,
+                period: None,
+            },
+        })
+        .collect()
+}
+
+/// Whether tokens spent in `period` while `kept` was decided may be given back at the
+/// claim's time: in the same window, with [`REFUND_MARGIN`] of it left.
+fn credited(period: Option<CalendarPeriod>, kept: &Kept) -> bool {
+    let Some(period) = period else {
+        return true;
+    };
+    let spent_in = period.window_end(kept.opened);
+    spent_in == period.window_end(kept.decided)
+        && spent_in == period.window_end(kept.now.saturating_add(REFUND_MARGIN))
+}
+
+/// Whether a failed step surely changed no bucket (so the record may be reopened).
+fn surely_not_applied(e: &DecideError) -> bool {
+    match e {
+        DecideError::Invalid(_) => true,
+        DecideError::Store(e) => matches!(
+            e,
+            StoreError::CircuitOpen
+                | StoreError::Backlog { .. }
+                | StoreError::Capacity(_)
+                | StoreError::Config(_)
+                | StoreError::Data(_)
+        ),
+    }
+}
+
+/// One `Settle`'s adjustment of a claimed record.
+struct Plan {
+    items: Vec<pb::Item>,
+    spent: Vec<Spent>,
+    charges: Vec<pb::Item>,
+    refunds: Vec<pb::Item>,
+    /// The facts once the charges are made (what a reopened record holds).
+    charged: Vec<Spent>,
+}
+
+/// The item as a plain spend of its bucket (a peek, or with a cost a refund).
+fn plain(item: &pb::Item) -> pb::Item {
+    pb::Item {
+        cost: None,
+        mode: pb::Mode::CheckAndSpend as i32,
+        ..item.clone()
+    }
+}
+
+impl Plan {
+    fn new(items: Vec<pb::Item>, spent: Vec<Spent>, costs: &[u64], kept: &Kept) -> Plan {
+        let mut charged = spent.clone();
+        let (mut charges, mut refunds) = (Vec::new(), Vec::new());
+        for ((item, s), (&actual, after)) in items
+            .iter()
+            .zip(&spent)
+            .zip(costs.iter().zip(charged.iter_mut()))
+        {
+            if actual > s.tokens {
+                charges.push(pb::Item {
+                    cost: Some(actual - s.tokens),
+                    mode: pb::Mode::Charge as i32,
+                    ..item.clone()
+                });
+                after.tokens = actual;
+            } else if actual < s.tokens && credited(s.period, kept) {
+                refunds.push(pb::Item {
+                    cost: Some(s.tokens - actual),
+                    ..plain(item)
+                });
+            }
+        }
+        Plan {
+            items,
+            spent,
+            charges,
+            refunds,
+            charged,
+        }
+    }
 }
 
 impl Settler {
@@ -69,9 +245,37 @@ impl Settler {
         Settler { table, metrics }
     }
 
-    /// Keeps `request` under its id before it is decided (an id kept already is
-    /// ALREADY_EXISTS, and nothing is decided). Returns the id to [`Settler::close`].
-    pub async fn open<'r>(&self, request: &'r pb::CheckRequest) -> Result<&'r str, Status> {
+    /// A `Check` with a request id: kept pending under its id before it is decided (an id
+    /// kept already is ALREADY_EXISTS, and nothing is decided), then decided with what it
+    /// spent if it was allowed, or dropped.
+    pub async fn check(
+        &self,
+        decider: &Decider,
+        request: &pb::CheckRequest,
+        items: &[ItemSpec<'_>],
+    ) -> Result<BatchResult, Status> {
+        let id = self.open(request).await?;
+        let result = decider.check(items).await;
+        match &result {
+            Ok(r) if r.overall.allowed => {
+                let facts = facts_bytes(&spent_by(&request.items, r));
+                match self.table.decide(id, &facts).await {
+                    Ok(_) => {}
+                    // Left pending: it expires unsettled, and the estimate stands.
+                    Err(e) => tracing::warn!(error = %e, "an allowed Check could not be kept"),
+                }
+            }
+            // Denied, or failed: nothing to settle.
+            _ => {
+                if let Err(e) = self.table.forget(id).await {
+                    tracing::warn!(error = %e, "a denied Check's request id could not be dropped");
+                }
+            }
+        }
+        Ok(result?)
+    }
+
+    async fn open<'r>(&self, request: &'r pb::CheckRequest) -> Result<&'r str, Status> {
         let id = request.request_id.as_str();
         checked_id("request_id", id)?;
         let record = pb::CheckRequest {
@@ -100,16 +304,7 @@ impl Settler {
         Ok(id)
     }
 
-    /// After the Check: a denied or failed one is not kept (there is nothing to settle).
-    pub async fn close(&self, id: &str, allowed: bool) {
-        if !allowed {
-            if let Err(e) = self.table.forget(id).await {
-                tracing::warn!(error = %e, "a denied Check's request id could not be dropped");
-            }
-        }
-    }
-
-    /// `Settle`: claims the kept Check, charges or refunds each item's difference, and
+    /// `Settle`: claims the decided record, charges or refunds each item's difference, and
     /// answers the buckets as they then are.
     pub async fn settle(
         &self,
@@ -125,105 +320,135 @@ impl Settler {
             )));
         }
         let costs = costs_bytes(&request.costs);
-        let (record, already_settled) = match self.table.claim(id, &costs).await {
-            Err(e) => return Err(store_failed(e)),
-            Ok(Claim::Unknown) => {
+        match self.table.claim(id, &costs).await.map_err(store_failed)? {
+            Claim::Unknown => {
                 counted(&self.metrics, "unknown");
-                return Err(Status::not_found(format!(
+                Err(Status::not_found(format!(
                     "request_id {id:?} is unknown: no allowed Check kept it, or it expired \
                      (--settle-window) or was pushed out (--settle-max-records)"
-                )));
+                )))
             }
-            Ok(Claim::Settled { costs: before, .. }) if before != costs => {
+            Claim::Pending => {
+                counted(&self.metrics, "pending");
+                Err(Status::unavailable(format!(
+                    "request_id {id:?}: its Check is still being decided; nothing was \
+                     settled, retry"
+                )))
+            }
+            Claim::Settled { costs: before, .. } if before != costs => {
                 counted(&self.metrics, "conflict");
-                return Err(Status::failed_precondition(format!(
+                Err(Status::failed_precondition(format!(
                     "request_id {id:?} was settled already, at other costs"
-                )));
+                )))
             }
-            Ok(Claim::Settled { record, .. }) => (record, true),
-            Ok(Claim::Claimed(record)) => (record, false),
-        };
-        let answer = self.apply(decider, &record, request, already_settled).await;
-        match &answer {
-            Err(_) if !already_settled => {
-                // Not applied: the retry may settle it.
-                if let Err(e) = self.table.unclaim(id).await {
-                    tracing::warn!(error = %e, "a settlement not applied could not be reopened");
-                }
+            Claim::Settled { kept, .. } => {
+                let items = read(&kept)?.0;
+                let answer = peek(decider, &items, true).await;
+                counted(&self.metrics, "retried");
+                answer
             }
-            Err(_) => {}
-            Ok(_) => counted(
-                &self.metrics,
-                if already_settled {
-                    "retried"
-                } else {
-                    "settled"
-                },
-            ),
+            Claim::Claimed(kept) => self.adjust(decider, id, &kept, &request.costs).await,
         }
-        answer
     }
 
-    async fn apply(
+    /// Applies a claimed record's adjustment, charges first, then refunds.
+    async fn adjust(
         &self,
         decider: &Decider,
-        record: &[u8],
-        request: &pb::SettleRequest,
-        already_settled: bool,
+        id: &str,
+        kept: &Kept,
+        costs: &[u64],
     ) -> Result<pb::SettleResponse, Status> {
-        let kept = pb::CheckRequest::decode(record)
-            .map_err(|_| Status::internal("a kept Check could not be read"))?;
-        if kept.items.len() != request.costs.len() {
-            return Err(Status::invalid_argument(format!(
-                "costs: {} given, the Check had {} items",
-                request.costs.len(),
-                kept.items.len()
-            )));
-        }
-        let plain = |item: &pb::Item| pb::Item {
-            cost: None,
-            mode: pb::Mode::CheckAndSpend as i32,
-            ..item.clone()
+        let (items, spent) = match read(kept) {
+            Ok(read) if read.0.len() == costs.len() => read,
+            other => {
+                // Nothing applied: the right costs may still settle it.
+                self.reopen(id, &kept.facts).await;
+                return Err(match other {
+                    Ok((items, _)) => Status::invalid_argument(format!(
+                        "costs: {} given, the Check had {} items",
+                        costs.len(),
+                        items.len()
+                    )),
+                    Err(e) => e,
+                });
+            }
         };
-        if !already_settled {
-            let mut charges = Vec::new();
-            let mut refunds = Vec::new();
-            for (item, &actual) in kept.items.iter().zip(&request.costs) {
-                let before = spent(item);
-                if actual > before {
-                    charges.push(pb::Item {
-                        cost: Some(actual - before),
-                        mode: pb::Mode::Charge as i32,
-                        ..item.clone()
-                    });
-                } else if actual < before {
-                    refunds.push(pb::Item {
-                        cost: Some(before - actual),
-                        ..plain(item)
-                    });
-                }
+        let plan = Plan::new(items, spent, costs, kept);
+        let specs = item_specs(&plan.charges, Use::Check)
+            .and_then(|charges| Ok((charges, item_specs(&plan.refunds, Use::Refund)?)));
+        let (charges, mut refunds) = match specs {
+            Ok(specs) => specs,
+            Err(e) => {
+                self.reopen(id, &kept.facts).await;
+                return Err(e);
             }
-            if !charges.is_empty() {
-                decider.check(&item_specs(&charges, Use::Check)?).await?;
-            }
-            if !refunds.is_empty() {
-                let mut specs = item_specs(&refunds, Use::Refund)?;
-                capped(decider, &mut specs)?;
-                decider.refund(&specs).await?;
+        };
+        if !charges.is_empty() {
+            if let Err(e) = decider.check(&charges).await {
+                return Err(self.failed(id, e, &facts_bytes(&plan.spent)).await);
             }
         }
-        let peeks: Vec<pb::Item> = kept.items.iter().map(plain).collect();
-        let result = decider.inspect(&item_specs(&peeks, Use::Admin)?).await?;
-        Ok(pb::SettleResponse {
-            items: decisions(&result).1,
-            already_settled,
-        })
+        if !refunds.is_empty() {
+            let refunded = match capped(decider, &mut refunds) {
+                Ok(()) => decider.refund(&refunds).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = refunded {
+                return Err(self.failed(id, e, &facts_bytes(&plan.charged)).await);
+            }
+        }
+        counted(&self.metrics, "settled");
+        peek(decider, &plan.items, false).await
     }
+
+    /// A step failed: reopens the record with `facts` if the failure surely applied
+    /// nothing, else leaves it settled for good.
+    async fn failed(&self, id: &str, e: DecideError, facts: &[u8]) -> Status {
+        if surely_not_applied(&e) {
+            self.reopen(id, facts).await;
+            return e.into();
+        }
+        counted(&self.metrics, "settled");
+        Status::unavailable(format!(
+            "{e}; request_id {id:?} is settled: its adjustment may have been made, in part or \
+             whole, and will not be made again"
+        ))
+    }
+
+    async fn reopen(&self, id: &str, facts: &[u8]) {
+        if let Err(e) = self.table.reopen(id, facts).await {
+            tracing::warn!(error = %e, "a settlement not applied could not be reopened");
+        }
+    }
+}
+
+/// A record's items and what each spent.
+fn read(kept: &Kept) -> Result<(Vec<pb::Item>, Vec<Spent>), Status> {
+    let check = pb::CheckRequest::decode(kept.check.as_slice());
+    match (check, facts_of(&kept.facts)) {
+        (Ok(check), Some(spent)) if check.items.len() == spent.len() => Ok((check.items, spent)),
+        _ => Err(Status::internal("a kept Check could not be read")),
+    }
+}
+
+/// The items' buckets as they are now.
+async fn peek(
+    decider: &Decider,
+    items: &[pb::Item],
+    already_settled: bool,
+) -> Result<pb::SettleResponse, Status> {
+    let peeks: Vec<pb::Item> = items.iter().map(plain).collect();
+    let result = decider.inspect(&item_specs(&peeks, Use::Admin)?).await?;
+    Ok(pb::SettleResponse {
+        items: decisions(&result).1,
+        already_settled,
+    })
 }
 
 /// A refund gives back at most a full bucket: a larger one is cut to the bucket's burst
 /// (which a plain `Refund` refuses as a mistake).
-fn capped(decider: &Decider, specs: &mut [ItemSpec<'_>]) -> Result<(), Status> {
+fn capped(decider: &Decider, specs: &mut [ItemSpec<'_>]) -> Result<(), DecideError> {
     let table = decider.limits();
     let options = CheckOptions {
         oversize_denies: true,

@@ -1,12 +1,14 @@
 //! The memory store's table of Checks kept for settling ([`Settlements`]): in this
 //! process, bounded in number of records and in how long each is kept. With the Redis
 //! store, the table is in Redis (`store::redis::settlements`), shared by the replicas.
+//! Every change of a record's state (pending, decided, settled) is made under the one
+//! lock, so it is atomic.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::store::shared::{Claim, Opened, Settlements};
+use crate::store::shared::{Claim, Kept, Opened, Settlements};
 use crate::store::StoreFuture;
 
 /// Checks kept for settling, in memory.
@@ -28,9 +30,34 @@ struct Ledger {
 
 struct Record {
     expires: Nanos,
-    record: Vec<u8>,
-    /// The costs it was settled with, once claimed.
-    settled: Option<Vec<u8>>,
+    check: Vec<u8>,
+    opened: Nanos,
+    state: State,
+}
+
+enum State {
+    /// Its Check is being decided.
+    Pending,
+    /// Decided (at that time, with those facts), not yet claimed.
+    Decided { at: Nanos, facts: Vec<u8> },
+    /// Claimed at `costs`.
+    Settled {
+        at: Nanos,
+        facts: Vec<u8>,
+        costs: Vec<u8>,
+    },
+}
+
+impl Record {
+    fn kept(&self, decided: Nanos, facts: &[u8], now: Nanos) -> Kept {
+        Kept {
+            check: self.check.clone(),
+            facts: facts.to_vec(),
+            opened: self.opened,
+            decided,
+            now,
+        }
+    }
 }
 
 impl Ledger {
@@ -90,7 +117,7 @@ impl MemorySettlements {
 }
 
 impl Settlements for MemorySettlements {
-    fn open<'a>(&'a self, id: &'a str, record: &'a [u8]) -> StoreFuture<'a, Opened> {
+    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened> {
         let now = self.clock.now();
         let mut ledger = self.ledger();
         ledger.purge(now);
@@ -109,8 +136,9 @@ impl Settlements for MemorySettlements {
             Box::from(id),
             Record {
                 expires,
-                record: record.to_vec(),
-                settled: None,
+                check: check.to_vec(),
+                opened: now,
+                state: State::Pending,
             },
         );
         ledger.order.push_back((expires, Box::from(id)));
@@ -126,6 +154,21 @@ impl Settlements for MemorySettlements {
         })))
     }
 
+    fn decide<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, bool> {
+        let now = self.clock.now();
+        let decided = match self.ledger().live(id, now) {
+            Some(r) if matches!(r.state, State::Pending) => {
+                r.state = State::Decided {
+                    at: now,
+                    facts: facts.to_vec(),
+                };
+                true
+            }
+            _ => false,
+        };
+        Box::pin(std::future::ready(Ok(decided)))
+    }
+
     fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
         self.ledger().records.remove(id);
         Box::pin(std::future::ready(Ok(())))
@@ -136,24 +179,35 @@ impl Settlements for MemorySettlements {
         let mut ledger = self.ledger();
         let claim = match ledger.live(id, now) {
             None => Claim::Unknown,
-            Some(r) => match &r.settled {
-                Some(settled) => Claim::Settled {
-                    record: r.record.clone(),
-                    costs: settled.clone(),
+            Some(r) => match &r.state {
+                State::Pending => Claim::Pending,
+                State::Settled { at, facts, costs } => Claim::Settled {
+                    kept: r.kept(*at, facts, now),
+                    costs: costs.clone(),
                 },
-                None => {
-                    r.settled = Some(costs.to_vec());
-                    Claim::Claimed(r.record.clone())
+                State::Decided { at, facts } => {
+                    let kept = r.kept(*at, facts, now);
+                    r.state = State::Settled {
+                        at: *at,
+                        facts: facts.clone(),
+                        costs: costs.to_vec(),
+                    };
+                    Claim::Claimed(kept)
                 }
             },
         };
         Box::pin(std::future::ready(Ok(claim)))
     }
 
-    fn unclaim<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
+    fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
         let now = self.clock.now();
         if let Some(r) = self.ledger().live(id, now) {
-            r.settled = None;
+            if let State::Settled { at, .. } = r.state {
+                r.state = State::Decided {
+                    at,
+                    facts: facts.to_vec(),
+                };
+            }
         }
         Box::pin(std::future::ready(Ok(())))
     }
@@ -171,9 +225,21 @@ mod tests {
         runtime.block_on(f).unwrap()
     }
 
+    /// The claim of a record opened and decided at `at`, claimed at `now`.
+    fn claimed(check: &[u8], facts: &[u8], at: Nanos, now: Nanos) -> Claim {
+        Claim::Claimed(Kept {
+            check: check.to_vec(),
+            facts: facts.to_vec(),
+            opened: at,
+            decided: at,
+            now,
+        })
+    }
+
     #[test]
-    fn records_are_kept_for_the_window_claimed_once_and_bounded() {
-        let clock = FakeClock::new(1_000 * SECOND);
+    fn records_are_pending_then_decided_then_claimed_once_and_bounded() {
+        let t = 1_000 * SECOND;
+        let clock = FakeClock::new(t);
         let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
         assert!(block(table.open("a", b"A")).written);
         assert!(
@@ -181,18 +247,26 @@ mod tests {
             "an id is kept once"
         );
         assert_eq!(block(table.claim("nope", b"1")), Claim::Unknown);
-        assert_eq!(block(table.claim("a", b"5")), Claim::Claimed(b"A".to_vec()));
+        assert_eq!(block(table.claim("a", b"5")), Claim::Pending, "not decided");
+        assert!(block(table.decide("a", b"F")));
+        assert!(!block(table.decide("a", b"G")), "decided once");
+        assert!(!block(table.decide("nope", b"G")));
+        assert_eq!(block(table.claim("a", b"5")), claimed(b"A", b"F", t, t));
         let settled = Claim::Settled {
-            record: b"A".to_vec(),
+            kept: match claimed(b"A", b"F", t, t) {
+                Claim::Claimed(kept) => kept,
+                _ => unreachable!(),
+            },
             costs: b"5".to_vec(),
         };
         assert_eq!(block(table.claim("a", b"6")), settled, "claimed once");
-        block(table.unclaim("a"));
-        assert_eq!(block(table.claim("a", b"6")), Claim::Claimed(b"A".to_vec()));
+        block(table.reopen("a", b"F2"));
+        assert_eq!(block(table.claim("a", b"6")), claimed(b"A", b"F2", t, t));
 
         // Full: the oldest is pushed out.
         block(table.open("b", b"B"));
         block(table.open("c", b"C"));
+        block(table.decide("c", b"F"));
         let opened = block(table.open("d", b"D"));
         assert_eq!((opened.written, opened.evicted), (true, 1));
         assert_eq!(block(table.claim("a", b"1")), Claim::Unknown);
@@ -202,15 +276,17 @@ mod tests {
         block(table.forget("b"));
         assert_eq!(block(table.claim("b", b"1")), Claim::Unknown);
         clock.advance(60 * SECOND - 1);
-        assert_eq!(block(table.claim("c", b"1")), Claim::Claimed(b"C".to_vec()));
+        let now = t + 60 * SECOND - 1;
+        assert_eq!(block(table.claim("c", b"1")), claimed(b"C", b"F", t, now));
         clock.advance(1);
         assert_eq!(block(table.claim("d", b"1")), Claim::Unknown);
         // An expired id may be used again; the stale order pair does not drop it.
         assert!(block(table.open("c", b"C2")).written);
         assert_eq!(table.len(), 1);
+        assert!(block(table.decide("c", b"F")));
         assert_eq!(
             block(table.claim("c", b"1")),
-            Claim::Claimed(b"C2".to_vec())
+            claimed(b"C2", b"F", now + 1, now + 1)
         );
     }
 
@@ -219,6 +295,7 @@ mod tests {
         let clock = FakeClock::new(1_000 * SECOND);
         let table = MemorySettlements::new(Arc::new(clock), 60 * SECOND, 10);
         block(table.open("kept", b"K"));
+        block(table.decide("kept", b"F"));
         for i in 0..1_000 {
             let id = format!("denied-{i}");
             block(table.open(&id, b"D"));
@@ -227,9 +304,9 @@ mod tests {
         let order = table.ledger().order.len();
         assert!(order <= 21, "{order} order pairs for one record");
         assert_eq!(table.len(), 1);
-        assert_eq!(
+        assert!(matches!(
             block(table.claim("kept", b"1")),
-            Claim::Claimed(b"K".to_vec())
-        );
+            Claim::Claimed(Kept { check, .. }) if check == b"K"
+        ));
     }
 }

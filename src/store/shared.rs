@@ -67,19 +67,32 @@ pub trait SharedDemand: Send + Sync + 'static {
 }
 
 /// The table of Checks kept for settling (see `crate::service::settle`): request id ->
-/// record (opaque bytes), each for the table's window, at most the table's number of
-/// records (beyond it, the oldest are pushed out). A record is open until it is claimed
-/// for settling, and then remembers the costs it was settled with.
+/// record, each for the table's window, at most the table's number of records (beyond it,
+/// the oldest are pushed out). The bytes are opaque to the table; the times are the
+/// table's own (its clock, or Redis's), which is also the store's.
+///
+/// A record goes through three states, each change atomic in the table:
+/// - **pending** ([`Settlements::open`]): its Check is being decided; it cannot be claimed;
+/// - **decided** ([`Settlements::decide`]): it holds what the Check actually spent, and
+///   can be claimed once;
+/// - **settled** ([`Settlements::claim`]): it remembers the costs it was settled with, for
+///   good, unless [`Settlements::reopen`] makes it decided again (with new facts) because
+///   its adjustment was surely not made.
 pub trait Settlements: Send + Sync + 'static {
-    /// Keeps `record` under `id` unless `id` is kept already, pushing out the oldest
-    /// records when the table is full.
-    fn open<'a>(&'a self, id: &'a str, record: &'a [u8]) -> StoreFuture<'a, Opened>;
+    /// Keeps `check` pending under `id` unless `id` is kept already, pushing out the
+    /// oldest records when the table is full.
+    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened>;
+    /// Makes the pending record of `id` decided, with `facts` (what its Check spent).
+    /// Whether it was pending (`false`: gone, e.g. pushed out).
+    fn decide<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, bool>;
     /// Drops the record of `id` (its Check was denied or failed).
     fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()>;
-    /// Claims the open record of `id` for settling at `costs` (opaque bytes).
+    /// Claims the decided record of `id` for settling at `costs` (opaque bytes): it is
+    /// settled from then on.
     fn claim<'a>(&'a self, id: &'a str, costs: &'a [u8]) -> StoreFuture<'a, Claim>;
-    /// Opens a claimed record again (its adjustment could not be made).
-    fn unclaim<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()>;
+    /// Makes a settled record decided again, with `facts` in place of its own: its
+    /// adjustment was (in part) surely not made, and a retry may make the rest.
+    fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()>;
 }
 
 /// What [`Settlements::open`] did.
@@ -91,13 +104,30 @@ pub struct Opened {
     pub evicted: u64,
 }
 
+/// A decided record, as a claim finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// The Check, as [`Settlements::open`] kept it.
+    pub check: Vec<u8>,
+    /// What it spent, as [`Settlements::decide`] (or [`Settlements::reopen`]) wrote it.
+    pub facts: Vec<u8>,
+    /// When it was opened (before its Check was decided), in the table's time.
+    pub opened: Nanos,
+    /// When it was decided (after its Check was decided).
+    pub decided: Nanos,
+    /// When this claim was made.
+    pub now: Nanos,
+}
+
 /// What [`Settlements::claim`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// No record of that id.
     Unknown,
-    /// The open record, now claimed.
-    Claimed(Vec<u8>),
+    /// Its Check is still being decided: nothing claimed.
+    Pending,
+    /// The decided record, now settled.
+    Claimed(Kept),
     /// Settled before, at `costs`.
-    Settled { record: Vec<u8>, costs: Vec<u8> },
+    Settled { kept: Kept, costs: Vec<u8> },
 }

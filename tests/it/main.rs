@@ -43,6 +43,8 @@ mod rlqs;
 mod rlqs_e2e;
 mod runtime_overrides;
 mod settle;
+mod settle_attacks;
+mod settle_promise;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod snapshot_file;

@@ -60,7 +60,8 @@ pub struct Metrics {
     /// Who is being denied (admin `Top`); set once the server has its clock.
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
-    /// `cellrate_settlements_total{result}`: settled, retried, unknown, conflict, pushed_out.
+    /// `cellrate_settlements_total{result}`: settled, retried, pending, unknown, conflict,
+    /// pushed_out.
     pub settlements: IntCounterVec,
     /// envoyproxy/ratelimit's per-descriptor statistics, by key and stat.
     ratelimit: RatelimitStats,
@@ -85,10 +86,18 @@ impl Metrics {
         let settlements = reg.counters_from_zero(
             "cellrate_settlements_total",
             "Settle calls and kept Checks, by result: settled, retried (already settled at \
-             the same costs), unknown (no such request id), conflict (settled at other \
+             the same costs), pending (its Check still being decided: nothing settled), \
+             unknown (no such request id), conflict (settled at other \
              costs), pushed_out (a kept Check dropped to make room).",
             "result",
-            &["settled", "retried", "unknown", "conflict", "pushed_out"],
+            &[
+                "settled",
+                "retried",
+                "pending",
+                "unknown",
+                "conflict",
+                "pushed_out",
+            ],
         );
         let ratelimit = RatelimitStats {
             hits: reg.counters(

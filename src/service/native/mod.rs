@@ -183,19 +183,15 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let answer = async {
             let items = item_specs(&request.get_ref().items, Use::Check)?;
-            let kept = match request.get_ref().request_id.is_empty() {
-                true => None,
-                false => Some((
-                    self.settler()?,
-                    self.settler()?.open(request.get_ref()).await?,
-                )),
+            let result = match request.get_ref().request_id.is_empty() {
+                true => self.decider.check(&items).await?,
+                false => {
+                    let settler = self.settler()?;
+                    settler
+                        .check(&self.decider, request.get_ref(), &items)
+                        .await?
+                }
             };
-            let result = self.decider.check(&items).await;
-            if let Some((settler, id)) = kept {
-                let allowed = result.as_ref().is_ok_and(|r| r.overall.allowed);
-                settler.close(id, allowed).await;
-            }
-            let result = result?;
             count_decisions(&self.metrics, "native", &result.items);
             trace::log_denied("native", request.metadata(), &result.items);
             let (overall, items) = decisions(&result);

@@ -1,14 +1,16 @@
 //! The Checks kept for `Settle`, in Redis (see `settle.lua`), so that a settlement counts
 //! once whichever replica it reaches: one record key per request id and an index by
 //! expiry, all tagged `{settle}` (one slot), over a connection of its own with a deadline
-//! of at least 1 s.
+//! of at least 1 s. Each change of a record's state is one script call, so atomic; its
+//! times are Redis's (the buckets' clock, on one server; on a cluster, the clock of the
+//! node that holds `{settle}`).
 
 use std::time::Duration;
 
 use super::connection::Connection;
 use super::RedisSettings;
 use crate::clock::{Nanos, MICROSECOND};
-use crate::store::shared::{Claim, Opened, Settlements};
+use crate::store::shared::{Claim, Kept, Opened, Settlements};
 use crate::store::{StoreError, StoreFuture};
 
 const SCRIPT: &str = include_str!("settle.lua");
@@ -74,10 +76,39 @@ fn flag(reply: &[Vec<u8>]) -> Option<&[u8]> {
     reply.first().map(Vec::as_slice)
 }
 
+/// Microseconds of Redis time, as the script writes them, in nanoseconds.
+fn micros(text: &[u8]) -> Result<Nanos, StoreError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(|us| us.checked_mul(MICROSECOND))
+        .ok_or(StoreError::MalformedReply)
+}
+
+/// A decided record from the script's `check, facts, opened, decided, now`.
+fn kept(mut parts: Vec<Vec<u8>>) -> Result<Kept, StoreError> {
+    if parts.len() != 5 {
+        return Err(StoreError::MalformedReply);
+    }
+    let now = micros(&parts[4])?;
+    let decided = micros(&parts[3])?;
+    let opened = micros(&parts[2])?;
+    parts.truncate(2);
+    let facts = parts.pop().unwrap_or_default();
+    let check = parts.pop().unwrap_or_default();
+    Ok(Kept {
+        check,
+        facts,
+        opened,
+        decided,
+        now,
+    })
+}
+
 impl Settlements for RedisSettlements {
-    fn open<'a>(&'a self, id: &'a str, record: &'a [u8]) -> StoreFuture<'a, Opened> {
+    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened> {
         Box::pin(async move {
-            let args: [&[u8]; 3] = [record, self.window_ms.as_bytes(), self.max.as_bytes()];
+            let args: [&[u8]; 3] = [check, self.window_ms.as_bytes(), self.max.as_bytes()];
             let reply = self.call("open", id, &args).await?;
             let evicted = reply
                 .get(1)
@@ -90,6 +121,13 @@ impl Settlements for RedisSettlements {
         })
     }
 
+    fn decide<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let reply = self.call("decide", id, &[facts]).await?;
+            Ok(flag(&reply) == Some(b"1"))
+        })
+    }
+
     fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.call("forget", id, &[]).await.map(|_| ()) })
     }
@@ -99,18 +137,22 @@ impl Settlements for RedisSettlements {
             let mut reply = self.call("claim", id, &[costs]).await?;
             match (flag(&reply), reply.len()) {
                 (Some(b"0"), 1) => Ok(Claim::Unknown),
-                (Some(b"1"), 2) => Ok(Claim::Claimed(reply.swap_remove(1))),
-                (Some(b"2"), 3) => {
-                    let record = reply.swap_remove(2);
+                (Some(b"3"), 1) => Ok(Claim::Pending),
+                (Some(b"1"), 6) => Ok(Claim::Claimed(kept(reply.split_off(1))?)),
+                (Some(b"2"), 7) => {
+                    let rest = reply.split_off(2);
                     let costs = reply.swap_remove(1);
-                    Ok(Claim::Settled { record, costs })
+                    Ok(Claim::Settled {
+                        kept: kept(rest)?,
+                        costs,
+                    })
                 }
                 _ => Err(StoreError::MalformedReply),
             }
         })
     }
 
-    fn unclaim<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
-        Box::pin(async move { self.call("unclaim", id, &[]).await.map(|_| ()) })
+    fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.call("reopen", id, &[facts]).await.map(|_| ()) })
     }
 }

@@ -462,3 +462,4 @@ pub async fn poll_until<T>(
     }
     value
 }
+pub mod faulty;
