@@ -681,6 +681,26 @@ NewOrdersPerAccount:
     }
 
     #[test]
+    fn an_alias_bomb_of_no_known_kind_is_reported_as_unreadable_yaml() {
+        // Nine levels of ten aliases each: 10^9 strings if expanded. Refused while parsing,
+        // and said so, naming the file (it was "unknown limits file").
+        let mut text = String::from("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let below = format!("*l{}", level - 1);
+            let list = [below.as_str(); 10].join(", ");
+            text.push_str(&format!("l{level}: &l{level} [{list}]\n"));
+        }
+        text.push_str("domain: bomb\n");
+        let errors = load(&[("bomb.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let shown = errors[0].to_string();
+        assert!(
+            shown.starts_with("bomb.yaml: the YAML could not be read: too many aliases"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn override_entries_are_counted_while_parsing() {
         // More entries than allowed (as aliases could produce): refused while parsing.
         let mut text = String::from("- &o\n  NewOrdersPerAccount: {deny: true, ids: [\"1\"]}\n");
