@@ -295,6 +295,28 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
             }
         }
     }
+    backoff(var, out)?;
+    if let Some(size) = var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES").filter(|s| !s.is_empty()) {
+        match size.parse::<u64>() {
+            Ok(n) if (1024..=64 << 20).contains(&n) => out
+                .flags
+                .extend(["--xds-max-message-bytes".to_string(), size]),
+            _ => {
+                return Err(format!(
+                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={size:?}: a number of bytes from 1024 \
+                     to 67108864"
+                ))
+            }
+        }
+    }
+    if flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
+        out.flags.push("--xds-force-start".to_string());
+    }
+    Ok(())
+}
+
+/// XDS_CLIENT_BACKOFF_INITIAL_INTERVAL and XDS_CLIENT_BACKOFF_MAX_INTERVAL.
+fn backoff(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
     let mut waits = Vec::new();
     for (name, flag) in [
         (
@@ -318,22 +340,6 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
                         XDS_CLIENT_BACKOFF_MAX_INTERVAL"
                 .to_string());
         }
-    }
-    if let Some(size) = var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES").filter(|s| !s.is_empty()) {
-        match size.parse::<u64>() {
-            Ok(n) if (1024..=64 << 20).contains(&n) => out
-                .flags
-                .extend(["--xds-max-message-bytes".to_string(), size]),
-            _ => {
-                return Err(format!(
-                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={size:?}: a number of bytes from 1024 \
-                     to 67108864"
-                ))
-            }
-        }
-    }
-    if flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
-        out.flags.push("--xds-force-start".to_string());
     }
     Ok(())
 }
