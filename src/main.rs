@@ -131,7 +131,12 @@ fn ratelimit_args() -> Result<AsRatelimit, (u8, String)> {
             translated,
         }),
         Ok(_) => Err((EXIT_USAGE, "not a serve command".to_string())),
-        Err(e) => Err((EXIT_USAGE, e.to_string())),
+        // The flags come from the environment (`translate` checks what it can, naming the
+        // variable): whatever still does not parse is configuration, not a command line.
+        Err(e) => Err((
+            EXIT_CONFIG,
+            format!("cellrate (as envoyproxy/ratelimit): the environment's flags: {e}"),
+        )),
     }
 }
 

@@ -457,7 +457,8 @@ pub struct ServeArgs {
     pub metrics_max_connections: usize,
 
     /// Open connections from one client address at most, on every listener (an IPv6
-    /// address counts by its /64); more are closed as they are accepted. 0: no such bound.
+    /// address counts by its /64), and never more than a quarter of that listener's own
+    /// bound (at least 1); more are closed as they are accepted. 0: no per-address bound.
     /// Raise it when many clients reach cellrate through one NAT or proxy address.
     #[arg(long, env = "CELLRATE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = crate::server::listener::DEFAULT_MAX_PER_ADDRESS)]
     pub max_connections_per_address: usize,

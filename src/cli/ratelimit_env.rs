@@ -159,8 +159,10 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
             ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
             ("GRPC_SERVER_TLS_KEY", "--tls-key"),
         ] {
-            let path =
-                var(name).ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
+            // Empty is missing: an empty flag value would be refused as a usage error.
+            let path = var(name)
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
             push(flag, path);
         }
         // mTLS: a client certificate from this CA is required, as there.
@@ -259,7 +261,13 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
     // "name1:value1,name2:value2".
     for entry in get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "").split(',') {
         match entry.split_once(':') {
-            Some((name, _)) if !name.trim().is_empty() => push("--xds-header", entry.to_string()),
+            Some((name, _)) if !name.trim().is_empty() => {
+                // Checked here as the flag checks it, so that a bad one names the variable.
+                super::xds_args::parse_header(entry).map_err(|e| {
+                    format!("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {entry:?}: {e}")
+                })?;
+                push("--xds-header", entry.to_string())
+            }
             _ if entry.is_empty() => {}
             _ => {
                 return Err(format!(
@@ -270,6 +278,11 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
     }
     let flag = |name: &str| boolean(name, &get(name, "false"));
     if flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")? {
+        both_or_neither(
+            var,
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        )?;
         out.flags.push("--xds-tls".to_string());
         for (name, flag) in [
             ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-ca"),
@@ -282,19 +295,7 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
             }
         }
     }
-    for (name, flag) in [
-        (
-            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-            "--xds-backoff-initial",
-        ),
-        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max"),
-    ] {
-        if let Some(value) = var(name) {
-            crate::limits::duration::parse_duration(&value)
-                .map_err(|e| format!("{name}={value:?}: {e}"))?;
-            out.flags.extend([flag.to_string(), value]);
-        }
-    }
+    backoff(var, out)?;
     if let Some(size) = var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES").filter(|s| !s.is_empty()) {
         match size.parse::<u64>() {
             Ok(n) if (1024..=64 << 20).contains(&n) => out
@@ -310,6 +311,35 @@ fn xds(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<()
     }
     if flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
         out.flags.push("--xds-force-start".to_string());
+    }
+    Ok(())
+}
+
+/// XDS_CLIENT_BACKOFF_INITIAL_INTERVAL and XDS_CLIENT_BACKOFF_MAX_INTERVAL.
+fn backoff(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
+    let mut waits = Vec::new();
+    for (name, flag) in [
+        (
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            "--xds-backoff-initial",
+        ),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max"),
+    ] {
+        if let Some(value) = var(name) {
+            // The flag's own check (10 ms to 1 h), so that a bad one names the variable.
+            waits.push(
+                super::xds_args::parse_wait(&value)
+                    .map_err(|e| format!("{name}={value:?}: {e}"))?,
+            );
+            out.flags.extend([flag.to_string(), value]);
+        }
+    }
+    if let [initial, max] = waits[..] {
+        if initial > max {
+            return Err("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL is longer than \
+                        XDS_CLIENT_BACKOFF_MAX_INTERVAL"
+                .to_string());
+        }
     }
     Ok(())
 }
@@ -395,6 +425,7 @@ fn redis_tls_files(
     var: &impl Fn(&str) -> Option<String>,
     flags: &mut Vec<String>,
 ) -> Result<(), String> {
+    both_or_neither(var, "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY")?;
     for (name, flag) in [
         ("REDIS_TLS_CACERT", "--redis-tls-ca"),
         ("REDIS_TLS_CLIENT_CERT", "--redis-tls-client-cert"),
@@ -416,6 +447,20 @@ fn redis_tls_files(
     Ok(())
 }
 
+/// A certificate and its key: both given (not empty), or neither.
+fn both_or_neither(
+    var: &impl Fn(&str) -> Option<String>,
+    cert: &str,
+    key: &str,
+) -> Result<(), String> {
+    let given = |name: &str| var(name).is_some_and(|v| !v.is_empty());
+    match (given(cert), given(key)) {
+        (true, false) => Err(format!("{cert} is set without {key}")),
+        (false, true) => Err(format!("{key} is set without {cert}")),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +472,57 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         translate(|name| env.get(name).cloned())
+    }
+
+    /// Variables: (name, value).
+    type Vars<'v> = &'v [(&'v str, &'v str)];
+
+    #[test]
+    fn values_the_flags_would_refuse_are_refused_naming_the_variable() {
+        let xds = [("BACKEND_TYPE", "memory"), ("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+        let redis = [("REDIS_URL", "r:6379"), ("REDIS_TLS", "true")];
+        let cases: &[(Vars, Vars, &str)] = &[
+            (
+                &[("BACKEND_TYPE", "memory")],
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", ""),
+                    ("GRPC_SERVER_TLS_KEY", "k"),
+                ],
+                "GRPC_SERVER_TLS_CERT: needed with GRPC_SERVER_USE_TLS",
+            ),
+            (&redis, &[("REDIS_TLS_CLIENT_CERT", "c")], "REDIS_TLS_CLIENT_CERT is set without REDIS_TLS_CLIENT_KEY"),
+            (
+                &xds,
+                &[("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b,bad name:v")],
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: \"bad name:v\": \"bad name\": not a header name",
+            ),
+            (
+                &xds,
+                &[("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "0s")],
+                "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=\"0s\": 0s: not between 10ms and 1h",
+            ),
+            (
+                &xds,
+                &[
+                    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s"),
+                    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1s"),
+                ],
+                "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL is longer than XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            ),
+            (
+                &xds,
+                &[
+                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "k"),
+                ],
+                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY is set without CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            ),
+        ];
+        for (base, bad, expected) in cases {
+            let vars: Vec<(&str, &str)> = base.iter().chain(bad.iter()).copied().collect();
+            assert_eq!(run(&vars).map(|t| t.flags), Err(expected.to_string()));
+        }
     }
 
     #[test]

@@ -76,7 +76,7 @@ fn parse_pair<const SEP: char>(text: &str) -> Result<(String, String), String> {
 }
 
 /// `NAME:VALUE`, both valid in a gRPC header.
-fn parse_header(text: &str) -> Result<(String, String), String> {
+pub(super) fn parse_header(text: &str) -> Result<(String, String), String> {
     let (name, value) = parse_pair::<':'>(text)?;
     let name = name.trim().to_ascii_lowercase();
     let value = value.trim().to_string();
@@ -92,7 +92,7 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 /// A wait: 10ms to 1h.
-fn parse_wait(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_wait(text: &str) -> Result<Duration, String> {
     let nanos = crate::limits::duration::parse_duration(text)?;
     let wait = Duration::from_nanos(nanos as u64);
     match (Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&wait) {

@@ -8,7 +8,9 @@
 //!   the bound the listener stops accepting (new clients wait in the kernel's backlog)
 //!   until a connection closes. The bound is clamped below the process's file-descriptor
 //!   limit, so that no listener can starve the others of descriptors. One client address
-//!   holds at most [`ConnectionLimits::max_per_address`] of them (`per_address.rs`).
+//!   holds at most [`ConnectionLimits::per_address_bound`] of them (`per_address.rs`):
+//!   the flag's bound, but never more than a quarter of the listener's total, so that one
+//!   address cannot fill a small listener (the metrics port's probes) by itself.
 //! - **Accept errors back off** (10 ms doubling to 1 s) instead of spinning on a full
 //!   descriptor table.
 //! - **Handshake timeout**: a connection must deliver its first 16 bytes (of the HTTP/2
@@ -42,7 +44,7 @@ pub struct ConnectionLimits {
     /// Open connections at most; more wait in the kernel's backlog.
     pub max_connections: usize,
     /// Open connections from one client address at most (0: no such bound); more are
-    /// closed as they are accepted.
+    /// closed as they are accepted. Capped per listener by [`Self::per_address_bound`].
     pub max_per_address: usize,
     /// Time for a new connection's first bytes (and, with TLS, its whole handshake).
     pub handshake_timeout: Duration,
@@ -68,6 +70,25 @@ impl Default for ConnectionLimits {
 /// per worker thread, so a few hundred leave room for many Envoys behind one NAT address
 /// while keeping one client from a listener's whole bound.
 pub const DEFAULT_MAX_PER_ADDRESS: usize = 512;
+
+/// The largest part of a listener's connections one client address may hold: a quarter,
+/// so that at least three other addresses (a kubelet's probe, Prometheus, an operator) find
+/// room whatever one address does.
+pub const PER_ADDRESS_SHARE_DIVISOR: usize = 4;
+
+impl ConnectionLimits {
+    /// The per-address bound in force on this listener (0: none): `max_per_address`, but at
+    /// most `max_connections / PER_ADDRESS_SHARE_DIVISOR` (at least 1). Without the cap, the
+    /// default 512 per address was above the metrics listener's whole bound (64): one
+    /// address holding 64 keep-alive connections kept every probe out.
+    pub fn per_address_bound(&self) -> usize {
+        if self.max_per_address == 0 {
+            return 0;
+        }
+        let share = (self.max_connections / PER_ADDRESS_SHARE_DIVISOR).max(1);
+        self.max_per_address.min(share)
+    }
+}
 
 /// Raises the soft limit on open files to the hard limit (as Go's runtime does) and
 /// returns the limit now in force, or `None` where it cannot be read.
@@ -126,8 +147,10 @@ impl GuardedListener {
             backoff: FIRST_BACKOFF,
             name,
             handshake_bytes: HANDSHAKE_BYTES,
-            per_address: (limits.max_per_address > 0)
-                .then(|| super::per_address::PerAddress::new(limits.max_per_address)),
+            per_address: match limits.per_address_bound() {
+                0 => None,
+                bound => Some(super::per_address::PerAddress::new(bound)),
+            },
         }
     }
 
@@ -411,5 +434,22 @@ mod tests {
         assert!(fitted.iter().sum::<usize>() <= 1024 - 256, "{fitted:?}");
         assert!(fitted.iter().all(|&n| n >= 1), "{fitted:?}");
         assert_eq!(fit_to_fd_limit(&[10, 10], Some(4), 256), vec![1, 1]);
+    }
+
+    #[test]
+    fn one_address_gets_at_most_a_quarter_of_a_listener() {
+        let bound = |max_connections, max_per_address| {
+            ConnectionLimits {
+                max_connections,
+                max_per_address,
+                ..ConnectionLimits::default()
+            }
+            .per_address_bound()
+        };
+        assert_eq!(bound(4096, 512), 512, "the flag, below a quarter");
+        assert_eq!(bound(64, 512), 16, "the metrics listener's quarter");
+        assert_eq!(bound(256, 512), 64, "the admin listener's quarter");
+        assert_eq!(bound(3, 512), 1, "at least one");
+        assert_eq!(bound(64, 0), 0, "0: no bound at all");
     }
 }

@@ -1,10 +1,10 @@
 //! Connections counted per client address, so that one client cannot take a listener's
-//! whole connection bound: beyond [`ConnectionLimits::max_per_address`] open connections
+//! whole connection bound: beyond [`ConnectionLimits::per_address_bound`] open connections
 //! from one address (an IPv6 address by its /64, as the AUTH lockout counts), a new one is
 //! closed as soon as it is accepted. Only addresses with open connections are tracked, so
 //! the table never holds more entries than the listener has connections.
 //!
-//! [`ConnectionLimits::max_per_address`]: super::listener::ConnectionLimits::max_per_address
+//! [`ConnectionLimits::per_address_bound`]: super::listener::ConnectionLimits::per_address_bound
 
 use std::collections::HashMap;
 use std::net::IpAddr;

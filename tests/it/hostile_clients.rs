@@ -425,6 +425,8 @@ async fn the_connection_bound_holds_and_health_still_answers() {
     let mut s = serve(ServerLimits {
         decisions: ConnectionLimits {
             max_connections: 4,
+            // Every connection here is from 127.0.0.1: the whole bound, not a share.
+            max_per_address: 0,
             ..ConnectionLimits::default()
         },
         ..ServerLimits::default()
@@ -635,4 +637,102 @@ async fn a_small_descriptor_limit_shrinks_the_bounds_instead_of_spinning() {
         "metrics starved"
     );
     drop(held);
+}
+
+/// Another loopback address than the attacker's (any 127.0.0.0/8 address works on Linux).
+fn other_address() -> std::net::IpAddr {
+    std::net::IpAddr::from([127, 0, 0, 2])
+}
+
+/// Opens keep-alive connections from 127.0.0.1, each asking `/healthz` once and then held,
+/// until one is left waiting (the listener is full) or `attempts` have been made; returns
+/// those answered. A connection closed by the server is not counted.
+async fn hold_http1(addr: std::net::SocketAddr, attempts: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..attempts {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let request = b"GET /healthz HTTP/1.1\r\nhost: cellrate\r\n\r\n";
+        if c.write_all(request).await.is_err() {
+            continue;
+        }
+        let mut answer = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(500), c.read(&mut answer)).await {
+            Ok(Ok(n)) if answer[..n].starts_with(b"HTTP/1.1 200") => held.push(c),
+            Ok(_) => {}      // closed: over this address's share
+            Err(_) => break, // waiting in the backlog: the listener is full
+        }
+    }
+    held
+}
+
+/// One address opens as many keep-alive connections to the metrics listener as it can:
+/// it gets a quarter of the listener (16 of 64), and a probe from another address is still
+/// answered at once. (With the flag's 512 alone, it held all 64 and the probe timed out.)
+#[tokio::test]
+async fn one_address_cannot_fill_the_metrics_listener() {
+    let s = serve(ServerLimits::default()).await;
+    let held = hold_http1(s.metrics_addr, 2 * 64).await;
+    let probe = async {
+        let mut probe =
+            crate::common::http1::Http1::connect_from(other_address(), s.metrics_addr).await;
+        probe.get("/healthz", &[]).await.status
+    };
+    let answered = tokio::time::timeout(Duration::from_secs(3), probe).await;
+    assert_eq!(
+        answered.ok(),
+        Some(200),
+        "a probe from another address while 127.0.0.1 holds {} connections",
+        held.len()
+    );
+    assert!(
+        held.len() <= 16,
+        "{} held: over a quarter of 64",
+        held.len()
+    );
+    drop(held);
+    s.stop().await;
+}
+
+/// The same on the admin listener (gRPC): one address holds a quarter of its 256
+/// connections, and a gRPC health check from another address is answered at once.
+#[tokio::test]
+async fn one_address_cannot_fill_the_admin_listener() {
+    let s = serve(ServerLimits::default()).await;
+    let mut held = Vec::new();
+    for _ in 0..2 * 256 {
+        let mut c = h2_connect(s.admin_addr).await;
+        match tokio::time::timeout(Duration::from_millis(500), read_frame(&mut c)).await {
+            Ok(Some((SETTINGS, ..))) => held.push(c),
+            Ok(_) => {}      // closed: over this address's share
+            Err(_) => break, // waiting in the backlog: the listener is full
+        }
+    }
+    let health = async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::new(other_address(), 0))
+            .unwrap();
+        let tcp = socket.connect(s.admin_addr).await.unwrap();
+        let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        let empty = grpc_frame(&tonic_health::pb::HealthCheckRequest::default());
+        let path = "/grpc.health.v1.Health/Check";
+        call_path(&mut client, s.admin_addr, path, &[&empty[..]])
+            .await
+            .0
+    };
+    let answered = tokio::time::timeout(Duration::from_secs(3), health).await;
+    assert_eq!(
+        answered.ok().flatten().as_deref(),
+        Some("0"),
+        "a health check from another address while 127.0.0.1 holds {} connections",
+        held.len()
+    );
+    assert!(
+        held.len() <= 64,
+        "{} held: over a quarter of 256",
+        held.len()
+    );
+    drop(held);
+    s.stop().await;
 }

@@ -549,3 +549,99 @@ descriptors:
     assert_eq!(stat("rl.user", "total_hits"), None);
     s.stop().await;
 }
+
+/// Run as `ratelimit`, every bad variable found by trying each through the binary exits 78
+/// naming the variable, before any port is bound; these exited 64 naming the `cellrate
+/// serve` flag they became (a TLS path set empty, a client certificate without its key, a
+/// bad extra xDS header, a backoff out of range), or 78 naming the flags.
+/// Variables: (name, value).
+type Vars<'v> = &'v [(&'v str, &'v str)];
+
+#[test]
+fn run_as_ratelimit_a_bad_variable_exits_78_naming_it() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("config")).unwrap();
+    let bin = root.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
+    let memory = [("BACKEND_TYPE", "memory")];
+    let xds = [("BACKEND_TYPE", "memory"), ("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+    let redis = [("REDIS_URL", "127.0.0.1:6379"), ("REDIS_TLS", "true")];
+    let cases: &[(Vars, Vars, &str)] = &[
+        (
+            &memory,
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", ""),
+                ("GRPC_SERVER_TLS_KEY", ""),
+            ],
+            "GRPC_SERVER_TLS_CERT",
+        ),
+        (
+            &redis,
+            &[("REDIS_TLS_CLIENT_CERT", "/c.pem")],
+            "REDIS_TLS_CLIENT_CERT",
+        ),
+        (
+            &redis,
+            &[("REDIS_TLS_CLIENT_KEY", "/c.key")],
+            "REDIS_TLS_CLIENT_KEY",
+        ),
+        (
+            &xds,
+            &[("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "bad name:v")],
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        ),
+        (
+            &xds,
+            &[("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-a:b\u{1}c")],
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        ),
+        (
+            &xds,
+            &[("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "0s")],
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        ),
+        (
+            &xds,
+            &[("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1000d")],
+            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        ),
+        (
+            &xds,
+            &[
+                ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s"),
+                ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1s"),
+            ],
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL is longer than XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        ),
+        (
+            &xds,
+            &[
+                ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c.pem"),
+            ],
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        ),
+    ];
+    for (base, bad, named) in cases {
+        let out = Command::new(&bin)
+            .env_clear()
+            .env("RUNTIME_ROOT", root.path())
+            .envs(base.iter().chain(bad.iter()).copied())
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", "0")
+            .env("HOST", "127.0.0.1")
+            .env("PORT", "0")
+            .env("CELLRATE_ADMIN_LISTEN", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{bad:?}: {stderr}");
+        assert!(stderr.contains(named), "{bad:?} names {named}: {stderr}");
+        assert!(!stderr.contains("--"), "{bad:?} names no flag: {stderr}");
+        assert!(
+            !stderr.contains("serving"),
+            "{bad:?} refused before serving: {stderr}"
+        );
+    }
+}

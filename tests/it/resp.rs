@@ -461,9 +461,11 @@ async fn an_address_that_guesses_on_many_connections_is_locked_out() {
 }
 
 /// Tight bounds for the attacker tests: 1 s for a command to arrive, 2 s idle, 4 connections.
+/// Four connections, all of which one address (127.0.0.1, every client here) may take.
 fn tight() -> ConnectionLimits {
     ConnectionLimits {
         max_connections: 4,
+        max_per_address: 0,
         handshake_timeout: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(2),
         ..ConnectionLimits::default()
@@ -691,6 +693,8 @@ async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
 async fn one_address_holds_at_most_its_share_of_connections() {
     let s = served_with(
         ConnectionLimits {
+            // 3, below the listener's quarter share (12 / 4).
+            max_connections: 12,
             max_per_address: 3,
             ..tight()
         },

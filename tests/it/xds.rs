@@ -11,11 +11,13 @@ use std::time::Duration;
 use crate::common::ads::{entry, gateway_config, response, Ads};
 use crate::common::pki::Pki;
 use crate::common::{
-    descriptor, http_get, http_get_async, poll_until, sample, stderr_lines, watching, Served,
+    descriptor, http_get, http_get_async, poll_until, sample, serve_with, stderr_lines, watching,
+    Served,
 };
 use cellrate::limits::config::LimitTable;
 use cellrate::server::xds::{XdsSettings, MAX_ELEMENTS, MAX_RESOURCES};
 use cellrate::server::Settings;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -539,5 +541,65 @@ async fn as_envoy_gateway_deploys_it_mtls_and_the_first_update_gates_serving() {
         streams,
         "no stream without a client certificate"
     );
+    ads.stop();
+}
+
+/// A control plane that sends bad update after bad update: every one is NACKed and counted,
+/// but the log holds the first rejection and then at most one line per 10 s (it held one
+/// line, of up to 4 KiB, per rejection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_updates_are_all_counted_but_logged_sparingly() {
+    const BAD: usize = 500;
+    const REJECTED: &str = "xDS update rejected";
+    let mut ads = Ads::start().await;
+    ads.set_configs(
+        "good",
+        &[gateway_config(
+            "gw",
+            "first-route",
+            2,
+            RateLimitUnit::Second,
+        )],
+    );
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let addr = ads.addr.to_string();
+    let server = serve_with(&config, &["--xds-server", &addr]);
+    assert_eq!(ads.next_answer(WAIT).await.request.version_info, "good");
+    let started = std::time::Instant::now();
+    for i in 0..BAD {
+        ads.set(DiscoveryResponse {
+            version_info: format!("bad-{i}"),
+            type_url: "type.googleapis.com/not.a.RateLimitConfig".to_string(),
+            ..Default::default()
+        });
+        let nack = ads.next_answer(WAIT).await.request;
+        assert!(nack.error_detail.is_some(), "update {i} NACKed: {nack:?}");
+    }
+    let elapsed = started.elapsed();
+    let (_, metrics) = http_get(&server.metrics, "/metrics");
+    assert_eq!(
+        sample(&metrics, "cellrate_xds_updates_total{result=\"rejected\"}"),
+        Some(BAD as f64),
+        "every rejection counted"
+    );
+    // The log lines are written before the counter moves: they are all in the pipe now.
+    let rejected: Vec<serde_json::Value> = (0..100_000)
+        .map_while(|_| server.logs.recv_timeout(Duration::from_millis(500)).ok())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .map(|v| v["fields"].clone())
+        .filter(|f| {
+            f["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(REJECTED))
+        })
+        .collect();
+    let allowed = 1 + elapsed.as_secs() as usize / 10 + 1;
+    assert!(
+        !rejected.is_empty() && rejected.len() <= allowed,
+        "{} lines for {BAD} rejections in {elapsed:?}",
+        rejected.len()
+    );
+    let first = rejected[0]["error"].to_string();
+    assert!(first.contains("not.a.RateLimitConfig"), "{first}");
     ads.stop();
 }

@@ -58,19 +58,28 @@ fn kinds<'f>(
 ) -> Vec<(FileKind, &'f str, &'f str)> {
     let mut kinds = Vec::new();
     for (file, text) in files {
-        match FileKind::of(file) {
-            Some(kind) => kinds.push((kind, file.as_str(), text.as_str())),
-            // Any other file with a top-level `domain`: envoyproxy/ratelimit's format.
-            None if is_ratelimit_file(text) => kinds.push((FileKind::Ratelimit, file, text)),
-            None if errors.len() >= MAX_ERRORS => {}
-            None => errors.push(ConfigError {
+        if let Some(kind) = FileKind::of(file) {
+            kinds.push((kind, file.as_str(), text.as_str()));
+            continue;
+        }
+        // Any other file with a top-level `domain`: envoyproxy/ratelimit's format.
+        let reason = match is_ratelimit_file(text) {
+            Ok(true) => {
+                kinds.push((FileKind::Ratelimit, file, text));
+                continue;
+            }
+            Ok(false) => "unknown limits file: expected names.yaml, defaults.yaml, \
+                          overrides*.yaml, descriptors.yaml, quota.yaml, or a file in \
+                          envoyproxy/ratelimit's format (a top-level domain)"
+                .to_string(),
+            Err(why) => format!("the YAML could not be read: {why}"),
+        };
+        if errors.len() < MAX_ERRORS {
+            errors.push(ConfigError {
                 file: short(file),
                 entry: None,
-                reason: "unknown limits file: expected names.yaml, defaults.yaml, \
-                         overrides*.yaml, descriptors.yaml, quota.yaml, or a file in \
-                         envoyproxy/ratelimit's format (a top-level domain)"
-                    .to_string(),
-            }),
+                reason,
+            });
         }
     }
     kinds.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));

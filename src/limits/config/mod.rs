@@ -32,6 +32,7 @@ use crate::limits::descriptors::DescriptorRules;
 use crate::limits::hash::ConfigMap;
 use crate::limits::names::{Name, Names};
 use crate::limits::ratelimit_format::RatelimitDomains;
+use crate::text::printable;
 
 use crate::limits::ratelimit_format::RateLimitConfig;
 pub use build::read_files;
@@ -101,11 +102,15 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// File names, entries and reasons quote a file's own text (a YAML key, a file name):
+/// control characters in them (a CR that would overwrite the line on a terminal, an ESC)
+/// are shown escaped, wherever the error is printed (`validate`, logs, a NACK).
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (file, reason) = (printable(&self.file), printable(&self.reason));
         match &self.entry {
-            Some(entry) => write!(f, "{}: {}: {}", self.file, entry, self.reason),
-            None => write!(f, "{}: {}", self.file, self.reason),
+            Some(entry) => write!(f, "{file}: {}: {reason}", printable(entry)),
+            None => write!(f, "{file}: {reason}"),
         }
     }
 }
@@ -677,6 +682,46 @@ NewOrdersPerAccount:
             !errors[0].reason.contains(&"x".repeat(MAX_QUOTE)),
             "{}",
             errors[0]
+        );
+    }
+
+    #[test]
+    fn a_carriage_return_in_a_file_name_or_an_entry_is_shown_escaped() {
+        let errors = load(&[
+            ("b\rc.yaml", "x: 1\n"),
+            (
+                "defaults.yaml",
+                "\"New\\rName\": {burst: 1, count: 1, period: 1s}\n",
+            ),
+        ])
+        .unwrap_err()
+        .0;
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(shown.iter().all(|e| !e.contains('\r')), "{shown:?}");
+        assert!(shown[0].starts_with("b\\u{000D}c.yaml: "), "{shown:?}");
+        assert!(
+            shown[1].starts_with("defaults.yaml: New\\u{000D}Name: "),
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn an_alias_bomb_of_no_known_kind_is_reported_as_unreadable_yaml() {
+        // Nine levels of ten aliases each: 10^9 strings if expanded. Refused while parsing,
+        // and said so, naming the file (it was "unknown limits file").
+        let mut text = String::from("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let below = format!("*l{}", level - 1);
+            let list = [below.as_str(); 10].join(", ");
+            text.push_str(&format!("l{level}: &l{level} [{list}]\n"));
+        }
+        text.push_str("domain: bomb\n");
+        let errors = load(&[("bomb.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let shown = errors[0].to_string();
+        assert!(
+            shown.starts_with("bomb.yaml: the YAML could not be read: too many aliases"),
+            "{shown}"
         );
     }
 

@@ -436,11 +436,15 @@ descriptors:
     fn numbers_and_booleans_read_as_text_and_the_format_is_recognised() {
         let d = load(&["domain: 7\ndescriptors: [{key: code, value: 200, rate_limit: {unit: Second, requests_per_unit: 4}}]"]).unwrap();
         assert_eq!(limit(&d, "7", &[("code", "200")]), Some((4, Unit::Second)));
-        assert!(is_ratelimit_file("domain: edge\ndescriptors: []\n"));
-        assert!(!is_ratelimit_file(
-            "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s}\n"
-        ));
-        assert!(!is_ratelimit_file("- a\n- b\n"));
-        assert!(!is_ratelimit_file(": : :"));
+        assert_eq!(
+            is_ratelimit_file("domain: edge\ndescriptors: []\n"),
+            Ok(true)
+        );
+        assert_eq!(
+            is_ratelimit_file("NewOrdersPerAccount: {burst: 1, count: 1, period: 1s}\n"),
+            Ok(false)
+        );
+        assert_eq!(is_ratelimit_file("- a\n- b\n"), Ok(false));
+        assert!(is_ratelimit_file("a: [").is_err());
     }
 }

@@ -100,12 +100,23 @@ fn scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error
     deserializer.deserialize_any(Scalar)
 }
 
-/// Whether a file's text is in this format: a YAML map with a top-level `domain`.
-pub fn is_ratelimit_file(text: &str) -> bool {
-    matches!(
-        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text),
-        Ok(serde_yaml_ng::Value::Mapping(map)) if map.contains_key("domain")
-    )
+/// Whether a file's text is in this format: a YAML map with a top-level `domain`. `Err`:
+/// why its YAML cannot be read (so that an alias bomb, refused here cheaply, is reported
+/// as that rather than as a file of no known kind).
+pub fn is_ratelimit_file(text: &str) -> Result<bool, String> {
+    match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) {
+        Ok(serde_yaml_ng::Value::Mapping(map)) => Ok(map.contains_key("domain")),
+        Ok(_) => Ok(false),
+        Err(e) => {
+            let e = e.to_string();
+            // serde_yaml_ng's words for aliases that expand beyond its bound.
+            if e.contains("repetition limit exceeded") {
+                Err(format!("too many aliases ({e})"))
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Reading one file: where its descriptors are counted and errors gathered.

@@ -23,6 +23,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -50,6 +51,12 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The longest NACK message sent (the errors are cut there).
 const MAX_NACK_MESSAGE: usize = 4096;
+
+/// At most one "update rejected" log line this often: a control plane that sends bad
+/// update after bad update must not flood the log (each line holds up to 4 KiB of errors;
+/// 10^5 rejections wrote 10^5 lines). `cellrate_xds_updates_total{result="rejected"}`
+/// still counts every one.
+const REJECTION_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// TLS to the control plane (PEM contents, read at startup).
 #[derive(Debug, Clone, Default)]
@@ -189,6 +196,29 @@ impl Backoff {
     }
 }
 
+/// Which rejections get a log line: the first, then at most one per
+/// [`REJECTION_LOG_INTERVAL`], each saying how many went unlogged since the line before.
+#[derive(Debug, Default)]
+struct RejectionLog {
+    last_line: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RejectionLog {
+    /// Counts a rejection at `now`: `Some(rejections unlogged before it)` when it is to be
+    /// logged, `None` when it is only counted.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        if let Some(last) = self.last_line {
+            if now.saturating_duration_since(last) < REJECTION_LOG_INTERVAL {
+                self.unlogged += 1;
+                return None;
+            }
+        }
+        self.last_line = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
 /// What a session needs.
 pub struct XdsClient {
     pub settings: XdsSettings,
@@ -204,9 +234,11 @@ impl XdsClient {
         let mut backoff = Backoff::new(self.settings.backoff_initial, self.settings.backoff_max);
         // The last version ACKed: a new stream starts from it.
         let mut acked = String::new();
+        // Kept across streams: reconnecting does not reset the log's throttle.
+        let mut rejections = RejectionLog::default();
         loop {
             let outcome = tokio::select! {
-                outcome = self.session(&mut acked, &mut backoff) => outcome,
+                outcome = self.session(&mut acked, &mut backoff, &mut rejections) => outcome,
                 _ = stop.cancelled() => return,
             };
             self.metrics.config.xds_connected.set(0);
@@ -220,7 +252,12 @@ impl XdsClient {
     }
 
     /// One stream, from connecting to its end: why it ended.
-    async fn session(&self, acked: &mut String, backoff: &mut Backoff) -> String {
+    async fn session(
+        &self,
+        acked: &mut String,
+        backoff: &mut Backoff,
+        rejections: &mut RejectionLog,
+    ) -> String {
         let channel = match self.settings.endpoint() {
             Ok(endpoint) => match endpoint.connect().await {
                 Ok(channel) => channel,
@@ -247,7 +284,7 @@ impl XdsClient {
             };
             // A stream that delivers is healthy: the next failure waits little again.
             backoff.reset();
-            let answer = self.answer(received, acked).await;
+            let answer = self.answer(received, acked, rejections).await;
             if tx.send(answer).await.is_err() {
                 return "the request stream closed".to_string();
             }
@@ -273,7 +310,12 @@ impl XdsClient {
     }
 
     /// The request that answers `received`: an ACK when it is now in force, else a NACK.
-    async fn answer(&self, received: Received, acked: &mut String) -> DiscoveryRequest {
+    async fn answer(
+        &self,
+        received: Received,
+        acked: &mut String,
+        rejections: &mut RejectionLog,
+    ) -> DiscoveryRequest {
         let (version, nonce, outcome) = match received {
             Received::Refused {
                 version_info,
@@ -293,7 +335,9 @@ impl XdsClient {
                 self.request(acked, &nonce, None)
             }
             Err(reason) => {
-                tracing::error!(version = %shown(&version, 200), error = %shown(&reason, MAX_NACK_MESSAGE), "xDS update rejected (NACK); the limits in force stay");
+                if let Some(unlogged) = rejections.note(Instant::now()) {
+                    tracing::error!(version = %shown(&version, 200), error = %shown(&reason, MAX_NACK_MESSAGE), rejected_unlogged_before = unlogged, "xDS update rejected (NACK); the limits in force stay; further rejections within 10 s are only counted");
+                }
                 self.metrics
                     .config
                     .xds_updates
@@ -381,6 +425,23 @@ mod tests {
         }
         b.reset();
         assert!(b.wait() <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn rejections_are_logged_first_then_once_an_interval_with_the_unlogged_count() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut log = RejectionLog::default();
+        assert_eq!(log.note(at(0)), Some(0), "the first is logged");
+        let within: Vec<_> = (1..=1000).map(|i| log.note(at(i * 9))).collect();
+        assert!(within.iter().all(Option::is_none), "1000 within 10 s");
+        assert_eq!(
+            log.note(at(10_000)),
+            Some(1000),
+            "then one line, with the count"
+        );
+        assert_eq!(log.note(at(10_001)), None);
+        assert_eq!(log.note(at(60_000)), Some(1));
     }
 
     #[test]
