@@ -236,6 +236,13 @@ impl RedisArgs {
                 "--store redis needs --redis-url, --redis-sentinel or --redis-cluster-nodes"
             );
         }
+        let urls = self.redis_url.iter().map(|u| ("--redis-url", u));
+        let nodes = self.redis_cluster_nodes.iter().map(|u| ("--redis-cluster-nodes", u));
+        for (flag, url) in urls.chain(nodes) {
+            if let Some(problem) = crate::store::redis::url_problem(url) {
+                anyhow::bail!("{flag}: {problem}");
+            }
+        }
         let sentinel = self
             .redis_sentinel_master
             .as_ref()

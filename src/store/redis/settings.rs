@@ -168,3 +168,25 @@ impl Default for Coalescing {
         Coalescing::DEFAULT
     }
 }
+
+/// Why `url` (a `--redis-url` or `--redis-cluster-nodes` entry) is not a Redis URL, if it
+/// is not: checked when the flags are read, so that a bad URL exits before any port is
+/// bound. The URL is not echoed (it may hold a password).
+pub fn url_problem(url: &str) -> Option<String> {
+    #[cfg(feature = "redis")]
+    {
+        use redis::IntoConnectionInfo;
+        url.into_connection_info().err().map(|e| {
+            format!(
+                "not a Redis URL ({:?}): redis://[[user]:password@]host[:port][/db], \
+                 rediss:// for TLS, or unix:///path",
+                e.kind()
+            )
+        })
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = url;
+        None
+    }
+}
