@@ -55,6 +55,8 @@ mod deny_cache;
 #[cfg(feature = "redis")]
 mod failure;
 #[cfg(feature = "redis")]
+mod failure_log;
+#[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]
 mod sentinel;
