@@ -46,6 +46,8 @@ mod settle;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod snapshot_file;
+#[cfg(feature = "redis")]
+mod store_log;
 mod store_scenarios;
 mod structure;
 mod xds;
