@@ -390,6 +390,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn backend_errors_are_classified_where_they_are_seen() {
+        use std::io::{Error, ErrorKind};
+        let kind = |io: ErrorKind| {
+            store_error("spend", redis::RedisError::from(Error::from(io))).failure_kind()
+        };
+        assert_eq!(kind(ErrorKind::TimedOut), Some(FailureKind::Deadline));
+        assert_eq!(
+            kind(ErrorKind::ConnectionRefused),
+            Some(FailureKind::Refused)
+        );
+        assert_eq!(kind(ErrorKind::ConnectionReset), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::BrokenPipe), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::UnexpectedEof), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::PermissionDenied), Some(FailureKind::Other));
+        let reply = redis::RedisError::from((redis::ErrorKind::Client, "OOM command not allowed"));
+        assert_eq!(
+            store_error("spend", reply).failure_kind(),
+            Some(FailureKind::Other)
+        );
+        // Our own refusals are no failure of Redis.
+        assert_eq!(StoreError::CircuitOpen.failure_kind(), None);
+    }
+
+    #[test]
     fn script_replies_are_checked() {
         let keys = || ["a", "b"].into_iter();
         let ok = parse_read(&["5", "", "7"], keys(), false).unwrap();
