@@ -35,8 +35,8 @@
 //!                (sharded, all-or-nothing), measured.rs (timing; the observer for
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
 //!                demand, settlements; settlements.rs keeps them in memory), redis/
-//!                (script calls, cluster, breaker, deny cache, failure policy,
-//!                coalescing, shared tables)
+//!                (script calls, cluster, breaker, deny cache, failure policy and
+//!                failure log, coalescing, shared tables)
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and

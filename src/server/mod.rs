@@ -55,7 +55,7 @@ use crate::store::{Store, StoreError};
 use grpc::{GrpcHealth, Stacks};
 use listener::GuardedListener;
 use reload::Reloader;
-use store::Stores;
+use store::{StartProbe, Stores};
 
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,8 @@ impl Server {
         let limits = settings.server.fitted();
         let http = [self.listeners.metrics, self.listeners.health];
         let mut first_config = background.start(&shared, &runtime, &settings, limits, http);
-        background.snapshots(self.stores.snapshot.as_ref(), &settings, &shared.metrics);
+        let (snapshot, probe) = (self.stores.snapshot.as_ref(), self.stores.start_probe);
+        background.store_tasks(snapshot, probe, &settings, &shared.metrics);
         tokio::pin!(shutdown);
         if let Some(first_config) = first_config.as_mut() {
             // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions
@@ -340,14 +341,19 @@ impl Background {
         (!force_start).then_some(first_config)
     }
 
-    /// With a snapshot file and an interval: writes the memory store's snapshot every
-    /// interval.
-    fn snapshots(
+    /// The store's own tasks: the first call to a shared store (which logs whether it
+    /// answered), and with a snapshot file and an interval, writing the memory store's
+    /// snapshot every interval.
+    fn store_tasks(
         &self,
         store: Option<&Arc<crate::store::MemoryStore>>,
+        probe: Option<StartProbe>,
         settings: &Settings,
         metrics: &Arc<Metrics>,
     ) {
+        if let Some(probe) = probe {
+            self.tasks.spawn(probe);
+        }
         let (Some(store), Some(snapshot)) = (store, &settings.snapshot) else {
             return;
         };

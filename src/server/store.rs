@@ -24,7 +24,13 @@ pub struct Stores {
     pub settlements: Option<Arc<dyn Settlements>>,
     /// The memory store, when its snapshot file is to be written.
     pub snapshot: Option<Arc<MemoryStore>>,
+    /// The first call to a shared store, which logs whether it answered: run once the
+    /// server starts (it ends by itself, within its deadline).
+    pub start_probe: Option<StartProbe>,
 }
+
+/// A task that ends by itself.
+pub type StartProbe = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 impl Stores {
     /// `store` alone: nothing shared.
@@ -35,6 +41,7 @@ impl Stores {
             shared_demand: None,
             settlements: None,
             snapshot: None,
+            start_probe: None,
         }
     }
 
@@ -94,7 +101,9 @@ impl Stores {
                 if *required_for_ready {
                     health.require_store_health(store.healthy());
                 }
+                let probe = store.clone();
                 Ok(Stores {
+                    start_probe: Some(Box::pin(async move { probe.probe_at_start().await })),
                     store,
                     shared_overrides: Some(Arc::new(RedisOverrides::new(redis)?)),
                     shared_demand: Some(Arc::new(RedisDemand::new(redis, 3 * settings.rlqs.sync)?)),

@@ -39,7 +39,8 @@ pub async fn sweep(
 }
 
 /// Copies the shared temporary overrides every `every` (at once first) until `stopped`.
-/// A failure keeps the last copy in force (each override still expiring on time).
+/// A failure keeps the last copy in force (each override still expiring on time); before
+/// the first copy there is none, and the store's own lines say why Redis does not answer.
 pub async fn sync_overrides(
     runtime: Arc<RuntimeOverrides>,
     limits: Arc<ArcSwap<LimitTable>>,
@@ -49,7 +50,7 @@ pub async fn sync_overrides(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
+    let (mut failing, mut copied) = (false, false);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -62,6 +63,7 @@ pub async fn sync_overrides(
                     tracing::info!("temporary overrides: copied from redis again");
                     failing = false;
                 }
+                copied = true;
                 if synced.changed {
                     tracing::info!(
                         applied = synced.applied,
@@ -79,13 +81,20 @@ pub async fn sync_overrides(
             }
             Err(e) => {
                 metrics.config.override_sync_failures.inc();
-                if !failing {
+                if !failing && copied {
                     tracing::warn!(
                         error = %e,
                         "temporary overrides: cannot copy them from redis; the last copy stays in force"
                     );
-                    failing = true;
+                } else if !failing {
+                    // Nothing was copied, so nothing stays in force: the store's start
+                    // line says whether Redis answers.
+                    tracing::info!(
+                        error = %e,
+                        "temporary overrides: not copied from redis yet; none applies until it answers"
+                    );
                 }
+                failing = true;
             }
         }
     }

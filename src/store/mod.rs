@@ -76,10 +76,12 @@ pub enum StoreError {
     /// store, which must not count toward the breaker nor be decided by a failure policy.
     #[error("{0}")]
     Data(String),
-    /// The backend failed (connection refused, a Redis error reply, ...).
+    /// The backend failed (connection refused, a Redis error reply, ...); `kind` says how,
+    /// as classified where the backend's error was seen.
     #[error("redis {context}: {source}")]
     Backend {
         context: &'static str,
+        kind: FailureKind,
         #[source]
         source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
     },
@@ -100,15 +102,81 @@ pub enum StoreError {
     },
 }
 
+/// How a store failed to answer, for the operator: what to look at differs by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// No answer within the call's deadline.
+    Deadline,
+    /// The connection was refused (nothing listens at the address).
+    Refused,
+    /// The connection broke: reset, broken pipe, closed mid-call.
+    Reset,
+    /// Anything else (an error reply, a malformed answer, a TLS or login failure, ...).
+    Other,
+}
+
+impl FailureKind {
+    /// Every kind, in the order of [`FailureKind::index`].
+    pub const ALL: [FailureKind; 4] = [
+        FailureKind::Deadline,
+        FailureKind::Refused,
+        FailureKind::Reset,
+        FailureKind::Other,
+    ];
+
+    /// The kind's name in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Deadline => "deadline",
+            FailureKind::Refused => "refused",
+            FailureKind::Reset => "reset",
+            FailureKind::Other => "other",
+        }
+    }
+
+    /// Its position in [`FailureKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 impl StoreError {
-    /// A backend failure, keeping the backend's error as the source.
+    /// A backend failure of no particular kind, keeping the backend's error as the source.
     pub fn backend(
+        context: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::backend_of(FailureKind::Other, context, source)
+    }
+
+    /// A backend failure of `kind`, keeping the backend's error as the source.
+    pub fn backend_of(
+        kind: FailureKind,
         context: &'static str,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> StoreError {
         StoreError::Backend {
             context,
+            kind,
             source: std::sync::Arc::new(source),
+        }
+    }
+
+    /// How the store failed to answer, for errors that say the store did not answer:
+    /// `None` for a refusal of our own (an open breaker, a full queue or table), a bad
+    /// bucket or bad settings.
+    pub fn failure_kind(&self) -> Option<FailureKind> {
+        match self {
+            StoreError::Timeout { .. } => Some(FailureKind::Deadline),
+            StoreError::Backend { kind, .. } => Some(*kind),
+            StoreError::MalformedReply => Some(FailureKind::Other),
+            StoreError::Partial { source, .. } => source.failure_kind(),
+            StoreError::Backlog { .. }
+            | StoreError::CircuitOpen
+            | StoreError::Capacity(_)
+            | StoreError::Data(_)
+            | StoreError::Config(_)
+            | StoreError::Inconsistent(_) => None,
         }
     }
 

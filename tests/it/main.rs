@@ -48,6 +48,8 @@ mod settle_promise;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 mod snapshot_file;
+#[cfg(feature = "redis")]
+mod store_log;
 mod store_scenarios;
 mod structure;
 mod xds;

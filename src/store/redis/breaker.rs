@@ -68,6 +68,7 @@ impl RedisStore {
             breaker.failures.store(0, Ordering::Relaxed);
             if breaker.open_until.swap(0, Ordering::Relaxed) != 0 {
                 self.observer.event(StoreEvent::BreakerClosed);
+                self.failure_log.breaker_turned(false, slot);
             }
             breaker.trial.store(false, Ordering::Relaxed);
             return;
@@ -78,6 +79,7 @@ impl RedisStore {
             let until = self.mono() + self.settings.breaker_cooldown.as_nanos() as i64;
             if breaker.open_until.swap(until.max(1), Ordering::Relaxed) == 0 {
                 self.observer.event(StoreEvent::BreakerOpened);
+                self.failure_log.breaker_turned(true, slot);
             }
             breaker.trial.store(false, Ordering::Relaxed);
         }

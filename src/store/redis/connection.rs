@@ -12,7 +12,10 @@ use super::sentinel::SentinelLink;
 use super::wire::{Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
-use crate::store::{StoreError, StoreEvent};
+use crate::store::{FailureKind, StoreError, StoreEvent};
+
+/// The shortest deadline of the call made at start ([`RedisStore::probe_at_start`]).
+const START_DEADLINE: Duration = Duration::from_secs(1);
 
 pub(super) enum Connection {
     Single(ConnectionManager),
@@ -132,8 +135,23 @@ fn certificates(tls: &super::RedisTls) -> Option<redis::TlsCertificates> {
     })
 }
 
+/// A Redis error as a store error, classified here, where the backend's error is seen.
 pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {
-    StoreError::backend(context, e)
+    StoreError::backend_of(failure_kind(&e), context, e)
+}
+
+/// How a call failed, from redis-rs's error: its deadline (redis-rs's own response
+/// timeout), a refused connection, a connection that broke, or anything else.
+fn failure_kind(e: &redis::RedisError) -> FailureKind {
+    if e.is_timeout() {
+        FailureKind::Deadline
+    } else if e.is_connection_refusal() {
+        FailureKind::Refused
+    } else if e.is_connection_dropped() {
+        FailureKind::Reset
+    } else {
+        FailureKind::Other
+    }
 }
 
 impl RedisStore {
@@ -231,6 +249,31 @@ impl RedisStore {
         Ok(reads)
     }
 
+    /// Asks Redis once, as the first call after start, and logs whether it answered and in
+    /// how long. The call runs the script on no bucket (it changes nothing), outside the
+    /// breaker, within `--redis-timeout-ms` but at least [`START_DEADLINE`]: a first call
+    /// also connects (and shakes hands over TLS).
+    pub async fn probe_at_start(&self) {
+        let within = self.settings.timeout.max(START_DEADLINE);
+        let mut invocation = self.script.prepare_invoke();
+        invocation.arg(Op::Reset.name()).arg(self.now_arg());
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(
+            within,
+            self.connection
+                .invoke::<Vec<String>>(&invocation, "first call"),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Timeout {
+                op: "first call",
+                timeout: within,
+            })
+        })
+        .and_then(|values| parse_read(&values, std::iter::empty(), true).map(|_| ()));
+        self.failure_log.at_start(answer, started.elapsed(), within);
+    }
+
     /// `now` for the script: empty for Redis `TIME`, else cellrate's clock.
     fn now_arg(&self) -> String {
         match self.settings.clock {
@@ -251,18 +294,25 @@ impl RedisStore {
             self.observer.event(StoreEvent::BreakerRejection);
             return Err(StoreError::CircuitOpen);
         }
+        let deadline = StoreError::Timeout {
+            op: op.name(),
+            timeout: self.settings.timeout,
+        };
         tokio::time::timeout(
             self.settings.timeout,
             self.connection.invoke::<Vec<String>>(invocation, op.name()),
         )
         .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Timeout {
-                op: op.name(),
-                timeout: self.settings.timeout,
-            })
+        .unwrap_or_else(|_| Err(deadline.clone()))
+        // One wording for a deadline missed, whether ours or redis-rs's cut the call off.
+        .map_err(|e| match e.failure_kind() {
+            Some(FailureKind::Deadline) => deadline,
+            _ => e,
         })
-        .inspect_err(|_| self.note(slot, false))
+        .inspect_err(|e| {
+            self.failure_log.failed(e);
+            self.note(slot, false);
+        })
     }
 }
 
@@ -338,6 +388,30 @@ impl<T: Copy + Eq + std::hash::Hash> Dedup<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_errors_are_classified_where_they_are_seen() {
+        use std::io::{Error, ErrorKind};
+        let kind = |io: ErrorKind| {
+            store_error("spend", redis::RedisError::from(Error::from(io))).failure_kind()
+        };
+        assert_eq!(kind(ErrorKind::TimedOut), Some(FailureKind::Deadline));
+        assert_eq!(
+            kind(ErrorKind::ConnectionRefused),
+            Some(FailureKind::Refused)
+        );
+        assert_eq!(kind(ErrorKind::ConnectionReset), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::BrokenPipe), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::UnexpectedEof), Some(FailureKind::Reset));
+        assert_eq!(kind(ErrorKind::PermissionDenied), Some(FailureKind::Other));
+        let reply = redis::RedisError::from((redis::ErrorKind::Client, "OOM command not allowed"));
+        assert_eq!(
+            store_error("spend", reply).failure_kind(),
+            Some(FailureKind::Other)
+        );
+        // Our own refusals are no failure of Redis.
+        assert_eq!(StoreError::CircuitOpen.failure_kind(), None);
+    }
 
     #[test]
     fn script_replies_are_checked() {

@@ -30,7 +30,9 @@
 //! breaker per slot (one for standalone) fails fast after repeated errors and lets exactly
 //! one trial through after a cool-down (half-open). On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
 //! default; Envoy's `failure_mode_deny` then decides), allow, deny, or decide locally in
-//! memory with a share of each limit. Connections re-establish by themselves.
+//! memory with a share of each limit. Connections re-establish by themselves. Failures and
+//! breaker turns are logged at WARN, a few lines a minute at most (`failure_log.rs`); the
+//! first call, at start, logs whether Redis answered.
 //!
 //! **Sentinel.** The sentinels name the master; a failover is followed (`sentinel.rs`).
 
@@ -54,6 +56,8 @@ mod demand;
 mod deny_cache;
 #[cfg(feature = "redis")]
 mod failure;
+#[cfg(feature = "redis")]
+mod failure_log;
 #[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]

@@ -9,6 +9,7 @@ use super::cluster::{escape, SLOTS};
 use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
+use super::failure_log::FailureLog;
 use super::wire::{Op, Read, Wire};
 use super::{FailurePolicy, RedisSettings};
 use crate::clock::{CalendarPeriod, Clock};
@@ -28,6 +29,8 @@ pub struct RedisStore {
     pub(super) settings: RedisSettings,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) observer: Arc<dyn StoreObserver>,
+    /// The failure lines of the log (rate-limited).
+    pub(super) failure_log: FailureLog,
     pub(super) fallback: Option<MemoryStore>,
     pub(super) breakers: Box<[Breaker]>,
     pub(super) started: Instant,
@@ -64,8 +67,10 @@ impl RedisStore {
         let deny_cache = settings.deny_cache;
         let fallback =
             (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
+        let failure_log = FailureLog::new(&settings);
         Ok(Arc::new_cyclic(|me| RedisStore {
             me: me.clone(),
+            failure_log,
             lanes: Lanes::new(breakers),
             connection,
             script: redis::Script::new(SCRIPT),

@@ -260,6 +260,8 @@ pub struct Process {
     pub metrics: String,
     /// The Redis-protocol listener (`off` unless `--resp-listen` was given).
     pub resp: String,
+    /// Its log lines (JSON) up to the "cellrate serving" line.
+    pub early: Vec<String>,
     /// Its log lines (JSON) after the "cellrate serving" line, as they come.
     pub logs: std::sync::mpsc::Receiver<String>,
 }
@@ -324,8 +326,10 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
         .spawn()
         .expect("cellrate starts");
     let lines = stderr_lines(&mut child);
+    let mut early = Vec::new();
     let announced = (0..10_000)
         .map_while(|_| lines.recv_timeout(Duration::from_secs(20)).ok())
+        .inspect(|line| early.push(line.clone()))
         .find_map(|line| {
             let v = serde_json::from_str::<Value>(&line).ok()?;
             let f = &v["fields"];
@@ -351,6 +355,7 @@ fn serve_command(mut command: Command, config: &Path, extra: &[&str]) -> Process
         admin,
         metrics,
         resp,
+        early,
         logs: lines,
     }
 }
