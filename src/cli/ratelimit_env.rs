@@ -375,12 +375,28 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
         Some(password) => format!("{scheme}://:{password}@{host}"),
         None => format!("{scheme}://{host}"),
     };
+    // What --redis-url would refuse, said of the variables that made it.
+    let checked = |host: &str| {
+        let made = url(host);
+        match crate::store::redis::url_problem(&made) {
+            Some(_) => Err(format!(
+                "REDIS_URL (with REDIS_AUTH): {:?} is no host:port",
+                crate::text::printable(crate::text::cut_bytes(host, 64))
+            )),
+            None => Ok(made),
+        }
+    };
     out.flags
         .extend(["--store".to_string(), "redis".to_string()]);
     match var("REDIS_TYPE").as_deref().unwrap_or("single") {
-        "single" | "SINGLE" => out.flags.extend(["--redis-url".to_string(), url(&urls)]),
+        "single" | "SINGLE" => out
+            .flags
+            .extend(["--redis-url".to_string(), checked(&urls)?]),
         "cluster" | "CLUSTER" => {
-            let nodes: Vec<String> = urls.split(',').map(|h| url(h.trim())).collect();
+            let nodes: Vec<String> = urls
+                .split(',')
+                .map(|h| checked(h.trim()))
+                .collect::<Result<_, _>>()?;
             out.flags
                 .extend(["--redis-cluster-nodes".to_string(), nodes.join(",")]);
         }

@@ -237,7 +237,10 @@ impl RedisArgs {
             );
         }
         let urls = self.redis_url.iter().map(|u| ("--redis-url", u));
-        let nodes = self.redis_cluster_nodes.iter().map(|u| ("--redis-cluster-nodes", u));
+        let nodes = self
+            .redis_cluster_nodes
+            .iter()
+            .map(|u| ("--redis-cluster-nodes", u));
         for (flag, url) in urls.chain(nodes) {
             if let Some(problem) = crate::store::redis::url_problem(url) {
                 anyhow::bail!("{flag}: {problem}");

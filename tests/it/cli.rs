@@ -196,6 +196,34 @@ fn serve_exits_64_on_an_empty_admin_token() {
     }
 }
 
+/// A Redis URL that is no URL is refused when the flags are read, before any port is
+/// bound (it bound them and exited 1 later), without echoing it (it may hold a password).
+#[test]
+fn serve_exits_64_on_a_redis_url_that_is_no_url() {
+    for (flag, url) in [
+        ("--redis-url", "localhost:abc"),
+        ("--redis-url", "redis://u:secret/pw@host:1"),
+        ("--redis-cluster-nodes", "redis://a:1,not a host"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .args(LOOPBACK)
+            .args(["--store", "redis", flag, url])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{url}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("not a Redis URL"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("secret") && !stderr.contains("serving"),
+            "{stderr}"
+        );
+    }
+}
+
 /// The Redis TLS files: one that cannot be read or holds no PEM certificate (or key) is
 /// named, exit 78 as for the other TLS files; a CA or client certificate with a plain
 /// redis:// URL (never used) or with Sentinel (not served) is a command-line fault, 64.

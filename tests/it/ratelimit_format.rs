@@ -587,6 +587,16 @@ fn run_as_ratelimit_a_bad_variable_exits_78_naming_it() {
             "REDIS_TLS_CLIENT_KEY",
         ),
         (
+            &[("BACKEND_TYPE", "redis")],
+            &[("REDIS_URL", "localhost:abc")],
+            "REDIS_URL",
+        ),
+        (
+            &[("BACKEND_TYPE", "redis"), ("REDIS_TYPE", "cluster")],
+            &[("REDIS_URL", "a:1, not a host")],
+            "REDIS_URL",
+        ),
+        (
             &xds,
             &[("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "bad name:v")],
             "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",

@@ -38,8 +38,8 @@
 
 mod settings;
 pub use settings::{
-    url_problem, Coalescing, FailurePolicy, RedisClock, RedisSettings, RedisTls,
-    SentinelSettings, MAX_TLS_FILE_BYTES, SENTINEL_TLS_REFUSED,
+    url_problem, Coalescing, FailurePolicy, RedisClock, RedisSettings, RedisTls, SentinelSettings,
+    MAX_TLS_FILE_BYTES, SENTINEL_TLS_REFUSED,
 };
 
 #[cfg(feature = "redis")]
