@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::common::{descriptor, http_get_async, Served};
+use crate::common::{descriptor, directory, http_get_async, Served};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
@@ -31,14 +31,6 @@ descriptors:
   - key: huge
     rate_limit: {unit: second, requests_per_unit: 4294967295}
 ";
-
-fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (file, text) in files {
-        std::fs::write(dir.path().join(file), text).unwrap();
-    }
-    dir
-}
 
 async fn served(dir: &Path, settings: Settings) -> Served {
     let limits = LimitTable::load_dir(dir).expect("the directory loads");

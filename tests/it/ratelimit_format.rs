@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::{descriptor, Served};
+use crate::common::{descriptor, directory, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::server::Settings;
@@ -56,14 +56,6 @@ descriptors:
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 3}
 ";
-
-fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (file, text) in files {
-        std::fs::write(dir.path().join(file), text).unwrap();
-    }
-    dir
-}
 
 async fn served(dir: &Path, counting: RatelimitCounting) -> Served {
     let settings = Settings {

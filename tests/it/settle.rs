@@ -52,7 +52,7 @@ async fn estimate(
         .into_inner())
 }
 
-async fn settle(
+pub(crate) async fn settle(
     client: &mut Client,
     request_id: &str,
     costs: &[u64],

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::common::faulty::{Fault, FaultyStore};
 use crate::common::redis_server::RedisServer;
 use crate::common::{item, remaining, serve_with, Served, T0};
+use crate::settle::settle;
 use cellrate::clock::{CalendarPeriod, FakeClock, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
@@ -54,20 +55,6 @@ async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool, to
         .await?
         .into_inner();
     Ok(answer.overall.unwrap().allowed)
-}
-
-async fn settle(
-    client: &mut Client,
-    id: &str,
-    costs: &[u64],
-) -> Result<pb::SettleResponse, tonic::Status> {
-    Ok(client
-        .settle(pb::SettleRequest {
-            request_id: id.to_string(),
-            costs: costs.to_vec(),
-        })
-        .await?
-        .into_inner())
 }
 
 /// #46 item 4: a spend-only item that did not fit was not written; settling it at 0 used

@@ -468,3 +468,12 @@ pub async fn poll_until<T>(
     value
 }
 pub mod faulty;
+
+/// A temporary directory holding `files` (name, text): a limits directory for a test.
+pub fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.path().join(file), text).unwrap();
+    }
+    dir
+}
