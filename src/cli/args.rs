@@ -120,9 +120,9 @@ pub struct OverrideSetArgs {
     /// Why (logged, reported by inspect).
     #[arg(long, default_value = "")]
     pub comment: String,
-    /// Who (default: $USER).
-    #[arg(long, env = "USER", default_value = "")]
-    pub author: String,
+    /// Who (default: $USER, else $LOGNAME, else "uid N" for this process's user).
+    #[arg(long, env = "USER")]
+    pub author: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
