@@ -2,7 +2,8 @@
 //!
 //! Callers ask "may this happen now?" and get an exact answer. Envoy and Istio ask through
 //! Envoy's Rate Limit Service protocol; services use the native API (`Check`, `Refund`);
-//! operators use the admin API (`Reset`, `Inspect`), `grpcurl` and the CLI.
+//! operators use the admin API (`Reset`, `Inspect`, `Top`, temporary overrides), `grpcurl`
+//! and the CLI.
 //!
 //! # Layout
 //!

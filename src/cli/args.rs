@@ -120,9 +120,9 @@ pub struct OverrideSetArgs {
     /// Why (logged, reported by inspect).
     #[arg(long, default_value = "")]
     pub comment: String,
-    /// Who (default: $USER).
-    #[arg(long, env = "USER", default_value = "")]
-    pub author: String,
+    /// Who (default: $USER, else $LOGNAME, else "uid N" for this process's user).
+    #[arg(long, env = "USER")]
+    pub author: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -249,7 +249,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_LISTEN", default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
 
-    /// Admin listener: cellrate.v1.Admin (Reset, Inspect), health, reflection.
+    /// Admin listener: cellrate.v1.Admin (Reset, Inspect, Top, SetOverride, ClearOverride,
+    /// ListOverrides), health, reflection.
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = "127.0.0.1:8082")]
     pub admin_listen: SocketAddr,
 
@@ -306,7 +307,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RELOAD_DEBOUNCE_MS", default_value_t = 200)]
     pub reload_debounce_ms: u64,
 
-    /// Bearer token required on admin RPCs (Reset, Inspect).
+    /// Bearer token required on every admin RPC (Reset, Inspect, Top, SetOverride,
+    /// ClearOverride, ListOverrides).
     #[arg(long, env = "CELLRATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 

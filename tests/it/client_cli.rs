@@ -205,6 +205,13 @@ fn admin_commands_send_the_token() {
     let out = cellrate(&server.listen, &server.admin, &inspect, &[]);
     assert_eq!(out.status.code(), Some(77), "{}", stderr(&out));
     assert!(stderr(&out).contains("Unauthenticated"), "{}", stderr(&out));
+    // It says how to give the token.
+    assert!(
+        stderr(&out)
+            .contains("no admin token was given: pass --admin-token or set CELLRATE_ADMIN_TOKEN"),
+        "{}",
+        stderr(&out)
+    );
     let out = cellrate(
         &server.listen,
         &server.admin,
@@ -212,6 +219,13 @@ fn admin_commands_send_the_token() {
         &[("CELLRATE_ADMIN_TOKEN", "wrong")],
     );
     assert_eq!(out.status.code(), Some(77));
+    assert!(
+        stderr(&out).contains(
+            "the admin token given (--admin-token or CELLRATE_ADMIN_TOKEN) is not the server's"
+        ),
+        "{}",
+        stderr(&out)
+    );
     let out = cellrate(
         &server.listen,
         &server.admin,
@@ -585,4 +599,44 @@ fn control_and_format_characters_never_reach_a_terminal_or_a_log_line() {
         .expect("the override is logged");
     assert!(line.contains("ad\\u{200B}min\\u{202E}\\u{2028}x"), "{line}");
     assert!(!line.chars().any(cellrate::text::unprintable), "{line:?}");
+}
+
+/// `admin override set` without `--author`: `$USER`, else `$LOGNAME`, else the user id
+/// (the CLI runs here with nothing of the caller's environment, as in a container or a CI
+/// job, where `USER` is often unset).
+#[test]
+fn an_override_always_has_an_author() {
+    let server = serve();
+    let uid = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    };
+    for (id, env, author) in [
+        ("key-1", vec![], format!("uid {uid}")),
+        ("key-2", vec![("LOGNAME", "logged")], "logged".to_string()),
+        (
+            "key-3",
+            vec![("USER", "user"), ("LOGNAME", "logged")],
+            "user".to_string(),
+        ),
+    ] {
+        let args = [
+            "admin",
+            "override",
+            "set",
+            "ApiRequestsPerKey",
+            id,
+            "--deny",
+            "--ttl",
+            "1m",
+            "--json",
+        ];
+        let out = cellrate(&server.listen, &server.admin, &args, &env);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(
+            json(&out)["entries"][0]["author"],
+            author.as_str(),
+            "{env:?}"
+        );
+    }
 }

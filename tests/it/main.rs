@@ -11,6 +11,7 @@ mod cli;
 mod client_cli;
 mod concurrency;
 mod deploy;
+mod doc_lists;
 mod envoy_descriptors;
 mod envoy_e2e;
 mod envoy_rls;

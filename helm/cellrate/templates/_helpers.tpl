@@ -53,6 +53,12 @@ refused unless memoryStore.independentReplicas opts in.
 {{- if and .Values.redis.tls.existingSecret (not .Values.redis.tls.caKey) (not (and .Values.redis.tls.certKey .Values.redis.tls.keyKey)) -}}
 {{- fail "cellrate: redis.tls.existingSecret needs caKey, or certKey and keyKey." -}}
 {{- end -}}
+{{- if and .Values.service.exposeAdmin (not .Values.adminToken.existingSecret) -}}
+{{- fail "cellrate: service.exposeAdmin puts the admin RPCs (Reset, SetOverride, ...) on the pod IP and in the Service; without a token anyone who reaches the port may reset buckets and lift limits. Create a Secret with a token (kubectl create secret generic cellrate-admin --from-literal=token=\"$(openssl rand -hex 32)\") and set adminToken.existingSecret=cellrate-admin. For TLS: the chart does not turn on cellrate's own (--tls-cert/--tls-key would cover both gRPC listeners, and the chart's gRPC readiness probe speaks plaintext): encrypt the admin traffic with your mesh's mTLS (Istio: the port is named grpc-admin), or keep exposeAdmin false and use kubectl port-forward." -}}
+{{- end -}}
+{{- if and .Values.redis.enabled (eq .Values.redis.failurePolicy "local") (ne (int .Values.redis.localDivisor) 0) (ne (int .Values.redis.localDivisor) (int (include "cellrate.localDivisor" .))) -}}
+{{- fail (printf "cellrate: redis.localDivisor is %d, but %s: with failurePolicy local each replica would admit 1/%d of every limit while Redis fails, %s. Leave redis.localDivisor at 0 (the chart derives it) or set it to %s." (int .Values.redis.localDivisor) (ternary (printf "autoscaling may run up to %d replicas (autoscaling.maxReplicas)" (int .Values.autoscaling.maxReplicas)) (printf "replicaCount is %d" (int .Values.replicaCount)) .Values.autoscaling.enabled) (int .Values.redis.localDivisor) (ternary "so the replicas together would admit more than the limits" "so the replicas together would admit less than the limits" (lt (int .Values.redis.localDivisor) (int (include "cellrate.localDivisor" .)))) (include "cellrate.localDivisor" .)) -}}
+{{- end -}}
 {{- if .Values.memoryStore.snapshot.enabled -}}
 {{- if .Values.redis.enabled -}}
 {{- fail "cellrate: memoryStore.snapshot keeps the memory store's buckets; with redis.enabled they live in Redis. Turn one off." -}}
@@ -61,4 +67,13 @@ refused unless memoryStore.independentReplicas opts in.
 {{- fail "cellrate: memoryStore.snapshot keeps one replica's buckets in one file; several replicas would overwrite one another's. Run one replica (replicaCount: 1, autoscaling.enabled: false)." -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The failure policy local's divisor: each replica admits 1/divisor of every limit while Redis
+fails, so the replicas together admit at most the limit. The replica count, or with
+autoscaling its maximum (fewer replicas then admit less than the limit, never more).
+*/}}
+{{- define "cellrate.localDivisor" -}}
+{{- if .Values.autoscaling.enabled -}}{{ int .Values.autoscaling.maxReplicas }}{{- else -}}{{ int .Values.replicaCount }}{{- end -}}
 {{- end -}}

@@ -16,6 +16,21 @@ fn nanos_duration(ns: i64) -> prost_types::Duration {
     }
 }
 
+/// Who sets an override: `--author` (or `$USER`, its variable), else `$LOGNAME`, else the
+/// process's user id, so that no override is anonymous where neither variable is set (a
+/// container, cron, a CI job).
+fn author(given: Option<&str>) -> String {
+    if let Some(author) = given.filter(|a| !a.is_empty()) {
+        return author.to_string();
+    }
+    if let Some(login) = std::env::var("LOGNAME").ok().filter(|l| !l.is_empty()) {
+        return login;
+    }
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's user; elsewhere (no procfs) leave it empty.
+    std::fs::metadata("/proc/self").map_or_else(|_| String::new(), |m| format!("uid {}", m.uid()))
+}
+
 const OVERRIDE_HEADER: [&str; 6] = ["NAME", "ID", "OVERRIDE", "EXPIRES IN", "AUTHOR", "COMMENT"];
 
 fn override_row(o: &pb::RuntimeOverride) -> (Vec<String>, Value) {
@@ -66,7 +81,7 @@ pub(super) async fn set(args: &OverrideSetArgs) -> Result<Answer, Failed> {
             deny: args.deny,
             ttl: Some(nanos_duration(args.ttl)),
             comment: args.comment.clone(),
-            author: args.author.clone(),
+            author: author(args.author.as_deref()),
             calendar: args.calendar.clone().unwrap_or_default(),
         };
         let entry = admin_call(

@@ -107,6 +107,16 @@ pub(super) fn hint(client: &ClientArgs, failed: Failed) -> Failed {
             format!("{message} (does the server use TLS? then give --tls-ca)"),
         );
     }
+    if exit == Exit::NoPermission && message.starts_with("Unauthenticated") {
+        let hint = match client.admin_token {
+            None => "no admin token was given: pass --admin-token or set CELLRATE_ADMIN_TOKEN",
+            Some(_) => {
+                "the admin token given (--admin-token or CELLRATE_ADMIN_TOKEN) is not the \
+                 server's"
+            }
+        };
+        return Failed(exit, format!("{message} ({hint})"));
+    }
     Failed(exit, message)
 }
 
