@@ -64,6 +64,15 @@ pub async fn sync_overrides(
                     failing = false;
                 }
                 copied = true;
+                let restored = runtime.take_restored();
+                if restored > 0 {
+                    metrics.runtime_overrides("restored", restored as u64);
+                    tracing::warn!(
+                        restored,
+                        "temporary overrides: redis had lost them (restarted empty?); put \
+                         back this replica's copy (each with the time it had left)"
+                    );
+                }
                 if synced.changed {
                     tracing::info!(
                         applied = synced.applied,

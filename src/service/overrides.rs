@@ -64,6 +64,9 @@ pub struct Synced {
     pub unknown_names: usize,
     /// Entries that are no override of ours, with why (not applied).
     pub rejected: Vec<String>,
+    /// Overrides this replica put back from its copy in this sync, the shared table having
+    /// been lost (its store restarted empty).
+    pub restored: usize,
 }
 
 /// A shared override as stored (JSON): what `RuntimeOverride` holds but its expiry.
@@ -108,6 +111,12 @@ pub struct RuntimeOverrides {
     /// Serialises changes and syncs, so that a sync that read the shared table before a
     /// change cannot undo the change's local copy; holds the version last copied.
     syncing: tokio::sync::Mutex<String>,
+    /// The shared table as this replica last saw it (field -> record, local expiry), to put
+    /// back should the store lose it. Changed only under `syncing`.
+    copy: std::sync::Mutex<HashMap<String, (String, Nanos)>>,
+    /// Overrides put back and not yet reported ([`RuntimeOverrides::take_restored`]): a
+    /// sync for an admin `ListOverrides` may be the one that puts them back.
+    restored: AtomicUsize,
 }
 
 /// The policy that `burst`, `count`, `period`, `unlimited` and `deny` give: exactly one of
@@ -168,6 +177,8 @@ impl RuntimeOverrides {
             held: AtomicUsize::new(0),
             shared: None,
             syncing: tokio::sync::Mutex::new(String::new()),
+            copy: std::sync::Mutex::new(HashMap::new()),
+            restored: AtomicUsize::new(0),
         }
     }
 
@@ -220,7 +231,12 @@ impl RuntimeOverrides {
             Some(shared) => {
                 let record = record_of(name, &id, policy, comment, author);
                 let field = format!("{}:{id}", name.number);
-                Some(shared.put(&field, &record, ttl, self.max_count).await?)
+                let put = shared.put(&field, &record, ttl, self.max_count).await?;
+                if put == Put::Written {
+                    let expires = self.clock.now().saturating_add(ttl);
+                    self.copy().insert(field, (record, expires));
+                }
+                Some(put)
             }
         };
         if let Some(Put::Full(held)) = shared_put {
@@ -261,7 +277,12 @@ impl RuntimeOverrides {
         let _syncing = self.syncing.lock().await;
         let shared_removed = match &self.shared {
             None => None,
-            Some(shared) => Some(shared.remove(&format!("{}:{id}", name.number)).await?),
+            Some(shared) => {
+                let field = format!("{}:{id}", name.number);
+                let removed = shared.remove(&field).await?;
+                self.copy().remove(&field);
+                Some(removed)
+            }
         };
         let now = self.clock.now();
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
@@ -303,30 +324,42 @@ impl RuntimeOverrides {
             return Ok(Synced::default());
         };
         let mut version = self.syncing.lock().await;
+        let mut fetched = shared.fetch(&version).await?;
+        let restored = self.restore_if_lost(shared, &version, &fetched).await?;
+        if restored > 0 {
+            self.restored.fetch_add(restored, Ordering::Relaxed);
+            fetched = shared.fetch("").await?;
+        }
         let Fetched::Changed {
             version: fetched,
             entries: found,
-        } = shared.fetch(&version).await?
+            ..
+        } = fetched
         else {
             return Ok(Synced::default());
         };
         let now = self.clock.now();
         let mut synced = Synced {
             changed: true,
+            restored,
             ..Synced::default()
         };
-        let mut copy = Entries::new();
+        let mut copy = self.copy();
+        copy.clear();
+        let mut applied = Entries::new();
         for (field, record, expires_in) in found {
             let read = expires_in
                 .ok_or_else(|| "no expiry".to_string())
                 .and_then(|left| parse_record(names, &field, &record).map(|r| (r, left)));
             match read {
                 Ok((Some((number, entry)), left)) if synced.applied < self.max_count => {
+                    copy.insert(field.clone(), (record.clone(), now.saturating_add(left)));
                     let entry = RuntimeOverride {
                         expires_at: now.saturating_add(left),
                         ..entry
                     };
-                    copy.entry(number)
+                    applied
+                        .entry(number)
                         .or_default()
                         .insert(entry.id.clone(), entry);
                     synced.applied += 1;
@@ -338,11 +371,58 @@ impl RuntimeOverrides {
                 Err(why) => synced.rejected.push(format!("{}: {why}", shown(&field))),
             }
         }
+        drop(copy);
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
-        *entries = copy;
+        *entries = applied;
         self.held.store(synced.applied, Ordering::Relaxed);
         *version = fetched;
         Ok(synced)
+    }
+
+    /// Overrides this replica put back since the last call (to log and count once).
+    pub fn take_restored(&self) -> usize {
+        self.restored.swap(0, Ordering::Relaxed)
+    }
+
+    /// The shared table as this replica last saw it.
+    fn copy(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Nanos)>> {
+        self.copy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// When the shared table is gone although this replica copied version `known` of it
+    /// (its store restarted empty), or was put back from a copy older than `known`: puts
+    /// this replica's copy back (the newest copy wins; the store refuses once an operator
+    /// changed the table since). How many overrides it put back.
+    async fn restore_if_lost(
+        &self,
+        shared: &Arc<dyn SharedOverrides>,
+        known: &str,
+        fetched: &Fetched,
+    ) -> Result<usize, StoreError> {
+        let Fetched::Changed {
+            version,
+            restored_from,
+            ..
+        } = fetched
+        else {
+            return Ok(0);
+        };
+        let number = |v: &str| v.parse::<i64>().ok();
+        let older = matches!((number(restored_from), number(known)), (Some(from), Some(held)) if from < held);
+        if known.is_empty() || !(version.is_empty() || older) {
+            return Ok(0);
+        }
+        let now = self.clock.now();
+        let copy: Vec<(String, String, Nanos)> = self
+            .copy()
+            .iter()
+            .filter(|(_, (_, expires))| *expires > now)
+            .map(|(field, (record, expires))| (field.clone(), record.clone(), expires - now))
+            .collect();
+        if copy.is_empty() || !shared.restore(known, &copy).await? {
+            return Ok(0);
+        }
+        Ok(copy.len())
     }
 
     /// Time left before `entry` expires.

@@ -325,7 +325,8 @@ impl Settler {
                 counted(&self.metrics, "unknown");
                 Err(Status::not_found(format!(
                     "request_id {id:?} is unknown: no allowed Check kept it, or it expired \
-                     (--settle-window) or was pushed out (--settle-max-records)"
+                     (--settle-window), was pushed out (--settle-max-records) or was lost \
+                     with the store (Redis restarted empty); the Check's estimate stands"
                 )))
             }
             Claim::Pending => {

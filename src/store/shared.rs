@@ -27,6 +27,14 @@ pub trait SharedOverrides: Send + Sync + 'static {
     fn remove<'a>(&'a self, field: &'a str) -> StoreFuture<'a, bool>;
     /// The table unless its version is `known` (`""` before the first fetch).
     fn fetch<'a>(&'a self, known: &'a str) -> StoreFuture<'a, Fetched>;
+    /// Puts `copy` (field, record, time left), a replica's copy of version `held`, back
+    /// when the table is gone (its store restarted empty) or was put back from an older
+    /// copy with no change since; whether it did.
+    fn restore<'a>(
+        &'a self,
+        held: &'a str,
+        copy: &'a [(String, String, Nanos)],
+    ) -> StoreFuture<'a, bool>;
 }
 
 /// What [`SharedOverrides::put`] did.
@@ -42,7 +50,11 @@ pub enum Put {
 pub enum Fetched {
     Unchanged,
     Changed {
+        /// `""`: there is no table (none was ever written, or the store lost it).
         version: String,
+        /// The version of the copy the table was last put back from, with no change made
+        /// since (`""`: none).
+        restored_from: String,
         /// Every unexpired entry: field, record, time left (`None`: unreadable expiry).
         entries: Vec<(String, String, Option<Nanos>)>,
     },

@@ -98,6 +98,11 @@ fn set(p: &Process, id: &str, policy: &[&str], ttl: &str) -> Output {
 
 /// The ids `cellrate admin override list` shows on each of `replicas`.
 fn listed(replicas: &[&Process]) -> Vec<Vec<String>> {
+    try_listed(replicas).unwrap_or_else(|out| panic!("{out}"))
+}
+
+/// [`listed`], or what the CLI said when it failed (Redis coming back, say).
+fn try_listed(replicas: &[&Process]) -> Result<Vec<Vec<String>>, String> {
     let addrs: Vec<&str> = replicas.iter().map(|p| p.admin.as_str()).collect();
     let out = cellrate(
         replicas[0],
@@ -110,9 +115,11 @@ fn listed(replicas: &[&Process]) -> Vec<Vec<String>> {
             &addrs.join(","),
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    if out.status.code() != Some(0) {
+        return Err(text(&out));
+    }
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    list["replicas"]
+    Ok(list["replicas"]
         .as_array()
         .unwrap()
         .iter()
@@ -124,7 +131,7 @@ fn listed(replicas: &[&Process]) -> Vec<Vec<String>> {
                 .map(|e| e["id"].as_str().unwrap().to_string())
                 .collect()
         })
-        .collect()
+        .collect())
 }
 
 fn metric(p: &Process, series: &str) -> Option<f64> {
@@ -390,4 +397,67 @@ fn overrides_are_shared_on_a_redis_cluster_too() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(poll(wait, Some(0), || check(&a, "31")), Some(0), "A let go");
+}
+
+/// Redis restarted empty (#49): the temporary overrides lived only there, and every replica
+/// holds the last copy. The replicas put it back within one copy interval, each override
+/// with the time it had left, and count it; one cleared before the restart stays cleared,
+/// and once an operator changes the table no replica puts an older copy back over it.
+#[test]
+fn overrides_lost_with_redis_are_put_back_by_the_replicas() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    let a = replica(dir.path(), &redis, &[]);
+    let b = replica(dir.path(), &redis, &[]);
+    let wait = Duration::from_secs(10);
+    for id in ["42", "43", "44"] {
+        let out = set(&a, id, &["--deny"], "30m");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    let out = cellrate(
+        &a,
+        &["admin", "override", "clear", "NewOrdersPerAccount", "44"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let both = || listed(&[&a, &b]);
+    let two = vec![vec!["42".to_string(), "43".to_string()]; 2];
+    assert_eq!(
+        poll(wait, two.clone(), both),
+        two,
+        "both replicas copied them"
+    );
+
+    redis.restart();
+    // Within a copy interval (100 ms) of Redis answering again, the table is back: listed
+    // from Redis by both replicas, and applied.
+    let back = poll(wait, Ok(two.clone()), || try_listed(&[&a, &b]));
+    assert_eq!(back, Ok(two.clone()), "put back from the replicas' copies");
+    assert_eq!(check(&b, "42"), Some(2));
+    // (The decisions' own connection to Redis may take a moment to come back.)
+    assert_eq!(
+        poll(wait, Some(0), || check(&b, "44")),
+        Some(0),
+        "a cleared override stays cleared"
+    );
+    let restored = |p: &Process| {
+        metric(
+            p,
+            "cellrate_runtime_override_changes_total{action=\"restored\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let total = poll(wait, 2.0, || restored(&a) + restored(&b));
+    assert_eq!(total, 2.0, "one replica put back both, counted once");
+
+    // An operator's change after that: no copy comes back over it.
+    let out = cellrate(
+        &b,
+        &["admin", "override", "clear", "NewOrdersPerAccount", "43"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let one = vec![vec!["42".to_string()]; 2];
+    assert_eq!(poll(wait, one.clone(), both), one);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(both(), one, "43 stays cleared on every replica");
 }

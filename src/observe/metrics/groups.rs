@@ -404,9 +404,10 @@ impl ConfigMetrics {
         );
         let runtime_overrides = reg.counters_from_zero(
             "cellrate_runtime_override_changes_total",
-            "Temporary overrides set and cleared through the admin API, by action.",
+            "Temporary overrides set and cleared through the admin API, and put back by a \
+             replica after Redis lost them (restored), by action.",
             "action",
-            &["set", "clear"],
+            &["set", "clear", "restored"],
         );
         let last_reload_ok = reg.gauge(
             "cellrate_config_last_reload_successful",

@@ -272,10 +272,15 @@ impl Metrics {
 
     /// Counts a temporary override set or cleared (`action`: `set`, `clear`).
     pub fn runtime_override(&self, action: &str) {
+        self.runtime_overrides(action, 1);
+    }
+
+    /// Counts `n` temporary overrides changed by `action` (`set`, `clear`, `restored`).
+    pub fn runtime_overrides(&self, action: &str, n: u64) {
         self.config
             .runtime_overrides
             .with_label_values(&[action])
-            .inc();
+            .inc_by(n);
     }
 
     /// The text exposition of every metric.

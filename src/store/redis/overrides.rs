@@ -123,6 +123,7 @@ impl SharedOverrides for RedisOverrides {
             let (now, reply) = self.call("fetch", &[known]).await?;
             let mut values = reply.into_iter();
             let version = values.next().ok_or(StoreError::MalformedReply)?;
+            let restored_from = values.next().ok_or(StoreError::MalformedReply)?;
             if version == known {
                 return Ok(Fetched::Unchanged);
             }
@@ -138,7 +139,34 @@ impl SharedOverrides for RedisOverrides {
                 };
                 entries.push(entry);
             }
-            Ok(Fetched::Changed { version, entries })
+            Ok(Fetched::Changed {
+                version,
+                restored_from,
+                entries,
+            })
+        })
+    }
+
+    fn restore<'a>(
+        &'a self,
+        held: &'a str,
+        copy: &'a [(String, String, Nanos)],
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let left: Vec<String> = copy
+                .iter()
+                .map(|(_, _, left)| (left.max(&0) / MICROSECOND).to_string())
+                .collect();
+            let mut args = Vec::with_capacity(1 + 3 * copy.len());
+            args.push(held);
+            for ((field, record, _), left) in copy.iter().zip(&left) {
+                args.extend([field.as_str(), left.as_str(), record.as_str()]);
+            }
+            let (_, reply) = self.call("restore", &args).await?;
+            match reply.as_slice() {
+                [done] if done == "restored" || done == "kept" => Ok(done == "restored"),
+                _ => Err(StoreError::MalformedReply),
+            }
         })
     }
 }
