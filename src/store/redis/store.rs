@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
