@@ -216,6 +216,7 @@ impl Server {
             shared.metrics.clone(),
             settings.rlqs,
             stop_servers.clone(),
+            shared.clock.clone(),
         );
         if let Some(demand) = self.stores.shared_demand {
             rlqs = rlqs.with_shared_demand(demand);
