@@ -348,7 +348,39 @@ impl LimitTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SECOND;
+    use crate::clock::{CalendarPeriod, SECOND};
+
+    #[test]
+    fn an_override_replaces_the_numbers_and_keeps_the_whole_behaviour() {
+        let configured = |shadow, overdraw| Policy::Limited {
+            limit: Limit::new(10, 10, SECOND).unwrap(),
+            behaviour: Behaviour { shadow, overdraw },
+        };
+        let raised = Limit::new(100, 100, SECOND).unwrap();
+        let monthly = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
+        for (shadow, overdraw) in [(false, false), (true, false), (false, true), (true, true)] {
+            for limit in [raised, monthly] {
+                let over = Policy::overridden_by(
+                    Some(configured(shadow, overdraw)),
+                    Policy::limited(limit),
+                );
+                let behaviour = Behaviour { shadow, overdraw };
+                assert_eq!(over, Policy::Limited { limit, behaviour });
+                // The override's window kind is its own (the loader refuses one that
+                // differs from the default's: `window_mismatch`).
+                assert_eq!(over.window(), limit.window());
+            }
+            // Unlimited and deny apply as they are; so does a limit over no limit.
+            for temporary in [Policy::Unlimited, Policy::Denied] {
+                let over = Policy::overridden_by(Some(configured(shadow, overdraw)), temporary);
+                assert_eq!(over, temporary);
+            }
+        }
+        for configured in [None, Some(Policy::Unlimited), Some(Policy::Denied)] {
+            let over = Policy::overridden_by(configured, Policy::limited(raised));
+            assert_eq!(over, Policy::limited(raised));
+        }
+    }
 
     fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()
