@@ -1,16 +1,20 @@
 //! Time for decisions: [`Nanos`] since the Unix epoch, read through a [`Clock`].
 //!
 //! This is the only module that reads the operating system's clock (`.clippy.toml` bans
-//! `SystemTime::now` elsewhere). Decisions take `now` from an injected clock so that
-//! tests and `cellrate simulate` move a [`FakeClock`] instead of sleeping.
+//! `SystemTime::now` and `std::time::Instant::now` elsewhere). Decisions take `now` from an
+//! injected clock so that tests and `cellrate simulate` move a [`FakeClock`] instead of
+//! sleeping; timers of the code's own (the Redis store's breaker, the `AUTH` lockout) take
+//! [`Clock::monotonic`] from the same clock, so that a test skips a cool-down instead of
+//! waiting for it. Durations that are only measured or awaited (latencies, tokio sleeps)
+//! use `tokio::time`, which a test can pause.
 //!
 //! It also knows the UTC calendar, for calendar windows ([`CalendarPeriod`]): where the
 //! window that holds an instant starts and ends, for fixed spans aligned to the epoch and for
 //! calendar months and years, in exact integer arithmetic on days ([`civil_from_days`]).
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Unix time or a duration, in integer nanoseconds. `i64` covers the years 1678 to 2262.
 pub type Nanos = i64;
@@ -24,6 +28,19 @@ pub const MICROSECOND: Nanos = 1_000;
 pub trait Clock: Send + Sync + 'static {
     /// The current Unix time in nanoseconds.
     fn now(&self) -> Nanos;
+
+    /// Nanoseconds on a clock that never goes back, from an arbitrary start: what timers
+    /// (cool-downs, lockouts) count on, so that a step of the wall clock neither ends nor
+    /// prolongs them.
+    fn monotonic(&self) -> Nanos;
+}
+
+/// The operating system's monotonic clock, in nanoseconds since this process first read it.
+#[allow(clippy::disallowed_methods)] // the one sanctioned read of the monotonic clock
+fn os_monotonic() -> Nanos {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    Nanos::try_from(start.elapsed().as_nanos()).unwrap_or(Nanos::MAX)
 }
 
 /// The operating system's wall clock.
@@ -38,39 +55,67 @@ impl Clock for SystemClock {
             .unwrap_or_default();
         Nanos::try_from(since.as_nanos()).unwrap_or(Nanos::MAX)
     }
+
+    fn monotonic(&self) -> Nanos {
+        os_monotonic()
+    }
 }
 
-/// A clock that stands still until told to move; clones share one time.
+/// A clock whose time stands still until told to move; clones share one time.
+///
+/// Its monotonic reading is the real one plus every forward [`FakeClock::advance`]: a test
+/// skips a timer (a breaker's cool-down) by advancing past it instead of sleeping, and the
+/// timers of a test that never advances still end in real time (a server under test that
+/// recovers from a Redis outage while clients hammer it).
 ///
 /// ```
 /// use cellrate::clock::{Clock, FakeClock};
 /// let clock = FakeClock::new(1_000);
+/// let timers = clock.monotonic();
 /// clock.advance(500);
 /// assert_eq!(clock.now(), 1_500);
+/// assert!(clock.monotonic() >= timers + 500);
+/// clock.set(0); // a step of the wall clock: timers do not go back
+/// assert!(clock.monotonic() >= timers + 500);
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct FakeClock(Arc<AtomicI64>);
+pub struct FakeClock {
+    now: Arc<AtomicI64>,
+    /// Nanoseconds that forward advances added to the monotonic reading.
+    skipped: Arc<AtomicI64>,
+}
 
 impl FakeClock {
     /// A fake clock reading `start`.
     pub fn new(start: Nanos) -> FakeClock {
-        FakeClock(Arc::new(AtomicI64::new(start)))
+        FakeClock {
+            now: Arc::new(AtomicI64::new(start)),
+            skipped: Arc::default(),
+        }
     }
 
-    /// Move the clock forward (or back, with a negative `by`).
+    /// Move the clock forward (or back, with a negative `by`: then the wall time only;
+    /// the monotonic time never goes back).
     pub fn advance(&self, by: Nanos) {
-        self.0.fetch_add(by, Ordering::SeqCst);
+        self.now.fetch_add(by, Ordering::SeqCst);
+        if by > 0 {
+            self.skipped.fetch_add(by, Ordering::SeqCst);
+        }
     }
 
-    /// Set the clock to `to`.
+    /// Set the wall time to `to` (a step, as NTP makes; the monotonic time does not move).
     pub fn set(&self, to: Nanos) {
-        self.0.store(to, Ordering::SeqCst);
+        self.now.store(to, Ordering::SeqCst);
     }
 }
 
 impl Clock for FakeClock {
     fn now(&self) -> Nanos {
-        self.0.load(Ordering::SeqCst)
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn monotonic(&self) -> Nanos {
+        os_monotonic().saturating_add(self.skipped.load(Ordering::SeqCst))
     }
 }
 /// Nanoseconds in one day.

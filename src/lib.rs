@@ -48,8 +48,9 @@
 //!                /readyz state), top.rs (who is being limited)
 //! gcra/          pure arithmetic: Limit (GCRA or a calendar window), spend, charge
 //!                (debt), refund, batches, strictest; calendar.rs: windows    (core)
-//! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read); the
-//!                UTC calendar's window boundaries (CalendarPeriod)
+//! clock.rs       Nanos, Clock (wall and monotonic), SystemClock, FakeClock (the only
+//!                OS clock read: .clippy.toml bans it elsewhere); the UTC calendar's
+//!                window boundaries (CalendarPeriod)
 //! text.rs        caller text cut for logs and errors, an error's causes      (core)
 //! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
 //! ```

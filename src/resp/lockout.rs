@@ -16,10 +16,10 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use crate::clock::Nanos;
+use crate::clock::{Clock, Nanos, SystemClock};
 use crate::gcra::{self, Limit};
 
 /// Wrong tokens an address may give at once.
@@ -64,21 +64,23 @@ impl Default for LockoutSettings {
 pub struct AuthLockout {
     limit: Limit,
     max_addresses: usize,
-    start: Instant,
-    /// Each bucket's TAT, in nanoseconds since `start`.
+    /// Whose [`Clock::monotonic`] time the buckets count in (a test skips a lockout by
+    /// advancing a fake clock).
+    clock: Arc<dyn Clock>,
+    /// Each bucket's TAT, in the clock's monotonic nanoseconds.
     buckets: Mutex<HashMap<Source, Nanos>>,
 }
 
 impl Default for AuthLockout {
     fn default() -> AuthLockout {
-        AuthLockout::new(LockoutSettings::default())
+        AuthLockout::new(LockoutSettings::default(), Arc::new(SystemClock))
     }
 }
 
 impl AuthLockout {
     /// A lockout with `settings` (a burst of 0 counts as 1; the flags' ranges keep the rest
     /// valid, and an invalid period falls back to the default).
-    pub fn new(settings: LockoutSettings) -> AuthLockout {
+    pub fn new(settings: LockoutSettings, clock: Arc<dyn Clock>) -> AuthLockout {
         let burst = settings.burst.max(1);
         let period = i64::try_from(settings.period.as_nanos()).unwrap_or(i64::MAX);
         let limit = Limit::new(burst, burst, period).unwrap_or_else(|_| {
@@ -88,13 +90,13 @@ impl AuthLockout {
         AuthLockout {
             limit,
             max_addresses: settings.max_addresses.max(1),
-            start: Instant::now(),
+            clock,
             buckets: Mutex::new(HashMap::new()),
         }
     }
 
     fn now(&self) -> Nanos {
-        i64::try_from(self.start.elapsed().as_nanos()).unwrap_or(i64::MAX)
+        self.clock.monotonic()
     }
 
     /// Whether `address` may have a token compared now: `Err` with the time until it may.
@@ -153,6 +155,7 @@ pub fn source_of(address: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{FakeClock, SECOND};
 
     fn v4(last: u8) -> IpAddr {
         IpAddr::from([127, 0, 0, last])
@@ -160,11 +163,14 @@ mod tests {
 
     #[test]
     fn the_numbers_are_settings() {
-        let lockout = AuthLockout::new(LockoutSettings {
-            burst: 2,
-            period: Duration::from_secs(3600),
-            max_addresses: 1,
-        });
+        let lockout = AuthLockout::new(
+            LockoutSettings {
+                burst: 2,
+                period: Duration::from_secs(3600),
+                max_addresses: 1,
+            },
+            Arc::new(SystemClock),
+        );
         for _ in 0..2 {
             assert!(lockout.check(v4(1)).is_ok());
             lockout.failed(v4(1));
@@ -187,6 +193,26 @@ mod tests {
         // One more every 6 s.
         assert!(wait > Duration::from_secs(5) && wait <= Duration::from_secs(6));
         assert!(lockout.check(v4(2)).is_ok());
+    }
+
+    #[test]
+    fn a_locked_out_address_may_try_again_once_its_clock_has_moved_on() {
+        let clock = FakeClock::new(0);
+        let settings = LockoutSettings {
+            burst: 2,
+            ..LockoutSettings::default()
+        };
+        let lockout = AuthLockout::new(settings, Arc::new(clock.clone()));
+        for _ in 0..2 {
+            lockout.failed(v4(1));
+        }
+        // Two per minute: one more every 30 s.
+        let wait = lockout.check(v4(1)).unwrap_err();
+        assert!(wait > Duration::from_secs(29), "{wait:?}");
+        clock.advance(29 * SECOND);
+        assert!(lockout.check(v4(1)).is_err(), "not before its time");
+        clock.advance(wait.as_nanos() as Nanos - 29 * SECOND);
+        assert!(lockout.check(v4(1)).is_ok(), "at its time, without waiting");
     }
 
     #[test]

@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::commands::{Command, Flow};
 use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
+use crate::clock::Clock;
 use crate::observe::metrics::Metrics;
 use crate::service::token::Token;
 use crate::service::CallerLimits;
@@ -142,6 +143,7 @@ impl RespServer {
         caller: CallerLimits,
         settings: &RespSettings,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
         command_timeout: Duration,
         grace: Duration,
     ) -> Arc<RespServer> {
@@ -154,7 +156,7 @@ impl RespServer {
             command_timeout,
             grace,
             next_id: AtomicU64::new(1),
-            lockout: AuthLockout::new(settings.lockout),
+            lockout: AuthLockout::new(settings.lockout, clock),
         })
     }
 

@@ -209,24 +209,14 @@ impl Server {
         // however serving ends, the Redis-protocol connections end.
         let stop_servers = background.stop.child_token();
         if let Some(listener) = self.listeners.resp {
-            let resp = RespServer::new(
-                shared.store.clone(),
-                settings.caller,
-                &settings.resp,
-                shared.metrics.clone(),
-                limits.resp.handshake_timeout,
-                settings.grace,
-            );
-            let listener = GuardedListener::new(listener, limits.resp, "resp");
-            let stop = stop_servers.clone();
-            let accept = tasks::accept_resp(resp, listener, stop, background.tasks.clone());
-            background.tasks.spawn(accept);
+            background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
         }
         let mut rlqs = RlqsService::new(
             decider.clone(),
             shared.metrics.clone(),
             settings.rlqs,
             stop_servers.clone(),
+            shared.clock.clone(),
         );
         if let Some(demand) = self.stores.shared_demand {
             rlqs = rlqs.with_shared_demand(demand);
@@ -366,6 +356,29 @@ impl Background {
                 self.stop.clone(),
             ));
         }
+    }
+
+    /// The Redis-protocol listener's accept loop, until `stop` (the servers' token).
+    fn serve_resp(
+        &self,
+        listener: TcpListener,
+        shared: &Shared,
+        settings: &Settings,
+        limits: ServerLimits,
+        stop: CancellationToken,
+    ) {
+        let resp = RespServer::new(
+            shared.store.clone(),
+            settings.caller,
+            &settings.resp,
+            shared.metrics.clone(),
+            shared.clock.clone(),
+            limits.resp.handshake_timeout,
+            settings.grace,
+        );
+        let listener = GuardedListener::new(listener, limits.resp, "resp");
+        let accept = tasks::accept_resp(resp, listener, stop, self.tasks.clone());
+        self.tasks.spawn(accept);
     }
 
     /// Stops the background tasks, waits for them, and returns the servers' result.

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::observe::metrics::Metrics;
 

@@ -127,7 +127,7 @@ impl Stores {
 /// Restores the memory store from its snapshot file, if there is one to use: a file that
 /// cannot be used is one warning and a metric, and the store starts empty.
 fn restore(store: &mut MemoryStore, path: &std::path::Path, metrics: &Metrics) {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     match store.restore_snapshot(path) {
         Ok(restored) => {
             metrics.store.snapshot.restored.set(restored.buckets as i64);

@@ -62,22 +62,10 @@ impl Decider {
             .as_ref()
             .and_then(|r| r.get(name, canonical_id))
         {
-            // A temporary override changes the numbers, not how the limit behaves: a limit
-            // configured `shadow` stays in shadow mode (raising it in an incident must not
-            // start enforcing it), one configured `overdraw` keeps charging.
-            Some(temporary) => Some(match (temporary.policy, table.policy(name, canonical_id)) {
-                (
-                    Policy::Limited { limit, .. },
-                    Some(Policy::Limited {
-                        shadow, overdraw, ..
-                    }),
-                ) => Policy::Limited {
-                    limit,
-                    shadow,
-                    overdraw,
-                },
-                (other, _) => other,
-            }),
+            Some(temporary) => Some(Policy::overridden_by(
+                table.policy(name, canonical_id),
+                temporary.policy,
+            )),
             None => table.policy(name, canonical_id),
         }
     }

@@ -130,11 +130,7 @@ pub fn policy_of(
     deny: bool,
     calendar: Option<CalendarPeriod>,
 ) -> Result<Policy, String> {
-    let limited = |limit| Policy::Limited {
-        limit,
-        shadow: false,
-        overdraw: false,
-    };
+    let limited = Policy::limited;
     match (unlimited, deny, period, calendar) {
         (true, false, None, None) if burst == 0 && count == 0 => Ok(Policy::Unlimited),
         (false, true, None, None) if burst == 0 && count == 0 => Ok(Policy::Denied),
@@ -586,11 +582,7 @@ mod tests {
         let r = RuntimeOverrides::new(Arc::new(clock.clone()), 2, 3_600 * SECOND);
         let names = Names::builtin();
         let orders = names.get("NewOrdersPerAccount").unwrap();
-        let limited = Policy::Limited {
-            limit: Limit::new(5, 5, SECOND).unwrap(),
-            shadow: false,
-            overdraw: false,
-        };
+        let limited = Policy::limited(Limit::new(5, 5, SECOND).unwrap());
         assert!(r.get(orders, "1").is_none());
         let set = r
             .set(orders, "1", limited, 60 * SECOND, "ticket 7", "ops")
@@ -649,16 +641,8 @@ mod tests {
         let orders = names.get("NewOrdersPerAccount").unwrap();
         let limit = Limit::new(5, 10, 60 * SECOND).unwrap();
         let policies = [
-            Policy::Limited {
-                limit,
-                shadow: false,
-                overdraw: false,
-            },
-            Policy::Limited {
-                limit: Limit::calendar(1000, CalendarPeriod::Month).unwrap(),
-                shadow: false,
-                overdraw: false,
-            },
+            Policy::limited(limit),
+            Policy::limited(Limit::calendar(1000, CalendarPeriod::Month).unwrap()),
             Policy::Unlimited,
             Policy::Denied,
         ];

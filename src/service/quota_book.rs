@@ -27,7 +27,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::gcra::Limit;
 use crate::store::shared::Aggregate;

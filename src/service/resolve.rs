@@ -10,7 +10,7 @@ use super::{
     MAX_BATCH, MAX_NAME,
 };
 use crate::gcra::{Limit, Mode, Window};
-use crate::limits::config::{LimitTable, Policy};
+use crate::limits::config::{Behaviour, LimitTable, Policy};
 use crate::limits::ids::IdFormat;
 use crate::limits::names::{BucketKey, RATELIMIT_NUMBER};
 
@@ -138,8 +138,10 @@ impl Decider {
                     policy: Some(match limit {
                         Some(limit) => Policy::Limited {
                             limit: *limit,
-                            shadow: *shadow,
-                            overdraw: *every_hit,
+                            behaviour: Behaviour {
+                                shadow: *shadow,
+                                overdraw: *every_hit,
+                            },
                         },
                         None => Policy::Denied,
                     }),
@@ -149,20 +151,20 @@ impl Decider {
         if let Some(given) = &item.limit {
             refused |= self.check_caller(i, given, options)?;
         }
-        let (rule, configured_shadow) = match (bucket.policy, item.limit) {
-            (Some(Policy::Unlimited), _) => (Rule::Unlimited, false),
-            (Some(Policy::Denied), _) => (Rule::Denied, false),
-            (Some(Policy::Limited { shadow, .. }), Some(given)) => (Rule::Limited(given), shadow),
-            (Some(Policy::Limited { limit, shadow, .. }), None) => (Rule::Limited(limit), shadow),
-            (None, Some(given)) => (Rule::Limited(given), false),
-            (None, None) => (Rule::NotConfigured, false),
+        // A caller's own numbers replace the configured limit's, not how it behaves.
+        let behaviour = bucket.policy.map(|p| p.behaviour()).unwrap_or_default();
+        let rule = match (bucket.policy, item.limit) {
+            (Some(Policy::Unlimited), _) => Rule::Unlimited,
+            (Some(Policy::Denied), _) => Rule::Denied,
+            (Some(Policy::Limited { .. }) | None, Some(given)) => Rule::Limited(given),
+            (Some(Policy::Limited { limit, .. }), None) => Rule::Limited(limit),
+            (None, None) => Rule::NotConfigured,
         };
-        let shadow = options.shadow_all || (options.honour_shadow && configured_shadow);
-        // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left.
-        let overdraw = matches!(bucket.policy, Some(Policy::Limited { overdraw: true, .. }));
+        let shadow = options.shadow_all || (options.honour_shadow && behaviour.shadow);
         let mode = match item.mode {
             _ if shadow => Mode::SpendOnly,
-            Mode::CheckAndSpend if overdraw => Mode::Charge,
+            // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left.
+            Mode::CheckAndSpend if behaviour.overdraw => Mode::Charge,
             mode => mode,
         };
         let (cost, oversize) = cost(i, item, rule, mode, refused, &bucket.name, options)?;
@@ -272,11 +274,7 @@ fn caller_bucket(key: BucketKey, limit: &Limit) -> Bucket {
     Bucket {
         key,
         name: Arc::from(INLINE_NAME),
-        policy: Some(Policy::Limited {
-            limit: *limit,
-            shadow: false,
-            overdraw: false,
-        }),
+        policy: Some(Policy::limited(*limit)),
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`StoreObserver`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::gcra::Decision;
 use crate::limits::names::BucketKey;

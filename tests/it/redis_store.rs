@@ -312,9 +312,11 @@ async fn a_poisoned_bucket_fails_alone_and_never_opens_the_breaker() {
 async fn a_half_open_breaker_lets_one_trial_through() {
     let mut server = RedisServer::start();
     let clock = FakeClock::new(T0);
+    // An hour: the test skips it on the fake clock (a real wait would never end).
+    let cooldown = 3_600 * SECOND;
     let s = RedisSettings {
         breaker_threshold: 2,
-        breaker_cooldown: Duration::from_millis(300),
+        breaker_cooldown: Duration::from_nanos(cooldown as u64),
         timeout: Duration::from_millis(100),
         ..settings(&server.url())
     };
@@ -328,10 +330,12 @@ async fn a_half_open_breaker_lets_one_trial_through() {
     let rejections =
         |text: &str| crate::common::sample(text, "cellrate_store_breaker_rejections_total");
     assert_eq!(rejections(&metrics.render()), Some(0.0), "open only now");
-    // After the cool-down, ten concurrent calls: one trial reaches Redis, nine fail fast.
-    // A fixed wait on purpose: the cool-down is real monotonic time, and nothing short of
-    // a call (which would take the one trial) shows that it has passed.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Not before the cool-down: the next call fails fast.
+    assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
+    assert_eq!(rejections(&metrics.render()), Some(1.0), "still open");
+    // After the cool-down (skipped on the store's clock, not waited for), ten concurrent
+    // calls: one trial reaches Redis, nine fail fast.
+    clock.advance(cooldown);
     let calls = (0..10).map(|_| {
         let store = store.clone();
         async move { store.spend(&[spend("h", per_10s(), 1)]).await }
@@ -340,23 +344,24 @@ async fn a_half_open_breaker_lets_one_trial_through() {
     assert!(results.iter().all(Result::is_err));
     assert_eq!(
         rejections(&metrics.render()),
-        Some(9.0),
+        Some(10.0),
         "exactly one trial"
     );
     // The trial failed: open again at once.
     assert!(store.spend(&[spend("h", per_10s(), 1)]).await.is_err());
-    assert_eq!(rejections(&metrics.render()), Some(10.0));
+    assert_eq!(rejections(&metrics.render()), Some(11.0));
     // Redis back: after the cool-down the trial succeeds and closes the breaker.
     server.restart();
-    // The cool-down again (see above), then a call every cool-down until one closes it.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // A trial every cool-down (skipped) until one closes it; the real waits between them
+    // are for redis-rs to reconnect to the restarted server (its backoff, not our timer).
     let mut closed = false;
-    for _ in 0..20 {
+    for _ in 0..100 {
+        clock.advance(cooldown);
         if store.spend(&[spend("h2", per_10s(), 1)]).await.is_ok() {
             closed = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(closed, "the breaker never closed after Redis came back");
     for _ in 0..5 {

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use cellrate::clock::SECOND;
 use cellrate::server::Settings;
 use cellrate::limits::config::LimitTable;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -123,10 +124,11 @@ fn token_bucket(strategy: &Strategy) -> (f64, u32) {
 async fn streams_share_a_limit_and_lower_shares_are_pushed() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), 100);
-    // Assignments live 1 s here: an ended stream's share is freed 1 s after its end.
+    // Assignments live a minute here: an ended stream's share is freed a minute after its
+    // end (on the server's clock, which the test moves).
     let settings = Settings {
         rlqs: cellrate::service::rlqs::RlqsSettings {
-            assignment_ttl: Duration::from_secs(1),
+            assignment_ttl: Duration::from_secs(60),
             ..Default::default()
         },
         ..Settings::default()
@@ -208,24 +210,30 @@ async fn streams_share_a_limit_and_lower_shares_are_pushed() {
         Some(1.0)
     );
 
-    // B goes away: its share comes back to A once B's assignment has lived (1 s), at
-    // A's next report, not before.
+    // B goes away: its share comes back to A once B's assignment has lived (a minute),
+    // at A's next report, not before.
     drop(b);
     a.send(report("edge", account(), 10, 0)).await;
     assert!(
         token_bucket(&a.strategy().await).0 <= 55.0,
         "B's share is still taken"
     );
-    let mut back = 0.0;
-    for _ in 0..150 {
-        a.send(report("edge", account(), 10, 0)).await;
-        back = token_bucket(&a.strategy().await).0;
-        if back == 100.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(back, 100.0);
+    // Once the server has seen B's stream end, its assignment's minute passes on the
+    // server's clock (skipped, not waited for).
+    let streams = async || {
+        let text = http_get_async(s.metrics_addr, "/metrics").await.1;
+        sample(&text, "cellrate_rlqs_streams")
+    };
+    let one = poll_until(Duration::from_secs(5), streams, |n| *n == Some(1.0)).await;
+    assert_eq!(one, Some(1.0), "B's stream never ended");
+    a.send(report("edge", account(), 10, 0)).await;
+    assert!(
+        token_bucket(&a.strategy().await).0 <= 55.0,
+        "B's share is taken until its assignment has lived"
+    );
+    s.clock.advance(60 * SECOND);
+    a.send(report("edge", account(), 10, 0)).await;
+    assert_eq!(token_bucket(&a.strategy().await).0, 100.0);
 }
 
 #[tokio::test]

@@ -68,21 +68,75 @@ fn short(text: &str) -> String {
 /// What applies to a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Decide with this limit. In shadow mode, Envoy's answers report OK even when the
-    /// limit denies (the decision is still made, spent when allowed, and counted). With
-    /// `overdraw`, every spend is recorded, into debt if need be ([`crate::gcra::charge`]).
-    Limited {
-        limit: Limit,
-        shadow: bool,
-        overdraw: bool,
-    },
+    /// Decide with this limit's numbers (and its window kind, which is part of what the
+    /// numbers mean), behaving as `behaviour` says.
+    Limited { limit: Limit, behaviour: Behaviour },
     /// On the allow list: always allowed, nothing stored.
     Unlimited,
     /// On the deny list: always denied, nothing stored.
     Denied,
 }
 
+/// How a limit behaves, apart from its numbers: what a temporary override or a caller's
+/// own numbers keep of the configured limit they replace ([`Policy::overridden_by`],
+/// `service::resolve`), so that a field added here is carried by those places without
+/// a change there. (A [`Limit`] scaled for the Redis store's local fallback keeps its
+/// window kind the same way: [`Limit::divided`] replaces the numbers only.)
+///
+/// ```
+/// use cellrate::limits::config::{Behaviour, Policy};
+/// use cellrate::gcra::Limit;
+/// let configured = Policy::Limited {
+///     limit: Limit::new(10, 10, 1_000_000_000).unwrap(),
+///     behaviour: Behaviour { shadow: true, ..Behaviour::default() },
+/// };
+/// let raised = Limit::new(100, 100, 1_000_000_000).unwrap();
+/// let temporary = Policy::Limited { limit: raised, behaviour: Behaviour::default() };
+/// assert_eq!(
+///     Policy::overridden_by(Some(configured), temporary),
+///     Policy::Limited { limit: raised, behaviour: configured.behaviour() },
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Behaviour {
+    /// In shadow mode, Envoy's answers report OK even when the limit denies (the decision
+    /// is still made, spent when allowed, and counted).
+    pub shadow: bool,
+    /// Every spend is recorded, into debt if need be ([`crate::gcra::charge`]).
+    pub overdraw: bool,
+}
+
 impl Policy {
+    /// A limit with the default behaviour (enforced, no debt).
+    pub fn limited(limit: Limit) -> Policy {
+        Policy::Limited {
+            limit,
+            behaviour: Behaviour::default(),
+        }
+    }
+
+    /// The limit's behaviour (the default for unlimited and denied).
+    pub fn behaviour(&self) -> Behaviour {
+        match self {
+            Policy::Limited { behaviour, .. } => *behaviour,
+            Policy::Unlimited | Policy::Denied => Behaviour::default(),
+        }
+    }
+
+    /// What applies while `temporary` overrides `configured`: a temporary limit changes
+    /// the numbers, not how the limit behaves. A limit configured `shadow` stays in shadow
+    /// mode (raising it in an incident must not start enforcing it), one configured
+    /// `overdraw` keeps charging; the whole [`Behaviour`] is kept, whatever it holds.
+    /// A temporary `unlimited` or `deny`, or a limit over nothing limited, applies as it is.
+    pub fn overridden_by(configured: Option<Policy>, temporary: Policy) -> Policy {
+        match (temporary, configured) {
+            (Policy::Limited { limit, .. }, Some(Policy::Limited { behaviour, .. })) => {
+                Policy::Limited { limit, behaviour }
+            }
+            (temporary, _) => temporary,
+        }
+    }
+
     /// How a bucket under this policy counts (GCRA when nothing is stored).
     pub fn window(&self) -> Window {
         match self {
@@ -294,7 +348,39 @@ impl LimitTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SECOND;
+    use crate::clock::{CalendarPeriod, SECOND};
+
+    #[test]
+    fn an_override_replaces_the_numbers_and_keeps_the_whole_behaviour() {
+        let configured = |shadow, overdraw| Policy::Limited {
+            limit: Limit::new(10, 10, SECOND).unwrap(),
+            behaviour: Behaviour { shadow, overdraw },
+        };
+        let raised = Limit::new(100, 100, SECOND).unwrap();
+        let monthly = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
+        for (shadow, overdraw) in [(false, false), (true, false), (false, true), (true, true)] {
+            for limit in [raised, monthly] {
+                let over = Policy::overridden_by(
+                    Some(configured(shadow, overdraw)),
+                    Policy::limited(limit),
+                );
+                let behaviour = Behaviour { shadow, overdraw };
+                assert_eq!(over, Policy::Limited { limit, behaviour });
+                // The override's window kind is its own (the loader refuses one that
+                // differs from the default's: `window_mismatch`).
+                assert_eq!(over.window(), limit.window());
+            }
+            // Unlimited and deny apply as they are; so does a limit over no limit.
+            for temporary in [Policy::Unlimited, Policy::Denied] {
+                let over = Policy::overridden_by(Some(configured(shadow, overdraw)), temporary);
+                assert_eq!(over, temporary);
+            }
+        }
+        for configured in [None, Some(Policy::Unlimited), Some(Policy::Denied)] {
+            let over = Policy::overridden_by(configured, Policy::limited(raised));
+            assert_eq!(over, Policy::limited(raised));
+        }
+    }
 
     fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()
@@ -353,13 +439,7 @@ NewOrdersPerAccount:
         let names = table.names();
         let ip = names.get("NewRegistrationsPerIPAddress").unwrap();
         let orders = names.get("NewOrdersPerAccount").unwrap();
-        let limit = |b, c, p| {
-            Some(Policy::Limited {
-                limit: Limit::new(b, c, p).unwrap(),
-                shadow: false,
-                overdraw: false,
-            })
-        };
+        let limit = |b, c, p| Some(Policy::limited(Limit::new(b, c, p).unwrap()));
         assert_eq!(table.policy(ip, "10.0.0.2"), limit(20, 40, SECOND));
         assert_eq!(table.policy(ip, "10.0.0.3"), limit(20, 20, SECOND));
         // Where each comes from: the entry (counted from 1), the id's comment.

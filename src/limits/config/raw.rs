@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Policy, MAX_OVERRIDE_ENTRIES};
+use super::{Behaviour, Policy, MAX_OVERRIDE_ENTRIES};
 use crate::clock::CalendarPeriod;
 use crate::gcra::Limit;
 use crate::limits::duration::parse_duration;
@@ -81,8 +81,10 @@ impl RawLimit {
         };
         Ok(Policy::Limited {
             limit,
-            shadow: self.shadow,
-            overdraw: self.overdraw,
+            behaviour: Behaviour {
+                shadow: self.shadow,
+                overdraw: self.overdraw,
+            },
         })
     }
 }

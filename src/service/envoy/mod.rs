@@ -17,7 +17,7 @@ mod respond;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;

@@ -33,16 +33,18 @@ use stream::{push, serve_stream, Budget};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::clock::{Clock, Nanos};
 use crate::observe::metrics::Metrics;
 use crate::service::quota_book::{BookBounds, QuotaBook};
 use crate::service::Decider;
@@ -118,6 +120,20 @@ pub(super) struct Shared {
     stop: CancellationToken,
     /// The work of every stream together.
     work: Mutex<Budget>,
+    /// Whose monotonic time the book's assignments live and linger in (a test moves a fake
+    /// clock past an assignment's life instead of waiting for it), and where it stood at
+    /// `epoch`, the instant the book's times count from.
+    clock: Arc<dyn Clock>,
+    epoch: (Instant, Nanos),
+}
+
+impl Shared {
+    /// The book's time now: `epoch` plus what the clock's monotonic time has moved since.
+    fn book_now(&self) -> Instant {
+        let (at, from) = self.epoch;
+        let moved = self.clock.monotonic().saturating_sub(from).max(0);
+        at + Duration::from_nanos(moved as u64)
+    }
 }
 
 /// The RLQS service.
@@ -126,12 +142,14 @@ pub struct RlqsService {
 }
 
 impl RlqsService {
-    /// `stop` ends every stream (at shutdown, so that Envoys move to another replica).
+    /// `stop` ends every stream (at shutdown, so that Envoys move to another replica);
+    /// assignments live and linger on `clock`'s monotonic time.
     pub fn new(
         decider: Arc<Decider>,
         metrics: Arc<Metrics>,
         settings: RlqsSettings,
         stop: CancellationToken,
+        clock: Arc<dyn Clock>,
     ) -> RlqsService {
         let bounds = BookBounds {
             max_buckets: settings.max_buckets,
@@ -151,6 +169,8 @@ impl RlqsService {
                 permits: Arc::new(Semaphore::new(settings.max_streams)),
                 stop,
                 work: Mutex::new(Budget::new(Instant::now(), MAX_WORK_PER_SECOND)),
+                epoch: (Instant::now(), clock.monotonic()),
+                clock,
             }),
         }
     }
@@ -320,6 +340,7 @@ mod tests {
             metrics.clone(),
             RlqsSettings::default(),
             CancellationToken::new(),
+            Arc::new(SystemClock),
         );
         let shared = &service.shared;
         // A stream whose queue holds one answer, already full.

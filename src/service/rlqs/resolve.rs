@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf as pbw;
 use tonic::Status;
 
 use super::{RlqsSettings, MAX_BUCKET_ENTRIES, MAX_BUCKET_KEY, MAX_BUCKET_VALUE, MAX_DOMAIN};
-use crate::limits::config::Policy;
+use crate::limits::config::{Behaviour, Policy};
 use crate::limits::descriptors::{InvalidIds, Mapping};
 use crate::limits::names::BucketKey;
 use crate::service::quota_book::{Action, Resolution, Strategy};
@@ -100,8 +100,7 @@ pub(super) fn resolve<'t>(
             Some(Policy::Denied) => return (Resolution::Deny, names),
             Some(Policy::Limited {
                 limit,
-                shadow: false,
-                ..
+                behaviour: Behaviour { shadow: false, .. },
             }) => {
                 // quota.yaml refuses calendar limits; one that arrives later (another
                 // replica's temporary override) is assigned as its refilling rate.
@@ -109,7 +108,14 @@ pub(super) fn resolve<'t>(
                 keys.push((Arc::from(key.as_str()), limit.as_gcra()));
             }
             // Shadow mode decides without enforcing; nothing configured does not limit.
-            Some(Policy::Limited { shadow: true, .. } | Policy::Unlimited) | None => {}
+            Some(
+                Policy::Limited {
+                    behaviour: Behaviour { shadow: true, .. },
+                    ..
+                }
+                | Policy::Unlimited,
+            )
+            | None => {}
         }
     }
     let resolution = if keys.is_empty() {

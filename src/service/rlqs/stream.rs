@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
 
@@ -99,7 +100,7 @@ pub(super) async fn serve_stream(
         .remove(&id);
     let (pushes, work, tracked) = {
         let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
-        let (pushes, work) = book.end_stream(id, Instant::now());
+        let (pushes, work) = book.end_stream(id, shared.book_now());
         (pushes, work, (book.tracked(), book.bytes()))
     };
     let _ = shared
@@ -195,7 +196,7 @@ pub(super) fn answer(
     let domain = domain.as_deref().unwrap_or_default();
 
     let table = shared.decider.limits();
-    let now = Instant::now();
+    let now = shared.book_now();
     let mut actions = Vec::with_capacity(usages.len());
     let mut pushes = Vec::new();
     let mut work = usages.len() as u64;

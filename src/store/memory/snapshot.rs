@@ -39,7 +39,7 @@ use std::fs::{File, Metadata};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::{BucketHasher, MemoryStore, Space};
 use crate::clock::Nanos;

@@ -6,13 +6,14 @@ use super::RedisStore;
 use crate::store::StoreEvent;
 
 /// A circuit breaker: counts consecutive failures; after `breaker_threshold` it opens
-/// (calls fail fast) until a monotonic deadline, then is half-open: exactly one call goes
+/// (calls fail fast) until a deadline on the store clock's monotonic time (a test skips
+/// the cool-down by advancing its fake clock), then is half-open: exactly one call goes
 /// through as a trial, the others still fail fast; the trial's success closes it, its
 /// failure opens it for another cool-down.
 #[derive(Default)]
 pub(super) struct Breaker {
     failures: AtomicU32,
-    /// 0: closed; else the monotonic time (ns since start, at least 1) it opened until.
+    /// 0: closed; else the monotonic time (at least 1) it opened until.
     open_until: AtomicI64,
     /// Half-open: a trial call is in flight.
     trial: AtomicBool,
@@ -33,7 +34,7 @@ impl RedisStore {
         let breaker = self.breaker(slot);
         let open_until = breaker.open_until.load(Ordering::Relaxed);
         let admitted = open_until == 0
-            || (self.mono() >= open_until
+            || (self.clock.monotonic() >= open_until
                 && breaker
                     .trial
                     .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
@@ -76,7 +77,8 @@ impl RedisStore {
         let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let half_open = breaker.open_until.load(Ordering::Relaxed) != 0;
         if half_open || failures >= self.settings.breaker_threshold {
-            let until = self.mono() + self.settings.breaker_cooldown.as_nanos() as i64;
+            let cooldown = i64::try_from(self.settings.breaker_cooldown.as_nanos());
+            let until = (self.clock.monotonic()).saturating_add(cooldown.unwrap_or(i64::MAX));
             if breaker.open_until.swap(until.max(1), Ordering::Relaxed) == 0 {
                 self.observer.event(StoreEvent::BreakerOpened);
                 self.failure_log.breaker_turned(true, slot);

@@ -257,7 +257,7 @@ impl RedisStore {
         let within = self.settings.timeout.max(START_DEADLINE);
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(Op::Reset.name()).arg(self.now_arg());
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let answer = tokio::time::timeout(
             within,
             self.connection

@@ -5,7 +5,9 @@
 //! one line says whether the store answered.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{FailurePolicy, RedisSettings};
 use crate::store::{FailureKind, StoreError};

@@ -12,12 +12,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{IntoConnectionInfo, TlsMode};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::settings::SentinelSettings;
 use crate::store::StoreError;

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::breaker::Breaker;
 use super::cluster::{escape, SLOTS};
@@ -114,6 +114,9 @@ impl RedisStore {
         }
     }
 
+    /// Real time since the store started, for the deny cache's estimate of Redis's own
+    /// clock (`TIME`), which runs in real time whatever a test's fake clock says; timers
+    /// of ours (the breaker) read the injected clock's monotonic time instead.
     pub(super) fn mono(&self) -> i64 {
         self.started.elapsed().as_nanos() as i64
     }
