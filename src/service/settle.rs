@@ -482,3 +482,32 @@ fn capped(decider: &Decider, specs: &mut [ItemSpec<'_>]) -> Result<(), DecideErr
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_keep_a_zoned_period_and_refuse_a_cut_one() {
+        let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
+        let spent = vec![
+            Spent {
+                tokens: 3,
+                period: Some(zoned),
+            },
+            Spent {
+                tokens: 4,
+                period: Some(CalendarPeriod::Day),
+            },
+            Spent {
+                tokens: 5,
+                period: None,
+            },
+        ];
+        let bytes = facts_bytes(&spent);
+        assert_eq!(facts_of(&bytes), Some(spent));
+        // A zoned period read back is the same window, not the UTC month nor none.
+        assert_eq!(facts_of(&bytes[..9 + 10]), None, "a cut text");
+        assert_eq!(facts_of(&bytes[..8]), None, "a cut item");
+    }
+}

@@ -105,18 +105,17 @@ impl RawLimit {
             });
         }
         if self.period.contains(['@', '~']) {
-            return Err("period: give the zone and anchor either in it or as timezone and \
+            return Err(
+                "period: give the zone and anchor either in it or as timezone and \
                         anchor, not both"
-                .into());
+                    .into(),
+            );
         }
         let anchor = match self.anchor {
             None => None,
-            Some(a) => Some(
-                u8::try_from(a)
-                    .ok()
-                    .filter(|&a| a > 0)
-                    .ok_or(format!("anchor {a}: a month's day 1-31 or a week's day 1-7"))?,
-            ),
+            Some(a) => Some(u8::try_from(a).ok().filter(|&a| a > 0).ok_or(format!(
+                "anchor {a}: a month's day 1-31 or a week's day 1-7"
+            ))?),
         };
         CalendarPeriod::zoned(&self.period, self.timezone.as_deref(), anchor)
     }

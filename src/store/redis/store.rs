@@ -299,7 +299,9 @@ impl RedisStore {
         self.forget(&keys);
         let buckets: Vec<&BucketKey> = items.iter().map(|i| &i.key).collect();
         let done = self
-            .per_group(Op::Refund, &keys, &buckets, |i| Some(increment(&items[i], now)))
+            .per_group(Op::Refund, &keys, &buckets, |i| {
+                Some(increment(&items[i], now))
+            })
             .await?;
         let mut decisions = vec![UNDECIDED; items.len()];
         for (members, read) in done {
