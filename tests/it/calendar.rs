@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::{check, descriptor, item, nanos, poll_until, remaining, Served};
-use cellrate::clock::SECOND;
+use cellrate::clock::{Clock, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -216,7 +216,8 @@ async fn temporary_overrides_of_a_calendar_limit_say_so_and_keep_the_window() {
     // What cannot apply is refused, and the override in force stays.
     for (request, says) in [
         (set("", 5, 5, secs(3_600)), "counts in calendar windows"),
-        (set("1w", 0, 5, None), "no calendar period"),
+        (set("2w", 0, 5, None), "no calendar period"),
+        (set(&format!("1mo@{}", "x".repeat(10_000)), 0, 5, None), "no IANA time zone"),
         (set("1h", 7, 5, None), "burst 7"),
         (set("1h", 0, 5, secs(60)), "give exactly one of"),
         (set("1h", 0, 0, None), "count"),
@@ -310,6 +311,75 @@ async fn inline_calendar_limits_are_bounded_and_kept_apart() {
         ..inline(0, 2, None, "1mo")
     };
     assert!(!check(&mut s, vec![two]).await.unwrap().items[0].allowed);
+    s.stop().await;
+}
+
+/// #51: a calendar window in a time zone and from an anchor day, configured and inline.
+/// Answers point at the local window's end (the fake clock's 2023-11-14T22:13:20Z is 17:13
+/// in New York, whose billing month from the 15th ends 6 h 46 min 40 s later, at 05:00Z),
+/// Envoy hears its unit, and bucket keys keep zones and anchors apart.
+#[tokio::test]
+async fn zoned_windows_answer_with_the_local_window_end() {
+    const TO_NY_15TH: i64 = 24_400;
+    let dir = limits(
+        "CallsPerTenant: {window: calendar, count: 3, period: 1mo, timezone: America/New_York, \
+         anchor: 15}\n",
+    );
+    let mut s = served(dir.path()).await;
+    let d = spend(&mut s, "acme").await;
+    assert_eq!((d.allowed, d.remaining), (true, 2));
+    assert_eq!(nanos(&d.reset_after), TO_NY_15TH * SECOND);
+    let limit = d.limit.unwrap();
+    assert_eq!(limit.calendar.as_deref(), Some("1mo~15@America/New_York"));
+    assert_eq!(limit.key, "100@1mo~15@America/New_York:acme");
+    let answer = s
+        .envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".to_string(),
+            descriptors: vec![descriptor(&[("tenant", "acme")])],
+            hits_addend: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let status = &answer.statuses[0];
+    let current = status.current_limit.as_ref().unwrap();
+    assert_eq!((current.requests_per_unit, current.unit), (3, Unit::Month as i32));
+    assert_eq!(status.duration_until_reset.unwrap().seconds, TO_NY_15TH);
+    let denied = spend(&mut s, "acme").await;
+    assert_eq!(nanos(&denied.retry_after), TO_NY_15TH * SECOND);
+    // At New York's midnight on the 15th, all three are back until December 15th, 05:00Z.
+    s.clock.advance(TO_NY_15TH * SECOND);
+    let d = spend(&mut s, "acme").await;
+    assert_eq!((d.allowed, d.remaining), (true, 2));
+    assert_eq!(nanos(&d.reset_after), 30 * 86_400 * SECOND);
+
+    // Inline: a month in Tokyo (Dec 1 00:00 JST is Nov 30 15:00Z) is not the UTC month.
+    let inline = |calendar: &str| pb::Item {
+        inline: Some(pb::InlineLimit {
+            key: "shared".into(),
+            count: 2,
+            calendar: calendar.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tokyo = check(&mut s, vec![inline("1mo@asia/tokyo")]).await.unwrap().items[0].clone();
+    assert_eq!(tokyo.limit.unwrap().key, "0:i/2/1mo@Asia/Tokyo/shared");
+    let now = s.clock.now() / SECOND;
+    assert_eq!(nanos(&tokyo.reset_after), (1_701_356_400 - now) * SECOND);
+    let utc = check(&mut s, vec![inline("1mo")]).await.unwrap().items[0].clone();
+    assert_eq!(utc.remaining, 1, "another bucket");
+    for (calendar, says) in [
+        ("1mo@Europe/Nowhere", "no IANA time zone"),
+        ("1h@Europe/Berlin", "a time zone or anchor applies to a day"),
+        ("1mo~40", "anchor 40"),
+    ] {
+        let e = check(&mut s, vec![inline(calendar)]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{calendar}: {e:?}");
+        assert!(e.message().contains("items[0].inline"), "{}", e.message());
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
     s.stop().await;
 }
 
