@@ -291,7 +291,15 @@ mod tests {
     #[test]
     fn calendar_limits_count_per_window() {
         assert!(parse_limit_flag("monthly=1000000/1mo").is_ok());
-        assert!(parse_limit_flag("bad=10/1w").is_err());
+        assert!(parse_limit_flag("bad=10/2w").is_err());
+        let (_, zoned) = parse_limit_flag("billed=10/1mo~15@America/New_York").unwrap();
+        assert_eq!(
+            zoned.window(),
+            crate::gcra::Window::Calendar(
+                CalendarPeriod::parse("1mo~15@America/New_York").unwrap()
+            )
+        );
+        assert!(parse_limit_flag("bad=10/1mo@America/Nowhere").is_err());
         assert!(parse_limit_flag("bad=0/1d").is_err());
         // t0 is 22:13:20 UTC: the minute's window ends 40 s later, whatever was spent.
         let s = SECOND;

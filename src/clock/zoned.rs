@@ -428,6 +428,32 @@ mod tests {
     }
 
     #[test]
+    fn the_ends_of_time_hold_a_window_and_never_panic() {
+        for text in [
+            "1d@Pacific/Apia",
+            "1w@America/Adak",
+            "1mo~31@Asia/Kolkata",
+            "1y@Etc/GMT-14",
+        ] {
+            let p = period(text);
+            for now in [
+                Nanos::MIN,
+                Nanos::MIN + 1,
+                -1,
+                0,
+                Nanos::MAX - DAY,
+                Nanos::MAX - 1,
+            ] {
+                let (start, end) = (p.window_start(now), p.window_end(now));
+                assert!(
+                    start <= now && now < end || end == Nanos::MAX,
+                    "{text} at {now}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn the_cached_window_is_the_window() {
         let p = period("1mo@Australia/Lord_Howe");
         let now = 1_780_000_000 * S;

@@ -217,7 +217,10 @@ async fn temporary_overrides_of_a_calendar_limit_say_so_and_keep_the_window() {
     for (request, says) in [
         (set("", 5, 5, secs(3_600)), "counts in calendar windows"),
         (set("2w", 0, 5, None), "no calendar period"),
-        (set(&format!("1mo@{}", "x".repeat(10_000)), 0, 5, None), "no IANA time zone"),
+        (
+            set(&format!("1mo@{}", "x".repeat(10_000)), 0, 5, None),
+            "no IANA time zone",
+        ),
         (set("1h", 7, 5, None), "burst 7"),
         (set("1h", 0, 5, secs(60)), "give exactly one of"),
         (set("1h", 0, 0, None), "count"),
@@ -344,7 +347,10 @@ async fn zoned_windows_answer_with_the_local_window_end() {
         .into_inner();
     let status = &answer.statuses[0];
     let current = status.current_limit.as_ref().unwrap();
-    assert_eq!((current.requests_per_unit, current.unit), (3, Unit::Month as i32));
+    assert_eq!(
+        (current.requests_per_unit, current.unit),
+        (3, Unit::Month as i32)
+    );
     assert_eq!(status.duration_until_reset.unwrap().seconds, TO_NY_15TH);
     let denied = spend(&mut s, "acme").await;
     assert_eq!(nanos(&denied.retry_after), TO_NY_15TH * SECOND);
@@ -364,7 +370,11 @@ async fn zoned_windows_answer_with_the_local_window_end() {
         }),
         ..Default::default()
     };
-    let tokyo = check(&mut s, vec![inline("1mo@asia/tokyo")]).await.unwrap().items[0].clone();
+    let tokyo = check(&mut s, vec![inline("1mo@asia/tokyo")])
+        .await
+        .unwrap()
+        .items[0]
+        .clone();
     assert_eq!(tokyo.limit.unwrap().key, "0:i/2/1mo@Asia/Tokyo/shared");
     let now = s.clock.now() / SECOND;
     assert_eq!(nanos(&tokyo.reset_after), (1_701_356_400 - now) * SECOND);
