@@ -4,7 +4,7 @@
 //! - the memory store's single-item decision with a GCRA limit, a calendar window
 //!   (counted per UTC hour), and a charge (always spent, into debt) on 10 000 live keys;
 //!   a calendar month in UTC against one in `America/New_York` from the 15th (#51: within
-//!   1.05x);
+//!   1.05x), and the window's end alone (`calendar/window_end`);
 //! - matching a descriptor in envoyproxy/ratelimit's format: a domain of 10 and of 10 000
 //!   entries, keyed (`key_value`) and wildcard (`prefix*`), the request matching the last
 //!   entry written (the most a scan in file order would look at) and matching none.
@@ -62,6 +62,24 @@ fn store_paths(c: &mut Criterion) {
     group.finish();
 }
 
+/// Where a calendar window ends, the arithmetic a calendar decision adds: a UTC month's
+/// (days to a civil date and back) against a zoned one's (the window kept in one atomic
+/// word, the zone database read only when a window ends).
+fn window_end(c: &mut Criterion) {
+    let mut group = c.benchmark_group("calendar/window_end");
+    let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
+    for (label, period) in [("month_utc", CalendarPeriod::Month), ("month_zoned", zoned)] {
+        group.bench_function(label, |b| {
+            let mut now = T0;
+            b.iter(|| {
+                now += 1_000;
+                black_box(black_box(period).window_end(now))
+            })
+        });
+    }
+    group.finish();
+}
+
 /// A domain of `n` entries under `route`, each `user` = `<prefix><i><suffix>`.
 fn domain(n: usize, prefix: &str, suffix: &str) -> LimitTable {
     let mut text =
@@ -102,6 +120,6 @@ fn matching(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(2));
-    targets = store_paths, matching
+    targets = store_paths, window_end, matching
 }
 criterion_main!(benches);

@@ -13,8 +13,9 @@
 //! the process), so that [`super::CalendarPeriod`] stays `Copy`; there are at most a few
 //! tens of thousands of them (the zones times the units and anchors).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use jiff::tz::TimeZone;
 
@@ -81,8 +82,9 @@ impl std::hash::Hash for Zoned {
     }
 }
 
-/// Every zoned period made so far.
-static INTERNED: Mutex<Vec<&'static Zoned>> = Mutex::new(Vec::new());
+/// Every zoned period made so far, by its text (found in one lookup, however many a
+/// caller's inline limits made).
+static INTERNED: OnceLock<Mutex<HashMap<Box<str>, &'static Zoned>>> = OnceLock::new();
 
 /// A zone name quoted short (it may come from a hostile caller).
 fn shown(text: &str) -> String {
@@ -133,18 +135,21 @@ impl Zoned {
             text.push('@');
             text.push_str(name);
         }
-        let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = interned.iter().find(|z| *z.text == *text) {
+        let mut interned = INTERNED
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = interned.get(text.as_str()) {
             return Ok(found);
         }
         let zoned: &'static Zoned = Box::leak(Box::new(Zoned {
             unit,
             anchor: if anchor == low { 0 } else { anchor },
             tz,
-            text: text.into(),
+            text: text.as_str().into(),
             cache: AtomicU64::new(0),
         }));
-        interned.push(zoned);
+        interned.insert(text.into(), zoned);
         Ok(zoned)
     }
 
