@@ -423,3 +423,36 @@ fn the_budget_picture_is_drawn_from_simulate() {
          scripts/budget-picture.py target/debug/cellrate docs/img/gcra-vs-calendar.svg"
     );
 }
+
+/// #51: `docs/configuration.md`'s picture of a month in two time zones is drawn from
+/// `cellrate simulate` by `scripts/zone-picture.py`: drawn again here, it must be the
+/// committed file. Tokyo's December starts 14 hours before New York's, so the same traffic
+/// gets ten requests back 14 hours earlier there.
+#[test]
+fn the_zone_picture_is_drawn_from_simulate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = tempfile::tempdir().unwrap();
+    let drawn = out.path().join("picture.svg");
+    let status = std::process::Command::new(python)
+        .arg(root.join("scripts/zone-picture.py"))
+        .arg(env!("CARGO_BIN_EXE_cellrate"))
+        .arg(&drawn)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the script failed: {status}");
+    let drawn = std::fs::read_to_string(drawn).unwrap();
+    // Both spend their ten by 27 h in; Tokyo's month turns at 39 h (requests at 39 to 66 h
+    // allowed), New York's at 53 h (54 to 72 h).
+    assert!(drawn.contains("20 of 25 requests allowed"), "Tokyo's count");
+    assert!(
+        drawn.contains("17 of 25 requests allowed"),
+        "New York's count"
+    );
+    let committed = std::fs::read_to_string(root.join("docs/img/month-in-two-zones.svg")).unwrap();
+    assert!(
+        drawn == committed,
+        "docs/img/month-in-two-zones.svg is out of date: run \
+         scripts/zone-picture.py target/debug/cellrate docs/img/month-in-two-zones.svg"
+    );
+}
