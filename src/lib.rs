@@ -48,7 +48,8 @@
 //! gcra/          pure arithmetic: Limit (GCRA or a calendar window), spend, charge
 //!                (debt), refund, batches, strictest; calendar.rs: windows    (core)
 //! clock.rs       Nanos, Clock, SystemClock, FakeClock (the only OS clock read); the
-//!                UTC calendar's window boundaries (CalendarPeriod)
+//!                UTC calendar's window boundaries (CalendarPeriod); clock/zoned.rs:
+//!                days, ISO weeks, months, years in an IANA zone, from an anchor day
 //! text.rs        caller text cut for logs and errors, an error's causes      (core)
 //! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
 //! ```
