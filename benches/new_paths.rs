@@ -3,6 +3,8 @@
 //!
 //! - the memory store's single-item decision with a GCRA limit, a calendar window
 //!   (counted per UTC hour), and a charge (always spent, into debt) on 10 000 live keys;
+//!   a calendar month in UTC against one in `America/New_York` from the 15th (#51: within
+//!   1.05x), and the window's end alone (`calendar/window_end`);
 //! - matching a descriptor in envoyproxy/ratelimit's format: a domain of 10 and of 10 000
 //!   entries, keyed (`key_value`) and wildcard (`prefix*`), the request matching the last
 //!   entry written (the most a scan in file order would look at) and matching none.
@@ -27,9 +29,14 @@ fn store_paths(c: &mut Criterion) {
     let mut group = c.benchmark_group("store/one_item");
     let gcra = Limit::new(1 << 40, 1_000_000_000, SECOND).unwrap();
     let calendar = Limit::calendar(1 << 40, CalendarPeriod::Hour).unwrap();
+    let month = Limit::calendar(1 << 40, CalendarPeriod::Month).unwrap();
+    let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
+    let zoned = Limit::calendar(1 << 40, zoned).unwrap();
     for (label, limit, mode) in [
         ("gcra", gcra, Mode::CheckAndSpend),
         ("calendar_hour", calendar, Mode::CheckAndSpend),
+        ("calendar_month_utc", month, Mode::CheckAndSpend),
+        ("calendar_month_zoned", zoned, Mode::CheckAndSpend),
         ("charge", gcra, Mode::Charge),
     ] {
         let store = MemoryStore::new(Arc::new(FakeClock::new(T0)));
@@ -49,6 +56,24 @@ fn store_paths(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 7919) % KEYS;
                 black_box(store.spend_now(std::slice::from_ref(&items[i])).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Where a calendar window ends, the arithmetic a calendar decision adds: a UTC month's
+/// (days to a civil date and back) against a zoned one's (the window kept in one atomic
+/// word, the zone database read only when a window ends).
+fn window_end(c: &mut Criterion) {
+    let mut group = c.benchmark_group("calendar/window_end");
+    let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
+    for (label, period) in [("month_utc", CalendarPeriod::Month), ("month_zoned", zoned)] {
+        group.bench_function(label, |b| {
+            let mut now = T0;
+            b.iter(|| {
+                now += 1_000;
+                black_box(black_box(period).window_end(now))
             })
         });
     }
@@ -95,6 +120,6 @@ fn matching(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(2));
-    targets = store_paths, matching
+    targets = store_paths, window_end, matching
 }
 criterion_main!(benches);

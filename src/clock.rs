@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+pub mod zoned;
+pub use zoned::{Zoned, ZonedUnit, TZDB_VERSION};
+
 /// Unix time or a duration, in integer nanoseconds. `i64` covers the years 1678 to 2262.
 pub type Nanos = i64;
 
@@ -121,8 +124,9 @@ impl Clock for FakeClock {
 /// Nanoseconds in one day.
 pub const DAY: Nanos = 86_400 * SECOND;
 
-/// A calendar window's length: a fixed span aligned to UTC multiples since the epoch, or a
-/// calendar month or year in UTC. What a `window: calendar` limit counts in.
+/// A calendar window's length: a fixed span aligned to UTC multiples since the epoch, a
+/// calendar month or year in UTC, or a day, ISO week, month or year in a time zone and
+/// from an anchor day ([`Zoned`]). What a `window: calendar` limit counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CalendarPeriod {
     Second,
@@ -137,6 +141,9 @@ pub enum CalendarPeriod {
     Week,
     Days30,
     Days365,
+    /// A day, ISO week (`1w`, Monday to Sunday), month or year in an IANA time zone, or a
+    /// month or week from an anchor day: `1mo~15@America/New_York`.
+    Zoned(&'static Zoned),
 }
 
 impl std::fmt::Display for CalendarPeriod {
@@ -146,29 +153,87 @@ impl std::fmt::Display for CalendarPeriod {
 }
 
 impl CalendarPeriod {
-    /// `1s`, `1m`, `1h`, `1d`, `1mo`, `1y`: the periods a calendar window may have.
+    /// `1s`, `1m`, `1h`, `1d`, `1w`, `1mo`, `1y`: the periods a calendar window may have;
+    /// a day, week, month or year may name an IANA time zone after `@`, and a month or
+    /// week its anchor day after `~` (`1mo~15@Europe/Berlin`), as [`CalendarPeriod::text`]
+    /// writes them.
     pub fn parse(text: &str) -> Result<CalendarPeriod, String> {
-        match text {
-            "1s" => Ok(CalendarPeriod::Second),
-            "1m" => Ok(CalendarPeriod::Minute),
-            "1h" => Ok(CalendarPeriod::Hour),
-            "1d" => Ok(CalendarPeriod::Day),
-            "1mo" => Ok(CalendarPeriod::Month),
-            "1y" => Ok(CalendarPeriod::Year),
-            _ => {
-                // Quoted short: the text may come from a hostile caller.
-                let shown: String = text.chars().take(16).collect();
-                let cut = if shown.len() < text.len() { "..." } else { "" };
-                Err(format!(
-                    "{shown:?}{cut} is no calendar period: one of 1s, 1m, 1h, 1d, 1mo, 1y"
-                ))
-            }
+        let (rest, zone) = match text.split_once('@') {
+            Some((rest, zone)) => (rest, Some(zone)),
+            None => (text, None),
+        };
+        let (unit, anchor) = match rest.split_once('~') {
+            Some((unit, anchor)) => match anchor.parse::<u8>() {
+                Ok(anchor) if anchor > 0 => (unit, Some(anchor)),
+                _ => return Err(Self::unknown(text)),
+            },
+            None => (rest, None),
+        };
+        let plain = match unit {
+            "1s" => CalendarPeriod::Second,
+            "1m" => CalendarPeriod::Minute,
+            "1h" => CalendarPeriod::Hour,
+            "1d" => CalendarPeriod::Day,
+            "1w" => return Self::zoned(unit, zone, anchor),
+            "1mo" => CalendarPeriod::Month,
+            "1y" => CalendarPeriod::Year,
+            _ => return Err(Self::unknown(text)),
+        };
+        if zone.is_none() && anchor.is_none() {
+            return Ok(plain);
         }
+        Self::zoned(unit, zone, anchor)
     }
 
-    /// How the period is written: `1s`, `1m`, `1h`, `1d`, `1mo` or `1y`.
+    fn unknown(text: &str) -> String {
+        // Quoted short: the text may come from a hostile caller.
+        let shown: String = text.chars().take(16).collect();
+        let cut = if shown.len() < text.len() { "..." } else { "" };
+        format!(
+            "{shown:?}{cut} is no calendar period: one of 1s, 1m, 1h, 1d, 1w, 1mo, 1y \
+             (a day, week, month or year may add @<IANA zone>, a month or week ~<anchor day>)"
+        )
+    }
+
+    /// The period `unit` (`1d`, `1w`, `1mo`, `1y`) in the IANA zone `zone` (`None`: UTC)
+    /// from the anchor day `anchor` (a month's 1-31, clamped to its last day; a week's
+    /// 1-7, Monday 1): the UTC period itself when both are left out (or UTC, from the
+    /// 1st); refused for a second, minute or hour.
+    pub fn zoned(
+        unit: &str,
+        zone: Option<&str>,
+        anchor: Option<u8>,
+    ) -> Result<CalendarPeriod, String> {
+        let zoned_unit = match unit {
+            "1d" => ZonedUnit::Day,
+            "1w" => ZonedUnit::Week,
+            "1mo" => ZonedUnit::Month,
+            "1y" => ZonedUnit::Year,
+            _ => {
+                let shown: String = unit.chars().take(16).collect();
+                return Err(format!(
+                    "period {shown:?}: a time zone or anchor applies to a day (1d), week (1w), \
+                     month (1mo) or year (1y)"
+                ));
+            }
+        };
+        let zoned = Zoned::intern(zoned_unit, zone, anchor.unwrap_or(0))?;
+        if zoned.is_utc() {
+            match zoned_unit {
+                ZonedUnit::Day => return Ok(CalendarPeriod::Day),
+                ZonedUnit::Month => return Ok(CalendarPeriod::Month),
+                ZonedUnit::Year => return Ok(CalendarPeriod::Year),
+                ZonedUnit::Week => {}
+            }
+        }
+        Ok(CalendarPeriod::Zoned(zoned))
+    }
+
+    /// How the period is written: `1s`, `1m`, `1h`, `1d`, `1mo` or `1y`, or a zoned one's
+    /// text (`1w`, `1mo~15@America/New_York`).
     pub fn text(self) -> &'static str {
         match self {
+            CalendarPeriod::Zoned(zoned) => zoned.text(),
             CalendarPeriod::Second => "1s",
             CalendarPeriod::Minute => "1m",
             CalendarPeriod::Hour => "1h",
@@ -191,24 +256,39 @@ impl CalendarPeriod {
             CalendarPeriod::Week => Some(7 * DAY),
             CalendarPeriod::Days30 => Some(30 * DAY),
             CalendarPeriod::Days365 => Some(365 * DAY),
-            CalendarPeriod::Month | CalendarPeriod::Year => None,
+            CalendarPeriod::Month | CalendarPeriod::Year | CalendarPeriod::Zoned(_) => None,
         }
     }
 
-    /// The longest a window may be: 31 days for a month, 366 for a year.
+    /// The longest a window may be: 31 days for a month, 366 for a year; a zoned window
+    /// a day more than its unit's longest (the zone's changes of offset).
     pub fn longest(self) -> Nanos {
         match self {
             CalendarPeriod::Month => 31 * DAY,
             CalendarPeriod::Year => 366 * DAY,
+            CalendarPeriod::Zoned(zoned) => match zoned.unit() {
+                ZonedUnit::Day => 2 * DAY,
+                ZonedUnit::Week => 8 * DAY,
+                ZonedUnit::Month => 32 * DAY,
+                ZonedUnit::Year => 367 * DAY,
+            },
             fixed => fixed.fixed().unwrap_or(DAY),
         }
     }
 
-    /// The shortest a window may be: 28 days for a month, 365 for a year.
+    /// The shortest a window may be: 28 days for a month, 365 for a year; a zoned window
+    /// is taken to be as much as half a day shorter than its unit's shortest (a day across
+    /// a daylight-saving change is 23 hours; the database holds larger changes of offset).
     pub fn shortest(self) -> Nanos {
         match self {
             CalendarPeriod::Month => 28 * DAY,
             CalendarPeriod::Year => 365 * DAY,
+            CalendarPeriod::Zoned(zoned) => match zoned.unit() {
+                ZonedUnit::Day => DAY / 2,
+                ZonedUnit::Week => 7 * DAY - DAY / 2,
+                ZonedUnit::Month => 28 * DAY - DAY / 2,
+                ZonedUnit::Year => 365 * DAY - DAY / 2,
+            },
             fixed => fixed.fixed().unwrap_or(DAY),
         }
     }
@@ -231,6 +311,9 @@ impl CalendarPeriod {
     /// assert_eq!(CalendarPeriod::Month.window_end(now), 19_783 * DAY); // 2024-03-01
     /// ```
     pub fn window_start(self, now: Nanos) -> Nanos {
+        if let CalendarPeriod::Zoned(zoned) = self {
+            return zoned.window(now).0;
+        }
         if let Some(len) = self.fixed() {
             return now - now.rem_euclid(len);
         }
@@ -245,6 +328,9 @@ impl CalendarPeriod {
     /// The end of the window that holds `now` (UTC), exclusive: the next window's start.
     /// Saturates at the end of 64-bit nanoseconds (the year 2262).
     pub fn window_end(self, now: Nanos) -> Nanos {
+        if let CalendarPeriod::Zoned(zoned) = self {
+            return zoned.window(now).1;
+        }
         if let Some(len) = self.fixed() {
             return self.window_start(now).saturating_add(len);
         }
@@ -380,7 +466,17 @@ mod tests {
         ] {
             assert_eq!(CalendarPeriod::parse(text), Ok(period));
         }
-        for bad in ["", "2d", "1w", "1M", "1 mo", "30d", "1yr"] {
+        for bad in [
+            "",
+            "2d",
+            "1M",
+            "1 mo",
+            "30d",
+            "1yr",
+            "1h@Europe/Berlin",
+            "1mo~0",
+            "1mo~32",
+        ] {
             let e = CalendarPeriod::parse(bad).unwrap_err();
             assert!(e.contains("1mo"), "{bad}: {e}");
         }

@@ -50,7 +50,8 @@
 //!                (debt), refund, batches, strictest; calendar.rs: windows    (core)
 //! clock.rs       Nanos, Clock (wall and monotonic), SystemClock, FakeClock (the only
 //!                OS clock read: .clippy.toml bans it elsewhere); the UTC calendar's
-//!                window boundaries (CalendarPeriod)
+//!                window boundaries (CalendarPeriod); clock/zoned.rs: days, ISO weeks,
+//!                months, years in an IANA zone, from an anchor day
 //! text.rs        caller text cut for logs and errors, an error's causes      (core)
 //! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
 //! ```

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
 use cellrate::limits::config::{read_files, LimitTable, Sources};
@@ -15,6 +15,17 @@ use cellrate::server::StoreSettings;
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The command line, whose `--version` names the time zone database built in (the one
+/// calendar windows in a `timezone` use): `cellrate 0.1.0 (tzdb 2026f)`.
+fn cli_command() -> clap::Command {
+    let version = format!(
+        "{} (tzdb {})",
+        env!("CARGO_PKG_VERSION"),
+        cellrate::clock::TZDB_VERSION
+    );
+    Cli::command().version(&*Box::leak(version.into_boxed_str()))
+}
 
 /// EX_USAGE from sysexits.h: the command line is wrong.
 const EXIT_USAGE: u8 = 64;
@@ -27,7 +38,10 @@ fn main() -> ExitCode {
     if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ratelimit")) {
         return as_ratelimit(true);
     }
-    let cli = match Cli::try_parse() {
+    let cli = match cli_command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) => {
             // Help and version go to stdout and succeed; anything else is a usage error.

@@ -76,7 +76,8 @@ enum ModeName {
 }
 
 /// Parses `LABEL=BURST/COUNT/PERIOD` (GCRA, e.g. `api=20/20/1s`) or
-/// `LABEL=COUNT/WINDOW` (a calendar limit, e.g. `monthly=1000000/1mo`).
+/// `LABEL=COUNT/WINDOW` (a calendar limit, e.g. `monthly=1000000/1mo`, or in a time zone
+/// from an anchor day, `monthly=1000/1mo~15@America/New_York`).
 pub fn parse_limit_flag(flag: &str) -> Result<(String, Limit), String> {
     let bad = |why: &str| {
         format!("--limit {flag:?}: {why} (expected LABEL=BURST/COUNT/PERIOD or LABEL=COUNT/WINDOW)")
@@ -85,7 +86,11 @@ pub fn parse_limit_flag(flag: &str) -> Result<(String, Limit), String> {
     if label.is_empty() || label.contains(':') {
         return Err(bad("the label must be non-empty and have no ':'"));
     }
-    let parts: Vec<&str> = spec.split('/').collect();
+    // A zoned window's zone has slashes of its own (`1000/1mo@America/New_York`).
+    let parts: Vec<&str> = match spec.contains('@') {
+        true => spec.splitn(2, '/').collect(),
+        false => spec.split('/').collect(),
+    };
     let number = |text: &str, what: &str| {
         text.parse::<u64>()
             .map_err(|_| bad(&format!("{what} is not a number")))
@@ -286,7 +291,15 @@ mod tests {
     #[test]
     fn calendar_limits_count_per_window() {
         assert!(parse_limit_flag("monthly=1000000/1mo").is_ok());
-        assert!(parse_limit_flag("bad=10/1w").is_err());
+        assert!(parse_limit_flag("bad=10/2w").is_err());
+        let (_, zoned) = parse_limit_flag("billed=10/1mo~15@America/New_York").unwrap();
+        assert_eq!(
+            zoned.window(),
+            crate::gcra::Window::Calendar(
+                CalendarPeriod::parse("1mo~15@America/New_York").unwrap()
+            )
+        );
+        assert!(parse_limit_flag("bad=10/1mo@America/Nowhere").is_err());
         assert!(parse_limit_flag("bad=0/1d").is_err());
         // t0 is 22:13:20 UTC: the minute's window ends 40 s later, whatever was spent.
         let s = SECOND;

@@ -440,6 +440,7 @@ impl Addresses {
                 .as_ref()
                 .map_or_else(|| "(fixed)".into(), |r| r.dir.display().to_string()),
             version = %version,
+            tzdb = crate::clock::TZDB_VERSION,
             "cellrate serving"
         );
     }

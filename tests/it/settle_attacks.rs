@@ -224,6 +224,56 @@ async fn a_refund_is_not_credited_to_the_next_calendar_window() {
     s.stop().await;
 }
 
+/// #51: a zoned window is kept in a settlement by its text. An estimate spent at the end of
+/// a New York day, settled at 0 in the next, is not credited to the new day (with a zoned
+/// period recorded as no window: 200 spent in one day of 100).
+#[tokio::test]
+async fn a_refund_is_not_credited_to_the_next_zoned_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write("names.yaml", "NewYorkDay: {number: 103, format: string}\n");
+    write(
+        "defaults.yaml",
+        "NewYorkDay: {window: calendar, count: 100, period: 1d, timezone: America/New_York}\n",
+    );
+    let s = Served::with_limits(table(dir.path())).await;
+    let mut c = s.decisions.clone();
+    let day = CalendarPeriod::parse("1d@America/New_York").unwrap();
+    let end = day.window_end(T0);
+    assert_ne!(
+        end % (86_400 * SECOND),
+        0,
+        "a New York day does not end at UTC midnight"
+    );
+    s.clock.set(end - 10 * SECOND);
+    assert!(
+        check(&mut c, "late-ny", item("NewYorkDay", "acme", Some(100)))
+            .await
+            .unwrap()
+    );
+    s.clock.set(end + 10 * SECOND);
+    let mut spent = 0;
+    for _ in 0..2 {
+        if check(&mut c, "", item("NewYorkDay", "acme", Some(100)))
+            .await
+            .unwrap()
+        {
+            spent += 100;
+        }
+        settle(&mut c, "late-ny", &[0]).await.unwrap();
+    }
+    assert_eq!(spent, 100, "spent in the new New York day");
+    // In its own window, a refund still comes back.
+    assert!(
+        check(&mut c, "same-day", item("NewYorkDay", "bee", Some(60)))
+            .await
+            .unwrap()
+    );
+    let answer = settle(&mut c, "same-day", &[10]).await.unwrap();
+    assert_eq!(answer.items[0].remaining, 90);
+    s.stop().await;
+}
+
 async fn connect(addr: &str) -> Client {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()

@@ -359,6 +359,75 @@ async fn calendar_windows(s: &Subject) {
     }
 }
 
+/// Windows in a time zone and from an anchor day (#51), decided on the store's clock: a
+/// New York month and a Berlin week across the 2026 changes reset at local midnight of the
+/// right day, to the second, on both sides of each change; a month anchored on the 31st
+/// ends on the last day of February (2026 and the leap 2028) and of April.
+async fn zoned_windows(s: &Subject) {
+    use cellrate::clock::CalendarPeriod;
+    let cal = |text: &str| Limit::calendar(2, CalendarPeriod::parse(text).unwrap()).unwrap();
+    // Unix seconds of local midnights (the first of each month; Mondays; UTC's 31sts).
+    let cases = [
+        ("1mo@America/New_York", 1_772_341_200, 1_775_016_000), // 2026-03: EST to EDT
+        ("1mo@America/New_York", 1_793_505_600, 1_796_101_200), // 2026-11: EDT to EST
+        ("1w@Europe/Berlin", 1_774_220_400, 1_774_821_600),     // 167 hours
+        ("1w@Europe/Berlin", 1_792_360_800, 1_792_969_200),     // 169 hours
+        ("1d@Europe/Berlin", 1_774_738_800, 1_774_821_600),     // 23 hours
+        ("1mo~31", 1_769_817_600, 1_772_236_800),               // Jan 31 to Feb 28
+        ("1mo~31", 1_774_915_200, 1_777_507_200),               // Mar 31 to Apr 30
+        ("1mo~31", 1_832_889_600, 1_835_395_200),               // 2028: to Feb 29
+    ];
+    for (n, (text, start, end)) in cases.into_iter().enumerate() {
+        let limit = cal(text);
+        let at = |seconds: i64| seconds * SECOND;
+        let id = format!("z{n}");
+        let zoned = StoreItem {
+            key: BucketKey::windowed(100, &id, limit.window()),
+            ..spend(&id, limit, 1)
+        };
+        // The last second of the window before: spent out until `start`, not a second more.
+        s.clock.set(at(start - 1));
+        one(s, zoned.clone()).await;
+        one(s, zoned.clone()).await;
+        assert_eq!(
+            one(s, zoned.clone()).await,
+            d(false, 0, SECOND, SECOND),
+            "{text} {start}"
+        );
+        // Local midnight: a fresh window that lasts until `end`.
+        s.clock.set(at(start));
+        let len = at(end - start);
+        assert_eq!(
+            one(s, zoned.clone()).await,
+            d(true, 1, 0, len),
+            "{text} {start}"
+        );
+        s.clock.set(at(end - 1));
+        assert_eq!(
+            one(s, zoned.clone()).await,
+            d(true, 0, SECOND, SECOND),
+            "{text}"
+        );
+        assert_eq!(
+            one(s, zoned.clone()).await,
+            d(false, 0, SECOND, SECOND),
+            "{text}"
+        );
+        let refunded = s.store.refund(std::slice::from_ref(&zoned)).await.unwrap();
+        assert_eq!(
+            refunded[0],
+            d(true, 1, 0, SECOND),
+            "{text}: a refund to its window"
+        );
+        s.clock.set(at(end));
+        let next = one(s, zoned.clone()).await;
+        assert!(
+            next.allowed && next.remaining == 1,
+            "{text} at {end}: {next:?}"
+        );
+    }
+}
+
 async fn refunds(s: &Subject) {
     one(s, spend("r", seed(), 5)).await;
     let refund = |key: &str, cost| vec![spend(key, seed(), cost)];
@@ -483,6 +552,7 @@ on_every_store!(
     modes,
     charges,
     calendar_windows,
+    zoned_windows,
     refunds,
     resets,
     lowered_limit,

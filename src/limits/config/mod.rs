@@ -851,7 +851,11 @@ NewOrdersPerAccount:
             ),
             (
                 "overrides.yaml",
-                "- Monthly: {window: calendar, count: 5, burst: 5, period: 1d, ids: [small]}",
+                "- Monthly: {window: calendar, count: 5, burst: 5, period: 1d, ids: [small]}\n\
+                 - Monthly: {window: calendar, count: 7, period: 1mo, timezone: America/New_York, \
+                   anchor: 15, ids: [billed]}\n\
+                 - Monthly: {window: calendar, count: 3, period: 1w, timezone: Europe/Berlin, \
+                   ids: [weekly]}\n",
             ),
         ])
         .unwrap();
@@ -870,6 +874,15 @@ NewOrdersPerAccount:
             Window::Calendar(CalendarPeriod::Day)
         );
         assert_eq!(limit("small").burst(), 5);
+        for (id, text) in [
+            ("billed", "1mo~15@America/New_York"),
+            ("weekly", "1w@Europe/Berlin"),
+        ] {
+            match limit(id).window() {
+                Window::Calendar(period) => assert_eq!(period.text(), text),
+                other => panic!("{other:?}"),
+            }
+        }
 
         let defaults = |text| error(&[names, ("defaults.yaml", text)]);
         for (text, says) in [
@@ -886,8 +899,32 @@ NewOrdersPerAccount:
                 "no calendar period",
             ),
             (
-                "Monthly: {window: calendar, count: 10, period: 1w}",
-                "one of 1s, 1m, 1h, 1d, 1mo, 1y",
+                "Monthly: {window: calendar, count: 10, period: 2w}",
+                "one of 1s, 1m, 1h, 1d, 1w, 1mo, 1y",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1mo, timezone: Europe/Berln}",
+                "timezone \"Europe/Berln\": no IANA time zone",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1h, timezone: Asia/Tokyo}",
+                "a time zone or anchor applies to a day",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1mo, anchor: 300}",
+                "anchor 300",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1mo, anchor: 0}",
+                "anchor 0",
+            ),
+            (
+                "Monthly: {count: 10, burst: 10, period: 1d, timezone: Asia/Tokyo}",
+                "apply to `window: calendar` limits",
+            ),
+            (
+                "Monthly: {window: calendar, count: 10, period: 1mo@UTC, anchor: 3}",
+                "not both",
             ),
             (
                 "Monthly: {window: calendar, count: 10, burst: 20, period: 1d}",

@@ -36,6 +36,13 @@ pub(super) struct RawLimit {
     /// Every spend is recorded, into debt if need be (token and cost budgets).
     #[serde(default)]
     pub(super) overdraw: bool,
+    /// A calendar window's IANA time zone (`Europe/Berlin`; UTC when left out).
+    #[serde(default)]
+    pub(super) timezone: Option<String>,
+    /// The day a calendar month (1-31, clamped to the month's last day) or week (1-7,
+    /// Monday 1) starts on.
+    #[serde(default)]
+    pub(super) anchor: Option<u64>,
 }
 
 /// How a limit counts: `gcra` (the default) or `calendar`.
@@ -50,6 +57,9 @@ pub(super) enum RawWindow {
 impl RawLimit {
     pub(super) fn build(&self) -> Result<Policy, String> {
         let limit = match self.window {
+            RawWindow::Gcra if self.timezone.is_some() || self.anchor.is_some() => {
+                return Err("timezone and anchor apply to `window: calendar` limits".into())
+            }
             RawWindow::Gcra => {
                 let period =
                     parse_duration(&self.period).map_err(|e| match self.period.as_str() {
@@ -66,9 +76,7 @@ impl RawLimit {
                 Limit::new(burst, self.count, period).map_err(|e| e.to_string())?
             }
             RawWindow::Calendar => {
-                let period = CalendarPeriod::parse(&self.period).map_err(|e| {
-                    format!("period: {e} (a calendar window is a UTC second, minute, hour, day, month or year)")
-                })?;
+                let period = self.calendar_period()?;
                 if let Some(burst) = self.burst.filter(|&b| b != self.count) {
                     return Err(format!(
                         "burst {burst}: a calendar window's burst is its count {} \
@@ -86,6 +94,32 @@ impl RawLimit {
                 overdraw: self.overdraw,
             },
         })
+    }
+
+    /// The calendar period of `period`, `timezone` and `anchor`.
+    fn calendar_period(&self) -> Result<CalendarPeriod, String> {
+        if self.timezone.is_none() && self.anchor.is_none() {
+            return CalendarPeriod::parse(&self.period).map_err(|e| {
+                format!(
+                    "period: {e} (a calendar window is a second, minute, hour, day, ISO \
+                     week, month or year; UTC unless `timezone` names a zone)"
+                )
+            });
+        }
+        if self.period.contains(['@', '~']) {
+            return Err(
+                "period: give the zone and anchor either in it or as timezone and \
+                        anchor, not both"
+                    .into(),
+            );
+        }
+        let anchor = match self.anchor {
+            None => None,
+            Some(a) => Some(u8::try_from(a).ok().filter(|&a| a > 0).ok_or(format!(
+                "anchor {a}: a month's day 1-31 or a week's day 1-7"
+            ))?),
+        };
+        CalendarPeriod::zoned(&self.period, self.timezone.as_deref(), anchor)
     }
 }
 
@@ -167,6 +201,10 @@ pub(super) struct RawOverride {
     #[serde(default)]
     pub(super) window: RawWindow,
     #[serde(default)]
+    pub(super) timezone: Option<String>,
+    #[serde(default)]
+    pub(super) anchor: Option<u64>,
+    #[serde(default)]
     pub(super) ids: Vec<IdEntry>,
 }
 
@@ -180,6 +218,11 @@ impl RawOverride {
         if self.window == RawWindow::Calendar && (self.unlimited || self.deny) {
             return Err(
                 "window applies to a limit (count, period), not to unlimited or deny".to_string(),
+            );
+        }
+        if (self.timezone.is_some() || self.anchor.is_some()) && (self.unlimited || self.deny) {
+            return Err(
+                "timezone and anchor apply to a calendar limit, not to unlimited or deny".into(),
             );
         }
         if self.overdraw && (self.unlimited || self.deny) {
@@ -196,6 +239,8 @@ impl RawOverride {
                 window: self.window,
                 shadow: self.shadow,
                 overdraw: self.overdraw,
+                timezone: self.timezone.clone(),
+                anchor: self.anchor,
             }
             .build(),
             _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
-use crate::clock::{CalendarPeriod, Nanos, SECOND};
+use crate::clock::{CalendarPeriod, Nanos, ZonedUnit, SECOND};
 use crate::gcra::{Limit, Window};
 use crate::observe::metrics::Metrics;
 use crate::service::{trace, Decider};
@@ -154,6 +154,12 @@ pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
             CalendarPeriod::Month | CalendarPeriod::Days30 => Unit::Month,
             CalendarPeriod::Year | CalendarPeriod::Days365 => Unit::Year,
             CalendarPeriod::Week => Unit::Week,
+            CalendarPeriod::Zoned(zoned) => match zoned.unit() {
+                ZonedUnit::Day => Unit::Day,
+                ZonedUnit::Week => Unit::Week,
+                ZonedUnit::Month => Unit::Month,
+                ZonedUnit::Year => Unit::Year,
+            },
         };
         return (limit.count().min(u64::from(u32::MAX)) as u32, unit);
     }

@@ -29,13 +29,19 @@
 --   "0o"), its cost in tokens for the increment and its count for
 --   the burst offset; its bucket holds W + used, W the end of its window (UTC, on this
 --   script's now), and belongs to the current window while it is at least that end.
+--   A window in a time zone or from an anchor day has x and four boundaries in whole
+--   seconds instead of a letter ("0x<b0>,<b1>,<b2>,<b3>": the previous window's start,
+--   the current one's start and end, the next one's end, placed by cellrate's zone
+--   database around its own clock); W is the first boundary after this script's now,
+--   and a now outside [b0, b3) is an error (no window is guessed).
 --   Then the batches: per batch its item count n, then per item the index of its shape
 --   (from 1).
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
 -- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost),
---   or for a calendar window its letter and the cost in tokens ("o12").
+--   or for a calendar window its letter and the cost in tokens ("o12"), for a zoned one
+--   its boundaries and the cost ("x<b0>,<b1>,<b2>,<b3>:12").
 -- reset: KEYS the buckets.
 --   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
@@ -136,9 +142,33 @@ local function days_from_civil(y, m)
   return era * 146097 + doe - 719468
 end
 
--- The end, in whole seconds, of the calendar window of letter `cal` that holds now.
+-- A zoned window's boundaries, from their text ("<b0>,<b1>,<b2>,<b3>").
+local function zoned(text)
+  local b, i = {}, 0
+  for v in string.gmatch(text, '%d+') do
+    i = i + 1
+    b[i] = tonumber(v)
+  end
+  if i ~= 4 then
+    error({err = 'cellrate: a zoned window needs four boundaries'})
+  end
+  return b
+end
+
+-- The end, in whole seconds, of the calendar window of letter `cal` (or of a zoned
+-- window's boundaries) that holds now.
 local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
 local function window_end(cal, nows)
+  if type(cal) == 'table' then
+    if nows >= cal[1] then
+      for i = 2, 4 do
+        if nows < cal[i] then
+          return cal[i]
+        end
+      end
+    end
+    error({err = 'cellrate: the Redis clock is over a zoned window away from cellrate\'s'})
+  end
   local len = FIXED[cal]
   if len then
     return (floor(nows / len) + 1) * len
@@ -204,6 +234,9 @@ if op == 'spend' then
     local mode = ARGV[p + 2]
     if #mode > 1 then
       scal[j] = string_sub(mode, 2, 2)
+      if scal[j] == 'x' then
+        scal[j] = zoned(string_sub(mode, 3))
+      end
       mode = string_sub(mode, 1, 1)
       sis[j], sbs[j] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
     else
@@ -319,10 +352,16 @@ if op == 'refund' then
     local cal = string_sub(arg, 1, 1)
     if tats[i] and string_find(cal, '%a') then
       -- A calendar window: tokens back to the current window, never below none used.
+      local back
+      if cal == 'x' then
+        local colon = string_find(arg, ':', 1, true) or #arg + 1
+        cal, back = zoned(string_sub(arg, 2, colon - 1)), tonumber(string_sub(arg, colon + 1))
+      else
+        back = tonumber(string_sub(arg, 2))
+      end
       local ws = window_end(cal, nows)
       local cs, cn = parse(tats[i])
       local used = window_used(cs, cn, ws)
-      local back = tonumber(string_sub(arg, 2))
       if used > 0 then
         local left = used - back
         if left < 0 then

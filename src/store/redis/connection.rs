@@ -205,7 +205,7 @@ impl RedisStore {
         let mut numbers: Vec<usize> = Vec::with_capacity(items);
         for wire in batches.iter().flat_map(|b| b.iter()) {
             invocation.key(wire.key.as_str());
-            numbers.push(shapes.index((wire.increment, wire.burst_offset, wire.mode)));
+            numbers.push(shapes.index((wire.increment, wire.burst_offset, &*wire.mode)));
         }
         invocation
             .arg(Op::Spend.name())

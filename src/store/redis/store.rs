@@ -12,7 +12,9 @@ use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
 use super::wire::{Op, Read, Wire};
 use super::{FailurePolicy, RedisSettings};
-use crate::clock::{CalendarPeriod, Clock};
+use std::borrow::Cow;
+
+use crate::clock::{CalendarPeriod, Clock, Nanos, SECOND};
 use crate::gcra::{self, BatchItem, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
@@ -127,6 +129,7 @@ impl RedisStore {
             return Ok(outcome);
         }
         let sent = self.mono();
+        let now = self.clock.now();
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|(slot, members)| {
             let batch = members
@@ -146,7 +149,7 @@ impl RedisStore {
                         key: keys[i].clone(),
                         increment,
                         burst_offset,
-                        mode: wire_mode(item.mode, item.limit.window()),
+                        mode: wire_mode(item.mode, item.limit.window(), now),
                     }
                 })
                 .collect();
@@ -242,7 +245,8 @@ impl RedisStore {
                 counted = true;
             }
             let group_keys: Vec<String> = spent.iter().map(|&i| keys[i].clone()).collect();
-            let args: Vec<String> = spent.iter().map(|&i| increment(&items[i])).collect();
+            let now = self.clock.now();
+            let args: Vec<String> = spent.iter().map(|&i| increment(&items[i], now)).collect();
             if let Err(e) = self.call(Op::Refund, *slot, &group_keys, &args).await {
                 tracing::warn!(error = %e, "could not refund a partly spent cross-slot batch");
             }
@@ -293,11 +297,14 @@ impl RedisStore {
     }
 
     async fn refund_redis(&self, items: &[StoreItem]) -> Result<Vec<Decision>, StoreError> {
+        let now = self.clock.now();
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
         self.forget(&keys);
         let buckets: Vec<&BucketKey> = items.iter().map(|i| &i.key).collect();
         let done = self
-            .per_group(Op::Refund, &keys, &buckets, |i| Some(increment(&items[i])))
+            .per_group(Op::Refund, &keys, &buckets, |i| {
+                Some(increment(&items[i], now))
+            })
             .await?;
         let mut decisions = vec![UNDECIDED; items.len()];
         for (members, read) in done {
@@ -366,12 +373,30 @@ fn increment_nanos(item: &StoreItem) -> i64 {
 }
 
 /// A refund's argument: the increment in nanoseconds, or for a calendar window its letter
-/// and the cost in tokens (`o12`: 12 tokens back to a monthly window).
-pub(super) fn increment(item: &StoreItem) -> String {
+/// and the cost in tokens (`o12`: 12 tokens back to a monthly window), a zoned window its
+/// boundaries around `now` and the cost (`x<b0>,<b1>,<b2>,<b3>:12`, see [`boundaries`]).
+pub(super) fn increment(item: &StoreItem, now: Nanos) -> String {
     match item.limit.window() {
         Window::Gcra => increment_nanos(item).to_string(),
+        Window::Calendar(period @ CalendarPeriod::Zoned(_)) => {
+            format!("{}:{}", boundaries(period, now), item.cost)
+        }
         Window::Calendar(period) => format!("{}{}", LETTERS[period_index(period)], item.cost),
     }
+}
+
+/// A zoned window as the script reads it: `x`, then four boundaries in whole seconds
+/// around `now` (cellrate's clock): the previous window's start, the current window's
+/// start and end, and the next window's end. The script decides in the window among them
+/// that holds its own now (Redis's clock, with `--redis-clock redis`), which the zone
+/// database (not in Redis) placed; a Redis clock outside them is an error, not a guess.
+fn boundaries(period: CalendarPeriod, now: Nanos) -> String {
+    let start = period.window_start(now);
+    let end = period.window_end(now);
+    let before = period.window_start(start.saturating_sub(1));
+    let after = period.window_end(end);
+    let [b0, b1, b2, b3] = [before, start, end, after].map(|t| t / SECOND);
+    format!("x{b0},{b1},{b2},{b3}")
 }
 
 /// The script's letters for the calendar periods, in [`period_index`] order.
@@ -388,11 +413,14 @@ fn period_index(period: CalendarPeriod) -> usize {
         CalendarPeriod::Week => 6,
         CalendarPeriod::Days30 => 7,
         CalendarPeriod::Days365 => 8,
+        // Sent as its boundaries, never by letter.
+        CalendarPeriod::Zoned(_) => 3,
     }
 }
 
-/// The script's mode of an item: its digit, then its calendar period's letter, if any.
-fn wire_mode(mode: Mode, window: Window) -> &'static str {
+/// The script's mode of an item: its digit, then its calendar period's letter, if any, or
+/// a zoned window's boundaries around `now` ([`boundaries`]).
+fn wire_mode(mode: Mode, window: Window, now: Nanos) -> Cow<'static, str> {
     const CALENDAR: [[&str; 9]; 4] = [
         ["0s", "0m", "0h", "0d", "0o", "0y", "0w", "0t", "0z"],
         ["1s", "1m", "1h", "1d", "1o", "1y", "1w", "1t", "1z"],
@@ -406,8 +434,11 @@ fn wire_mode(mode: Mode, window: Window) -> &'static str {
         Mode::Charge => 3,
     };
     match window {
-        Window::Gcra => ["0", "1", "2", "3"][digit],
-        Window::Calendar(period) => CALENDAR[digit][period_index(period)],
+        Window::Gcra => Cow::Borrowed(["0", "1", "2", "3"][digit]),
+        Window::Calendar(period @ CalendarPeriod::Zoned(_)) => {
+            Cow::Owned(format!("{digit}{}", boundaries(period, now)))
+        }
+        Window::Calendar(period) => Cow::Borrowed(CALENDAR[digit][period_index(period)]),
     }
 }
 

@@ -2,6 +2,8 @@
 //! batches that wait for it (`coalesce.rs`): what a call does ([`Op`]), an item as the
 //! script reads it ([`Wire`]), and what the call read ([`Read`]).
 
+use std::borrow::Cow;
+
 use crate::clock::Nanos;
 
 /// The operation a script call performs.
@@ -34,8 +36,9 @@ pub(super) struct Wire {
     pub(super) increment: i64,
     pub(super) burst_offset: i64,
     /// "0" check_and_spend, "1" check_only, "2" spend_only, "3" charge; a calendar window
-    /// adds its letter ("0o": check-and-spend in a monthly window).
-    pub(super) mode: &'static str,
+    /// adds its letter ("0o": check-and-spend in a monthly window), a zoned window its
+    /// boundaries ("0x<b0>,<b1>,<b2>,<b3>").
+    pub(super) mode: Cow<'static, str>,
 }
 
 impl Wire {
