@@ -197,14 +197,7 @@ fn credited(period: Option<CalendarPeriod>, kept: &Kept) -> bool {
 fn surely_not_applied(e: &DecideError) -> bool {
     match e {
         DecideError::Invalid(_) => true,
-        DecideError::Store(e) => matches!(
-            e,
-            StoreError::CircuitOpen
-                | StoreError::Backlog { .. }
-                | StoreError::Capacity(_)
-                | StoreError::Config(_)
-                | StoreError::Data(_)
-        ),
+        DecideError::Store(e) => !e.may_have_applied(),
     }
 }
 

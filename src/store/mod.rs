@@ -184,6 +184,45 @@ impl StoreError {
     pub fn is_data_error(&self) -> bool {
         matches!(self, StoreError::Data(_))
     }
+
+    /// Whether the same call may succeed if retried later: the store was slow, unreachable,
+    /// busy, full or behind an open breaker. Not: a bucket's data, the settings, or a
+    /// store that broke its contract, which a retry meets again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Timeout { .. }
+            | StoreError::Backlog { .. }
+            | StoreError::CircuitOpen
+            | StoreError::Capacity(_)
+            | StoreError::Backend { .. } => true,
+            StoreError::Partial { source, .. } => source.is_transient(),
+            StoreError::MalformedReply
+            | StoreError::Data(_)
+            | StoreError::Config(_)
+            | StoreError::Inconsistent(_) => false,
+        }
+    }
+
+    /// Whether the failed call may still have changed buckets: it reached the store's data
+    /// and its answer was lost or late (a missed deadline, a broken connection, a reply that
+    /// could not be read), or it was applied in part. `false` only when the call surely
+    /// changed nothing (refused before it reached the data), which is what lets a caller
+    /// retry a write without making it twice.
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            // A refused connection sent nothing.
+            StoreError::Backend { kind, .. } => *kind != FailureKind::Refused,
+            StoreError::Timeout { .. }
+            | StoreError::MalformedReply
+            | StoreError::Inconsistent(_)
+            | StoreError::Partial { .. } => true,
+            StoreError::Backlog { .. }
+            | StoreError::CircuitOpen
+            | StoreError::Capacity(_)
+            | StoreError::Data(_)
+            | StoreError::Config(_) => false,
+        }
+    }
 }
 
 /// Equal when they say the same (the backend's error has no equality of its own).
@@ -268,4 +307,52 @@ pub trait Store: Send + Sync + 'static {
 
     /// The limits changed (a reload): drop anything derived from the old ones.
     fn limits_changed(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(kind: FailureKind) -> StoreError {
+        StoreError::Backend {
+            context: "spend",
+            kind,
+            source: std::sync::Arc::new(std::io::Error::other("x")),
+        }
+    }
+
+    /// Each error says once whether a retry may help and whether the call may have
+    /// changed buckets; Settle reopens a record only on errors that surely changed none.
+    #[test]
+    fn errors_say_whether_to_retry_and_whether_they_may_have_applied() {
+        let timeout = StoreError::Timeout {
+            op: "spend",
+            timeout: std::time::Duration::from_millis(10),
+        };
+        let partial = StoreError::Partial {
+            op: "spend",
+            applied: "slot 1".into(),
+            missing: "slot 2".into(),
+            source: Box::new(StoreError::CircuitOpen),
+        };
+        // (error, transient, may have applied)
+        let cases = [
+            (timeout, true, true),
+            (backend(FailureKind::Refused), true, false),
+            (backend(FailureKind::Deadline), true, true),
+            (backend(FailureKind::Reset), true, true),
+            (StoreError::Backlog { queued: 9 }, true, false),
+            (StoreError::CircuitOpen, true, false),
+            (StoreError::Capacity("full".into()), true, false),
+            (partial, true, true),
+            (StoreError::MalformedReply, false, true),
+            (StoreError::Inconsistent("short".into()), false, true),
+            (StoreError::Data("not a TAT".into()), false, false),
+            (StoreError::Config("no url".into()), false, false),
+        ];
+        for (e, transient, applied) in cases {
+            assert_eq!(e.is_transient(), transient, "{e}");
+            assert_eq!(e.may_have_applied(), applied, "{e}");
+        }
+    }
 }
