@@ -27,7 +27,7 @@
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
-//!                convert.rs), settle.rs (Checks kept for Settle), envoy/ (RLS
+//!                convert.rs, settle.rs: Checks kept for Settle), envoy/ (RLS
 //!                v3: decide, respond), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,

@@ -20,7 +20,6 @@ mod quota_strategy;
 pub mod request;
 mod resolve;
 pub mod rlqs;
-pub mod settle;
 pub mod token;
 pub mod trace;
 

@@ -2,6 +2,7 @@
 //! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
 mod convert;
+pub mod settle;
 
 use std::sync::Arc;
 
@@ -19,9 +20,9 @@ pub use convert::duration;
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
 
-use crate::service::settle::Settler;
 use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
+use settle::Settler;
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {

@@ -8,6 +8,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
+use super::errors::store_error;
 use super::sentinel::SentinelLink;
 use super::wire::{Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
@@ -133,25 +134,6 @@ fn certificates(tls: &super::RedisTls) -> Option<redis::TlsCertificates> {
             }),
         root_cert: tls.ca.clone(),
     })
-}
-
-/// A Redis error as a store error, classified here, where the backend's error is seen.
-pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {
-    StoreError::backend_of(failure_kind(&e), context, e)
-}
-
-/// How a call failed, from redis-rs's error: its deadline (redis-rs's own response
-/// timeout), a refused connection, a connection that broke, or anything else.
-fn failure_kind(e: &redis::RedisError) -> FailureKind {
-    if e.is_timeout() {
-        FailureKind::Deadline
-    } else if e.is_connection_refusal() {
-        FailureKind::Refused
-    } else if e.is_connection_dropped() {
-        FailureKind::Reset
-    } else {
-        FailureKind::Other
-    }
 }
 
 impl RedisStore {

@@ -55,6 +55,8 @@ mod demand;
 #[cfg(feature = "redis")]
 mod deny_cache;
 #[cfg(feature = "redis")]
+mod errors;
+#[cfg(feature = "redis")]
 mod failure;
 #[cfg(feature = "redis")]
 mod failure_log;

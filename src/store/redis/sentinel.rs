@@ -139,7 +139,7 @@ impl SentinelLink {
             }
         }
         drop(silent);
-        result.map_err(|e| super::connection::store_error(context, e))
+        result.map_err(|e| super::errors::store_error(context, e))
     }
 
     /// The master in use, after a lookup if there is none (waits until one succeeds: the

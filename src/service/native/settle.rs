@@ -31,12 +31,12 @@ use std::sync::Arc;
 use prost::Message;
 use tonic::Status;
 
-use super::native::{decisions, item_specs, Use};
-use super::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
+use super::convert::{decisions, item_specs, Use};
 use crate::clock::{CalendarPeriod, Nanos, SECOND};
 use crate::gcra::{Mode, Window};
 use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
+use crate::service::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
 use crate::store::shared::{Claim, Kept, Settlements};
 use crate::store::StoreError;
 
@@ -62,7 +62,7 @@ fn counted(metrics: &Metrics, result: &str) {
 }
 
 fn store_failed(e: StoreError) -> Status {
-    super::store_unavailable(&e)
+    crate::service::store_unavailable(&e)
 }
 
 /// A request id as given: 1 to [`MAX_REQUEST_ID`] bytes of printable ASCII (no spaces),
