@@ -111,7 +111,7 @@ impl GcraCall {
             .ok_or_else(overflow)?;
         let burst = self.max_burst.checked_add(1).ok_or_else(overflow)?;
         emission.checked_mul(self.tokens).ok_or_else(overflow)?;
-        let limit = Limit::new(burst as u64, 1, emission).map_err(|_| overflow())?;
+        let limit = Limit::new(burst as u64, 1, emission).map_err(|e| format!("ERR {e}"))?;
         Ok(Spend {
             limit,
             cost: self.tokens as u64,
