@@ -31,7 +31,8 @@
 //!                v3: decide, respond), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
-//!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers)
+//!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,
+//!                gcra.rs: Redis 8.8's GCRA command)
 //! store/         Store trait, StoreError, StoreObserver; memory.rs over table.rs
 //!                (sharded, all-or-nothing), measured.rs (timing; the observer for
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS

@@ -1,18 +1,20 @@
-//! The commands of the Redis-protocol listener: the dispatch, `CL.THROTTLE` (its arguments
-//! checked against the caller-given bounds, decided by the store, answered as redis-cell
-//! answers), and what clients send on their own (`PING`, `ECHO`, `CLIENT`, `COMMAND`,
+//! The commands of the Redis-protocol listener: the dispatch, the three rate-limit commands
+//! on one key space (`CL.THROTTLE` answered as redis-cell answers, `RL.THROTTLE` its Valkey
+//! proposal, `GCRA` as Redis 8.8's clients parse it: their arguments checked against the
+//! caller-given bounds, decided by the store), and what clients send on their own (`PING`, `ECHO`, `CLIENT`, `COMMAND`,
 //! `SELECT`, `QUIT`). `HELLO` and `AUTH` are [`super::auth`].
 
 use bytes::Bytes;
 
+use super::gcra;
 use super::protocol::Replies;
 use super::server::{Connection, RespServer};
-use super::throttle::{reply, Cell, CellError};
-use crate::gcra::Mode;
+use super::throttle::{reply, Cell, CellError, Spend};
+use crate::gcra::{Decision, Mode};
 use crate::limits::names::BucketKey;
 use crate::store::StoreItem;
 
-/// The longest `CL.THROTTLE` key, in bytes.
+/// The longest key of `CL.THROTTLE`, `RL.THROTTLE` and `GCRA`, in bytes.
 pub const MAX_KEY: usize = 512;
 
 /// The longest client name (`CLIENT SETNAME`, `HELLO ... SETNAME`) or library attribute.
@@ -26,6 +28,8 @@ const THROTTLE_USAGE: &str =
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Command {
     Throttle,
+    RlThrottle,
+    Gcra,
     Ping,
     Echo,
     Hello,
@@ -38,8 +42,10 @@ pub(super) enum Command {
 }
 
 /// Name, arity (negative: at least), flags, for `COMMAND`.
-const COMMANDS: [(Command, &str, i64, &str); 9] = [
+const COMMANDS: [(Command, &str, i64, &str); 11] = [
     (Command::Throttle, "cl.throttle", -5, "write"),
+    (Command::RlThrottle, "rl.throttle", -5, "write"),
+    (Command::Gcra, "gcra", -5, "write"),
     (Command::Ping, "ping", -1, "fast"),
     (Command::Echo, "echo", 2, "fast"),
     (Command::Hello, "hello", -1, "fast"),
@@ -102,6 +108,8 @@ impl RespServer {
                 let answer = self.throttle(args).await;
                 return self.throttle_reply(conn, answer);
             }
+            Command::RlThrottle => self.rl_throttle(conn, args).await,
+            Command::Gcra => self.gcra(conn, args).await,
             Command::Ping => match args.len() {
                 1 => {
                     conn.replies.simple("PONG");
@@ -191,29 +199,57 @@ impl RespServer {
             period: integer(&args[4])?,
             quantity: args.get(5).map_or(Ok(1), integer)?,
         };
-        let key = std::str::from_utf8(&args[1])
-            .map_err(|_| fail("Cell error: key must be UTF-8 text"))?;
-        if key.len() > MAX_KEY {
-            return Err(fail(format!(
-                "Cell error: a key of {} bytes is above this server's maximum of {MAX_KEY}",
-                key.len()
-            )));
-        }
+        let key = key_text(&args[1], "Cell error:")?;
         let spend = cell
             .spend()
             .map_err(|e: CellError| fail(format!("Cell error: {e}")))?;
+        let decision = self.decide(key, &spend, "Cell error:").await?;
+        Ok(reply(&spend, &decision))
+    }
+
+    /// `RL.THROTTLE key max_burst count period [quantity]` (valkey-io/valkey#4081): the
+    /// arguments, bucket and five numbers of `CL.THROTTLE`, with Valkey's `ERR` errors.
+    async fn rl_throttle(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+        if args.len() != 5 && args.len() != 6 {
+            return Err(arity("rl.throttle"));
+        }
+        let answer = self.throttle(args).await.map_err(|Failure(text, flow)| {
+            let text = match text.strip_prefix("Cell error: ") {
+                Some(rest) => format!("ERR {rest}"),
+                None => text,
+            };
+            Failure(text, flow)
+        })?;
+        integers(conn, &answer);
+        Ok(())
+    }
+
+    /// `GCRA key max_burst tokens_per_period period [TOKENS count]` as Redis 8.8 answers it
+    /// ([`gcra`]), on the bucket `CL.THROTTLE` of the same key uses.
+    async fn gcra(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+        let call = gcra::parse(args).map_err(fail)?;
+        let key = key_text(&args[1], "ERR")?;
+        let spend = call.spend().map_err(fail)?;
+        let decision = self.decide(key, &spend, "ERR").await?;
+        integers(conn, &gcra::reply(&spend, &decision));
+        Ok(())
+    }
+
+    /// Decides `spend` on the caller-given bucket of `key`, within the caller-given bounds;
+    /// errors begin with `prefix`.
+    async fn decide(&self, key: &str, spend: &Spend, prefix: &str) -> Result<Decision, Failure> {
         if spend.limit.burst() > self.caller.max_burst {
             return Err(fail(format!(
-                "Cell error: max_burst {} is above this server's maximum of {} \
+                "{prefix} max_burst {} is above this server's maximum of {} \
                  (--caller-limit-max-burst minus one)",
-                cell.max_burst,
+                spend.limit.burst() - 1,
                 self.caller.max_burst.saturating_sub(1)
             )));
         }
         if spend.limit.burst_offset() > self.caller.max_period {
             let seconds = |n: i64| n as f64 / crate::clock::SECOND as f64;
             return Err(fail(format!(
-                "Cell error: a full burst takes {}s to come back ((max_burst + 1) x period / \
+                "{prefix} a full burst takes {}s to come back ((max_burst + 1) x period / \
                  count), above this server's maximum of {}s (--caller-limit-max-period)",
                 seconds(spend.limit.burst_offset()),
                 seconds(self.caller.max_period)
@@ -231,9 +267,30 @@ impl RespServer {
         };
         let outcome = outcome.map_err(|e| fail(format!("ERR store unavailable: {e}")))?;
         match outcome.decisions.first() {
-            Some(decision) => Ok(reply(&spend, decision)),
+            Some(decision) => Ok(*decision),
             None => Err(fail("ERR store unavailable: no decision")),
         }
+    }
+}
+
+/// A key as the rate-limit commands take it: UTF-8, at most [`MAX_KEY`] bytes.
+fn key_text<'a>(arg: &'a Bytes, prefix: &str) -> Result<&'a str, Failure> {
+    let key =
+        std::str::from_utf8(arg).map_err(|_| fail(format!("{prefix} key must be UTF-8 text")))?;
+    if key.len() > MAX_KEY {
+        return Err(fail(format!(
+            "{prefix} a key of {} bytes is above this server's maximum of {MAX_KEY}",
+            key.len()
+        )));
+    }
+    Ok(key)
+}
+
+/// An array of integers.
+fn integers(conn: &mut Connection, numbers: &[i64]) {
+    conn.replies.array(numbers.len());
+    for &n in numbers {
+        conn.replies.integer(n);
     }
 }
 
@@ -298,7 +355,10 @@ fn client(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
 fn command_info(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
     let r = &mut conn.replies;
     let info = |r: &mut Replies, c: &(Command, &str, i64, &str)| {
-        let keys = if c.0 == Command::Throttle { 1 } else { 0 };
+        let keys = i64::from(matches!(
+            c.0,
+            Command::Throttle | Command::RlThrottle | Command::Gcra
+        ));
         r.array(10);
         r.bulk(c.1.as_bytes());
         r.integer(c.2);

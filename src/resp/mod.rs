@@ -1,8 +1,10 @@
 //! The Redis protocol side of cellrate: `CL.THROTTLE` answered as redis-cell answers it,
+//! `RL.THROTTLE` (Valkey's proposal of the same) and `GCRA` as Redis 8.8's clients send it,
 //! for any application with a Redis client, on an optional listener (`--resp-listen`).
 //!
 //! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
+//! - [`gcra`]: the `GCRA` command's arguments and five numbers;
 //! - [`server`]: one connection: read, answer what is complete (pipelines), write, bounded;
 //! - [`commands`]: the dispatch, `CL.THROTTLE` and the informational commands;
 //! - [`auth`]: `HELLO` and `AUTH`;
@@ -12,6 +14,7 @@
 
 pub mod auth;
 pub mod commands;
+pub mod gcra;
 pub mod lockout;
 pub mod protocol;
 pub mod server;

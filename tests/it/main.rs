@@ -44,6 +44,7 @@ mod redis_store;
 mod resp;
 mod resp_clients;
 mod resp_differential;
+mod resp_gcra;
 mod rlqs;
 mod rlqs_e2e;
 mod runtime_overrides;

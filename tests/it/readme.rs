@@ -182,57 +182,60 @@ fn the_redis_protocol_examples_print_what_the_docs_show() {
     );
     let port = server.resp.rsplit_once(':').unwrap().1.to_string();
 
-    // The console: each `$ redis-cli` line runs (on the served port; `--no-raw` prints as
+    // The consoles: each `$ redis-cli` line runs (on the served port; `--no-raw` prints as
     // at a terminal) and prints the lines that follow it.
-    let (_, console) = blocks
-        .iter()
-        .find(|(info, _)| info == "console")
-        .expect("a console block");
     let mut runs: Vec<(String, String)> = Vec::new();
-    for line in console.lines() {
-        match line.strip_prefix("$ ") {
-            Some(command) if command.starts_with("redis-cli") => {
-                runs.push((command.to_string(), String::new()))
-            }
-            Some(command) => assert_eq!(command, "cellrate serve --resp-listen 127.0.0.1:6380"),
-            None => {
-                let (_, shown) = runs.last_mut().expect("output follows a command");
-                shown.push_str(line);
-                shown.push('\n');
+    for (_, console) in blocks.iter().filter(|(info, _)| info == "console") {
+        for line in console.lines() {
+            match line.strip_prefix("$ ") {
+                Some(command) if command.starts_with("redis-cli") => {
+                    runs.push((command.to_string(), String::new()))
+                }
+                Some(command) => {
+                    assert_eq!(command, "cellrate serve --resp-listen 127.0.0.1:6380")
+                }
+                None => {
+                    let (_, shown) = runs.last_mut().expect("output follows a command");
+                    shown.push_str(line);
+                    shown.push('\n');
+                }
             }
         }
     }
-    assert_eq!(runs.len(), 3);
+    // CL.THROTTLE's three, GCRA's four.
+    assert_eq!(runs.len(), 7);
     for (command, shown) in runs {
         let command = command.replace("-p 6380", &format!("-h 127.0.0.1 -p {port} --no-raw"));
         let out = sh(&command);
         assert_eq!(String::from_utf8_lossy(&out.stdout), shown, "{command}");
     }
 
-    // The redis-py example prints what the page shows.
+    // The redis-py and valkey-py examples print what the page shows.
     let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python").to_string()
     });
-    let (_, code) = blocks
+    let codes: Vec<&String> = blocks
         .iter()
-        .find(|(info, _)| info == "python")
-        .expect("a python block");
-    assert!(code.contains("redis.Redis(port=6380)"));
-    let code = code.replace(
-        "redis.Redis(port=6380)",
-        &format!("redis.Redis(host='127.0.0.1', port={port})"),
-    );
-    let out = Command::new(&python).arg("-c").arg(&code).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (_, shown) = blocks
+        .filter(|(info, _)| info == "python")
+        .map(|(_, code)| code)
+        .collect();
+    let shown: Vec<&String> = blocks
         .iter()
-        .find(|(info, _)| info == "text")
-        .expect("the python example's output");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), shown.trim());
+        .filter(|(info, _)| info == "text")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!((codes.len(), shown.len()), (2, 2));
+    for (code, shown) in codes.into_iter().zip(shown) {
+        assert!(code.contains("(port=6380)"), "{code}");
+        let code = code.replace("(port=6380)", &format!("(host='127.0.0.1', port={port})"));
+        let out = Command::new(&python).arg("-c").arg(&code).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), shown.trim());
+    }
 }
 
 #[test]

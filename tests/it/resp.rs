@@ -324,7 +324,8 @@ async fn the_commands_clients_send_on_connecting() {
         error(c.call(&["SELECT", "1"])),
         "ERR DB index is out of range"
     );
-    assert_eq!(c.call(&["COMMAND", "COUNT"]), Reply::Integer(9));
+    // CL.THROTTLE, RL.THROTTLE, GCRA and eight informational commands.
+    assert_eq!(c.call(&["COMMAND", "COUNT"]), Reply::Integer(11));
     // Key positions, for cluster-aware clients: CL.THROTTLE's key is its first argument.
     let Reply::Array(infos) = c.call(&["COMMAND", "INFO", "cl.throttle", "get"]) else {
         panic!("COMMAND INFO is an array");

@@ -219,3 +219,56 @@ fn redis_py_over_resp2_and_resp3() {
     );
     check_redis_py(&redis_py(&server, Some(token)));
 }
+
+/// redis-py sends `GCRA` and valkey-py sends `RL.THROTTLE` to the real binary, over RESP2
+/// and RESP3, and get the numbers and errors Redis's and Valkey's clients expect.
+#[test]
+fn gcra_from_redis_py_and_rl_throttle_from_valkey_py() {
+    let server = serve_with(config(), &["--resp-listen", "127.0.0.1:0"]);
+    let out = Command::new(python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/gcra_client.py"
+        ))
+        .arg(&server.resp)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", python()));
+    assert!(
+        out.status.success(),
+        "gcra_client.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for protocol in ["resp2", "resp3"] {
+        let s = &seen[protocol];
+        let json = |v: &[i64]| serde_json::json!(v);
+        // Waits are rounded up to whole seconds: a peek a moment later still reads 360.
+        assert_eq!(s["first"], json(&[0, 6, 5, -1, 360]), "{protocol}: {s}");
+        assert_eq!(s["peek"], json(&[0, 6, 5, -1, 360]), "{protocol}: {s}");
+        assert_eq!(s["heavy"], json(&[0, 6, 2, -1, 1440]), "{protocol}: {s}");
+        assert_eq!(
+            s["pipelined"],
+            serde_json::json!([
+                [0, 6, 1, -1, 1800],
+                [0, 6, 0, -1, 2160],
+                [1, 6, 0, 360, 2160]
+            ]),
+            "{protocol}: {s}"
+        );
+        assert_eq!(s["error"], "value is not a valid float", "{protocol}");
+        assert_eq!(
+            s["rl_first"],
+            json(&[0, 16, 15, -1, 120]),
+            "{protocol}: {s}"
+        );
+        assert_eq!(
+            s["rl_heavy"],
+            json(&[1, 16, 15, -1, 119]),
+            "{protocol}: {s}"
+        );
+        assert_eq!(
+            s["rl_error"], "wrong number of arguments for 'rl.throttle' command",
+            "{protocol}"
+        );
+    }
+}
