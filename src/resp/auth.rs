@@ -6,7 +6,8 @@
 
 use bytes::Bytes;
 
-use super::commands::{arity, client_name, fail, Failure, Flow};
+use super::command::Flow;
+use super::commands::{arity, client_name, fail, Failure};
 use super::server::{Connection, RespServer};
 
 /// Wrong tokens a connection may give before it is closed.

@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 
+use super::command::{Command, Flow, COMMANDS};
 use super::gcra;
 use super::protocol::Replies;
 use super::server::{Connection, RespServer};
@@ -23,61 +24,6 @@ pub const MAX_CLIENT_NAME: usize = 256;
 /// redis-cell's usage error, word for word.
 const THROTTLE_USAGE: &str =
     "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]";
-
-/// The commands this server knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Command {
-    Throttle,
-    RlThrottle,
-    Gcra,
-    Ping,
-    Echo,
-    Hello,
-    Auth,
-    Client,
-    Commands,
-    Select,
-    Quit,
-    Other,
-}
-
-/// Name, arity (negative: at least), flags, for `COMMAND`.
-const COMMANDS: [(Command, &str, i64, &str); 11] = [
-    (Command::Throttle, "cl.throttle", -5, "write"),
-    (Command::RlThrottle, "rl.throttle", -5, "write"),
-    (Command::Gcra, "gcra", -5, "write"),
-    (Command::Ping, "ping", -1, "fast"),
-    (Command::Echo, "echo", 2, "fast"),
-    (Command::Hello, "hello", -1, "fast"),
-    (Command::Auth, "auth", -2, "fast"),
-    (Command::Client, "client", -2, "fast"),
-    (Command::Commands, "command", -1, "loading"),
-    (Command::Select, "select", 2, "fast"),
-    (Command::Quit, "quit", -1, "fast"),
-];
-
-impl Command {
-    pub(super) fn of(name: &[u8]) -> Command {
-        COMMANDS
-            .iter()
-            .find(|(_, text, _, _)| name.eq_ignore_ascii_case(text.as_bytes()))
-            .map_or(Command::Other, |c| c.0)
-    }
-
-    pub(super) fn label(self) -> &'static str {
-        COMMANDS
-            .iter()
-            .find(|c| c.0 == self)
-            .map_or("other", |c| c.1)
-    }
-}
-
-/// What to do after a command.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Flow {
-    Continue,
-    Close(&'static str),
-}
 
 /// A command's failure: the error reply's text (its code first), and whether the
 /// connection ends.

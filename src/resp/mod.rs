@@ -6,6 +6,7 @@
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
 //! - [`gcra`]: the `GCRA` command's arguments and five numbers;
 //! - [`server`]: one connection: read, answer what is complete (pipelines), write, bounded;
+//! - [`command`]: the commands known, and what a command tells its connection;
 //! - [`commands`]: the dispatch, `CL.THROTTLE` and the informational commands;
 //! - [`auth`]: `HELLO` and `AUTH`;
 //! - [`lockout`]: wrong `AUTH` tokens counted per client address, across connections.
@@ -13,6 +14,7 @@
 //! The listener and its accept loop are the server's (`crate::server::tasks`).
 
 pub mod auth;
+pub mod command;
 pub mod commands;
 pub mod gcra;
 pub mod lockout;

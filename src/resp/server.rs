@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::commands::{Command, Flow};
+use super::command::{Command, Flow};
 use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
 use crate::clock::Clock;
