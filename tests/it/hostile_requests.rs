@@ -92,7 +92,10 @@ async fn request_values_never_grow_the_statistics_without_bound_nor_reach_them_r
         ask(&mut s, "rl", vec![descriptor(&[("user", &user)])]).await;
     }
     let (_, metrics) = http_get_async(s.metrics_addr, "/metrics").await;
-    eprintln!("a scrape after 600 hostile requests: {} bytes", metrics.len());
+    eprintln!(
+        "a scrape after 600 hostile requests: {} bytes",
+        metrics.len()
+    );
     // 600 keys of 16 KiB and 1 KiB, five series each, were 25 MB of exposition.
     assert!(
         metrics.len() < 2 << 20,

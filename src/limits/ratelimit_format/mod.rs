@@ -112,7 +112,7 @@ impl Unit {
 }
 
 /// One configured `rate_limit`, with what its descriptor entry said about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RateLimit {
     /// `None`: `unlimited: true`.
     pub limit: Option<(u32, Unit)>,
@@ -128,11 +128,14 @@ pub struct RateLimit {
     pub full_key: String,
     /// How answers and metrics name it: its `name`, else its full key.
     pub label: Arc<str>,
+    /// Its entry's `metadata`, as envoyproxy/ratelimit returns it in dynamic metadata
+    /// (RESPONSE_DYNAMIC_METADATA); `None` when absent or empty.
+    pub metadata: Option<Arc<envoy_types::pb::google::protobuf::Struct>>,
 }
 
 /// A match: the limit, and for each request entry matched through a `share_threshold`
 /// wildcard the pattern its bucket is counted under instead of its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Found<'a> {
     pub limit: &'a RateLimit,
     pub shared: Vec<(usize, &'a str)>,

@@ -107,6 +107,16 @@ impl EnvoyRateLimitService {
                 _ => detailed_key(&request.domain, &counted),
             };
             batch.stats.push((batch.items.len(), stats_key));
+            if !self.options.limit_names {
+                let yaml_name = found[d].as_ref().and_then(|f| f.limit.name.clone());
+                let name = yaml_name.filter(|_| given.is_none()).unwrap_or_default();
+                batch.answer_names.push((d, name));
+            }
+            if let Some(m) = found[d].as_ref().and_then(|f| f.limit.metadata.clone()) {
+                if given.is_none() {
+                    batch.metadata.push((d, m));
+                }
+            }
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
