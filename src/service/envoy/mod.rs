@@ -43,8 +43,8 @@ pub enum HeaderStyle {
     /// The IETF `RateLimit-Policy` and `RateLimit` structured fields, every limit named.
     Ietf,
     /// envoyproxy/ratelimit's three: the limit, the remaining and the reset of the
-    /// descriptor closest to its limit (an over-limit one first), named by
-    /// [`EnvoyOptions::header_names`] (`RateLimit-Limit`, `-Remaining`, `-Reset`).
+    /// descriptor closest to its limit (an over-limit one first), RateLimit-Limit,
+    /// -Remaining and -Reset unless renamed.
     Ratelimit,
 }
 
