@@ -268,15 +268,19 @@ pub fn should_rate_limit(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
         return;
     };
-    let headers = [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf];
+    let headers = [
+        HeaderStyle::Off,
+        HeaderStyle::Draft03,
+        HeaderStyle::Ietf,
+        HeaderStyle::Ratelimit,
+    ];
     let style = headers[data.len() % headers.len()];
     let (decider, store, metrics) = fresh();
     let service = EnvoyRateLimitService::new(
         decider,
         EnvoyOptions {
             headers: style,
-            shadow: false,
-            ratelimit_counting: Default::default(),
+            ..EnvoyOptions::default()
         },
         metrics,
     );

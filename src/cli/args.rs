@@ -423,28 +423,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub caller_limit_bucket_share: u8,
 
-    /// Rate-limit headers in Envoy responses (Retry-After is always sent on OVER_LIMIT).
-    #[arg(
-        long,
-        env = "CELLRATE_RATE_LIMIT_HEADERS",
-        value_enum,
-        default_value = "off"
-    )]
-    pub rate_limit_headers: crate::service::envoy::HeaderStyle,
-
-    /// Global shadow mode for Envoy: decide, spend and count, but always answer OK.
-    #[arg(long, env = "CELLRATE_SHADOW")]
-    pub shadow: bool,
-
-    /// How limits in envoyproxy/ratelimit's file format count: fixed-window (as it does)
-    /// or gcra (cellrate's exact GCRA, all-or-nothing).
-    #[arg(
-        long,
-        env = "CELLRATE_RATELIMIT_COUNTING",
-        value_enum,
-        default_value = "fixed-window"
-    )]
-    pub ratelimit_counting: crate::service::envoy::RatelimitCounting,
+    #[command(flatten)]
+    pub envoy: super::envoy_args::EnvoyArgs,
 
     /// Open connections at most on the decision listener (more wait in the backlog).
     #[arg(long, env = "CELLRATE_MAX_CONNECTIONS", default_value_t = 4096)]

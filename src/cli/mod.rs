@@ -3,6 +3,7 @@
 //! what `cellrate serve`'s flags mean for the server (`serve.rs`: settings, listeners).
 
 mod args;
+pub mod envoy_args;
 pub use args::*;
 
 pub mod client;

@@ -71,11 +71,6 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
     ),
     ("GRPC_MAX_CONNECTION_AGE", "not applied"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
-    (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "every hit is counted, as by default there",
-    ),
-    ("RESPONSE_DYNAMIC_METADATA", "not sent"),
     ("TRACING_ENABLED", "no OpenTelemetry export"),
     ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
     (
@@ -177,15 +172,12 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 .to_string(),
         );
     }
+    answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
     // Behaviour.
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
-    }
-    if flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        out.flags.push("--rate-limit-headers".to_string());
-        out.flags.push("draft03".to_string());
     }
     if flag("QUOTA_MODE")? {
         out.warnings
@@ -215,6 +207,64 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// How ShouldRateLimit answers: as envoyproxy/ratelimit answers, unless a `CELLRATE_*`
+/// variable opts into cellrate's richer answer (its flag is then left to that variable).
+fn answers(var: &impl Fn(&str) -> Option<String>, flags: &mut Vec<String>) -> Result<(), String> {
+    let flag = |name: &str| boolean(name, &var(name).unwrap_or_else(|| "false".into()));
+    let mut unless = |cellrate: &str, flag: &str, value: String| {
+        if var(cellrate).is_none() {
+            flags.extend([flag.to_string(), value]);
+        }
+    };
+    // Names: the YAML's `name` or empty. Resets: whole seconds. No Retry-After.
+    unless(
+        "CELLRATE_ENVOY_LIMIT_NAMES",
+        "--envoy-limit-names",
+        "false".into(),
+    );
+    unless(
+        "CELLRATE_ENVOY_RESETS",
+        "--envoy-resets",
+        "whole-seconds".into(),
+    );
+    unless("CELLRATE_RETRY_AFTER", "--retry-after", "false".into());
+    let metadata = match flag("RESPONSE_DYNAMIC_METADATA")? {
+        true => "ratelimit",
+        false => "off",
+    };
+    unless(
+        "CELLRATE_ENVOY_METADATA",
+        "--envoy-metadata",
+        metadata.into(),
+    );
+    if flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        let mut names = Vec::new();
+        for (name, default) in [
+            ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        ] {
+            let value = var(name).unwrap_or_else(|| default.to_string());
+            crate::service::envoy::check_header_name(&value).map_err(|e| format!("{name}: {e}"))?;
+            names.push(value);
+        }
+        unless(
+            "CELLRATE_RATE_LIMIT_HEADERS",
+            "--rate-limit-headers",
+            "ratelimit".into(),
+        );
+        unless(
+            "CELLRATE_RATELIMIT_HEADER_NAMES",
+            "--ratelimit-header-names",
+            names.join(","),
+        );
+    }
+    if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+        flags.push("--stop-increment-when-over-limit".to_string());
+    }
+    Ok(())
 }
 
 /// CONFIG_TYPE: FILE (the directory alone) or GRPC_XDS_SOTW (xDS beside it).
@@ -691,6 +741,71 @@ mod tests {
         .unwrap();
         assert!(!t.flags.join(" ").contains("--xds"));
         assert!(t.warnings[0].starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG"));
+    }
+
+    #[test]
+    fn answers_are_envoyproxy_ratelimits_unless_cellrates_are_asked_for() {
+        let memory = ("BACKEND_TYPE", "memory");
+        let flags = |vars: &[(&str, &str)]| run(vars).unwrap().flags.join(" ");
+        let plain = flags(&[memory]);
+        assert!(
+            plain.contains(
+                "--envoy-limit-names false --envoy-resets whole-seconds --retry-after false \
+                 --envoy-metadata off"
+            ),
+            "{plain}"
+        );
+        assert!(!plain.contains("--rate-limit-headers"), "{plain}");
+        assert!(!plain.contains("--stop-increment"), "{plain}");
+        let upstream = flags(&[
+            memory,
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ]);
+        for want in [
+            "--envoy-metadata ratelimit",
+            "--rate-limit-headers ratelimit",
+            "--ratelimit-header-names RateLimit-Limit,X-Left,RateLimit-Reset",
+            "--stop-increment-when-over-limit",
+        ] {
+            assert!(upstream.contains(want), "{want}: {upstream}");
+        }
+        // cellrate's answers, opted into: the flags are left to the CELLRATE_ variables.
+        let opted = flags(&[
+            memory,
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("CELLRATE_RATE_LIMIT_HEADERS", "ietf"),
+            ("CELLRATE_ENVOY_LIMIT_NAMES", "true"),
+            ("CELLRATE_ENVOY_RESETS", "exact"),
+            ("CELLRATE_RETRY_AFTER", "true"),
+            ("CELLRATE_ENVOY_METADATA", "cellrate"),
+        ]);
+        for absent in [
+            "--rate-limit-headers",
+            "--envoy-limit-names",
+            "--envoy-resets",
+            "--retry-after",
+            "--envoy-metadata",
+        ] {
+            assert!(!opted.contains(absent), "{absent}: {opted}");
+        }
+        let bad = run(&[
+            memory,
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "Reset: now"),
+        ]);
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.starts_with("LIMIT_RESET_HEADER: \"Reset: now\" is not")),
+            "{bad:?}"
+        );
+        let bad = run(&[memory, ("RESPONSE_DYNAMIC_METADATA", "yes")]);
+        assert_eq!(
+            bad.map(|t| t.flags),
+            Err("RESPONSE_DYNAMIC_METADATA=\"yes\": not a boolean (true or false)".to_string())
+        );
     }
 
     #[test]

@@ -11,7 +11,6 @@ use crate::server::admin::TlsPem;
 use crate::server::listener::ConnectionLimits;
 use crate::server::reload::ReloadSettings;
 use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
-use crate::service::envoy::EnvoyOptions;
 use crate::service::rlqs::RlqsSettings;
 use crate::service::CallerLimits;
 
@@ -131,11 +130,7 @@ impl ServeArgs {
                         .then(|| Duration::from_secs(self.snapshot_interval_seconds)),
                 }),
             server: self.server_limits(),
-            envoy: EnvoyOptions {
-                headers: self.rate_limit_headers,
-                shadow: self.shadow,
-                ratelimit_counting: self.ratelimit_counting,
-            },
+            envoy: self.envoy.options(),
             ..Default::default()
         }
     }

@@ -171,7 +171,7 @@ impl Stacks<'_> {
         let native = RateLimiterServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let envoy = RateLimitServiceServer::new(EnvoyRateLimitService::new(
             self.decider.clone(),
-            self.settings.envoy,
+            self.settings.envoy.clone(),
             self.metrics.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);

@@ -35,6 +35,7 @@ mod operations;
 mod process_ops;
 mod proptests;
 mod python_envoy;
+mod ratelimit_answers;
 mod ratelimit_format;
 mod readme;
 #[cfg(feature = "redis")]

@@ -112,7 +112,7 @@ impl Unit {
 }
 
 /// One configured `rate_limit`, with what its descriptor entry said about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RateLimit {
     /// `None`: `unlimited: true`.
     pub limit: Option<(u32, Unit)>,
@@ -128,11 +128,14 @@ pub struct RateLimit {
     pub full_key: String,
     /// How answers and metrics name it: its `name`, else its full key.
     pub label: Arc<str>,
+    /// Its entry's `metadata`, as envoyproxy/ratelimit returns it in dynamic metadata
+    /// (RESPONSE_DYNAMIC_METADATA); `None` when absent or empty.
+    pub metadata: Option<Arc<envoy_types::pb::google::protobuf::Struct>>,
 }
 
 /// A match: the limit, and for each request entry matched through a `share_threshold`
 /// wildcard the pattern its bucket is counted under instead of its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Found<'a> {
     pub limit: &'a RateLimit,
     pub shared: Vec<(usize, &'a str)>,
@@ -237,6 +240,42 @@ mod tests {
     fn limit(d: &RatelimitDomains, domain: &str, entries: &[(&str, &str)]) -> Option<(u32, Unit)> {
         let found = d.find(domain, entries)?;
         Some(found.limit.limit.unwrap_or((0, Unit::Second)))
+    }
+
+    #[test]
+    fn metadata_is_read_as_a_struct_and_bad_metadata_refused_naming_its_entry() {
+        use envoy_types::pb::google::protobuf::value::Kind;
+        let d = load(&["domain: m\ndescriptors:\n  - key: k\n    metadata: {n: 1, s: x, l: [true, null], o: {p: q}}\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: empty\n    metadata: {}\n    rate_limit: {unit: second, requests_per_unit: 1}\n"]).unwrap();
+        let m = d
+            .find("m", &[("k", "v")])
+            .unwrap()
+            .limit
+            .metadata
+            .clone()
+            .unwrap();
+        let kind = |k: &str| m.fields[k].kind.clone().unwrap();
+        assert_eq!(kind("n"), Kind::NumberValue(1.0));
+        assert_eq!(kind("s"), Kind::StringValue("x".into()));
+        assert!(matches!(kind("l"), Kind::ListValue(l) if l.values.len() == 2));
+        assert!(matches!(kind("o"), Kind::StructValue(o) if o.fields.contains_key("p")));
+        assert_eq!(d.find("m", &[("empty", "v")]).unwrap().limit.metadata, None);
+        let refused = |metadata: &str| {
+            let text = format!(
+                "domain: m\ndescriptors:\n  - key: k\n    metadata: {metadata}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            );
+            load(&[&text]).unwrap_err()
+        };
+        assert_eq!(
+            refused("{1: a}"),
+            ["m.k: error parsing metadata: key Number(1) is not a string"]
+        );
+        assert_eq!(
+            refused("[a]"),
+            ["m.k: error parsing metadata: not a mapping"]
+        );
+        // Nested past the YAML reader's depth: an error, no panic.
+        let deep = format!("{}a: b{}", "{x: ".repeat(200), "}".repeat(200));
+        assert!(!refused(&deep).is_empty());
     }
 
     /// envoyproxy/ratelimit's test/config/basic_config.yaml, in substance.

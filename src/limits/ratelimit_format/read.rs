@@ -2,6 +2,8 @@
 //! exactly as there) and the reader that turns a file's root into a matching tree, every
 //! problem reported with the entry it is in.
 
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 use std::fmt;
 use std::sync::Arc;
 
@@ -42,9 +44,8 @@ pub(super) struct RawDescriptor {
     pub(super) value_to_metric: bool,
     #[serde(default)]
     pub(super) share_threshold: bool,
-    /// Returned to Envoy as dynamic metadata there; read and left alone here.
+    /// Returned to Envoy in dynamic metadata (RESPONSE_DYNAMIC_METADATA).
     #[serde(default)]
-    #[allow(dead_code)]
     pub(super) metadata: Option<serde_yaml_ng::Value>,
 }
 
@@ -270,6 +271,13 @@ impl Reader<'_> {
                     }
                     replaces.push(replaced.name);
                 }
+                let metadata = match raw.metadata.as_ref().map(metadata_struct).transpose() {
+                    Ok(m) => m.filter(|m| !m.fields.is_empty()).map(Arc::new),
+                    Err(reason) => {
+                        bad(format!("error parsing metadata: {reason}"));
+                        return None;
+                    }
+                };
                 let label = match rate_limit.name.as_str() {
                     "" => Arc::from(full_key.as_str()),
                     name => Arc::from(name),
@@ -284,6 +292,7 @@ impl Reader<'_> {
                     detailed_metric: raw.detailed_metric,
                     value_to_metric: raw.value_to_metric,
                     full_key: full_key.clone(),
+                    metadata,
                 }))
             }
         };
@@ -297,4 +306,39 @@ impl Reader<'_> {
             },
         ))
     }
+}
+
+/// A descriptor's YAML `metadata` as the protobuf `Struct` envoyproxy/ratelimit makes of
+/// it: a mapping with string keys, numbers as doubles, a YAML tag ignored.
+fn metadata_struct(yaml: &serde_yaml_ng::Value) -> Result<Struct, String> {
+    match metadata_value(yaml)?.kind {
+        Some(Kind::StructValue(s)) => Ok(s),
+        Some(Kind::NullValue(_)) => Ok(Struct::default()),
+        _ => Err("not a mapping".to_string()),
+    }
+}
+
+fn metadata_value(yaml: &serde_yaml_ng::Value) -> Result<Value, String> {
+    use serde_yaml_ng::Value as Y;
+    let kind = match yaml {
+        Y::Null => Kind::NullValue(0),
+        Y::Bool(b) => Kind::BoolValue(*b),
+        Y::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        Y::String(s) => Kind::StringValue(s.clone()),
+        Y::Sequence(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(metadata_value).collect::<Result<_, _>>()?,
+        }),
+        Y::Mapping(map) => {
+            let mut fields = std::collections::HashMap::new();
+            for (k, v) in map {
+                let Y::String(k) = k else {
+                    return Err(format!("key {k:?} is not a string"));
+                };
+                fields.insert(k.clone(), metadata_value(v)?);
+            }
+            Kind::StructValue(Struct { fields })
+        }
+        Y::Tagged(tagged) => return metadata_value(&tagged.value),
+    };
+    Ok(Value { kind: Some(kind) })
 }

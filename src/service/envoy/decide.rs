@@ -4,9 +4,11 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Struct;
 use tonic::Status;
 
 use super::ratelimit::quota_mode;
@@ -34,6 +36,11 @@ pub(super) struct Batch<'a> {
     pub(super) quota: Vec<usize>,
     /// envoyproxy/ratelimit's statistics key of each item from its file format.
     pub(super) stats: Vec<(usize, String)>,
+    /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
+    /// it (its YAML's `name`, else empty), with that name.
+    pub(super) answer_names: Vec<(usize, String)>,
+    /// Descriptors whose matched limit has `metadata`, with it.
+    pub(super) metadata: Vec<(usize, Arc<Struct>)>,
 }
 
 impl EnvoyRateLimitService {
@@ -82,6 +89,7 @@ impl EnvoyRateLimitService {
         if !batch.quota.is_empty() {
             quota_mode(&mut response, &batch.quota);
         }
+        self.upstream_answer(&request, &batch, &mut response);
         Ok(response)
     }
 
@@ -163,7 +171,7 @@ impl EnvoyRateLimitService {
                 return Ok(Vec::new());
             }
             return self
-                .check(table, &request.domain, &batch.items, &batch.owner)
+                .check_counted(table, &request.domain, &batch.items, &batch.owner)
                 .await;
         }
         let (give, take): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| negative(i));
@@ -175,7 +183,9 @@ impl EnvoyRateLimitService {
         let mut results: Vec<Option<ItemResult>> = vec![None; n];
         if !take.is_empty() {
             let (items, owner) = pick(&take);
-            let taken = self.check(table, &request.domain, &items, &owner).await?;
+            let taken = self
+                .check_counted(table, &request.domain, &items, &owner)
+                .await?;
             for (&i, r) in take.iter().zip(taken) {
                 results[i] = Some(r);
             }
@@ -196,6 +206,60 @@ impl EnvoyRateLimitService {
             results[i] = Some(r);
         }
         Ok(results.into_iter().flatten().collect())
+    }
+
+    /// [`Self::check`], with envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+    /// when asked for and every item counts in its fixed windows: the counts are read
+    /// first (a cost of 0 spends nothing), and when the request takes some descriptor over
+    /// its limit only those it takes over are counted, the others asked at a cost of 0.
+    /// Not atomic across the two calls, as there (a GET, then INCRBY).
+    async fn check_counted(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
+    ) -> Result<Vec<ItemResult>, Status> {
+        let fixed_window = |i: &ItemSpec<'_>| {
+            matches!(
+                i.target,
+                Target::Ratelimit {
+                    every_hit: true,
+                    ..
+                }
+            )
+        };
+        if !self.options.stop_increment_when_over_limit
+            || items.is_empty()
+            || !items.iter().all(fixed_window)
+        {
+            return self.check(table, domain, items, owner).await;
+        }
+        fn at<'s>(i: &ItemSpec<'s>, cost: u64) -> ItemSpec<'s> {
+            ItemSpec {
+                cost: Some(cost),
+                ..i.clone()
+            }
+        }
+        let probe: Vec<ItemSpec<'_>> = items.iter().map(|i| at(i, 0)).collect();
+        let seen = self.check(table, domain, &probe, owner).await?;
+        let over: Vec<bool> = seen
+            .iter()
+            .zip(items)
+            .map(|(r, i)| {
+                let cost = i.cost.unwrap_or(1).min(i64::MAX as u64) as i64;
+                !r.decision.allowed || r.decision.remaining < cost
+            })
+            .collect();
+        if !over.contains(&true) {
+            return self.check(table, domain, items, owner).await;
+        }
+        let counted: Vec<ItemSpec<'_>> = items
+            .iter()
+            .zip(&over)
+            .map(|(i, &o)| if o { i.clone() } else { at(i, 0) })
+            .collect();
+        self.check(table, domain, &counted, owner).await
     }
 
     /// Decides `items` (from descriptors `owner`) as one all-or-nothing batch.

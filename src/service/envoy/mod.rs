@@ -14,6 +14,7 @@
 mod decide;
 mod ratelimit;
 mod respond;
+mod upstream;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -34,13 +35,82 @@ use crate::service::{trace, Decider};
 /// Which rate-limit headers go into `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum HeaderStyle {
-    /// No rate-limit fields (`Retry-After` is still sent on OVER_LIMIT).
+    /// No rate-limit fields (`Retry-After` is still sent on OVER_LIMIT unless turned off).
     #[default]
     Off,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Envoy's draft 03).
     Draft03,
     /// The IETF `RateLimit-Policy` and `RateLimit` structured fields, every limit named.
     Ietf,
+    /// envoyproxy/ratelimit's three: the limit, the remaining and the reset of the
+    /// descriptor closest to its limit (an over-limit one first), RateLimit-Limit,
+    /// -Remaining and -Reset unless renamed.
+    Ratelimit,
+}
+
+/// How `duration_until_reset` is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ResetStyle {
+    /// To the nanosecond: until the bucket is full (allowed) or the cost passes (denied).
+    #[default]
+    Exact,
+    /// The same time in whole seconds, rounded up: for a fixed window, the seconds left
+    /// in it as envoyproxy/ratelimit computes them (`unit - now % unit`).
+    WholeSeconds,
+}
+
+/// What `dynamic_metadata` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MetadataStyle {
+    /// cellrate's: on OVER_LIMIT (or a shadow denial), which limit fired and which
+    /// denied in shadow mode.
+    #[default]
+    Cellrate,
+    /// envoyproxy/ratelimit's (its RESPONSE_DYNAMIC_METADATA): on every answer, the
+    /// domain, the descriptors, and the `metadata` of the matched limits that passed.
+    Ratelimit,
+    /// None.
+    Off,
+}
+
+/// The names of the three headers of [`HeaderStyle::Ratelimit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> HeaderNames {
+        HeaderNames {
+            limit: "RateLimit-Limit".to_string(),
+            remaining: "RateLimit-Remaining".to_string(),
+            reset: "RateLimit-Reset".to_string(),
+        }
+    }
+}
+
+/// A header name Envoy accepts: 1 to 128 bytes of an HTTP token (RFC 9110), not a
+/// pseudo-header.
+///
+/// ```
+/// use cellrate::service::envoy::check_header_name;
+/// assert!(check_header_name("RateLimit-Limit").is_ok());
+/// assert!(check_header_name("bad name").unwrap_err().contains("token"));
+/// ```
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || name.len() > 128 {
+        return Err("a header name is 1 to 128 bytes".to_string());
+    }
+    if !name.bytes().all(token) {
+        return Err(format!(
+            "{:?} is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~)",
+            crate::text::printable(crate::text::cut_bytes(name, 64))
+        ));
+    }
+    Ok(())
 }
 
 /// How limits from envoyproxy/ratelimit's file format count.
@@ -55,14 +125,44 @@ pub enum RatelimitCounting {
     Gcra,
 }
 
-/// How ShouldRateLimit answers.
-#[derive(Debug, Clone, Copy, Default)]
+/// How ShouldRateLimit answers. The defaults are cellrate's (`serve`); the `ratelimit`
+/// personality sets envoyproxy/ratelimit's.
+#[derive(Debug, Clone)]
 pub struct EnvoyOptions {
     pub headers: HeaderStyle,
+    /// The names of [`HeaderStyle::Ratelimit`]'s headers.
+    pub header_names: HeaderNames,
     /// Global shadow mode: decide, spend and count, but always answer OK.
     pub shadow: bool,
     /// How envoyproxy/ratelimit-format limits count.
     pub ratelimit_counting: RatelimitCounting,
+    /// `current_limit.name` of a limit in envoyproxy/ratelimit's format: its `name`, else
+    /// its full key (true); its `name`, else empty, as there (false).
+    pub limit_names: bool,
+    pub resets: ResetStyle,
+    /// `Retry-After` on OVER_LIMIT.
+    pub retry_after: bool,
+    pub metadata: MetadataStyle,
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, for its
+    /// fixed-window counting: when a request takes some descriptor over its limit, only
+    /// the descriptors it takes over are counted.
+    pub stop_increment_when_over_limit: bool,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> EnvoyOptions {
+        EnvoyOptions {
+            headers: HeaderStyle::Off,
+            header_names: HeaderNames::default(),
+            shadow: false,
+            ratelimit_counting: RatelimitCounting::FixedWindow,
+            limit_names: true,
+            resets: ResetStyle::Exact,
+            retry_after: true,
+            metadata: MetadataStyle::Cellrate,
+            stop_increment_when_over_limit: false,
+        }
+    }
 }
 
 /// The RLS service, served on the decision listener.

@@ -15,7 +15,7 @@ use super::{invalid, EnvoyRateLimitService, RatelimitCounting, MAX_ENTRIES};
 use crate::clock::SECOND;
 use crate::gcra::{Limit, Mode};
 use crate::limits::config::LimitTable;
-use crate::limits::ratelimit_format::Unit;
+use crate::limits::ratelimit_format::{Found, Unit};
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
 
 /// The name answers and metrics give a descriptor's own `limit` (its entries would make
@@ -98,15 +98,10 @@ impl EnvoyRateLimitService {
                     entry.1 = pattern;
                 }
             }
-            let stats_key = match &found[d] {
-                Some(f)
-                    if given.is_none() && !(f.limit.detailed_metric || f.limit.value_to_metric) =>
-                {
-                    f.limit.full_key.clone()
-                }
-                _ => detailed_key(&request.domain, &counted),
-            };
+            let on_file = found[d].as_ref().filter(|_| given.is_none());
+            let stats_key = stats_key(on_file, &request.domain, &counted);
             batch.stats.push((batch.items.len(), stats_key));
+            self.note_answer(d, on_file, batch);
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
@@ -124,6 +119,20 @@ impl EnvoyRateLimitService {
             batch.owner.push(d);
         }
         Ok(())
+    }
+}
+
+impl EnvoyRateLimitService {
+    /// What envoyproxy/ratelimit's answer says of descriptor `d`, counted on the limit
+    /// `found` (`None`: its own `limit`): its name as there, its `metadata`.
+    fn note_answer(&self, d: usize, found: Option<&Found<'_>>, batch: &mut Batch<'_>) {
+        if !self.options.limit_names {
+            let name = found.and_then(|f| f.limit.name.clone());
+            batch.answer_names.push((d, name.unwrap_or_default()));
+        }
+        if let Some(m) = found.and_then(|f| f.limit.metadata.clone()) {
+            batch.metadata.push((d, m));
+        }
     }
 }
 
@@ -164,6 +173,17 @@ pub(super) fn quota_mode(response: &mut RateLimitResponse, quota: &[usize]) {
         response
             .response_headers_to_add
             .retain(|h| h.key != "Retry-After");
+    }
+}
+
+/// The statistics key of a descriptor counted on the limit `found` (`None`: its own
+/// `limit`): the limit's full key, or the detailed key of its `counted` entries.
+fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) -> String {
+    match found {
+        Some(f) if !(f.limit.detailed_metric || f.limit.value_to_metric) => {
+            f.limit.full_key.clone()
+        }
+        _ => detailed_key(domain, counted),
     }
 }
 

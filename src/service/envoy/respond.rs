@@ -11,7 +11,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf as pbw;
 
-use super::{ceil_seconds, requests_per_unit, EnvoyRateLimitService, HeaderStyle};
+use super::{
+    ceil_seconds, requests_per_unit, EnvoyRateLimitService, HeaderStyle, MetadataStyle, ResetStyle,
+};
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit};
 use crate::service::{ItemResult, Rule};
@@ -55,7 +57,10 @@ impl EnvoyRateLimitService {
         let mut start = 0;
         for d in 0..descriptors {
             let run = owner[start..].iter().take_while(|&&o| o == d).count();
-            statuses.push(descriptor_status(&results[start..start + run]));
+            statuses.push(descriptor_status(
+                &results[start..start + run],
+                self.options.resets,
+            ));
             start += run;
         }
         let over = results.iter().any(enforced_denial);
@@ -68,7 +73,8 @@ impl EnvoyRateLimitService {
         };
         let mut headers = Vec::new();
         match self.options.headers {
-            HeaderStyle::Off => {}
+            // envoyproxy/ratelimit's, made from the statuses once quota mode has spoken.
+            HeaderStyle::Off | HeaderStyle::Ratelimit => {}
             HeaderStyle::Draft03 => {
                 if let Some(item) = fired.filter(|i| matches!(i.rule, Rule::Limited(_))) {
                     draft03_headers(item, results, &mut headers);
@@ -76,7 +82,7 @@ impl EnvoyRateLimitService {
             }
             HeaderStyle::Ietf => ietf_headers(results, &mut headers),
         }
-        if over {
+        if over && self.options.retry_after {
             let retry = fired.map_or(0, |i| i.decision.retry_in);
             if retry > 0 {
                 headers.push(header("Retry-After", ceil_seconds(retry).to_string()));
@@ -87,17 +93,18 @@ impl EnvoyRateLimitService {
             statuses,
             response_headers_to_add: headers,
             // Only when there is something to say: building it costs allocations.
-            dynamic_metadata: (over
-                || results
-                    .iter()
-                    .any(|i| i.shadow && restricts(i) && !i.decision.allowed))
+            dynamic_metadata: (self.options.metadata == MetadataStyle::Cellrate
+                && (over
+                    || results
+                        .iter()
+                        .any(|i| i.shadow && restricts(i) && !i.decision.allowed)))
             .then(|| metadata(over, fired, owner, results)),
             ..Default::default()
         }
     }
 }
 
-fn descriptor_status(items: &[ItemResult]) -> DescriptorStatus {
+fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> DescriptorStatus {
     let over = items.iter().any(enforced_denial);
     let shown = if over {
         strictest(items.iter().filter(|i| enforced_denial(i)))
@@ -127,9 +134,15 @@ fn descriptor_status(items: &[ItemResult]) -> DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
         current_limit,
         limit_remaining: d.remaining.clamp(0, i64::from(u32::MAX)) as u32,
-        duration_until_reset: Some(pbw::Duration {
-            seconds: until_reset(&d) / SECOND,
-            nanos: (until_reset(&d) % SECOND) as i32,
+        duration_until_reset: Some(match resets {
+            ResetStyle::Exact => pbw::Duration {
+                seconds: until_reset(&d) / SECOND,
+                nanos: (until_reset(&d) % SECOND) as i32,
+            },
+            ResetStyle::WholeSeconds => pbw::Duration {
+                seconds: ceil_seconds(until_reset(&d)),
+                nanos: 0,
+            },
         }),
         ..Default::default()
     }

@@ -1,0 +1,113 @@
+//! `cellrate serve`'s flags for Envoy's ShouldRateLimit answers. Their defaults are
+//! cellrate's; the `ratelimit` personality sets envoyproxy/ratelimit's (see
+//! `ratelimit_env.rs`), each one still opt-in there through its variable.
+
+use crate::service::envoy::{
+    check_header_name, EnvoyOptions, HeaderNames, HeaderStyle, MetadataStyle, RatelimitCounting,
+    ResetStyle,
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct EnvoyArgs {
+    /// Rate-limit headers in Envoy responses: off, draft03 (X-RateLimit-*), ietf
+    /// (RateLimit-Policy and RateLimit) or ratelimit (envoyproxy/ratelimit's
+    /// RateLimit-Limit, -Remaining, -Reset, named by --ratelimit-header-names).
+    #[arg(
+        long,
+        env = "CELLRATE_RATE_LIMIT_HEADERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub rate_limit_headers: HeaderStyle,
+
+    /// The names of the ratelimit style's three headers: LIMIT,REMAINING,RESET.
+    #[arg(
+        long,
+        env = "CELLRATE_RATELIMIT_HEADER_NAMES",
+        value_name = "LIMIT,REMAINING,RESET",
+        default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset",
+        value_parser = parse_header_names
+    )]
+    pub ratelimit_header_names: HeaderNames,
+
+    /// Retry-After on OVER_LIMIT answers (true or false).
+    #[arg(long, env = "CELLRATE_RETRY_AFTER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub retry_after: bool,
+
+    /// duration_until_reset: exact (to the nanosecond) or whole-seconds (rounded up; a
+    /// fixed window's seconds left, as envoyproxy/ratelimit gives them).
+    #[arg(
+        long,
+        env = "CELLRATE_ENVOY_RESETS",
+        value_enum,
+        default_value = "exact"
+    )]
+    pub envoy_resets: ResetStyle,
+
+    /// current_limit.name of a limit in envoyproxy/ratelimit's format: its name, else its
+    /// full key (true); its name, else empty, as envoyproxy/ratelimit (false).
+    #[arg(long, env = "CELLRATE_ENVOY_LIMIT_NAMES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub envoy_limit_names: bool,
+
+    /// dynamic_metadata: cellrate (which limit fired, on OVER_LIMIT), ratelimit
+    /// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA, on every answer) or off.
+    #[arg(
+        long,
+        env = "CELLRATE_ENVOY_METADATA",
+        value_enum,
+        default_value = "cellrate"
+    )]
+    pub envoy_metadata: MetadataStyle,
+
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT for its fixed-window
+    /// counting: when a request takes a descriptor over its limit, the others are not
+    /// counted.
+    #[arg(long, env = "CELLRATE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
+    pub stop_increment_when_over_limit: bool,
+
+    /// Global shadow mode for Envoy: decide, spend and count, but always answer OK.
+    #[arg(long, env = "CELLRATE_SHADOW")]
+    pub shadow: bool,
+
+    /// How limits in envoyproxy/ratelimit's file format count: fixed-window (as it does)
+    /// or gcra (cellrate's exact GCRA, all-or-nothing).
+    #[arg(
+        long,
+        env = "CELLRATE_RATELIMIT_COUNTING",
+        value_enum,
+        default_value = "fixed-window"
+    )]
+    pub ratelimit_counting: RatelimitCounting,
+}
+
+impl EnvoyArgs {
+    pub fn options(&self) -> EnvoyOptions {
+        EnvoyOptions {
+            headers: self.rate_limit_headers,
+            header_names: self.ratelimit_header_names.clone(),
+            shadow: self.shadow,
+            ratelimit_counting: self.ratelimit_counting,
+            limit_names: self.envoy_limit_names,
+            resets: self.envoy_resets,
+            retry_after: self.retry_after,
+            metadata: self.envoy_metadata,
+            stop_increment_when_over_limit: self.stop_increment_when_over_limit,
+        }
+    }
+}
+
+/// `LIMIT,REMAINING,RESET`: three header names.
+pub fn parse_header_names(text: &str) -> Result<HeaderNames, String> {
+    let names: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [limit, remaining, reset] = names[..] else {
+        return Err("three header names, LIMIT,REMAINING,RESET".to_string());
+    };
+    for name in [limit, remaining, reset] {
+        check_header_name(name)?;
+    }
+    Ok(HeaderNames {
+        limit: limit.to_string(),
+        remaining: remaining.to_string(),
+        reset: reset.to_string(),
+    })
+}
