@@ -436,6 +436,7 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
             None => Ok(made),
         }
     };
+    redis_timeout(var, &mut out.flags)?;
     out.flags
         .extend(["--store".to_string(), "redis".to_string()]);
     match var("REDIS_TYPE").as_deref().unwrap_or("single") {
@@ -482,6 +483,27 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
         }
         other => return Err(format!("REDIS_TYPE={other:?}: single, cluster or sentinel")),
     }
+    Ok(())
+}
+
+/// REDIS_TIMEOUT, a Go duration (upstream's default 10s), as every Redis call's deadline,
+/// unless CELLRATE_REDIS_TIMEOUT_MS names cellrate's own: cellrate's 10 ms default gave
+/// spurious UNAVAILABLE answers under load where envoyproxy/ratelimit waits.
+fn redis_timeout(
+    var: &impl Fn(&str) -> Option<String>,
+    flags: &mut Vec<String>,
+) -> Result<(), String> {
+    if var("CELLRATE_REDIS_TIMEOUT_MS").is_some() {
+        return Ok(());
+    }
+    let text = var("REDIS_TIMEOUT").unwrap_or_else(|| "10s".to_string());
+    let nanos = crate::limits::duration::parse_duration(&text)
+        .map_err(|e| format!("REDIS_TIMEOUT={text:?}: {e}"))?;
+    let ms = nanos / 1_000_000;
+    if !(1..=3_600_000).contains(&ms) {
+        return Err(format!("REDIS_TIMEOUT={text:?}: not between 1ms and 1h"));
+    }
+    flags.extend(["--redis-timeout-ms".to_string(), ms.to_string()]);
     Ok(())
 }
 
@@ -612,6 +634,8 @@ mod tests {
             flags.contains("--store redis --redis-url redis://redis.svc:6379"),
             "{flags}"
         );
+        // REDIS_TIMEOUT's default is upstream's 10 s, not cellrate's 10 ms.
+        assert!(flags.contains("--redis-timeout-ms 10000"), "{flags}");
         assert_eq!(t.log_level.as_deref(), Some("info"));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].starts_with("USE_STATSD"));
@@ -834,6 +858,23 @@ mod tests {
             ("REDIS_TLS", "true"),
         ])
         .unwrap();
+        let timeout = |extra: &[(&str, &str)]| {
+            let mut vars = vec![("REDIS_URL", "a:1")];
+            vars.extend_from_slice(extra);
+            run(&vars).map(|t| t.flags.join(" "))
+        };
+        assert!(timeout(&[("REDIS_TIMEOUT", "2s")])
+            .unwrap()
+            .contains("--redis-timeout-ms 2000"));
+        let own = timeout(&[("REDIS_TIMEOUT", "2s"), ("CELLRATE_REDIS_TIMEOUT_MS", "50")]);
+        assert!(
+            !own.unwrap().contains("--redis-timeout-ms"),
+            "cellrate's own wins"
+        );
+        for bad in ["0s", "2h", "ten", "-1s"] {
+            let e = timeout(&[("REDIS_TIMEOUT", bad)]).unwrap_err();
+            assert!(e.starts_with("REDIS_TIMEOUT="), "{bad}: {e}");
+        }
         assert!(t.flags.join(" ").ends_with(
             "--store redis --redis-sentinel s1:26379,s2:26379 --redis-sentinel-master mymaster \
              --redis-url rediss://:pw@sentinel-master --redis-sentinel-password spw \
