@@ -264,3 +264,158 @@ fn the_core_and_the_leaves_import_nothing_but_the_core() {
         }
     }
 }
+
+/// A source file's module path: `src/store/redis/sentinel.rs` -> `store::redis::sentinel`,
+/// `src/service/native/mod.rs` -> `service::native`, `src/lib.rs` -> the root.
+fn module_path(path: &Path) -> Vec<String> {
+    let rel = path
+        .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+        .expect("under src");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every module path a file's production lines name through `crate::`, `super::` or
+/// `self::` (a `use` list's items each), made absolute.
+fn named_paths(own: &[String], lines: &[&str]) -> Vec<Vec<String>> {
+    let text: String = lines
+        .iter()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .map(|l| format!("{} ", l.trim()))
+        .collect();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    let bytes = text.as_str();
+    let mut at = 0;
+    while let Some(next) = ["crate::", "super::", "self::"]
+        .iter()
+        .filter_map(|p| bytes[at..].find(p).map(|i| at + i))
+        .min()
+    {
+        at = next + 1;
+        if next > 0 && bytes[..next].ends_with(|c: char| ident(c) || c == ':') {
+            continue;
+        }
+        // Walk `super::super::a::b` or `crate::a::{b, c::d}` from here.
+        let mut base: Vec<String> = Vec::new();
+        let mut rest = &bytes[next..];
+        let mut first = true;
+        loop {
+            let word: String = rest.chars().take_while(|&c| ident(c)).collect();
+            match (first, word.as_str()) {
+                (true, "crate") => base.clear(),
+                (true, "self") => base = own.to_vec(),
+                (_, "super") if first || base.len() < own.len() => {
+                    if first {
+                        base = own.to_vec();
+                    }
+                    base.pop();
+                }
+                (false, w) if !w.is_empty() => base.push(w.to_string()),
+                _ => break,
+            }
+            first = false;
+            rest = &rest[word.len()..];
+            if let Some(r) = rest.strip_prefix("::{") {
+                let list: String = r.chars().take_while(|&c| c != '}').collect();
+                for item in list.split(',') {
+                    let mut path = base.clone();
+                    path.extend(item.trim().split("::").map(|s| s.trim().to_string()));
+                    found.push(path);
+                }
+                break;
+            }
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        found.push(base);
+    }
+    found
+}
+
+/// No two modules of one folder import each other (issue #48): with both directions, a
+/// change to either ripples back into it, and neither can be read or tested alone.
+/// Sibling modules are files or folders under one parent; an import counts from anywhere in
+/// a module's folder. (Names reached through a re-export of the parent are not followed.)
+#[test]
+fn no_two_modules_of_a_folder_import_each_other() {
+    let files: Vec<(Vec<String>, Vec<Vec<String>>)> = sources()
+        .into_iter()
+        .filter(|p| !p.ends_with("src/main.rs"))
+        .map(|p| {
+            let own = module_path(&p);
+            let text = fs::read_to_string(&p).expect("read source");
+            let named = named_paths(&own, &production_lines(&text));
+            (own, named)
+        })
+        .collect();
+    let mut modules: Vec<Vec<String>> = files
+        .iter()
+        .flat_map(|(own, _)| (1..=own.len()).map(|n| own[..n].to_vec()))
+        .collect();
+    modules.sort();
+    modules.dedup();
+    let imports = |from: &[String], to: &[String]| {
+        files.iter().any(|(own, named)| {
+            own.starts_with(from)
+                && named
+                    .iter()
+                    .any(|n| n.starts_with(to) && !n.starts_with(from))
+        })
+    };
+    let mut cycles = Vec::new();
+    for (i, a) in modules.iter().enumerate() {
+        for b in &modules[i + 1..] {
+            let siblings = a.len() == b.len() && a[..a.len() - 1] == b[..b.len() - 1];
+            if siblings && imports(a, b) && imports(b, a) {
+                cycles.push(format!("{} <-> {}", a.join("::"), b.join("::")));
+            }
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "modules that import each other:\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_path_reader_makes_paths_absolute() {
+    let own: Vec<String> = ["service", "envoy", "decide"].map(String::from).to_vec();
+    let lines = [
+        "use super::batch::{descriptor_digest, Batch};",
+        "use super::super::store::StoreError;",
+        "    crate::limits::names::BucketKey::new(1, \"\")",
+        "// use super::commented::Out;",
+    ];
+    let named: Vec<String> = named_paths(&own, &lines)
+        .iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert!(
+        named.contains(&"service::envoy::batch::descriptor_digest".to_string()),
+        "{named:?}"
+    );
+    assert!(
+        named.contains(&"service::store::StoreError".to_string()),
+        "{named:?}"
+    );
+    assert!(
+        named.contains(&"limits::names::BucketKey::new".to_string()),
+        "{named:?}"
+    );
+    assert!(!named.iter().any(|n| n.contains("commented")), "{named:?}");
+}

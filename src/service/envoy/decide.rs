@@ -4,44 +4,23 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Struct;
 use tonic::Status;
 
+use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
 use super::{
     invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
     MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
 };
-use crate::gcra::Mode;
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::service::{
     count_decisions, store_unavailable, trace, CheckOptions, DecideError, ItemResult, ItemSpec,
     Rule, Target,
 };
-
-/// A request's descriptors as one batch: the items, the descriptor each item comes from,
-/// and how many descriptors matched nothing (counted once the request is decided: a
-/// rejected request decided nothing).
-#[derive(Default)]
-pub(super) struct Batch<'a> {
-    pub(super) items: Vec<ItemSpec<'a>>,
-    pub(super) owner: Vec<usize>,
-    pub(super) unmatched: usize,
-    /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
-    pub(super) quota: Vec<usize>,
-    /// envoyproxy/ratelimit's statistics key of each item from its file format.
-    pub(super) stats: Vec<(usize, String)>,
-    /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
-    /// it (its YAML's `name`, else empty), with that name.
-    pub(super) answer_names: Vec<(usize, String)>,
-    /// Descriptors whose matched limit has `metadata`, with it.
-    pub(super) metadata: Vec<(usize, Arc<Struct>)>,
-}
 
 impl EnvoyRateLimitService {
     pub(super) async fn decide(
@@ -323,16 +302,6 @@ impl EnvoyRateLimitService {
     }
 }
 
-/// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a
-/// refund, in the mode that lets it give back more than the burst; a full bucket stays
-/// full).
-pub(super) fn mode_of(descriptor: &RateLimitDescriptor) -> Mode {
-    match descriptor.is_negative_hits {
-        true => Mode::Charge,
-        false => Mode::CheckAndSpend,
-    }
-}
-
 /// A decision's error in Envoy's terms: an invalid item named by its descriptor (an id
 /// is built from the descriptor's entries), a store failure UNAVAILABLE.
 fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
@@ -360,25 +329,6 @@ fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
 /// At most 64 characters of a caller's text, for a log line.
 fn short(text: &str) -> &str {
     crate::text::first_chars(text, 64)
-}
-
-/// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
-/// and entries, each length-prefixed, so that no two different descriptors (nor a domain
-/// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
-/// whatever the entries' lengths.
-pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    let mut field = |text: &str| {
-        hash.update((text.len() as u64).to_le_bytes());
-        hash.update(text.as_bytes());
-    };
-    field(domain);
-    for (key, value) in entries {
-        field(key);
-        field(value);
-    }
-    hex::encode(hash.finalize())
 }
 
 /// The request's own bounds: a domain, at least one descriptor, and not too many.

@@ -11,6 +11,7 @@
 //! `decide.rs` checks the request and maps its descriptors to one batch; `respond.rs`
 //! turns the batch's answer into statuses, rate-limit headers and dynamic metadata.
 
+mod batch;
 mod decide;
 mod ratelimit;
 mod respond;

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::Status;
 
-use super::decide::{descriptor_digest, mode_of, Batch};
+use super::batch::{descriptor_digest, mode_of, Batch};
 use super::{invalid, EnvoyRateLimitService, RatelimitCounting, MAX_ENTRIES};
 use crate::clock::SECOND;
 use crate::gcra::{Limit, Mode};

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
-use super::decide::Batch;
+use super::batch::Batch;
 use super::{EnvoyRateLimitService, HeaderStyle, MetadataStyle};
 
 impl EnvoyRateLimitService {
