@@ -647,3 +647,37 @@ fn run_as_ratelimit_a_bad_variable_exits_78_naming_it() {
         );
     }
 }
+
+/// envoyproxy/ratelimit's files may have any name, `quota.yaml` or `names.yaml` too (one of
+/// cellrate's own names): a file with a top-level `domain` of text is read in its format,
+/// whatever its name; cellrate's own `quota.yaml` still reads as RLQS rules.
+#[tokio::test]
+async fn an_upstream_file_named_as_one_of_ours_is_read_in_its_format() {
+    let upstream = "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    for name in ["quota.yaml", "names.yaml", "descriptors.yaml"] {
+        let dir = directory(&[(name, upstream)]);
+        let mut s = served(dir.path(), RatelimitCounting::FixedWindow).await;
+        assert_eq!(
+            one(&mut s, &[("foo", "x")]).await.overall_code,
+            OK,
+            "{name}"
+        );
+        assert_eq!(
+            one(&mut s, &[("foo", "x")]).await.overall_code,
+            OVER,
+            "{name}"
+        );
+        s.stop().await;
+    }
+    // cellrate's own quota.yaml: RLQS rules per domain, a domain named `domain` included.
+    let ours = directory(&[
+        ("names.yaml", "RequestsPerTenant: {number: 101, format: string}\n"),
+        ("defaults.yaml", "RequestsPerTenant: {burst: 5, count: 5, period: 1s}\n"),
+        (
+            "quota.yaml",
+            "domain:\n  - match: [{key: tenant}]\n    limits: [RequestsPerTenant]\n    id: \"{tenant}\"\n",
+        ),
+    ]);
+    let table = LimitTable::load_dir(ours.path()).expect("cellrate's quota.yaml loads");
+    assert!(table.ratelimit().is_empty());
+}

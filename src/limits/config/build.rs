@@ -13,7 +13,7 @@ use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
 use crate::limits::ids::IdFormat;
 use crate::limits::names::Names;
-use crate::limits::ratelimit_format::is_ratelimit_file;
+use crate::limits::ratelimit_format::{is_ratelimit_file, is_ratelimit_file_named_as_ours};
 
 /// The YAML files of a limits directory, in name order. `missing_ok`: a directory that
 /// does not exist holds no files (limits may come from xDS alone).
@@ -59,6 +59,11 @@ fn kinds<'f>(
     let mut kinds = Vec::new();
     for (file, text) in files {
         if let Some(kind) = FileKind::of(file) {
+            // envoyproxy/ratelimit's files can have any name, one of ours too.
+            let kind = match is_ratelimit_file_named_as_ours(text) {
+                true => FileKind::Ratelimit,
+                false => kind,
+            };
             kinds.push((kind, file.as_str(), text.as_str()));
             continue;
         }

@@ -33,7 +33,7 @@ use crate::limits::hash::ConfigMap;
 use wildcards::Wildcards;
 pub use wildcards::MAX_SCANNED as MAX_SCANNED_WILDCARDS;
 
-pub use read::is_ratelimit_file;
+pub use read::{is_ratelimit_file, is_ratelimit_file_named_as_ours};
 pub use xds::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, TYPE_URL};
 
 /// The deepest nesting of descriptors (Envoy sends at most this many entries).

@@ -105,8 +105,25 @@ fn scalar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error
 /// why its YAML cannot be read (so that an alias bomb, refused here cheaply, is reported
 /// as that rather than as a file of no known kind).
 pub fn is_ratelimit_file(text: &str) -> Result<bool, String> {
+    is_ratelimit_yaml(text, false)
+}
+
+/// Whether a file named as one of cellrate's own (`quota.yaml`, `names.yaml`, ...) is in
+/// fact envoyproxy/ratelimit's: a top-level `domain` whose value is text, which none of
+/// cellrate's files has (their top-level keys map to tables or lists). Upstream's users
+/// may well have a `quota.yaml`.
+pub fn is_ratelimit_file_named_as_ours(text: &str) -> bool {
+    // Most of cellrate's files (an overrides file may be large) are never parsed twice.
+    text.lines().any(|l| l.starts_with("domain:")) && is_ratelimit_yaml(text, true) == Ok(true)
+}
+
+fn is_ratelimit_yaml(text: &str, text_domain: bool) -> Result<bool, String> {
     match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) {
-        Ok(serde_yaml_ng::Value::Mapping(map)) => Ok(map.contains_key("domain")),
+        Ok(serde_yaml_ng::Value::Mapping(map)) => Ok(match map.get("domain") {
+            Some(serde_yaml_ng::Value::String(_)) => true,
+            Some(_) => !text_domain,
+            None => false,
+        }),
         Ok(_) => Ok(false),
         Err(e) => {
             let e = e.to_string();
