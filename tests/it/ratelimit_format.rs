@@ -161,9 +161,18 @@ async fn its_files_answer_as_envoyproxy_ratelimit_does() {
     for _ in 0..3 {
         assert_eq!(ask(&mut s, replaced()).await.overall_code, OK);
     }
-    // unlimited: never over.
+    // unlimited: never over, answered as there: no limit, 4 294 967 295 remaining.
     for _ in 0..5 {
-        assert_eq!(one(&mut s, &[("free", "a")]).await.overall_code, OK);
+        let r = one(&mut s, &[("free", "a")]).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(
+            r.statuses,
+            [envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus {
+                code: OK,
+                limit_remaining: u32::MAX,
+                ..Default::default()
+            }]
+        );
     }
     // quota_mode: a quota over its limit denies only when every quota is over.
     let quotas = || {

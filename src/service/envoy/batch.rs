@@ -25,6 +25,9 @@ pub(super) struct Batch<'a> {
     /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
     /// it (its YAML's `name`, else empty), with that name.
     pub(super) answer_names: Vec<(usize, String)>,
+    /// Descriptors whose limit in envoyproxy/ratelimit's format is `unlimited: true`:
+    /// answered, as there, with 4 294 967 295 remaining.
+    pub(super) unlimited: Vec<usize>,
     /// Descriptors whose matched limit has `metadata`, with it.
     pub(super) metadata: Vec<(usize, Arc<Struct>)>,
 }

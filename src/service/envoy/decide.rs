@@ -68,6 +68,11 @@ impl EnvoyRateLimitService {
         if !batch.quota.is_empty() {
             quota_mode(&mut response, &batch.quota);
         }
+        for &d in &batch.unlimited {
+            if let Some(status) = response.statuses.get_mut(d) {
+                status.limit_remaining = u32::MAX;
+            }
+        }
         self.upstream_answer(&request, &batch, &mut response);
         Ok(response)
     }

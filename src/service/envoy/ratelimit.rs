@@ -75,7 +75,10 @@ impl EnvoyRateLimitService {
                 (Some(numbers), _) => (numbers, DESCRIPTOR_LIMIT.into(), false, &[][..]),
                 (None, Some(f)) => match f.limit.limit {
                     // Unlimited, or replaced: nothing to count.
-                    None => continue,
+                    None => {
+                        batch.unlimited.push(d);
+                        continue;
+                    }
                     Some(_) if f.limit.name.as_deref().is_some_and(replaced) => continue,
                     Some(numbers) => (
                         numbers,
