@@ -6,6 +6,11 @@
 #
 #   scripts/bench-peers.sh [rounds] [seconds]        (default 5 rounds of 5 s)
 #
+# LIMITADOR_SRC=<path> takes limitador from a checkout you point it at (a work tree, or a
+# bare git directory such as a mirror, whose pinned commit is checked out into
+# target/peers/limitador), for machines that reach package registries but not GitHub;
+# without it, the repository is cloned.
+#
 # limitador needs protoc and libclang to build (installed from Debian's packages when
 # missing, as root or through sudo); cellrate needs neither. Its first build takes a long
 # while on two cores (RocksDB and a vendored OpenSSL); it is kept in target/peers/.
@@ -33,7 +38,8 @@ if ! command -v protoc >/dev/null || ! ls /usr/lib/llvm-*/lib/libclang.so >/dev/
 fi
 if [ ! -x "$peers/limitador/target/release/limitador-server" ]; then
   if [ ! -d "$peers/limitador" ]; then
-    git clone -q https://github.com/Kuadrant/limitador "$peers/limitador"
+    # A checkout given (work tree or bare git directory), else the repository itself.
+    git clone -q "${LIMITADOR_SRC:-https://github.com/Kuadrant/limitador}" "$peers/limitador"
   fi
   git -C "$peers/limitador" checkout -q "$limitador_commit"
   echo "building limitador-server $limitador_commit (release, as it ships)"
