@@ -8,6 +8,7 @@ pub use args::*;
 
 pub mod client;
 pub mod ratelimit_env;
+mod ratelimit_warned;
 pub mod redis_args;
 mod serve;
 pub mod simulate;

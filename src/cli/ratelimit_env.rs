@@ -19,73 +19,7 @@ pub struct Translated {
     pub json_logs: bool,
 }
 
-/// Variables that are accepted and change nothing here, with why.
-const NOT_APPLICABLE: &[(&str, &str)] = &[
-    (
-        "USE_STATSD",
-        "cellrate exports Prometheus metrics, not statsd",
-    ),
-    (
-        "STATSD_HOST",
-        "cellrate exports Prometheus metrics, not statsd",
-    ),
-    (
-        "STATSD_PORT",
-        "cellrate exports Prometheus metrics, not statsd",
-    ),
-    (
-        "USE_DOG_STATSD",
-        "cellrate exports Prometheus metrics, not statsd",
-    ),
-    ("DEBUG_HOST", "cellrate has no debug listener"),
-    ("DEBUG_PORT", "cellrate has no debug listener"),
-    (
-        "NEAR_LIMIT_RATIO",
-        "near_limit counts above 80 % of a limit, its default",
-    ),
-    (
-        "LOCAL_CACHE_SIZE_IN_BYTES",
-        "cellrate's deny cache is --redis-deny-cache",
-    ),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "cellrate's keys expire exactly when their bucket is full",
-    ),
-    (
-        "REDIS_POOL_SIZE",
-        "cellrate multiplexes one connection per node",
-    ),
-    (
-        "REDIS_PIPELINE_WINDOW",
-        "cellrate coalesces calls by itself",
-    ),
-    ("REDIS_PIPELINE_LIMIT", "cellrate coalesces calls by itself"),
-    ("REDIS_PERSECOND", "one Redis serves every limit"),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTIONS",
-        "cellrate's readiness follows Redis by itself",
-    ),
-    (
-        "RUNTIME_WATCH_ROOT",
-        "the directory is watched, and re-read every --reload-interval-seconds",
-    ),
-    ("GRPC_MAX_CONNECTION_AGE", "not applied"),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
-    ("TRACING_ENABLED", "no OpenTelemetry export"),
-    ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
-    (
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "connecting is retried with XDS_CLIENT_BACKOFF_*",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-        "each wait doubles the last, drawn from its upper half",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_JITTER",
-        "each wait doubles the last, drawn from its upper half",
-    ),
-];
+use super::ratelimit_warned::NOT_APPLICABLE;
 
 /// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
 fn boolean(name: &str, value: &str) -> Result<bool, String> {
@@ -200,6 +134,12 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         "json" => true,
         other => return Err(format!("LOG_FORMAT={other:?}: text or json")),
     };
+    if let Some(path) = var("GRPC_UDS").filter(|p| !p.is_empty()) {
+        return Err(format!(
+            "GRPC_UDS={path:?}: serving on a Unix socket is not supported yet (use \
+             GRPC_HOST and GRPC_PORT)"
+        ));
+    }
     for (name, why) in NOT_APPLICABLE {
         if var(name).is_some() {
             out.warnings
@@ -437,6 +377,10 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
         }
     };
     redis_timeout(var, &mut out.flags)?;
+    // Two deployments sharing one Redis keep their buckets apart by it.
+    if let Some(prefix) = var("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+        out.flags.extend(["--redis-prefix".to_string(), prefix]);
+    }
     out.flags
         .extend(["--store".to_string(), "redis".to_string()]);
     match var("REDIS_TYPE").as_deref().unwrap_or("single") {
@@ -564,6 +508,59 @@ mod tests {
 
     /// Variables: (name, value).
     type Vars<'v> = &'v [(&'v str, &'v str)];
+
+    /// Every variable envoyproxy/ratelimit reads (`tests/data/ratelimit-variables.txt`,
+    /// from its settings.go) changes what the translation gives, in at least one setting:
+    /// it is honoured, refused, or warned about; none is ignored in silence. A variable
+    /// upstream adds fails here until it is classified.
+    #[test]
+    fn every_upstream_variable_is_honoured_refused_or_warned_about() {
+        let listed = include_str!("../../tests/data/ratelimit-variables.txt");
+        let names: Vec<&str> = listed
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert!(names.len() > 100, "the list was read: {}", names.len());
+        let memory = ("BACKEND_TYPE", "memory");
+        let settings: &[Vars] = &[
+            &[memory],
+            &[("REDIS_URL", "r:1")],
+            &[("REDIS_URL", "r:1"), ("REDIS_TLS", "true")],
+            &[("REDIS_URL", "m,s:1"), ("REDIS_TYPE", "sentinel")],
+            &[
+                memory,
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", "cp:18000"),
+            ],
+            &[
+                memory,
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", "cp:18000"),
+                ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ],
+            &[
+                memory,
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+                ("GRPC_SERVER_TLS_KEY", "/c.key"),
+            ],
+            &[memory, ("USE_PROMETHEUS", "true")],
+            &[memory, ("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+        ];
+        let mut silent = Vec::new();
+        for name in names {
+            let matters = settings.iter().any(|base| {
+                let mut with = base.to_vec();
+                with.push((name, "x-bogus-7"));
+                run(base) != run(&with)
+            });
+            if !matters {
+                silent.push(name);
+            }
+        }
+        assert!(silent.is_empty(), "ignored in silence: {silent:?}");
+    }
 
     #[test]
     fn values_the_flags_would_refuse_are_refused_naming_the_variable() {
