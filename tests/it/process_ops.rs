@@ -145,17 +145,7 @@ pub fn terminate(mut process: crate::common::Process) {
 #[tokio::test]
 async fn the_memory_store_survives_restarts_through_its_snapshot() {
     // 10 000 a month: a token comes back every 259 s, never during the test.
-    let limits = tempfile::tempdir().unwrap();
-    std::fs::write(
-        limits.path().join("names.yaml"),
-        "Budget: {number: 107, format: string}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        limits.path().join("defaults.yaml"),
-        "Budget: {burst: 10000, count: 10000, period: 720h}\n",
-    )
-    .unwrap();
+    let limits = crate::common::budget_limits();
     let config = limits.path().to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("buckets.snapshot");

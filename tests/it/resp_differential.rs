@@ -32,27 +32,7 @@ use crate::common::redis_cell::redis_with_cell;
 #[cfg(feature = "redis")]
 use crate::common::redis_server::RedisServer;
 use crate::common::resp_client::{Reply, RespClient};
-use crate::common::serve_with;
-
-/// A small deterministic generator (xorshift64*), so that a failing seed can be rerun.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::common::{serve_with, Rng};
 
 /// Rates as (count, period in seconds): emission intervals from 100 ms to 10 s, several
 /// of them not whole in nanoseconds (7 per 3 s), so that redis-cell's f64 truncation shows,

@@ -15,23 +15,7 @@ use std::collections::HashMap;
 use cellrate::clock::Clock;
 
 use crate::common::resp_client::{Reply, RespClient};
-use crate::common::{Served, MS, T0};
-
-/// A small deterministic generator (xorshift64*), so that a failing seed can be rerun.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::common::{Rng, Served, MS, T0};
 
 type Answer = Result<[i64; 5], String>;
 

@@ -15,20 +15,9 @@ use crate::process_ops::{budget_left, metric, spend_budget, terminate};
 const SERVICE: u32 = 65534;
 const OTHER: u32 = 65533;
 
-/// A limits directory any user may read: `Budget`, 10 000 a month (no token comes back
-/// during a test).
+/// [`crate::common::budget_limits`], readable by any user.
 fn budget_limits() -> tempfile::TempDir {
-    let limits = tempfile::tempdir().unwrap();
-    std::fs::write(
-        limits.path().join("names.yaml"),
-        "Budget: {number: 107, format: string}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        limits.path().join("defaults.yaml"),
-        "Budget: {burst: 10000, count: 10000, period: 720h}\n",
-    )
-    .unwrap();
+    let limits = crate::common::budget_limits();
     set_mode(limits.path(), 0o755);
     limits
 }

@@ -477,3 +477,35 @@ pub fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
     }
     dir
 }
+
+/// A small deterministic generator (xorshift64*), so that a failing seed can be rerun.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A limits directory of one name, `Budget`: 10 000 a month, so that no token comes back
+/// during a test (one every 259 s).
+pub fn budget_limits() -> tempfile::TempDir {
+    directory(&[
+        ("names.yaml", "Budget: {number: 107, format: string}\n"),
+        (
+            "defaults.yaml",
+            "Budget: {burst: 10000, count: 10000, period: 720h}\n",
+        ),
+    ])
+}
