@@ -64,9 +64,6 @@ pub struct Synced {
     pub unknown_names: usize,
     /// Entries that are no override of ours, with why (not applied).
     pub rejected: Vec<String>,
-    /// Overrides this replica put back from its copy in this sync, the shared table having
-    /// been lost (its store restarted empty).
-    pub restored: usize,
 }
 
 /// A shared override as stored (JSON): what `RuntimeOverride` holds but its expiry.
@@ -337,7 +334,6 @@ impl RuntimeOverrides {
         let now = self.clock.now();
         let mut synced = Synced {
             changed: true,
-            restored,
             ..Synced::default()
         };
         let mut copy = self.copy();
