@@ -33,6 +33,7 @@ use crate::service::envoy::{EnvoyOptions, EnvoyRateLimitService, HeaderStyle};
 use crate::service::native::RateLimiterService;
 use crate::service::Decider;
 use crate::store::memory::MemoryStore;
+use crate::store::settlements::MemorySettlements;
 use crate::store::Store;
 
 /// The example configuration (`config/`), which the decision harnesses decide against.
@@ -317,7 +318,10 @@ pub fn check(data: &[u8]) {
         return;
     };
     let (decider, store, metrics) = fresh();
-    let service = RateLimiterService::new(decider, metrics);
+    // As `serve` builds it: Checks with a request id are kept for `Settle`.
+    let clock = Arc::new(FakeClock::new(1_700_000_000 * SECOND));
+    let settlements = Arc::new(MemorySettlements::new(clock, 60 * SECOND, 64));
+    let service = RateLimiterService::new(decider, metrics).with_settlements(settlements);
     let items = request.items.len();
     // Charges are recorded even in a denied batch (they always count): at most one bucket
     // each.
