@@ -11,7 +11,16 @@
 //! - `charge`: the same limit charged (the debt path's mode);
 //! - `calendar`: a count per UTC hour, its bucket live for the hour.
 //!
-//! Output: one line, `decisions_per_second=<n> p50_us=<n> p99_us=<n> allowed=<n>`.
+//! `RATE` (decisions a second, all clients together) paces the clients instead of letting
+//! each send as fast as it is answered: the latency of a decision at a given load rather
+//! than at saturation, which is what a store deadline must cover
+//! (`scripts/bench-redis-deadline.sh`). `TIMEOUT_MS` is the store's deadline (default
+//! 1 000, far above any answer, so that the whole distribution is seen).
+//!
+//! Output: one line, `decisions_per_second=<n> p50_us=<n> p99_us=<n> allowed=<n>`, then
+//! `p999_us=<n> max_us=<n> errors=<n>` and, for each candidate deadline D in ms,
+//! `over_<D>ms=<n>`: decisions that took longer than D (each a spurious UNAVAILABLE, and
+//! maybe a spent token, had the deadline been D).
 
 // A benchmark measures real time: `.clippy.toml` keeps the OS clock out of the
 // crate, not out of its benchmarks.
@@ -40,6 +49,20 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
+    let env_u64 = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    // Each client's interval between decisions, when paced.
+    let pace = match env_u64("RATE", 0) {
+        0 => None,
+        rate => Some(Duration::from_nanos(
+            1_000_000_000 * clients as u64 / rate.max(1),
+        )),
+    };
+    let timeout = Duration::from_millis(env_u64("TIMEOUT_MS", 1_000));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,7 +70,7 @@ fn main() {
     runtime.block_on(async move {
         let settings = RedisSettings {
             url: Some(url),
-            timeout: Duration::from_secs(1),
+            timeout,
             ..RedisSettings::default()
         };
         let store = RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap();
@@ -78,7 +101,17 @@ fn main() {
                 let (store, allowed) = (store.clone(), allowed.clone());
                 tokio::spawn(async move {
                     let mut latencies = Vec::with_capacity(requests / clients);
+                    let mut errors = 0usize;
+                    let mut ticks = pace.map(|every| {
+                        let mut tick = tokio::time::interval(every);
+                        // A late tick is not made up with a burst.
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        tick
+                    });
                     for i in 0..requests / clients {
+                        if let Some(tick) = ticks.as_mut() {
+                            tick.tick().await;
+                        }
                         let item = StoreItem {
                             key: BucketKey::windowed(
                                 number,
@@ -90,22 +123,25 @@ fn main() {
                             mode,
                         };
                         let t = Instant::now();
-                        let outcome = store
-                            .spend(std::slice::from_ref(&item))
-                            .await
-                            .expect("redis answers");
-                        if outcome.allowed {
-                            allowed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        match store.spend(std::slice::from_ref(&item)).await {
+                            Ok(outcome) if outcome.allowed => {
+                                allowed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Ok(_) => {}
+                            Err(_) => errors += 1,
                         }
                         latencies.push(t.elapsed());
                     }
-                    latencies
+                    (latencies, errors)
                 })
             })
             .collect();
         let mut latencies = Vec::with_capacity(requests);
+        let mut errors = 0;
         for task in tasks {
-            latencies.extend(task.await.unwrap());
+            let (mine, failed) = task.await.unwrap();
+            latencies.extend(mine);
+            errors += failed;
         }
         let elapsed = start.elapsed();
         latencies.sort();
@@ -119,5 +155,16 @@ fn main() {
             pct(0.99),
             allowed.load(std::sync::atomic::Ordering::Relaxed)
         );
+        let mut tail = format!(
+            "p999_us={} max_us={} errors={errors}",
+            pct(0.999),
+            latencies.last().map_or(0, |l| l.as_micros())
+        );
+        for deadline_ms in [2u64, 5, 10, 20, 50, 100, 250] {
+            let d = Duration::from_millis(deadline_ms);
+            let over = latencies.len() - latencies.partition_point(|&l| l <= d);
+            tail.push_str(&format!(" over_{deadline_ms}ms={over}"));
+        }
+        println!("{tail}");
     });
 }
