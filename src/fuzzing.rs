@@ -274,6 +274,7 @@ pub fn should_rate_limit(data: &[u8]) {
         HeaderStyle::Draft03,
         HeaderStyle::Ietf,
         HeaderStyle::Ratelimit,
+        HeaderStyle::Openai,
     ];
     let style = headers[data.len() % headers.len()];
     let (decider, store, metrics) = fresh();

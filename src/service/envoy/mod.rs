@@ -13,6 +13,7 @@
 
 mod batch;
 mod decide;
+mod openai;
 mod ratelimit;
 mod respond;
 mod upstream;
@@ -47,6 +48,11 @@ pub enum HeaderStyle {
     /// descriptor closest to its limit (an over-limit one first), RateLimit-Limit,
     /// -Remaining and -Reset unless renamed.
     Ratelimit,
+    /// OpenAI's: `x-ratelimit-limit-`, `-remaining-` and `-reset-requests` for the
+    /// strictest limit that `measures: requests`, the same `-tokens` for the strictest
+    /// that `measures: tokens`; resets as `1s`, `6m0s`, `20ms`; `retry-after-ms` beside
+    /// `Retry-After`.
+    Openai,
 }
 
 /// How `duration_until_reset` is given.

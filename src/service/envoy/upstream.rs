@@ -63,13 +63,16 @@ impl EnvoyRateLimitService {
 }
 
 /// The status envoyproxy/ratelimit's headers describe: the last over-limit descriptor not
-/// in quota mode, else the first with the fewest remaining among those with a limit.
+/// in quota mode, else the first with the fewest remaining among those with a limit. A
+/// status over only by `headers: hidden` limits (it has no `duration_until_reset`: it
+/// says nothing of them) is passed over.
 fn closest<'a>(statuses: &'a [DescriptorStatus], quota: &[usize]) -> Option<&'a DescriptorStatus> {
     let mut best: Option<&DescriptorStatus> = None;
     let mut least = u32::MAX;
     let mut over = false;
     for (d, status) in statuses.iter().enumerate() {
-        if status.code == Code::OverLimit as i32 && !quota.contains(&d) {
+        let hidden = status.duration_until_reset.is_none();
+        if status.code == Code::OverLimit as i32 && !quota.contains(&d) && !hidden {
             best = Some(status);
             least = 0;
             over = true;
