@@ -8,7 +8,6 @@ use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;

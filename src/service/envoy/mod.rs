@@ -32,7 +32,8 @@ use tonic::{Request, Response, Status};
 use crate::clock::{CalendarPeriod, Nanos, ZonedUnit, SECOND};
 use crate::gcra::{Limit, Window};
 use crate::observe::metrics::Metrics;
-use crate::service::{trace, Decider};
+use crate::service::{trace, Decider, ItemResult};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
 /// Which rate-limit headers go into `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -284,6 +285,28 @@ pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
 fn ceil_seconds(nanos: Nanos) -> i64 {
     let nanos = nanos.max(0);
     nanos / SECOND + i64::from(nanos % SECOND != 0)
+}
+
+/// An item the answer may describe: its limit is not `headers: hidden`.
+fn visible(item: &ItemResult) -> bool {
+    !item.headers.hidden
+}
+
+/// The strictest of `items` by the batch rule, if any.
+fn strictest<'a>(items: impl Iterator<Item = &'a ItemResult>) -> Option<&'a ItemResult> {
+    items.fold(None, |best: Option<&ItemResult>, item| match best {
+        Some(b) if !item.decision.is_stricter_than(&b.decision) => Some(b),
+        _ => Some(item),
+    })
+}
+
+/// A header for `response_headers_to_add`.
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_string(),
+        value,
+        ..Default::default()
+    }
 }
 
 fn invalid(message: String) -> Status {

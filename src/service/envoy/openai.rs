@@ -9,7 +9,7 @@
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
-use super::respond::{header, strictest, visible};
+use super::{header, strictest, visible};
 use crate::clock::Nanos;
 use crate::limits::config::Measures;
 use crate::service::{ItemResult, Rule};

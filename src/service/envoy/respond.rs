@@ -19,7 +19,8 @@ use envoy_types::pb::google::protobuf as pbw;
 
 use super::openai::{ceil_millis, openai_headers};
 use super::{
-    ceil_seconds, requests_per_unit, EnvoyRateLimitService, HeaderStyle, MetadataStyle, ResetStyle,
+    ceil_seconds, header, requests_per_unit, strictest, visible, EnvoyRateLimitService,
+    HeaderStyle, MetadataStyle, ResetStyle,
 };
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit};
@@ -33,19 +34,6 @@ fn restricts(item: &ItemResult) -> bool {
 /// A denial that is enforced (not in shadow mode).
 fn enforced_denial(item: &ItemResult) -> bool {
     restricts(item) && !item.decision.allowed && !item.shadow
-}
-
-/// An item the answer may describe: its limit is not `headers: hidden`.
-pub(super) fn visible(item: &ItemResult) -> bool {
-    !item.headers.hidden
-}
-
-/// The strictest of `items` by the batch rule, if any.
-pub(super) fn strictest<'a>(items: impl Iterator<Item = &'a ItemResult>) -> Option<&'a ItemResult> {
-    items.fold(None, |best: Option<&ItemResult>, item| match best {
-        Some(b) if !item.decision.is_stricter_than(&b.decision) => Some(b),
-        _ => Some(item),
-    })
 }
 
 /// Time to report: until the cost passes when denied, until full when allowed.
@@ -166,14 +154,6 @@ fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> DescriptorStat
                 nanos: 0,
             },
         }),
-        ..Default::default()
-    }
-}
-
-pub(super) fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_string(),
-        value,
         ..Default::default()
     }
 }
