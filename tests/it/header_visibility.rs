@@ -20,8 +20,9 @@ use crate::common::{descriptor, item, Served};
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
-/// An abuse guard (3 a minute, hidden), the API's request limits (10 a second, 10 000 a
-/// day) and its token budget (1 000 a minute, `measures: tokens`).
+/// An abuse guard (3 a minute, hidden; key `banned` on its deny list), the API's request
+/// limits (10 a second, 10 000 a day) and its token budget (1 000 a minute, `measures:
+/// tokens`).
 fn limits() -> LimitTable {
     let files = [
         (
@@ -41,6 +42,10 @@ ApiRequestsPerKey: {burst: 10, count: 10, period: 1s}
 ApiRequestsPerKeyDaily: {burst: 10000, count: 10000, period: 1d, headers: visible}
 TokensPerKey: {burst: 1000, count: 1000, period: 1m, measures: tokens}
 ",
+        ),
+        (
+            "overrides.yaml",
+            "- AbuseGuardPerKey: {deny: true, ids: [banned]}",
         ),
     ];
     let files: Vec<(String, String)> = files
@@ -159,6 +164,48 @@ async fn a_hidden_limit_denies_without_a_word_of_it_in_any_style() {
         }
         s.stop().await;
     }
+}
+
+/// Asserts that `r` denies and says nothing of the guard: no name, no status numbers, no
+/// Retry-After.
+fn denied_silently(r: &RateLimitResponse, what: &str) {
+    assert_eq!(r.overall_code, OVER, "{what}");
+    let text = format!("{r:?}");
+    assert!(!text.contains("AbuseGuard"), "{what} names it: {text}");
+    assert_eq!(r.statuses[0].current_limit, None, "{what}");
+    assert_eq!(r.statuses[0].duration_until_reset, None, "{what}");
+    assert_eq!(header(r, "Retry-After"), None, "{what}");
+}
+
+#[tokio::test]
+async fn overrides_of_a_hidden_limit_stay_hidden() {
+    let mut s = served(HeaderStyle::Openai).await;
+    // A deny-listed key of the guard (overrides.yaml).
+    let r = ask(&mut s, all_limits("banned")).await;
+    denied_silently(&r, "deny list");
+    // A temporary override that lowers the guard to 1 a minute for one key: new numbers,
+    // still hidden.
+    let lowered = pb::SetOverrideRequest {
+        name: "AbuseGuardPerKey".into(),
+        id: "suspect".into(),
+        burst: 1,
+        count: 1,
+        period: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+        ttl: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    s.admin.set_override(lowered).await.unwrap();
+    assert_eq!(ask(&mut s, all_limits("suspect")).await.overall_code, OK);
+    let r = ask(&mut s, all_limits("suspect")).await;
+    denied_silently(&r, "temporary override");
+    assert_eq!(header(&r, "x-ratelimit-remaining-requests"), Some("9"));
+    s.stop().await;
 }
 
 #[tokio::test]
