@@ -7,7 +7,7 @@
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
-use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
+use cellrate::service::envoy::{EnvoyOptions, HeaderStyle, MetadataStyle};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -205,6 +205,35 @@ async fn overrides_of_a_hidden_limit_stay_hidden() {
     let r = ask(&mut s, all_limits("suspect")).await;
     denied_silently(&r, "temporary override");
     assert_eq!(header(&r, "x-ratelimit-remaining-requests"), Some("9"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimits_metadata_leaves_out_the_hidden_descriptor() {
+    let settings = Settings {
+        envoy: EnvoyOptions {
+            metadata: MetadataStyle::Ratelimit,
+            ..EnvoyOptions::default()
+        },
+        ..Settings::default()
+    };
+    let mut s = Served::with_settings(limits(), settings).await;
+    for overall in [OK, OK, OK, OVER] {
+        let r = ask(&mut s, all_limits("k")).await;
+        assert_eq!(r.overall_code, overall);
+        let text = format!("{r:?}");
+        assert!(!text.contains("AbuseGuard"), "{text}");
+        // The three visible descriptors are echoed, the guard's is not.
+        let metadata = r.dynamic_metadata.unwrap();
+        assert!(text.contains("ApiRequestsPerKeyDaily=k"), "{text}");
+        assert_eq!(
+            format!("{:?}", metadata.fields["descriptors"])
+                .matches("=k")
+                .count(),
+            3,
+            "{metadata:?}"
+        );
+    }
     s.stop().await;
 }
 
