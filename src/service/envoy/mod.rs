@@ -9,7 +9,8 @@
 //! - `overall_code` is OK or OVER_LIMIT, never UNKNOWN.
 //!
 //! `decide.rs` checks the request and maps its descriptors to one batch; `respond.rs`
-//! turns the batch's answer into statuses, rate-limit headers and dynamic metadata.
+//! turns the batch's answer into statuses, rate-limit headers and dynamic metadata
+//! (`openai.rs`: OpenAI's header fields), leaving out limits configured `headers: hidden`.
 
 mod batch;
 mod decide;
@@ -22,6 +23,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tokio::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -33,7 +35,6 @@ use crate::clock::{CalendarPeriod, Nanos, ZonedUnit, SECOND};
 use crate::gcra::{Limit, Window};
 use crate::observe::metrics::Metrics;
 use crate::service::{trace, Decider, ItemResult};
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
 /// Which rate-limit headers go into `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
