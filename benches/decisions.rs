@@ -191,6 +191,7 @@ fn denied_item(limit: Limit, id: &str) -> cellrate::service::ItemResult {
         shadow: false,
         oversize: false,
         mode: Mode::CheckAndSpend,
+        headers: cellrate::limits::config::Headers::default(),
     }
 }
 

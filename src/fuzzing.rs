@@ -269,12 +269,7 @@ pub fn should_rate_limit(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
         return;
     };
-    let headers = [
-        HeaderStyle::Off,
-        HeaderStyle::Draft03,
-        HeaderStyle::Ietf,
-        HeaderStyle::Ratelimit,
-    ];
+    let headers = <HeaderStyle as clap::ValueEnum>::value_variants();
     let style = headers[data.len() % headers.len()];
     let (decider, store, metrics) = fresh();
     let service = EnvoyRateLimitService::new(

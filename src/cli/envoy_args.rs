@@ -10,8 +10,9 @@ use crate::service::envoy::{
 #[derive(Debug, Clone, clap::Args)]
 pub struct EnvoyArgs {
     /// Rate-limit headers in Envoy responses: off, draft03 (X-RateLimit-*), ietf
-    /// (RateLimit-Policy and RateLimit) or ratelimit (envoyproxy/ratelimit's
-    /// RateLimit-Limit, -Remaining, -Reset, named by --ratelimit-header-names).
+    /// (RateLimit-Policy and RateLimit), ratelimit (envoyproxy/ratelimit's
+    /// RateLimit-Limit, -Remaining, -Reset, named by --ratelimit-header-names) or openai
+    /// (x-ratelimit-limit-, -remaining-, -reset-requests and -tokens).
     #[arg(
         long,
         env = "CELLRATE_RATE_LIMIT_HEADERS",

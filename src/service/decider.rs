@@ -135,6 +135,7 @@ impl Decider {
                     shadow: r.shadow,
                     oversize: r.oversize,
                     mode: r.mode,
+                    headers: r.headers,
                 }
             })
             .collect();
@@ -177,6 +178,7 @@ impl Decider {
                 shadow: false,
                 oversize: false,
                 mode: Mode::CheckAndSpend,
+                headers: r.headers,
             })
             .collect();
         Ok(refund_overall(items))

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::InvalidIds;
 use crate::gcra::{Decision, Limit, Mode};
+use crate::limits::config::Headers;
 use crate::limits::names::BucketKey;
 
 /// Which bucket an item names. The strings borrow from the request where they can: the
@@ -147,6 +148,8 @@ pub struct ItemResult {
     pub oversize: bool,
     /// How the item took part (a shadow item is spend-only).
     pub mode: Mode,
+    /// What Envoy's rate-limit headers may say of the item's limit (hidden: nothing).
+    pub headers: Headers,
 }
 
 /// A batch's answer.

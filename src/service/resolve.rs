@@ -10,7 +10,7 @@ use super::{
     MAX_BATCH, MAX_NAME,
 };
 use crate::gcra::{Limit, Mode, Window};
-use crate::limits::config::{Behaviour, LimitTable, Policy};
+use crate::limits::config::{Behaviour, Headers, LimitTable, Policy};
 use crate::limits::ids::IdFormat;
 use crate::limits::names::{BucketKey, RATELIMIT_NUMBER};
 
@@ -23,14 +23,19 @@ pub(super) struct Resolved {
     pub(super) mode: Mode,
     pub(super) shadow: bool,
     pub(super) oversize: bool,
+    /// What rate-limit headers may say of the item's limit.
+    pub(super) headers: Headers,
 }
 
-/// Where an item's bucket is, before its rule: its key, its limit's name and the policy
-/// configured for it (`None`: not configured).
+/// Where an item's bucket is, before its rule: its key, its limit's name, the policy
+/// configured for it (`None`: not configured) and how headers show it (a named limit as
+/// its name's default, whatever override applies: a deny-listed id of a hidden limit stays
+/// hidden).
 struct Bucket {
     key: BucketKey,
     name: Arc<str>,
     policy: Option<Policy>,
+    headers: Headers,
 }
 
 fn invalid(i: usize, field: &'static str, message: String) -> DecideError {
@@ -141,10 +146,12 @@ impl Decider {
                             behaviour: Behaviour {
                                 shadow: *shadow,
                                 overdraw: *every_hit,
+                                headers: Headers::default(),
                             },
                         },
                         None => Policy::Denied,
                     }),
+                    headers: Headers::default(),
                 }
             }
         };
@@ -176,6 +183,7 @@ impl Decider {
             mode,
             shadow,
             oversize,
+            headers: bucket.headers,
         })
     }
 
@@ -221,6 +229,7 @@ impl Decider {
                     },
                     shadow: options.shadow_all,
                     oversize: false,
+                    headers: table.headers(found),
                 }))
             }
         };
@@ -242,6 +251,7 @@ impl Decider {
             key,
             name: found.text.clone(),
             policy,
+            headers: table.headers(found),
         }))
     }
 
@@ -275,6 +285,7 @@ fn caller_bucket(key: BucketKey, limit: &Limit) -> Bucket {
         key,
         name: Arc::from(INLINE_NAME),
         policy: Some(Policy::limited(*limit)),
+        headers: Headers::default(),
     }
 }
 

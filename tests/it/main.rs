@@ -26,6 +26,7 @@ mod faults;
 mod fuzz_regressions;
 mod grpc_native;
 mod grpcurl;
+mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
 mod input_limits;

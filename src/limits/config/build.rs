@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use super::files::{content_version, read_dir, FileKind};
 use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName};
-use super::{short, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS};
+use super::{
+    short, Behaviour, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS,
+};
 use crate::gcra::Window;
 use crate::limits::descriptors::{DescriptorRules, RawDomain};
 use crate::limits::hash::ConfigMap;
@@ -263,6 +265,14 @@ impl LimitTable {
                 continue;
             };
             let policy = match over.policy() {
+                // Shown or hidden, requests or tokens, as the name's default.
+                Ok(Policy::Limited { limit, behaviour }) => Policy::Limited {
+                    limit,
+                    behaviour: Behaviour {
+                        headers: self.headers(&name),
+                        ..behaviour
+                    },
+                },
                 Ok(policy) => policy,
                 Err(reason) => {
                     report(Some(at(&text)), reason);

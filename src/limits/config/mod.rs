@@ -104,6 +104,39 @@ pub struct Behaviour {
     pub shadow: bool,
     /// Every spend is recorded, into debt if need be ([`crate::gcra::charge`]).
     pub overdraw: bool,
+    /// What rate-limit headers may say of the limit. The name's own: an override in a file
+    /// takes its default's ([`LimitTable::from_files`]), a temporary one keeps it too.
+    pub headers: Headers,
+}
+
+/// What the rate-limit headers of Envoy's answers say of a limit (`headers` and `measures`
+/// in `defaults.yaml`).
+///
+/// ```
+/// use cellrate::limits::config::{Headers, Measures};
+/// let shown = Headers::default();
+/// assert!(!shown.hidden);
+/// assert_eq!(shown.measures, Measures::Requests);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Headers {
+    /// `headers: hidden`: never in any rate-limit header, `Retry-After` or
+    /// `dynamic_metadata` (an abuse guard tells a client nothing); it still denies.
+    pub hidden: bool,
+    /// What one token of the limit is, for the OpenAI-style headers' `-requests` and
+    /// `-tokens` fields.
+    pub measures: Measures,
+}
+
+/// What a limit counts (`measures: requests | tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Measures {
+    /// Requests (the default): `x-ratelimit-*-requests`.
+    #[default]
+    Requests,
+    /// Tokens of a model API: `x-ratelimit-*-tokens`.
+    Tokens,
 }
 
 impl Policy {
@@ -321,6 +354,16 @@ impl LimitTable {
         &self.ratelimit
     }
 
+    /// What the headers say of `name`'s limits: its default's [`Headers`] (every override
+    /// of it, allow and deny lists included, is shown or hidden as its default is).
+    pub fn headers(&self, name: &Name) -> Headers {
+        self.policies
+            .get(&name.number)
+            .and_then(|p| p.default)
+            .map(|p| p.behaviour().headers)
+            .unwrap_or_default()
+    }
+
     /// The default limit of `name`, if any.
     pub fn default_limit(&self, name: &Name) -> Option<Limit> {
         match self.policies.get(&name.number).and_then(|p| p.default) {
@@ -354,7 +397,11 @@ mod tests {
     fn an_override_replaces_the_numbers_and_keeps_the_whole_behaviour() {
         let configured = |shadow, overdraw| Policy::Limited {
             limit: Limit::new(10, 10, SECOND).unwrap(),
-            behaviour: Behaviour { shadow, overdraw },
+            behaviour: Behaviour {
+                shadow,
+                overdraw,
+                headers: Headers::default(),
+            },
         };
         let raised = Limit::new(100, 100, SECOND).unwrap();
         let monthly = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
@@ -364,7 +411,11 @@ mod tests {
                     Some(configured(shadow, overdraw)),
                     Policy::limited(limit),
                 );
-                let behaviour = Behaviour { shadow, overdraw };
+                let behaviour = Behaviour {
+                    shadow,
+                    overdraw,
+                    headers: Headers::default(),
+                };
                 assert_eq!(over, Policy::Limited { limit, behaviour });
                 // The override's window kind is its own (the loader refuses one that
                 // differs from the default's: `window_mismatch`).
@@ -1019,5 +1070,83 @@ NewOrdersPerAccount:
         assert!(table.default_limit(orders).is_some());
         let missing = LimitTable::load_dir(&dir.path().join("nope")).unwrap_err();
         assert!(missing.to_string().contains("cannot read directory"));
+    }
+
+    #[test]
+    fn headers_and_measures_are_the_names_and_overrides_keep_them() {
+        let table = load(&[
+            (
+                "defaults.yaml",
+                "
+NewRegistrationsPerIPAddress: {burst: 20, count: 20, period: 1s, headers: hidden}
+NewOrdersPerAccount: {burst: 300, count: 300, period: 1m, measures: tokens}
+",
+            ),
+            (
+                "overrides.yaml",
+                "
+- NewRegistrationsPerIPAddress: {burst: 40, count: 40, period: 1s, ids: [10.0.0.2]}
+- NewRegistrationsPerIPAddress: {deny: true, ids: [10.0.0.3]}
+- NewOrdersPerAccount: {burst: 600, count: 600, period: 1m, ids: [12345678]}
+",
+            ),
+        ])
+        .unwrap();
+        let ip = table.names().get("NewRegistrationsPerIPAddress").unwrap();
+        let orders = table.names().get("NewOrdersPerAccount").unwrap();
+        let hidden = Headers {
+            hidden: true,
+            measures: Measures::Requests,
+        };
+        let tokens = Headers {
+            hidden: false,
+            measures: Measures::Tokens,
+        };
+        assert_eq!(table.headers(ip), hidden);
+        assert_eq!(table.headers(orders), tokens);
+        let headers = |name, id| table.policy(name, id).unwrap().behaviour().headers;
+        assert_eq!(headers(ip, "10.0.0.1"), hidden);
+        assert_eq!(
+            headers(ip, "10.0.0.2"),
+            hidden,
+            "a file override keeps them"
+        );
+        assert_eq!(headers(orders, "12345678"), tokens);
+        // A temporary override keeps the whole behaviour, headers too.
+        let raised = Policy::limited(Limit::new(9, 9, SECOND).unwrap());
+        let temporary = Policy::overridden_by(table.policy(ip, "10.0.0.1"), raised);
+        assert_eq!(temporary.behaviour().headers, hidden);
+        // Unnamed in headers, not configured: shown, requests.
+        let other = table.names().get("CertificatesPerDomain").unwrap();
+        assert_eq!(table.headers(other), Headers::default());
+    }
+
+    #[test]
+    fn bad_headers_and_measures_are_refused_with_file_and_field() {
+        let e = error(&[(
+            "defaults.yaml",
+            "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, headers: secret}",
+        )]);
+        assert!(e.starts_with("defaults.yaml: "), "{e}");
+        assert!(e.contains("headers") && e.contains("`hidden`"), "{e}");
+        let e = error(&[(
+            "defaults.yaml",
+            "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, measures: bytes}",
+        )]);
+        assert!(e.contains("measures") && e.contains("`tokens`"), "{e}");
+        let e = error(&[
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s}",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {burst: 2, count: 2, period: 1s, headers: hidden, ids: [1]}",
+            ),
+        ]);
+        assert!(
+            e.starts_with("overrides.yaml: entry 1 (NewOrdersPerAccount): headers and measures"),
+            "{e}"
+        );
     }
 }

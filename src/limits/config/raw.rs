@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Behaviour, Policy, MAX_OVERRIDE_ENTRIES};
+use super::{Behaviour, Headers, Measures, Policy, MAX_OVERRIDE_ENTRIES};
 use crate::clock::CalendarPeriod;
 use crate::gcra::Limit;
 use crate::limits::duration::parse_duration;
@@ -43,6 +43,21 @@ pub(super) struct RawLimit {
     /// Monday 1) starts on.
     #[serde(default)]
     pub(super) anchor: Option<u64>,
+    /// `visible` (the default) or `hidden`: whether rate-limit headers may show the limit.
+    #[serde(default)]
+    pub(super) headers: RawVisibility,
+    /// `requests` (the default) or `tokens`, for the OpenAI-style headers.
+    #[serde(default)]
+    pub(super) measures: Measures,
+}
+
+/// `headers:` of a limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawVisibility {
+    #[default]
+    Visible,
+    Hidden,
 }
 
 /// How a limit counts: `gcra` (the default) or `calendar`.
@@ -92,6 +107,10 @@ impl RawLimit {
             behaviour: Behaviour {
                 shadow: self.shadow,
                 overdraw: self.overdraw,
+                headers: Headers {
+                    hidden: self.headers == RawVisibility::Hidden,
+                    measures: self.measures,
+                },
             },
         })
     }
@@ -206,6 +225,11 @@ pub(super) struct RawOverride {
     pub(super) anchor: Option<u64>,
     #[serde(default)]
     pub(super) ids: Vec<IdEntry>,
+    /// Refused: how the headers show a limit is its default's (read to say so).
+    #[serde(default)]
+    pub(super) headers: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    pub(super) measures: Option<serde::de::IgnoredAny>,
 }
 
 impl RawOverride {
@@ -215,6 +239,14 @@ impl RawOverride {
             self.count.is_some(),
             self.period.is_some(),
         ];
+        if self.headers.is_some() || self.measures.is_some() {
+            return Err(
+                "headers and measures are the limit's own: set them on its default in \
+                 defaults.yaml (an override replaces the numbers only, and is shown or hidden \
+                 as its default is)"
+                    .to_string(),
+            );
+        }
         if self.window == RawWindow::Calendar && (self.unlimited || self.deny) {
             return Err(
                 "window applies to a limit (count, period), not to unlimited or deny".to_string(),
@@ -241,6 +273,8 @@ impl RawOverride {
                 overdraw: self.overdraw,
                 timezone: self.timezone.clone(),
                 anchor: self.anchor,
+                headers: RawVisibility::Visible,
+                measures: Measures::Requests,
             }
             .build(),
             _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),

@@ -73,7 +73,14 @@ impl EnvoyRateLimitService {
                 status.limit_remaining = u32::MAX;
             }
         }
-        self.upstream_answer(&request, &batch, &mut response);
+        // Descriptors that map to a `headers: hidden` limit: left out of what names them.
+        let hidden: Vec<usize> = results
+            .iter()
+            .zip(&batch.owner)
+            .filter(|(item, _)| item.headers.hidden)
+            .map(|(_, &d)| d)
+            .collect();
+        self.upstream_answer(&request, &batch, &hidden, &mut response);
         Ok(response)
     }
 

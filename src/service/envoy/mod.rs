@@ -9,10 +9,12 @@
 //! - `overall_code` is OK or OVER_LIMIT, never UNKNOWN.
 //!
 //! `decide.rs` checks the request and maps its descriptors to one batch; `respond.rs`
-//! turns the batch's answer into statuses, rate-limit headers and dynamic metadata.
+//! turns the batch's answer into statuses, rate-limit headers and dynamic metadata
+//! (`openai.rs`: OpenAI's header fields), leaving out limits configured `headers: hidden`.
 
 mod batch;
 mod decide;
+mod openai;
 mod ratelimit;
 mod respond;
 mod upstream;
@@ -21,6 +23,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use tokio::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -31,7 +34,7 @@ use tonic::{Request, Response, Status};
 use crate::clock::{CalendarPeriod, Nanos, ZonedUnit, SECOND};
 use crate::gcra::{Limit, Window};
 use crate::observe::metrics::Metrics;
-use crate::service::{trace, Decider};
+use crate::service::{trace, Decider, ItemResult};
 
 /// Which rate-limit headers go into `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -47,6 +50,11 @@ pub enum HeaderStyle {
     /// descriptor closest to its limit (an over-limit one first), RateLimit-Limit,
     /// -Remaining and -Reset unless renamed.
     Ratelimit,
+    /// OpenAI's: `x-ratelimit-limit-`, `-remaining-` and `-reset-requests` for the
+    /// strictest limit that `measures: requests`, the same `-tokens` for the strictest
+    /// that `measures: tokens`; resets as `1s`, `6m0s`, `20ms`; `retry-after-ms` beside
+    /// `Retry-After`.
+    Openai,
 }
 
 /// How `duration_until_reset` is given.
@@ -278,6 +286,28 @@ pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
 fn ceil_seconds(nanos: Nanos) -> i64 {
     let nanos = nanos.max(0);
     nanos / SECOND + i64::from(nanos % SECOND != 0)
+}
+
+/// An item the answer may describe: its limit is not `headers: hidden`.
+fn visible(item: &ItemResult) -> bool {
+    !item.headers.hidden
+}
+
+/// The strictest of `items` by the batch rule, if any.
+fn strictest<'a>(items: impl Iterator<Item = &'a ItemResult>) -> Option<&'a ItemResult> {
+    items.fold(None, |best: Option<&ItemResult>, item| match best {
+        Some(b) if !item.decision.is_stricter_than(&b.decision) => Some(b),
+        _ => Some(item),
+    })
+}
+
+/// A header for `response_headers_to_add`.
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_string(),
+        value,
+        ..Default::default()
+    }
 }
 
 fn invalid(message: String) -> Status {

@@ -1,6 +1,12 @@
 //! ShouldRateLimit's answer: the overall code, one status per descriptor, the rate-limit
-//! headers in the configured style (draft 03 or the IETF fields) with `Retry-After`, and
-//! dynamic metadata saying which limit fired and which denied in shadow mode.
+//! headers in the configured style (draft 03, the IETF fields or OpenAI's) with
+//! `Retry-After`, and dynamic metadata saying which limit fired and which denied in shadow
+//! mode.
+//!
+//! A limit configured `headers: hidden` still decides, but nothing of it leaves in the
+//! answer: not in a status (Envoy builds its own `x-ratelimit-*` fields from them), a
+//! header, `Retry-After` or the metadata. When only hidden limits deny, the answer is
+//! OVER_LIMIT and says no more.
 
 use std::collections::HashMap;
 
@@ -11,8 +17,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf as pbw;
 
+use super::openai::{ceil_millis, openai_headers};
 use super::{
-    ceil_seconds, requests_per_unit, EnvoyRateLimitService, HeaderStyle, MetadataStyle, ResetStyle,
+    ceil_seconds, header, requests_per_unit, strictest, visible, EnvoyRateLimitService,
+    HeaderStyle, MetadataStyle, ResetStyle,
 };
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit};
@@ -26,14 +34,6 @@ fn restricts(item: &ItemResult) -> bool {
 /// A denial that is enforced (not in shadow mode).
 fn enforced_denial(item: &ItemResult) -> bool {
     restricts(item) && !item.decision.allowed && !item.shadow
-}
-
-/// The strictest of `items` by the batch rule, if any.
-fn strictest<'a>(items: impl Iterator<Item = &'a ItemResult>) -> Option<&'a ItemResult> {
-    items.fold(None, |best: Option<&ItemResult>, item| match best {
-        Some(b) if !item.decision.is_stricter_than(&b.decision) => Some(b),
-        _ => Some(item),
-    })
 }
 
 /// Time to report: until the cost passes when denied, until full when allowed.
@@ -65,11 +65,12 @@ impl EnvoyRateLimitService {
         }
         let over = results.iter().any(enforced_denial);
 
-        // The item that fired (or, when allowed, the one closest to firing).
-        let fired = if over {
-            strictest(results.iter().filter(|i| enforced_denial(i)))
+        // The visible item that fired (or, when none did, the one closest to firing).
+        let shown = || results.iter().filter(|i| visible(i));
+        let fired = if shown().any(enforced_denial) {
+            strictest(shown().filter(|i| enforced_denial(i)))
         } else {
-            strictest(results.iter().filter(|i| restricts(i) && !i.shadow))
+            strictest(shown().filter(|i| restricts(i) && !i.shadow))
         };
         let mut headers = Vec::new();
         match self.options.headers {
@@ -81,11 +82,17 @@ impl EnvoyRateLimitService {
                 }
             }
             HeaderStyle::Ietf => ietf_headers(results, &mut headers),
+            HeaderStyle::Openai => openai_headers(results, &mut headers),
         }
-        if over && self.options.retry_after {
-            let retry = fired.map_or(0, |i| i.decision.retry_in);
+        // Only a visible limit's denial says when to retry: an abuse guard does not tell.
+        let denied_by = fired.filter(|i| enforced_denial(i));
+        if let Some(item) = denied_by.filter(|_| self.options.retry_after) {
+            let retry = item.decision.retry_in;
             if retry > 0 {
                 headers.push(header("Retry-After", ceil_seconds(retry).to_string()));
+                if self.options.headers == HeaderStyle::Openai {
+                    headers.push(header("retry-after-ms", ceil_millis(retry).to_string()));
+                }
             }
         }
         RateLimitResponse {
@@ -94,27 +101,30 @@ impl EnvoyRateLimitService {
             response_headers_to_add: headers,
             // Only when there is something to say: building it costs allocations.
             dynamic_metadata: (self.options.metadata == MetadataStyle::Cellrate
-                && (over
-                    || results
-                        .iter()
-                        .any(|i| i.shadow && restricts(i) && !i.decision.allowed)))
-            .then(|| metadata(over, fired, owner, results)),
+                && (over || results.iter().any(|i| shadow_denial(&i))))
+            .then(|| metadata(over, denied_by, owner, results)),
             ..Default::default()
         }
     }
 }
 
+/// A denial in shadow mode of a visible limit (reported in the metadata).
+fn shadow_denial(item: &&ItemResult) -> bool {
+    item.shadow && restricts(item) && !item.decision.allowed && visible(item)
+}
+
 fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> DescriptorStatus {
     let over = items.iter().any(enforced_denial);
-    let shown = if over {
-        strictest(items.iter().filter(|i| enforced_denial(i)))
+    let visible = || items.iter().filter(|i| visible(i));
+    let shown = if visible().any(enforced_denial) {
+        strictest(visible().filter(|i| enforced_denial(i)))
     } else {
-        strictest(items.iter().filter(|i| restricts(i)))
+        strictest(visible().filter(|i| restricts(i)))
     };
     let Some(item) = shown else {
-        // Unmatched, unlimited or not configured.
+        // Unmatched, unlimited, not configured, or only hidden limits: the code alone.
         return DescriptorStatus {
-            code: Code::Ok as i32,
+            code: if over { Code::OverLimit } else { Code::Ok } as i32,
             ..Default::default()
         };
     };
@@ -148,14 +158,6 @@ fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> DescriptorStat
     }
 }
 
-fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_string(),
-        value,
-        ..Default::default()
-    }
-}
-
 /// `q` and `w`: count per period, the period in whole seconds (rounded up).
 fn quota(limit: &Limit) -> (u64, i64) {
     (limit.count(), ceil_seconds(limit.period()).max(1))
@@ -168,7 +170,7 @@ fn draft03_headers(fired: &ItemResult, results: &[ItemResult], headers: &mut Vec
     };
     let (q, _) = quota(&limit);
     let mut policies = vec![q.to_string()];
-    for item in results.iter().filter(|i| !i.shadow) {
+    for item in results.iter().filter(|i| !i.shadow && visible(i)) {
         if let Rule::Limited(limit) = item.rule {
             let (q, w) = quota(&limit);
             policies.push(format!("{q};w={w}"));
@@ -190,7 +192,7 @@ fn ietf_headers(results: &[ItemResult], headers: &mut Vec<HeaderValue>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     let mut policy = Vec::new();
     let mut state = Vec::new();
-    for item in results.iter().filter(|i| !i.shadow) {
+    for item in results.iter().filter(|i| !i.shadow && visible(i)) {
         let Rule::Limited(limit) = item.rule else {
             continue;
         };
@@ -234,7 +236,8 @@ fn sf_string(text: &str) -> String {
     out
 }
 
-/// `dynamic_metadata`: which limit fired (or none), and which limits denied in shadow.
+/// `dynamic_metadata`: which visible limit fired (or none), and which visible limits denied
+/// in shadow.
 fn metadata(
     over: bool,
     fired: Option<&ItemResult>,
@@ -266,7 +269,7 @@ fn metadata(
     }
     let shadow_denied: Vec<pbw::Value> = results
         .iter()
-        .filter(|i| i.shadow && restricts(i) && !i.decision.allowed)
+        .filter(shadow_denial)
         .map(|i| string(i.name.to_string()))
         .collect();
     if !shadow_denied.is_empty() {

@@ -20,6 +20,7 @@ impl EnvoyRateLimitService {
         &self,
         request: &RateLimitRequest,
         batch: &Batch<'_>,
+        hidden: &[usize],
         response: &mut RateLimitResponse,
     ) {
         for (d, name) in &batch.answer_names {
@@ -57,19 +58,22 @@ impl EnvoyRateLimitService {
             }
         }
         if self.options.metadata == MetadataStyle::Ratelimit {
-            response.dynamic_metadata = Some(metadata(request, batch, &response.statuses));
+            response.dynamic_metadata = Some(metadata(request, batch, hidden, &response.statuses));
         }
     }
 }
 
 /// The status envoyproxy/ratelimit's headers describe: the last over-limit descriptor not
-/// in quota mode, else the first with the fewest remaining among those with a limit.
+/// in quota mode, else the first with the fewest remaining among those with a limit. A
+/// status over only by `headers: hidden` limits (it has no `duration_until_reset`: it
+/// says nothing of them) is passed over.
 fn closest<'a>(statuses: &'a [DescriptorStatus], quota: &[usize]) -> Option<&'a DescriptorStatus> {
     let mut best: Option<&DescriptorStatus> = None;
     let mut least = u32::MAX;
     let mut over = false;
     for (d, status) in statuses.iter().enumerate() {
-        if status.code == Code::OverLimit as i32 && !quota.contains(&d) {
+        let hidden = status.duration_until_reset.is_none();
+        if status.code == Code::OverLimit as i32 && !quota.contains(&d) && !hidden {
             best = Some(status);
             least = 0;
             over = true;
@@ -90,18 +94,22 @@ fn string(text: String) -> Value {
 }
 
 /// envoyproxy/ratelimit's dynamic metadata: `domain`, `descriptors` (each its entries as
-/// `key=value`, its own `limit` in protobuf text, its `hitsAddend` when given), the
-/// request's `hitsAddend` when not 0, and `metadata`: the `metadata` of the limits of the
-/// descriptors that passed, merged in descriptor order (the first value of a key stays,
-/// mappings merge).
+/// `key=value`, its own `limit` in protobuf text, its `hitsAddend` when given; those that
+/// map to a `headers: hidden` limit left out), the request's `hitsAddend` when not 0, and
+/// `metadata`: the `metadata` of the limits of the descriptors that passed, merged in
+/// descriptor order (the first value of a key stays, mappings merge).
 fn metadata(
     request: &RateLimitRequest,
     batch: &Batch<'_>,
+    hidden: &[usize],
     statuses: &[DescriptorStatus],
 ) -> Struct {
     let mut fields = std::collections::HashMap::new();
     fields.insert("domain".to_string(), string(request.domain.clone()));
-    let descriptors = request.descriptors.iter().map(descriptor).collect();
+    let descriptors = (request.descriptors.iter().enumerate())
+        .filter(|(d, _)| !hidden.contains(d))
+        .map(|(_, d)| descriptor(d))
+        .collect();
     fields.insert(
         "descriptors".to_string(),
         value(Kind::ListValue(ListValue {
