@@ -51,6 +51,10 @@ local tonumber, string_sub, string_format, string_find = tonumber, string.sub, s
 local KEYS, ARGV = KEYS, ARGV
 
 local BILLION = 1000000000
+-- The mode digits that change what is written, exactly those of cellrate's
+-- store/redis/wire.rs (its `Action`, whose unit test reads this line); '0' is check and
+-- spend.
+local CHECK_ONLY, SPEND_ONLY, CHARGE = '1', '2', '3'
 -- The last whole second of Unix nanoseconds in an int64 (2262): no TAT is stored past it.
 local MAX_SECONDS = 9223372035
 
@@ -155,9 +159,14 @@ local function zoned(text)
   return b
 end
 
+-- The calendar letters, exactly those of cellrate's store/redis/wire.rs (its `LETTERS`,
+-- whose unit test reads these two lines): spans fixed since the epoch, in seconds, and the
+-- UTC month and year.
+local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
+local MONTH, YEAR = 'o', 'y'
+
 -- The end, in whole seconds, of the calendar window of letter `cal` (or of a zoned
 -- window's boundaries) that holds now.
-local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
 local function window_end(cal, nows)
   if type(cal) == 'table' then
     if nows >= cal[1] then
@@ -173,8 +182,11 @@ local function window_end(cal, nows)
   if len then
     return (floor(nows / len) + 1) * len
   end
+  if cal ~= MONTH and cal ~= YEAR then
+    error({err = 'cellrate: unknown calendar letter ' .. tostring(cal)})
+  end
   local y, m = civil_from_days(floor(nows / 86400))
-  if cal == 'y' or m == 12 then
+  if cal == YEAR or m == 12 then
     return days_from_civil(y + 1, 1) * 86400
   end
   return days_from_civil(y, m + 1) * 86400
@@ -294,7 +306,7 @@ if op == 'spend' then
           ns, nn = add(ts, tn, sis[j], sin[j])
           local ls, ln = sub(ns, nn, bs, bn)
           ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
-          if not ok and mode == '3' then
+          if not ok and mode == CHARGE then
             -- A charge that does not fit goes into debt, at most one burst deep, never back.
             local cs, cn = add(nows, nown, bs, bn)
             cs, cn = add(cs, cn, bs, bn)
@@ -307,7 +319,7 @@ if op == 'spend' then
           end
         end
         news[i], newn[i], oks[i] = ns, nn, ok
-        if not ok and mode ~= '2' then
+        if not ok and mode ~= SPEND_ONLY then
           allowed = false
         end
       end
@@ -317,10 +329,10 @@ if op == 'spend' then
         local j = tonumber(ARGV[at + i - 1])
         local mode = smode[j]
         local write
-        if mode == '3' then
+        if mode == CHARGE then
           write = not szero[j] and news[i] < MAX_SECONDS
         else
-          write = allowed and oks[i] and mode ~= '1' and not szero[j]
+          write = allowed and oks[i] and mode ~= CHECK_ONLY and not szero[j]
         end
         if write then
           local k = KEYS[first + i]
