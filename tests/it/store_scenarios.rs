@@ -454,6 +454,34 @@ async fn refunds(s: &Subject) {
     );
 }
 
+/// A call that names one bucket twice refunds (and resets) it twice, each item from what
+/// the one before left, as the memory store does: found by `store_differential`, where
+/// Redis read every bucket once at the start and its last write won (a refund of 2 and 1
+/// gave back 1).
+async fn named_twice(s: &Subject) {
+    one(s, spend("twice", seed(), 5)).await;
+    let back = s
+        .store
+        .refund(&[spend("twice", seed(), 2), spend("twice", seed(), 1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        back,
+        vec![d(true, 17, 0, 150 * MS), d(true, 18, 0, 100 * MS)]
+    );
+    assert_eq!(
+        one(s, spend("twice", seed(), 0)).await,
+        d(true, 18, 0, 100 * MS),
+        "a refund was lost"
+    );
+    let keys = [BucketKey::new(100, "twice"), BucketKey::new(100, "twice")];
+    assert_eq!(
+        s.store.reset(&keys).await.unwrap(),
+        1,
+        "a bucket counted twice"
+    );
+}
+
 async fn resets(s: &Subject) {
     one(s, spend("x1", seed(), 20)).await;
     let keys = [BucketKey::new(100, "x1"), BucketKey::new(100, "x2")];
@@ -554,6 +582,7 @@ on_every_store!(
     calendar_windows,
     zoned_windows,
     refunds,
+    named_twice,
     resets,
     lowered_limit,
     past_tat_is_full,

@@ -39,11 +39,13 @@
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
--- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost),
+-- refund: KEYS the buckets (a bucket named again is refunded again, from what the item
+--   before left); ARGV[3...] per key the increment (ei * cost),
 --   or for a calendar window its letter and the cost in tokens ("o12"), for a zoned one
 --   its boundaries and the cost ("x<b0>,<b1>,<b2>,<b3>:12").
 -- reset: KEYS the buckets.
---   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
+--   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before its item (after
+--   the items before it) or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
 
 -- Globals are table lookups: the ones used per item are made locals.
@@ -351,15 +353,24 @@ if op == 'spend' then
   return out
 end
 
+-- Each item from what the items before it left: a bucket named twice is refunded (or
+-- reset) twice, as the memory store does, not once with the last write winning. `cur` is
+-- by key name the value so far (false once deleted); `tats` per item the value it found.
 local n = #KEYS
-local tats = {}
-for i = 1, n do
-  tats[i] = redis.call('GET', KEYS[i])
+local tats, cur = {}, {}
+local function found(i)
+  local k = KEYS[i]
+  if cur[k] == nil then
+    cur[k] = redis.call('GET', k)
+  end
+  tats[i] = cur[k]
+  return k
 end
 
 if op == 'refund' then
   -- Never fuller than full, never a new bucket; a bucket refunded to full is deleted.
   for i = 1, n do
+    local k = found(i)
     local arg = ARGV[2 + i]
     local cal = string_sub(arg, 1, 1)
     if tats[i] and string_find(cal, '%a') then
@@ -380,7 +391,8 @@ if op == 'refund' then
           left = 0
         end
         local vs, vn = window_value(ws, left)
-        redis.call('SET', KEYS[i], format(vs, vn), 'PX', ttl_ms(vs, vn, nows, nown))
+        cur[k] = format(vs, vn)
+        redis.call('SET', k, cur[k], 'PX', ttl_ms(vs, vn, nows, nown))
       end
     elseif tats[i] then
       local ts, tn = parse(tats[i])
@@ -391,9 +403,11 @@ if op == 'refund' then
         end
         if less(ns, nn, ts, tn) then
           if less(nows, nown, ns, nn) then
-            redis.call('SET', KEYS[i], format(ns, nn), 'PX', ttl_ms(ns, nn, nows, nown))
+            cur[k] = format(ns, nn)
+            redis.call('SET', k, cur[k], 'PX', ttl_ms(ns, nn, nows, nown))
           else
-            redis.call('DEL', KEYS[i])
+            cur[k] = false
+            redis.call('DEL', k)
           end
         end
       end
@@ -401,7 +415,11 @@ if op == 'refund' then
   end
 elseif op == 'reset' then
   for i = 1, n do
-    redis.call('DEL', KEYS[i])
+    local k = found(i)
+    if cur[k] then
+      cur[k] = false
+      redis.call('DEL', k)
+    end
   end
 else
   return redis.error_reply('cellrate: unknown op ' .. tostring(op))
