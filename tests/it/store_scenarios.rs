@@ -454,10 +454,11 @@ async fn refunds(s: &Subject) {
     );
 }
 
-/// A call that names one bucket twice refunds (and resets) it twice, each item from what
-/// the one before left, as the memory store does: found by `store_differential`, where
-/// Redis read every bucket once at the start and its last write won (a refund of 2 and 1
-/// gave back 1).
+/// A store call that names one bucket twice refunds (and resets) it twice, each item from
+/// what the one before left, as the memory store does: found by `store_differential`,
+/// where Redis read every bucket once at the start and its last write won (a refund of 2
+/// and 1 gave back 1). The service refuses a bucket twice per request; the stores agree
+/// anyway.
 async fn named_twice(s: &Subject) {
     one(s, spend("twice", seed(), 5)).await;
     let back = s
