@@ -481,6 +481,20 @@ async fn named_twice(s: &Subject) {
         1,
         "a bucket counted twice"
     );
+
+    // A spend naming a bucket twice, denied by an item in another cluster slot: nothing
+    // stays spent (a cluster's compensation refunds the one value the spend wrote, once).
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    let (a, c) = ("aon-a", "aon-c");
+    one(s, spend(c, tight, 1)).await;
+    one(s, spend(a, seed(), 5)).await;
+    let batch = [spend(a, seed(), 1), spend(a, seed(), 2), spend(c, tight, 1)];
+    assert!(!s.store.spend(&batch).await.unwrap().allowed);
+    assert_eq!(
+        one(s, spend(a, seed(), 0)).await,
+        d(true, 15, 0, 250 * MS),
+        "a compensation refunded more than was spent"
+    );
 }
 
 async fn resets(s: &Subject) {

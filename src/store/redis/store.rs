@@ -229,12 +229,22 @@ impl RedisStore {
         let mut counted = false;
         for ((slot, members), outcome) in groups.iter().zip(outcomes) {
             let Some((_, out)) = outcome else { continue };
-            // Charges stay: they count whatever the batch decides.
-            let spent: Vec<usize> = members
+            // A bucket holds what its last item wrote (each item is decided from the state
+            // before the batch, so a bucket named twice holds one item's spend): that
+            // item is refunded, unless it is a charge, which stays whatever the batch
+            // decides.
+            let written: Vec<usize> = members
                 .iter()
                 .zip(&out.writes)
-                .filter(|(&i, w)| w.is_some() && items[i].mode != Mode::Charge)
+                .filter(|(_, w)| w.is_some())
                 .map(|(&i, _)| i)
+                .collect();
+            let spent: Vec<usize> = written
+                .iter()
+                .enumerate()
+                .filter(|&(n, &i)| !written[n + 1..].iter().any(|&j| keys[j] == keys[i]))
+                .map(|(_, &i)| i)
+                .filter(|&i| items[i].mode != Mode::Charge)
                 .collect();
             if spent.is_empty() {
                 continue;
