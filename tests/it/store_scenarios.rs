@@ -497,6 +497,31 @@ async fn named_twice(s: &Subject) {
     );
 }
 
+/// A calendar bucket refunded to none used is full: no bucket (it was kept as its window's
+/// end plus 0, which a reset counted as not full), and a denied cross-slot batch leaves no
+/// bucket of a window behind (found by `store_differential` on a Redis Cluster: after the
+/// compensation a reset counted 1 where the memory store counted 0).
+async fn calendar_refund_to_none(s: &Subject) {
+    use cellrate::clock::CalendarPeriod;
+    let minute = Limit::calendar(2, CalendarPeriod::Minute).unwrap();
+    let windowed = |id: &str| StoreItem {
+        key: BucketKey::windowed(100, id, minute.window()),
+        ..spend(id, minute, 1)
+    };
+    one(s, windowed("aon-a")).await;
+    let back = s.store.refund(&[windowed("aon-a")]).await.unwrap();
+    assert_eq!(back, vec![d(true, 2, 0, 0)]);
+    let reset = s.store.reset(&[windowed("aon-a").key]).await.unwrap();
+    assert_eq!(reset, 0, "a full bucket counted");
+
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    one(s, spend("aon-c", tight, 1)).await;
+    let batch = [windowed("aon-b"), spend("aon-c", tight, 1)];
+    assert!(!s.store.spend(&batch).await.unwrap().allowed);
+    let reset = s.store.reset(&[windowed("aon-b").key]).await.unwrap();
+    assert_eq!(reset, 0, "a denied batch left a bucket");
+}
+
 async fn resets(s: &Subject) {
     one(s, spend("x1", seed(), 20)).await;
     let keys = [BucketKey::new(100, "x1"), BucketKey::new(100, "x2")];
@@ -598,6 +623,7 @@ on_every_store!(
     zoned_windows,
     refunds,
     named_twice,
+    calendar_refund_to_none,
     resets,
     lowered_limit,
     past_tat_is_full,

@@ -40,7 +40,8 @@
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
 -- refund: KEYS the buckets (a bucket named again is refunded again, from what the item
---   before left); ARGV[3...] per key the increment (ei * cost),
+--   before left; one refunded to full is deleted); ARGV[3...] per key the increment
+--   (ei * cost),
 --   or for a calendar window its letter and the cost in tokens ("o12"), for a zoned one
 --   its boundaries and the cost ("x<b0>,<b1>,<b2>,<b3>:12").
 -- reset: KEYS the buckets.
@@ -387,12 +388,15 @@ if op == 'refund' then
       local used = window_used(cs, cn, ws)
       if used > 0 then
         local left = used - back
-        if left < 0 then
-          left = 0
+        if left > 0 then
+          local vs, vn = window_value(ws, left)
+          cur[k] = format(vs, vn)
+          redis.call('SET', k, cur[k], 'PX', ttl_ms(vs, vn, nows, nown))
+        else
+          -- None used: full, no bucket.
+          cur[k] = false
+          redis.call('DEL', k)
         end
-        local vs, vn = window_value(ws, left)
-        cur[k] = format(vs, vn)
-        redis.call('SET', k, cur[k], 'PX', ttl_ms(vs, vn, nows, nown))
       end
     elseif tats[i] then
       local ts, tn = parse(tats[i])
