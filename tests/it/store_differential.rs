@@ -1,5 +1,6 @@
 //! One truth for both stores, generated: random timelines run on a fresh memory store and
-//! on the Redis store (on redis-server, and separately on Valkey) with the same fake clock,
+//! on the Redis store (on redis-server, on Valkey, and on a Redis Cluster, where batches
+//! span slots and a denied one is compensated) with the same fake clock,
 //! which the Redis store gives its script (`RedisClock::Local`), and every answer must be
 //! identical: each spend's `allowed` and all its decisions, each refund's decisions, each
 //! reset's count. A failure prints the timeline shrunk to a minimal one.
@@ -25,9 +26,9 @@
 //! **Real time.** Redis lets a key expire when its time to live (the fake clock's distance
 //! to the TAT, rounded up to a millisecond) has passed in *real* time. Emission intervals
 //! are therefore at least [`GUARD`], and when a step writes a value less than [`GUARD`]
-//! ahead of the fake clock (a refund, a calendar window about to end), the clock is moved
-//! to that value before the next step, while the key is certainly still there: both stores
-//! then read a past value as full.
+//! ahead of the fake clock (a refund, a calendar window about to end, a cluster's
+//! compensation), the clock is moved to that value before the next step, while the key is
+//! certainly still there: both stores then read a past value as full.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,7 +43,7 @@ use cellrate::store::{MemoryStore, Store, StoreItem};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{RedisCluster, RedisServer};
 
 /// 2023-11-14T22:13:20.987654321Z.
 const T0: Nanos = 1_700_000_000 * SECOND + 987_654_321;
@@ -187,6 +188,9 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 struct Subjects {
     clock: FakeClock,
     redis: Arc<RedisStore>,
+    /// Each bucket at most once per spend batch (the service's rule): a cluster's
+    /// compensation assumes it (below).
+    distinct: bool,
     seen: std::cell::RefCell<Seen>,
 }
 
@@ -233,6 +237,8 @@ impl Subjects {
         let mut retry_in = 0;
         for (n, step) in timeline.steps.iter().enumerate() {
             let now = self.clock.now();
+            // The buckets this step named (on a cluster, a compensation rewrites them).
+            let mut touched: Vec<BucketKey> = Vec::new();
             let differ = |memory: String, redis: String| {
                 Err(format!(
                     "step {n} ({step:?}) at T0 + {} ns:\n  memory: {memory}\n  redis:  {redis}",
@@ -241,7 +247,15 @@ impl Subjects {
             };
             match step {
                 Step::Spend(batch) => {
-                    let batch = items(batch);
+                    let mut batch = items(batch);
+                    if self.distinct {
+                        batch.retain(|i| {
+                            let new = !touched.contains(&i.key);
+                            touched.push(i.key.clone());
+                            new
+                        });
+                    }
+                    touched = batch.iter().map(|i| i.key.clone()).collect();
                     let (m, r) = (memory.spend(&batch).await, self.redis.spend(&batch).await);
                     match (&m, &r) {
                         (Ok(m), Ok(r)) if m == r => {
@@ -260,6 +274,7 @@ impl Subjects {
                 }
                 Step::Refund(batch) => {
                     let batch = items(batch);
+                    touched = batch.iter().map(|i| i.key.clone()).collect();
                     let (m, r) = (memory.refund(&batch).await, self.redis.refund(&batch).await);
                     match (&m, &r) {
                         (Ok(m), Ok(r)) if m == r => {
@@ -297,8 +312,9 @@ impl Subjects {
             let near = after
                 .iter()
                 .zip(&stored)
-                .filter(|(a, b)| a != b)
-                .filter_map(|(a, _)| *a)
+                .zip(&keys)
+                .filter(|((a, b), key)| a != b || touched.contains(key))
+                .filter_map(|((a, _), _)| *a)
                 .filter(|&value| value - at < GUARD)
                 .max();
             if let Some(value) = near {
@@ -333,14 +349,16 @@ impl Subjects {
 
 /// Runs [`CASES`] generated timelines against `server`; panics with the minimal timeline
 /// on which the stores differ.
-fn differential(name: &str, server: &RedisServer) {
+fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let clock = FakeClock::new(T0);
+    let distinct = !cluster_nodes.is_empty();
     let settings = RedisSettings {
-        url: Some(server.url()),
+        url,
+        cluster_nodes,
         prefix: "d:".to_string(),
         // Generous: debug builds on a shared 2-core machine.
         timeout: std::time::Duration::from_secs(5),
@@ -353,6 +371,7 @@ fn differential(name: &str, server: &RedisServer) {
     let subjects = Subjects {
         clock,
         redis,
+        distinct,
         seen: Default::default(),
     };
     let mut runner = TestRunner::new(Config {
@@ -388,10 +407,23 @@ fn differential(name: &str, server: &RedisServer) {
 
 #[test]
 fn memory_and_redis_answer_alike() {
-    differential("redis-server", &RedisServer::start());
+    let server = RedisServer::start();
+    differential("redis-server", Some(server.url()), vec![]);
 }
 
 #[test]
 fn memory_and_valkey_answer_alike() {
-    differential("valkey", &RedisServer::start_valkey());
+    let server = RedisServer::start_valkey();
+    differential("valkey", Some(server.url()), vec![]);
+}
+
+/// On a cluster a batch's keys fall in several slots: a group that denies makes the
+/// others refund what they spent (a compensation), and the answers must not show it.
+/// Batches name each bucket once, as the service sends them: a compensation refunds what
+/// a group's spend left, and cannot restore a charge that a later item of the same bucket
+/// overwrote (charge then spend of one bucket in a batch another slot denies).
+#[test]
+fn memory_and_a_redis_cluster_answer_alike() {
+    let cluster = RedisCluster::start();
+    differential("redis cluster", None, cluster.urls());
 }
