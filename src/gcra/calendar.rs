@@ -56,7 +56,10 @@ pub(super) fn window_spend(
 }
 
 /// [`refund`] on a calendar window: gives tokens back to the current window, never below
-/// none used; a bucket of an earlier window (or none) is full and stays as it is.
+/// none used; a bucket of an earlier window (or none) is full and stays as it is. A bucket
+/// refunded to none used is full: its value is `now`, no bucket (as a GCRA refund to full
+/// stores), not `W + 0`, which would outlive it as a bucket that is not full (a reset would
+/// count it).
 pub(super) fn window_refund(
     limit: &Limit,
     period: CalendarPeriod,
@@ -73,5 +76,6 @@ pub(super) fn window_refund(
         retry_in: 0,
         reset_in: if new_used > 0 { end - now } else { 0 },
     };
-    (decision, decision.allowed.then_some(end + new_used))
+    let write = if new_used > 0 { end + new_used } else { now };
+    (decision, decision.allowed.then_some(write))
 }

@@ -609,6 +609,8 @@ mod tests {
         let (_, stored) = spend(&daily, MID_FEB, None, 4);
         let (d, stored) = refund(&daily, MID_FEB, stored, 6);
         assert_eq!((d.allowed, d.remaining, d.reset_in), (true, 10, 0));
+        // None used: full, no bucket (as a GCRA refund to full), not the window's end.
+        assert_eq!(stored, Some(MID_FEB));
         let (_, later) = spend(&daily, MID_FEB, stored, 2);
         let tomorrow = MID_FEB + crate::clock::DAY;
         let (d, write) = refund(&daily, tomorrow, later, 1);

@@ -289,10 +289,12 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Refunds each item's cost (its mode is ignored). Per item, `allowed` says whether
-    /// the bucket changed.
+    /// the bucket changed. Items are applied in order: a bucket named twice (the service
+    /// never sends one, it refuses a bucket twice per request) is refunded twice.
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>>;
 
-    /// Deletes buckets (each becomes full); returns how many were not full before.
+    /// Deletes buckets (each becomes full); returns how many were not full before (a
+    /// bucket named twice counts once).
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32>;
 
     /// Drops expired buckets, for stores that must do so themselves; returns how many.

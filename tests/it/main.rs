@@ -57,6 +57,8 @@ mod settle_promise;
 mod shared_overrides;
 mod snapshot_file;
 #[cfg(feature = "redis")]
+mod store_differential;
+#[cfg(feature = "redis")]
 mod store_log;
 mod store_scenarios;
 mod structure;

@@ -454,6 +454,74 @@ async fn refunds(s: &Subject) {
     );
 }
 
+/// A store call that names one bucket twice refunds (and resets) it twice, each item from
+/// what the one before left, as the memory store does: found by `store_differential`,
+/// where Redis read every bucket once at the start and its last write won (a refund of 2
+/// and 1 gave back 1). The service refuses a bucket twice per request; the stores agree
+/// anyway.
+async fn named_twice(s: &Subject) {
+    one(s, spend("twice", seed(), 5)).await;
+    let back = s
+        .store
+        .refund(&[spend("twice", seed(), 2), spend("twice", seed(), 1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        back,
+        vec![d(true, 17, 0, 150 * MS), d(true, 18, 0, 100 * MS)]
+    );
+    assert_eq!(
+        one(s, spend("twice", seed(), 0)).await,
+        d(true, 18, 0, 100 * MS),
+        "a refund was lost"
+    );
+    let keys = [BucketKey::new(100, "twice"), BucketKey::new(100, "twice")];
+    assert_eq!(
+        s.store.reset(&keys).await.unwrap(),
+        1,
+        "a bucket counted twice"
+    );
+
+    // A spend naming a bucket twice, denied by an item in another cluster slot: nothing
+    // stays spent (a cluster's compensation refunds the one value the spend wrote, once).
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    let (a, c) = ("aon-a", "aon-c");
+    one(s, spend(c, tight, 1)).await;
+    one(s, spend(a, seed(), 5)).await;
+    let batch = [spend(a, seed(), 1), spend(a, seed(), 2), spend(c, tight, 1)];
+    assert!(!s.store.spend(&batch).await.unwrap().allowed);
+    assert_eq!(
+        one(s, spend(a, seed(), 0)).await,
+        d(true, 15, 0, 250 * MS),
+        "a compensation refunded more than was spent"
+    );
+}
+
+/// A calendar bucket refunded to none used is full: no bucket (it was kept as its window's
+/// end plus 0, which a reset counted as not full), and a denied cross-slot batch leaves no
+/// bucket of a window behind (found by `store_differential` on a Redis Cluster: after the
+/// compensation a reset counted 1 where the memory store counted 0).
+async fn calendar_refund_to_none(s: &Subject) {
+    use cellrate::clock::CalendarPeriod;
+    let minute = Limit::calendar(2, CalendarPeriod::Minute).unwrap();
+    let windowed = |id: &str| StoreItem {
+        key: BucketKey::windowed(100, id, minute.window()),
+        ..spend(id, minute, 1)
+    };
+    one(s, windowed("aon-a")).await;
+    let back = s.store.refund(&[windowed("aon-a")]).await.unwrap();
+    assert_eq!(back, vec![d(true, 2, 0, 0)]);
+    let reset = s.store.reset(&[windowed("aon-a").key]).await.unwrap();
+    assert_eq!(reset, 0, "a full bucket counted");
+
+    let tight = Limit::new(1, 1, SECOND).unwrap();
+    one(s, spend("aon-c", tight, 1)).await;
+    let batch = [windowed("aon-b"), spend("aon-c", tight, 1)];
+    assert!(!s.store.spend(&batch).await.unwrap().allowed);
+    let reset = s.store.reset(&[windowed("aon-b").key]).await.unwrap();
+    assert_eq!(reset, 0, "a denied batch left a bucket");
+}
+
 async fn resets(s: &Subject) {
     one(s, spend("x1", seed(), 20)).await;
     let keys = [BucketKey::new(100, "x1"), BucketKey::new(100, "x2")];
@@ -554,6 +622,8 @@ on_every_store!(
     calendar_windows,
     zoned_windows,
     refunds,
+    named_twice,
+    calendar_refund_to_none,
     resets,
     lowered_limit,
     past_tat_is_full,

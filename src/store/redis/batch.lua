@@ -39,11 +39,14 @@
 --   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
--- refund: KEYS the buckets, each named once; ARGV[3...] per key the increment (ei * cost),
+-- refund: KEYS the buckets (a bucket named again is refunded again, from what the item
+--   before left; one refunded to full is deleted); ARGV[3...] per key the increment
+--   (ei * cost),
 --   or for a calendar window its letter and the cost in tokens ("o12"), for a zoned one
 --   its boundaries and the cost ("x<b0>,<b1>,<b2>,<b3>:12").
 -- reset: KEYS the buckets.
---   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before the call or "".
+--   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before its item (after
+--   the items before it) or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
 
 -- Globals are table lookups: the ones used per item are made locals.
@@ -51,6 +54,10 @@ local tonumber, string_sub, string_format, string_find = tonumber, string.sub, s
 local KEYS, ARGV = KEYS, ARGV
 
 local BILLION = 1000000000
+-- The mode digits that change what is written, exactly those of cellrate's
+-- store/redis/wire.rs (its `Action`, whose unit test reads this line); '0' is check and
+-- spend.
+local CHECK_ONLY, SPEND_ONLY, CHARGE = '1', '2', '3'
 -- The last whole second of Unix nanoseconds in an int64 (2262): no TAT is stored past it.
 local MAX_SECONDS = 9223372035
 
@@ -155,9 +162,14 @@ local function zoned(text)
   return b
 end
 
+-- The calendar letters, exactly those of cellrate's store/redis/wire.rs (its `LETTERS`,
+-- whose unit test reads these two lines): spans fixed since the epoch, in seconds, and the
+-- UTC month and year.
+local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
+local MONTH, YEAR = 'o', 'y'
+
 -- The end, in whole seconds, of the calendar window of letter `cal` (or of a zoned
 -- window's boundaries) that holds now.
-local FIXED = { s = 1, m = 60, h = 3600, d = 86400, w = 604800, t = 2592000, z = 31536000 }
 local function window_end(cal, nows)
   if type(cal) == 'table' then
     if nows >= cal[1] then
@@ -173,8 +185,11 @@ local function window_end(cal, nows)
   if len then
     return (floor(nows / len) + 1) * len
   end
+  if cal ~= MONTH and cal ~= YEAR then
+    error({err = 'cellrate: unknown calendar letter ' .. tostring(cal)})
+  end
   local y, m = civil_from_days(floor(nows / 86400))
-  if cal == 'y' or m == 12 then
+  if cal == YEAR or m == 12 then
     return days_from_civil(y + 1, 1) * 86400
   end
   return days_from_civil(y, m + 1) * 86400
@@ -294,7 +309,7 @@ if op == 'spend' then
           ns, nn = add(ts, tn, sis[j], sin[j])
           local ls, ln = sub(ns, nn, bs, bn)
           ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
-          if not ok and mode == '3' then
+          if not ok and mode == CHARGE then
             -- A charge that does not fit goes into debt, at most one burst deep, never back.
             local cs, cn = add(nows, nown, bs, bn)
             cs, cn = add(cs, cn, bs, bn)
@@ -307,7 +322,7 @@ if op == 'spend' then
           end
         end
         news[i], newn[i], oks[i] = ns, nn, ok
-        if not ok and mode ~= '2' then
+        if not ok and mode ~= SPEND_ONLY then
           allowed = false
         end
       end
@@ -317,10 +332,10 @@ if op == 'spend' then
         local j = tonumber(ARGV[at + i - 1])
         local mode = smode[j]
         local write
-        if mode == '3' then
+        if mode == CHARGE then
           write = not szero[j] and news[i] < MAX_SECONDS
         else
-          write = allowed and oks[i] and mode ~= '1' and not szero[j]
+          write = allowed and oks[i] and mode ~= CHECK_ONLY and not szero[j]
         end
         if write then
           local k = KEYS[first + i]
@@ -339,15 +354,24 @@ if op == 'spend' then
   return out
 end
 
+-- Each item from what the items before it left: a bucket named twice is refunded (or
+-- reset) twice, as the memory store does, not once with the last write winning. `cur` is
+-- by key name the value so far (false once deleted); `tats` per item the value it found.
 local n = #KEYS
-local tats = {}
-for i = 1, n do
-  tats[i] = redis.call('GET', KEYS[i])
+local tats, cur = {}, {}
+local function found(i)
+  local k = KEYS[i]
+  if cur[k] == nil then
+    cur[k] = redis.call('GET', k)
+  end
+  tats[i] = cur[k]
+  return k
 end
 
 if op == 'refund' then
   -- Never fuller than full, never a new bucket; a bucket refunded to full is deleted.
   for i = 1, n do
+    local k = found(i)
     local arg = ARGV[2 + i]
     local cal = string_sub(arg, 1, 1)
     if tats[i] and string_find(cal, '%a') then
@@ -364,11 +388,15 @@ if op == 'refund' then
       local used = window_used(cs, cn, ws)
       if used > 0 then
         local left = used - back
-        if left < 0 then
-          left = 0
+        if left > 0 then
+          local vs, vn = window_value(ws, left)
+          cur[k] = format(vs, vn)
+          redis.call('SET', k, cur[k], 'PX', ttl_ms(vs, vn, nows, nown))
+        else
+          -- None used: full, no bucket.
+          cur[k] = false
+          redis.call('DEL', k)
         end
-        local vs, vn = window_value(ws, left)
-        redis.call('SET', KEYS[i], format(vs, vn), 'PX', ttl_ms(vs, vn, nows, nown))
       end
     elseif tats[i] then
       local ts, tn = parse(tats[i])
@@ -379,9 +407,11 @@ if op == 'refund' then
         end
         if less(ns, nn, ts, tn) then
           if less(nows, nown, ns, nn) then
-            redis.call('SET', KEYS[i], format(ns, nn), 'PX', ttl_ms(ns, nn, nows, nown))
+            cur[k] = format(ns, nn)
+            redis.call('SET', k, cur[k], 'PX', ttl_ms(ns, nn, nows, nown))
           else
-            redis.call('DEL', KEYS[i])
+            cur[k] = false
+            redis.call('DEL', k)
           end
         end
       end
@@ -389,7 +419,11 @@ if op == 'refund' then
   end
 elseif op == 'reset' then
   for i = 1, n do
-    redis.call('DEL', KEYS[i])
+    local k = found(i)
+    if cur[k] then
+      cur[k] = false
+      redis.call('DEL', k)
+    end
   end
 else
   return redis.error_reply('cellrate: unknown op ' .. tostring(op))

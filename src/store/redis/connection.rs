@@ -187,14 +187,17 @@ impl RedisStore {
         let mut numbers: Vec<usize> = Vec::with_capacity(items);
         for wire in batches.iter().flat_map(|b| b.iter()) {
             invocation.key(wire.key.as_str());
-            numbers.push(shapes.index((wire.increment, wire.burst_offset, &*wire.mode)));
+            numbers.push(shapes.index((wire.increment, wire.burst_offset, wire.mode)));
         }
         invocation
             .arg(Op::Spend.name())
             .arg(self.now_arg())
             .arg(shapes.order.len());
         for (increment, burst_offset, mode) in &shapes.order {
-            invocation.arg(*increment).arg(*burst_offset).arg(*mode);
+            invocation
+                .arg(*increment)
+                .arg(*burst_offset)
+                .arg(mode.encode().as_ref());
         }
         let mut at = 0;
         for batch in batches {

@@ -10,11 +10,10 @@ use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
-use super::wire::{Op, Read, Wire};
+use super::wire::{Op, Read, Wire, WireMode, WireWindow};
 use super::{FailurePolicy, RedisSettings};
-use std::borrow::Cow;
 
-use crate::clock::{CalendarPeriod, Clock, Nanos, SECOND};
+use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, BatchItem, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
@@ -149,7 +148,7 @@ impl RedisStore {
                         key: keys[i].clone(),
                         increment,
                         burst_offset,
-                        mode: wire_mode(item.mode, item.limit.window(), now),
+                        mode: WireMode::new(item.mode, item.limit.window(), now),
                     }
                 })
                 .collect();
@@ -230,12 +229,22 @@ impl RedisStore {
         let mut counted = false;
         for ((slot, members), outcome) in groups.iter().zip(outcomes) {
             let Some((_, out)) = outcome else { continue };
-            // Charges stay: they count whatever the batch decides.
-            let spent: Vec<usize> = members
+            // A bucket holds what its last item wrote (each item is decided from the state
+            // before the batch, so a bucket named twice holds one item's spend): that
+            // item is refunded, unless it is a charge, which stays whatever the batch
+            // decides.
+            let written: Vec<usize> = members
                 .iter()
                 .zip(&out.writes)
-                .filter(|(&i, w)| w.is_some() && items[i].mode != Mode::Charge)
+                .filter(|(_, w)| w.is_some())
                 .map(|(&i, _)| i)
+                .collect();
+            let spent: Vec<usize> = written
+                .iter()
+                .enumerate()
+                .filter(|&(n, &i)| !written[n + 1..].iter().any(|&j| keys[j] == keys[i]))
+                .map(|(_, &i)| i)
+                .filter(|&i| items[i].mode != Mode::Charge)
                 .collect();
             if spent.is_empty() {
                 continue;
@@ -372,74 +381,14 @@ fn increment_nanos(item: &StoreItem) -> i64 {
         .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
 }
 
-/// A refund's argument: the increment in nanoseconds, or for a calendar window its letter
-/// and the cost in tokens (`o12`: 12 tokens back to a monthly window), a zoned window its
-/// boundaries around `now` and the cost (`x<b0>,<b1>,<b2>,<b3>:12`, see [`boundaries`]).
+/// A refund's argument (see [`WireWindow::refund_arg`]).
 pub(super) fn increment(item: &StoreItem, now: Nanos) -> String {
-    match item.limit.window() {
-        Window::Gcra => increment_nanos(item).to_string(),
-        Window::Calendar(period @ CalendarPeriod::Zoned(_)) => {
-            format!("{}:{}", boundaries(period, now), item.cost)
-        }
-        Window::Calendar(period) => format!("{}{}", LETTERS[period_index(period)], item.cost),
-    }
-}
-
-/// A zoned window as the script reads it: `x`, then four boundaries in whole seconds
-/// around `now` (cellrate's clock): the previous window's start, the current window's
-/// start and end, and the next window's end. The script decides in the window among them
-/// that holds its own now (Redis's clock, with `--redis-clock redis`), which the zone
-/// database (not in Redis) placed; a Redis clock outside them is an error, not a guess.
-fn boundaries(period: CalendarPeriod, now: Nanos) -> String {
-    let start = period.window_start(now);
-    let end = period.window_end(now);
-    let before = period.window_start(start.saturating_sub(1));
-    let after = period.window_end(end);
-    let [b0, b1, b2, b3] = [before, start, end, after].map(|t| t / SECOND);
-    format!("x{b0},{b1},{b2},{b3}")
-}
-
-/// The script's letters for the calendar periods, in [`period_index`] order.
-const LETTERS: [char; 9] = ['s', 'm', 'h', 'd', 'o', 'y', 'w', 't', 'z'];
-
-fn period_index(period: CalendarPeriod) -> usize {
-    match period {
-        CalendarPeriod::Second => 0,
-        CalendarPeriod::Minute => 1,
-        CalendarPeriod::Hour => 2,
-        CalendarPeriod::Day => 3,
-        CalendarPeriod::Month => 4,
-        CalendarPeriod::Year => 5,
-        CalendarPeriod::Week => 6,
-        CalendarPeriod::Days30 => 7,
-        CalendarPeriod::Days365 => 8,
-        // Sent as its boundaries, never by letter.
-        CalendarPeriod::Zoned(_) => 3,
-    }
-}
-
-/// The script's mode of an item: its digit, then its calendar period's letter, if any, or
-/// a zoned window's boundaries around `now` ([`boundaries`]).
-fn wire_mode(mode: Mode, window: Window, now: Nanos) -> Cow<'static, str> {
-    const CALENDAR: [[&str; 9]; 4] = [
-        ["0s", "0m", "0h", "0d", "0o", "0y", "0w", "0t", "0z"],
-        ["1s", "1m", "1h", "1d", "1o", "1y", "1w", "1t", "1z"],
-        ["2s", "2m", "2h", "2d", "2o", "2y", "2w", "2t", "2z"],
-        ["3s", "3m", "3h", "3d", "3o", "3y", "3w", "3t", "3z"],
-    ];
-    let digit = match mode {
-        Mode::CheckAndSpend => 0,
-        Mode::CheckOnly | Mode::Probe => 1,
-        Mode::SpendOnly => 2,
-        Mode::Charge => 3,
+    let window = WireWindow::new(item.limit.window(), now);
+    let increment = match window {
+        WireWindow::Gcra => increment_nanos(item),
+        _ => 0,
     };
-    match window {
-        Window::Gcra => Cow::Borrowed(["0", "1", "2", "3"][digit]),
-        Window::Calendar(period @ CalendarPeriod::Zoned(_)) => {
-            Cow::Owned(format!("{digit}{}", boundaries(period, now)))
-        }
-        Window::Calendar(period) => Cow::Borrowed(CALENDAR[digit][period_index(period)]),
-    }
+    window.refund_arg(increment, item.cost)
 }
 
 impl Store for RedisStore {
