@@ -9,18 +9,29 @@
 //!   SCENARIO  hot (one key, all allowed) | distinct (100 000 keys) | denied (one key, denied)
 //!             | fresh (a new key every request: scripts/soak.sh)
 //!             | million (1 000 000 keys in turn, each kept an hour: memory per live key)
+//!             | saturate (one key, 1 000 a second, burst 1 000: scripts/bench-saturation.sh
+//!               counts what it admitted)
 //!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
+//! With `LOADGEN_OPEN=1` and a RATE the load is open: each stream sends at its ticks
+//! whether or not its earlier requests were answered (each request its own task), and a
+//! latency is measured from the tick the request was due at, so that a server falling
+//! behind is not offered less. At most CONNECTIONS x STREAMS are outstanding (what HTTP/2
+//! lets onto the wire): a request due beyond that is not sent and counted as `unsent`, as
+//! a client with a bounded pool drops its excess, so that the latencies are the server's
+//! and not a queue inside this client.
 //! With `LOADGEN_TOTAL=N` in the environment it sends exactly N requests, measured from the
 //! first, and ignores SECONDS (scripts/bench-callgrind.sh counts instructions per request).
-//! Prints one line: `rps=.. p50_us=.. p99_us=.. cpu_us_per_req=.. rss_kib=.. errors=..`.
+//! Prints one line: `rps=.. p50_us=.. p99_us=.. cpu_us_per_req=.. rss_kib=.. errors=..`,
+//! then `p999_us=.. max_rss_kib=.. unsent=.. codes=0:N,14:M,...` (answers by grpc-status,
+//! `none` for a request that got no status: a reset stream or connection).
 
 // A benchmark measures real time: `.clippy.toml` keeps the OS clock out of the
 // crate, not out of its benchmarks.
 #![allow(clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -32,7 +43,7 @@ use prost::Message;
 
 #[path = "proc_stats.rs"]
 mod proc_stats;
-use proc_stats::{cpu_ticks, rss_kib};
+use proc_stats::{cpu_ticks, peak_rss_kib, rss_kib};
 
 /// A gRPC frame: uncompressed flag, 4-byte big-endian length, message.
 fn frame(message: &impl Message) -> Bytes {
@@ -53,6 +64,7 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
         "denied" => ("BenchDenied", 1),
         "fresh" => ("BenchFresh", 0),
         "million" => ("BenchMillion", 1_000_000),
+        "saturate" => ("BenchSaturate", 1),
         other => panic!("unknown scenario {other}"),
     };
     let path = match rpc {
@@ -120,6 +132,7 @@ fn main() {
     let period = rate.map(|r| Duration::from_secs_f64(f64::from(total_streams) / r));
     let bodies = Arc::new(bodies);
     let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
+    let open = rate.is_some() && std::env::var("LOADGEN_OPEN").is_ok_and(|v| v == "1");
 
     // One thread: the machine has two cores, and the server should get the other.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -131,6 +144,8 @@ fn main() {
         let errors = Arc::new(AtomicU64::new(0));
         let measuring = Arc::new(AtomicBool::new(total.is_some()));
         let stop = Arc::new(AtomicBool::new(false));
+        let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+        let (outstanding, unsent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let mut tasks = Vec::new();
         for _ in 0..connections {
             let tcp = tokio::net::TcpStream::connect(addr.as_str())
@@ -143,25 +158,37 @@ fn main() {
             });
             for _ in 0..streams {
                 let offset = period.map(|p| p * (tasks.len() as u32) / total_streams);
-                let (mut client, bodies, uri) = (client.clone(), bodies.clone(), uri.clone());
+                let (client, bodies, uri) = (client.clone(), bodies.clone(), uri.clone());
                 let (counter, errors, measuring, stop) = (
                     counter.clone(),
                     errors.clone(),
                     measuring.clone(),
                     stop.clone(),
                 );
+                let (answers, outstanding, unsent) =
+                    (answers.clone(), outstanding.clone(), unsent.clone());
                 tasks.push(tokio::spawn(async move {
-                    let mut latencies: Vec<u32> = Vec::new();
                     let mut pace = period.zip(offset).map(|(period, offset)| {
                         let mut pace =
                             tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
-                        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                        // Open: a late tick is still sent (the load does not bend to the
+                        // server); closed: it is skipped.
+                        pace.set_missed_tick_behavior(if open {
+                            tokio::time::MissedTickBehavior::Burst
+                        } else {
+                            tokio::time::MissedTickBehavior::Skip
+                        });
                         pace
                     });
                     while !stop.load(Ordering::Relaxed) {
-                        if let Some(pace) = pace.as_mut() {
-                            pace.tick().await;
-                        }
+                        let due = match pace.as_mut() {
+                            Some(pace) if open => pace.tick().await.into_std(),
+                            Some(pace) => {
+                                pace.tick().await;
+                                Instant::now()
+                            }
+                            None => Instant::now(),
+                        };
                         let n = counter.fetch_add(1, Ordering::Relaxed) as usize;
                         if total.is_some_and(|total| n as u64 >= total) {
                             break;
@@ -171,34 +198,36 @@ fn main() {
                         } else {
                             bodies[n % bodies.len()].clone()
                         };
-                        let request = http::Request::post(uri.clone())
-                            .header("content-type", "application/grpc")
-                            .header("te", "trailers")
-                            .body(())
-                            .unwrap();
-                        let start = Instant::now();
-                        let ok = async {
-                            client = client.clone().ready().await.ok()?;
-                            let (response, mut send) = client.send_request(request, false).ok()?;
-                            send.send_data(body, true).ok()?;
-                            let mut body = response.await.ok()?.into_body();
-                            while let Some(chunk) = body.data().await {
-                                let chunk = chunk.ok()?;
-                                let _ = body.flow_control().release_capacity(chunk.len());
+                        let one = {
+                            let (client, uri, answers) =
+                                (client.clone(), uri.clone(), answers.clone());
+                            let (measuring, errors) = (measuring.clone(), errors.clone());
+                            async move {
+                                let code = call(client, uri, body).await;
+                                if measuring.load(Ordering::Relaxed) {
+                                    if code != Some(0) {
+                                        errors.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    let us = due.elapsed().as_micros() as u32;
+                                    answers.lock().unwrap().push((us, code));
+                                }
                             }
-                            let trailers = body.trailers().await.ok()??;
-                            (trailers.get("grpc-status")?.as_bytes() == b"0").then_some(())
-                        }
-                        .await
-                        .is_some();
-                        if measuring.load(Ordering::Relaxed) {
-                            latencies.push(start.elapsed().as_micros() as u32);
-                            if !ok {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                            }
+                        };
+                        if !open {
+                            one.await;
+                        } else if outstanding.fetch_add(1, Ordering::Relaxed)
+                            < u64::from(total_streams)
+                        {
+                            let outstanding = outstanding.clone();
+                            tokio::spawn(async move {
+                                one.await;
+                                outstanding.fetch_sub(1, Ordering::Relaxed);
+                            });
+                        } else {
+                            outstanding.fetch_sub(1, Ordering::Relaxed);
+                            unsent.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    latencies
                 }));
             }
         }
@@ -227,19 +256,24 @@ fn main() {
                 );
             }
         }
-        let mut latencies = Vec::new();
         if total.is_some() {
             for task in tasks.drain(..) {
-                latencies.extend(task.await.unwrap());
+                task.await.unwrap();
             }
         }
         measuring.store(false, Ordering::Relaxed);
         let (cpu, elapsed) = (cpu_ticks(pid) - ticks, started.elapsed());
-        let rss = rss_kib(pid);
+        let (rss, peak) = (rss_kib(pid), peak_rss_kib(pid));
         stop.store(true, Ordering::Relaxed);
         for task in tasks {
-            latencies.extend(task.await.unwrap());
+            task.await.unwrap();
         }
+        let answers = std::mem::take(&mut *answers.lock().unwrap());
+        let mut codes = std::collections::BTreeMap::new();
+        for (_, code) in &answers {
+            *codes.entry(*code).or_insert(0u64) += 1;
+        }
+        let mut latencies: Vec<u32> = answers.iter().map(|&(us, _)| us).collect();
         latencies.sort_unstable();
         let n = latencies.len().max(1);
         let pct = |p: f64| {
@@ -259,5 +293,48 @@ fn main() {
             rss,
             errors.load(Ordering::Relaxed)
         );
+        let codes: Vec<String> = codes
+            .iter()
+            .map(|(code, n)| match code {
+                Some(code) => format!("{code}:{n}"),
+                None => format!("none:{n}"),
+            })
+            .collect();
+        println!(
+            "p999_us={} max_us={} max_rss_kib={peak} unsent={} codes={}",
+            pct(0.999),
+            latencies.last().copied().unwrap_or(0),
+            unsent.load(Ordering::Relaxed),
+            codes.join(",")
+        );
     });
+}
+
+/// An answer while measuring: its latency in µs and its grpc-status (`None`: none came).
+type Answer = (u32, Option<u32>);
+
+/// One request on `client`: its grpc-status, or `None` when the stream or connection
+/// failed before one came.
+async fn call(client: h2::client::SendRequest<Bytes>, uri: http::Uri, body: Bytes) -> Option<u32> {
+    let request = http::Request::post(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut client = client.ready().await.ok()?;
+    let (response, mut send) = client.send_request(request, false).ok()?;
+    send.send_data(body, true).ok()?;
+    let response = response.await.ok()?;
+    // A Trailers-Only answer (an error before any message) carries grpc-status in its
+    // headers.
+    if let Some(status) = response.headers().get("grpc-status") {
+        return status.to_str().ok()?.parse().ok();
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.ok()??;
+    trailers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }

@@ -18,10 +18,19 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 }
 
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The highest resident memory of `pid` since it started (VmHWM), in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)

@@ -229,6 +229,7 @@ impl Server {
             metrics: shared.metrics.clone(),
             health: &health,
             settlements: self.stores.settlements.clone(),
+            clock: shared.clock.clone(),
             stop: stop_servers.clone(),
         };
         let decisions = stacks.decisions(self.listeners.decisions, rlqs, &addresses.admin)?;
