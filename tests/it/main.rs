@@ -14,6 +14,7 @@ mod caller_limits;
 mod cli;
 mod client_cli;
 mod concurrency;
+mod defaults;
 mod deploy;
 mod doc_lists;
 mod envoy_descriptors;

@@ -49,7 +49,7 @@ impl Served {
     }
 
     pub async fn with_limits(limits: LimitTable) -> Served {
-        Served::with_settings(limits, Settings::default()).await
+        Served::with_settings(limits, harness_settings()).await
     }
 
     pub async fn with_settings(limits: LimitTable, settings: Settings) -> Served {
@@ -166,6 +166,13 @@ impl Served {
             task.await.unwrap();
         }
     }
+}
+
+/// The settings a served test runs with unless it says otherwise: `Settings::default()`,
+/// which `defaults::the_harness_runs_with_what_serve_runs_with_by_default` holds to what
+/// `cellrate serve` runs with when given no flags.
+pub fn harness_settings() -> Settings {
+    Settings::default()
 }
 
 /// Settings that watch `dir` for changes and reload it `debounce` after the last one.
