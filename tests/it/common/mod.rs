@@ -448,12 +448,19 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 pub mod ads;
+pub mod budgets;
 pub mod envoy;
 pub mod http1;
 pub mod pki;
+pub mod ratelimit_answers;
+pub mod ratelimit_format;
+pub mod readme;
 pub mod redis_cell;
 pub mod redis_server;
 pub mod resp_client;
+pub mod rlqs;
+pub mod settle;
+pub mod settle_attacks;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
 /// returns; returns the last value either way, for the caller's assertion to report.
