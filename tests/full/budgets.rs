@@ -1,4 +1,5 @@
-//! budgets: the tests that need tools beyond Rust (the fast tier's `tests/it/budgets.rs` holds the rest).
+//! `budgets`'s tests that need a real Envoy; the rest are the fast tier's,
+//! `tests/it/budgets.rs`.
 use std::path::Path;
 
 use crate::common::budgets::served;

@@ -1,4 +1,5 @@
-//! calendar: the tests that need tools beyond Rust (the fast tier's `tests/it/calendar.rs` holds the rest).
+//! `calendar`'s tests that need Python (the pictures drawn from `simulate`); the rest are
+//! the fast tier's, `tests/it/calendar.rs`.
 use std::path::Path;
 
 /// `docs/budgets.md`'s picture of GCRA against a calendar window is drawn from `cellrate

@@ -28,7 +28,9 @@ mod redis_coalescing;
 mod redis_store;
 mod resp_clients;
 mod resp_differential;
+#[cfg(feature = "redis")]
 mod resp_gcra;
+#[cfg(feature = "redis")]
 mod rlqs;
 mod rlqs_e2e;
 mod settle;
@@ -42,6 +44,7 @@ mod store_log;
 /// `store_scenarios.rs`'s tests on Redis and Valkey, standalone and clustered: one test
 /// per scenario and store, `store_scenarios::<store>::<scenario>`, each on a server or
 /// cluster of its own (the fast tier runs the same scenarios on the memory store).
+#[cfg(feature = "redis")]
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {
         #[cfg(feature = "redis")]

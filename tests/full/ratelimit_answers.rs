@@ -1,14 +1,9 @@
-//! ratelimit_answers: the tests that need tools beyond Rust (the fast tier's `tests/it/ratelimit_answers.rs` holds the rest).
+//! `ratelimit_answers`'s tests that need a real redis-server; the rest are the fast tier's,
+//! `tests/it/ratelimit_answers.rs`.
 
-use crate::common::ratelimit_answers::ask;
-use crate::common::ratelimit_answers::clear_of_a_minute_end;
-use crate::common::ratelimit_answers::client;
-use crate::common::ratelimit_answers::request;
-use crate::common::ratelimit_answers::runtime;
-use crate::common::ratelimit_answers::start;
-use crate::common::ratelimit_answers::status;
-use crate::common::ratelimit_answers::unix_seconds;
-use crate::common::ratelimit_answers::ANOTHER;
+use crate::common::ratelimit_answers::{
+    ask, clear_of_a_minute_end, client, request, runtime, start, status, unix_seconds, ANOTHER,
+};
 use crate::common::redis_server::RedisServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};

@@ -1,12 +1,10 @@
-//! ratelimit_format: the tests that need tools beyond Rust (the fast tier's `tests/it/ratelimit_format.rs` holds the rest).
+//! `ratelimit_format`'s tests that need a real Envoy or redis-server; the rest are the fast
+//! tier's, `tests/it/ratelimit_format.rs`.
 use std::path::Path;
 use std::process::Command;
 
 use crate::common::descriptor;
-use crate::common::ratelimit_format::served;
-use crate::common::ratelimit_format::statuses;
-use crate::common::ratelimit_format::OK;
-use crate::common::ratelimit_format::OVER;
+use crate::common::ratelimit_format::{served, statuses, OK, OVER};
 use cellrate::clock::SECOND;
 use cellrate::service::envoy::RatelimitCounting;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;

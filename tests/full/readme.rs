@@ -1,13 +1,10 @@
-//! readme: the tests that need tools beyond Rust (the fast tier's `tests/it/readme.rs` holds the rest).
+//! `readme`'s tests that need grpcurl, redis-cli and Python, as the docs use them; the rest
+//! are the fast tier's, `tests/it/readme.rs`.
 use std::process::Command;
 
 use serde_json::Value;
 
-use crate::common::readme::code_blocks;
-use crate::common::readme::doc;
-use crate::common::readme::readme;
-use crate::common::readme::section;
-use crate::common::readme::sh;
+use crate::common::readme::{code_blocks, doc, readme, section, sh};
 use crate::common::serve;
 
 #[test]

@@ -1,4 +1,5 @@
-//! resp_gcra: the tests that need tools beyond Rust (the fast tier's `tests/it/resp_gcra.rs` holds the rest).
+//! `resp_gcra`'s tests that need a real redis-server and Valkey; the rest are the fast
+//! tier's, `tests/it/resp_gcra.rs`.
 
 use crate::common::resp_client::RespClient;
 

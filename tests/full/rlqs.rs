@@ -1,14 +1,10 @@
-//! rlqs: the tests that need tools beyond Rust (the fast tier's `tests/it/rlqs.rs` holds the rest).
+//! `rlqs`'s tests that need a real redis-server shared by replicas; the rest are the fast
+//! tier's, `tests/it/rlqs.rs`.
 use std::time::Duration;
 
 use cellrate::server::Settings;
 
-use crate::common::rlqs::bucket;
-use crate::common::rlqs::config;
-use crate::common::rlqs::report;
-use crate::common::rlqs::served;
-use crate::common::rlqs::token_bucket;
-use crate::common::rlqs::Stream;
+use crate::common::rlqs::{bucket, config, report, served, token_bucket, Stream};
 use crate::common::{http_get_async, sample};
 
 #[cfg(feature = "redis")]

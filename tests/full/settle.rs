@@ -1,12 +1,9 @@
-//! settle: the tests that need tools beyond Rust (the fast tier's `tests/it/settle.rs` holds the rest).
+//! `settle`'s tests that need a real redis-server (standalone and Cluster); the rest are
+//! the fast tier's, `tests/it/settle.rs`.
 
 use crate::common::redis_server::RedisServer;
 use crate::common::serve_with;
-use crate::common::settle::code;
-use crate::common::settle::connect;
-use crate::common::settle::estimate;
-use crate::common::settle::limits;
-use crate::common::settle::settle;
+use crate::common::settle::{code, connect, estimate, limits, settle};
 use tonic::Code;
 
 /// Two replicas on one Redis: a Check kept on one is settled on the other, once; the retry

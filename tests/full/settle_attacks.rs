@@ -1,10 +1,9 @@
-//! settle_attacks: the tests that need tools beyond Rust (the fast tier's `tests/it/settle_attacks.rs` holds the rest).
+//! `settle_attacks`'s tests that need a real redis-server; the rest are the fast tier's,
+//! `tests/it/settle_attacks.rs`.
 
 use crate::common::redis_server::RedisServer;
 use crate::common::settle::settle;
-use crate::common::settle_attacks::check;
-use crate::common::settle_attacks::connect;
-use crate::common::settle_attacks::limits;
+use crate::common::settle_attacks::{check, connect, limits};
 use crate::common::{item, serve_with};
 use tonic::Code;
 

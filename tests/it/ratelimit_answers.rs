@@ -6,14 +6,9 @@
 //! test/service/ratelimit_test.go's custom headers and dynamic metadata cases), through a
 //! real gRPC client over loopback; cellrate's own answers are opt-in there.
 
-use crate::common::ratelimit_answers::ask;
-use crate::common::ratelimit_answers::clear_of_a_minute_end;
-use crate::common::ratelimit_answers::client;
-use crate::common::ratelimit_answers::request;
-use crate::common::ratelimit_answers::runtime;
-use crate::common::ratelimit_answers::start;
-use crate::common::ratelimit_answers::status;
-use crate::common::ratelimit_answers::ANOTHER;
+use crate::common::ratelimit_answers::{
+    ask, clear_of_a_minute_end, client, request, runtime, start, status, ANOTHER,
+};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};

@@ -6,9 +6,7 @@
 
 use std::process::Command;
 
-use crate::common::ratelimit_format::served;
-use crate::common::ratelimit_format::OK;
-use crate::common::ratelimit_format::OVER;
+use crate::common::ratelimit_format::{served, OK, OVER};
 use crate::common::{descriptor, directory, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;

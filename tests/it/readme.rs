@@ -4,11 +4,7 @@
 //! list is exported from the start, every `serve` flag is named in the operations page,
 //! every link between the pages resolves, and the README stays a front page.
 
-use crate::common::readme::code_blocks;
-use crate::common::readme::doc;
-use crate::common::readme::readme;
-use crate::common::readme::section;
-use crate::common::readme::ROOT;
+use crate::common::readme::{code_blocks, doc, readme, section, ROOT};
 use crate::common::{http_get, serve};
 
 /// Every page: the README, `docs/*.md`, and the figures' pages beside the README.

@@ -10,12 +10,7 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strat
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Act;
 use tonic::Code;
 
-use crate::common::rlqs::bucket;
-use crate::common::rlqs::config;
-use crate::common::rlqs::report;
-use crate::common::rlqs::served;
-use crate::common::rlqs::token_bucket;
-use crate::common::rlqs::Stream;
+use crate::common::rlqs::{bucket, config, report, served, token_bucket, Stream};
 use crate::common::{http_get_async, poll_until, sample, watching};
 
 #[tokio::test]

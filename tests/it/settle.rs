@@ -5,10 +5,7 @@
 
 use std::path::Path;
 
-use crate::common::settle::code;
-use crate::common::settle::estimate;
-use crate::common::settle::limits;
-use crate::common::settle::settle;
+use crate::common::settle::{code, estimate, limits, settle};
 use crate::common::{http_get_async, item, remaining, sample, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use crate::common::faulty::{Fault, FaultyStore};
 use crate::common::settle::settle;
-use crate::common::settle_attacks::check;
-use crate::common::settle_attacks::limits;
+use crate::common::settle_attacks::{check, limits};
 use crate::common::{item, remaining, Served, T0};
 use cellrate::clock::{CalendarPeriod, FakeClock, SECOND};
 use cellrate::limits::config::LimitTable;

@@ -1,4 +1,5 @@
-//! Helpers of `budgets`'s tests in both tiers (`tests/it/budgets.rs`, `tests/full/budgets.rs`).
+//! Helpers of `budgets`'s tests that both tiers use (`tests/it/budgets.rs`,
+//! `tests/full/budgets.rs`).
 
 use crate::common::Served;
 use cellrate::limits::config::LimitTable;

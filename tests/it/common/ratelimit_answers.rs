@@ -1,4 +1,5 @@
-//! Helpers of `ratelimit_answers`'s tests in both tiers (`tests/it/ratelimit_answers.rs`, `tests/full/ratelimit_answers.rs`).
+//! Helpers of `ratelimit_answers`'s tests that both tiers use
+//! (`tests/it/ratelimit_answers.rs`, `tests/full/ratelimit_answers.rs`).
 
 use crate::common::{descriptor, stderr_lines};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;

@@ -1,4 +1,5 @@
-//! Helpers of `ratelimit_format`'s tests in both tiers (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_format.rs`).
+//! Helpers of `ratelimit_format`'s tests that both tiers use
+//! (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_format.rs`).
 
 use crate::common::Served;
 use cellrate::limits::config::LimitTable;

@@ -1,4 +1,5 @@
-//! Helpers of `readme`'s tests in both tiers (`tests/it/readme.rs`, `tests/full/readme.rs`).
+//! Helpers of `readme`'s tests that both tiers use (`tests/it/readme.rs`,
+//! `tests/full/readme.rs`).
 
 use std::process::Command;
 

@@ -1,4 +1,5 @@
-//! Helpers of `rlqs`'s tests in both tiers (`tests/it/rlqs.rs`, `tests/full/rlqs.rs`).
+//! Helpers of `rlqs`'s tests that both tiers use (`tests/it/rlqs.rs`,
+//! `tests/full/rlqs.rs`).
 
 use std::path::Path;
 use std::time::Duration;

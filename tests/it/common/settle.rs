@@ -1,4 +1,5 @@
-//! Helpers of `settle`'s tests in both tiers (`tests/it/settle.rs`, `tests/full/settle.rs`).
+//! Helpers of `settle`'s tests that both tiers use (`tests/it/settle.rs`,
+//! `tests/full/settle.rs`).
 
 use crate::common::item;
 use cellrate::proto::v1 as pb;

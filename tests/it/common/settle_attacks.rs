@@ -1,4 +1,5 @@
-//! Helpers of `settle_attacks`'s tests in both tiers (`tests/it/settle_attacks.rs`, `tests/full/settle_attacks.rs`).
+//! Helpers of `settle_attacks`'s tests that both tiers use (`tests/it/settle_attacks.rs`,
+//! `tests/full/settle_attacks.rs`).
 
 use crate::common::settle::Client;
 use cellrate::proto::v1 as pb;
