@@ -8,7 +8,7 @@
 //! time (the deadlines pass without real waits).
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellrate::proto::v1 as pb;
 use cellrate::resp::RespSettings;
@@ -560,10 +560,11 @@ async fn a_trickled_command_and_an_idle_connection_are_closed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time, as the trickle above: three command timeouts pass without a real wait.
+#[tokio::test(start_paused = true)]
 async fn a_busy_pipeline_split_anywhere_is_not_taken_for_a_trickle() {
     let s = served_with(tight(), None).await;
-    let mut c = client(&s);
+    let mut c = AsyncRespClient::connect(s.resp_addr).await;
     // For 3 s (three command timeouts), a stream of commands written in chunks that each
     // end in the middle of a command: there is always a partial command when the server
     // reads, but each is completed by the next write, so the connection lives on.
@@ -573,18 +574,18 @@ async fn a_busy_pipeline_split_anywhere_is_not_taken_for_a_trickle() {
     let chunk = command.len() * 10 + 5;
     let mut written = 0usize;
     let mut answered = 0usize;
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
         let bytes: Vec<u8> = (written..written + chunk)
             .map(|i| command[i % command.len()])
             .collect();
-        c.raw(&bytes).unwrap();
+        c.raw(&bytes).await.unwrap();
         written += chunk;
         while answered < written / command.len() {
-            assert_eq!(c.read().unwrap().integers()[0], 0);
+            assert_eq!(c.read().await.unwrap().integers()[0], 0);
             answered += 1;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(answered > 300, "{answered}");
 }

@@ -177,7 +177,8 @@ impl RespClient {
 /// The same client on tokio's sockets, for tests on paused time (`start_paused`): its waits
 /// are the runtime's, so the pace it keeps and the server's deadlines read one clock that
 /// the runtime moves on when nothing else can happen, and nothing waits in real time.
-/// It reads the replies such tests need: simple strings, errors, integers, bulk strings.
+/// It reads the replies such tests need: simple strings, errors, integers, bulk strings,
+/// arrays.
 pub struct AsyncRespClient {
     reader: tokio::io::BufReader<tokio::net::TcpStream>,
 }
@@ -239,6 +240,13 @@ impl AsyncRespClient {
                 self.reader.read_exact(&mut value).await?;
                 value.truncate(value.len() - 2);
                 Reply::Bulk(value)
+            }
+            b'*' => {
+                let mut items = Vec::new();
+                for _ in 0..number()?.max(0) {
+                    items.push(Box::pin(self.read()).await?);
+                }
+                Reply::Array(items)
             }
             other => {
                 return Err(std::io::Error::other(format!(
