@@ -18,7 +18,7 @@ pipeline=${4:-16}
 module=target/redis-cell/target/release/libredis_cell.so
 if [ ! -f "$module" ]; then
   echo "building redis-cell (the differential test's harness builds the same)"
-  cargo test --quiet --all-features --test it resp_differential::cl_throttle_answers_as_redis_cell_on_the_memory_store >/dev/null
+  cargo test --quiet --all-features --test full resp_differential::cl_throttle_answers_as_redis_cell_on_the_memory_store >/dev/null
 fi
 cargo build --release --quiet
 

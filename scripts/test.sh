@@ -93,5 +93,6 @@ cargo clippy --locked --all-targets --all-features -- -D warnings
 # The memory-only build (no Redis client, no fuzz harnesses) must keep compiling, its
 # tests and benches included, without warnings.
 cargo clippy --locked --no-default-features --all-targets -- -D warnings
-# Every test, the fuzz regressions (feature `fuzzing`) included.
+# Every test: both tiers (`it`, which needs only Rust, and `full`, which needs what this
+# script installed), the unit tests and doctests, the fuzz regressions (feature `fuzzing`).
 cargo test --locked --all-features

@@ -1,9 +1,16 @@
-//! Command-line flags (each with an environment fallback). No logic here.
+//! Command-line flags (each with an environment fallback). No logic here. A `serve` flag's
+//! default is read from the default of the setting it sets (`Settings::default()` and its
+//! parts), so that it is written once: the in-process tests serve with those.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::limits::duration::format_duration;
+use crate::server::{ServerLimits, Settings};
+use crate::service::rlqs::RlqsSettings;
+use crate::service::CallerLimits;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -274,7 +281,7 @@ pub struct ServeArgs {
     pub resp_token: Option<String>,
 
     /// Open connections at most on the Redis-protocol listener.
-    #[arg(long, env = "CELLRATE_RESP_MAX_CONNECTIONS", default_value_t = 1024)]
+    #[arg(long, env = "CELLRATE_RESP_MAX_CONNECTIONS", default_value_t = ServerLimits::default().resp.max_connections)]
     pub resp_max_connections: usize,
 
     /// With --resp-token: wrong tokens one client address may give at once, across its
@@ -352,71 +359,63 @@ pub struct ServeArgs {
 
     /// Accept limits given by callers (native inline limits, Envoy descriptor `limit`s).
     /// Off: inline limits are INVALID_ARGUMENT and descriptor limits are ignored.
-    #[arg(long, env = "CELLRATE_CALLER_LIMITS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "CELLRATE_CALLER_LIMITS", default_value_t = CallerLimits::default().enabled, action = clap::ArgAction::Set)]
     pub caller_limits: bool,
 
     /// Longest period (and time to refill a full burst) of a caller-given limit, e.g. 1h.
     /// The default takes every Envoy unit up to YEAR and redis-cell's yearly quotas.
-    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_PERIOD", default_value = "732d", value_parser = parse_period)]
+    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_PERIOD", default_value = format_duration(CallerLimits::default().max_period), value_parser = parse_period)]
     pub caller_limit_max_period: i64,
 
     /// Largest burst of a caller-given limit.
-    #[arg(
-        long,
-        env = "CELLRATE_CALLER_LIMIT_MAX_BURST",
-        default_value_t = 1_000_000
-    )]
+    #[arg(long, env = "CELLRATE_CALLER_LIMIT_MAX_BURST", default_value_t = CallerLimits::default().max_burst)]
     pub caller_limit_max_burst: u64,
 
     /// Temporary overrides (admin SetOverride) in force at most.
-    #[arg(long, env = "CELLRATE_MAX_RUNTIME_OVERRIDES", default_value_t = 10_000)]
+    #[arg(long, env = "CELLRATE_MAX_RUNTIME_OVERRIDES", default_value_t = Settings::default().max_runtime_overrides)]
     pub max_runtime_overrides: usize,
 
     /// Longest lifetime of a temporary override (e.g. 7d).
-    #[arg(long, env = "CELLRATE_MAX_OVERRIDE_TTL", default_value = "7d", value_parser = parse_period)]
+    #[arg(long, env = "CELLRATE_MAX_OVERRIDE_TTL", default_value = format_duration(Settings::default().max_override_ttl), value_parser = parse_period)]
     pub max_override_ttl: i64,
 
     /// How long a Check made with a request id is kept for Settle (1s to 7d).
-    #[arg(long, env = "CELLRATE_SETTLE_WINDOW", default_value = "1h", value_parser = parse_settle_window)]
+    #[arg(long, env = "CELLRATE_SETTLE_WINDOW", default_value = format_duration(Settings::default().settle_window), value_parser = parse_settle_window)]
     pub settle_window: i64,
 
     /// Checks kept for Settle at most (each at most 1 KiB); beyond, the oldest are pushed out.
-    #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value = "100000", value_parser = parse_settle_max)]
+    #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value_t = Settings::default().settle_max_records, value_parser = parse_settle_max)]
     pub settle_max_records: usize,
 
     /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
-    #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = 256)]
+    #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = RlqsSettings::default().max_streams)]
     pub rlqs_max_streams: usize,
 
     /// Envoy RLQS buckets tracked over every stream, at most (more get no assignment).
-    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
+    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKETS", default_value_t = RlqsSettings::default().max_buckets)]
     pub rlqs_max_buckets: usize,
 
     /// Envoy RLQS buckets tracked per stream, at most.
-    #[arg(
-        long,
-        env = "CELLRATE_RLQS_MAX_BUCKETS_PER_STREAM",
-        default_value_t = 10_000
-    )]
+    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = RlqsSettings::default().max_buckets_per_stream)]
     pub rlqs_max_buckets_per_stream: usize,
 
     /// Bytes of RLQS bucket ids tracked at most, over every stream (each id's text plus
     /// 128); a new bucket beyond is refused as beyond --rlqs-max-buckets is.
-    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKET_BYTES", default_value_t = crate::service::rlqs::DEFAULT_MAX_BUCKET_BYTES, value_parser = parse_bucket_bytes)]
+    #[arg(long, env = "CELLRATE_RLQS_MAX_BUCKET_BYTES", default_value_t = RlqsSettings::default().max_bucket_bytes, value_parser = parse_bucket_bytes)]
     pub rlqs_max_bucket_bytes: usize,
 
     /// Lifetime of an RLQS assignment in Envoy, in seconds.
-    #[arg(long, env = "CELLRATE_RLQS_ASSIGNMENT_TTL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(long, env = "CELLRATE_RLQS_ASSIGNMENT_TTL_SECONDS", default_value_t = RlqsSettings::default().assignment_ttl.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub rlqs_assignment_ttl_seconds: u64,
 
     /// An RLQS stream silent this long is ended, and a bucket without requests this long is
     /// abandoned, in seconds.
-    #[arg(long, env = "CELLRATE_RLQS_IDLE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(long, env = "CELLRATE_RLQS_IDLE_SECONDS", default_value_t = RlqsSettings::default().idle.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub rlqs_idle_seconds: u64,
 
     /// With --store redis: how often each replica exchanges its RLQS demand with the others,
     /// in milliseconds.
-    #[arg(long, env = "CELLRATE_RLQS_SYNC_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    #[arg(long, env = "CELLRATE_RLQS_SYNC_MS", default_value_t = RlqsSettings::default().sync.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub rlqs_sync_ms: u64,
 
     /// Percent of --max-buckets that buckets under caller-given limits may hold.
@@ -427,15 +426,15 @@ pub struct ServeArgs {
     pub envoy: super::envoy_args::EnvoyArgs,
 
     /// Open connections at most on the decision listener (more wait in the backlog).
-    #[arg(long, env = "CELLRATE_MAX_CONNECTIONS", default_value_t = 4096)]
+    #[arg(long, env = "CELLRATE_MAX_CONNECTIONS", default_value_t = ServerLimits::default().decisions.max_connections)]
     pub max_connections: usize,
 
     /// Open connections at most on the admin listener.
-    #[arg(long, env = "CELLRATE_ADMIN_MAX_CONNECTIONS", default_value_t = 256)]
+    #[arg(long, env = "CELLRATE_ADMIN_MAX_CONNECTIONS", default_value_t = ServerLimits::default().admin.max_connections)]
     pub admin_max_connections: usize,
 
     /// Open connections at most on the metrics listener.
-    #[arg(long, env = "CELLRATE_METRICS_MAX_CONNECTIONS", default_value_t = 64)]
+    #[arg(long, env = "CELLRATE_METRICS_MAX_CONNECTIONS", default_value_t = ServerLimits::default().metrics.max_connections)]
     pub metrics_max_connections: usize,
 
     /// Open connections from one client address at most, on every listener (an IPv6
@@ -447,41 +446,37 @@ pub struct ServeArgs {
 
     /// Seconds a new connection has to send its first bytes (HTTP/1: its headers; TLS: its
     /// whole handshake).
-    #[arg(long, env = "CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = ServerLimits::default().decisions.handshake_timeout.as_secs())]
     pub handshake_timeout_seconds: u64,
 
     /// Seconds without a byte from a gRPC client before its connection is closed.
-    #[arg(long, env = "CELLRATE_IDLE_TIMEOUT_SECONDS", default_value_t = 300)]
+    #[arg(long, env = "CELLRATE_IDLE_TIMEOUT_SECONDS", default_value_t = ServerLimits::default().decisions.idle_timeout.as_secs())]
     pub idle_timeout_seconds: u64,
 
     /// Concurrent HTTP/2 streams per gRPC connection.
-    #[arg(
-        long,
-        env = "CELLRATE_MAX_STREAMS_PER_CONNECTION",
-        default_value_t = 100
-    )]
+    #[arg(long, env = "CELLRATE_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection)]
     pub max_streams_per_connection: u32,
 
     /// Requests handled at once per gRPC listener; more get UNAVAILABLE at once.
-    #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = 4096)]
+    #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = ServerLimits::default().max_in_flight)]
     pub max_in_flight: usize,
 
     /// Longest a gRPC request may wait to be handled, in milliseconds, once the server is
     /// past saturation; longer, it is answered UNAVAILABLE at once, undecided (a caller's
     /// shorter grpc-timeout: DEADLINE_EXCEEDED).
-    #[arg(long, env = "CELLRATE_MAX_QUEUE_MS", default_value_t = 250)]
+    #[arg(long, env = "CELLRATE_MAX_QUEUE_MS", default_value_t = ServerLimits::default().max_queue_wait.as_millis() as u64)]
     pub max_queue_ms: u64,
 
     /// Longest a gRPC request may take, body included, in milliseconds.
-    #[arg(long, env = "CELLRATE_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
+    #[arg(long, env = "CELLRATE_REQUEST_TIMEOUT_MS", default_value_t = ServerLimits::default().request_timeout.as_millis() as u64)]
     pub request_timeout_ms: u64,
 
     /// Seconds that health reports NOT_SERVING, still serving, after SIGTERM.
-    #[arg(long, env = "CELLRATE_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
+    #[arg(long, env = "CELLRATE_SHUTDOWN_DELAY_SECONDS", default_value_t = Settings::default().shutdown_delay.as_secs())]
     pub shutdown_delay_seconds: u64,
 
     /// Seconds that in-flight RPCs may then take to finish.
-    #[arg(long, env = "CELLRATE_GRACE_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "CELLRATE_GRACE_SECONDS", default_value_t = Settings::default().grace.as_secs())]
     pub grace_seconds: u64,
 
     #[command(flatten)]

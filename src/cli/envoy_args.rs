@@ -1,6 +1,7 @@
 //! `cellrate serve`'s flags for Envoy's ShouldRateLimit answers. Their defaults are
 //! cellrate's; the `ratelimit` personality sets envoyproxy/ratelimit's (see
-//! `ratelimit_env.rs`), each one still opt-in there through its variable.
+//! `ratelimit_env.rs`), each one still opt-in there through its variable. Each default is
+//! [`EnvoyOptions::default`]'s.
 
 use crate::service::envoy::{
     check_header_name, EnvoyOptions, HeaderNames, HeaderStyle, MetadataStyle, RatelimitCounting,
@@ -17,7 +18,7 @@ pub struct EnvoyArgs {
         long,
         env = "CELLRATE_RATE_LIMIT_HEADERS",
         value_enum,
-        default_value = "off"
+        default_value_t = EnvoyOptions::default().headers
     )]
     pub rate_limit_headers: HeaderStyle,
 
@@ -26,13 +27,13 @@ pub struct EnvoyArgs {
         long,
         env = "CELLRATE_RATELIMIT_HEADER_NAMES",
         value_name = "LIMIT,REMAINING,RESET",
-        default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset",
+        default_value_t = EnvoyOptions::default().header_names,
         value_parser = parse_header_names
     )]
     pub ratelimit_header_names: HeaderNames,
 
     /// Retry-After on OVER_LIMIT answers (true or false).
-    #[arg(long, env = "CELLRATE_RETRY_AFTER", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "CELLRATE_RETRY_AFTER", default_value_t = EnvoyOptions::default().retry_after, action = clap::ArgAction::Set)]
     pub retry_after: bool,
 
     /// duration_until_reset: exact (to the nanosecond) or whole-seconds (rounded up; a
@@ -41,13 +42,13 @@ pub struct EnvoyArgs {
         long,
         env = "CELLRATE_ENVOY_RESETS",
         value_enum,
-        default_value = "exact"
+        default_value_t = EnvoyOptions::default().resets
     )]
     pub envoy_resets: ResetStyle,
 
     /// current_limit.name of a limit in envoyproxy/ratelimit's format: its name, else its
     /// full key (true); its name, else empty, as envoyproxy/ratelimit (false).
-    #[arg(long, env = "CELLRATE_ENVOY_LIMIT_NAMES", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "CELLRATE_ENVOY_LIMIT_NAMES", default_value_t = EnvoyOptions::default().limit_names, action = clap::ArgAction::Set)]
     pub envoy_limit_names: bool,
 
     /// dynamic_metadata: cellrate (which limit fired, on OVER_LIMIT), ratelimit
@@ -56,7 +57,7 @@ pub struct EnvoyArgs {
         long,
         env = "CELLRATE_ENVOY_METADATA",
         value_enum,
-        default_value = "cellrate"
+        default_value_t = EnvoyOptions::default().metadata
     )]
     pub envoy_metadata: MetadataStyle,
 
@@ -76,7 +77,7 @@ pub struct EnvoyArgs {
         long,
         env = "CELLRATE_RATELIMIT_COUNTING",
         value_enum,
-        default_value = "fixed-window"
+        default_value_t = EnvoyOptions::default().ratelimit_counting
     )]
     pub ratelimit_counting: RatelimitCounting,
 }

@@ -496,14 +496,48 @@ fn both_or_neither(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command, ServeArgs, StoreKind};
+    use crate::service::envoy::{HeaderStyle, MetadataStyle, ResetStyle};
+    use clap::Parser;
     use std::collections::HashMap;
+    use std::path::Path;
 
+    /// The translation of `vars`, whose flags must then parse as `cellrate serve`'s, as the
+    /// `ratelimit` personality parses them; flags that do not are an error, as there.
     fn run(vars: &[(&str, &str)]) -> Result<Translated, String> {
         let env: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        translate(|name| env.get(name).cloned())
+        let translated = translate(|name| env.get(name).cloned())?;
+        parse(&translated.flags)?;
+        Ok(translated)
+    }
+
+    /// `cellrate serve` with `flags`, through the real flag parser.
+    fn parse(flags: &[String]) -> Result<ServeArgs, String> {
+        let argv = ["cellrate", "serve"]
+            .into_iter()
+            .map(String::from)
+            .chain(flags.iter().cloned());
+        match Cli::try_parse_from(argv) {
+            Ok(Cli {
+                command: Command::Serve(args),
+                ..
+            }) => Ok(*args),
+            Ok(other) => Err(format!("not serve: {:?}", other.command)),
+            Err(e) => Err(format!("the environment's flags: {e}")),
+        }
+    }
+
+    /// What `cellrate ratelimit` serves with in the environment `vars`: the settings, not
+    /// the flags' text, so that a flag renamed on one side fails here.
+    fn serve(vars: &[(&str, &str)]) -> ServeArgs {
+        parse(&run(vars).unwrap().flags).unwrap()
+    }
+
+    fn addr(text: &str) -> std::net::SocketAddr {
+        text.parse().unwrap()
     }
 
     /// Variables: (name, value).
@@ -612,7 +646,7 @@ mod tests {
 
     #[test]
     fn envoy_gateways_environment_translates() {
-        let t = run(&[
+        let vars = [
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("REDIS_URL", "redis.svc:6379"),
@@ -620,19 +654,20 @@ mod tests {
             ("PROMETHEUS_ADDR", ":19001"),
             ("USE_STATSD", "false"),
             ("LOG_LEVEL", "INFO"),
-        ])
-        .unwrap();
-        let flags = t.flags.join(" ");
-        assert!(flags.contains("--config /data/ratelimit/config"), "{flags}");
-        assert!(flags.contains("--listen 0.0.0.0:8081"), "{flags}");
-        assert!(flags.contains("--metrics-listen 0.0.0.0:19001"), "{flags}");
-        assert!(flags.contains("--health-listen 0.0.0.0:8080"), "{flags}");
-        assert!(
-            flags.contains("--store redis --redis-url redis://redis.svc:6379"),
-            "{flags}"
+        ];
+        let t = run(&vars).unwrap();
+        let args = serve(&vars);
+        assert_eq!(args.config, Path::new("/data/ratelimit/config"));
+        assert_eq!(args.listen, addr("0.0.0.0:8081"));
+        assert_eq!(args.metrics_listen, addr("0.0.0.0:19001"));
+        assert_eq!(args.health_listen, Some(addr("0.0.0.0:8080")));
+        assert_eq!(args.store, StoreKind::Redis);
+        assert_eq!(
+            args.redis.redis_url.as_deref(),
+            Some("redis://redis.svc:6379")
         );
         // REDIS_TIMEOUT's default is upstream's 10 s, not cellrate's 10 ms.
-        assert!(flags.contains("--redis-timeout-ms 10000"), "{flags}");
+        assert_eq!(args.redis.redis_timeout_ms, 10_000);
         assert_eq!(t.log_level.as_deref(), Some("info"));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].starts_with("USE_STATSD"));
@@ -703,7 +738,7 @@ mod tests {
     #[test]
     fn envoy_gateways_xds_environment_translates() {
         // Its deployment's variables, as internal/infrastructure/kubernetes/ratelimit sets them.
-        let t = run(&[
+        let vars = [
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("BACKEND_TYPE", "memory"),
@@ -723,37 +758,40 @@ mod tests {
             ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
             // Envoy Gateway's name; envoyproxy/ratelimit reads GRPC_CLIENT_TLS_CACERT.
             ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
-        ])
-        .unwrap();
-        let flags = t.flags.join(" ");
-        assert!(!flags.contains("--client-ca"), "{flags}");
-        for expected in [
-            "--tls-cert /certs/tls.crt --tls-key /certs/tls.key",
-            "--config /data/ratelimit/config",
-            "--xds-server envoy-gateway:18001 --xds-node-id envoy-ratelimit",
-            "--xds-node-metadata zone=a --xds-header x-token:abc",
-            "--xds-tls --xds-ca /certs/ca.crt --xds-client-cert /certs/tls.crt \
-             --xds-client-key /certs/tls.key",
-            "--xds-backoff-initial 10s",
-            "--xds-force-start",
-        ] {
-            assert!(flags.contains(expected), "{expected}: {flags}");
-        }
+        ];
+        let t = run(&vars).unwrap();
+        let args = serve(&vars);
+        assert_eq!(args.client_ca, None);
+        assert_eq!(args.tls_cert.as_deref(), Some(Path::new("/certs/tls.crt")));
+        assert_eq!(args.tls_key.as_deref(), Some(Path::new("/certs/tls.key")));
+        assert_eq!(args.config, Path::new("/data/ratelimit/config"));
+        let xds = &args.xds;
+        let pair = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        assert_eq!(xds.xds_server.as_deref(), Some("envoy-gateway:18001"));
+        assert_eq!(xds.xds_node_id, "envoy-ratelimit");
+        assert_eq!(xds.xds_node_metadata, pair("zone", "a"));
+        assert_eq!(xds.xds_headers, pair("x-token", "abc"));
+        assert!(xds.xds_tls);
+        assert_eq!(xds.xds_ca.as_deref(), Some(Path::new("/certs/ca.crt")));
+        let cert = xds.xds_client_cert.as_deref();
+        assert_eq!(cert, Some(Path::new("/certs/tls.crt")));
+        let key = xds.xds_client_key.as_deref();
+        assert_eq!(key, Some(Path::new("/certs/tls.key")));
+        assert_eq!(xds.xds_backoff_initial, std::time::Duration::from_secs(10));
+        assert!(xds.xds_force_start);
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].contains("\"key1:val1\" is not key=value"));
         // envoyproxy/ratelimit's own mTLS variable.
-        let t = run(&[
+        let args = serve(&[
             ("BACKEND_TYPE", "memory"),
             ("GRPC_SERVER_USE_TLS", "true"),
             ("GRPC_SERVER_TLS_CERT", "c"),
             ("GRPC_SERVER_TLS_KEY", "k"),
             ("GRPC_CLIENT_TLS_CACERT", "ca"),
-        ])
-        .unwrap();
-        assert!(t
-            .flags
-            .join(" ")
-            .contains("--tls-cert c --tls-key k --client-ca ca"));
+        ]);
+        assert_eq!(args.tls_cert.as_deref(), Some(Path::new("c")));
+        assert_eq!(args.tls_key.as_deref(), Some(Path::new("k")));
+        assert_eq!(args.client_ca.as_deref(), Some(Path::new("ca")));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),
@@ -761,6 +799,12 @@ mod tests {
         ])
         .unwrap();
         assert!(!t.flags.join(" ").contains("--xds"));
+        let args = serve(&[
+            ("BACKEND_TYPE", "memory"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ]);
+        assert_eq!(args.xds.xds_server, None);
+        assert!(!args.xds.xds_force_start);
         assert!(t.warnings[0].starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG"));
     }
 
@@ -768,31 +812,30 @@ mod tests {
     fn answers_are_envoyproxy_ratelimits_unless_cellrates_are_asked_for() {
         let memory = ("BACKEND_TYPE", "memory");
         let flags = |vars: &[(&str, &str)]| run(vars).unwrap().flags.join(" ");
-        let plain = flags(&[memory]);
-        assert!(
-            plain.contains(
-                "--envoy-limit-names false --envoy-resets whole-seconds --retry-after false \
-                 --envoy-metadata off"
-            ),
-            "{plain}"
-        );
-        assert!(!plain.contains("--rate-limit-headers"), "{plain}");
-        assert!(!plain.contains("--stop-increment"), "{plain}");
-        let upstream = flags(&[
+        let plain = serve(&[memory]).envoy.options();
+        assert!(!plain.limit_names);
+        assert_eq!(plain.resets, ResetStyle::WholeSeconds);
+        assert!(!plain.retry_after);
+        assert_eq!(plain.metadata, MetadataStyle::Off);
+        assert_eq!(plain.headers, HeaderStyle::Off);
+        assert!(!plain.stop_increment_when_over_limit);
+        let upstream = serve(&[
             memory,
             ("RESPONSE_DYNAMIC_METADATA", "true"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("LIMIT_REMAINING_HEADER", "X-Left"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
-        ]);
-        for want in [
-            "--envoy-metadata ratelimit",
-            "--rate-limit-headers ratelimit",
-            "--ratelimit-header-names RateLimit-Limit,X-Left,RateLimit-Reset",
-            "--stop-increment-when-over-limit",
-        ] {
-            assert!(upstream.contains(want), "{want}: {upstream}");
-        }
+        ])
+        .envoy
+        .options();
+        assert_eq!(upstream.metadata, MetadataStyle::Ratelimit);
+        assert_eq!(upstream.headers, HeaderStyle::Ratelimit);
+        let names = &upstream.header_names;
+        assert_eq!(
+            [&names.limit, &names.remaining, &names.reset],
+            ["RateLimit-Limit", "X-Left", "RateLimit-Reset"]
+        );
+        assert!(upstream.stop_increment_when_over_limit);
         // cellrate's answers, opted into: the flags are left to the CELLRATE_ variables.
         let opted = flags(&[
             memory,
@@ -831,38 +874,33 @@ mod tests {
 
     #[test]
     fn redis_auth_tls_and_cluster() {
-        let t = run(&[
+        let args = serve(&[
             ("REDIS_URL", "a:1, b:2"),
             ("REDIS_TYPE", "cluster"),
             ("REDIS_AUTH", "user:secret"),
             ("REDIS_TLS", "true"),
-        ])
-        .unwrap();
-        let flags = t.flags.join(" ");
-        assert!(
-            flags.contains(
-                "--redis-cluster-nodes rediss://user:secret@a:1,rediss://user:secret@b:2"
-            ),
-            "{flags}"
+        ]);
+        assert_eq!(
+            args.redis.redis_cluster_nodes,
+            ["rediss://user:secret@a:1", "rediss://user:secret@b:2"]
         );
-        let t = run(&[("REDIS_URL", "a:1"), ("REDIS_AUTH", "pw")]).unwrap();
-        assert!(t.flags.join(" ").contains("redis://:pw@a:1"));
-        let t = run(&[
+        let args = serve(&[("REDIS_URL", "a:1"), ("REDIS_AUTH", "pw")]);
+        assert_eq!(args.redis.redis_url.as_deref(), Some("redis://:pw@a:1"));
+        let sentinel = [
             ("REDIS_URL", "mymaster, s1:26379,s2:26379"),
             ("REDIS_TYPE", "sentinel"),
             ("REDIS_AUTH", "pw"),
             ("REDIS_SENTINEL_AUTH", "spw"),
             ("REDIS_TLS", "true"),
-        ])
-        .unwrap();
+        ];
+        let t = run(&sentinel).unwrap();
         let timeout = |extra: &[(&str, &str)]| {
             let mut vars = vec![("REDIS_URL", "a:1")];
             vars.extend_from_slice(extra);
             run(&vars).map(|t| t.flags.join(" "))
         };
-        assert!(timeout(&[("REDIS_TIMEOUT", "2s")])
-            .unwrap()
-            .contains("--redis-timeout-ms 2000"));
+        let two_seconds = serve(&[("REDIS_URL", "a:1"), ("REDIS_TIMEOUT", "2s")]);
+        assert_eq!(two_seconds.redis.redis_timeout_ms, 2_000);
         let own = timeout(&[("REDIS_TIMEOUT", "2s"), ("CELLRATE_REDIS_TIMEOUT_MS", "50")]);
         assert!(
             !own.unwrap().contains("--redis-timeout-ms"),
@@ -877,6 +915,13 @@ mod tests {
              --redis-url rediss://:pw@sentinel-master --redis-sentinel-password spw \
              --redis-sentinel-tls"
         ));
+        let redis = serve(&sentinel).redis;
+        assert_eq!(redis.redis_sentinel, ["s1:26379", "s2:26379"]);
+        assert_eq!(redis.redis_sentinel_master.as_deref(), Some("mymaster"));
+        let url = redis.redis_url.as_deref();
+        assert_eq!(url, Some("rediss://:pw@sentinel-master"));
+        assert_eq!(redis.redis_sentinel_password.as_deref(), Some("spw"));
+        assert!(redis.redis_sentinel_tls);
         for url in ["mymaster", "mymaster,", ",s1:1", "m,s1:1,,s2:2"] {
             let e = run(&[("REDIS_URL", url), ("REDIS_TYPE", "sentinel")]).unwrap_err();
             assert!(
@@ -884,9 +929,10 @@ mod tests {
                 "{url}: {e}"
             );
         }
-        let t = run(&[("BACKEND_TYPE", "memory"), ("USE_PROMETHEUS", "false")]).unwrap();
-        assert!(!t.flags.join(" ").contains("--store"));
-        assert!(t.flags.join(" ").contains("--metrics-listen 0.0.0.0:8080"));
+        let args = serve(&[("BACKEND_TYPE", "memory"), ("USE_PROMETHEUS", "false")]);
+        assert_eq!(args.store, StoreKind::Memory);
+        assert_eq!(args.metrics_listen, addr("0.0.0.0:8080"));
+        assert_eq!(args.health_listen, None);
     }
 
     #[test]
@@ -898,23 +944,26 @@ mod tests {
             ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
             ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
         ];
-        let flags = run(&gateway).unwrap().flags.join(" ");
-        assert!(
-            flags.contains(
-                "--redis-tls-client-cert /redis-certs/tls.crt \
-                 --redis-tls-client-key /redis-certs/tls.key"
-            ) && flags.contains("--redis-url rediss://redis.svc:6379"),
-            "{flags}"
-        );
+        let redis = serve(&gateway).redis;
+        let cert = redis.redis_tls_client_cert.as_deref();
+        assert_eq!(cert, Some(Path::new("/redis-certs/tls.crt")));
+        let key = redis.redis_tls_client_key.as_deref();
+        assert_eq!(key, Some(Path::new("/redis-certs/tls.key")));
+        let url = redis.redis_url.as_deref();
+        assert_eq!(url, Some("rediss://redis.svc:6379"));
         let mut with_ca = gateway.to_vec();
         with_ca.push(("REDIS_TLS_CACERT", "/ca.pem"));
-        let flags = run(&with_ca).unwrap().flags.join(" ");
-        assert!(flags.contains("--redis-tls-ca /ca.pem"), "{flags}");
+        let ca = serve(&with_ca).redis.redis_tls_ca;
+        assert_eq!(ca.as_deref(), Some(Path::new("/ca.pem")));
         // As there, the files mean nothing without REDIS_TLS.
         let mut plain = with_ca.clone();
         plain.retain(|(name, _)| *name != "REDIS_TLS");
         let flags = run(&plain).unwrap().flags.join(" ");
         assert!(!flags.contains("--redis-tls"), "{flags}");
+        let redis = serve(&plain).redis;
+        assert_eq!(redis.redis_tls_ca, None);
+        assert_eq!(redis.redis_tls_client_cert, None);
+        assert_eq!(redis.redis_url.as_deref(), Some("redis://redis.svc:6379"));
         // Skipping the name check is refused, not silently stricter.
         let mut skip = gateway.to_vec();
         skip.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"));

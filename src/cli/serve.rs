@@ -148,8 +148,8 @@ impl ServeArgs {
             decisions: connections(self.max_connections),
             admin: connections(self.admin_max_connections),
             metrics: ConnectionLimits {
-                // HTTP/1 scrapes and probes come and go: idle connections are not kept long.
-                idle_timeout: Duration::from_secs(self.idle_timeout_seconds.clamp(1, 60)),
+                idle_timeout: Duration::from_secs(self.idle_timeout_seconds.max(1))
+                    .min(crate::server::METRICS_MAX_IDLE),
                 ..connections(self.metrics_max_connections)
             },
             resp: connections(self.resp_max_connections),

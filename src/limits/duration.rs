@@ -85,6 +85,33 @@ pub fn parse_duration(text: &str) -> Result<Nanos, String> {
     Ok(total as Nanos)
 }
 
+/// Writes `nanos` (not negative) in the largest unit that divides it, as [`parse_duration`]
+/// reads it back: how a flag's default period is shown by `--help`.
+///
+/// ```
+/// use cellrate::limits::duration::{format_duration, parse_duration};
+/// assert_eq!(format_duration(7 * 86_400 * 1_000_000_000), "7d");
+/// assert_eq!(format_duration(90 * 60 * 1_000_000_000), "90m");
+/// assert_eq!(format_duration(1_500_000_000), "1500ms");
+/// assert_eq!(parse_duration(&format_duration(1_500_000_000)), Ok(1_500_000_000));
+/// ```
+pub fn format_duration(nanos: Nanos) -> String {
+    const UNITS: [(&str, Nanos); 7] = [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let (unit, scale) = UNITS
+        .into_iter()
+        .find(|(_, scale)| nanos % scale == 0 && nanos != 0)
+        .unwrap_or(("s", 1_000_000_000));
+    format!("{}{unit}", nanos / scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +146,22 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn formatted_durations_read_back() {
+        for nanos in [
+            0,
+            1,
+            999,
+            SECOND,
+            61 * SECOND,
+            3_600 * SECOND,
+            732 * 86_400 * SECOND,
+        ] {
+            assert_eq!(parse_duration(&format_duration(nanos)), Ok(nanos));
+        }
+        assert_eq!(format_duration(0), "0s");
+        assert_eq!(format_duration(3_600 * SECOND), "1h");
     }
 }

@@ -53,6 +53,19 @@ pub struct TlsPem {
     pub client_ca: Option<Vec<u8>>,
 }
 
+/// Sizes only: the key stays out of logs and test failures.
+impl std::fmt::Debug for TlsPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = |pem: &Option<Vec<u8>>| pem.as_ref().map(Vec::len);
+        f.debug_struct("TlsPem")
+            .field("cert_bytes", &self.cert.len())
+            .field("key_bytes", &self.key.len())
+            .field("admin_client_ca_bytes", &len(&self.admin_client_ca))
+            .field("client_ca_bytes", &len(&self.client_ca))
+            .finish()
+    }
+}
+
 impl TlsPem {
     fn with_ca(&self, ca: &Option<Vec<u8>>) -> ServerTlsConfig {
         let config = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));

@@ -28,7 +28,9 @@ pub mod store;
 pub mod tasks;
 pub mod xds;
 
-pub use settings::{Listeners, ServerLimits, Settings, SnapshotSettings, StoreSettings};
+pub use settings::{
+    Listeners, ServerLimits, Settings, SnapshotSettings, StoreSettings, METRICS_MAX_IDLE,
+};
 pub use store::no_redis;
 
 use std::future::Future;

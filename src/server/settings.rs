@@ -15,7 +15,7 @@ use crate::service::CallerLimits;
 use crate::store::redis::RedisSettings;
 
 /// How the service runs, beyond its listeners.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// Bound on live buckets in the memory store.
     pub max_buckets: usize,
@@ -95,7 +95,7 @@ impl Default for ServerLimits {
             },
             metrics: ConnectionLimits {
                 max_connections: 64,
-                idle_timeout: Duration::from_secs(60),
+                idle_timeout: METRICS_MAX_IDLE,
                 ..ConnectionLimits::default()
             },
             resp: ConnectionLimits {
@@ -109,6 +109,10 @@ impl Default for ServerLimits {
         }
     }
 }
+
+/// The longest the metrics listener keeps an idle connection, whatever
+/// `--idle-timeout-seconds` says: HTTP/1 scrapes and probes come and go.
+pub const METRICS_MAX_IDLE: Duration = Duration::from_secs(60);
 
 /// Descriptors kept free for everything but connections (files, Redis, logs).
 const RESERVED_FDS: u64 = 256;

@@ -228,7 +228,10 @@ async fn closed_within(stream: &mut (impl tokio::io::AsyncRead + Unpin), within:
     .is_ok()
 }
 
-#[tokio::test]
+/// On paused time: the listeners' deadlines and the clients' pace read the runtime's clock,
+/// which moves on only when every task waits, so the 100 ms and 200 ms steps and the 300 ms
+/// and 800 ms deadlines happen in their order without a real wait.
+#[tokio::test(start_paused = true)]
 async fn silent_slow_and_idle_connections_are_closed() {
     let quick = ConnectionLimits {
         handshake_timeout: Duration::from_millis(300),

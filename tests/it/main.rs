@@ -1,6 +1,8 @@
-//! The integration tests, as modules of one test binary: the crate is linked once, not
-//! once per file. Each module tests one area against real parts (real sockets, a real
-//! redis-server, real grpcurl and Python clients); `common` is their harness.
+//! The fast tier: the integration tests that need nothing but Rust (in-process servers on
+//! the memory store, real gRPC and HTTP on loopback, the `cellrate` binary itself), as
+//! modules of one test binary: the crate is linked once, not once per file. The tests that
+//! need redis-server, Valkey, Envoy, Helm, Prometheus, grpcurl, Python or redis-cell are the
+//! full tier, `tests/full/` (`scripts/test.sh` runs both). `common` is their harness.
 
 // A test bounds its own waits in real time: `.clippy.toml` keeps the OS clock out of the
 // crate, not out of its tests.
@@ -14,52 +16,48 @@ mod caller_limits;
 mod cli;
 mod client_cli;
 mod concurrency;
-mod deploy;
+mod defaults;
 mod doc_lists;
 mod envoy_descriptors;
-mod envoy_e2e;
 mod envoy_rls;
 mod exact_answers;
 mod examples;
-mod faults;
 #[cfg(feature = "fuzzing")]
 mod fuzz_regressions;
 mod grpc_native;
-mod grpcurl;
 mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
 mod input_limits;
-mod istio_e2e;
-mod observability;
 mod operations;
 mod process_ops;
 mod proptests;
-mod python_envoy;
 mod ratelimit_answers;
 mod ratelimit_format;
 mod readme;
-#[cfg(feature = "redis")]
-mod redis_coalescing;
-#[cfg(feature = "redis")]
-mod redis_store;
 mod resp;
-mod resp_clients;
-mod resp_differential;
 mod resp_gcra;
 mod rlqs;
-mod rlqs_e2e;
 mod runtime_overrides;
 mod settle;
 mod settle_attacks;
-mod settle_promise;
-#[cfg(feature = "redis")]
-mod shared_overrides;
 mod snapshot_file;
-#[cfg(feature = "redis")]
-mod store_differential;
-#[cfg(feature = "redis")]
-mod store_log;
+/// `store_scenarios.rs`'s tests on this tier's store, the memory store: one test per
+/// scenario, `store_scenarios::memory_store::<scenario>`, each on a fresh store (the full
+/// tier runs the same scenarios on Redis and Valkey).
+macro_rules! on_every_store {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(&super::memory()).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(dead_code, unused_imports)] // the Redis stores' part is the full tier's
 mod store_scenarios;
 mod structure;
 mod xds;

@@ -4,17 +4,18 @@
 //!
 //! The server runs in this process (a fake clock: exact numbers without sleeping); the
 //! client is a plain blocking socket speaking RESP, on the test's own thread (the runtime's
-//! workers serve).
+//! workers serve), or, where the server's own deadlines are tested, a tokio socket on paused
+//! time (the deadlines pass without real waits).
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellrate::proto::v1 as pb;
 use cellrate::resp::RespSettings;
 use cellrate::server::listener::ConnectionLimits;
 use cellrate::server::{ServerLimits, Settings};
 
-use crate::common::resp_client::{Reply, RespClient};
+use crate::common::resp_client::{AsyncRespClient, Reply, RespClient};
 use crate::common::{http_get_async, sample, Served, MS};
 
 const TOKEN: &str = "resp-token-7f3a9c1e5b";
@@ -521,34 +522,37 @@ async fn oversized_commands_are_refused_on_their_headers() {
     assert_eq!(client(&s).call(&["PING"]), Reply::Simple("PONG".into()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time: the server's deadlines and the client's pace read the runtime's clock,
+/// which moves on only when every task waits, so the 300 ms steps and the 1 s and 2 s
+/// deadlines happen in their order without a real wait.
+#[tokio::test(start_paused = true)]
 async fn a_trickled_command_and_an_idle_connection_are_closed() {
     let s = served_with(tight(), None).await;
     // One byte every 300 ms: each read is within the idle timeout, but the command is not
     // whole within the 1 s command timeout (fixed waits on purpose: the pace is the attack).
-    let mut slow = client(&s);
-    let started = Instant::now();
+    let mut slow = AsyncRespClient::connect(s.resp_addr).await;
+    let started = tokio::time::Instant::now();
     let mut closed_early = false;
     for &b in b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n".iter() {
-        if slow.raw(&[b]).is_err() {
+        if slow.raw(&[b]).await.is_err() {
             closed_early = true;
             break;
         }
-        std::thread::sleep(Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     if !closed_early {
-        let reply = slow.read();
+        let reply = slow.read().await;
         assert!(
             matches!(&reply, Ok(Reply::Error(e)) if e.contains("must arrive whole within 1s")),
             "{reply:?}"
         );
     }
-    assert!(slow.closed());
+    assert!(slow.closed().await);
     assert!(started.elapsed() < Duration::from_secs(10));
     // A connection that says nothing more after a PING is closed after the idle timeout.
-    let mut idle = client(&s);
-    assert_eq!(idle.call(&["PING"]), Reply::Simple("PONG".into()));
-    assert!(idle.closed(), "closed within 10 s");
+    let mut idle = AsyncRespClient::connect(s.resp_addr).await;
+    assert_eq!(idle.call(&["PING"]).await, Reply::Simple("PONG".into()));
+    assert!(idle.closed().await, "closed within 10 s");
     let (_, text) = http_get_async(s.metrics_addr, "/metrics").await;
     assert_eq!(
         sample(&text, "cellrate_resp_closed_total{reason=\"timeout\"}"),
@@ -556,10 +560,11 @@ async fn a_trickled_command_and_an_idle_connection_are_closed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time, as the trickle above: three command timeouts pass without a real wait.
+#[tokio::test(start_paused = true)]
 async fn a_busy_pipeline_split_anywhere_is_not_taken_for_a_trickle() {
     let s = served_with(tight(), None).await;
-    let mut c = client(&s);
+    let mut c = AsyncRespClient::connect(s.resp_addr).await;
     // For 3 s (three command timeouts), a stream of commands written in chunks that each
     // end in the middle of a command: there is always a partial command when the server
     // reads, but each is completed by the next write, so the connection lives on.
@@ -569,18 +574,18 @@ async fn a_busy_pipeline_split_anywhere_is_not_taken_for_a_trickle() {
     let chunk = command.len() * 10 + 5;
     let mut written = 0usize;
     let mut answered = 0usize;
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
         let bytes: Vec<u8> = (written..written + chunk)
             .map(|i| command[i % command.len()])
             .collect();
-        c.raw(&bytes).unwrap();
+        c.raw(&bytes).await.unwrap();
         written += chunk;
         while answered < written / command.len() {
-            assert_eq!(c.read().unwrap().integers()[0], 0);
+            assert_eq!(c.read().await.unwrap().integers()[0], 0);
             answered += 1;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(answered > 300, "{answered}");
 }
@@ -643,12 +648,16 @@ async fn a_client_that_does_not_read_its_answers_stops_being_read() {
 
 /// With a token, clients without it cannot hold the listener's slots: each connection that
 /// has not authenticated within the handshake timeout is closed, however busily it PINGs
-/// (answered NOAUTH) to look alive, and a client with the token then gets a slot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// (answered NOAUTH) to look alive, and a client with the token then gets a slot. On
+/// paused time, as the trickle above: the 200 ms pace and the deadlines without real waits.
+#[tokio::test(start_paused = true)]
 async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
     let s = served_with(tight(), Some(TOKEN)).await;
-    let started = std::time::Instant::now();
-    let mut squatters: Vec<RespClient> = (0..4).map(|_| client(&s)).collect();
+    let started = tokio::time::Instant::now();
+    let mut squatters = Vec::new();
+    for _ in 0..4 {
+        squatters.push(AsyncRespClient::connect(s.resp_addr).await);
+    }
     // PINGs every 200 ms for 3 s: well inside the 2 s idle timeout each time.
     let mut closed = vec![None; squatters.len()];
     for _ in 0..15 {
@@ -656,10 +665,13 @@ async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
             if closed[i].is_some() {
                 continue;
             }
-            c.send(&["PING"]);
-            match c.read() {
+            c.send(&["PING"]).await.unwrap();
+            match c.read().await {
                 Ok(Reply::Error(e)) if e.starts_with("NOAUTH Authentication required within") => {
-                    assert!(c.closed(), "answered the timeout but kept the connection");
+                    assert!(
+                        c.closed().await,
+                        "answered the timeout but kept the connection"
+                    );
                     closed[i] = Some(started.elapsed());
                 }
                 Ok(Reply::Error(e)) => assert!(e.starts_with("NOAUTH"), "{e}"),
@@ -667,19 +679,22 @@ async fn unauthenticated_connections_are_closed_after_the_handshake_timeout() {
                 Err(_) => closed[i] = Some(started.elapsed()),
             }
         }
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for (i, at) in closed.iter().enumerate() {
         let at = at.unwrap_or_else(|| panic!("connection {i} still open after 3 s"));
         assert!(at >= Duration::from_millis(900), "closed too early: {at:?}");
     }
     // A slot is free again for a client that has the token.
-    let mut good = client(&s);
-    assert_eq!(good.call(&["AUTH", TOKEN]), Reply::Simple("OK".into()));
-    assert_eq!(good.call(&["PING"]), Reply::Simple("PONG".into()));
+    let mut good = AsyncRespClient::connect(s.resp_addr).await;
+    assert_eq!(
+        good.call(&["AUTH", TOKEN]).await,
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(good.call(&["PING"]).await, Reply::Simple("PONG".into()));
     // Authenticated, it is not closed at the deadline.
-    std::thread::sleep(Duration::from_millis(1_200));
-    assert_eq!(good.call(&["PING"]), Reply::Simple("PONG".into()));
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(good.call(&["PING"]).await, Reply::Simple("PONG".into()));
     let (_, text) = http_get_async(s.metrics_addr, "/metrics").await;
     assert_eq!(
         sample(&text, "cellrate_resp_closed_total{reason=\"auth_timeout\"}"),

@@ -2,123 +2,16 @@
 //! assignments, the division of one limit among streams (and the push of lower shares),
 //! blanket rules, reloads, and the bounds that hostile streams meet.
 
-use std::path::Path;
 use std::time::Duration;
 
 use cellrate::clock::SECOND;
 use cellrate::server::Settings;
-use cellrate::limits::config::LimitTable;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Act;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
-use tokio::sync::mpsc;
-use tonic::{Code, Streaming};
+use tonic::Code;
 
-use crate::common::{http_get_async, poll_until, sample, watching, Served};
-
-/// 100 per second, burst 100, for accounts of the `api` bucket of domain `edge`.
-fn config(dir: &Path, per_second: u32) {
-    std::fs::write(
-        dir.join("defaults.yaml"),
-        format!("NewOrdersPerAccount: {{burst: {per_second}, count: {per_second}, period: 1s}}\n"),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("quota.yaml"),
-        "edge:\n  - match: [{key: name, value: api}, {key: account}]\n    limits: [NewOrdersPerAccount]\n",
-    )
-    .unwrap();
-}
-
-async fn served(dir: &Path, settings: Settings) -> Served {
-    let limits = LimitTable::load_dir(dir).unwrap();
-    Served::with_settings(limits, settings).await
-}
-
-fn bucket(pairs: &[(&str, &str)]) -> BucketId {
-    BucketId {
-        bucket: pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
-}
-
-fn report(domain: &str, id: BucketId, allowed: u64, denied: u64) -> RateLimitQuotaUsageReports {
-    RateLimitQuotaUsageReports {
-        domain: domain.to_string(),
-        bucket_quota_usages: vec![BucketQuotaUsage {
-            bucket_id: Some(id),
-            time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                seconds: 1,
-                nanos: 0,
-            }),
-            num_requests_allowed: allowed,
-            num_requests_denied: denied,
-        }],
-    }
-}
-
-/// One RLQS stream, as an Envoy opens it.
-struct Stream {
-    send: mpsc::Sender<RateLimitQuotaUsageReports>,
-    answers: Streaming<RateLimitQuotaResponse>,
-}
-
-impl Stream {
-    async fn open(s: &Served) -> Result<Stream, tonic::Status> {
-        let mut client =
-            RateLimitQuotaServiceClient::connect(format!("http://{}", s.decisions_addr))
-                .await
-                .unwrap();
-        let (send, rx) = mpsc::channel(16);
-        let answers = client
-            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        Ok(Stream { send, answers })
-    }
-
-    async fn send(&self, reports: RateLimitQuotaUsageReports) {
-        self.send.send(reports).await.unwrap();
-    }
-
-    /// The next answer within 5 s.
-    async fn next(&mut self) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
-        tokio::time::timeout(Duration::from_secs(5), self.answers.message())
-            .await
-            .expect("an answer within 5 s")
-    }
-
-    /// The strategy of the next answer's only action.
-    async fn strategy(&mut self) -> Strategy {
-        let answer = self.next().await.unwrap().expect("an answer");
-        assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
-        match answer.bucket_action[0].bucket_action {
-            Some(Act::QuotaAssignmentAction(a)) => {
-                assert!(a.assignment_time_to_live.unwrap().seconds >= 1);
-                a.rate_limit_strategy.unwrap().strategy.unwrap()
-            }
-            other => panic!("not an assignment: {other:?}"),
-        }
-    }
-}
-
-/// Tokens per second and burst of a token-bucket strategy.
-fn token_bucket(strategy: &Strategy) -> (f64, u32) {
-    match strategy {
-        Strategy::TokenBucket(tb) => {
-            let per_fill = f64::from(tb.tokens_per_fill.unwrap().value);
-            let seconds = tb.fill_interval.unwrap().seconds as f64;
-            (per_fill / seconds, tb.max_tokens)
-        }
-        other => panic!("not a token bucket: {other:?}"),
-    }
-}
+use crate::common::rlqs::{bucket, config, report, served, token_bucket, Stream};
+use crate::common::{http_get_async, poll_until, sample, watching};
 
 #[tokio::test]
 async fn streams_share_a_limit_and_lower_shares_are_pushed() {
@@ -439,49 +332,6 @@ async fn an_envoy_with_thousands_of_buckets_reports_them_in_one_message() {
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
     let metrics = http_get_async(s.metrics_addr, "/metrics").await.1;
     assert_eq!(sample(&metrics, "cellrate_rlqs_buckets"), Some(3_000.0));
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_on_one_redis_divide_a_limit_among_all_their_streams() {
-    let mut redis = crate::common::redis_server::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    config(dir.path(), 100);
-    let on_redis = || Settings {
-        rlqs: cellrate::service::rlqs::RlqsSettings {
-            sync: Duration::from_millis(100),
-            ..Default::default()
-        },
-        ..redis.settings()
-    };
-    let one = served(dir.path(), on_redis()).await;
-    let two = served(dir.path(), on_redis()).await;
-    let account = || bucket(&[("name", "api"), ("account", "7")]);
-    let mut a = Stream::open(&one).await.unwrap();
-    let mut b = Stream::open(&two).await.unwrap();
-    a.send(report("edge", account(), 1, 0)).await;
-    assert_eq!(token_bucket(&a.strategy().await).0, 100.0, "alone: all");
-    // B reports to the other replica: once they have exchanged demand, A's share is pushed
-    // down and B's first answer (or a push right after it) is the other half.
-    b.send(report("edge", account(), 1, 0)).await;
-    let mut rb = token_bucket(&b.strategy().await).0;
-    let ra = token_bucket(&a.strategy().await).0;
-    if rb + ra > 100.0 {
-        rb = token_bucket(&b.strategy().await).0;
-    }
-    assert!(ra + rb <= 100.0, "{ra} + {rb}");
-    assert!(ra >= 45.0 && rb >= 45.0, "{ra} {rb}");
-    // With Redis gone, after three intervals each replica divides among its own: A gets
-    // the whole limit back (pushed), with a sync failure counted.
-    redis.kill();
-    let back = token_bucket(&a.strategy().await).0;
-    assert_eq!(back, 100.0);
-    let metrics = http_get_async(one.metrics_addr, "/metrics").await.1;
-    assert!(sample(
-        &metrics,
-        "cellrate_rlqs_refusals_total{reason=\"sync_failure\"}"
-    )
-    .is_some_and(|n| n >= 1.0));
 }
 
 /// The ids of RLQS buckets count against a byte budget (`--rlqs-max-bucket-bytes`): an

@@ -4,82 +4,17 @@
 //! the Redis store, on another. Through real gRPC clients.
 
 use std::path::Path;
-use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
-use crate::common::{http_get_async, item, remaining, sample, serve_with, Served};
+use crate::common::settle::{code, estimate, limits, settle};
+use crate::common::{http_get_async, item, remaining, sample, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
 use tonic::Code;
 
-/// 10 000 tokens a day per tenant, a plain limit (no overdraw: a settlement charges anyway).
-fn limits() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("names.yaml"),
-        "TokensPerTenant: {number: 100, format: string}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("defaults.yaml"),
-        "TokensPerTenant: {burst: 10000, count: 10000, period: 1d}\n",
-    )
-    .unwrap();
-    dir
-}
-
 async fn served(dir: &Path, settings: Settings) -> Served {
     Served::with_settings(LimitTable::load_dir(dir).unwrap(), settings).await
-}
-
-type Client = pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>;
-
-/// Spends `cost` tokens of `tenant` under `request_id`.
-async fn estimate(
-    client: &mut Client,
-    request_id: &str,
-    tenant: &str,
-    cost: u64,
-) -> Result<pb::CheckResponse, tonic::Status> {
-    Ok(client
-        .check(pb::CheckRequest {
-            items: vec![item("TokensPerTenant", tenant, Some(cost))],
-            request_id: request_id.to_string(),
-        })
-        .await?
-        .into_inner())
-}
-
-pub(crate) async fn settle(
-    client: &mut Client,
-    request_id: &str,
-    costs: &[u64],
-) -> Result<pb::SettleResponse, tonic::Status> {
-    Ok(client
-        .settle(pb::SettleRequest {
-            request_id: request_id.to_string(),
-            costs: costs.to_vec(),
-        })
-        .await?
-        .into_inner())
-}
-
-/// A client of a served process's decision listener.
-async fn connect(addr: &str) -> Client {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
-    pb::rate_limiter_client::RateLimiterClient::new(channel)
-}
-
-fn code<T: std::fmt::Debug>(answer: Result<T, tonic::Status>) -> (Code, String) {
-    let e = answer.expect_err("refused");
-    (e.code(), e.message().to_string())
 }
 
 #[tokio::test]
@@ -252,94 +187,4 @@ async fn hostile_settlements_are_bounded() {
         Some(7.0)
     );
     s.stop().await;
-}
-
-/// Two replicas on one Redis: a Check kept on one is settled on the other, once; the retry
-/// on the first counts nothing. As real `cellrate serve --store redis` processes.
-#[tokio::test]
-async fn a_settlement_counts_once_across_replicas_on_redis() {
-    let redis = RedisServer::start();
-    let dir = limits();
-    let flags = [
-        "--store",
-        "redis",
-        "--redis-url",
-        &redis.url(),
-        "--redis-timeout-ms",
-        "1000",
-    ];
-    let (a, b) = (
-        serve_with(dir.path(), &flags),
-        serve_with(dir.path(), &flags),
-    );
-    let (mut on_a, mut on_b) = (connect(&a.listen).await, connect(&b.listen).await);
-    estimate(&mut on_a, "order-77", "acme", 2_000)
-        .await
-        .unwrap();
-    let settled = settle(&mut on_b, "order-77", &[2_500]).await.unwrap();
-    assert!(!settled.already_settled);
-    // Redis time refills the bucket a little between calls (10 000 a day: one token per
-    // 8.64 s), so allow a token of drift.
-    let after = settled.items[0].remaining;
-    assert!((7_500..=7_501).contains(&after), "{after}");
-    let retried = settle(&mut on_a, "order-77", &[2_500]).await.unwrap();
-    assert!(retried.already_settled);
-    assert!((after..=after + 1).contains(&retried.items[0].remaining));
-    let (status, _) = code(estimate(&mut on_b, "order-77", "acme", 1).await);
-    assert_eq!(
-        status,
-        Code::AlreadyExists,
-        "the id is kept for every replica"
-    );
-    // The record is in Redis, under the settle tag, with its window as expiry.
-    let keys = redis.cli(&["KEYS", "*settle*"]).unwrap();
-    assert!(keys.contains("cellrate:{settle}:r:order-77"), "{keys}");
-    let ttl: i64 = redis
-        .cli(&["PTTL", "cellrate:{settle}:r:order-77"])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!((3_500_000..=3_600_000).contains(&ttl), "{ttl}");
-}
-
-/// The same on a 3-master Redis Cluster: the records share one slot (`{settle}`), so each
-/// call is atomic there too, and pushing out the oldest works within it.
-#[tokio::test]
-async fn settlements_work_on_a_redis_cluster() {
-    let cluster = crate::common::redis_server::RedisCluster::start();
-    let dir = limits();
-    let nodes = cluster.urls().join(",");
-    let flags = [
-        "--store",
-        "redis",
-        "--redis-cluster-nodes",
-        nodes.as_str(),
-        "--redis-timeout-ms",
-        "1000",
-        "--settle-max-records",
-        "2",
-    ];
-    let (a, b) = (
-        serve_with(dir.path(), &flags),
-        serve_with(dir.path(), &flags),
-    );
-    let (mut on_a, mut on_b) = (connect(&a.listen).await, connect(&b.listen).await);
-    for id in ["c-1", "c-2", "c-3"] {
-        estimate(&mut on_a, id, "acme", 100).await.unwrap();
-    }
-    let (status, _) = code(settle(&mut on_b, "c-1", &[0]).await);
-    assert_eq!(status, Code::NotFound, "the oldest was pushed out");
-    let settled = settle(&mut on_b, "c-3", &[0]).await.unwrap();
-    assert!(!settled.already_settled);
-    assert!(
-        settle(&mut on_a, "c-3", &[0])
-            .await
-            .unwrap()
-            .already_settled
-    );
-    settle(&mut on_a, "c-2", &[50]).await.unwrap();
-    // 300 spent, 100 and 50 given back: 150 (and a little refill) taken.
-    let left = settle(&mut on_b, "c-2", &[50]).await.unwrap().items[0].remaining;
-    assert!((9_850..=9_851).contains(&left), "{left}");
 }

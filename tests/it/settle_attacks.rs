@@ -5,12 +5,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::common::faulty::{Fault, FaultyStore};
-use crate::common::redis_server::RedisServer;
-use crate::common::{item, remaining, serve_with, Served, T0};
-use crate::settle::settle;
+use crate::common::settle::settle;
+use crate::common::settle_attacks::{check, limits};
+use crate::common::{item, remaining, Served, T0};
 use cellrate::clock::{CalendarPeriod, FakeClock, SECOND};
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
@@ -18,43 +17,8 @@ use cellrate::server::Settings;
 use cellrate::store::MemoryStore;
 use tonic::Code;
 
-/// TokensPerTenant: 10 000 a month (no refill to speak of during a test); FivePerHour;
-/// HourlyWindow: 100 per calendar hour.
-fn limits() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("names.yaml"),
-        "TokensPerTenant: {number: 100, format: string}\n\
-         FivePerHour: {number: 101, format: string}\n\
-         HourlyWindow: {number: 102, format: string}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("defaults.yaml"),
-        "TokensPerTenant: {burst: 10000, count: 10000, period: 30d}\n\
-         FivePerHour: {burst: 5, count: 5, period: 1h}\n\
-         HourlyWindow: {window: calendar, count: 100, period: 1h}\n",
-    )
-    .unwrap();
-    dir
-}
-
 fn table(dir: &Path) -> LimitTable {
     LimitTable::load_dir(dir).unwrap()
-}
-
-type Client = pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>;
-
-/// A Check of one item; with a request id when `id` is not empty.
-async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool, tonic::Status> {
-    let answer = client
-        .check(pb::CheckRequest {
-            items: vec![item],
-            request_id: id.to_string(),
-        })
-        .await?
-        .into_inner();
-    Ok(answer.overall.unwrap().allowed)
 }
 
 /// #46 item 4: a spend-only item that did not fit was not written; settling it at 0 used
@@ -272,59 +236,4 @@ async fn a_refund_is_not_credited_to_the_next_zoned_day() {
     let answer = settle(&mut c, "same-day", &[10]).await.unwrap();
     assert_eq!(answer.items[0].remaining, 90);
     s.stop().await;
-}
-
-async fn connect(addr: &str) -> Client {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
-    pb::rate_limiter_client::RateLimiterClient::new(channel)
-}
-
-/// #46 item 13: a Settle racing its own Check on the Redis store used to claim the record
-/// before the Check was decided, refunding into an empty bucket what the Check then spent
-/// (before: 199 of 200 Checks allowed on an empty bucket).
-#[tokio::test]
-async fn a_settle_racing_its_check_claims_nothing() {
-    let redis = RedisServer::start();
-    let dir = limits();
-    let url = redis.url();
-    let flags = [
-        "--store",
-        "redis",
-        "--redis-url",
-        &url,
-        "--redis-timeout-ms",
-        "2000",
-    ];
-    let server = serve_with(dir.path(), &flags);
-    let (mut c, settler) = (connect(&server.listen).await, connect(&server.listen).await);
-    let all = item("TokensPerTenant", "race", Some(10_000));
-    assert!(check(&mut c, "", all).await.unwrap(), "the bucket emptied");
-    let races = (0..200).map(|i| {
-        let (mut c, mut settler) = (c.clone(), settler.clone());
-        tokio::spawn(async move {
-            let id = format!("race-{i}");
-            let one = item("TokensPerTenant", "race", Some(1));
-            let (checked, settled) =
-                tokio::join!(check(&mut c, &id, one), settle(&mut settler, &id, &[0]));
-            (checked.expect("checked"), settled.map_err(|e| e.code()))
-        })
-    });
-    let (mut allowed, mut settled) = (0, 0);
-    for race in races.collect::<Vec<_>>() {
-        let (checked, answer) = race.await.unwrap();
-        allowed += u32::from(checked);
-        match answer {
-            Ok(_) => settled += 1,
-            Err(code) => assert!(
-                matches!(code, Code::Unavailable | Code::NotFound),
-                "{code:?}"
-            ),
-        }
-    }
-    assert_eq!((allowed, settled), (0, 0), "Checks allowed, Settles made");
 }

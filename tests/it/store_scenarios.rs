@@ -1,6 +1,8 @@
 //! One scenario suite, every store: the memory store, Redis standalone and a 3-master
 //! Redis Cluster answer every GCRA and batch scenario identically (on a fake clock that
 //! the Redis store passes to its script). Without the feature `redis`, the memory store's.
+//! Both test targets compile this file; each runs it on the stores it has (see
+//! `on_every_store!` in their `main.rs`).
 
 use std::sync::Arc;
 
@@ -549,70 +551,9 @@ async fn past_tat_is_full(s: &Subject) {
     );
 }
 
-/// One test per scenario and store: `store_scenarios::<store>::<scenario>`, each on a
-/// fresh store (and, for Redis and Valkey, a server or cluster of its own).
-macro_rules! on_every_store {
-    ($($scenario:ident),* $(,)?) => {
-        mod memory_store {
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    super::$scenario(&super::memory()).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod redis_standalone {
-            use super::RedisServer;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let server = RedisServer::start();
-                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod valkey_standalone {
-            use super::RedisServer;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let server = RedisServer::start_valkey();
-                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod valkey_cluster {
-            use super::RedisCluster;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let cluster = RedisCluster::start_valkey();
-                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod redis_cluster {
-            use super::RedisCluster;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    // The all-or-nothing scenario checks slots with the prefix "t:".
-                    let cluster = RedisCluster::start();
-                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
-                }
-            )*
-        }
-    };
-}
-
+// One test per scenario and store: `store_scenarios::<store>::<scenario>`, each on a fresh
+// store. The crate root defines `on_every_store!`: the fast tier (`it`) runs the scenarios
+// on the memory store, the full tier (`full`) on Redis and Valkey, standalone and clustered.
 on_every_store!(
     seed_000,
     peek_and_oversize,

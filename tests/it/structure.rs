@@ -419,3 +419,55 @@ fn the_path_reader_makes_paths_absolute() {
     );
     assert!(!named.iter().any(|n| n.contains("commented")), "{named:?}");
 }
+
+/// The fast tier (`tests/it/`, target `it`) needs nothing but Rust: none of its modules
+/// starts what the full tier (`tests/full/`, target `full`) needs (redis-server, Valkey,
+/// Envoy, Helm, Prometheus, grpcurl, Python, redis-cell). `store_scenarios.rs` is both
+/// tiers' (each crate root says which stores run it); `common/` is the harness both share.
+#[test]
+fn the_fast_tier_starts_no_tool() {
+    let tools = [
+        "redis_server::",
+        "redis_cell::",
+        "RedisServer",
+        "RedisCluster",
+        "common::envoy::",
+        "Envoy::start",
+        "CELLRATE_TEST_ENVOY",
+        "CELLRATE_TEST_VALKEY",
+        "CELLRATE_TEST_HELM",
+        "CELLRATE_TEST_PYTHON",
+        "Command::new(\"grpcurl\")",
+        "Command::new(\"prometheus\")",
+        "Command::new(\"promtool\")",
+        "Command::new(\"redis-",
+        "Command::new(\"python3\")",
+        "Command::new(\"helm\")",
+    ];
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it");
+    let mut found = Vec::new();
+    let mut modules = 0;
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        // store_scenarios.rs is both tiers'; this file names the tools.
+        let exempt = ["store_scenarios.rs", "structure.rs"];
+        let shared = path
+            .file_name()
+            .is_some_and(|n| exempt.iter().any(|e| n == *e));
+        if path.extension().is_none_or(|e| e != "rs") || shared {
+            continue;
+        }
+        modules += 1;
+        let text = fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for tool in tools.iter().filter(|tool| line.contains(*tool)) {
+                found.push(format!("{}:{}: {tool}", relative(&path), n + 1));
+            }
+        }
+    }
+    assert!(modules > 20, "the fast tier's modules were read: {modules}");
+    assert!(
+        found.is_empty(),
+        "move these tests to tests/full/: {found:#?}"
+    );
+}

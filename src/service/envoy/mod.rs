@@ -100,6 +100,13 @@ impl Default for HeaderNames {
     }
 }
 
+/// `LIMIT,REMAINING,RESET`, as `--ratelimit-header-names` takes them.
+impl std::fmt::Display for HeaderNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{},{},{}", self.limit, self.remaining, self.reset)
+    }
+}
+
 /// A header name Envoy accepts: 1 to 128 bytes of an HTTP token (RFC 9110), not a
 /// pseudo-header.
 ///

@@ -49,7 +49,7 @@ impl Served {
     }
 
     pub async fn with_limits(limits: LimitTable) -> Served {
-        Served::with_settings(limits, Settings::default()).await
+        Served::with_settings(limits, harness_settings()).await
     }
 
     pub async fn with_settings(limits: LimitTable, settings: Settings) -> Served {
@@ -166,6 +166,13 @@ impl Served {
             task.await.unwrap();
         }
     }
+}
+
+/// The settings a served test runs with unless it says otherwise: `Settings::default()`,
+/// which `defaults::the_harness_runs_with_what_serve_runs_with_by_default` holds to what
+/// `cellrate serve` runs with when given no flags.
+pub fn harness_settings() -> Settings {
+    Settings::default()
 }
 
 /// Settings that watch `dir` for changes and reload it `debounce` after the last one.
@@ -441,12 +448,20 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 pub mod ads;
+pub mod budgets;
 pub mod envoy;
+pub mod header_visibility;
 pub mod http1;
 pub mod pki;
+pub mod ratelimit_answers;
+pub mod ratelimit_format;
+pub mod readme;
 pub mod redis_cell;
 pub mod redis_server;
 pub mod resp_client;
+pub mod rlqs;
+pub mod settle;
+pub mod settle_attacks;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
 /// returns; returns the last value either way, for the caller's assertion to report.

@@ -173,3 +173,100 @@ impl RespClient {
         }
     }
 }
+
+/// The same client on tokio's sockets, for tests on paused time (`start_paused`): its waits
+/// are the runtime's, so the pace it keeps and the server's deadlines read one clock that
+/// the runtime moves on when nothing else can happen, and nothing waits in real time.
+/// It reads the replies such tests need: simple strings, errors, integers, bulk strings,
+/// arrays.
+pub struct AsyncRespClient {
+    reader: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl AsyncRespClient {
+    pub async fn connect(addr: std::net::SocketAddr) -> AsyncRespClient {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream.set_nodelay(true).unwrap();
+        AsyncRespClient {
+            reader: tokio::io::BufReader::new(stream),
+        }
+    }
+
+    /// Writes raw bytes.
+    pub async fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.reader.get_mut().write_all(bytes).await
+    }
+
+    /// Sends one command without reading its reply.
+    pub async fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.raw(&RespClient::encode(&args)).await
+    }
+
+    /// Sends one command and reads its reply.
+    pub async fn call(&mut self, args: &[&str]) -> Reply {
+        self.send(args).await.unwrap();
+        self.read()
+            .await
+            .unwrap_or_else(|e| panic!("reply to {args:?}: {e}"))
+    }
+
+    /// Reads one reply (within 10 s of the runtime's clock).
+    pub async fn read(&mut self) -> std::io::Result<Reply> {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+        let within = Duration::from_secs(10);
+        let mut line = Vec::new();
+        tokio::time::timeout(within, self.reader.read_until(b'\n', &mut line)).await??;
+        if line.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if !line.ends_with(b"\r\n") {
+            return Err(std::io::Error::other(format!("unended line {line:?}")));
+        }
+        let text = String::from_utf8_lossy(&line[1..line.len() - 2]).into_owned();
+        let number = || {
+            text.parse::<i64>()
+                .map_err(|_| std::io::Error::other(format!("bad number {text:?}")))
+        };
+        Ok(match line[0] {
+            b'+' => Reply::Simple(text.clone()),
+            b'-' => Reply::Error(text.clone()),
+            b':' => Reply::Integer(number()?),
+            b'$' => {
+                let mut value = vec![0; number()?.max(0) as usize + 2];
+                self.reader.read_exact(&mut value).await?;
+                value.truncate(value.len() - 2);
+                Reply::Bulk(value)
+            }
+            b'*' => {
+                let mut items = Vec::new();
+                for _ in 0..number()?.max(0) {
+                    items.push(Box::pin(self.read()).await?);
+                }
+                Reply::Array(items)
+            }
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "not a reply this client reads: {:?}",
+                    other as char
+                )))
+            }
+        })
+    }
+
+    /// Whether the server closed the connection (reads end of file within 10 s of the
+    /// runtime's clock).
+    pub async fn closed(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut rest = Vec::new();
+        let within = Duration::from_secs(10);
+        match tokio::time::timeout(within, self.reader.read_to_end(&mut rest)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Err(_) => false,
+        }
+    }
+}

