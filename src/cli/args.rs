@@ -461,12 +461,6 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = ServerLimits::default().max_in_flight)]
     pub max_in_flight: usize,
 
-    /// Longest a gRPC request may wait to be handled, in milliseconds, once the server is
-    /// past saturation; longer, it is answered UNAVAILABLE at once, undecided (a caller's
-    /// shorter grpc-timeout: DEADLINE_EXCEEDED).
-    #[arg(long, env = "CELLRATE_MAX_QUEUE_MS", default_value_t = ServerLimits::default().max_queue_wait.as_millis() as u64)]
-    pub max_queue_ms: u64,
-
     /// Longest a gRPC request may take, body included, in milliseconds.
     #[arg(long, env = "CELLRATE_REQUEST_TIMEOUT_MS", default_value_t = ServerLimits::default().request_timeout.as_millis() as u64)]
     pub request_timeout_ms: u64,

@@ -155,7 +155,6 @@ impl ServeArgs {
             resp: connections(self.resp_max_connections),
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
-            max_queue_wait: Duration::from_millis(self.max_queue_ms.max(1)),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
         }
     }

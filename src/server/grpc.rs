@@ -126,8 +126,6 @@ pub(super) struct Stacks<'a> {
     pub(super) health: &'a GrpcHealth,
     /// Where Checks are kept for `Settle`.
     pub(super) settlements: Option<Arc<dyn crate::store::shared::Settlements>>,
-    /// What the in-flight layer measures a request's wait on.
-    pub(super) clock: Arc<dyn crate::clock::Clock>,
     /// Both servers stop accepting when this is cancelled.
     pub(super) stop: CancellationToken,
 }
@@ -148,12 +146,6 @@ impl Stacks<'_> {
                 server.tls_config(tls.admin().timeout(self.limits.admin.handshake_timeout))?
             }
         })
-    }
-
-    /// The bound on requests in flight and on their wait to be handled.
-    fn in_flight(&self) -> InFlightLayer {
-        let max_wait = i64::try_from(self.limits.max_queue_wait.as_nanos()).unwrap_or(i64::MAX);
-        InFlightLayer::new(self.limits.max_in_flight, max_wait, self.clock.clone())
     }
 
     /// The decisions listener's server, serving until [`Self::stop`].
@@ -186,7 +178,7 @@ impl Stacks<'_> {
         let router = self
             .builder(false)?
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
-            .layer(self.in_flight())
+            .layer(InFlightLayer::new(self.limits.max_in_flight))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
             .add_service(self.health.service.clone());
@@ -221,7 +213,7 @@ impl Stacks<'_> {
         let router = self
             .builder(true)?
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
-            .layer(self.in_flight())
+            .layer(InFlightLayer::new(self.limits.max_in_flight))
             .add_service(self.health.service.clone());
         Ok(with_reflection(router, &services)?
             .add_service(tonic::service::interceptor::InterceptedService::new(

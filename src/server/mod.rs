@@ -231,7 +231,6 @@ impl Server {
             metrics: shared.metrics.clone(),
             health: &health,
             settlements: self.stores.settlements.clone(),
-            clock: shared.clock.clone(),
             stop: stop_servers.clone(),
         };
         let decisions = stacks.decisions(self.listeners.decisions, rlqs, &addresses.admin)?;

@@ -77,9 +77,6 @@ pub struct ServerLimits {
     pub max_streams_per_connection: u32,
     /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
     pub max_in_flight: usize,
-    /// Longest a request may wait to be first handled; longer, it is answered UNAVAILABLE
-    /// without being decided (see [`crate::server::in_flight`]).
-    pub max_queue_wait: Duration,
     /// Longest time a gRPC request may take, body included (a caller's shorter
     /// `grpc-timeout` wins).
     pub request_timeout: Duration,
@@ -104,7 +101,6 @@ impl Default for ServerLimits {
             },
             max_streams_per_connection: 100,
             max_in_flight: 4096,
-            max_queue_wait: Duration::from_millis(250),
             request_timeout: Duration::from_secs(5),
         }
     }
