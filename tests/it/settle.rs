@@ -47,6 +47,7 @@ async fn estimate(
         .check(pb::CheckRequest {
             items: vec![item("TokensPerTenant", tenant, Some(cost))],
             request_id: request_id.to_string(),
+            ..Default::default()
         })
         .await?
         .into_inner())
@@ -209,6 +210,7 @@ async fn hostile_settlements_are_bounded() {
         .check(pb::CheckRequest {
             items: big,
             request_id: "big".into(),
+            ..Default::default()
         })
         .await;
     let (status, message) = code(answer);

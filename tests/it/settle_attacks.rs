@@ -51,6 +51,7 @@ async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool, to
         .check(pb::CheckRequest {
             items: vec![item],
             request_id: id.to_string(),
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -26,6 +26,7 @@ pub(super) async fn check(
         .check(pb::CheckRequest {
             items: vec![item(args, mode)],
             request_id: request_id.unwrap_or_default().to_string(),
+            ..Default::default()
         })
         .await?
         .into_inner();
