@@ -248,3 +248,19 @@ async fn a_header_style_not_listed_is_invalid_and_spends_nothing() {
     assert_eq!(r.items[0].remaining, 9);
     s.stop().await;
 }
+
+#[test]
+fn the_native_api_page_lists_every_header_style() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/native-api.md"))
+        .unwrap();
+    let mut n = 0;
+    while let Ok(style) = pb::HeaderStyle::try_from(n) {
+        let name = style.as_str_name();
+        assert!(
+            page.contains(&format!("| `{name}`")),
+            "{name} is not in the table"
+        );
+        n += 1;
+    }
+    assert_eq!(n, STYLES.len() as i32);
+}
