@@ -1,7 +1,7 @@
 //! ShouldRateLimit's answer: the overall code, one status per descriptor, the rate-limit
-//! headers in the configured style (draft 03, the IETF fields or OpenAI's) with
-//! `Retry-After`, and dynamic metadata saying which limit fired and which denied in shadow
-//! mode.
+//! headers in the configured style (draft 03, the IETF fields or OpenAI's, built by
+//! [`crate::service::headers`]) with `Retry-After`, and dynamic metadata saying which limit
+//! fired and which denied in shadow mode.
 //!
 //! A limit configured `headers: hidden` still decides, but nothing of it leaves in the
 //! answer: not in a status (Envoy builds its own `x-ratelimit-*` fields from them), a
