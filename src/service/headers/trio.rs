@@ -26,7 +26,7 @@ pub enum ResetStyle {
     WholeSeconds,
 }
 
-/// The names of the three headers of [`HeaderStyle::Ratelimit`].
+/// The names of the three headers of [`super::HeaderStyle::Ratelimit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderNames {
     pub limit: String,
