@@ -243,9 +243,27 @@ async fn a_header_style_not_listed_is_invalid_and_spends_nothing() {
             status.message()
         );
     }
-    // Nothing was spent: the first Check that counts leaves 9 of 10.
-    let r = check(&mut s, pair("k", false, pb::HeaderStyle::Openai)).await;
+    // Nor kept under a request id: the same id is free for the Check that follows.
+    let mut kept = pair("k", false, pb::HeaderStyle::None);
+    kept.request_id = "req-1".to_string();
+    kept.headers = 9;
+    let status = s.decisions.check(kept.clone()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    // Nothing was spent: the first Check that counts leaves 9 of 10; one kept for Settle
+    // answers with its headers too.
+    kept.headers = pb::HeaderStyle::Openai as i32;
+    let r = check(&mut s, kept).await;
     assert_eq!(r.items[0].remaining, 9);
+    let remaining = r
+        .headers
+        .iter()
+        .find(|h| h.name == "x-ratelimit-remaining-requests");
+    assert_eq!(
+        remaining.map(|h| h.value.as_str()),
+        Some("9"),
+        "{:?}",
+        r.headers
+    );
     s.stop().await;
 }
 
