@@ -22,7 +22,8 @@ use openai::ceil_millis;
 /// Which rate-limit headers an answer carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum HeaderStyle {
-    /// No rate-limit fields (`Retry-After` is still sent on OVER_LIMIT unless turned off).
+    /// No rate-limit fields (Envoy's answer still has `Retry-After` on OVER_LIMIT unless
+    /// turned off; a native Check gets no header at all).
     #[default]
     Off,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Envoy's draft 03).
@@ -30,8 +31,8 @@ pub enum HeaderStyle {
     /// The IETF `RateLimit-Policy` and `RateLimit` structured fields, every limit named.
     Ietf,
     /// envoyproxy/ratelimit's three: the limit, the remaining and the reset of the
-    /// descriptor closest to its limit (an over-limit one first), RateLimit-Limit,
-    /// -Remaining and -Reset unless renamed.
+    /// descriptor (in a native Check, the item) closest to its limit (an over-limit one
+    /// first), RateLimit-Limit, -Remaining and -Reset unless renamed.
     Ratelimit,
     /// OpenAI's: `x-ratelimit-limit-`, `-remaining-` and `-reset-requests` for the
     /// strictest limit that `measures: requests`, the same `-tokens` for the strictest
