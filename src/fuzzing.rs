@@ -304,10 +304,11 @@ pub fn should_rate_limit(data: &[u8]) {
 }
 
 /// The native `Check`, then the same bytes as a `Refund`, on protobuf bytes. Holds: one
-/// decision per item and an overall one; a refusal is a clean INVALID_ARGUMENT; a denied
-/// batch spent nothing but its charges (the store was empty); a refused refund changes nothing, a refund
-/// creates no bucket, and refunding what an allowed check spent leaves every limited
-/// bucket full again (`remaining` = burst) and reports it reset (`reset_after` = 0).
+/// decision per item and an overall one; headers only when asked for, a few; a refusal is a
+/// clean INVALID_ARGUMENT; a denied batch spent nothing but its charges (the store was
+/// empty); a refused refund changes nothing, a refund creates no bucket, and refunding what
+/// an allowed check spent leaves every limited bucket full again (`remaining` = burst) and
+/// reports it reset (`reset_after` = 0).
 pub fn check(data: &[u8]) {
     let Ok(request) = pb::CheckRequest::decode(data) else {
         return;
@@ -317,7 +318,7 @@ pub fn check(data: &[u8]) {
     let clock = Arc::new(FakeClock::new(1_700_000_000 * SECOND));
     let settlements = Arc::new(MemorySettlements::new(clock, 60 * SECOND, 64));
     let service = RateLimiterService::new(decider, metrics).with_settlements(settlements);
-    let items = request.items.len();
+    let (items, headers) = (request.items.len(), request.headers);
     // Charges are recorded even in a denied batch (they always count): at most one bucket
     // each.
     let charges = request
@@ -331,6 +332,8 @@ pub fn check(data: &[u8]) {
         Ok(response) => {
             let response = response.into_inner();
             assert_eq!(response.items.len(), items);
+            let most = if headers == 0 { 0 } else { 8 }; // IETF: 2 + Retry-After; OpenAI: 6 + 2
+            assert!(response.headers.len() <= most, "{:?}", response.headers);
             let overall = response.overall.expect("an overall decision");
             allowed = overall.allowed;
             if !allowed {
@@ -526,10 +529,7 @@ fn check_seeds() -> Vec<Vec<u8>> {
             key: "export:42".to_string(),
             burst: 5,
             count: 1,
-            period: Some(prost_types::Duration {
-                seconds: 1,
-                nanos: 0,
-            }),
+            period: Some(crate::service::native::duration(SECOND)),
             calendar: String::new(),
         }),
         cost: Some(2),
@@ -587,9 +587,11 @@ fn check_seeds() -> Vec<Vec<u8>> {
     ];
     requests
         .into_iter()
-        .map(|items| {
+        .zip([0, 1, 2, 3, 4].into_iter().cycle()) // every header style
+        .map(|(items, headers)| {
             pb::CheckRequest {
                 items,
+                headers,
                 ..Default::default()
             }
             .encode_to_vec()

@@ -28,7 +28,9 @@
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
 //!                convert.rs, settle.rs: Checks kept for Settle), envoy/ (RLS
-//!                v3: decide, respond), rlqs/ over quota_book.rs (Envoy RLQS),
+//!                v3: decide, respond), headers/ (the rate-limit headers both
+//!                answer: styles, openai.rs, trio.rs: descriptor statuses and
+//!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
 //!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,

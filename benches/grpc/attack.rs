@@ -255,6 +255,7 @@ fn main() {
                     ..Default::default()
                 }],
                 request_id: String::new(),
+                ..Default::default()
             });
             request.set_timeout(Duration::from_secs(1));
             let sent_at = Instant::now();

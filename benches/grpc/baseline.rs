@@ -54,6 +54,7 @@ impl pb::rate_limiter_server::RateLimiter for Baseline {
         Ok(Response::new(pb::CheckResponse {
             overall: Some(allowed()),
             items: vec![allowed(); request.get_ref().items.len()],
+            headers: Vec::new(),
         }))
     }
 

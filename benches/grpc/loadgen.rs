@@ -101,6 +101,7 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
                 ..Default::default()
             }],
             request_id: String::new(),
+            ..Default::default()
         }),
     }
 }

@@ -230,6 +230,10 @@ pub struct ClientCheckArgs {
     /// Keep an allowed check under this id, to settle it later (`cellrate settle`).
     #[arg(long)]
     pub request_id: Option<String>,
+    /// Also show the HTTP rate-limit headers of the answer in this style (the native
+    /// API's CheckRequest.headers): off, draft03, ietf, ratelimit or openai.
+    #[arg(long, value_enum, default_value = "off")]
+    pub headers: crate::service::headers::HeaderStyle,
 }
 
 #[derive(Debug, Clone, clap::Args)]

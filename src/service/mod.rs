@@ -13,6 +13,7 @@ mod caller_limits;
 mod decider;
 pub mod envoy;
 mod errors;
+pub mod headers;
 pub mod native;
 pub mod overrides;
 pub mod quota_book;

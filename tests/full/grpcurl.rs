@@ -162,6 +162,35 @@ fn operators_drive_cellrate_with_grpcurl() {
     assert_eq!(checked["overall"]["limit"]["calendar"], "1mo");
     assert_eq!(checked["overall"]["limit"]["key"], "0:i/1000/1mo/user42");
 
+    // docs/native-api.md's headers to forward: OpenAI's, for the stricter of two limits.
+    let gateway = r#"{"items":[{"name":"ApiRequestsPerKey","id":"key-gw"},
+                                 {"name":"ApiRequestsPerKeyDaily","id":"key-gw"}],
+                        "headers":"HEADER_STYLE_OPENAI"}"#;
+    let checked: Value = serde_json::from_str(&ok(&[
+        "-d",
+        gateway,
+        listen,
+        "cellrate.v1.RateLimiter/Check",
+    ]))
+    .unwrap();
+    assert_eq!(
+        checked["headers"],
+        serde_json::json!([
+            {"name": "x-ratelimit-limit-requests", "value": "10"},
+            {"name": "x-ratelimit-remaining-requests", "value": "9"},
+            {"name": "x-ratelimit-reset-requests", "value": "100ms"}
+        ]),
+        "{checked}"
+    );
+    let unknown = r#"{"items":[{"name":"ApiRequestsPerKey","id":"key-gw"}],"headers":7}"#;
+    let refused = grpcurl(&["-d", unknown, listen, "cellrate.v1.RateLimiter/Check"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("InvalidArgument") && why.contains("headers: 7 is not a HeaderStyle"),
+        "{why}"
+    );
+
     let bad = grpcurl(&[
         "-d",
         r#"{"items":[{"name":"NewOrdersPerAccount","id":"abc"}]}"#,

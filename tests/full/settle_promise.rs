@@ -181,6 +181,7 @@ async fn promise_holds(
         let request = pb::CheckRequest {
             items,
             request_id: id.clone(),
+            ..Default::default()
         };
         let _ = rig.service.check(tonic::Request::new(request)).await;
         let mut exact = false;

@@ -172,6 +172,39 @@ fn check_refund_inspect_and_reset_through_the_cli() {
         (Some(2), Some("denied"))
     );
 
+    // --headers: the answer's rate-limit headers after the table, and in the JSON.
+    let out = run(&["check", "NewOrdersPerAccount", "77", "--headers", "openai"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let after: Vec<&str> = text.lines().skip(2).collect();
+    assert_eq!(
+        after,
+        [
+            "x-ratelimit-limit-requests: 300",
+            "x-ratelimit-remaining-requests: 299",
+            "x-ratelimit-reset-requests: 36s"
+        ],
+        "{text}"
+    );
+    let out = run(&[
+        "check",
+        "NewOrdersPerAccount",
+        "78",
+        "--headers",
+        "ietf",
+        "--json",
+    ]);
+    assert_eq!(
+        json(&out)["headers"],
+        serde_json::json!([
+            {"name": "RateLimit-Policy", "value": "\"NewOrdersPerAccount\";q=300;w=10800"},
+            {"name": "RateLimit", "value": "\"NewOrdersPerAccount\";r=299;t=36"}
+        ])
+    );
+    // Without it, none: not in the table's lines, not in the JSON.
+    let out = run(&["check", "NewOrdersPerAccount", "77", "--json"]);
+    assert_eq!(json(&out).get("headers"), None);
+
     // Errors: a refused request (65) with the server's message, no server (69), bad flags (64).
     let out = run(&["check", "NewOrderPerAccount", "1"]);
     assert_eq!(out.status.code(), Some(65));
@@ -195,6 +228,8 @@ fn check_refund_inspect_and_reset_through_the_cli() {
     let out = run(&["check", "NewOrdersPerAccount"]);
     assert_eq!(out.status.code(), Some(64));
     let out = run(&["check", "NewOrdersPerAccount", "1", "--mode", "maybe"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = run(&["check", "NewOrdersPerAccount", "1", "--headers", "loud"]);
     assert_eq!(out.status.code(), Some(64));
 }
 

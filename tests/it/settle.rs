@@ -144,6 +144,7 @@ async fn hostile_settlements_are_bounded() {
         .check(pb::CheckRequest {
             items: big,
             request_id: "big".into(),
+            ..Default::default()
         })
         .await;
     let (status, message) = code(answer);

@@ -109,6 +109,7 @@ pub(super) async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {
         ],
         json: json!({"name": args.name, "id": args.id, "deleted": deleted}),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }
 
@@ -190,5 +191,6 @@ pub(super) async fn top(args: &TopArgs) -> Result<Answer, Failed> {
             "names": json_names,
         }),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }

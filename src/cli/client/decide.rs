@@ -5,6 +5,8 @@ use super::transport::connect;
 use super::{Answer, Exit, Failed};
 use crate::cli::{ClientItemArgs, ClientSettleArgs};
 use crate::proto::v1 as pb;
+use crate::service::headers::HeaderStyle;
+use serde_json::json;
 
 pub(super) fn item(args: &ClientItemArgs, mode: pb::Mode) -> pb::Item {
     pb::Item {
@@ -20,12 +22,20 @@ pub(super) async fn check(
     args: &ClientItemArgs,
     mode: pb::Mode,
     request_id: Option<&str>,
+    headers: HeaderStyle,
 ) -> Result<Answer, Failed> {
     let channel = connect(&args.client, &args.client.addr).await?;
     let response = pb::rate_limiter_client::RateLimiterClient::new(channel)
         .check(pb::CheckRequest {
             items: vec![item(args, mode)],
             request_id: request_id.unwrap_or_default().to_string(),
+            headers: match headers {
+                HeaderStyle::Off => pb::HeaderStyle::None,
+                HeaderStyle::Draft03 => pb::HeaderStyle::Draft03,
+                HeaderStyle::Ietf => pb::HeaderStyle::Ietf,
+                HeaderStyle::Ratelimit => pb::HeaderStyle::Ratelimit,
+                HeaderStyle::Openai => pb::HeaderStyle::Openai,
+            } as i32,
         })
         .await?
         .into_inner();
@@ -35,7 +45,16 @@ pub(super) async fn check(
     } else {
         Exit::Denied
     };
-    Ok(decision_answer(args, &decision, exit))
+    let mut answer = decision_answer(args, &decision, exit);
+    if headers != HeaderStyle::Off {
+        let fields = response.headers.iter();
+        answer.json["headers"] = fields
+            .clone()
+            .map(|h| json!({"name": h.name, "value": h.value}))
+            .collect();
+        answer.after = fields.map(|h| format!("{}: {}", h.name, h.value)).collect();
+    }
+    Ok(answer)
 }
 
 pub(super) async fn refund(args: &ClientItemArgs) -> Result<Answer, Failed> {
@@ -90,5 +109,6 @@ pub(super) async fn settle(args: &ClientSettleArgs) -> Result<Answer, Failed> {
             "already_settled": already,
         }),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }

@@ -91,7 +91,7 @@ pub fn run_check(args: ClientCheckArgs) -> Exit {
         &item.client,
         block_on(
             &item.client,
-            decide::check(&item, mode, args.request_id.as_deref()),
+            decide::check(&item, mode, args.request_id.as_deref(), args.headers),
         ),
     )
 }
@@ -128,12 +128,14 @@ pub fn run_admin(command: AdminCommand) -> Exit {
     }
 }
 
-/// What a command prints: rows for the table (the first is the header), the same as JSON,
-/// and how it exits.
+/// What a command prints: rows for the table (the first is the header), lines after it,
+/// the same as JSON, and how it exits.
 pub(super) struct Answer {
     pub(super) rows: Vec<Vec<String>>,
     pub(super) json: Value,
     pub(super) exit: Exit,
+    /// Printed after the table (`check --headers`: one `name: value` line per field).
+    pub(super) after: Vec<String>,
 }
 
 fn finish(client: &ClientArgs, result: Result<Answer, Failed>) -> Exit {
@@ -143,6 +145,9 @@ fn finish(client: &ClientArgs, result: Result<Answer, Failed>) -> Exit {
                 println!("{}", answer.json);
             } else {
                 print!("{}", table(&answer.rows));
+                for line in &answer.after {
+                    println!("{}", crate::text::printable(line));
+                }
             }
             answer.exit
         }

@@ -103,6 +103,7 @@ pub(super) async fn set(args: &OverrideSetArgs) -> Result<Answer, Failed> {
         rows,
         json: json!({"replicas": args.client.admin_addr.len(), "entries": entries}),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }
 
@@ -129,6 +130,7 @@ pub(super) async fn clear(args: &ClientItemArgs) -> Result<Answer, Failed> {
         ],
         json: json!({"name": args.name, "id": args.id, "cleared": cleared}),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }
 
@@ -159,5 +161,6 @@ pub(super) async fn list(args: &OverrideListArgs) -> Result<Answer, Failed> {
         rows,
         json: json!({"replicas": replicas}),
         exit: Exit::Ok,
+        after: Vec::new(),
     })
 }

@@ -98,6 +98,7 @@ pub(super) fn decision_answer(args: &ClientItemArgs, d: &pb::Decision, exit: Exi
         ],
         json,
         exit,
+        after: Vec::new(),
     }
 }
 

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -12,7 +11,9 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
 use super::batch::Batch;
+use super::respond::header_value;
 use super::{EnvoyRateLimitService, HeaderStyle, MetadataStyle};
+use crate::service::headers::trio::{closest, trio};
 
 impl EnvoyRateLimitService {
     /// What envoyproxy/ratelimit's answer has that cellrate's does not, as the options ask.
@@ -34,26 +35,8 @@ impl EnvoyRateLimitService {
         }
         if self.options.headers == HeaderStyle::Ratelimit {
             if let Some(status) = closest(&response.statuses, &batch.quota) {
-                let names = &self.options.header_names;
-                let limit = status
-                    .current_limit
-                    .as_ref()
-                    .map_or(0, |l| l.requests_per_unit);
-                let reset = status
-                    .duration_until_reset
-                    .as_ref()
-                    .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
-                let header = |key: &str, value: String| HeaderValue {
-                    key: key.to_string(),
-                    value,
-                    ..Default::default()
-                };
+                let three = trio(status, &self.options.header_names).map(header_value);
                 // First, before a Retry-After asked for beside them.
-                let three = [
-                    header(&names.limit, limit.to_string()),
-                    header(&names.remaining, status.limit_remaining.to_string()),
-                    header(&names.reset, reset.to_string()),
-                ];
                 response.response_headers_to_add.splice(0..0, three);
             }
         }
@@ -61,28 +44,6 @@ impl EnvoyRateLimitService {
             response.dynamic_metadata = Some(metadata(request, batch, hidden, &response.statuses));
         }
     }
-}
-
-/// The status envoyproxy/ratelimit's headers describe: the last over-limit descriptor not
-/// in quota mode, else the first with the fewest remaining among those with a limit. A
-/// status over only by `headers: hidden` limits (it has no `duration_until_reset`: it
-/// says nothing of them) is passed over.
-fn closest<'a>(statuses: &'a [DescriptorStatus], quota: &[usize]) -> Option<&'a DescriptorStatus> {
-    let mut best: Option<&DescriptorStatus> = None;
-    let mut least = u32::MAX;
-    let mut over = false;
-    for (d, status) in statuses.iter().enumerate() {
-        let hidden = status.duration_until_reset.is_none();
-        if status.code == Code::OverLimit as i32 && !quota.contains(&d) && !hidden {
-            best = Some(status);
-            least = 0;
-            over = true;
-        } else if !over && status.current_limit.is_some() && status.limit_remaining < least {
-            best = Some(status);
-            least = status.limit_remaining;
-        }
-    }
-    best
 }
 
 fn value(kind: Kind) -> Value {

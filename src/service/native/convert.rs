@@ -9,6 +9,7 @@ use tonic::Status;
 use crate::clock::{Nanos, SECOND};
 use crate::gcra::{Decision, Limit, Mode, Window};
 use crate::proto::v1 as pb;
+use crate::service::headers::{self, HeaderStyle};
 use crate::service::overrides::calendar_of;
 use crate::service::{BatchResult, ItemResult, ItemSpec, Rule, Target};
 
@@ -21,6 +22,34 @@ pub(crate) enum Use {
 
 pub(super) fn invalid(message: String) -> Status {
     Status::invalid_argument(message)
+}
+
+/// The header style a Check asks for; a value the enum does not list is INVALID_ARGUMENT.
+pub(crate) fn header_style(value: i32) -> Result<HeaderStyle, Status> {
+    Ok(match pb::HeaderStyle::try_from(value) {
+        Ok(pb::HeaderStyle::None) => HeaderStyle::Off,
+        Ok(pb::HeaderStyle::Draft03) => HeaderStyle::Draft03,
+        Ok(pb::HeaderStyle::Ietf) => HeaderStyle::Ietf,
+        Ok(pb::HeaderStyle::Ratelimit) => HeaderStyle::Ratelimit,
+        Ok(pb::HeaderStyle::Openai) => HeaderStyle::Openai,
+        Err(_) => {
+            return Err(invalid(format!(
+                "headers: {value} is not a HeaderStyle (0 NONE, 1 DRAFT03, 2 IETF, 3 RATELIMIT, \
+                 4 OPENAI)"
+            )))
+        }
+    })
+}
+
+/// The headers of `style` for a Check's answer (none, without a word of work, for Off).
+pub(crate) fn check_headers(style: HeaderStyle, result: &BatchResult) -> Vec<pb::Header> {
+    headers::for_items(style, &result.items)
+        .into_iter()
+        .map(|h| pb::Header {
+            name: h.name,
+            value: h.value,
+        })
+        .collect()
 }
 
 /// Converts request items, saying which item and field is wrong.

@@ -17,6 +17,7 @@ use crate::service::overrides::{
     calendar_of, policy_of, OverrideError, RuntimeOverride, RuntimeOverrides,
 };
 pub use convert::duration;
+use convert::{check_headers, header_style};
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
 
@@ -184,6 +185,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let answer = async {
             let items = item_specs(&request.get_ref().items, Use::Check)?;
+            let style = header_style(request.get_ref().headers)?;
             let result = match request.get_ref().request_id.is_empty() {
                 true => self.decider.check(&items).await?,
                 false => {
@@ -199,6 +201,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
             Ok(Response::new(pb::CheckResponse {
                 overall: Some(overall),
                 items,
+                headers: check_headers(style, &result),
             }))
         }
         .await;

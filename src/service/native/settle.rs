@@ -293,7 +293,7 @@ impl Settler {
         checked_id("request_id", id)?;
         let record = pb::CheckRequest {
             items: request.items.clone(),
-            request_id: String::new(),
+            ..Default::default()
         }
         .encode_to_vec();
         if record.len() > MAX_RECORD {

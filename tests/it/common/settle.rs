@@ -33,6 +33,7 @@ pub async fn estimate(
         .check(pb::CheckRequest {
             items: vec![item("TokensPerTenant", tenant, Some(cost))],
             request_id: request_id.to_string(),
+            ..Default::default()
         })
         .await?
         .into_inner())

@@ -11,6 +11,7 @@ pub async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool
         .check(pb::CheckRequest {
             items: vec![item],
             request_id: id.to_string(),
+            ..Default::default()
         })
         .await?
         .into_inner();

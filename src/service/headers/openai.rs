@@ -7,9 +7,7 @@
 //! strictest by the batch rule (a denied one first, then the longer wait, then the fewer
 //! remaining). The limit is the burst: what `remaining` counts down from.
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-
-use super::{header, strictest, visible};
+use super::{header, strictest, visible, Header};
 use crate::clock::Nanos;
 use crate::limits::config::Measures;
 use crate::service::{ItemResult, Rule};
@@ -18,7 +16,7 @@ use crate::service::{ItemResult, Rule};
 const MILLI: Nanos = 1_000_000;
 
 /// Adds the `-requests` and the `-tokens` fields, each when some visible limit measures it.
-pub(super) fn openai_headers(results: &[ItemResult], headers: &mut Vec<HeaderValue>) {
+pub(super) fn openai_headers(results: &[ItemResult], headers: &mut Vec<Header>) {
     for (measures, kind) in [
         (Measures::Requests, "requests"),
         (Measures::Tokens, "tokens"),
