@@ -2,9 +2,9 @@
 //! the real Helm (`helm lint --strict`, `helm template`) renders objects whose ports,
 //! probes, mounts and optional objects are checked as rendered, ports and paths agree
 //! between the Dockerfile, the chart and the binary, and the binary starts with the
-//! arguments and environment the Dockerfile and the chart give it. No Docker engine or
-//! Kubernetes cluster is at hand: the image's build stage is replayed by
-//! `scripts/fresh-machine.py`, and nothing is installed into a cluster.
+//! arguments and environment the Dockerfile and the chart give it. The image itself is
+//! built and run with podman by `scripts/image-check.sh` (the test command runs it); no
+//! Kubernetes cluster is at hand, and nothing is installed into one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -405,7 +405,7 @@ fn declared_targets() -> std::collections::BTreeSet<String> {
 
 /// The image's dependency layer builds from the manifests and stubs alone: the stub files
 /// its first RUN creates are exactly the targets `Cargo.toml` declares (one missing and
-/// cargo cannot load the manifest; the fresh-machine check replays the build itself).
+/// cargo cannot load the manifest; `scripts/image-check.sh` runs the build itself).
 #[test]
 fn the_dockerfile_stubs_every_declared_target() {
     let declared = declared_targets();
