@@ -437,6 +437,25 @@ fn the_dockerfile_stubs_every_declared_target() {
     assert_eq!(copies[2], "src ./src");
 }
 
+/// The test command builds the Dockerfile with podman and runs the image
+/// (`scripts/image-check.sh`), on stand-ins made under exactly the names the Dockerfile's
+/// `FROM` lines give (a renamed base image would be pulled, which fails where no registry
+/// is reachable), so the file it builds is the one users build.
+#[test]
+fn the_test_command_builds_the_dockerfile_on_stand_ins_of_its_base_images() {
+    let script = read("scripts/test.sh");
+    assert!(script.lines().any(|l| l.trim() == "scripts/image-check.sh"));
+    let check = read("scripts/image-check.sh");
+    assert!(check.contains("scripts/stand-in-images.sh"));
+    assert!(check.contains("podman build --pull=never --network=host"));
+    let froms = dockerfile("FROM");
+    assert_eq!(froms.len(), 2, "{froms:?}");
+    let builder = froms[0].strip_suffix(" AS build").expect("the build stage");
+    let stand_ins = read("scripts/stand-in-images.sh");
+    assert!(stand_ins.contains(&format!("\nbuilder=docker.io/library/{builder}\n")));
+    assert!(stand_ins.contains(&format!("\nruntime={}\n", froms[1])));
+}
+
 #[test]
 fn helm_lints_the_chart_strictly() {
     let out = helm()
