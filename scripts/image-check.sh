@@ -28,7 +28,7 @@ export CONTAINERS_CONF="$PWD/scripts/podman-containers.conf"
 [ "$(id -u)" = 0 ] || { echo "image-check: needs root (rootful podman)" >&2; exit 1; }
 
 profile="${CELLRATE_IMAGE_PROFILE:-release}"
-image=localhost/cellrate-image-check:latest
+image=localhost/cellrate-image-check
 STOP_BOUND_S=15
 FIRST_REQUEST='{"items": [{"name": "NewOrdersPerAccount", "id": "12345678"}]}'
 
@@ -47,8 +47,14 @@ ca_mount=()
 # TLS may be signed by a CA only the host's bundle holds.
 [ -f /etc/ssl/certs/ca-certificates.crt ] \
   && ca_mount=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+# The build stage is tagged too, so that it is not "dangling": the prune below removes what
+# earlier checks built from other sources (gigabytes of target directory each) and keeps
+# what this one built, the next run's layer cache.
+podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
+  --target build -t "$image-build" .
 podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
   -t "$image" .
+podman image prune -f --filter label=cellrate.stand-in=true >/dev/null
 log "podman build (PROFILE=$profile) took $(since "$build_started") s"
 
 work=$(mktemp -d /tmp/cellrate-image-check.XXXXXX)
