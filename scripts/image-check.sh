@@ -174,6 +174,7 @@ podman run "${run_flags[@]}" --name "$gateway" --entrypoint /bin/ratelimit \
 line=$(serving "$gateway")
 listen=$(field "$line" listen)
 health=$(field "$line" health)
+metrics=$(field "$line" metrics)
 user_and_root "$gateway"
 codes=""
 for _ in 1 2 3; do
@@ -186,11 +187,15 @@ done
   || { echo "image-check: ShouldRateLimit answered$codes, not OK OK OVER_LIMIT" >&2; exit 1; }
 keys=$(redis-cli -p "$redis_port" dbsize)
 [ "$keys" -ge 1 ] || { echo "image-check: nothing written to Redis" >&2; exit 1; }
+# The probe port Envoy Gateway checks, and the Prometheus listener with the decisions counted.
 python3 -c '
 import sys, urllib.request
 with urllib.request.urlopen(f"http://{sys.argv[1]}/healthcheck", timeout=10) as r:
     assert r.status == 200, r.status
-' "$health"
-log "$gateway: ShouldRateLimit on $listen:$codes ($keys key(s) in Redis), /healthcheck 200"
+with urllib.request.urlopen(f"http://{sys.argv[2]}/metrics", timeout=10) as r:
+    body = r.read()
+    assert r.status == 200 and b"cellrate_decisions_total" in body and b"api=\"envoy\"" in body
+' "$health" "$metrics"
+log "$gateway: ShouldRateLimit on $listen:$codes ($keys key(s) in Redis), /healthcheck 200, /metrics on $metrics"
 terminate "$gateway"
 log "run checks took $(since "$checks_started") s; the whole image check $(since "$started") s"
