@@ -17,7 +17,7 @@
 #
 # Made once per machine: `podman image exists` says whether each is there. The debootstrap
 # root is cached as a tarball under ~/.cache/cellrate/ (keyed by the package list), so
-# re-making the images after `podman system reset` takes seconds, not minutes.
+# re-making the images after `podman system reset` takes about a minute instead of four.
 # Usage: scripts/stand-in-images.sh [--force]   (--force re-makes both images)
 set -euo pipefail
 cd "$(dirname "$0")/.."
