@@ -4,8 +4,9 @@
 # Mount your own limits directory over /etc/cellrate (a Kubernetes ConfigMap mounted as a
 # directory reloads in place).
 #
-# No Docker engine runs where cellrate is tested: scripts/fresh-machine.py replays this
-# build stage outside Docker on every test run (docs/deploy.md says what that covers).
+# The test command builds this file unchanged with podman and runs the image
+# (scripts/image-check.sh), on local stand-ins for the two base images where no registry
+# is reachable (scripts/stand-in-images.sh; docs/deploy.md says what that covers).
 
 # --- build: dependencies first, in their own cached layer -------------------------------
 FROM rust:1.95-slim-bookworm AS build

@@ -79,13 +79,23 @@ fi
 export CELLRATE_TEST_HELM="$helm"
 
 # A fresh machine: a clean clone of HEAD with an empty cargo home runs the README's first
-# command and answers its first request, and the Dockerfile's build stage is replayed from
-# what that build downloaded (scripts/fresh-machine.py; about 7 minutes on two cores). It
-# uses a cargo home and target directory of its own, so nothing this run built or
-# downloaded can hide a missing step. CELLRATE_SKIP_FRESH_MACHINE=1 skips it locally; CI
+# command and answers its first request (scripts/fresh-machine.py; 5-6 minutes on two
+# cores). It uses a cargo home and target directory of its own, so nothing this run built
+# or downloaded can hide a missing step. CELLRATE_SKIP_FRESH_MACHINE=1 skips it locally; CI
 # never sets it.
 if [ "${CELLRATE_SKIP_FRESH_MACHINE:-}" != 1 ]; then
   python3 scripts/fresh-machine.py
+fi
+
+# The image: podman builds the Dockerfile unchanged (on local stand-ins for its base images,
+# made once per machine by scripts/stand-in-images.sh: no registry is reachable here) with
+# PROFILE=release, in a build container with an empty cargo home, then runs it read-only as
+# `serve` and as Envoy Gateway's `/bin/ratelimit`, checks uid 65532, the answers, and exit 0
+# on SIGTERM (scripts/image-check.sh; installs podman, runc and debootstrap from Debian's
+# packages when missing; needs root). CELLRATE_SKIP_IMAGE_CHECK=1 skips it locally; CI never
+# sets it.
+if [ "${CELLRATE_SKIP_IMAGE_CHECK:-}" != 1 ]; then
+  scripts/image-check.sh
 fi
 
 cargo fmt --check

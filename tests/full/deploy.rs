@@ -2,9 +2,9 @@
 //! the real Helm (`helm lint --strict`, `helm template`) renders objects whose ports,
 //! probes, mounts and optional objects are checked as rendered, ports and paths agree
 //! between the Dockerfile, the chart and the binary, and the binary starts with the
-//! arguments and environment the Dockerfile and the chart give it. No Docker engine or
-//! Kubernetes cluster is at hand: the image's build stage is replayed by
-//! `scripts/fresh-machine.py`, and nothing is installed into a cluster.
+//! arguments and environment the Dockerfile and the chart give it. The image itself is
+//! built and run with podman by `scripts/image-check.sh` (the test command runs it); no
+//! Kubernetes cluster is at hand, and nothing is installed into one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -405,7 +405,7 @@ fn declared_targets() -> std::collections::BTreeSet<String> {
 
 /// The image's dependency layer builds from the manifests and stubs alone: the stub files
 /// its first RUN creates are exactly the targets `Cargo.toml` declares (one missing and
-/// cargo cannot load the manifest; the fresh-machine check replays the build itself).
+/// cargo cannot load the manifest; `scripts/image-check.sh` runs the build itself).
 #[test]
 fn the_dockerfile_stubs_every_declared_target() {
     let declared = declared_targets();
@@ -435,6 +435,25 @@ fn the_dockerfile_stubs_every_declared_target() {
     assert_eq!(copies[0], "Cargo.toml Cargo.lock build.rs ./");
     assert_eq!(copies[1], "proto ./proto");
     assert_eq!(copies[2], "src ./src");
+}
+
+/// The test command builds the Dockerfile with podman and runs the image
+/// (`scripts/image-check.sh`), on stand-ins made under exactly the names the Dockerfile's
+/// `FROM` lines give (a renamed base image would be pulled, which fails where no registry
+/// is reachable), so the file it builds is the one users build.
+#[test]
+fn the_test_command_builds_the_dockerfile_on_stand_ins_of_its_base_images() {
+    let script = read("scripts/test.sh");
+    assert!(script.lines().any(|l| l.trim() == "scripts/image-check.sh"));
+    let check = read("scripts/image-check.sh");
+    assert!(check.contains("scripts/stand-in-images.sh"));
+    assert!(check.contains("podman build --pull=never --network=host"));
+    let froms = dockerfile("FROM");
+    assert_eq!(froms.len(), 2, "{froms:?}");
+    let builder = froms[0].strip_suffix(" AS build").expect("the build stage");
+    let stand_ins = read("scripts/stand-in-images.sh");
+    assert!(stand_ins.contains(&format!("\nbuilder=docker.io/library/{builder}\n")));
+    assert!(stand_ins.contains(&format!("\nruntime={}\n", froms[1])));
 }
 
 #[test]
