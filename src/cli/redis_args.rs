@@ -87,8 +87,9 @@ pub struct RedisArgs {
     #[arg(long, env = "CELLRATE_REDIS_PREFIX", default_value = "cellrate:")]
     pub redis_prefix: String,
 
-    /// Deadline of every Redis call, in milliseconds (Envoy's RLS timeout is 20 ms).
-    #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = 10)]
+    /// Deadline of every Redis call, in milliseconds: keep it below the caller's own
+    /// timeout (the Envoy examples' 100 ms), so that the failure policy answers first.
+    #[arg(long, env = "CELLRATE_REDIS_TIMEOUT_MS", default_value_t = RedisSettings::default().timeout.as_millis() as u64)]
     pub redis_timeout_ms: u64,
 
     /// How often each replica looks for changes of the temporary overrides kept in Redis,

@@ -26,7 +26,8 @@
 //! a slot and its batches stay single-slot. Ids are escaped (`{` `}` `%`) so that callers
 //! cannot pick slots.
 //!
-//! **Failures.** Every call has a deadline (default 10 ms, below Envoy's 20 ms). A circuit
+//! **Failures.** Every call has a deadline (default 50 ms, below the examples' 100 ms RLS
+//! timeout; chosen from measurement: BENCHMARKS.md, "The Redis deadline"). A circuit
 //! breaker per slot (one for standalone) fails fast after repeated errors and lets exactly
 //! one trial through after a cool-down (half-open). On failure the [`FailurePolicy`] decides: UNAVAILABLE (the
 //! default; Envoy's `failure_mode_deny` then decides), allow, deny, or decide locally in
