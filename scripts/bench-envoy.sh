@@ -64,25 +64,18 @@ run() {
   e0=$(ticks "$envoy_pid"); r0=$(ticks "$rls_pid")
   out=$(h2load -c "$c" -m "$m" -D "$seconds" -H "$header" --log-file "$log" "http://127.0.0.1:$port$path" 2>&1)
   e1=$(ticks "$envoy_pid"); r1=$(ticks "$rls_pid")
-  H2LOAD_OUT=$out "$py" - "$log" "$e0" "$e1" "$r0" "$r1" "$hz" "$scenario" <<'PY'
-import os, sys
-log, e0, e1, r0, r1, hz, scenario = sys.argv[1], *map(int, sys.argv[2:7]), sys.argv[7]
-out = os.environ['H2LOAD_OUT']
-rps = float(out.split(' req/s')[0].rsplit(' ', 1)[1]) if ' req/s' in out else 0.0
-times, codes = [], {}
-for line in open(log):
-    f = line.split()
-    if len(f) >= 3:
-        codes[f[1]] = codes.get(f[1], 0) + 1
-        times.append(int(f[2]))
-times.sort()
-n = len(times)
-pct = lambda p: times[min(n - 1, int(p * n))] if n else 0
+  local sum
+  sum=$(h2load_summary "$log" "$out")
+  "$py" - "$sum" "$e0" "$e1" "$r0" "$r1" "$hz" "$scenario" <<'PY'
+import sys
+sum, e0, e1, r0, r1, hz, scenario = sys.argv[1], *map(int, sys.argv[2:7]), sys.argv[7]
+f = dict(kv.split('=') for kv in sum.split())
+n = int(f['n'])
 us = lambda t0, t1: (t1 - t0) * 1e6 / hz / n if n else 0
 rls_cpu = us(r0, r1) if scenario != 'none' else 0
-ok, over = codes.get('200', 0), codes.get('429', 0)
-print(f"rps={rps:.0f} ok={ok} over={over} other={n - ok - over} p50_us={pct(0.5)} p99_us={pct(0.99)} "
-      f"envoy_cpu_us={us(e0, e1):.1f} rls_cpu_us={rls_cpu:.1f}")
+ok, over = int(f['s200']), int(f['s429'])
+print(f"rps={f['rps']} ok={ok} over={over} other={n - ok - over} p50_us={f['p50_us']} "
+      f"p99_us={f['p99_us']} envoy_cpu_us={us(e0, e1):.1f} rls_cpu_us={rls_cpu:.1f}")
 PY
 }
 

@@ -84,23 +84,7 @@ h2() {
   rm -f "$log"
   out=$(h2load -c "$1" -m "$2" -D "$seconds" -H "x-account-id: 3" --log-file "$log" \
     "http://127.0.0.1:$envoy_port/orders" 2>&1)
-  "$py" - "$log" "$out" <<'PY'
-import sys
-log, out = sys.argv[1], sys.argv[2]
-rps = float(out.split(' req/s')[0].rsplit(' ', 1)[1]) if ' req/s' in out else 0.0
-times, codes = [], {}
-for line in open(log):
-    f = line.split()
-    if len(f) >= 3:
-        codes[f[1]] = codes.get(f[1], 0) + 1
-        times.append(int(f[2]))
-times.sort()
-n = len(times)
-pct = lambda p: times[min(n - 1, int(p * n))] if n else 0
-other = n - sum(codes.get(c, 0) for c in ('200', '429', '503'))
-print(f"rps={rps:.0f} s200={codes.get('200', 0)} s429={codes.get('429', 0)} "
-      f"s503={codes.get('503', 0)} other={other} p50_us={pct(0.5)} p99_us={pct(0.99)} max_us={pct(1)}")
-PY
+  h2load_summary "$log" "$out"
 }
 started=$(date +%s.%N)
 reference=$(h2 4 8)

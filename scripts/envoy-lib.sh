@@ -80,3 +80,27 @@ for l in json.load(sys.stdin)["listener_statuses"]:
     if a: print(a["port_value"])')
   echo "envoy $name: pid $ENVOY_PID, port $ENVOY_PORT, admin $ENVOY_ADMIN" >&2
 }
+
+# h2load_summary LOG OUTPUT: one line of key=value from h2load's per-request log (status
+# and microseconds of each request) and its printed summary: rps, counts of 200, 429, 503
+# and other statuses, p50/p99/max latency (µs), and n (requests logged).
+h2load_summary() {
+  "$py" - "$1" "$2" <<'PY'
+import sys
+log, out = sys.argv[1], sys.argv[2]
+rps = float(out.split(' req/s')[0].rsplit(' ', 1)[1]) if ' req/s' in out else 0.0
+times, codes = [], {}
+for line in open(log):
+    f = line.split()
+    if len(f) >= 3:
+        codes[f[1]] = codes.get(f[1], 0) + 1
+        times.append(int(f[2]))
+times.sort()
+n = len(times)
+pct = lambda p: times[min(n - 1, int(p * n))] if n else 0
+known = sum(codes.get(c, 0) for c in ('200', '429', '503'))
+print(f"rps={rps:.0f} s200={codes.get('200', 0)} s429={codes.get('429', 0)} "
+      f"s503={codes.get('503', 0)} other={n - known} p50_us={pct(0.5)} p99_us={pct(0.99)} "
+      f"max_us={pct(1)} n={n}")
+PY
+}

@@ -1,9 +1,9 @@
 //! Helpers of `settle_attacks`'s tests that both tiers use (`tests/it/settle_attacks.rs`,
 //! `tests/full/settle_attacks.rs`).
 
+pub use crate::common::settle::connect;
 use crate::common::settle::Client;
 use cellrate::proto::v1 as pb;
-use std::time::Duration;
 
 /// A Check of one item; with a request id when `id` is not empty.
 pub async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool, tonic::Status> {
@@ -16,16 +16,6 @@ pub async fn check(client: &mut Client, id: &str, item: pb::Item) -> Result<bool
         .await?
         .into_inner();
     Ok(answer.overall.unwrap().allowed)
-}
-
-pub async fn connect(addr: &str) -> Client {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
-    pb::rate_limiter_client::RateLimiterClient::new(channel)
 }
 
 /// TokensPerTenant: 10 000 a month (no refill to speak of during a test); FivePerHour;
