@@ -218,6 +218,7 @@ fn store_items(resolved: &[Resolved], mode: impl Fn(&Resolved) -> Mode) -> Vec<S
                 limit,
                 cost: r.cost,
                 mode: mode(r),
+                lease: None,
             }),
             _ => None,
         })

@@ -38,6 +38,7 @@ fn spend(id: &str, limit: Limit, cost: u64) -> StoreItem {
         limit,
         cost,
         mode: Mode::CheckAndSpend,
+        lease: None,
     }
 }
 

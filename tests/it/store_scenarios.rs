@@ -67,6 +67,7 @@ fn item(key: &str, limit: Limit, cost: u64, mode: Mode) -> StoreItem {
         limit,
         cost,
         mode,
+        lease: None,
     }
 }
 

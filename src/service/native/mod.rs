@@ -143,7 +143,8 @@ fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::
             out.burst = limit.burst();
             out.count = limit.count();
             match limit.window() {
-                Window::Gcra => out.period = Some(duration(limit.period())),
+                // A concurrency limit's period is its hold.
+                Window::Gcra | Window::Concurrency => out.period = Some(duration(limit.period())),
                 Window::Calendar(period) => out.calendar = Some(period.text().to_string()),
             }
         }

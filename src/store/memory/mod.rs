@@ -500,6 +500,7 @@ mod tests {
             limit: Limit::new(2, 2, SECOND).unwrap(),
             cost,
             mode: Mode::CheckAndSpend,
+            lease: None,
         }
     }
 
@@ -570,6 +571,7 @@ mod tests {
             limit,
             cost: 1,
             mode: Mode::CheckAndSpend,
+            lease: None,
         };
         for i in 0..10 {
             assert!(store.spend_now(&[caller(i)]).unwrap().allowed);
@@ -637,6 +639,7 @@ mod tests {
                     limit,
                     cost: 1,
                     mode: Mode::CheckAndSpend,
+                    lease: None,
                 })
                 .collect();
             for item in &items {
