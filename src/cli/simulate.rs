@@ -202,6 +202,7 @@ impl Script {
                         target: self.target(item.bucket.as_deref())?,
                         cost: item.cost,
                         limit: None,
+                        lease: None,
                         mode: match (item.mode, line.op) {
                             (None, Op::Check) => Mode::CheckOnly,
                             (None, _) => Mode::CheckAndSpend,
@@ -217,6 +218,7 @@ impl Script {
                 target: self.target(line.bucket.as_deref())?,
                 cost: line.cost,
                 limit: None,
+                lease: None,
                 mode: match line.op {
                     Op::Check => Mode::CheckOnly,
                     Op::Charge => Mode::Charge,

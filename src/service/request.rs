@@ -52,6 +52,8 @@ pub struct ItemSpec<'a> {
     /// A limit given by the caller for this bucket (Envoy's descriptor `limit`), in place
     /// of the configured one. Allow and deny lists still apply.
     pub limit: Option<Limit>,
+    /// The lease id of an acquire or release (docs/concurrency.md).
+    pub lease: Option<Cow<'a, str>>,
 }
 
 impl<'a> ItemSpec<'a> {
@@ -65,6 +67,7 @@ impl<'a> ItemSpec<'a> {
             cost: None,
             mode: Mode::CheckAndSpend,
             limit: None,
+            lease: None,
         }
     }
 }

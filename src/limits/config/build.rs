@@ -339,10 +339,13 @@ impl LimitTable {
         let Policy::Limited { limit: over, .. } = policy else {
             return None;
         };
-        if let (Window::Calendar(_), Some(name)) = (over.window(), self.names.by_number(number)) {
+        if let (Window::Calendar(_) | Window::Concurrency, Some(name)) =
+            (over.window(), self.names.by_number(number))
+        {
             if self.quota.names().any(|used| used == &*name.text) {
                 return Some(format!(
-                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows",
+                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows \
+                     or concurrency limits",
                     name.text
                 ));
             }
@@ -360,6 +363,13 @@ impl LimitTable {
                  (leave out `window: calendar`, or make the default a calendar limit)"
                     .to_string(),
             ),
+            (Window::Concurrency, w) | (w, Window::Concurrency) if w != Window::Concurrency => {
+                Some(
+                    "a concurrency limit's overrides are concurrency limits, and a rate's are \
+                     rates (`window: concurrency` on both, or on neither)"
+                        .to_string(),
+                )
+            }
             _ => None,
         }
     }

@@ -68,6 +68,8 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
         pb::Mode::CheckOnly => Mode::CheckOnly,
         pb::Mode::SpendOnly => Mode::SpendOnly,
         pb::Mode::Charge => Mode::Charge,
+        pb::Mode::Acquire => Mode::Acquire,
+        pb::Mode::Release => Mode::Release,
     };
     match usage {
         Use::Check => {}
@@ -89,6 +91,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
         cost: item.cost,
         mode,
         limit: None,
+        lease: (!item.lease_id.is_empty()).then_some(Cow::Borrowed(item.lease_id.as_str())),
     })
 }
 
