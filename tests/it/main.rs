@@ -31,6 +31,7 @@ mod hostile_clients;
 mod hostile_requests;
 mod input_limits;
 mod istio_e2e;
+mod leases;
 mod observability;
 mod operations;
 mod process_ops;
