@@ -64,7 +64,7 @@ pub enum LimitError {
     },
     #[error("count {count} is too large for a concurrency limit (at most {max} leases a key)", max = lease::MAX_LEASES_PER_KEY)]
     TooManyLeases { count: u64 },
-    #[error("hold {hold}ns is out of range (1ms to 1d)")]
+    #[error("period (the hold) {hold}ns is out of range: 1ms to 1d")]
     Hold { hold: Nanos },
 }
 

@@ -188,6 +188,13 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
             let result = match request.get_ref().request_id.is_empty() {
                 true => self.decider.check(&items).await?,
                 false => {
+                    // A Check kept for Settle spends tokens; a lease is released, not settled.
+                    if let Some(i) = items.iter().position(|i| i.mode.is_lease()) {
+                        return Err(Status::invalid_argument(format!(
+                            "items[{i}].mode: a Check with a request_id (kept for Settle) \
+                             takes no MODE_ACQUIRE or MODE_RELEASE items"
+                        )));
+                    }
                     let settler = self.settler()?;
                     settler
                         .check(&self.decider, request.get_ref(), &items)
