@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{check, item, nanos, Served};
+use crate::common::{check, item, nanos, remaining, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
@@ -73,7 +73,9 @@ async fn leases_are_taken_freed_and_expire_by_themselves() {
         (true, 2),
         "per key"
     );
+    assert_eq!(remaining(&mut s, "InFlight", "acme").await, 0, "Inspect: none free");
     assert_eq!(one(&mut s, release("acme", "r2")).await, (true, 1));
+    assert_eq!(remaining(&mut s, "InFlight", "acme").await, 1, "Inspect: one free");
     assert_eq!(one(&mut s, release("acme", "r2")).await, (false, 1));
     assert_eq!(one(&mut s, release("acme", "nobody")).await, (false, 1));
     assert_eq!(one(&mut s, acquire("acme", "r4")).await, (true, 0));
@@ -90,6 +92,16 @@ async fn leases_are_taken_freed_and_expire_by_themselves() {
         (true, 0),
         "r3 expired"
     );
+    // An operator's Reset frees every lease of the key.
+    let reset = s
+        .admin
+        .reset(pb::ResetRequest {
+            items: vec![item("InFlight", "acme", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(reset.into_inner().deleted, 1);
+    assert_eq!(one(&mut s, acquire("acme", "r7")).await, (true, 2));
 }
 
 /// All-or-nothing with a rate in the same request: a denied request takes no lease, and a
