@@ -73,9 +73,17 @@ async fn leases_are_taken_freed_and_expire_by_themselves() {
         (true, 2),
         "per key"
     );
-    assert_eq!(remaining(&mut s, "InFlight", "acme").await, 0, "Inspect: none free");
+    assert_eq!(
+        remaining(&mut s, "InFlight", "acme").await,
+        0,
+        "Inspect: none free"
+    );
     assert_eq!(one(&mut s, release("acme", "r2")).await, (true, 1));
-    assert_eq!(remaining(&mut s, "InFlight", "acme").await, 1, "Inspect: one free");
+    assert_eq!(
+        remaining(&mut s, "InFlight", "acme").await,
+        1,
+        "Inspect: one free"
+    );
     assert_eq!(one(&mut s, release("acme", "r2")).await, (false, 1));
     assert_eq!(one(&mut s, release("acme", "nobody")).await, (false, 1));
     assert_eq!(one(&mut s, acquire("acme", "r4")).await, (true, 0));
@@ -247,6 +255,46 @@ async fn bad_lease_items_are_refused_and_change_nothing() {
     assert!(e.message().contains("release its lease"), "{}", e.message());
     assert_eq!(
         one(&mut s, acquire("acme", "first")).await,
+        (true, 2),
+        "nothing taken"
+    );
+}
+
+/// Envoy is not served yet: a descriptor mapped to a concurrency limit makes the call an
+/// error (Envoy's `failure_mode_deny` decides), never a rate's answer.
+#[tokio::test]
+async fn envoy_descriptors_on_a_concurrency_limit_are_refused_until_served() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write("names.yaml", "InFlight: {number: 100, format: string}\n");
+    write(
+        "defaults.yaml",
+        "InFlight: {window: concurrency, count: 3, period: 30s}\n",
+    );
+    write(
+        "descriptors.yaml",
+        "d:\n  - match: [{key: tenant}]\n    limits: [InFlight]\n    id: \"{tenant}\"\n",
+    );
+    let mut s = Served::with_limits(LimitTable::load_dir(dir.path()).unwrap()).await;
+    for _ in 0..5 {
+        let e = s
+            .envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "d".to_string(),
+                descriptors: vec![crate::common::descriptor(&[("tenant", "acme")])],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        assert!(
+            e.message().contains("InFlight is a concurrency limit"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        one(&mut s, acquire("acme", "a")).await,
         (true, 2),
         "nothing taken"
     );
