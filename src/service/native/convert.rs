@@ -128,7 +128,9 @@ fn limit_info(item: &ItemResult) -> Option<pb::LimitInfo> {
             Some(Window::Calendar(period)) => Some(period.text().to_string()),
             _ => None,
         },
-        concurrency: limit.is_some_and(|l| l.window() == Window::Concurrency),
+        concurrency: limit
+            .is_some_and(|l| l.window() == Window::Concurrency)
+            .then_some(true),
     })
 }
 
