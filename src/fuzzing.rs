@@ -520,6 +520,7 @@ fn check_seeds() -> Vec<Vec<u8>> {
         inline: None,
         cost,
         mode: mode as i32,
+        lease_id: String::new(),
     };
     let inline = pb::Item {
         inline: Some(pb::InlineLimit {
