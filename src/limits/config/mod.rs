@@ -1210,5 +1210,20 @@ NewOrdersPerAccount: {burst: 300, count: 300, period: 1m, measures: tokens}
             ),
         ]);
         assert!(e.contains("a concurrency limit's overrides"), "{e}");
+        let e = error(&[
+            names,
+            (
+                "defaults.yaml",
+                "InFlight: {window: concurrency, count: 8, period: 30s}",
+            ),
+            (
+                "quota.yaml",
+                "edge:\n  - match: [{key: tenant}]\n    limits: [InFlight]\n",
+            ),
+        ]);
+        assert!(
+            e.contains("InFlight: is a concurrency limit, which RLQS"),
+            "{e}"
+        );
     }
 }
