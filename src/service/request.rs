@@ -79,6 +79,9 @@ pub fn outcome(item: &ItemResult) -> &'static str {
         Rule::NotConfigured => "not_configured",
         Rule::Denied => "denied",
         Rule::InvalidId { .. } => "invalid",
+        // A release frees a lease or finds none held: never a denial (nor in `top`).
+        Rule::Limited(_) if item.mode == Mode::Release && item.decision.allowed => "released",
+        Rule::Limited(_) if item.mode == Mode::Release => "not_held",
         Rule::Limited(_) if item.decision.allowed => "allowed",
         Rule::Limited(_) if item.shadow => "shadow_denied",
         Rule::Limited(_) => "denied",

@@ -173,6 +173,22 @@ async fn fresh_ids_and_stray_releases_cannot_exceed_the_count() {
         one(&mut s, release("victim", &id)).await;
     }
     assert_eq!(admitted, 3, "at most N in flight");
+    // The stray releases are no denials: not in the metrics' denials nor in `top`.
+    let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+        .await
+        .1;
+    let series = |result: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("cellrate_decisions_total{api=\"native\",limit=\"InFlight\"")
+                    && l.contains(result)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.to_string())
+    };
+    assert_eq!(series("result=\"not_held\"").as_deref(), Some("400"));
+    assert_eq!(series("result=\"denied\"").as_deref(), Some("197"));
     assert_eq!(one(&mut s, acquire("victim", "v2")).await, (true, 1));
     let mut unavailable = 0;
     for i in 0..100 {
