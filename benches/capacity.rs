@@ -47,6 +47,7 @@ fn memory_per_bucket(n: usize) {
         limit,
         cost: 1,
         mode: Mode::CheckAndSpend,
+        lease: None,
     };
     let key_len = item(0).key.as_str().len();
     let before = rss();

@@ -44,6 +44,7 @@ fn items(keys: usize) -> Vec<StoreItem> {
             limit,
             cost: 1,
             mode: Mode::CheckAndSpend,
+            lease: None,
         })
         .collect()
 }

@@ -46,6 +46,7 @@ fn store_paths(c: &mut Criterion) {
                 limit,
                 cost: 1,
                 mode,
+                lease: None,
             })
             .collect();
         for item in &items {

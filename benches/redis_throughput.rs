@@ -121,6 +121,7 @@ fn main() {
                             limit,
                             cost: 1,
                             mode,
+                            lease: None,
                         };
                         let t = Instant::now();
                         match store.spend(std::slice::from_ref(&item)).await {

@@ -35,8 +35,9 @@
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
 //!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,
 //!                gcra.rs: Redis 8.8's GCRA command)
-//! store/         Store trait, StoreError, StoreObserver; memory.rs over table.rs
-//!                (sharded, all-or-nothing), measured.rs (timing; the observer for
+//! store/         Store trait, StoreError, StoreObserver; memory/ over table.rs
+//!                (sharded, all-or-nothing; leases.rs: concurrency limits' leases,
+//!                snapshot.rs), measured.rs (timing; the observer for
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
 //!                demand, settlements; settlements.rs keeps them in memory), redis/
 //!                (script calls, cluster, breaker, deny cache, failure policy and
@@ -49,14 +50,16 @@
 //!                duration.rs, hash.rs
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)
-//! gcra/          pure arithmetic: Limit (GCRA or a calendar window), spend, charge
-//!                (debt), refund, batches, strictest; calendar.rs: windows    (core)
+//! gcra/          pure arithmetic: Limit (GCRA, a calendar window or a concurrency
+//!                limit), spend, charge (debt), refund, batches, strictest;
+//!                calendar.rs: windows; lease.rs: acquire, release        (core)
 //! clock.rs       Nanos, Clock (wall and monotonic), SystemClock, FakeClock (the only
 //!                OS clock read: .clippy.toml bans it elsewhere); the UTC calendar's
 //!                window boundaries (CalendarPeriod); clock/zoned.rs: days, ISO weeks,
 //!                months, years in an IANA zone, from an anchor day
 //! text.rs        caller text cut for logs and errors, an error's causes      (core)
-//! fuzzing.rs     fuzz harnesses for fuzz/ and the tests (feature `fuzzing`)
+//! fuzzing/       fuzz harnesses for fuzz/ and the tests (feature `fuzzing`); seeds.rs:
+//!                their starting inputs, built from the examples
 //! ```
 //!
 //! A request flows: tower layers (RPC metrics, in-flight bound, [`server::shortcut`]) -> tonic

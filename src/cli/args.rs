@@ -224,9 +224,13 @@ pub struct ClientCheckArgs {
     pub item: ClientItemArgs,
     /// check-and-spend (default), check-only (what a spend would get; spends nothing),
     /// spend-only (best effort: spent when the bucket has the tokens) or charge (always
-    /// recorded, into debt if need be: a cost known only afterwards).
+    /// recorded, into debt if need be: a cost known only afterwards); on a concurrency
+    /// limit acquire or release, with --lease-id.
     #[arg(long, value_enum, default_value = "check-and-spend")]
     pub mode: ClientMode,
+    /// The lease an acquire takes or a release frees (1-128 printable ASCII bytes).
+    #[arg(long)]
+    pub lease_id: Option<String>,
     /// Keep an allowed check under this id, to settle it later (`cellrate settle`).
     #[arg(long)]
     pub request_id: Option<String>,
@@ -252,6 +256,8 @@ pub enum ClientMode {
     CheckOnly,
     SpendOnly,
     Charge,
+    Acquire,
+    Release,
 }
 
 #[derive(Debug, clap::Args)]

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! `op` is `spend`, `check` (decide without writing), `charge` (always recorded, into debt
-//! if need be), `refund` or `reset`. Output is one
+//! if need be), `refund`, `reset`, or on a concurrency limit `acquire` / `release` with a
+//! `lease` (an item's `mode` may be `acquire` or `release` too, with its own `lease`). Output is one
 //! JSON line per input line: `{"allowed", "remaining", "retry_in_ns", "reset_in_ns"}`, plus
 //! `"items"` for the batch form; a bad line gets `{"error": "..."}` and the run goes on.
 //! The decisions go through the same [`Decider`] and memory store as the server's.
@@ -45,6 +46,7 @@ struct Line {
     op: Op,
     bucket: Option<String>,
     cost: Option<u64>,
+    lease: Option<String>,
     items: Option<Vec<LineItem>>,
 }
 
@@ -56,6 +58,8 @@ enum Op {
     Charge,
     Refund,
     Reset,
+    Acquire,
+    Release,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,6 +68,7 @@ struct LineItem {
     bucket: Option<String>,
     cost: Option<u64>,
     mode: Option<ModeName>,
+    lease: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -73,6 +78,8 @@ enum ModeName {
     CheckOnly,
     SpendOnly,
     Charge,
+    Acquire,
+    Release,
 }
 
 /// Parses `LABEL=BURST/COUNT/PERIOD` (GCRA, e.g. `api=20/20/1s`) or
@@ -192,8 +199,8 @@ impl Script {
     async fn apply(&self, decider: &Decider, line: Line) -> Result<Value, String> {
         let batch = line.items.is_some();
         let items: Vec<ItemSpec> = match line.items {
-            Some(_) if line.bucket.is_some() || line.cost.is_some() => {
-                return Err("give bucket and cost inside items, not beside them".to_string())
+            Some(_) if line.bucket.is_some() || line.cost.is_some() || line.lease.is_some() => {
+                return Err("give bucket, cost and lease inside items, not beside them".to_string())
             }
             Some(items) => items
                 .into_iter()
@@ -202,8 +209,13 @@ impl Script {
                         target: self.target(item.bucket.as_deref())?,
                         cost: item.cost,
                         limit: None,
+                        lease: item.lease.map(Into::into),
                         mode: match (item.mode, line.op) {
                             (None, Op::Check) => Mode::CheckOnly,
+                            (None, Op::Acquire) => Mode::Acquire,
+                            (None, Op::Release) => Mode::Release,
+                            (Some(ModeName::Acquire), _) => Mode::Acquire,
+                            (Some(ModeName::Release), _) => Mode::Release,
                             (None, _) => Mode::CheckAndSpend,
                             (Some(ModeName::CheckAndSpend), _) => Mode::CheckAndSpend,
                             (Some(ModeName::CheckOnly), _) => Mode::CheckOnly,
@@ -217,15 +229,20 @@ impl Script {
                 target: self.target(line.bucket.as_deref())?,
                 cost: line.cost,
                 limit: None,
+                lease: line.lease.map(Into::into),
                 mode: match line.op {
                     Op::Check => Mode::CheckOnly,
+                    Op::Acquire => Mode::Acquire,
+                    Op::Release => Mode::Release,
                     Op::Charge => Mode::Charge,
                     _ => Mode::CheckAndSpend,
                 },
             }],
         };
         let result = match line.op {
-            Op::Spend | Op::Check | Op::Charge => decider.check(&items).await,
+            Op::Spend | Op::Check | Op::Charge | Op::Acquire | Op::Release => {
+                decider.check(&items).await
+            }
             Op::Refund => decider.refund(&items).await,
             Op::Reset => match decider.reset(&items).await {
                 // Report the buckets as they are after the reset.
@@ -343,5 +360,62 @@ mod tests {
             .unwrap()
             .contains("exceeds the burst"));
         assert_eq!(out[5]["remaining"], 0);
+    }
+
+    /// Leases on a timeline: N acquires, the next denied, a retry and a release, and a
+    /// leaked lease back after the hold.
+    #[test]
+    fn leases_on_a_timeline() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+        write("names.yaml", "InFlight: {number: 100, format: string}\n");
+        write(
+            "defaults.yaml",
+            "InFlight: {window: concurrency, count: 2, period: 10s}\n",
+        );
+        let script = Script::from_args(&[], Some(dir.path())).unwrap();
+        let input = [
+            r#"{"at_ns": 0, "op": "acquire", "bucket": "InFlight:t", "lease": "a"}"#,
+            r#"{"at_ns": 1000000000, "op": "acquire", "bucket": "InFlight:t", "lease": "b"}"#,
+            r#"{"at_ns": 2000000000, "op": "acquire", "bucket": "InFlight:t", "lease": "c"}"#,
+            r#"{"at_ns": 2000000000, "op": "acquire", "bucket": "InFlight:t", "lease": "a"}"#,
+            r#"{"at_ns": 3000000000, "op": "release", "bucket": "InFlight:t", "lease": "b"}"#,
+            r#"{"at_ns": 3000000000, "op": "release", "bucket": "InFlight:t", "lease": "b"}"#,
+            r#"{"at_ns": 10000000000, "op": "spend", "items": [{"bucket": "InFlight:t", "mode": "acquire", "lease": "d"}]}"#,
+            r#"{"at_ns": 10000000000, "op": "acquire", "bucket": "InFlight:t"}"#,
+        ]
+        .join("\n");
+        let mut out = Vec::new();
+        script.run(input.as_bytes(), &mut out).unwrap();
+        let lines: Vec<Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let seen: Vec<(Value, Value)> = lines[..7]
+            .iter()
+            .map(|l| (l["allowed"].clone(), l["remaining"].clone()))
+            .collect();
+        let (t, f) = (Value::Bool(true), Value::Bool(false));
+        let expect = [
+            (&t, 1),
+            (&t, 0),
+            (&f, 0),
+            (&t, 0),
+            (&t, 1),
+            (&f, 1),
+            (&t, 1),
+        ];
+        for (i, ((allowed, remaining), (want, left))) in seen.iter().zip(expect).enumerate() {
+            assert_eq!(
+                (allowed, remaining.as_i64()),
+                (want, Some(left)),
+                "line {i}"
+            );
+        }
+        assert_eq!(lines[5]["retry_in_ns"], 0);
+        assert_eq!(lines[2]["retry_in_ns"], 8 * SECOND, "a expires at 10 s");
+        let error = lines[7]["error"].as_str().unwrap();
+        assert!(error.contains("lease_id: missing"), "{error}");
     }
 }

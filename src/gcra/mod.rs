@@ -25,6 +25,7 @@
 use crate::clock::{CalendarPeriod, Nanos};
 
 mod calendar;
+pub mod lease;
 use calendar::{window_refund, window_spend};
 
 /// Why a limit cannot be built.
@@ -61,6 +62,10 @@ pub enum LimitError {
         period: CalendarPeriod,
         max: u64,
     },
+    #[error("count {count} is too large for a concurrency limit (at most {max} leases a key)", max = lease::MAX_LEASES_PER_KEY)]
+    TooManyLeases { count: u64 },
+    #[error("period (the hold) {hold}ns is out of range: 1ms to 1d")]
+    Hold { hold: Nanos },
 }
 
 const DAY: Nanos = 86_400 * crate::clock::SECOND;
@@ -104,6 +109,9 @@ pub enum Window {
     /// current window while it is at least that window's end, and it expires (as a TAT
     /// does) `used` nanoseconds after its window has ended, when it means nothing any more.
     Calendar(CalendarPeriod),
+    /// At most `count` leases held per key, each expiring `period` after it was taken
+    /// ([`lease`]). Its keys hold leases, not TATs: only acquires and releases touch them.
+    Concurrency,
 }
 
 /// The largest count of any calendar limit: `2 x count` must stay exact in a double (the
@@ -198,6 +206,7 @@ impl Limit {
                 self.period,
             ),
             Window::Calendar(period) => Limit::calendar(self.count().div_ceil(d), period),
+            Window::Concurrency => Limit::concurrency(self.count().div_ceil(d), self.period),
         };
         match numbers {
             Ok(n) => Limit {
@@ -453,12 +462,23 @@ pub enum Mode {
     /// known only afterwards (tokens a response used) and limits declared `overdraw`. The
     /// charge is recorded even when the batch is denied, by it or by another item.
     Charge,
+    /// Take a lease of a concurrency limit under the item's lease id ([`lease::acquire`]):
+    /// counts toward the batch, written only when the batch is allowed.
+    Acquire,
+    /// Free the lease under the item's lease id ([`lease::release`]): does not count
+    /// toward the batch, and is applied whatever the batch decides.
+    Release,
 }
 
 impl Mode {
     /// Whether the item's decision counts toward the batch's.
     pub fn counts(self) -> bool {
-        !matches!(self, Mode::SpendOnly)
+        !matches!(self, Mode::SpendOnly | Mode::Release)
+    }
+
+    /// Whether the item acquires or releases a lease (a concurrency limit's modes).
+    pub fn is_lease(self) -> bool {
+        matches!(self, Mode::Acquire | Mode::Release)
     }
 }
 
@@ -505,10 +525,22 @@ pub struct BatchOutcome {
 /// assert_eq!(out.decisions[0].remaining, 10);
 /// ```
 pub fn spend_batch(now: Nanos, items: &[BatchItem<'_>], tats: &[Option<Nanos>]) -> BatchOutcome {
+    spend_batch_with(now, items, tats, true)
+}
+
+/// [`spend_batch`] for the rate items of a batch whose other items (a store's leases)
+/// decided `others_allowed`: when that is false the batch is denied and nothing but
+/// charges is written.
+pub fn spend_batch_with(
+    now: Nanos,
+    items: &[BatchItem<'_>],
+    tats: &[Option<Nanos>],
+    others_allowed: bool,
+) -> BatchOutcome {
     debug_assert_eq!(items.len(), tats.len());
     let mut decisions = Vec::with_capacity(items.len());
     let mut writes = Vec::with_capacity(items.len());
-    let mut allowed = true;
+    let mut allowed = others_allowed;
     for (item, &tat) in items.iter().zip(tats) {
         let (decision, write) = match item.mode {
             Mode::Charge => charge(item.limit, now, tat, item.cost),

@@ -318,6 +318,7 @@ impl BucketKey {
         match window {
             Window::Gcra => BucketKey::new(number, id),
             Window::Calendar(period) => BucketKey(Arc::from(format!("{number}@{period}:{id}"))),
+            Window::Concurrency => BucketKey(Arc::from(format!("{number}@lease:{id}"))),
         }
     }
 
@@ -351,6 +352,9 @@ impl BucketKey {
                 limit.period()
             ),
             Window::Calendar(period) => format!("{kind}/{}/{period}/{rest}", limit.count()),
+            Window::Concurrency => {
+                format!("{kind}/{}/lease/{}/{rest}", limit.count(), limit.period())
+            }
         };
         BucketKey::new(INLINE_NUMBER, &key)
     }

@@ -206,6 +206,7 @@ impl RespServer {
             limit: spend.limit,
             cost: spend.cost,
             mode: Mode::CheckAndSpend,
+            lease: None,
         }];
         let outcome = match self.store.try_spend_now(&items) {
             Some(outcome) => outcome,

@@ -91,6 +91,7 @@ impl Decider {
         options: CheckOptions,
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;
+        super::resolve::lease_rules(&resolved, false)?;
         // A counting item that can never pass (deny-listed, or oversize) denies the batch:
         // decide the rest without spending.
         let blocked = resolved.iter().any(|r| {
@@ -101,6 +102,8 @@ impl Decider {
         let store_items = store_items(&resolved, |r| match r.mode {
             _ if r.oversize => Mode::Probe,
             Mode::Charge => Mode::Charge,
+            // A release gives back what was held, whatever the batch decides.
+            Mode::Release => Mode::Release,
             _ if blocked => Mode::Probe,
             mode => mode,
         });
@@ -158,6 +161,7 @@ impl Decider {
         options: CheckOptions,
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;
+        super::resolve::lease_rules(&resolved, true)?;
         let store_items = store_items(&resolved, |_| Mode::CheckAndSpend);
         let decisions = if store_items.is_empty() {
             Vec::new()
@@ -218,6 +222,7 @@ fn store_items(resolved: &[Resolved], mode: impl Fn(&Resolved) -> Mode) -> Vec<S
                 limit,
                 cost: r.cost,
                 mode: mode(r),
+                lease: r.lease.clone(),
             }),
             _ => None,
         })

@@ -440,7 +440,9 @@ fn record_of(name: &Name, id: &str, policy: Policy, comment: &str, author: &str)
     };
     match policy {
         Policy::Limited { limit, .. } => match limit.window() {
-            Window::Gcra => {
+            // A temporary override has no way to name a concurrency limit (its numbers are
+            // a rate's or a calendar window's), so none is ever recorded as one.
+            Window::Gcra | Window::Concurrency => {
                 record.burst = limit.burst();
                 record.count = limit.count();
                 record.period_ns = limit.period();

@@ -52,6 +52,8 @@ pub struct ItemSpec<'a> {
     /// A limit given by the caller for this bucket (Envoy's descriptor `limit`), in place
     /// of the configured one. Allow and deny lists still apply.
     pub limit: Option<Limit>,
+    /// The lease id of an acquire or release (docs/concurrency.md).
+    pub lease: Option<Cow<'a, str>>,
 }
 
 impl<'a> ItemSpec<'a> {
@@ -65,6 +67,7 @@ impl<'a> ItemSpec<'a> {
             cost: None,
             mode: Mode::CheckAndSpend,
             limit: None,
+            lease: None,
         }
     }
 }
@@ -76,6 +79,9 @@ pub fn outcome(item: &ItemResult) -> &'static str {
         Rule::NotConfigured => "not_configured",
         Rule::Denied => "denied",
         Rule::InvalidId { .. } => "invalid",
+        // A release frees a lease or finds none held: never a denial (nor in `top`).
+        Rule::Limited(_) if item.mode == Mode::Release && item.decision.allowed => "released",
+        Rule::Limited(_) if item.mode == Mode::Release => "not_held",
         Rule::Limited(_) if item.decision.allowed => "allowed",
         Rule::Limited(_) if item.shadow => "shadow_denied",
         Rule::Limited(_) => "denied",

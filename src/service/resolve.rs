@@ -25,6 +25,8 @@ pub(super) struct Resolved {
     pub(super) oversize: bool,
     /// What rate-limit headers may say of the item's limit.
     pub(super) headers: Headers,
+    /// The lease id of an acquire or release.
+    pub(super) lease: Option<Arc<str>>,
 }
 
 /// Where an item's bucket is, before its rule: its key, its limit's name, the policy
@@ -169,6 +171,8 @@ impl Decider {
         };
         let shadow = options.shadow_all || (options.honour_shadow && behaviour.shadow);
         let mode = match item.mode {
+            // A lease is taken or freed, or nothing: shadow mode does not apply to it.
+            mode if mode.is_lease() => mode,
             _ if shadow => Mode::SpendOnly,
             // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left.
             Mode::CheckAndSpend if behaviour.overdraw => Mode::Charge,
@@ -184,6 +188,7 @@ impl Decider {
             shadow,
             oversize,
             headers: bucket.headers,
+            lease: item.lease.as_deref().map(Arc::from),
         })
     }
 
@@ -230,6 +235,7 @@ impl Decider {
                     shadow: options.shadow_all,
                     oversize: false,
                     headers: table.headers(found),
+                    lease: None,
                 }))
             }
         };
@@ -277,6 +283,91 @@ impl Decider {
             None => Ok(false),
         }
     }
+}
+
+/// The most bytes of a lease id.
+pub const MAX_LEASE_ID: usize = 128;
+
+/// Checks what acquires and releases need (docs/concurrency.md): a concurrency limit is
+/// only acquired, released or peeked (`Mode::Probe`), in no other mode (`refund`: never),
+/// with cost 1 and a lease id of 1 to [`MAX_LEASE_ID`] printable ASCII bytes; and only a
+/// concurrency limit is acquired or released.
+pub(super) fn lease_rules(resolved: &[Resolved], refund: bool) -> Result<(), DecideError> {
+    for (i, r) in resolved.iter().enumerate() {
+        let concurrency = matches!(r.rule, Rule::Limited(l) if l.window() == Window::Concurrency);
+        if concurrency && refund {
+            return Err(invalid(
+                i,
+                "",
+                format!(
+                    "{} is a concurrency limit: release its lease (MODE_RELEASE), do not refund",
+                    r.name
+                ),
+            ));
+        }
+        if !r.mode.is_lease() {
+            if concurrency && r.mode != Mode::Probe {
+                return Err(invalid(
+                    i,
+                    ".mode",
+                    format!(
+                        "{} is a concurrency limit: MODE_ACQUIRE or MODE_RELEASE with a lease_id",
+                        r.name
+                    ),
+                ));
+            }
+            if r.lease.is_some() {
+                return Err(invalid(
+                    i,
+                    ".lease_id",
+                    "only MODE_ACQUIRE and MODE_RELEASE take a lease id".to_string(),
+                ));
+            }
+            continue;
+        }
+        if !concurrency && matches!(r.rule, Rule::Limited(_)) {
+            return Err(invalid(
+                i,
+                ".mode",
+                format!(
+                    "{} is not a concurrency limit (window: concurrency): it has no leases",
+                    r.name
+                ),
+            ));
+        }
+        if r.cost != 1 {
+            return Err(invalid(
+                i,
+                ".cost",
+                format!("{}: a lease is one slot (cost 1 or unset)", r.cost),
+            ));
+        }
+        match r.lease.as_deref() {
+            None => {
+                return Err(invalid(
+                    i,
+                    ".lease_id",
+                    "missing (an acquire or release names its lease)".to_string(),
+                ))
+            }
+            Some(id) if id.len() > MAX_LEASE_ID => {
+                return Err(invalid(
+                    i,
+                    ".lease_id",
+                    format!("{} bytes, at most {MAX_LEASE_ID}", id.len()),
+                ))
+            }
+            Some(id) if !id.bytes().all(|b| b.is_ascii_graphic()) => {
+                return Err(invalid(
+                    i,
+                    ".lease_id",
+                    "not printable ASCII (0x21-0x7e)".to_string(),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// The bucket of a limit the caller gave (inline, or an unmatched descriptor's).

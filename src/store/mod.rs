@@ -38,6 +38,8 @@ pub struct StoreItem {
     pub limit: Limit,
     pub cost: u64,
     pub mode: Mode,
+    /// The lease id of a [`Mode::Acquire`] or [`Mode::Release`] item (docs/concurrency.md).
+    pub lease: Option<std::sync::Arc<str>>,
 }
 
 /// The answer of a spend batch.

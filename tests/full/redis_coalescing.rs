@@ -63,6 +63,7 @@ fn item(id: &str, limit: Limit) -> StoreItem {
         limit,
         cost: 1,
         mode: Mode::CheckAndSpend,
+        lease: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn spend(id: &str, limit: Limit, cost: u64) -> StoreItem {
         limit,
         cost,
         mode: Mode::CheckAndSpend,
+        lease: None,
     }
 }
 
@@ -773,4 +774,41 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         assert_eq!(outcome.allowed, expected);
     }
     assert_eq!(keys(), "1");
+}
+
+/// Concurrency limits are not served by the Redis store yet (docs/concurrency.md): a lease
+/// item is refused with an error that says so, even under the `allow` failure policy (never
+/// a silent allow), and nothing is written.
+#[tokio::test]
+async fn leases_are_refused_not_answered_by_the_failure_policy() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let (store, _) = store(
+        RedisSettings {
+            failure: FailurePolicy::Allow,
+            ..settings(&server.url())
+        },
+        &clock,
+    );
+    let limit = Limit::concurrency(3, 30 * SECOND).unwrap();
+    let lease = StoreItem {
+        key: BucketKey::windowed(100, "t", Window::Concurrency),
+        limit,
+        cost: 1,
+        mode: Mode::Acquire,
+        lease: Some(Arc::from("req-1")),
+    };
+    for items in [
+        vec![lease.clone()],
+        vec![spend("rate", per_10s(), 1), lease.clone()],
+    ] {
+        let e = store.spend(&items).await.unwrap_err();
+        assert!(
+            e.to_string().contains("not yet served by the Redis store"),
+            "{e}"
+        );
+    }
+    let e = store.refund(&[lease]).await.unwrap_err();
+    assert!(e.to_string().contains("not yet served"), "{e}");
+    assert_eq!(server.cli(&["DBSIZE"]).unwrap().trim(), "0");
 }

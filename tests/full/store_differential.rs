@@ -230,6 +230,7 @@ impl Subjects {
                 limit: limits[i.limit],
                 cost: i.cost,
                 mode: i.mode,
+                lease: None,
             };
             items.iter().map(item).collect()
         };
@@ -339,6 +340,7 @@ impl Subjects {
                 limit: peek,
                 cost: 0,
                 mode: Mode::CheckOnly,
+                lease: None,
             };
             let d: Decision = memory.spend(&[item]).await.unwrap().decisions[0];
             out.push((d.reset_in > 0).then_some(now + d.reset_in));

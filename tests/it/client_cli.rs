@@ -675,3 +675,72 @@ fn an_override_always_has_an_author() {
         );
     }
 }
+
+/// `check --mode acquire|release --lease-id` on a concurrency limit: a retried acquire
+/// takes no second slot, a full key exits 2, a release frees the slot.
+#[test]
+fn leases_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write("names.yaml", "InFlight: {number: 100, format: string}\n");
+    write(
+        "defaults.yaml",
+        "InFlight: {window: concurrency, count: 1, period: 30s}\n",
+    );
+    let server = serve_with(dir.path(), &[]);
+    let run = |mode: &str, id: &str| {
+        let args = [
+            "check",
+            "InFlight",
+            "acme",
+            "--mode",
+            mode,
+            "--lease-id",
+            id,
+            "--json",
+        ];
+        cellrate(&server.listen, &server.admin, &args, &[])
+    };
+    let answer = |out: &Output| {
+        let v = json(out);
+        (
+            out.status.code(),
+            v["allowed"].clone(),
+            v["remaining"].clone(),
+        )
+    };
+    let (yes, no) = (Value::Bool(true), Value::Bool(false));
+    assert_eq!(
+        answer(&run("acquire", "r1")),
+        (Some(0), yes.clone(), 0.into())
+    );
+    assert_eq!(
+        answer(&run("acquire", "r1")),
+        (Some(0), yes.clone(), 0.into())
+    );
+    assert_eq!(
+        answer(&run("acquire", "r2")),
+        (Some(2), no.clone(), 0.into())
+    );
+    assert_eq!(answer(&run("release", "r1")).1, yes);
+    assert_eq!(answer(&run("acquire", "r2")), (Some(0), yes, 0.into()));
+    let args = [
+        "check",
+        "InFlight",
+        "acme",
+        "--mode",
+        "acquire",
+        "--lease-id",
+        "r2",
+    ];
+    let table = rows(&cellrate(&server.listen, &server.admin, &args, &[]));
+    assert_eq!(table[1][6], "1 in flight, hold 30s", "{table:?}");
+    let out = run("acquire", "");
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("lease_id: missing"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = no;
+}

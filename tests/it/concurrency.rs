@@ -18,6 +18,7 @@ fn item(key: &BucketKey, limit: Limit) -> StoreItem {
         limit,
         cost: 1,
         mode: Mode::CheckAndSpend,
+        lease: None,
     }
 }
 

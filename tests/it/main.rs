@@ -29,6 +29,7 @@ mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
 mod input_limits;
+mod leases;
 mod native_headers;
 mod operations;
 mod process_ops;

@@ -69,6 +69,7 @@ fn item(key: &str, limit: Limit, cost: u64, mode: Mode) -> StoreItem {
         limit,
         cost,
         mode,
+        lease: None,
     }
 }
 

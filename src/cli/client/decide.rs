@@ -21,13 +21,17 @@ pub(super) fn item(args: &ClientItemArgs, mode: pb::Mode) -> pb::Item {
 pub(super) async fn check(
     args: &ClientItemArgs,
     mode: pb::Mode,
+    lease_id: Option<&str>,
     request_id: Option<&str>,
     headers: HeaderStyle,
 ) -> Result<Answer, Failed> {
     let channel = connect(&args.client, &args.client.addr).await?;
     let response = pb::rate_limiter_client::RateLimiterClient::new(channel)
         .check(pb::CheckRequest {
-            items: vec![item(args, mode)],
+            items: vec![pb::Item {
+                lease_id: lease_id.unwrap_or_default().to_string(),
+                ..item(args, mode)
+            }],
             request_id: request_id.unwrap_or_default().to_string(),
             headers: match headers {
                 HeaderStyle::Off => pb::HeaderStyle::None,

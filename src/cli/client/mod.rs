@@ -85,13 +85,21 @@ pub fn run_check(args: ClientCheckArgs) -> Exit {
         ClientMode::CheckOnly => pb::Mode::CheckOnly,
         ClientMode::SpendOnly => pb::Mode::SpendOnly,
         ClientMode::Charge => pb::Mode::Charge,
+        ClientMode::Acquire => pb::Mode::Acquire,
+        ClientMode::Release => pb::Mode::Release,
     };
     let item = args.item;
     finish(
         &item.client,
         block_on(
             &item.client,
-            decide::check(&item, mode, args.request_id.as_deref(), args.headers),
+            decide::check(
+                &item,
+                mode,
+                args.lease_id.as_deref(),
+                args.request_id.as_deref(),
+                args.headers,
+            ),
         ),
     )
 }

@@ -41,6 +41,8 @@ pub(super) fn decision_answer(args: &ClientItemArgs, d: &pb::Decision, exit: Exi
     let (retry, reset) = (nanos(d.retry_after.as_ref()), nanos(d.reset_after.as_ref()));
     let limit_text = if limit.burst == 0 {
         "-".to_string()
+    } else if limit.concurrency == Some(true) {
+        format!("{} in flight, hold {}", limit.count, duration(period))
     } else if let Some(calendar) = &limit.calendar {
         format!("{} per calendar {calendar}", limit.count)
     } else {

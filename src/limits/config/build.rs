@@ -339,10 +339,13 @@ impl LimitTable {
         let Policy::Limited { limit: over, .. } = policy else {
             return None;
         };
-        if let (Window::Calendar(_), Some(name)) = (over.window(), self.names.by_number(number)) {
+        if let (Window::Calendar(_) | Window::Concurrency, Some(name)) =
+            (over.window(), self.names.by_number(number))
+        {
             if self.quota.names().any(|used| used == &*name.text) {
                 return Some(format!(
-                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows",
+                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows \
+                     or concurrency limits",
                     name.text
                 ));
             }
@@ -360,6 +363,13 @@ impl LimitTable {
                  (leave out `window: calendar`, or make the default a calendar limit)"
                     .to_string(),
             ),
+            (Window::Concurrency, w) | (w, Window::Concurrency) if w != Window::Concurrency => {
+                Some(
+                    "a concurrency limit's overrides are concurrency limits, and a rate's are \
+                     rates (`window: concurrency` on both, or on neither)"
+                        .to_string(),
+                )
+            }
             _ => None,
         }
     }
@@ -391,8 +401,8 @@ impl LimitTable {
         errors
     }
 
-    /// Why `quota.yaml` cannot use a name: a limit of it counts in calendar windows, which
-    /// an RLQS token-bucket assignment cannot express.
+    /// Why `quota.yaml` cannot use a name: a limit of it counts in calendar windows or is a
+    /// concurrency limit, which an RLQS token-bucket assignment cannot express.
     fn calendar_quota_names(&self) -> Vec<(String, String)> {
         let mut found = Vec::new();
         for text in self.quota.names() {
@@ -407,12 +417,22 @@ impl LimitTable {
                 .iter()
                 .chain(policies.overrides.values().map(|(policy, _)| policy))
                 .any(|policy| matches!(policy.window(), Window::Calendar(_)));
-            if calendar && !found.iter().any(|(t, _)| t == text) {
+            let concurrency = policies
+                .default
+                .iter()
+                .chain(policies.overrides.values().map(|(policy, _)| policy))
+                .any(|policy| policy.window() == Window::Concurrency);
+            if (calendar || concurrency) && !found.iter().any(|(t, _)| t == text) {
                 found.push((
                     text.to_string(),
-                    "counts in calendar windows, which RLQS cannot assign (Envoy's \
-                     quota buckets refill as token buckets): use it through ShouldRateLimit"
-                        .to_string(),
+                    if concurrency {
+                        "is a concurrency limit, which RLQS cannot assign (Envoy's quota \
+                         buckets refill as token buckets): use it through Check"
+                    } else {
+                        "counts in calendar windows, which RLQS cannot assign (Envoy's \
+                         quota buckets refill as token buckets): use it through ShouldRateLimit"
+                    }
+                    .to_string(),
                 ));
             }
         }

@@ -1149,4 +1149,81 @@ NewOrdersPerAccount: {burst: 300, count: 300, period: 1m, measures: tokens}
             "{e}"
         );
     }
+
+    /// `window: concurrency` loads as a concurrency limit (count leases, period the hold);
+    /// what does not apply to leases, and an override of another kind, are refused.
+    #[test]
+    fn concurrency_limits_load_and_bad_ones_are_refused() {
+        use crate::gcra::Window;
+        let names = ("names.yaml", "InFlight: {number: 150, format: string}");
+        let table = load(&[
+            names,
+            (
+                "defaults.yaml",
+                "InFlight: {window: concurrency, count: 8, period: 30s}",
+            ),
+            (
+                "overrides.yaml",
+                "- InFlight: {window: concurrency, count: 32, period: 2m, ids: [big]}\n",
+            ),
+        ])
+        .unwrap();
+        let name = table.names().get("InFlight").unwrap();
+        for (id, count, hold) in [("any", 8, 30), ("big", 32, 120)] {
+            match table.policy(name, id) {
+                Some(Policy::Limited { limit, .. }) => {
+                    assert_eq!(limit.window(), Window::Concurrency);
+                    assert_eq!((limit.count(), limit.period()), (count, hold * SECOND));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let defaults = |text: &str| error(&[names, ("defaults.yaml", text)]);
+        for (text, says) in [
+            (
+                "{window: concurrency, count: 8, burst: 9, period: 30s}",
+                "burst 9",
+            ),
+            (
+                "{window: concurrency, count: 8, period: 30s, overdraw: true}",
+                "overdraw",
+            ),
+            (
+                "{window: concurrency, count: 10001, period: 30s}",
+                "at most 10000 leases",
+            ),
+            ("{window: concurrency, count: 8, period: 2d}", "hold"),
+            ("{window: concurrency, count: 8, period: 0s}", "period"),
+        ] {
+            let e = defaults(&format!("InFlight: {text}"));
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        let e = error(&[
+            names,
+            (
+                "defaults.yaml",
+                "InFlight: {window: concurrency, count: 8, period: 30s}",
+            ),
+            (
+                "overrides.yaml",
+                "- InFlight: {burst: 5, count: 5, period: 1s, ids: [x]}\n",
+            ),
+        ]);
+        assert!(e.contains("a concurrency limit's overrides"), "{e}");
+        let e = error(&[
+            names,
+            (
+                "defaults.yaml",
+                "InFlight: {window: concurrency, count: 8, period: 30s}",
+            ),
+            (
+                "quota.yaml",
+                "edge:\n  - match: [{key: tenant}]\n    limits: [InFlight]\n",
+            ),
+        ]);
+        assert!(
+            e.contains("InFlight: is a concurrency limit, which RLQS"),
+            "{e}"
+        );
+    }
 }

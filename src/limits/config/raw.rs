@@ -60,13 +60,14 @@ pub(super) enum RawVisibility {
     Hidden,
 }
 
-/// How a limit counts: `gcra` (the default) or `calendar`.
+/// How a limit counts: `gcra` (the default), `calendar`, or `concurrency` (leases).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum RawWindow {
     #[default]
     Gcra,
     Calendar,
+    Concurrency,
 }
 
 impl RawLimit {
@@ -90,6 +91,7 @@ impl RawLimit {
                 )?;
                 Limit::new(burst, self.count, period).map_err(|e| e.to_string())?
             }
+            RawWindow::Concurrency => self.concurrency()?,
             RawWindow::Calendar => {
                 let period = self.calendar_period()?;
                 if let Some(burst) = self.burst.filter(|&b| b != self.count) {
@@ -113,6 +115,25 @@ impl RawLimit {
                 },
             },
         })
+    }
+
+    /// A concurrency limit: `count` leases a key, each held at most `period`.
+    fn concurrency(&self) -> Result<Limit, String> {
+        if self.timezone.is_some() || self.anchor.is_some() || self.overdraw {
+            return Err(
+                "timezone, anchor and overdraw do not apply to `window: concurrency` \
+                 (count leases, each held at most period)"
+                    .into(),
+            );
+        }
+        if let Some(burst) = self.burst.filter(|&b| b != self.count) {
+            return Err(format!(
+                "burst {burst}: a concurrency limit's burst is its count {} (leave burst out)",
+                self.count
+            ));
+        }
+        let hold = parse_duration(&self.period).map_err(|e| format!("period: {e}"))?;
+        Limit::concurrency(self.count, hold).map_err(|e| e.to_string())
     }
 
     /// The calendar period of `period`, `timezone` and `anchor`.
@@ -247,7 +268,7 @@ impl RawOverride {
                     .to_string(),
             );
         }
-        if self.window == RawWindow::Calendar && (self.unlimited || self.deny) {
+        if self.window != RawWindow::Gcra && (self.unlimited || self.deny) {
             return Err(
                 "window applies to a limit (count, period), not to unlimited or deny".to_string(),
             );

@@ -80,7 +80,8 @@ impl Metrics {
         let decisions = reg.counters(
             "cellrate_decisions_total",
             "Decisions per limit: api (native, envoy), limit name, result (allowed, denied, \
-             shadow_denied, unlimited, not_configured, invalid, unmatched).",
+             shadow_denied, unlimited, not_configured, invalid, unmatched; a lease's release: \
+             released, not_held).",
             &["api", "limit", "result"],
         );
         let settlements = reg.counters_from_zero(

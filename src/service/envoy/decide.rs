@@ -118,6 +118,7 @@ impl EnvoyRateLimitService {
             cost: Some(cost),
             mode: mode_of(descriptor),
             limit: given,
+            lease: None,
         };
         match table.descriptors().map(table.names(), domain, entries) {
             Mapping::Limits { names, id } => {

@@ -118,6 +118,7 @@ impl EnvoyRateLimitService {
                 cost: Some(cost),
                 mode: mode_of(descriptor),
                 limit: None,
+                lease: None,
             });
             batch.owner.push(d);
         }

@@ -97,6 +97,8 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
         pb::Mode::CheckOnly => Mode::CheckOnly,
         pb::Mode::SpendOnly => Mode::SpendOnly,
         pb::Mode::Charge => Mode::Charge,
+        pb::Mode::Acquire => Mode::Acquire,
+        pb::Mode::Release => Mode::Release,
     };
     match usage {
         Use::Check => {}
@@ -118,6 +120,7 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
         cost: item.cost,
         mode,
         limit: None,
+        lease: (!item.lease_id.is_empty()).then_some(Cow::Borrowed(item.lease_id.as_str())),
     })
 }
 
@@ -154,6 +157,9 @@ fn limit_info(item: &ItemResult) -> Option<pb::LimitInfo> {
             Some(Window::Calendar(period)) => Some(period.text().to_string()),
             _ => None,
         },
+        concurrency: limit
+            .is_some_and(|l| l.window() == Window::Concurrency)
+            .then_some(true),
     })
 }
 

@@ -144,7 +144,8 @@ fn runtime_override(runtime: &RuntimeOverrides, entry: &RuntimeOverride) -> pb::
             out.burst = limit.burst();
             out.count = limit.count();
             match limit.window() {
-                Window::Gcra => out.period = Some(duration(limit.period())),
+                // A concurrency limit's period is its hold.
+                Window::Gcra | Window::Concurrency => out.period = Some(duration(limit.period())),
                 Window::Calendar(period) => out.calendar = Some(period.text().to_string()),
             }
         }
@@ -189,6 +190,13 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
             let result = match request.get_ref().request_id.is_empty() {
                 true => self.decider.check(&items).await?,
                 false => {
+                    // A Check kept for Settle spends tokens; a lease is released, not settled.
+                    if let Some(i) = items.iter().position(|i| i.mode.is_lease()) {
+                        return Err(Status::invalid_argument(format!(
+                            "items[{i}].mode: a Check with a request_id (kept for Settle) \
+                             takes no MODE_ACQUIRE or MODE_RELEASE items"
+                        )));
+                    }
                     let settler = self.settler()?;
                     settler
                         .check(&self.decider, request.get_ref(), &items)

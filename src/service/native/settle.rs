@@ -170,7 +170,7 @@ fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
                     tokens: if written { item.cost.unwrap_or(1) } else { 0 },
                     period: match limit.window() {
                         Window::Calendar(period) => Some(period),
-                        Window::Gcra => None,
+                        Window::Gcra | Window::Concurrency => None,
                     },
                 }
             }

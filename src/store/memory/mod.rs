@@ -37,7 +37,10 @@ use crate::limits::names::BucketKey;
 use crate::store::table::{TatTable, MIN_PRINT};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
 
+mod leases;
 mod snapshot;
+use leases::LeaseMap;
+pub use leases::DEFAULT_MAX_LEASES;
 pub use snapshot::{Ignored, Restored, Written};
 
 /// The least number of shards: enough that two batches rarely meet.
@@ -106,9 +109,9 @@ impl Space {
     }
 }
 
-/// A shard's tables, one per [`Space`].
+/// A shard's tables, one per [`Space`], and its leases (`leases.rs`).
 #[derive(Default)]
-struct Tables([TatTable; 2]);
+struct Tables([TatTable; 2], LeaseMap);
 
 impl Tables {
     fn get(&self, (print, space): (Fingerprint, Space)) -> Option<Nanos> {
@@ -134,6 +137,9 @@ pub struct MemoryStore {
     /// Buckets held, by [`Space`], expired ones included (changed under a shard's lock,
     /// with the table it counts).
     held: [AtomicUsize; 2],
+    /// Bound on leases of concurrency limits, and leases held (expired ones included).
+    lease_bound: usize,
+    leases_held: AtomicUsize,
 }
 
 /// The share of `max_buckets` that caller-given limits may hold, in percent, by default.
@@ -180,6 +186,8 @@ impl MemoryStore {
             clock,
             bound: [configured, caller],
             held: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            lease_bound: DEFAULT_MAX_LEASES,
+            leases_held: AtomicUsize::new(0),
         }
     }
 
@@ -221,6 +229,9 @@ impl MemoryStore {
 
     /// Decides a batch now (the synchronous core of [`Store::spend`]).
     pub fn spend_now(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+        if items.iter().any(leases::is_lease) {
+            return self.spend_with_leases(items);
+        }
         if let [item] = items {
             return self.spend_one(item);
         }
@@ -398,7 +409,7 @@ impl MemoryStore {
             .collect()
     }
 
-    /// Deletes buckets now; returns how many were not full.
+    /// Deletes buckets (and frees leases) now; returns how many were not full (empty).
     pub fn reset_now(&self, keys: &[BucketKey]) -> u32 {
         let prints: Vec<(Fingerprint, Space)> = keys.iter().map(|k| self.fingerprint(k)).collect();
         let (mut guards, positions) = self.lock_all(&prints);
@@ -411,12 +422,16 @@ impl MemoryStore {
                 if removed.is_some() {
                     self.swept(space, 1);
                 }
-                removed.is_some_and(|tat| tat > now)
+                // A concurrency limit's key: its leases are freed.
+                let leases = guards[p].1.remove(&print).unwrap_or_default();
+                self.leases_dropped(leases.len());
+                removed.is_some_and(|tat| tat > now) || leases.iter().any(|l| l.expires > now)
             })
             .count() as u32
     }
 
-    /// Drops every bucket whose TAT has passed; returns how many.
+    /// Drops every bucket whose TAT has passed, and every expired lease; returns how many
+    /// buckets.
     pub fn sweep(&self) -> usize {
         (0..self.shards.len()).map(|s| self.sweep_shard(s)).sum()
     }
@@ -426,6 +441,8 @@ impl MemoryStore {
     pub fn sweep_shard(&self, shard: usize) -> usize {
         let mut tables = self.lock(shard);
         let now = self.clock.now();
+        // Expired leases go too, uncounted here (the count is of buckets).
+        self.sweep_leases(&mut tables, now);
         [Space::Configured, Space::CallerGiven]
             .into_iter()
             .map(|space| {
@@ -434,6 +451,13 @@ impl MemoryStore {
                 dropped
             })
             .sum()
+    }
+
+    /// Drops a shard's expired leases; returns how many.
+    fn sweep_leases(&self, tables: &mut Tables, now: Nanos) -> usize {
+        let dropped = leases::sweep(&mut tables.1, now);
+        self.leases_dropped(dropped);
+        dropped
     }
 
     /// The number of shards.
@@ -500,6 +524,7 @@ mod tests {
             limit: Limit::new(2, 2, SECOND).unwrap(),
             cost,
             mode: Mode::CheckAndSpend,
+            lease: None,
         }
     }
 
@@ -570,6 +595,7 @@ mod tests {
             limit,
             cost: 1,
             mode: Mode::CheckAndSpend,
+            lease: None,
         };
         for i in 0..10 {
             assert!(store.spend_now(&[caller(i)]).unwrap().allowed);
@@ -637,6 +663,7 @@ mod tests {
                     limit,
                     cost: 1,
                     mode: Mode::CheckAndSpend,
+                    lease: None,
                 })
                 .collect();
             for item in &items {

@@ -521,6 +521,7 @@ mod tests {
             limit: Limit::new(10, 10, 10 * SECOND).unwrap(),
             cost: 4,
             mode: Mode::CheckAndSpend,
+            lease: None,
         }
     }
 

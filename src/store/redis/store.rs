@@ -143,6 +143,8 @@ impl RedisStore {
                             i64::try_from(item.cost).unwrap_or(i64::MAX),
                             item.limit.burst() as i64,
                         ),
+                        // Refused before it gets here (`not_served`).
+                        Window::Concurrency => (0, 0),
                     };
                     Wire {
                         key: keys[i].clone(),
@@ -391,9 +393,24 @@ pub(super) fn increment(item: &StoreItem, now: Nanos) -> String {
     window.refund_arg(increment, item.cost)
 }
 
+/// Leases of concurrency limits are not served by the Redis store yet (docs/concurrency.md):
+/// refused before any call, and before the failure policy, which must not answer them.
+fn not_served(items: &[StoreItem]) -> Result<(), StoreError> {
+    if items
+        .iter()
+        .any(|i| i.mode.is_lease() || i.limit.window() == Window::Concurrency)
+    {
+        return Err(StoreError::Config(
+            "concurrency limits are not yet served by the Redis store".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Store for RedisStore {
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
         Box::pin(async move {
+            not_served(items)?;
             match self.spend_redis(items).await {
                 Ok(outcome) => Ok(outcome),
                 Err(e) => self.on_failure(items, e),
@@ -403,6 +420,7 @@ impl Store for RedisStore {
 
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(async move {
+            not_served(items)?;
             match (self.refund_redis(items).await, &self.fallback) {
                 (Ok(d), _) => Ok(d),
                 (Err(_), Some(local)) => Ok(local.refund_now(&self.local_share(items))),

@@ -77,7 +77,8 @@ impl Action {
     fn of(mode: Mode) -> Action {
         match mode {
             Mode::CheckAndSpend => Action::CheckAndSpend,
-            Mode::CheckOnly | Mode::Probe => Action::CheckOnly,
+            // Leases never reach the script (the store refuses them first).
+            Mode::CheckOnly | Mode::Probe | Mode::Acquire | Mode::Release => Action::CheckOnly,
             Mode::SpendOnly => Action::SpendOnly,
             Mode::Charge => Action::Charge,
         }
@@ -167,7 +168,7 @@ pub(super) enum WireWindow {
 impl WireWindow {
     pub(super) fn new(window: Window, now: Nanos) -> WireWindow {
         let period = match window {
-            Window::Gcra => return WireWindow::Gcra,
+            Window::Gcra | Window::Concurrency => return WireWindow::Gcra,
             Window::Calendar(period) => period,
         };
         match LETTERS.iter().position(|(p, _)| *p == period) {

@@ -36,14 +36,20 @@ use crate::store::memory::MemoryStore;
 use crate::store::settlements::MemorySettlements;
 use crate::store::Store;
 
+mod seeds;
+pub use seeds::seeds;
+
 /// The example configuration (`config/`), which the decision harnesses decide against.
 pub const EXAMPLE_CONFIG: [(&str, &str); 4] = [
-    ("names.yaml", include_str!("../config/names.yaml")),
-    ("defaults.yaml", include_str!("../config/defaults.yaml")),
-    ("overrides.yaml", include_str!("../config/overrides.yaml")),
+    ("names.yaml", include_str!("../../config/names.yaml")),
+    ("defaults.yaml", include_str!("../../config/defaults.yaml")),
+    (
+        "overrides.yaml",
+        include_str!("../../config/overrides.yaml"),
+    ),
     (
         "descriptors.yaml",
-        include_str!("../config/descriptors.yaml"),
+        include_str!("../../config/descriptors.yaml"),
     ),
 ];
 
@@ -391,210 +397,3 @@ pub const TARGETS: [(&str, Harness); 5] = [
     ("should_rate_limit", should_rate_limit),
     ("check", check),
 ];
-
-/// Seed inputs for `target`, built from the examples (config/, the documented requests):
-/// the fuzzers' starting corpus (`cargo run --features fuzzing --example fuzz_seeds` writes them to
-/// `fuzz/seeds/`), and inputs the test suite runs.
-pub fn seeds(target: &str) -> Vec<Vec<u8>> {
-    match target {
-        "limits_config" => config_seeds(),
-        "id_canonicalisation" => id_seeds(),
-        "descriptor_mapping" => SEED_DESCRIPTORS
-            .iter()
-            .flat_map(|entries| {
-                ["edge", "any"].map(|domain| {
-                    let mut text = domain.to_string();
-                    for (key, value) in entries.iter() {
-                        text.push_str(&format!("\n{key}={value}"));
-                    }
-                    text.into_bytes()
-                })
-            })
-            .collect(),
-        "should_rate_limit" => should_rate_limit_seeds(),
-        "check" => check_seeds(),
-        _ => Vec::new(),
-    }
-}
-
-/// The descriptors of the seeds: the example config's rules, a deny-listed key, an id in
-/// a format's odd spelling, and one no rule maps.
-const SEED_DESCRIPTORS: [&[(&str, &str)]; 6] = [
-    &[("generic_key", "signup"), ("remote_address", "192.0.2.1")],
-    &[("api_key", "key-1")],
-    &[("api_key", "key-revoked-0001")],
-    &[("NewOrdersPerAccount", "012345678")],
-    &[("remote_address", "2001:db8::1")],
-    &[("path", "/"), ("method", "GET")],
-];
-
-fn config_seeds() -> Vec<Vec<u8>> {
-    let all: Vec<&str> = EXAMPLE_CONFIG.iter().map(|(_, text)| *text).collect();
-    vec![
-        all.join("\0").into_bytes(),
-        all[0].as_bytes().to_vec(),
-        format!("\0{}", all[1]).into_bytes(),
-        b"\0\0\0".to_vec(),
-    ]
-}
-
-fn id_seeds() -> Vec<Vec<u8>> {
-    let ids = [
-        "192.0.2.1",
-        "2001:DB8:0::1",
-        "::ffff:192.0.2.1",
-        "2001:db8:1::/48",
-        "012345678",
-        "WWW.Example.CO.UK.",
-        "b.example.com,A.example.com",
-        "key-1",
-        "12345:www.example.com",
-    ];
-    let mut seeds = Vec::new();
-    for (selector, _) in FORMATS.iter().enumerate() {
-        for id in ids {
-            let mut seed = vec![selector as u8];
-            seed.extend_from_slice(id.as_bytes());
-            seeds.push(seed);
-        }
-    }
-    seeds
-}
-
-fn should_rate_limit_seeds() -> Vec<Vec<u8>> {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-        Entry, RateLimitOverride,
-    };
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-
-    let descriptor =
-        |entries: &[(&str, &str)], limit: Option<RateLimitOverride>| RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(key, value)| Entry {
-                    key: key.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            limit,
-            ..Default::default()
-        };
-    let mut seeds: Vec<Vec<u8>> = SEED_DESCRIPTORS
-        .iter()
-        .map(|entries| RateLimitRequest {
-            domain: "edge".to_string(),
-            descriptors: vec![descriptor(entries, None)],
-            hits_addend: 0,
-        })
-        .map(|r| r.encode_to_vec())
-        .collect();
-    seeds.push(
-        RateLimitRequest {
-            domain: "edge".to_string(),
-            descriptors: SEED_DESCRIPTORS
-                .iter()
-                .map(|e| descriptor(e, None))
-                .collect(),
-            hits_addend: 3,
-        }
-        .encode_to_vec(),
-    );
-    seeds.push(
-        RateLimitRequest {
-            domain: "any".to_string(),
-            descriptors: vec![descriptor(
-                &[("user", "u1")],
-                Some(RateLimitOverride {
-                    requests_per_unit: 2,
-                    unit: 1,
-                }),
-            )],
-            hits_addend: 5,
-        }
-        .encode_to_vec(),
-    );
-    seeds
-}
-
-fn check_seeds() -> Vec<Vec<u8>> {
-    let named = |name: &str, id: &str, cost: Option<u64>, mode: pb::Mode| pb::Item {
-        name: name.to_string(),
-        id: id.to_string(),
-        inline: None,
-        cost,
-        mode: mode as i32,
-    };
-    let inline = pb::Item {
-        inline: Some(pb::InlineLimit {
-            key: "export:42".to_string(),
-            burst: 5,
-            count: 1,
-            period: Some(crate::service::native::duration(SECOND)),
-            calendar: String::new(),
-        }),
-        cost: Some(2),
-        ..Default::default()
-    };
-    let requests = [
-        vec![named(
-            "NewOrdersPerAccount",
-            "12345678",
-            None,
-            pb::Mode::CheckAndSpend,
-        )],
-        vec![
-            named(
-                "NewOrdersPerAccount",
-                "42",
-                Some(1),
-                pb::Mode::CheckAndSpend,
-            ),
-            named(
-                "CertificatesPerDomain",
-                "www.example.com",
-                Some(0),
-                pb::Mode::CheckOnly,
-            ),
-            named("ApiRequestsPerKey", "key-1", Some(3), pb::Mode::SpendOnly),
-        ],
-        vec![named(
-            "ApiRequestsPerKey",
-            "key-revoked-0001",
-            None,
-            pb::Mode::CheckAndSpend,
-        )],
-        vec![
-            named(
-                "NewRegistrationsPerIPAddress",
-                "2001:db8::1",
-                None,
-                pb::Mode::CheckAndSpend,
-            ),
-            inline.clone(),
-        ],
-        vec![inline.clone()],
-        // A calendar window (the fuzzer finds its way to bad window names from here).
-        vec![pb::Item {
-            inline: Some(pb::InlineLimit {
-                period: None,
-                burst: 0,
-                calendar: "1mo".to_string(),
-                ..inline.inline.clone().unwrap_or_default()
-            }),
-            mode: pb::Mode::Charge as i32,
-            ..inline
-        }],
-    ];
-    requests
-        .into_iter()
-        .zip([0, 1, 2, 3, 4].into_iter().cycle()) // every header style
-        .map(|(items, headers)| {
-            pb::CheckRequest {
-                items,
-                headers,
-                ..Default::default()
-            }
-            .encode_to_vec()
-        })
-        .collect()
-}

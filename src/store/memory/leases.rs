@@ -1,0 +1,431 @@
+//! The memory store's leases of concurrency limits (docs/concurrency.md): per shard, a map
+//! from a key's fingerprint to its leases, each a keyed hash of its lease id (the store's
+//! [`super::BucketHasher`], so callers cannot aim for a collision) and its expiry. A batch
+//! holding a lease item is decided here under the same shard locks as its rate items, so
+//! it stays atomic and all-or-nothing: the acquires are decided first, and the rate items
+//! are spent only if every acquire is allowed (and the other way round).
+//!
+//! **Bound.** At most `lease_bound` leases in all (expired ones count until dropped), besides
+//! the buckets' bound; at most `count` a key by the arithmetic. A batch that would take
+//! leases beyond the bound first drops the expired leases of the shards it holds, then
+//! fails with "lease capacity reached" and writes nothing; leases held are never pushed out.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use super::{Fingerprint, MemoryStore, Space, Tables};
+use crate::clock::Nanos;
+use crate::gcra::lease::{self, Lease, LeaseWrite};
+use crate::gcra::{self, BatchItem, Decision, Mode, Window};
+use crate::store::{Outcome, StoreError, StoreItem};
+
+/// The default bound on leases held in all.
+pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
+
+/// A shard's leases, by key fingerprint.
+pub(super) type LeaseMap = HashMap<Fingerprint, Vec<Lease>>;
+
+/// Whether an item names a concurrency limit's key (its leases, not a TAT).
+pub(super) fn is_lease(item: &StoreItem) -> bool {
+    item.limit.window() == Window::Concurrency
+}
+
+/// Drops a shard's expired leases; returns how many.
+pub(super) fn sweep(leases: &mut LeaseMap, now: Nanos) -> usize {
+    let mut dropped = 0;
+    leases.retain(|_, set| {
+        let before = set.len();
+        set.retain(|l| l.expires > now);
+        dropped += before - set.len();
+        !set.is_empty()
+    });
+    dropped
+}
+
+impl MemoryStore {
+    /// Decides a batch that holds lease items (the lease-aware core of `spend_now`).
+    pub(super) fn spend_with_leases(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+        let prints: Vec<(Fingerprint, Space)> =
+            items.iter().map(|i| self.fingerprint(&i.key)).collect();
+        let (mut guards, positions) = self.lock_all(&prints);
+        let now = self.clock.now();
+        // The leases first: whether every acquire may take its lease.
+        let mut leased: Vec<Option<(Decision, Option<LeaseWrite>)>> = items
+            .iter()
+            .zip(&prints)
+            .zip(&positions)
+            .map(|((item, &(print, _)), &p)| {
+                is_lease(item).then(|| self.decide_lease(&guards[p], print, item, now))
+            })
+            .collect();
+        let acquired = items
+            .iter()
+            .zip(&leased)
+            .all(|(item, decided)| match decided {
+                Some((d, _)) if item.mode == Mode::Acquire => d.allowed,
+                _ => true,
+            });
+        // Then the rates, denied unless the acquires are allowed.
+        let rates: Vec<usize> = (0..items.len()).filter(|&i| leased[i].is_none()).collect();
+        let tats: Vec<Option<Nanos>> = rates
+            .iter()
+            .map(|&i| guards[positions[i]].get(prints[i]))
+            .collect();
+        let batch: Vec<BatchItem<'_>> = rates
+            .iter()
+            .map(|&i| BatchItem {
+                limit: &items[i].limit,
+                cost: items[i].cost,
+                mode: items[i].mode,
+            })
+            .collect();
+        let out = gcra::spend_batch_with(now, &batch, &tats, acquired);
+        // An acquire of a denied batch takes nothing: it reports the key as it stands.
+        for (i, decided) in leased.iter_mut().enumerate() {
+            if let Some((decision, write)) = decided {
+                if items[i].mode == Mode::Acquire && !out.allowed {
+                    let (print, _) = prints[i];
+                    let held = guards[positions[i]].1.get(&print);
+                    *decision = lease::peek(&items[i].limit, now, held.map_or(&[], |v| v));
+                    *write = None;
+                }
+            }
+        }
+        let adds = leased
+            .iter()
+            .filter(|d| matches!(d, Some((_, Some(LeaseWrite::Add(_))))))
+            .count();
+        self.reserve_leases(&mut guards, adds, now)?;
+        let rate_prints: Vec<(Fingerprint, Space)> = rates.iter().map(|&i| prints[i]).collect();
+        let reserved = match self.make_room(&mut guards, &rate_prints, &tats, &out.writes, now) {
+            Ok(reserved) => reserved,
+            Err(e) => {
+                self.leases_dropped(adds);
+                return Err(e);
+            }
+        };
+        let mut added = [0usize; 2];
+        for (k, &i) in rates.iter().enumerate() {
+            if let Some(tat) = out.writes[k] {
+                let (print, space) = prints[i];
+                if guards[positions[i]].table(space).insert(print, tat) {
+                    added[space as usize] += 1;
+                }
+            }
+        }
+        for space in [Space::Configured, Space::CallerGiven] {
+            self.swept(space, reserved[space as usize] - added[space as usize]);
+        }
+        // The lease writes, and the decisions in order.
+        let mut rate_decisions = out.decisions.into_iter();
+        let mut decisions = Vec::with_capacity(items.len());
+        let mut change = 0i64;
+        for (i, decided) in leased.into_iter().enumerate() {
+            match decided {
+                Some((decision, write)) => {
+                    let (print, _) = prints[i];
+                    change += self.write_lease(&mut guards[positions[i]], print, now, write);
+                    decisions.push(decision);
+                }
+                None => decisions.push(rate_decisions.next().unwrap_or(DENIED)),
+            }
+        }
+        // `adds` were counted when reserved; the rest of the change is expired leases dropped.
+        self.leases_dropped((adds as i64 - change).max(0) as usize);
+        Ok(Outcome {
+            allowed: out.allowed,
+            decisions,
+        })
+    }
+
+    /// A lease item's decision and write against the key's leases as they stand. An item
+    /// in any other mode (a probe of a batch known to be denied) reports the key.
+    fn decide_lease(
+        &self,
+        tables: &Tables,
+        print: Fingerprint,
+        item: &StoreItem,
+        now: Nanos,
+    ) -> (Decision, Option<LeaseWrite>) {
+        let held = tables.1.get(&print).map_or(&[][..], |v| v.as_slice());
+        let id = item.lease.as_deref().map(|id| self.hasher.hash_one(id));
+        match (item.mode, id) {
+            (Mode::Acquire, Some(id)) => lease::acquire(&item.limit, now, held, id),
+            (Mode::Release, Some(id)) => lease::release(&item.limit, now, held, id),
+            _ => (lease::peek(&item.limit, now, held), None),
+        }
+    }
+
+    /// Applies a write to a key's leases (dropping its expired ones); returns the change
+    /// in leases held.
+    fn write_lease(
+        &self,
+        tables: &mut Tables,
+        print: Fingerprint,
+        now: Nanos,
+        write: Option<LeaseWrite>,
+    ) -> i64 {
+        let Some(set) = (match write {
+            Some(LeaseWrite::Add(_)) => Some(tables.1.entry(print).or_default()),
+            _ => tables.1.get_mut(&print),
+        }) else {
+            return 0;
+        };
+        let change = lease::apply(set, now, write);
+        if set.is_empty() {
+            tables.1.remove(&print);
+        }
+        change
+    }
+
+    /// Counts `n` new leases against the bound, dropping the expired leases of the held
+    /// shards if they do not fit; fails (counting nothing) if they still do not.
+    fn reserve_leases(
+        &self,
+        guards: &mut [MutexGuard<'_, Tables>],
+        n: usize,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        if n == 0 || self.reserve_lease_room(n) {
+            return Ok(());
+        }
+        for guard in guards.iter_mut() {
+            let dropped = sweep(&mut guard.1, now);
+            self.leases_dropped(dropped);
+        }
+        if self.reserve_lease_room(n) {
+            return Ok(());
+        }
+        Err(StoreError::Capacity(format!(
+            "lease capacity reached ({} live leases of concurrency limits)",
+            self.lease_bound
+        )))
+    }
+
+    fn reserve_lease_room(&self, n: usize) -> bool {
+        let bound = self.lease_bound;
+        self.leases_held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&after| after <= bound)
+            })
+            .is_ok()
+    }
+
+    pub(super) fn leases_dropped(&self, n: usize) {
+        if n > 0 {
+            self.leases_held.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// This store with at most `n` leases held in all.
+    pub fn with_lease_bound(mut self, n: usize) -> MemoryStore {
+        self.lease_bound = n;
+        self
+    }
+
+    /// Leases held, including expired ones not yet dropped.
+    pub fn live_leases(&self) -> usize {
+        self.leases_held.load(Ordering::Acquire)
+    }
+}
+
+/// What a store that broke its own count would report (never: one decision per rate item).
+const DENIED: Decision = Decision {
+    allowed: false,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::clock::{Clock, FakeClock, SECOND};
+    use crate::gcra::Limit;
+    use crate::limits::names::BucketKey;
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+    const HOLD: Nanos = 30 * SECOND;
+
+    fn store(clock: &FakeClock) -> MemoryStore {
+        MemoryStore::with_capacity(Arc::new(clock.clone()), 4, 1_000)
+    }
+
+    fn lease(key: &str, n: u64, mode: Mode, id: &str) -> StoreItem {
+        let limit = Limit::concurrency(n, HOLD).unwrap();
+        StoreItem {
+            key: BucketKey::windowed(100, key, limit.window()),
+            limit,
+            cost: 1,
+            mode,
+            lease: Some(Arc::from(id)),
+        }
+    }
+
+    fn one(store: &MemoryStore, item: StoreItem) -> Decision {
+        store.spend_now(&[item]).unwrap().decisions[0]
+    }
+
+    /// N acquires, the next denied; a release frees one, a repeated one nothing; a leaked
+    /// lease is back after the hold, and the sweeper drops it from the count.
+    #[test]
+    fn acquire_release_and_expiry_on_the_store() {
+        let clock = FakeClock::new(T0);
+        let store = store(&clock);
+        for i in 0..3 {
+            assert!(one(&store, lease("t", 3, Mode::Acquire, &format!("r{i}"))).allowed);
+        }
+        let denied = one(&store, lease("t", 3, Mode::Acquire, "r3"));
+        assert_eq!((denied.allowed, denied.remaining), (false, 0));
+        assert_eq!(denied.retry_in, HOLD);
+        assert!(
+            one(&store, lease("t", 3, Mode::Acquire, "r0")).allowed,
+            "a retry"
+        );
+        assert_eq!(store.live_leases(), 3);
+        let freed = one(&store, lease("t", 3, Mode::Release, "r1"));
+        assert_eq!((freed.allowed, freed.remaining), (true, 1));
+        assert!(!one(&store, lease("t", 3, Mode::Release, "r1")).allowed);
+        assert!(!one(&store, lease("t", 3, Mode::Release, "never")).allowed);
+        assert_eq!(store.live_leases(), 2);
+        clock.advance(HOLD);
+        assert_eq!(store.sweep(), 0, "no buckets");
+        assert_eq!(
+            store.live_leases(),
+            0,
+            "the sweeper dropped the expired leases"
+        );
+        assert_eq!(one(&store, lease("t", 3, Mode::Acquire, "r9")).remaining, 2);
+    }
+
+    /// A denied batch acquires nothing, and an acquire that is denied spends no rate.
+    #[test]
+    fn batches_with_leases_are_all_or_nothing() {
+        let clock = FakeClock::new(T0);
+        let store = store(&clock);
+        let rate = |cost| StoreItem {
+            key: BucketKey::new(101, "t"),
+            limit: Limit::new(2, 2, SECOND).unwrap(),
+            cost,
+            mode: Mode::CheckAndSpend,
+            lease: None,
+        };
+        let key = BucketKey::new(101, "t");
+        // The rate cannot pay 3: the acquire does not happen.
+        let out = store
+            .spend_now(&[lease("t", 1, Mode::Acquire, "a"), rate(3)])
+            .unwrap();
+        assert!(!out.allowed);
+        assert_eq!(store.live_leases(), 0);
+        assert_eq!(out.decisions[0].remaining, 1, "the key as it stands");
+        // Both fit: both written.
+        let out = store
+            .spend_now(&[lease("t", 1, Mode::Acquire, "a"), rate(1)])
+            .unwrap();
+        assert!(out.allowed);
+        assert_eq!(
+            (store.live_leases(), store.tat(&key)),
+            (1, Some(T0 + SECOND / 2))
+        );
+        // The key is full: the rate is not spent.
+        let out = store
+            .spend_now(&[lease("t", 1, Mode::Acquire, "b"), rate(1)])
+            .unwrap();
+        assert!(!out.allowed);
+        assert_eq!(store.tat(&key), Some(T0 + SECOND / 2));
+        // A release is applied whatever the batch decides.
+        let out = store
+            .spend_now(&[lease("t", 1, Mode::Release, "a"), rate(2)])
+            .unwrap();
+        assert!(!out.allowed && out.decisions[0].allowed);
+        assert_eq!(store.live_leases(), 0);
+    }
+
+    /// Fresh ids on one key never pass its count; fresh keys stop at the store's bound
+    /// (UNAVAILABLE, nothing written) without pushing out the leases already held.
+    #[test]
+    fn a_flood_of_fresh_ids_is_bounded_per_key_and_in_all() {
+        let clock = FakeClock::new(T0);
+        let store = store(&clock).with_lease_bound(50);
+        assert!(one(&store, lease("victim", 5, Mode::Acquire, "v1")).allowed);
+        let allowed = (0..1_000)
+            .filter(|i| {
+                one(
+                    &store,
+                    lease("attacker", 5, Mode::Acquire, &format!("x{i}")),
+                )
+                .allowed
+            })
+            .count();
+        assert_eq!(allowed, 5);
+        let mut refused = 0;
+        for i in 0..1_000 {
+            match store.spend_now(&[lease(&format!("k{i}"), 5, Mode::Acquire, "x")]) {
+                Ok(out) => assert!(out.allowed),
+                Err(e) => {
+                    assert!(e.to_string().contains("lease capacity reached"), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((store.live_leases(), refused), (50, 1_000 - 44));
+        let victim = one(&store, lease("victim", 5, Mode::Release, "v1"));
+        assert!(victim.allowed, "the victim's lease was not pushed out");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Acquire(u8, u8),
+        Release(u8, u8),
+        Advance(Nanos),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..3u8, 0..6u8).prop_map(|(k, id)| Step::Acquire(k, id)),
+            3 => (0..3u8, 0..6u8).prop_map(|(k, id)| Step::Release(k, id)),
+            1 => (0..HOLD).prop_map(Step::Advance),
+        ]
+    }
+
+    proptest! {
+        /// Acquires (a retry is an acquire of an id again), releases (a crash is one that
+        /// never comes) and clock advances agree with a reference model: per key a map of
+        /// id to expiry.
+        #[test]
+        fn the_store_agrees_with_a_model(steps in proptest::collection::vec(step(), 1..80)) {
+            let clock = FakeClock::new(T0);
+            let store = store(&clock);
+            let mut model: BTreeMap<(u8, u8), Nanos> = BTreeMap::new();
+            for step in steps {
+                let now = clock.now();
+                model.retain(|_, expires| *expires > now);
+                let (k, id, mode) = match step {
+                    Step::Advance(by) => { clock.advance(by); continue; }
+                    Step::Acquire(k, id) => (k, id, Mode::Acquire),
+                    Step::Release(k, id) => (k, id, Mode::Release),
+                };
+                let held = model.keys().filter(|(key, _)| *key == k).count() as i64;
+                let expect = match mode {
+                    Mode::Acquire if model.contains_key(&(k, id)) => true,
+                    Mode::Acquire if held < 3 => { model.insert((k, id), now + HOLD); true }
+                    Mode::Acquire => false,
+                    _ => model.remove(&(k, id)).is_some(),
+                };
+                let d = one(&store, lease(&format!("k{k}"), 3, mode, &format!("id{id}")));
+                let free = 3 - model.keys().filter(|(key, _)| *key == k).count() as i64;
+                prop_assert_eq!((d.allowed, d.remaining), (expect, free));
+            }
+            let now = clock.now();
+            store.sweep();
+            prop_assert_eq!(store.live_leases(), model.values().filter(|&&e| e > now).count());
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Concurrency limits (docs/concurrency.md): leases acquired and released by id through the
+//! native API, over a real gRPC client and loopback socket, on the served fake clock.
+
+use std::sync::Arc;
+
+use crate::common::{check, item, nanos, remaining, Served};
+use cellrate::clock::SECOND;
+use cellrate::limits::config::LimitTable;
+use cellrate::proto::v1 as pb;
+use cellrate::server::Settings;
+use cellrate::store::MemoryStore;
+
+const HOLD: i64 = 30 * SECOND;
+
+/// InFlight: 3 leases a tenant, held at most 30 s; Requests: a rate of 2 a second.
+fn limits() -> LimitTable {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write(
+        "names.yaml",
+        "InFlight: {number: 100, format: string}\nRequests: {number: 101, format: string}\n",
+    );
+    write(
+        "defaults.yaml",
+        "InFlight: {window: concurrency, count: 3, period: 30s}\n\
+         Requests: {burst: 2, count: 2, period: 1s}\n",
+    );
+    LimitTable::load_dir(dir.path()).expect("the limits load")
+}
+
+fn lease(tenant: &str, mode: pb::Mode, id: &str) -> pb::Item {
+    pb::Item {
+        mode: mode as i32,
+        lease_id: id.to_string(),
+        ..item("InFlight", tenant, None)
+    }
+}
+
+fn acquire(tenant: &str, id: &str) -> pb::Item {
+    lease(tenant, pb::Mode::Acquire, id)
+}
+
+fn release(tenant: &str, id: &str) -> pb::Item {
+    lease(tenant, pb::Mode::Release, id)
+}
+
+/// One item's decision: (allowed, remaining).
+async fn one(s: &mut Served, item: pb::Item) -> (bool, i64) {
+    let d = check(s, vec![item]).await.expect("Check succeeds").items[0].clone();
+    (d.allowed, d.remaining)
+}
+
+/// N acquires allowed, the next denied with the time until the oldest lease expires; a
+/// repeated acquire takes no second slot; a release frees exactly one, a repeated or
+/// unknown release nothing; a lease never released is back after the hold.
+#[tokio::test]
+async fn leases_are_taken_freed_and_expire_by_themselves() {
+    let mut s = Served::with_limits(limits()).await;
+    for (i, id) in ["r1", "r2", "r3"].into_iter().enumerate() {
+        assert_eq!(one(&mut s, acquire("acme", id)).await, (true, 2 - i as i64));
+        s.clock.advance(SECOND);
+    }
+    let full = check(&mut s, vec![acquire("acme", "r4")]).await.unwrap();
+    assert!(!full.overall.unwrap().allowed);
+    assert_eq!(nanos(&full.items[0].retry_after), HOLD - 3 * SECOND);
+    assert_eq!(
+        one(&mut s, acquire("acme", "r2")).await,
+        (true, 0),
+        "a retry"
+    );
+    assert_eq!(
+        one(&mut s, acquire("other", "r4")).await,
+        (true, 2),
+        "per key"
+    );
+    assert_eq!(
+        remaining(&mut s, "InFlight", "acme").await,
+        0,
+        "Inspect: none free"
+    );
+    assert_eq!(one(&mut s, release("acme", "r2")).await, (true, 1));
+    assert_eq!(
+        remaining(&mut s, "InFlight", "acme").await,
+        1,
+        "Inspect: one free"
+    );
+    assert_eq!(one(&mut s, release("acme", "r2")).await, (false, 1));
+    assert_eq!(one(&mut s, release("acme", "nobody")).await, (false, 1));
+    assert_eq!(one(&mut s, acquire("acme", "r4")).await, (true, 0));
+    // r1 (taken at 0) and r3 (at 2 s) were never released: a crash. r4 came at 3 s.
+    s.clock.advance(HOLD - 3 * SECOND);
+    assert_eq!(
+        one(&mut s, acquire("acme", "r5")).await,
+        (true, 0),
+        "r1 expired"
+    );
+    s.clock.advance(2 * SECOND);
+    assert_eq!(
+        one(&mut s, acquire("acme", "r6")).await,
+        (true, 0),
+        "r3 expired"
+    );
+    // An operator's Reset frees every lease of the key.
+    let reset = s
+        .admin
+        .reset(pb::ResetRequest {
+            items: vec![item("InFlight", "acme", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(reset.into_inner().deleted, 1);
+    assert_eq!(one(&mut s, acquire("acme", "r7")).await, (true, 2));
+}
+
+/// All-or-nothing with a rate in the same request: a denied request takes no lease, and a
+/// full key spends no rate.
+#[tokio::test]
+async fn a_denied_request_takes_no_lease() {
+    let mut s = Served::with_limits(limits()).await;
+    let rate = |cost| item("Requests", "acme", Some(cost));
+    let out = check(&mut s, vec![acquire("acme", "a"), rate(2)])
+        .await
+        .unwrap();
+    assert!(out.overall.unwrap().allowed);
+    assert_eq!(out.items[0].remaining, 2);
+    let out = check(&mut s, vec![acquire("acme", "b"), rate(1)])
+        .await
+        .unwrap();
+    assert!(!out.overall.unwrap().allowed, "the rate is spent");
+    assert_eq!(
+        one(&mut s, release("acme", "b")).await,
+        (false, 2),
+        "b took no lease"
+    );
+    for id in ["c", "d"] {
+        assert!(one(&mut s, acquire("acme", id)).await.0);
+    }
+    s.clock.advance(SECOND);
+    let out = check(&mut s, vec![acquire("acme", "e"), rate(2)])
+        .await
+        .unwrap();
+    assert!(!out.overall.unwrap().allowed, "the key is full");
+    assert_eq!(
+        one(&mut s, rate(2)).await,
+        (true, 0),
+        "the rate was not spent"
+    );
+}
+
+/// The attacker: releases for ids that hold no lease (what Envoy sends at stream end for a
+/// request its own filter denied) free nothing, and a flood of acquires with fresh ids on
+/// one key never holds more than N nor frees another tenant's lease; over many keys it
+/// stops at the store's bound on leases (UNAVAILABLE), still without pushing any out.
+#[tokio::test]
+async fn fresh_ids_and_stray_releases_cannot_exceed_the_count() {
+    let store = MemoryStore::with_capacity(
+        Arc::new(cellrate::clock::FakeClock::new(1_700_000_000 * SECOND)),
+        16,
+        10_000,
+    )
+    .with_lease_bound(40);
+    let store = Arc::new(store);
+    let mut s = Served::full(limits(), Settings::default(), Some(store.clone())).await;
+    assert!(one(&mut s, acquire("victim", "v")).await.0);
+    let mut admitted = 0;
+    for i in 0..200 {
+        let id = format!("x{i}");
+        if one(&mut s, acquire("attacker", &id)).await.0 {
+            admitted += 1;
+        }
+        // Every denied request's stream end still sends a release of its own id.
+        one(&mut s, release("attacker", &format!("denied-{i}"))).await;
+        one(&mut s, release("victim", &id)).await;
+    }
+    assert_eq!(admitted, 3, "at most N in flight");
+    // The stray releases are no denials: not in the metrics' denials nor in `top`.
+    let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+        .await
+        .1;
+    let series = |result: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("cellrate_decisions_total{api=\"native\",limit=\"InFlight\"")
+                    && l.contains(result)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.to_string())
+    };
+    assert_eq!(series("result=\"not_held\"").as_deref(), Some("400"));
+    assert_eq!(series("result=\"denied\"").as_deref(), Some("197"));
+    assert_eq!(one(&mut s, acquire("victim", "v2")).await, (true, 1));
+    let mut unavailable = 0;
+    for i in 0..100 {
+        match check(&mut s, vec![acquire(&format!("t{i}"), "x")]).await {
+            Ok(out) => assert!(out.overall.unwrap().allowed),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+                assert!(e.message().contains("lease capacity reached"), "{e}");
+                unavailable += 1;
+            }
+        }
+    }
+    assert_eq!((store.live_leases(), unavailable), (40, 100 - 35));
+    assert_eq!(
+        one(&mut s, release("victim", "v")).await,
+        (true, 2),
+        "not pushed out"
+    );
+}
+
+/// Bad input is INVALID_ARGUMENT naming the item and field, and changes nothing.
+#[tokio::test]
+async fn bad_lease_items_are_refused_and_change_nothing() {
+    let mut s = Served::with_limits(limits()).await;
+    let long = "x".repeat(129);
+    let cases: Vec<(pb::Item, &str)> = vec![
+        (
+            lease("acme", pb::Mode::Acquire, ""),
+            "items[0].lease_id: missing",
+        ),
+        (
+            acquire("acme", &long),
+            "items[0].lease_id: 129 bytes, at most 128",
+        ),
+        (acquire("acme", "a b"), "items[0].lease_id: not printable"),
+        (
+            acquire("acme", "caf\u{e9}"),
+            "items[0].lease_id: not printable",
+        ),
+        (
+            pb::Item {
+                cost: Some(2),
+                ..acquire("acme", "a")
+            },
+            "items[0].cost: 2: a lease is one slot",
+        ),
+        (
+            pb::Item {
+                mode: pb::Mode::Acquire as i32,
+                lease_id: "a".into(),
+                ..item("Requests", "acme", None)
+            },
+            "items[0].mode: Requests is not a concurrency limit",
+        ),
+        (
+            item("InFlight", "acme", None),
+            "items[0].mode: InFlight is a concurrency limit",
+        ),
+        (
+            pb::Item {
+                lease_id: "a".into(),
+                ..item("Requests", "acme", None)
+            },
+            "items[0].lease_id: only MODE_ACQUIRE and MODE_RELEASE",
+        ),
+    ];
+    for (bad, says) in cases {
+        let e = check(&mut s, vec![bad.clone()]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");
+        assert!(e.message().starts_with(says), "{bad:?}: {}", e.message());
+    }
+    let e = s
+        .decisions
+        .refund(pb::RefundRequest {
+            items: vec![item("InFlight", "acme", None)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("release its lease"), "{}", e.message());
+    assert_eq!(
+        one(&mut s, acquire("acme", "first")).await,
+        (true, 2),
+        "nothing taken"
+    );
+}
+
+/// Envoy is not served yet: a descriptor mapped to a concurrency limit makes the call an
+/// error (Envoy's `failure_mode_deny` decides), never a rate's answer.
+#[tokio::test]
+async fn envoy_descriptors_on_a_concurrency_limit_are_refused_until_served() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write("names.yaml", "InFlight: {number: 100, format: string}\n");
+    write(
+        "defaults.yaml",
+        "InFlight: {window: concurrency, count: 3, period: 30s}\n",
+    );
+    write(
+        "descriptors.yaml",
+        "d:\n  - match: [{key: tenant}]\n    limits: [InFlight]\n    id: \"{tenant}\"\n",
+    );
+    let mut s = Served::with_limits(LimitTable::load_dir(dir.path()).unwrap()).await;
+    for _ in 0..5 {
+        let e = s
+            .envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "d".to_string(),
+                descriptors: vec![crate::common::descriptor(&[("tenant", "acme")])],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        assert!(
+            e.message().contains("InFlight is a concurrency limit"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        one(&mut s, acquire("acme", "a")).await,
+        (true, 2),
+        "nothing taken"
+    );
+}
