@@ -2,8 +2,8 @@
 //! `tests/it/settle_attacks.rs`.
 
 use crate::common::redis_server::RedisServer;
-use crate::common::settle::settle;
-use crate::common::settle_attacks::{check, connect, limits};
+use crate::common::settle::{connect, settle};
+use crate::common::settle_attacks::{check, limits};
 use crate::common::{item, serve_with};
 use tonic::Code;
 

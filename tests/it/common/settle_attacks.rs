@@ -1,7 +1,6 @@
 //! Helpers of `settle_attacks`'s tests that both tiers use (`tests/it/settle_attacks.rs`,
 //! `tests/full/settle_attacks.rs`).
 
-pub use crate::common::settle::connect;
 use crate::common::settle::Client;
 use cellrate::proto::v1 as pb;
 
