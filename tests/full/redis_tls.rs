@@ -92,6 +92,24 @@ async fn a_self_signed_certificate_named_as_the_ca_is_trusted() {
         assert_eq!(outcome.allowed, expected);
     }
     assert_eq!(server.cli(&["DBSIZE"]).unwrap().trim(), "1");
+
+    // A connection Redis drops is made again: the call that finds it broken fails, a later
+    // one decides (denied: the bucket is still spent).
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    assert!(killed.unwrap().trim().parse::<u32>().unwrap() >= 1);
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let outcome = good.spend(&[spend()]).await;
+        let decided = outcome.is_ok();
+        outcomes.push(outcome);
+        if decided {
+            break;
+        }
+    }
+    assert!(
+        matches!(outcomes.last(), Some(Ok(o)) if !o.allowed),
+        "{outcomes:?}"
+    );
 }
 
 #[tokio::test]
