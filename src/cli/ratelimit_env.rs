@@ -106,6 +106,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 .to_string(),
         );
     }
+    admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
@@ -147,6 +148,36 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// When a translated listener takes the port of cellrate's admin listener (`PORT=8082`)
+/// and `CELLRATE_ADMIN_LISTEN` does not place it, the admin listener goes to a loopback
+/// port the kernel chooses (the startup line's `admin=` says which), so that upstream's
+/// ports are served as set. Compared by port alone: 0.0.0.0:8082 takes 127.0.0.1:8082.
+fn admin_out_of_the_way(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) {
+    if var("CELLRATE_ADMIN_LISTEN").is_some() {
+        return;
+    }
+    let Ok(admin) = super::args::DEFAULT_ADMIN_LISTEN.parse::<std::net::SocketAddr>() else {
+        return;
+    };
+    let listeners = ["--listen", "--metrics-listen", "--health-listen"];
+    let taken = out.flags.chunks(2).any(|pair| match pair {
+        [flag, addr] if listeners.contains(&flag.as_str()) => addr
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.port() == admin.port()),
+        _ => false,
+    });
+    if taken {
+        out.flags.push("--admin-listen".to_string());
+        out.flags.push(format!("{}:0", admin.ip()));
+        out.warnings.push(format!(
+            "port {} is upstream's here, so the admin listener is not on its default {admin}: \
+             it is on a loopback port the kernel chooses (admin= in the startup line); set \
+             CELLRATE_ADMIN_LISTEN to place it",
+            admin.port()
+        ));
+    }
 }
 
 /// How ShouldRateLimit answers: as envoyproxy/ratelimit answers, unless a `CELLRATE_*`
@@ -975,5 +1006,39 @@ mod tests {
         skip.pop();
         skip.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe"));
         assert!(run(&skip).unwrap_err().contains("not a boolean"));
+    }
+
+    #[test]
+    fn a_listener_on_the_admin_port_moves_the_admin_listener_to_a_kernel_port() {
+        let admin = |vars: &[(&str, &str)]| {
+            let t = run(&[&[("BACKEND_TYPE", "memory")], vars].concat()).unwrap();
+            let moved = t
+                .warnings
+                .iter()
+                .any(|w| w.contains("CELLRATE_ADMIN_LISTEN"));
+            (
+                serve(&[&[("BACKEND_TYPE", "memory")], vars].concat()).admin_listen,
+                moved,
+            )
+        };
+        let default = addr(crate::cli::args::DEFAULT_ADMIN_LISTEN);
+        assert_eq!(admin(&[]), (default, false));
+        assert_eq!(admin(&[("PORT", "8083")]), (default, false));
+        for taken in [
+            &[("PORT", "8082")][..],
+            &[("HOST", "127.0.0.1"), ("PORT", "8082")],
+            &[("GRPC_PORT", "8082")],
+            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":8082")],
+        ] {
+            assert_eq!(admin(taken), (addr("127.0.0.1:0"), true), "{taken:?}");
+        }
+        // The operator's own choice stands (clap reads it from the environment).
+        let placed = run(&[
+            ("BACKEND_TYPE", "memory"),
+            ("PORT", "8082"),
+            ("CELLRATE_ADMIN_LISTEN", "127.0.0.1:9999"),
+        ])
+        .unwrap();
+        assert!(!placed.flags.contains(&"--admin-listen".to_string()));
     }
 }
