@@ -310,6 +310,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_CONFIG", default_value = "config/")]
     pub config: PathBuf,
 
+    /// No limits directory at all (`--config` unread): limits from xDS alone. Not a flag:
+    /// set by the `ratelimit` personality for `CONFIG_TYPE=GRPC_XDS_SOTW`.
+    #[arg(skip)]
+    pub no_limits_dir: bool,
+
     /// Watch the limits directory for changes (false: SIGHUP and the timer only).
     #[arg(long, env = "CELLRATE_WATCH_CONFIG", default_value_t = true, action = clap::ArgAction::Set)]
     pub watch_config: bool,

@@ -17,6 +17,9 @@ pub struct Translated {
     pub log_level: Option<String>,
     /// `LOG_FORMAT=json`.
     pub json_logs: bool,
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: limits from xDS alone, no directory read (as upstream,
+    /// which then reads no file from the runtime directory).
+    pub xds_only: bool,
 }
 
 use super::ratelimit_warned::NOT_APPLICABLE;
@@ -58,11 +61,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         out.flags.push(flag.to_string());
         out.flags.push(value);
     };
-    // Limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-    let dir = std::path::Path::new(&get("RUNTIME_ROOT", "/srv/runtime_data/current"))
-        .join(get("RUNTIME_SUBDIRECTORY", ""))
-        .join(get("RUNTIME_APPDIRECTORY", "config"));
-    push("--config", dir.display().to_string());
+    limits_dir(&var, &mut push);
     // Listeners.
     push(
         "--listen",
@@ -110,6 +109,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
+    out.xds_only = var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW");
     // Behaviour.
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
@@ -148,6 +148,19 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// The limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, unless they come
+/// over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`: then no file is read, as upstream reads none).
+fn limits_dir(var: &impl Fn(&str) -> Option<String>, push: &mut impl FnMut(&str, String)) {
+    if var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW") {
+        return;
+    }
+    let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
+    let dir = std::path::Path::new(&get("RUNTIME_ROOT", "/srv/runtime_data/current"))
+        .join(get("RUNTIME_SUBDIRECTORY", ""))
+        .join(get("RUNTIME_APPDIRECTORY", "config"));
+    push("--config", dir.display().to_string());
 }
 
 /// When a translated listener takes the port of cellrate's admin listener (`PORT=8082`)
@@ -795,7 +808,9 @@ mod tests {
         assert_eq!(args.client_ca, None);
         assert_eq!(args.tls_cert.as_deref(), Some(Path::new("/certs/tls.crt")));
         assert_eq!(args.tls_key.as_deref(), Some(Path::new("/certs/tls.key")));
-        assert_eq!(args.config, Path::new("/data/ratelimit/config"));
+        // Over xDS the runtime directory is not read at all, as upstream reads none.
+        assert!(t.xds_only);
+        assert!(!t.flags.contains(&"--config".to_string()), "{:?}", t.flags);
         let xds = &args.xds;
         let pair = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
         assert_eq!(xds.xds_server.as_deref(), Some("envoy-gateway:18001"));
@@ -830,6 +845,7 @@ mod tests {
         ])
         .unwrap();
         assert!(!t.flags.join(" ").contains("--xds"));
+        assert!(!t.xds_only && t.flags.contains(&"--config".to_string()));
         let args = serve(&[
             ("BACKEND_TYPE", "memory"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),

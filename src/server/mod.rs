@@ -440,7 +440,13 @@ impl Addresses {
             config = %settings
                 .reload
                 .as_ref()
-                .map_or_else(|| "(fixed)".into(), |r| r.dir.display().to_string()),
+                .map_or_else(
+                    || match settings.xds.is_some() {
+                        true => "(none: xDS alone)".into(),
+                        false => "(fixed)".into(),
+                    },
+                    |r| r.dir.display().to_string()
+                ),
             version = %version,
             tzdb = crate::clock::TZDB_VERSION,
             "cellrate serving"
