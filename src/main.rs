@@ -158,7 +158,7 @@ fn ratelimit_args() -> Result<AsRatelimit, (u8, String)> {
 /// logging unless `main` has, with the environment's level and format.
 fn as_ratelimit(logging: bool) -> ExitCode {
     let AsRatelimit {
-        args,
+        mut args,
         format,
         translated,
         flags,
@@ -176,6 +176,8 @@ fn as_ratelimit(logging: bool) -> ExitCode {
     if logging {
         init_tracing(format, translated.log_level.as_deref());
     }
+    // Over xDS, upstream reads no file: neither does cellrate (no directory, no reloads).
+    args.no_limits_dir = translated.xds_only;
     tracing::info!(flags, "serving as envoyproxy/ratelimit");
     for warning in &translated.warnings {
         tracing::warn!("{warning}");
@@ -192,10 +194,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if xds.is_some() && !args.config.exists() {
+    if xds.is_some() && !args.no_limits_dir && !args.config.exists() {
         tracing::warn!(dir = %args.config.display(), "the limits directory does not exist: limits come from xDS alone");
     }
-    let files = read_files(&args.config, xds.is_some());
+    let files = match args.no_limits_dir {
+        true => Ok(Vec::new()),
+        false => read_files(&args.config, xds.is_some()),
+    };
     let limits = match files.and_then(|files| {
         LimitTable::from_sources(Sources {
             files: Arc::new(files),

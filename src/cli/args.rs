@@ -12,6 +12,10 @@ use crate::server::{ServerLimits, Settings};
 use crate::service::rlqs::RlqsSettings;
 use crate::service::CallerLimits;
 
+/// The admin listener's address unless `--admin-listen` says otherwise (loopback only:
+/// the admin API is for operators), and where `cellrate client` looks for it.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8082";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cellrate",
@@ -170,7 +174,7 @@ pub struct ClientArgs {
     #[arg(
         long,
         env = "CELLRATE_ADMIN_ADDR",
-        default_value = "127.0.0.1:8082",
+        default_value = DEFAULT_ADMIN_LISTEN,
         value_delimiter = ','
     )]
     pub admin_addr: Vec<String>,
@@ -268,7 +272,7 @@ pub struct ServeArgs {
 
     /// Admin listener: cellrate.v1.Admin (Reset, Inspect, Top, SetOverride, ClearOverride,
     /// ListOverrides), health, reflection.
-    #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = "127.0.0.1:8082")]
+    #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
 
     /// Metrics listener (HTTP): /metrics, /healthz, /readyz.
@@ -311,6 +315,11 @@ pub struct ServeArgs {
     /// The limits directory (reloaded when it changes, on SIGHUP and on a timer).
     #[arg(long, env = "CELLRATE_CONFIG", default_value = "config/")]
     pub config: PathBuf,
+
+    /// No limits directory at all (`--config` unread): limits from xDS alone. Not a flag:
+    /// set by the `ratelimit` personality for `CONFIG_TYPE=GRPC_XDS_SOTW`.
+    #[arg(skip)]
+    pub no_limits_dir: bool,
 
     /// Watch the limits directory for changes (false: SIGHUP and the timer only).
     #[arg(long, env = "CELLRATE_WATCH_CONFIG", default_value_t = true, action = clap::ArgAction::Set)]

@@ -17,6 +17,9 @@ pub struct Translated {
     pub log_level: Option<String>,
     /// `LOG_FORMAT=json`.
     pub json_logs: bool,
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: limits from xDS alone, no directory read (as upstream,
+    /// which then reads no file from the runtime directory).
+    pub xds_only: bool,
 }
 
 use super::ratelimit_warned::NOT_APPLICABLE;
@@ -58,11 +61,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         out.flags.push(flag.to_string());
         out.flags.push(value);
     };
-    // Limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-    let dir = std::path::Path::new(&get("RUNTIME_ROOT", "/srv/runtime_data/current"))
-        .join(get("RUNTIME_SUBDIRECTORY", ""))
-        .join(get("RUNTIME_APPDIRECTORY", "config"));
-    push("--config", dir.display().to_string());
+    limits_dir(&var, &mut push);
     // Listeners.
     push(
         "--listen",
@@ -106,9 +105,11 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 .to_string(),
         );
     }
+    admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
+    out.xds_only = var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW");
     // Behaviour.
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
@@ -147,6 +148,49 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// The limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, unless they come
+/// over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`: then no file is read, as upstream reads none).
+fn limits_dir(var: &impl Fn(&str) -> Option<String>, push: &mut impl FnMut(&str, String)) {
+    if var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW") {
+        return;
+    }
+    let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
+    let dir = std::path::Path::new(&get("RUNTIME_ROOT", "/srv/runtime_data/current"))
+        .join(get("RUNTIME_SUBDIRECTORY", ""))
+        .join(get("RUNTIME_APPDIRECTORY", "config"));
+    push("--config", dir.display().to_string());
+}
+
+/// When a translated listener takes the port of cellrate's admin listener (`PORT=8082`)
+/// and `CELLRATE_ADMIN_LISTEN` does not place it, the admin listener goes to a loopback
+/// port the kernel chooses (the startup line's `admin=` says which), so that upstream's
+/// ports are served as set. Compared by port alone: 0.0.0.0:8082 takes 127.0.0.1:8082.
+fn admin_out_of_the_way(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) {
+    if var("CELLRATE_ADMIN_LISTEN").is_some() {
+        return;
+    }
+    let Ok(admin) = super::args::DEFAULT_ADMIN_LISTEN.parse::<std::net::SocketAddr>() else {
+        return;
+    };
+    let listeners = ["--listen", "--metrics-listen", "--health-listen"];
+    let taken = out.flags.chunks(2).any(|pair| match pair {
+        [flag, addr] if listeners.contains(&flag.as_str()) => addr
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.port() == admin.port()),
+        _ => false,
+    });
+    if taken {
+        out.flags.push("--admin-listen".to_string());
+        out.flags.push(format!("{}:0", admin.ip()));
+        out.warnings.push(format!(
+            "port {} is upstream's here, so the admin listener is not on its default {admin}: \
+             it is on a loopback port the kernel chooses (admin= in the startup line); set \
+             CELLRATE_ADMIN_LISTEN to place it",
+            admin.port()
+        ));
+    }
 }
 
 /// How ShouldRateLimit answers: as envoyproxy/ratelimit answers, unless a `CELLRATE_*`
@@ -764,7 +808,9 @@ mod tests {
         assert_eq!(args.client_ca, None);
         assert_eq!(args.tls_cert.as_deref(), Some(Path::new("/certs/tls.crt")));
         assert_eq!(args.tls_key.as_deref(), Some(Path::new("/certs/tls.key")));
-        assert_eq!(args.config, Path::new("/data/ratelimit/config"));
+        // Over xDS the runtime directory is not read at all, as upstream reads none.
+        assert!(t.xds_only);
+        assert!(!t.flags.contains(&"--config".to_string()), "{:?}", t.flags);
         let xds = &args.xds;
         let pair = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
         assert_eq!(xds.xds_server.as_deref(), Some("envoy-gateway:18001"));
@@ -799,6 +845,7 @@ mod tests {
         ])
         .unwrap();
         assert!(!t.flags.join(" ").contains("--xds"));
+        assert!(!t.xds_only && t.flags.contains(&"--config".to_string()));
         let args = serve(&[
             ("BACKEND_TYPE", "memory"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
@@ -975,5 +1022,39 @@ mod tests {
         skip.pop();
         skip.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe"));
         assert!(run(&skip).unwrap_err().contains("not a boolean"));
+    }
+
+    #[test]
+    fn a_listener_on_the_admin_port_moves_the_admin_listener_to_a_kernel_port() {
+        let admin = |vars: &[(&str, &str)]| {
+            let t = run(&[&[("BACKEND_TYPE", "memory")], vars].concat()).unwrap();
+            let moved = t
+                .warnings
+                .iter()
+                .any(|w| w.contains("CELLRATE_ADMIN_LISTEN"));
+            (
+                serve(&[&[("BACKEND_TYPE", "memory")], vars].concat()).admin_listen,
+                moved,
+            )
+        };
+        let default = addr(crate::cli::args::DEFAULT_ADMIN_LISTEN);
+        assert_eq!(admin(&[]), (default, false));
+        assert_eq!(admin(&[("PORT", "8083")]), (default, false));
+        for taken in [
+            &[("PORT", "8082")][..],
+            &[("HOST", "127.0.0.1"), ("PORT", "8082")],
+            &[("GRPC_PORT", "8082")],
+            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":8082")],
+        ] {
+            assert_eq!(admin(taken), (addr("127.0.0.1:0"), true), "{taken:?}");
+        }
+        // The operator's own choice stands (clap reads it from the environment).
+        let placed = run(&[
+            ("BACKEND_TYPE", "memory"),
+            ("PORT", "8082"),
+            ("CELLRATE_ADMIN_LISTEN", "127.0.0.1:9999"),
+        ])
+        .unwrap();
+        assert!(!placed.flags.contains(&"--admin-listen".to_string()));
     }
 }

@@ -102,7 +102,7 @@ impl ServeArgs {
             },
             grace: Duration::from_secs(self.grace_seconds),
             shutdown_delay: Duration::from_secs(self.shutdown_delay_seconds),
-            reload: Some(ReloadSettings {
+            reload: (!self.no_limits_dir).then(|| ReloadSettings {
                 dir: self.config.clone(),
                 watch: self.watch_config,
                 debounce: Duration::from_millis(self.reload_debounce_ms),

@@ -128,6 +128,9 @@ pub(super) struct Stacks<'a> {
     pub(super) settlements: Option<Arc<dyn crate::store::shared::Settlements>>,
     /// Both servers stop accepting when this is cancelled.
     pub(super) stop: CancellationToken,
+    /// While true, the decision listener answers every request UNAVAILABLE (waiting for
+    /// the first xDS update).
+    pub(super) waiting: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Stacks<'_> {
@@ -178,7 +181,7 @@ impl Stacks<'_> {
         let router = self
             .builder(false)?
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
-            .layer(InFlightLayer::new(self.limits.max_in_flight))
+            .layer(InFlightLayer::new(self.limits.max_in_flight).with_gate(self.waiting.clone()))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
             .add_service(self.health.service.clone());

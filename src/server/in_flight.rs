@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -18,13 +19,23 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone)]
 pub struct InFlightLayer {
     permits: Arc<Semaphore>,
+    /// While this holds true (the first xDS update not yet in force), every request is
+    /// answered UNAVAILABLE at once: connections are answered, never left hanging.
+    waiting: Option<Arc<AtomicBool>>,
 }
 
 impl InFlightLayer {
     pub fn new(max_in_flight: usize) -> InFlightLayer {
         InFlightLayer {
             permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            waiting: None,
         }
+    }
+
+    /// Refuses every request (UNAVAILABLE) while `waiting` holds true.
+    pub fn with_gate(mut self, waiting: Option<Arc<AtomicBool>>) -> InFlightLayer {
+        self.waiting = waiting;
+        self
     }
 }
 
@@ -35,6 +46,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
         InFlight {
             inner,
             permits: self.permits.clone(),
+            waiting: self.waiting.clone(),
         }
     }
 }
@@ -44,6 +56,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
 pub struct InFlight<S> {
     inner: S,
     permits: Arc<Semaphore>,
+    waiting: Option<Arc<AtomicBool>>,
 }
 
 type GrpcResponse = http::Response<tonic::body::Body>;
@@ -63,6 +76,18 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if self
+            .waiting
+            .as_ref()
+            .is_some_and(|w| w.load(Ordering::Acquire))
+        {
+            let status = tonic::Status::unavailable(
+                "waiting for the first xDS update: no limits in force yet; retry with backoff",
+            );
+            return InFlightFuture::Refused {
+                response: Some(status.into_http()),
+            };
+        }
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => InFlightFuture::Admitted {
                 inner: self.inner.call(OneMessage::wrap(request)),

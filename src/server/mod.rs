@@ -34,6 +34,7 @@ pub use settings::{
 pub use store::no_redis;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -189,30 +190,11 @@ impl Server {
         let (snapshot, probe) = (self.stores.snapshot.as_ref(), self.stores.start_probe);
         background.store_tasks(snapshot, probe, &settings, &shared.metrics);
         tokio::pin!(shutdown);
-        if let Some(first_config) = first_config.as_mut() {
-            // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions
-            // only once the control plane's limits are in force, as envoyproxy/ratelimit.
-            shared.health.set_waiting_for_config(true);
-            tracing::info!(
-                listen = %addresses.decisions,
-                metrics = %addresses.metrics,
-                health = %addresses.health,
-                "waiting for the first xDS update before serving"
-            );
-            tokio::select! {
-                _ = first_update(first_config) => {}
-                _ = &mut shutdown => return background.finish(Ok(())).await,
-            }
-            shared.health.set_waiting_for_config(false);
-        }
 
         // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams
         // end then too (Envoys reconnect to another replica). A child of the tasks' token:
         // however serving ends, the Redis-protocol connections end.
         let stop_servers = background.stop.child_token();
-        if let Some(listener) = self.listeners.resp {
-            background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
-        }
         let mut rlqs = RlqsService::new(
             decider.clone(),
             shared.metrics.clone(),
@@ -224,6 +206,13 @@ impl Server {
             rlqs = rlqs.with_shared_demand(demand);
         }
         let health = GrpcHealth::serving().await;
+        // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions only
+        // once the control plane's limits are in force, as envoyproxy/ratelimit; meanwhile
+        // the decision listener answers every request UNAVAILABLE, never leaving a
+        // connection it accepted unanswered.
+        let waiting = first_config
+            .is_some()
+            .then(|| Arc::new(AtomicBool::new(true)));
         let stacks = Stacks {
             settings: &settings,
             limits,
@@ -232,11 +221,31 @@ impl Server {
             health: &health,
             settlements: self.stores.settlements.clone(),
             stop: stop_servers.clone(),
+            waiting: waiting.clone(),
         };
         let decisions = stacks.decisions(self.listeners.decisions, rlqs, &addresses.admin)?;
         let admin = stacks.admin(self.listeners.admin, denials)?;
-        addresses.announce(&settings, shared.limits.load().version());
         let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };
+        tokio::pin!(servers);
+        if let (Some(first_config), Some(waiting)) = (first_config.as_mut(), &waiting) {
+            let gate = FirstUpdate {
+                ready: first_config,
+                waiting,
+                health: &shared.health,
+                addresses: &addresses,
+                grace: settings.grace,
+            };
+            if let Some(ended) = gate
+                .wait(servers.as_mut(), shutdown.as_mut(), &stop_servers)
+                .await
+            {
+                return background.finish(ended).await;
+            }
+        }
+        if let Some(listener) = self.listeners.resp {
+            background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
+        }
+        addresses.announce(&settings, shared.limits.load().version());
         let result = drain(
             servers,
             shutdown,
@@ -393,6 +402,47 @@ impl Background {
 }
 
 /// Resolves once the xDS client has put a first update in force.
+/// The wait for the first xDS update in force, the decision listener answering
+/// UNAVAILABLE meanwhile (`waiting`, cleared when it comes).
+struct FirstUpdate<'a> {
+    ready: &'a mut watch::Receiver<bool>,
+    waiting: &'a AtomicBool,
+    health: &'a Health,
+    addresses: &'a Addresses,
+    grace: Duration,
+}
+
+impl FirstUpdate<'_> {
+    /// `None` once the update is in force; `Some` when serving ended first (the servers
+    /// failed, or shutdown came: the servers are then stopped within the grace period).
+    async fn wait(
+        self,
+        mut servers: std::pin::Pin<&mut impl Future<Output = Result<(), tonic::transport::Error>>>,
+        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+        stop_servers: &CancellationToken,
+    ) -> Option<Result<(), ServeError>> {
+        self.health.set_waiting_for_config(true);
+        tracing::info!(
+            listen = %self.addresses.decisions,
+            metrics = %self.addresses.metrics,
+            health = %self.addresses.health,
+            "waiting for the first xDS update before serving"
+        );
+        tokio::select! {
+            _ = first_update(self.ready) => {}
+            result = servers.as_mut() => return Some(result.map_err(ServeError::from)),
+            _ = shutdown => {
+                stop_servers.cancel();
+                let _ = tokio::time::timeout(self.grace, servers).await;
+                return Some(Ok(()));
+            }
+        }
+        self.waiting.store(false, Ordering::Release);
+        self.health.set_waiting_for_config(false);
+        None
+    }
+}
+
 async fn first_update(ready: &mut watch::Receiver<bool>) {
     loop {
         let in_force = *ready.borrow_and_update();
@@ -440,7 +490,13 @@ impl Addresses {
             config = %settings
                 .reload
                 .as_ref()
-                .map_or_else(|| "(fixed)".into(), |r| r.dir.display().to_string()),
+                .map_or_else(
+                    || match settings.xds.is_some() {
+                        true => "(none: xDS alone)".into(),
+                        false => "(fixed)".into(),
+                    },
+                    |r| r.dir.display().to_string()
+                ),
             version = %version,
             tzdb = crate::clock::TZDB_VERSION,
             "cellrate serving"

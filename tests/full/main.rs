@@ -27,6 +27,8 @@ mod readme;
 mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_store;
+#[cfg(feature = "redis")]
+mod redis_tls;
 mod resp_clients;
 mod resp_differential;
 #[cfg(feature = "redis")]

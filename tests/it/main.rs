@@ -36,6 +36,7 @@ mod process_ops;
 mod proptests;
 mod ratelimit_answers;
 mod ratelimit_format;
+mod ratelimit_ports;
 mod readme;
 mod resp;
 mod resp_gcra;

@@ -399,7 +399,14 @@ async fn a_hostile_control_plane_is_nacked_or_left_and_the_last_good_limits_stay
 
 /// `cellrate` run as `ratelimit` with `vars`, its stderr as JSON lines.
 fn ratelimit(vars: &[(&str, String)]) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let dir = tempfile::tempdir().unwrap().keep();
+    ratelimit_in(&tempfile::tempdir().unwrap().keep(), vars)
+}
+
+/// As [`ratelimit`], in `dir` (its runtime directory is `dir/data/ratelimit/config`).
+fn ratelimit_in(
+    dir: &std::path::Path,
+    vars: &[(&str, String)],
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let bin = dir.join("ratelimit");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
     let mut command = Command::new(&bin);
@@ -488,10 +495,10 @@ async fn as_envoy_gateway_deploys_it_mtls_and_the_first_update_gates_serving() {
             ..Default::default()
         })
         .await;
-    assert!(
-        early.is_err(),
-        "no decisions before the first update: {early:?}"
-    );
+    // Answered at once (UNAVAILABLE), not left hanging on an accepted connection.
+    let early = early.expect_err("no decisions before the first update");
+    assert_eq!(early.code(), tonic::Code::Unavailable, "{early:?}");
+    assert!(early.message().contains("waiting for the first xDS update"));
 
     ads.set_configs(
         "1",
@@ -602,4 +609,97 @@ async fn rejected_updates_are_all_counted_but_logged_sparingly() {
     let first = rejected[0]["error"].to_string();
     assert!(first.contains("not.a.RateLimitConfig"), "{first}");
     ads.stop();
+}
+
+/// As `ratelimit` over xDS, the runtime directory is not read (upstream reads no file
+/// there): a file in it for the domain the control plane sends (Envoy Gateway's image may
+/// hold one) no longer makes the first update a NACKed duplicate that keeps the process
+/// waiting, and its limit does not apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_ratelimit_over_xds_the_runtime_directory_is_not_read() {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let config = dir.join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("gw.yaml"),
+        "domain: gw\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let mut ads = Ads::start().await;
+    ads.set_configs(
+        "1",
+        &[gateway_config(
+            "gw",
+            "first-route",
+            2,
+            RateLimitUnit::Minute,
+        )],
+    );
+    let url = ("CONFIG_GRPC_XDS_SERVER_URL", ads.addr.to_string());
+    let (mut child, lines) = ratelimit_in(&dir, &[url]);
+    let answer = ads.next_answer(WAIT).await.request;
+    let serving = line(&lines, "cellrate serving");
+    let _ = (answer.error_detail.is_some() || serving.is_none()).then(|| child.kill());
+    assert!(answer.error_detail.is_none(), "NACKed: {answer:?}");
+    let serving = serving.expect("serving after the first update");
+    let mut envoy = client(serving["listen"].as_str().unwrap()).await;
+    assert_eq!(codes(&mut envoy, "gw", "u", 3).await, [OK, OK, OVER]);
+    let _ = child.kill();
+    let _ = child.wait();
+    ads.stop();
+}
+
+/// A first update that is NACKed leaves the process waiting, its decision listener
+/// answering every request UNAVAILABLE at once (it accepted connections and never answered
+/// them), and `/readyz` 503; the next good update puts limits in force and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_first_update_leaves_the_decision_listener_answering_unavailable() {
+    let mut ads = Ads::start().await;
+    ads.set(DiscoveryResponse {
+        version_info: "bad".to_string(),
+        type_url: "type.googleapis.com/not.a.RateLimitConfig".to_string(),
+        ..Default::default()
+    });
+    let (mut child, lines) = ratelimit(&[("CONFIG_GRPC_XDS_SERVER_URL", ads.addr.to_string())]);
+    let waiting = line(&lines, "waiting for the first xDS update before serving");
+    let nack = ads.next_answer(WAIT).await.request;
+    let Some(fields) = waiting.filter(|_| nack.error_detail.is_some()) else {
+        let _ = child.kill();
+        panic!("no waiting line, or not NACKed: {nack:?}");
+    };
+    let mut envoy = client(fields["listen"].as_str().unwrap()).await;
+    let asked = std::time::Instant::now();
+    let early = envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "gw".into(),
+            ..Default::default()
+        })
+        .await;
+    let took = asked.elapsed();
+    let metrics = fields["metrics"].as_str().unwrap();
+    let ready = http_get(metrics, "/readyz").0;
+    ads.set_configs(
+        "1",
+        &[gateway_config(
+            "gw",
+            "first-route",
+            2,
+            RateLimitUnit::Minute,
+        )],
+    );
+    let serving = line(&lines, "cellrate serving");
+    let after = codes(&mut envoy, "gw", "u", 3).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    ads.stop();
+    let early = early.expect_err("no decisions while waiting");
+    assert_eq!(early.code(), tonic::Code::Unavailable, "{early:?}");
+    assert!(early.message().contains("waiting for the first xDS update"));
+    assert!(
+        took < Duration::from_millis(400),
+        "answered at once: {took:?}"
+    );
+    assert_eq!(ready, 503);
+    assert!(serving.is_some());
+    assert_eq!(after, [OK, OK, OVER]);
 }

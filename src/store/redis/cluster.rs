@@ -43,7 +43,7 @@ pub fn slot(key: &str) -> usize {
 impl RedisStore {
     /// Groups item indices by slot (one group for standalone), in slot order.
     pub(super) fn groups(&self, keys: &[String]) -> Vec<(usize, Vec<usize>)> {
-        if matches!(self.connection, Connection::Single(_)) {
+        if matches!(self.connection, Connection::Single(_) | Connection::Tls(_)) {
             return vec![(0, (0..keys.len()).collect())];
         }
         let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();

@@ -10,6 +10,7 @@ use tokio::sync::OnceCell;
 
 use super::errors::store_error;
 use super::sentinel::SentinelLink;
+use super::tls::TlsLink;
 use super::wire::{Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
@@ -22,6 +23,8 @@ pub(super) enum Connection {
     Single(ConnectionManager),
     /// The master the sentinels name, followed across failovers.
     Sentinel(std::sync::Arc<SentinelLink>),
+    /// One Redis over TLS made here, for `--redis-tls-ca` (see `tls.rs`).
+    Tls(Box<TlsLink>),
     /// Connected on first use (retried on the next call while that fails; one attempt at
     /// a time); the cluster connection then reconnects to nodes by itself.
     Cluster {
@@ -59,6 +62,9 @@ impl Connection {
             let url = settings.url.as_deref().ok_or_else(|| {
                 StoreError::Config("redis: no --redis-url or cluster nodes".into())
             })?;
+            if let Some(link) = TlsLink::for_url(url, &settings.tls, connect_timeout, timeout)? {
+                return Ok(Connection::Tls(Box::new(link)));
+            }
             let client = match certificates(&settings.tls) {
                 Some(certificates) => redis::Client::build_with_tls(url, certificates),
                 None => redis::Client::open(url),
@@ -102,6 +108,7 @@ impl Connection {
                     .map_err(|e| store_error(context, e))
             }
             Connection::Sentinel(link) => link.invoke(invocation, context).await,
+            Connection::Tls(link) => link.invoke(invocation, context).await,
             Connection::Cluster { client, connection } => {
                 let mut conn = connection
                     .get_or_try_init(|| async {

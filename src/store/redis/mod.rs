@@ -70,6 +70,8 @@ mod settlements;
 #[cfg(feature = "redis")]
 mod store;
 #[cfg(feature = "redis")]
+mod tls;
+#[cfg(feature = "redis")]
 mod wire;
 
 #[cfg(feature = "redis")]

@@ -64,6 +64,31 @@ impl RedisServer {
         (server, tls_port)
     }
 
+    /// A standalone server that also serves TLS on a port of its own (returned) with the
+    /// certificate and key files given, asking no client for a certificate (as upstream
+    /// ratelimit's Makefile sets up its TLS Redis).
+    pub fn start_tls_no_client_auth(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> (RedisServer, u16) {
+        let tls_port = free_port();
+        let cert = cert.to_string_lossy();
+        let server = RedisServer::start_with_args(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key.to_string_lossy(),
+            // redis-server wants a CA file with TLS on even when it asks no client.
+            "--tls-ca-cert-file",
+            &cert,
+            "--tls-auth-clients",
+            "no",
+        ]);
+        (server, tls_port)
+    }
+
     /// A standalone Valkey server.
     pub fn start_valkey() -> RedisServer {
         RedisServer::start_program(valkey(), false, &[])

@@ -1,0 +1,100 @@
+//! Run as `ratelimit`, upstream's ports are served as set even where they are cellrate's
+//! own defaults: `PORT=8082` (upstream's HTTP port, here `/healthcheck`) takes the admin
+//! listener's default port, and the admin listener moves to a loopback port the kernel
+//! chooses instead of failing startup. Through a real process, HTTP and gRPC client.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::{descriptor, http_get, stderr_lines};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Waits (bounded) until nothing else holds 127.0.0.1:`port`.
+fn until_free(port: u16) {
+    for _ in 0..100 {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("127.0.0.1:{port} stayed busy for 10 s");
+}
+
+#[tokio::test]
+async fn port_8082_as_ratelimit_starts_and_serves() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("rl.yaml"),
+        "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let bin = root.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
+    until_free(8082);
+    let mut child = Command::new(&bin)
+        .env_clear()
+        .env("RUNTIME_ROOT", root.path())
+        .env("BACKEND_TYPE", "memory")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "8082")
+        .env("LOG_FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    let serving = (0..1_000)
+        .map_while(|_| lines.recv_timeout(WAIT).ok())
+        .inspect(|l| seen.push(l.clone()))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .map(|v| v["fields"].clone())
+        .find(|f| f["message"] == "cellrate serving");
+    let Some(serving) = serving else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("no serving line: {seen:#?}");
+    };
+    let _guard = Killed(child);
+
+    assert_eq!(serving["metrics"], "127.0.0.1:8082");
+    let admin: std::net::SocketAddr = serving["admin"].as_str().unwrap().parse().unwrap();
+    assert!(admin.ip().is_loopback() && admin.port() != 8082, "{admin}");
+    assert_eq!(http_get("127.0.0.1:8082", "/healthcheck").0, 200);
+
+    let listen = serving["listen"].as_str().unwrap();
+    let mut envoy = RateLimitServiceClient::connect(format!("http://{listen}"))
+        .await
+        .unwrap();
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "rl".into(),
+                descriptors: vec![descriptor(&[("foo", "a")])],
+                hits_addend: 0,
+            })
+            .await
+            .expect("answered");
+        codes.push(answer.into_inner().overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over]);
+}
+
+/// Kills the child when the test ends, passed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
