@@ -59,6 +59,7 @@ fn spend() -> StoreItem {
         limit: Limit::new(2, 1, 10 * SECOND).unwrap(),
         cost: 1,
         mode: Mode::CheckAndSpend,
+        lease: None,
     }
 }
 
