@@ -4,8 +4,11 @@
 # machine is doing (unlike CPU time on a shared machine), so it tells small changes apart.
 # It counts instructions, not time: cache misses and lock waits do not show.
 #
-#   scripts/bench-callgrind.sh [requests] [scenarios...]
+#   scripts/bench-callgrind.sh [requests] [scenarios...] [before-dir]
 #
+# before-dir: a directory holding a `cellrate` binary built the same way from another commit
+# (its target/callgrind/release-lto), measured in the same run beside this one, with this
+# commit's loadgen, baseline and benches/grpc/limits (the request bodies must be the same).
 # Each server runs under callgrind with instrumentation off; after a warm-up of 500 requests,
 # instrumentation is switched on for exactly `requests` requests (loadgen, LOADGEN_TOTAL, 1
 # connection x 16 streams), then dumped. Prints instructions per request, the ratio, and
@@ -14,12 +17,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-20000}
 shift || true
-scenarios=${*:-hot distinct denied check}
+before=
+scenarios=()
+for arg in "$@"; do
+  if [ -d "$arg" ]; then before=$arg; else scenarios+=("$arg"); fi
+done
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(hot distinct denied check)
+[ -z "$before" ] || [ -x "$before/cellrate" ] || { echo "no cellrate binary in $before"; exit 1; }
 
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
 export CARGO_TARGET_DIR=target/callgrind
 # (Through --config: cargo reads CARGO_PROFILE_RELEASE_LTO_DEBUG as profile `release`.)
-cargo build --config 'profile.release-lto.debug="line-tables-only"' --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
+# The server on its own: built with the examples, it would get the features their
+# dev-dependencies turn on (tokio's test-util: a clock check in every Instant::now), which
+# the production build has not.
+build() { cargo build --config 'profile.release-lto.debug="line-tables-only"' --profile release-lto --quiet "$@"; }
+build --bin cellrate
+build --example baseline --example loadgen
 bin=$CARGO_TARGET_DIR/release-lto
 out=$CARGO_TARGET_DIR/profiles
 mkdir -p "$out"
@@ -38,7 +52,11 @@ count() { # server scenario -> instructions per request
   port=$(free_port)
   file="$out/$server-$scenario.callgrind"
   rm -f "$file" "$file".*
-  if [ "$server" = baseline ]; then
+  if [ "$server" = before ]; then
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+      "$before/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+      --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
+  elif [ "$server" = baseline ]; then
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
       "$bin/examples/baseline" "127.0.0.1:$port" 2>/dev/null &
   else
@@ -59,10 +77,22 @@ count() { # server scenario -> instructions per request
   awk -v n="$requests" '/^totals:/ { print int($2 / n); exit }' "$file"
 }
 
-printf '%-9s %14s %14s %7s\n' scenario baseline_ir/req cellrate_ir/req ratio
-for scenario in $scenarios; do
+ratio() { python3 -c "print(f'{$1/$2:.3f}')"; }
+if [ -z "$before" ]; then
+  printf '%-9s %14s %14s %7s\n' scenario baseline_ir/req cellrate_ir/req ratio
+else
+  printf '%-9s %14s %14s %14s %7s %7s %12s\n' scenario baseline_ir/req before_ir/req \
+    after_ir/req before after after/before
+fi
+for scenario in "${scenarios[@]}"; do
   b=$(count baseline "$scenario")
   c=$(count cellrate "$scenario")
-  printf '%-9s %14s %14s %7s\n' "$scenario" "$b" "$c" "$(python3 -c "print(f'{$c/$b:.3f}')")"
+  if [ -z "$before" ]; then
+    printf '%-9s %14s %14s %7s\n' "$scenario" "$b" "$c" "$(ratio "$c" "$b")"
+  else
+    o=$(count before "$scenario")
+    printf '%-9s %14s %14s %14s %7s %7s %12s\n' "$scenario" "$b" "$o" "$c" \
+      "$(ratio "$o" "$b")" "$(ratio "$c" "$b")" "$(ratio "$c" "$o")"
+  fi
 done
 echo "profiles: $out (callgrind_annotate --inclusive=yes FILE)"

@@ -54,7 +54,14 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        let results = self.decide_batch(&table, &request, &batch).await?;
+        // The common case (items, none given back, no fixed-window counting) straight to
+        // the decider: each async layer costs instructions on every request.
+        let results = if self.plain(&request, &batch) {
+            self.check(&table, &request.domain, &batch.items, &batch.owner)
+                .await?
+        } else {
+            self.decide_batch(&table, &request, &batch).await?
+        };
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -146,6 +153,33 @@ impl EnvoyRateLimitService {
         Ok(())
     }
 
+    /// A batch that [`Self::decide_batch`] would only pass to [`Self::check`]: it has
+    /// items, none from a descriptor with `is_negative_hits`, and [`Self::check_counted`]
+    /// would not count it in two steps.
+    fn plain(&self, request: &RateLimitRequest, batch: &Batch<'_>) -> bool {
+        !batch.items.is_empty()
+            && !(batch.owner.iter()).any(|&d| request.descriptors[d].is_negative_hits)
+            && !self.counts_in_two_steps(&batch.items)
+    }
+
+    /// Whether [`Self::check_counted`] reads the counts first: envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is asked for and every item counts in its
+    /// fixed windows.
+    fn counts_in_two_steps(&self, items: &[ItemSpec<'_>]) -> bool {
+        let fixed_window = |i: &ItemSpec<'_>| {
+            matches!(
+                i.target,
+                Target::Ratelimit {
+                    every_hit: true,
+                    ..
+                }
+            )
+        };
+        self.options.stop_increment_when_over_limit
+            && !items.is_empty()
+            && items.iter().all(fixed_window)
+    }
+
     /// Decides the batch: the items of descriptors with `is_negative_hits` (Envoy 1.38+:
     /// hits given back, typically at stream end) are refunds, never past a full bucket, and
     /// answered OK; the others are decided all-or-nothing among themselves, as ever. A
@@ -212,19 +246,7 @@ impl EnvoyRateLimitService {
         items: &[ItemSpec<'_>],
         owner: &[usize],
     ) -> Result<Vec<ItemResult>, Status> {
-        let fixed_window = |i: &ItemSpec<'_>| {
-            matches!(
-                i.target,
-                Target::Ratelimit {
-                    every_hit: true,
-                    ..
-                }
-            )
-        };
-        if !self.options.stop_increment_when_over_limit
-            || items.is_empty()
-            || !items.iter().all(fixed_window)
-        {
+        if !self.counts_in_two_steps(items) {
             return self.check(table, domain, items, owner).await;
         }
         fn at<'s>(i: &ItemSpec<'s>, cost: u64) -> ItemSpec<'s> {
