@@ -12,9 +12,11 @@
 #                README's first `Check` (grpcurl over loopback)
 #   3. ratelimit run as `/bin/ratelimit` with the environment Envoy Gateway gives its
 #                rate-limit container (Redis backend, xDS config with
-#                FORCE_START_WITHOUT_INITIAL_CONFIG, Prometheus, the runtime directory
-#                mounted read-only at /data), and answers `ShouldRateLimit` from the
-#                runtime directory's limits: OK, OK, OVER_LIMIT
+#                FORCE_START_WITHOUT_INITIAL_CONFIG and no control plane reachable,
+#                Prometheus, the runtime directory mounted read-only at /data): it serves
+#                and, reading no file in xDS mode as upstream, limits nothing yet (OK, OK,
+#                OK); then with upstream's file configuration it answers from the runtime
+#                directory's limit, counted in Redis: OK, OK, OVER_LIMIT
 #   4. SIGTERM   each container exits 0 within STOP_BOUND_S of SIGTERM
 #
 # Host network, loopback addresses and ports the kernel picks (port 0, read back from the
@@ -139,7 +141,7 @@ terminate "$serve"
 # 3. As Envoy Gateway runs envoyproxy/ratelimit's image: `/bin/ratelimit`, its environment
 # (the ratelimit container's variables; TLS to the control plane and to Envoy left out, the
 # test suite covers them: tests/it/xds.rs), Redis on a free loopback port, no control plane
-# reachable (FORCE_START_WITHOUT_INITIAL_CONFIG serves the runtime directory's limits).
+# reachable.
 redis_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 xds_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no \
@@ -158,37 +160,40 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 EOF
 chmod -R a+rX "$work"
-gateway="cellrate-image-check-$$-ratelimit"
-containers+=("$gateway")
-podman run "${run_flags[@]}" --name "$gateway" --entrypoint /bin/ratelimit \
-  -v "$work/data:/data:ro" \
-  -e RUNTIME_ROOT=/data -e RUNTIME_SUBDIRECTORY=ratelimit -e RUNTIME_IGNOREDOTFILES=true \
-  -e RUNTIME_WATCH_ROOT=false -e LOG_LEVEL=info -e USE_STATSD=false \
-  -e BACKEND_TYPE=redis -e REDIS_SOCKET_TYPE=tcp -e "REDIS_URL=127.0.0.1:$redis_port" \
-  -e CONFIG_TYPE=GRPC_XDS_SOTW -e "CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:$xds_port" \
-  -e CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit -e FORCE_START_WITHOUT_INITIAL_CONFIG=true \
-  -e USE_PROMETHEUS=true -e PROMETHEUS_ADDR=127.0.0.1:0 \
-  -e GRPC_HOST=127.0.0.1 -e GRPC_PORT=0 -e HOST=127.0.0.1 -e PORT=0 -e LOG_FORMAT=json \
-  -e CELLRATE_ADMIN_LISTEN=127.0.0.1:0 \
-  "$image" >/dev/null
-line=$(serving "$gateway")
-listen=$(field "$line" listen)
-health=$(field "$line" health)
-metrics=$(field "$line" metrics)
-user_and_root "$gateway"
-codes=""
-for _ in 1 2 3; do
-  answer=$(grpcurl -plaintext -max-time 10 \
-    -d '{"domain": "image-check", "descriptors": [{"entries": [{"key": "client", "value": "a"}]}]}' \
-    "$listen" envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit)
-  codes="$codes $(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["overallCode"])' "$answer")"
-done
-[ "$codes" = " OK OK OVER_LIMIT" ] \
-  || { echo "image-check: ShouldRateLimit answered$codes, not OK OK OVER_LIMIT" >&2; exit 1; }
-keys=$(redis-cli -p "$redis_port" dbsize)
-[ "$keys" -ge 1 ] || { echo "image-check: nothing written to Redis" >&2; exit 1; }
-# The probe port Envoy Gateway checks, and the Prometheus listener with the decisions counted.
-python3 -c '
+
+# ratelimit NAME EXPECTED [podman run options...]: runs the image as `/bin/ratelimit` with
+# the runtime directory at /data (read-only), Redis, Prometheus and the given variables,
+# sends three ShouldRateLimit for one client and checks the answers are EXPECTED, then the
+# user and root, /healthcheck and /metrics, and a clean SIGTERM.
+ratelimit() {
+  local name="cellrate-image-check-$$-$1" expected=$2 line listen health metrics codes answer keys
+  shift 2
+  containers+=("$name")
+  podman run "${run_flags[@]}" --name "$name" --entrypoint /bin/ratelimit \
+    -v "$work/data:/data:ro" \
+    -e RUNTIME_ROOT=/data -e RUNTIME_SUBDIRECTORY=ratelimit -e RUNTIME_IGNOREDOTFILES=true \
+    -e RUNTIME_WATCH_ROOT=false -e LOG_LEVEL=info -e USE_STATSD=false \
+    -e BACKEND_TYPE=redis -e REDIS_SOCKET_TYPE=tcp -e "REDIS_URL=127.0.0.1:$redis_port" \
+    -e USE_PROMETHEUS=true -e PROMETHEUS_ADDR=127.0.0.1:0 \
+    -e GRPC_HOST=127.0.0.1 -e GRPC_PORT=0 -e HOST=127.0.0.1 -e PORT=0 -e LOG_FORMAT=json \
+    -e CELLRATE_ADMIN_LISTEN=127.0.0.1:0 \
+    "$@" "$image" >/dev/null
+  line=$(serving "$name")
+  listen=$(field "$line" listen)
+  health=$(field "$line" health)
+  metrics=$(field "$line" metrics)
+  user_and_root "$name"
+  codes=""
+  for _ in 1 2 3; do
+    answer=$(grpcurl -plaintext -max-time 10 \
+      -d '{"domain": "image-check", "descriptors": [{"entries": [{"key": "client", "value": "a"}]}]}' \
+      "$listen" envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit)
+    codes="$codes $(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["overallCode"])' "$answer")"
+  done
+  [ "$codes" = " $expected" ] \
+    || { echo "image-check: $name: ShouldRateLimit answered$codes, not $expected" >&2; exit 1; }
+  # The probe port Envoy Gateway checks, and the Prometheus listener with the decisions counted.
+  python3 -c '
 import sys, urllib.request
 with urllib.request.urlopen(f"http://{sys.argv[1]}/healthcheck", timeout=10) as r:
     assert r.status == 200, r.status
@@ -196,6 +201,22 @@ with urllib.request.urlopen(f"http://{sys.argv[2]}/metrics", timeout=10) as r:
     body = r.read()
     assert r.status == 200 and b"cellrate_decisions_total" in body and b"api=\"envoy\"" in body
 ' "$health" "$metrics"
-log "$gateway: ShouldRateLimit on $listen:$codes ($keys key(s) in Redis), /healthcheck 200, /metrics on $metrics"
-terminate "$gateway"
+  keys=$(redis-cli -p "$redis_port" dbsize)
+  log "$name: ShouldRateLimit on $listen:$codes ($keys key(s) in Redis), /healthcheck 200, /metrics on $metrics"
+  terminate "$name"
+}
+
+# Envoy Gateway's environment: its limits come from its control plane over xDS, which is not
+# reachable here; FORCE_START_WITHOUT_INITIAL_CONFIG serves without them and, as upstream,
+# reads no file in xDS mode, so nothing is limited yet and nothing is counted.
+ratelimit gateway "OK OK OK" \
+  -e CONFIG_TYPE=GRPC_XDS_SOTW -e "CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:$xds_port" \
+  -e CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit -e FORCE_START_WITHOUT_INITIAL_CONFIG=true
+[ "$(redis-cli -p "$redis_port" dbsize)" = 0 ] \
+  || { echo "image-check: in xDS mode it counted limits it was never sent" >&2; exit 1; }
+# The same image with upstream's file configuration: the runtime directory's limit, counted
+# in Redis.
+ratelimit files "OK OK OVER_LIMIT" -e CONFIG_TYPE=FILE
+[ "$(redis-cli -p "$redis_port" dbsize)" -ge 1 ] \
+  || { echo "image-check: nothing written to Redis" >&2; exit 1; }
 log "run checks took $(since "$checks_started") s; the whole image check $(since "$started") s"
