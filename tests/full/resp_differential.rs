@@ -293,7 +293,7 @@ fn cl_throttle_answers_as_redis_cell_on_the_redis_store() {
             "redis",
             "--redis-url",
             &store.url(),
-            // The answers are compared, not the deadline: the default 10 ms failed a first
+            // The answers are compared, not the deadline: the old default 10 ms failed a first
             // call on a loaded two-core CI machine ("no answer within 10ms").
             "--redis-timeout-ms",
             "1000",
