@@ -475,8 +475,8 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
 }
 
 /// REDIS_TIMEOUT, a Go duration (upstream's default 10s), as every Redis call's deadline,
-/// unless CELLRATE_REDIS_TIMEOUT_MS names cellrate's own: cellrate's default (10 ms then, 50 ms now) gave
-/// spurious UNAVAILABLE answers under load where envoyproxy/ratelimit waits.
+/// unless CELLRATE_REDIS_TIMEOUT_MS names cellrate's own: cellrate's default (10 ms then,
+/// 50 ms now) gave spurious UNAVAILABLE answers under load where envoyproxy/ratelimit waits.
 fn redis_timeout(
     var: &impl Fn(&str) -> Option<String>,
     flags: &mut Vec<String>,
