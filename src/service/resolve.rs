@@ -253,11 +253,17 @@ impl Decider {
                 policy.map_or(Window::Gcra, |p| p.window()),
             ),
         };
+        // A limited policy carries its name's visibility (an override replaces numbers
+        // only); a deny or unlimited one has none, so it is read from the name's default.
+        let headers = match policy {
+            Some(Policy::Limited { behaviour, .. }) => behaviour.headers,
+            _ => table.headers(found),
+        };
         Ok(Ok(Bucket {
             key,
             name: found.text.clone(),
             policy,
-            headers: table.headers(found),
+            headers,
         }))
     }
 
