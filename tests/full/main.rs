@@ -45,6 +45,8 @@ mod shared_overrides;
 mod store_differential;
 #[cfg(feature = "redis")]
 mod store_log;
+#[cfg(feature = "redis")]
+mod upstream_suite;
 
 /// `store_scenarios.rs`'s tests on Redis and Valkey, standalone and clustered: one test
 /// per scenario and store, `store_scenarios::<store>::<scenario>`, each on a server or

@@ -21,7 +21,7 @@ const T0: Nanos = 1_700_000_000 * SECOND;
 
 /// upstream's `bootstrap_redis_tls` certificate (a 2048-bit key instead of 4096, for time):
 /// writes `{stem}.pem` and `{stem}.key` into `dir`.
-fn upstream_self_signed(dir: &Path, stem: &str) {
+pub(crate) fn upstream_self_signed(dir: &Path, stem: &str) {
     let status = Command::new("openssl")
         .args([
             "req", "-new", "-newkey", "rsa:2048", "-days", "365", "-nodes", "-x509",

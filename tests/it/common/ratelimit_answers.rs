@@ -38,9 +38,23 @@ pub fn runtime(files: &[(&str, &str)]) -> tempfile::TempDir {
 /// The binary run as `ratelimit` in `root` (its runtime under `current/ratelimit/config`)
 /// with `vars` beside the test's own; the child and its gRPC address.
 pub fn start(root: &Path, vars: &[(&str, &str)]) -> (Running, String) {
+    let serving = start_serving(root, vars);
+    (serving.child, serving.listen)
+}
+
+/// A started `ratelimit`: the child, its gRPC address and its metrics listener's.
+pub struct Serving {
+    pub child: Running,
+    pub listen: String,
+    pub metrics: String,
+}
+
+/// [`start`], with the metrics listener's address from the serving line.
+pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
     let bin = root.join("ratelimit");
     if !bin.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
+        // Tests starting in parallel in one root: the first link made stands.
+        let _ = std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin);
     }
     let mut command = Command::new(&bin);
     command
@@ -57,15 +71,21 @@ pub fn start(root: &Path, vars: &[(&str, &str)]) -> (Running, String) {
     command.envs(vars.iter().copied());
     let mut child = Running(command.stderr(Stdio::piped()).spawn().unwrap());
     let lines = stderr_lines(&mut child.0);
+    let mut seen = Vec::new();
     for line in (0..1_000).map_while(|_| lines.recv_timeout(Duration::from_secs(20)).ok()) {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
         if v["fields"]["message"] == "cellrate serving" {
-            let listen = v["fields"]["listen"].as_str().unwrap().to_string();
-            return (child, listen);
+            let field = |name: &str| v["fields"][name].as_str().unwrap_or_default().to_string();
+            return Serving {
+                listen: field("listen"),
+                metrics: field("metrics"),
+                child,
+            };
         }
+        seen.push(line);
     }
     drop(child);
-    panic!("no serving line");
+    panic!("no serving line; the log: {seen:#?}");
 }
 
 /// Asks, and checks every status's `duration_until_reset` is whole seconds computed as

@@ -275,15 +275,30 @@ impl RedisCluster {
         RedisCluster::start_program(valkey())
     }
 
+    /// Three redis-server masters that each ask for `password` (as upstream ratelimit's
+    /// Makefile starts its cluster).
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        let args = ["--requirepass", password, "--masterauth", password];
+        RedisCluster::start_nodes("redis-server".into(), &args)
+    }
+
     fn start_program(program: std::path::PathBuf) -> RedisCluster {
+        RedisCluster::start_nodes(program, &[])
+    }
+
+    fn start_nodes(program: std::path::PathBuf, args: &[&str]) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_program(program.clone(), true, &[]))
+            .map(|_| RedisServer::start_program(program.clone(), true, args))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(password) = &nodes[0].password {
+            create.args(["--no-auth-warning", "-a", password]);
+        }
+        let out = create
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -351,7 +366,8 @@ impl RedisSentinels {
     }
 
     /// With `passwords` (the master's and replica's, the sentinels'), each asks for its
-    /// password, and the sentinels and the replica are given what they need.
+    /// password, and the sentinels and the replica are given what they need. An empty
+    /// sentinels' password: the sentinels ask for none (upstream ratelimit's sentinels).
     pub fn start_with(passwords: Option<(&str, &str)>) -> RedisSentinels {
         RedisSentinels::start_programs("redis-server".into(), "redis-sentinel".into(), passwords)
     }
@@ -451,10 +467,12 @@ impl RedisServer {
                 dir = dir.path().display()
             );
             if let Some((data, own)) = passwords {
-                text.push_str(&format!(
-                    "sentinel auth-pass {SENTINEL_MASTER} {data}\nrequirepass {own}\n\
-                     sentinel sentinel-pass {own}\n"
-                ));
+                text.push_str(&format!("sentinel auth-pass {SENTINEL_MASTER} {data}\n"));
+                if !own.is_empty() {
+                    text.push_str(&format!(
+                        "requirepass {own}\nsentinel sentinel-pass {own}\n"
+                    ));
+                }
             }
             std::fs::write(&conf, text).unwrap();
             let mut server = RedisServer {
@@ -464,7 +482,9 @@ impl RedisServer {
                 cluster: false,
                 extra: Vec::new(),
                 sentinel: Some(conf),
-                password: passwords.map(|(_, own)| own.to_string()),
+                password: passwords
+                    .map(|(_, own)| own.to_string())
+                    .filter(|own| !own.is_empty()),
                 program: program.to_path_buf(),
             };
             if server.spawn() {
