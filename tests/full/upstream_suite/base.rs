@@ -265,7 +265,7 @@ pub async fn basic_base_config(u: &Upstream) {
     let first = ask(&mut c, request("another", d)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let second = ask(&mut c, request("another", d)).await;
-    let reset = |r: &RateLimitResponse| r.statuses[0].duration_until_reset.clone().unwrap();
+    let reset = |r: &RateLimitResponse| r.statuses[0].duration_until_reset.unwrap();
     assert!(
         reset(&second).seconds < reset(&first).seconds,
         "{name}: {:?} then {:?}",
