@@ -211,11 +211,12 @@ pub fn unique(what: &str, variant: &Variant) -> String {
     format!("{what}-{}-{now}-{name}", std::process::id())
 }
 
-/// Waits, when fewer than 8 seconds are left in the current minute, for the next one (the
-/// scenario counts in minute windows and must not straddle their end).
-pub async fn clear_of_a_minute_end() {
-    let left = 60 - crate::common::ratelimit_answers::unix_seconds() % 60;
-    if left < 8 {
+/// Waits, when fewer than `margin` seconds are left in the current window of `unit`
+/// seconds, for the next one: the scenario must not straddle a window's end (upstream's
+/// takes that chance).
+pub async fn clear_of_a_window_end(unit: i64, margin: i64) {
+    let left = unit - crate::common::ratelimit_answers::unix_seconds() % unit;
+    if left < margin {
         tokio::time::sleep(Duration::from_millis(left as u64 * 1_000 + 200)).await;
     }
 }
@@ -256,10 +257,13 @@ pub async fn basic_base_config(u: &Upstream) {
         "{name}: key1 hits"
     );
 
-    clear_of_a_minute_end().await;
+    // The minute and hour windows of key2 and key3.
+    clear_of_a_window_end(60, 8).await;
     one_key_over_its_minute(u, &mut c).await;
     two_keys_until_the_hour_is_over(u, &mut c).await;
 
+    // key4's day, over 2 s.
+    clear_of_a_window_end(86_400, 5).await;
     let key4 = v.key("key4");
     let d = &[&[(key4.as_str(), "durTest")][..]];
     let first = ask(&mut c, request("another", d)).await;

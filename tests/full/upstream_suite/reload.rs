@@ -107,6 +107,8 @@ async fn test_basic_reload_config_and_share_threshold() {
 async fn test_share_threshold(u: &Upstream) {
     let mut c = u.client().await;
     let domain = "share-threshold-test";
+    // The eleven requests in one hour window.
+    super::base::clear_of_a_window_end(3_600, 5).await;
     for i in 0..10 {
         let r = request(domain, &[&[("files", "files/a.pdf")]]);
         let r = c.should_rate_limit(r).await.unwrap().into_inner();
