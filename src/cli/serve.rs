@@ -8,6 +8,7 @@ use anyhow::Context;
 use super::{ServeArgs, StoreKind};
 use crate::limits::config::LimitTable;
 use crate::server::admin::TlsPem;
+use crate::server::connection_age::MaxConnectionAge;
 use crate::server::listener::ConnectionLimits;
 use crate::server::reload::ReloadSettings;
 use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
@@ -156,6 +157,10 @@ impl ServeArgs {
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+            max_connection_age: self.grpc_max_connection_age.map(|age| MaxConnectionAge {
+                age: nanos(age),
+                grace: self.grpc_max_connection_age_grace.map(nanos),
+            }),
         }
     }
 
@@ -195,4 +200,10 @@ impl ServeArgs {
             resp,
         })
     }
+}
+
+/// A non-negative flag's nanoseconds as a `Duration` (negative ones are refused by the
+/// flags' parsers; 0 here).
+fn nanos(n: i64) -> Duration {
+    Duration::from_nanos(u64::try_from(n).unwrap_or(0))
 }

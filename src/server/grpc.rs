@@ -116,6 +116,10 @@ impl GrpcHealth {
     }
 }
 
+/// A gRPC server, serving until its stop.
+pub(super) type Serving =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
 /// What both stacks are built from.
 pub(super) struct Stacks<'a> {
     pub(super) settings: &'a Settings,
@@ -151,13 +155,42 @@ impl Stacks<'_> {
         })
     }
 
+    /// `router` served on `incoming` until [`Self::stop`]: by one server, or with a
+    /// connection age by one server per connection (`connection_age.rs`).
+    fn serve<L, ResBody>(&self, router: Router<L>, incoming: GuardedListener) -> Serving
+    where
+        Router<L>: Clone + Send + 'static,
+        L: tower_layer::Layer<tonic::service::Routes> + Send + 'static,
+        L::Service: tower_service::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<ResBody>,
+            > + Clone
+            + Send
+            + 'static,
+        <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Future: Send,
+        <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Error:
+            Into<tonic::codegen::StdError> + Send,
+        ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        ResBody::Error: Into<tonic::codegen::StdError>,
+    {
+        let stop = self.stop.clone();
+        match self.limits.max_connection_age {
+            None => Box::pin(
+                router.serve_with_incoming_shutdown(incoming.into_stream(), stop.cancelled_owned()),
+            ),
+            Some(max_age) => Box::pin(super::connection_age::serve(
+                router, incoming, max_age, stop,
+            )),
+        }
+    }
+
     /// The decisions listener's server, serving until [`Self::stop`].
     pub(super) fn decisions(
         &self,
         listener: TcpListener,
         rlqs: RlqsService,
         admin_addr: &str,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+    ) -> Result<Serving, ServeError> {
         let services = [
             RATE_LIMITER,
             ENVOY_RLS,
@@ -185,18 +218,15 @@ impl Stacks<'_> {
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
             .add_service(self.health.service.clone());
-        Ok(with_reflection(router, &services)?
+        let router = with_reflection(router, &services)?
             .add_service(native)
             .add_service(envoy)
             .add_service(
                 RateLimitQuotaServiceServer::new(rlqs)
                     .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
             )
-            .add_service(AdminElsewhere::new(admin_addr))
-            .serve_with_incoming_shutdown(
-                incoming.into_stream(),
-                self.stop.clone().cancelled_owned(),
-            ))
+            .add_service(AdminElsewhere::new(admin_addr));
+        Ok(self.serve(router, incoming))
     }
 
     /// The admin listener's server, serving until [`Self::stop`].
@@ -204,7 +234,7 @@ impl Stacks<'_> {
         &self,
         listener: TcpListener,
         denials: Arc<DenialTracker>,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+    ) -> Result<Serving, ServeError> {
         let services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
         let incoming = GuardedListener::new(listener, self.limits.admin, "admin");
         let admin = AdminServer::new(
@@ -218,15 +248,13 @@ impl Stacks<'_> {
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight))
             .add_service(self.health.service.clone());
-        Ok(with_reflection(router, &services)?
-            .add_service(tonic::service::interceptor::InterceptedService::new(
+        let router = with_reflection(router, &services)?.add_service(
+            tonic::service::interceptor::InterceptedService::new(
                 admin,
                 AdminAuth::new(self.settings.admin_token.as_deref()),
-            ))
-            .serve_with_incoming_shutdown(
-                incoming.into_stream(),
-                self.stop.clone().cancelled_owned(),
-            ))
+            ),
+        );
+        Ok(self.serve(router, incoming))
     }
 }
 

@@ -256,6 +256,8 @@ pub struct GuardedStream {
     idle: Duration,
     /// Armed while a write is stuck (the peer does not read).
     write_deadline: Option<Pin<Box<Sleep>>>,
+    /// When set, reads and writes fail from then on (a connection's age and grace over).
+    cutoff: Option<Pin<Box<Sleep>>>,
 }
 
 impl GuardedStream {
@@ -270,7 +272,21 @@ impl GuardedStream {
             handshake_due: HANDSHAKE_BYTES,
             idle: limits.idle_timeout,
             write_deadline: None,
+            cutoff: None,
         }
+    }
+
+    /// From `deadline` on, every read and write fails (`TimedOut`): the server then drops
+    /// the connection, whatever the peer does.
+    pub fn cut_off_at(&mut self, deadline: Instant) {
+        self.cutoff = Some(Box::pin(tokio::time::sleep_until(deadline)));
+    }
+
+    /// Whether the cutoff has passed (registering for a wake-up at it when not).
+    fn cut_off(&mut self, cx: &mut Context<'_>) -> bool {
+        self.cutoff
+            .as_mut()
+            .is_some_and(|cutoff| cutoff.as_mut().poll(cx).is_ready())
     }
 
     /// The peer's address, if known.
@@ -290,6 +306,9 @@ impl AsyncRead for GuardedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.cut_off(cx) {
+            return Poll::Ready(Err(GuardedStream::timed_out(CUT_OFF)));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(result) => {
@@ -325,6 +344,9 @@ impl GuardedStream {
         cx: &mut Context<'_>,
         outcome: Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
+        if self.cut_off(cx) {
+            return Poll::Ready(Err(GuardedStream::timed_out(CUT_OFF)));
+        }
         if outcome.is_ready() {
             self.write_deadline = None;
             return outcome;
@@ -339,6 +361,9 @@ impl GuardedStream {
         )))
     }
 }
+
+/// Why a connection cut off at its deadline fails.
+const CUT_OFF: &str = "the connection's age and grace are over";
 
 impl AsyncWrite for GuardedStream {
     fn poll_write(

@@ -14,6 +14,7 @@
 //! the shutdown signal ([`shutdown`]).
 
 pub mod admin;
+pub mod connection_age;
 mod grpc;
 pub mod http;
 pub mod in_flight;

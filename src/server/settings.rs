@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use super::admin::TlsPem;
+use super::connection_age::MaxConnectionAge;
 use super::listener::ConnectionLimits;
 use super::reload::ReloadSettings;
 use crate::resp::RespSettings;
@@ -80,6 +81,8 @@ pub struct ServerLimits {
     /// Longest time a gRPC request may take, body included (a caller's shorter
     /// `grpc-timeout` wins).
     pub request_timeout: Duration,
+    /// The longest a connection to a gRPC listener lives (`None`: no end).
+    pub max_connection_age: Option<MaxConnectionAge>,
 }
 
 impl Default for ServerLimits {
@@ -102,6 +105,7 @@ impl Default for ServerLimits {
             max_streams_per_connection: 100,
             max_in_flight: 4096,
             request_timeout: Duration::from_secs(5),
+            max_connection_age: None,
         }
     }
 }

@@ -16,6 +16,7 @@ mod caller_limits;
 mod cli;
 mod client_cli;
 mod concurrency;
+mod connection_age;
 mod defaults;
 mod doc_lists;
 mod envoy_descriptors;

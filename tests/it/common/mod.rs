@@ -450,6 +450,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 pub mod ads;
 pub mod budgets;
 pub mod envoy;
+pub mod h2_raw;
 pub mod header_visibility;
 pub mod http1;
 pub mod pki;
