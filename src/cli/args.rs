@@ -270,6 +270,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_LISTEN", default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
 
+    /// Serve the decision listener on this Unix socket instead of --listen (made mode
+    /// 0660, removed at shutdown; a stale socket there is replaced, any other file is
+    /// left and startup stops).
+    #[arg(long, env = "CELLRATE_GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+
     /// Admin listener: cellrate.v1.Admin (Reset, Inspect, Top, SetOverride, ClearOverride,
     /// ListOverrides), health, reflection.
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]

@@ -136,11 +136,9 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         "json" => true,
         other => return Err(format!("LOG_FORMAT={other:?}: text or json")),
     };
+    // gRPC on this Unix socket instead of GRPC_HOST:GRPC_PORT, as upstream.
     if let Some(path) = var("GRPC_UDS").filter(|p| !p.is_empty()) {
-        return Err(format!(
-            "GRPC_UDS={path:?}: serving on a Unix socket is not supported yet (use \
-             GRPC_HOST and GRPC_PORT)"
-        ));
+        out.flags.extend(["--grpc-uds".to_string(), path]);
     }
     for (name, why) in NOT_APPLICABLE {
         if var(name).is_some() {
@@ -713,6 +711,16 @@ mod tests {
             let e = run(&[("BACKEND_TYPE", "memory"), (name, bad)]).unwrap_err();
             assert!(e.starts_with(&format!("{name}={bad:?}")), "{e}");
         }
+    }
+
+    /// GRPC_UDS: the decision listener on that Unix socket; unset or empty: on TCP.
+    #[test]
+    fn grpc_uds_names_the_decision_listeners_socket() {
+        let uds = |vars: Vars| serve(&[&[("BACKEND_TYPE", "memory")], vars].concat()).grpc_uds;
+        let path = std::path::PathBuf::from("/run/ratelimit.sock");
+        assert_eq!(uds(&[("GRPC_UDS", "/run/ratelimit.sock")]), Some(path));
+        assert_eq!(uds(&[("GRPC_UDS", "")]), None);
+        assert_eq!(uds(&[]), None);
     }
 
     #[test]

@@ -167,9 +167,14 @@ impl ServeArgs {
     /// Binds the listeners the flags name (the metrics listener always; the Redis protocol's
     /// only when given).
     pub async fn bind(&self) -> anyhow::Result<Listeners> {
-        let decisions = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("binding --listen {}", self.listen))?;
+        let decisions = match &self.grpc_uds {
+            Some(path) => crate::server::unix_socket::bind(path)
+                .with_context(|| format!("binding --grpc-uds {}", path.display()))?,
+            None => tokio::net::TcpListener::bind(self.listen)
+                .await
+                .with_context(|| format!("binding --listen {}", self.listen))?
+                .into(),
+        };
         let admin = tokio::net::TcpListener::bind(self.admin_listen)
             .await
             .with_context(|| format!("binding --admin-listen {}", self.admin_listen))?;

@@ -187,7 +187,7 @@ impl Stacks<'_> {
     /// The decisions listener's server, serving until [`Self::stop`].
     pub(super) fn decisions(
         &self,
-        listener: TcpListener,
+        listener: super::unix_socket::Bound,
         rlqs: RlqsService,
         admin_addr: &str,
     ) -> Result<Serving, ServeError> {

@@ -27,6 +27,7 @@ pub mod shortcut;
 pub mod shutdown;
 pub mod store;
 pub mod tasks;
+pub mod unix_socket;
 pub mod xds;
 
 pub use settings::{
@@ -470,7 +471,7 @@ impl Addresses {
         };
         let off = |l: &Option<TcpListener>| l.as_ref().map_or_else(|| "off".to_string(), addr);
         Addresses {
-            decisions: addr(&listeners.decisions),
+            decisions: listeners.decisions.describe(),
             admin: addr(&listeners.admin),
             metrics: off(&listeners.metrics),
             health: off(&listeners.health),

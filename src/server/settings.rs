@@ -201,8 +201,9 @@ impl Default for Settings {
 
 /// The bound sockets the service answers on.
 pub struct Listeners {
-    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection.
-    pub decisions: TcpListener,
+    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection; on TCP, or on a
+    /// Unix socket (`--grpc-uds`).
+    pub decisions: super::unix_socket::Bound,
     /// `Admin`, health, reflection. Loopback by default.
     pub admin: TcpListener,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`, `/healthcheck`.

@@ -64,4 +64,5 @@ macro_rules! on_every_store {
 #[allow(dead_code, unused_imports)] // the Redis stores' part is the full tier's
 mod store_scenarios;
 mod structure;
+mod unix_socket;
 mod xds;

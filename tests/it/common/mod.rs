@@ -87,7 +87,7 @@ impl Served {
         let metrics_addr = metrics.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listeners = Listeners {
-            decisions,
+            decisions: decisions.into(),
             admin,
             metrics: Some(metrics),
             health: Some(health),
