@@ -22,8 +22,9 @@
 //!                listener.rs (every listener's bounds and timeouts; the HTTP/1
 //!                server), connection_age.rs (GOAWAY at a jittered age),
 //!                unix_socket.rs (--grpc-uds: the socket file), rpc_metrics.rs and
-//!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs (watch, debounce, swap), xds/ (the
-//!                ADS client that feeds it; wire.rs bounds updates before decoding),
+//!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs
+//!                (watch, debounce, swap), xds/ (the ADS client that feeds it; wire.rs
+//!                bounds updates before decoding),
 //!                http.rs (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
