@@ -11,6 +11,7 @@ use crate::server::admin::TlsPem;
 use crate::server::connection_age::MaxConnectionAge;
 use crate::server::listener::ConnectionLimits;
 use crate::server::reload::ReloadSettings;
+use crate::server::tls::TlsFiles;
 use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
 use crate::service::rlqs::RlqsSettings;
 use crate::service::CallerLimits;
@@ -41,20 +42,29 @@ impl ServeArgs {
         Ok(())
     }
 
-    /// Reads the TLS files named by the flags.
+    /// Reads the TLS files named by the flags, and checks that they make a configuration
+    /// (the certificate and key parse and match, the CAs parse).
     pub fn tls(&self) -> anyhow::Result<Option<TlsPem>> {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
-        };
-        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+        let Some(files) = self.tls_files() else {
             return Ok(None);
         };
-        Ok(Some(TlsPem {
-            cert: read(cert)?,
-            key: read(key)?,
-            admin_client_ca: self.admin_client_ca.as_deref().map(read).transpose()?,
-            client_ca: self.client_ca.as_deref().map(read).transpose()?,
-        }))
+        let pem = files.read().map_err(|e| anyhow::anyhow!("reading {e}"))?;
+        crate::server::tls::LiveTls::new(&pem).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Some(pem))
+    }
+
+    /// The TLS files the flags name, re-checked every `--reload-interval-seconds`.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return None;
+        };
+        Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.client_ca.clone(),
+            admin_client_ca: self.admin_client_ca.clone(),
+            recheck: Duration::from_secs(self.reload_interval_seconds.max(1)),
+        })
     }
 
     /// The store the flags describe.
@@ -120,6 +130,7 @@ impl ServeArgs {
                 },
                 ..Default::default()
             },
+            tls_files: tls.as_ref().and(self.tls_files()),
             tls,
             store,
             snapshot: self

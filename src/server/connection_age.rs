@@ -26,7 +26,8 @@ use tonic::transport::server::Router;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::listener::{GuardedListener, GuardedStream};
+use super::grpc::Incoming;
+use super::tls::Conn;
 
 /// A connection's age and the grace after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +76,7 @@ fn jittered(age: Duration, draw: u64) -> Duration {
 /// tonic's own shutdown does); returns once every connection is closed after `stop`.
 pub(super) async fn serve<L, ResBody>(
     router: Router<L>,
-    mut listener: GuardedListener,
+    mut incoming: Incoming,
     max_age: MaxConnectionAge,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error>
@@ -93,13 +94,13 @@ where
     let connections = TaskTracker::new();
     loop {
         let mut stream = tokio::select! {
-            (stream, _) = listener.accept() => stream,
+            Some(Ok(stream)) = incoming.next() => stream,
             _ = stop.cancelled() => break,
         };
         let age = ages.next_age();
         let accepted = tokio::time::Instant::now();
         if let Some(grace) = max_age.grace {
-            stream.cut_off_at(accepted + age + grace);
+            stream.guarded_mut().cut_off_at(accepted + age + grace);
         }
         connections.spawn(one_connection(
             router.clone(),
@@ -109,7 +110,7 @@ where
         ));
     }
     // Closes the listening socket: new clients are refused, not left in the backlog.
-    drop(listener);
+    drop(incoming);
     connections.close();
     connections.wait().await;
     Ok(())
@@ -118,7 +119,7 @@ where
 /// One connection served until `goaway` (or `stop`), then drained.
 async fn one_connection<L, ResBody>(
     router: Router<L>,
-    stream: GuardedStream,
+    stream: Conn,
     goaway: tokio::time::Instant,
     stop: CancellationToken,
 ) where

@@ -116,6 +116,10 @@ impl GrpcHealth {
     }
 }
 
+/// A listener's connections, handshaken.
+pub(super) type Incoming =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = std::io::Result<super::tls::Conn>> + Send>>;
+
 /// A gRPC server, serving until its stop.
 pub(super) type Serving =
     std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
@@ -123,6 +127,8 @@ pub(super) type Serving =
 /// What both stacks are built from.
 pub(super) struct Stacks<'a> {
     pub(super) settings: &'a Settings,
+    /// TLS in force on both listeners (swapped when its files change).
+    pub(super) tls: Option<Arc<super::tls::LiveTls>>,
     /// The listeners' bounds, fitted to the descriptor limit.
     pub(super) limits: ServerLimits,
     pub(super) decider: Arc<Decider>,
@@ -138,26 +144,21 @@ pub(super) struct Stacks<'a> {
 }
 
 impl Stacks<'_> {
-    /// A gRPC server builder with the HTTP/2 limits and, when configured, TLS (the whole
-    /// handshake within the handshake timeout: else a client that stalls after its first
-    /// bytes holds a connection until the idle timeout).
-    fn builder(&self, admin: bool) -> Result<tonic::transport::Server, ServeError> {
-        let server = self.limits.grpc_server();
-        Ok(match (&self.settings.tls, admin) {
-            (None, _) => server,
-            (Some(tls), false) => server.tls_config(
-                tls.decisions()
-                    .timeout(self.limits.decisions.handshake_timeout),
-            )?,
-            (Some(tls), true) => {
-                server.tls_config(tls.admin().timeout(self.limits.admin.handshake_timeout))?
-            }
-        })
+    /// A listener's connections, through TLS when configured (the whole handshake within
+    /// the handshake timeout: else a client that stalls after its first bytes holds a
+    /// connection until the idle timeout).
+    fn incoming(&self, listener: GuardedListener, admin: bool) -> Incoming {
+        let timeout = match admin {
+            true => self.limits.admin.handshake_timeout,
+            false => self.limits.decisions.handshake_timeout,
+        };
+        let tls = self.tls.clone().map(|live| (live, admin));
+        super::tls::incoming(listener, tls, timeout)
     }
 
     /// `router` served on `incoming` until [`Self::stop`]: by one server, or with a
     /// connection age by one server per connection (`connection_age.rs`).
-    fn serve<L, ResBody>(&self, router: Router<L>, incoming: GuardedListener) -> Serving
+    fn serve<L, ResBody>(&self, router: Router<L>, incoming: Incoming) -> Serving
     where
         Router<L>: Clone + Send + 'static,
         L: tower_layer::Layer<tonic::service::Routes> + Send + 'static,
@@ -175,9 +176,7 @@ impl Stacks<'_> {
     {
         let stop = self.stop.clone();
         match self.limits.max_connection_age {
-            None => Box::pin(
-                router.serve_with_incoming_shutdown(incoming.into_stream(), stop.cancelled_owned()),
-            ),
+            None => Box::pin(router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())),
             Some(max_age) => Box::pin(super::connection_age::serve(
                 router, incoming, max_age, stop,
             )),
@@ -200,6 +199,7 @@ impl Stacks<'_> {
             REFLECTION_V1ALPHA,
         ];
         let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions");
+        let incoming = self.incoming(incoming, false);
         let mut service = RateLimiterService::new(self.decider.clone(), self.metrics.clone());
         if let Some(settlements) = &self.settlements {
             service = service.with_settlements(settlements.clone());
@@ -212,7 +212,8 @@ impl Stacks<'_> {
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let router = self
-            .builder(false)?
+            .limits
+            .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight).with_gate(self.waiting.clone()))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
@@ -237,6 +238,7 @@ impl Stacks<'_> {
     ) -> Result<Serving, ServeError> {
         let services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
         let incoming = GuardedListener::new(listener, self.limits.admin, "admin");
+        let incoming = self.incoming(incoming, true);
         let admin = AdminServer::new(
             AdminService::new(self.decider.clone())
                 .with_denials(denials)
@@ -244,7 +246,8 @@ impl Stacks<'_> {
         )
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let router = self
-            .builder(true)?
+            .limits
+            .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight))
             .add_service(self.health.service.clone());

@@ -27,6 +27,7 @@ pub mod shortcut;
 pub mod shutdown;
 pub mod store;
 pub mod tasks;
+pub mod tls;
 pub mod unix_socket;
 pub mod xds;
 
@@ -71,6 +72,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Serves with the store `settings.store` names until `shutdown` resolves, then drains.
@@ -215,7 +218,16 @@ impl Server {
         let waiting = first_config
             .is_some()
             .then(|| Arc::new(AtomicBool::new(true)));
+        let tls = settings.tls.as_ref().map(tls::LiveTls::new).transpose();
+        let tls = tls.map_err(ServeError::Tls)?.map(Arc::new);
+        if let (Some(live), Some(files)) = (&tls, &settings.tls_files) {
+            let watch =
+                live.clone()
+                    .watch(files.clone(), shared.metrics.clone(), stop_servers.clone());
+            background.tasks.spawn(watch);
+        }
         let stacks = Stacks {
+            tls,
             settings: &settings,
             limits,
             decider,

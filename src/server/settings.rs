@@ -49,6 +49,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// TLS on both gRPC listeners.
     pub tls: Option<TlsPem>,
+    /// Where `tls` was read from, to re-read it when the files change (`None`: fixed).
+    pub tls_files: Option<super::tls::TlsFiles>,
     /// Where buckets live.
     pub store: StoreSettings,
     /// The memory store's snapshot file (restored at start, written at shutdown).
@@ -191,6 +193,7 @@ impl Default for Settings {
             xds: None,
             admin_token: None,
             tls: None,
+            tls_files: None,
             store: StoreSettings::Memory,
             snapshot: None,
             server: ServerLimits::default(),

@@ -64,5 +64,6 @@ macro_rules! on_every_store {
 #[allow(dead_code, unused_imports)] // the Redis stores' part is the full tier's
 mod store_scenarios;
 mod structure;
+mod tls_rotation;
 mod unix_socket;
 mod xds;
