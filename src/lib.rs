@@ -21,7 +21,8 @@
 //!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
 //!                listener.rs (every listener's bounds and timeouts; the HTTP/1
 //!                server), connection_age.rs (GOAWAY at a jittered age),
-//!                unix_socket.rs (--grpc-uds: the socket file), rpc_metrics.rs and
+//!                unix_socket.rs (--grpc-uds: the socket file), tls.rs (handshakes,
+//!                certificates re-read when their files change), rpc_metrics.rs and
 //!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs
 //!                (watch, debounce, swap), xds/ (the ADS client that feeds it; wire.rs
 //!                bounds updates before decoding),

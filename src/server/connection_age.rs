@@ -26,8 +26,7 @@ use tonic::transport::server::Router;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::grpc::Incoming;
-use super::tls::Conn;
+use super::tls::{Conn, Incoming};
 
 /// A connection's age and the grace after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

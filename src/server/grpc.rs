@@ -23,6 +23,7 @@ use super::in_flight::InFlightLayer;
 use super::listener::GuardedListener;
 use super::rpc_metrics::RpcMetricsLayer;
 use super::shortcut::ShortcutLayer;
+use super::tls::Incoming;
 use super::{ServeError, ServerLimits, Settings};
 use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
@@ -115,10 +116,6 @@ impl GrpcHealth {
             .await;
     }
 }
-
-/// A listener's connections, handshaken.
-pub(super) type Incoming =
-    std::pin::Pin<Box<dyn futures_util::Stream<Item = std::io::Result<super::tls::Conn>> + Send>>;
 
 /// A gRPC server, serving until its stop.
 pub(super) type Serving =

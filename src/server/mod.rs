@@ -218,16 +218,8 @@ impl Server {
         let waiting = first_config
             .is_some()
             .then(|| Arc::new(AtomicBool::new(true)));
-        let tls = settings.tls.as_ref().map(tls::LiveTls::new).transpose();
-        let tls = tls.map_err(ServeError::Tls)?.map(Arc::new);
-        if let (Some(live), Some(files)) = (&tls, &settings.tls_files) {
-            let watch =
-                live.clone()
-                    .watch(files.clone(), shared.metrics.clone(), stop_servers.clone());
-            background.tasks.spawn(watch);
-        }
         let stacks = Stacks {
-            tls,
+            tls: background.tls(&settings, &shared.metrics, &stop_servers)?,
             settings: &settings,
             limits,
             decider,
@@ -300,6 +292,26 @@ impl Background {
     /// and the metrics listener (which serves until the tasks stop, so that a drain can
     /// be watched). With xDS and without `force_start`: what says when a first update is
     /// in force.
+    /// TLS for the gRPC listeners, re-read while serving when its files are known.
+    fn tls(
+        &self,
+        settings: &Settings,
+        metrics: &Arc<Metrics>,
+        stop: &CancellationToken,
+    ) -> Result<Option<Arc<tls::LiveTls>>, ServeError> {
+        let Some(pem) = &settings.tls else {
+            return Ok(None);
+        };
+        let live = Arc::new(tls::LiveTls::new(pem).map_err(ServeError::Tls)?);
+        if let Some(files) = &settings.tls_files {
+            let watch = live
+                .clone()
+                .watch(files.clone(), metrics.clone(), stop.clone());
+            self.tasks.spawn(watch);
+        }
+        Ok(Some(live))
+    }
+
     fn start(
         &self,
         shared: &Shared,

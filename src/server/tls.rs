@@ -275,13 +275,16 @@ impl Conn {
     }
 }
 
+/// A listener's connections, handshaken.
+pub type Incoming = Pin<Box<dyn futures_util::Stream<Item = io::Result<Conn>> + Send>>;
+
 /// `listener`'s connections, through a TLS handshake (with the configuration in force for
 /// the admin listener or the decision one) when `tls` is given.
 pub fn incoming(
     listener: GuardedListener,
     tls: Option<(Arc<LiveTls>, bool)>,
     handshake_timeout: Duration,
-) -> Pin<Box<dyn futures_util::Stream<Item = io::Result<Conn>> + Send>> {
+) -> Incoming {
     let Some((live, admin)) = tls else {
         return Box::pin(futures_util::stream::unfold(
             listener,

@@ -100,20 +100,8 @@ async fn a_swapped_certificate_serves_new_connections_and_a_bad_one_is_refused()
     let cas = [a.ca.as_str(), b.ca.as_str(), c.ca.as_str()];
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let pair = |p: &Pki| {
-        [
-            ("tls.crt", p.server_cert.clone()),
-            ("tls.key", p.server_key.clone()),
-        ]
-    };
-    let files = |pair: &[(&'static str, String); 2]| {
-        [
-            (pair[0].0, pair[0].1.as_bytes().to_vec()),
-            (pair[1].0, pair[1].1.as_bytes().to_vec()),
-        ]
-    };
-    let [(_, ac), (_, ak)] = files(&pair(&a));
-    swap(d, "..a", &[("tls.crt", &ac), ("tls.key", &ak)]);
+    let (ac, ak) = (a.server_cert.as_bytes(), a.server_key.as_bytes());
+    swap(d, "..a", &[("tls.crt", ac), ("tls.key", ak)]);
     for name in ["tls.crt", "tls.key"] {
         std::os::unix::fs::symlink(Path::new("..data").join(name), d.join(name)).unwrap();
     }
@@ -134,7 +122,7 @@ async fn a_swapped_certificate_serves_new_connections_and_a_bad_one_is_refused()
 
     // A connection opened under the old certificate.
     let tls = ClientTlsConfig::new()
-        .ca_certificates(cas.iter().map(|ca| Certificate::from_pem(ca)))
+        .ca_certificates(cas.iter().map(Certificate::from_pem))
         .domain_name("localhost");
     let channel = Channel::from_shared(format!("https://{addr}"))
         .unwrap()
@@ -143,8 +131,8 @@ async fn a_swapped_certificate_serves_new_connections_and_a_bad_one_is_refused()
     let mut old = pb::rate_limiter_client::RateLimiterClient::new(channel.connect().await.unwrap());
     assert!(check(&mut old).await);
 
-    let [(_, bc), (_, bk)] = files(&pair(&b));
-    swap(d, "..b", &[("tls.crt", &bc), ("tls.key", &bk)]);
+    let (bc, bk) = (b.server_cert.as_bytes(), b.server_key.as_bytes());
+    swap(d, "..b", &[("tls.crt", bc), ("tls.key", bk)]);
     within_10s("the new certificate", async || {
         peer_cert(&addr, &cas).await == der(&b.server_cert)
     })
@@ -166,7 +154,7 @@ async fn a_swapped_certificate_serves_new_connections_and_a_bad_one_is_refused()
         (
             "key of another certificate",
             c.server_cert.clone().into_bytes(),
-            bk.clone(),
+            bk.to_vec(),
         ),
         (
             "over 1 MiB",
