@@ -107,6 +107,28 @@ async fn a_stale_socket_is_replaced() {
     terminate(process).await;
 }
 
+/// A socket a running server answers on is not taken over: a second server stops (exit
+/// 78), the first keeps its socket and answers.
+#[tokio::test]
+async fn a_live_socket_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ratelimit.sock");
+    let first = serve_with(config(), &["--grpc-uds", path.to_str().unwrap()]);
+    let (code, log) = run_until_exit(&path, false);
+    assert_eq!(code, Some(78), "{log}");
+    let expected = format!(
+        "{}: a server is listening on this socket already",
+        path.display()
+    );
+    assert!(log.contains(&expected), "{expected:?} not in {log}");
+    let answer = check(&mut client(&path), Duration::from_secs(10)).await;
+    assert!(
+        answer.is_some(),
+        "the first server still answers on its socket"
+    );
+    terminate(first).await;
+}
+
 /// `cellrate serve --grpc-uds PATH` (or, with `as_ratelimit`, `ratelimit` with
 /// `GRPC_UDS=PATH`) until it exits: its exit code and its log.
 fn run_until_exit(path: &Path, as_ratelimit: bool) -> (Option<i32>, String) {
