@@ -20,9 +20,12 @@
 //!                settings.rs, store.rs (the store --store names), grpc.rs (the two
 //!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
 //!                listener.rs (every listener's bounds and timeouts; the HTTP/1
-//!                server), rpc_metrics.rs and shortcut.rs (tower layers), admin.rs
-//!                (bearer token, TLS), reload.rs (watch, debounce, swap), xds/ (the
-//!                ADS client that feeds it; wire.rs bounds updates before decoding),
+//!                server), connection_age.rs (GOAWAY at a jittered age),
+//!                unix_socket.rs (--grpc-uds: the socket file), tls.rs (handshakes,
+//!                certificates re-read when their files change), rpc_metrics.rs and
+//!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs
+//!                (watch, debounce, swap), xds/ (the ADS client that feeds it; wire.rs
+//!                bounds updates before decoding),
 //!                http.rs (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,

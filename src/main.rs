@@ -247,7 +247,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
-            ExitCode::FAILURE
+            // A path that holds another file is the configuration's fault.
+            match e.is::<cellrate::server::unix_socket::UnixSocketError>() {
+                true => ExitCode::from(EXIT_CONFIG),
+                false => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -270,6 +270,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_LISTEN", default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
 
+    /// Serve the decision listener on this Unix socket instead of --listen (made mode
+    /// 0660, removed at shutdown; a stale socket there is replaced, any other file is
+    /// left and startup stops).
+    #[arg(long, env = "CELLRATE_GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+
     /// Admin listener: cellrate.v1.Admin (Reset, Inspect, Top, SetOverride, ClearOverride,
     /// ListOverrides), health, reflection.
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
@@ -484,6 +490,17 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_REQUEST_TIMEOUT_MS", default_value_t = ServerLimits::default().request_timeout.as_millis() as u64)]
     pub request_timeout_ms: u64,
 
+    /// The longest a gRPC connection lives (e.g. 30m, 24h): each connection draws its own
+    /// age, this ±10 %, and then gets a graceful GOAWAY (calls in flight finish, new calls
+    /// reconnect, so that clients spread over replicas added since). Unset: no end.
+    #[arg(long, env = "CELLRATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_connection_age)]
+    pub grpc_max_connection_age: Option<i64>,
+
+    /// With --grpc-max-connection-age: how long after its GOAWAY a connection is closed
+    /// hard, calls still in flight with it (e.g. 1h; 0s: at once). Unset: never.
+    #[arg(long, env = "CELLRATE_GRPC_MAX_CONNECTION_AGE_GRACE", requires = "grpc_max_connection_age", value_parser = parse_connection_grace)]
+    pub grpc_max_connection_age_grace: Option<i64>,
+
     /// Seconds that health reports NOT_SERVING, still serving, after SIGTERM.
     #[arg(long, env = "CELLRATE_SHUTDOWN_DELAY_SECONDS", default_value_t = Settings::default().shutdown_delay.as_secs())]
     pub shutdown_delay_seconds: u64,
@@ -540,6 +557,25 @@ fn parse_settle_window(text: &str) -> Result<i64, String> {
         return Err(format!("{text}: not between 1s and 7d"));
     }
     Ok(window)
+}
+
+/// `--grpc-max-connection-age`: 100 ms to 365 days (shorter makes clients reconnect
+/// all the time).
+fn parse_connection_age(text: &str) -> Result<i64, String> {
+    let age = parse_period(text)?;
+    if !(100 * crate::clock::MICROSECOND * 1_000..=365 * crate::clock::DAY).contains(&age) {
+        return Err(format!("{text}: not between 100ms and 365d"));
+    }
+    Ok(age)
+}
+
+/// `--grpc-max-connection-age-grace`: 0 to 365 days.
+fn parse_connection_grace(text: &str) -> Result<i64, String> {
+    let grace = parse_period(text)?;
+    if grace > 365 * crate::clock::DAY {
+        return Err(format!("{text}: more than 365d"));
+    }
+    Ok(grace)
 }
 
 /// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).

@@ -105,6 +105,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 .to_string(),
         );
     }
+    connection_age(&var, &mut out.flags)?;
     admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
@@ -135,11 +136,9 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         "json" => true,
         other => return Err(format!("LOG_FORMAT={other:?}: text or json")),
     };
+    // gRPC on this Unix socket instead of GRPC_HOST:GRPC_PORT, as upstream.
     if let Some(path) = var("GRPC_UDS").filter(|p| !p.is_empty()) {
-        return Err(format!(
-            "GRPC_UDS={path:?}: serving on a Unix socket is not supported yet (use \
-             GRPC_HOST and GRPC_PORT)"
-        ));
+        out.flags.extend(["--grpc-uds".to_string(), path]);
     }
     for (name, why) in NOT_APPLICABLE {
         if var(name).is_some() {
@@ -474,6 +473,44 @@ fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<
     Ok(())
 }
 
+/// GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE, Go durations (upstream's
+/// defaults 24h and 1h; 0 is Go's infinity: no age, or no hard close).
+fn connection_age(
+    var: &impl Fn(&str) -> Option<String>,
+    flags: &mut Vec<String>,
+) -> Result<(), String> {
+    let read = |name: &str, default: &str| {
+        let text = var(name).unwrap_or_else(|| default.to_string());
+        let nanos = match text.as_str() {
+            "0" => 0,
+            _ => crate::limits::duration::parse_duration(&text)
+                .map_err(|e| format!("{name}={text:?}: {e}"))?,
+        };
+        Ok::<_, String>((text, nanos))
+    };
+    let (age, age_nanos) = read("GRPC_MAX_CONNECTION_AGE", "24h")?;
+    let (grace, grace_nanos) = read("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")?;
+    let (ms, year) = (crate::clock::MICROSECOND * 1_000, 365 * crate::clock::DAY);
+    if age_nanos != 0 && !(100 * ms..=year).contains(&age_nanos) {
+        return Err(format!(
+            "GRPC_MAX_CONNECTION_AGE={age:?}: not 0 nor between 100ms and 365d"
+        ));
+    }
+    if grace_nanos > year {
+        return Err(format!(
+            "GRPC_MAX_CONNECTION_AGE_GRACE={grace:?}: more than 365d"
+        ));
+    }
+    if age_nanos == 0 {
+        return Ok(());
+    }
+    flags.extend(["--grpc-max-connection-age".to_string(), age]);
+    if grace_nanos > 0 {
+        flags.extend(["--grpc-max-connection-age-grace".to_string(), grace]);
+    }
+    Ok(())
+}
+
 /// REDIS_TIMEOUT, a Go duration (upstream's default 10s), as every Redis call's deadline,
 /// unless CELLRATE_REDIS_TIMEOUT_MS names cellrate's own: cellrate's default (10 ms then,
 /// 50 ms now) gave spurious UNAVAILABLE answers under load where envoyproxy/ratelimit waits.
@@ -541,10 +578,12 @@ fn both_or_neither(
 mod tests {
     use super::*;
     use crate::cli::{Cli, Command, ServeArgs, StoreKind};
+    use crate::server::connection_age::MaxConnectionAge;
     use crate::service::envoy::{HeaderStyle, MetadataStyle, ResetStyle};
     use clap::Parser;
     use std::collections::HashMap;
     use std::path::Path;
+    use std::time::Duration;
 
     /// The translation of `vars`, whose flags must then parse as `cellrate serve`'s, as the
     /// `ratelimit` personality parses them; flags that do not are an error, as there.
@@ -638,6 +677,50 @@ mod tests {
             }
         }
         assert!(silent.is_empty(), "ignored in silence: {silent:?}");
+    }
+
+    /// Upstream's connection age (24h, then 1h of grace) by default, as set, or off with 0.
+    #[test]
+    fn connection_age_and_grace_are_upstreams() {
+        let age = |vars: Vars| {
+            let args = serve(&[&[("BACKEND_TYPE", "memory")], vars].concat());
+            args.server_limits().max_connection_age
+        };
+        let hours = |h: u64| Duration::from_secs(h * 3_600);
+        let set = |a, g| Some(MaxConnectionAge { age: a, grace: g });
+        assert_eq!(age(&[]), set(hours(24), Some(hours(1))));
+        let custom = [
+            ("GRPC_MAX_CONNECTION_AGE", "90s"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1m30s"),
+        ];
+        assert_eq!(
+            age(&custom),
+            set(Duration::from_secs(90), Some(Duration::from_secs(90)))
+        );
+        assert_eq!(
+            age(&[("GRPC_MAX_CONNECTION_AGE_GRACE", "0")]),
+            set(hours(24), None)
+        );
+        assert_eq!(age(&[("GRPC_MAX_CONNECTION_AGE", "0s")]), None);
+        for (name, bad) in [
+            ("GRPC_MAX_CONNECTION_AGE", "10ms"),
+            ("GRPC_MAX_CONNECTION_AGE", "a while"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "-1s"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "400d"),
+        ] {
+            let e = run(&[("BACKEND_TYPE", "memory"), (name, bad)]).unwrap_err();
+            assert!(e.starts_with(&format!("{name}={bad:?}")), "{e}");
+        }
+    }
+
+    /// GRPC_UDS: the decision listener on that Unix socket; unset or empty: on TCP.
+    #[test]
+    fn grpc_uds_names_the_decision_listeners_socket() {
+        let uds = |vars: Vars| serve(&[&[("BACKEND_TYPE", "memory")], vars].concat()).grpc_uds;
+        let path = std::path::PathBuf::from("/run/ratelimit.sock");
+        assert_eq!(uds(&[("GRPC_UDS", "/run/ratelimit.sock")]), Some(path));
+        assert_eq!(uds(&[("GRPC_UDS", "")]), None);
+        assert_eq!(uds(&[]), None);
     }
 
     #[test]

@@ -149,8 +149,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "RUNTIME_WATCH_ROOT",
         "the directory is watched, and re-read every --reload-interval-seconds",
     ),
-    ("GRPC_MAX_CONNECTION_AGE", "not applied"),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
     ("TRACING_ENABLED", "no OpenTelemetry export"),
     ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
     (

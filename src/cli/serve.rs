@@ -8,8 +8,10 @@ use anyhow::Context;
 use super::{ServeArgs, StoreKind};
 use crate::limits::config::LimitTable;
 use crate::server::admin::TlsPem;
+use crate::server::connection_age::MaxConnectionAge;
 use crate::server::listener::ConnectionLimits;
 use crate::server::reload::ReloadSettings;
+use crate::server::tls::TlsFiles;
 use crate::server::{Listeners, ServerLimits, Settings, StoreSettings};
 use crate::service::rlqs::RlqsSettings;
 use crate::service::CallerLimits;
@@ -40,20 +42,29 @@ impl ServeArgs {
         Ok(())
     }
 
-    /// Reads the TLS files named by the flags.
+    /// Reads the TLS files named by the flags, and checks that they make a configuration
+    /// (the certificate and key parse and match, the CAs parse).
     pub fn tls(&self) -> anyhow::Result<Option<TlsPem>> {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
-        };
-        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+        let Some(files) = self.tls_files() else {
             return Ok(None);
         };
-        Ok(Some(TlsPem {
-            cert: read(cert)?,
-            key: read(key)?,
-            admin_client_ca: self.admin_client_ca.as_deref().map(read).transpose()?,
-            client_ca: self.client_ca.as_deref().map(read).transpose()?,
-        }))
+        let pem = files.read().map_err(|e| anyhow::anyhow!("reading {e}"))?;
+        crate::server::tls::LiveTls::new(&pem).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Some(pem))
+    }
+
+    /// The TLS files the flags name, re-checked every `--reload-interval-seconds`.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return None;
+        };
+        Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.client_ca.clone(),
+            admin_client_ca: self.admin_client_ca.clone(),
+            recheck: Duration::from_secs(self.reload_interval_seconds.max(1)),
+        })
     }
 
     /// The store the flags describe.
@@ -119,6 +130,7 @@ impl ServeArgs {
                 },
                 ..Default::default()
             },
+            tls_files: tls.as_ref().and(self.tls_files()),
             tls,
             store,
             snapshot: self
@@ -156,15 +168,24 @@ impl ServeArgs {
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+            max_connection_age: self.grpc_max_connection_age.map(|age| MaxConnectionAge {
+                age: nanos(age),
+                grace: self.grpc_max_connection_age_grace.map(nanos),
+            }),
         }
     }
 
     /// Binds the listeners the flags name (the metrics listener always; the Redis protocol's
     /// only when given).
     pub async fn bind(&self) -> anyhow::Result<Listeners> {
-        let decisions = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("binding --listen {}", self.listen))?;
+        let decisions = match &self.grpc_uds {
+            Some(path) => crate::server::unix_socket::bind(path)
+                .with_context(|| format!("binding --grpc-uds {}", path.display()))?,
+            None => tokio::net::TcpListener::bind(self.listen)
+                .await
+                .with_context(|| format!("binding --listen {}", self.listen))?
+                .into(),
+        };
         let admin = tokio::net::TcpListener::bind(self.admin_listen)
             .await
             .with_context(|| format!("binding --admin-listen {}", self.admin_listen))?;
@@ -195,4 +216,10 @@ impl ServeArgs {
             resp,
         })
     }
+}
+
+/// A non-negative flag's nanoseconds as a `Duration` (negative ones are refused by the
+/// flags' parsers; 0 here).
+fn nanos(n: i64) -> Duration {
+    Duration::from_nanos(u64::try_from(n).unwrap_or(0))
 }

@@ -23,6 +23,7 @@ use super::in_flight::InFlightLayer;
 use super::listener::GuardedListener;
 use super::rpc_metrics::RpcMetricsLayer;
 use super::shortcut::ShortcutLayer;
+use super::tls::Incoming;
 use super::{ServeError, ServerLimits, Settings};
 use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
@@ -116,9 +117,15 @@ impl GrpcHealth {
     }
 }
 
+/// A gRPC server, serving until its stop.
+pub(super) type Serving =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
 /// What both stacks are built from.
 pub(super) struct Stacks<'a> {
     pub(super) settings: &'a Settings,
+    /// TLS in force on both listeners (swapped when its files change).
+    pub(super) tls: Option<Arc<super::tls::LiveTls>>,
     /// The listeners' bounds, fitted to the descriptor limit.
     pub(super) limits: ServerLimits,
     pub(super) decider: Arc<Decider>,
@@ -134,30 +141,52 @@ pub(super) struct Stacks<'a> {
 }
 
 impl Stacks<'_> {
-    /// A gRPC server builder with the HTTP/2 limits and, when configured, TLS (the whole
-    /// handshake within the handshake timeout: else a client that stalls after its first
-    /// bytes holds a connection until the idle timeout).
-    fn builder(&self, admin: bool) -> Result<tonic::transport::Server, ServeError> {
-        let server = self.limits.grpc_server();
-        Ok(match (&self.settings.tls, admin) {
-            (None, _) => server,
-            (Some(tls), false) => server.tls_config(
-                tls.decisions()
-                    .timeout(self.limits.decisions.handshake_timeout),
-            )?,
-            (Some(tls), true) => {
-                server.tls_config(tls.admin().timeout(self.limits.admin.handshake_timeout))?
-            }
-        })
+    /// A listener's connections, through TLS when configured (the whole handshake within
+    /// the handshake timeout: else a client that stalls after its first bytes holds a
+    /// connection until the idle timeout).
+    fn incoming(&self, listener: GuardedListener, admin: bool) -> Incoming {
+        let timeout = match admin {
+            true => self.limits.admin.handshake_timeout,
+            false => self.limits.decisions.handshake_timeout,
+        };
+        let tls = self.tls.clone().map(|live| (live, admin));
+        super::tls::incoming(listener, tls, timeout)
+    }
+
+    /// `router` served on `incoming` until [`Self::stop`]: by one server, or with a
+    /// connection age by one server per connection (`connection_age.rs`).
+    fn serve<L, ResBody>(&self, router: Router<L>, incoming: Incoming) -> Serving
+    where
+        Router<L>: Clone + Send + 'static,
+        L: tower_layer::Layer<tonic::service::Routes> + Send + 'static,
+        L::Service: tower_service::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<ResBody>,
+            > + Clone
+            + Send
+            + 'static,
+        <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Future: Send,
+        <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Error:
+            Into<tonic::codegen::StdError> + Send,
+        ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        ResBody::Error: Into<tonic::codegen::StdError>,
+    {
+        let stop = self.stop.clone();
+        match self.limits.max_connection_age {
+            None => Box::pin(router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())),
+            Some(max_age) => Box::pin(super::connection_age::serve(
+                router, incoming, max_age, stop,
+            )),
+        }
     }
 
     /// The decisions listener's server, serving until [`Self::stop`].
     pub(super) fn decisions(
         &self,
-        listener: TcpListener,
+        listener: super::unix_socket::Bound,
         rlqs: RlqsService,
         admin_addr: &str,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+    ) -> Result<Serving, ServeError> {
         let services = [
             RATE_LIMITER,
             ENVOY_RLS,
@@ -167,6 +196,7 @@ impl Stacks<'_> {
             REFLECTION_V1ALPHA,
         ];
         let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions");
+        let incoming = self.incoming(incoming, false);
         let mut service = RateLimiterService::new(self.decider.clone(), self.metrics.clone());
         if let Some(settlements) = &self.settlements {
             service = service.with_settlements(settlements.clone());
@@ -179,24 +209,22 @@ impl Stacks<'_> {
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let router = self
-            .builder(false)?
+            .limits
+            .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight).with_gate(self.waiting.clone()))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
             .add_service(self.health.service.clone());
-        Ok(with_reflection(router, &services)?
+        let router = with_reflection(router, &services)?
             .add_service(native)
             .add_service(envoy)
             .add_service(
                 RateLimitQuotaServiceServer::new(rlqs)
                     .max_decoding_message_size(crate::service::rlqs::MAX_MESSAGE_BYTES),
             )
-            .add_service(AdminElsewhere::new(admin_addr))
-            .serve_with_incoming_shutdown(
-                incoming.into_stream(),
-                self.stop.clone().cancelled_owned(),
-            ))
+            .add_service(AdminElsewhere::new(admin_addr));
+        Ok(self.serve(router, incoming))
     }
 
     /// The admin listener's server, serving until [`Self::stop`].
@@ -204,9 +232,10 @@ impl Stacks<'_> {
         &self,
         listener: TcpListener,
         denials: Arc<DenialTracker>,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+    ) -> Result<Serving, ServeError> {
         let services = [ADMIN, HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
         let incoming = GuardedListener::new(listener, self.limits.admin, "admin");
+        let incoming = self.incoming(incoming, true);
         let admin = AdminServer::new(
             AdminService::new(self.decider.clone())
                 .with_denials(denials)
@@ -214,19 +243,18 @@ impl Stacks<'_> {
         )
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let router = self
-            .builder(true)?
+            .limits
+            .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
             .layer(InFlightLayer::new(self.limits.max_in_flight))
             .add_service(self.health.service.clone());
-        Ok(with_reflection(router, &services)?
-            .add_service(tonic::service::interceptor::InterceptedService::new(
+        let router = with_reflection(router, &services)?.add_service(
+            tonic::service::interceptor::InterceptedService::new(
                 admin,
                 AdminAuth::new(self.settings.admin_token.as_deref()),
-            ))
-            .serve_with_incoming_shutdown(
-                incoming.into_stream(),
-                self.stop.clone().cancelled_owned(),
-            ))
+            ),
+        );
+        Ok(self.serve(router, incoming))
     }
 }
 

@@ -34,9 +34,11 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+
+use super::unix_socket::Bound;
 
 /// Bounds and timeouts of one listener's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +119,7 @@ pub fn fit_to_fd_limit(wanted: &[usize], fd_limit: Option<u64>, reserve: u64) ->
 
 /// A listener that applies [`ConnectionLimits`].
 pub struct GuardedListener {
-    listener: TcpListener,
+    listener: Bound,
     limits: ConnectionLimits,
     permits: Arc<Semaphore>,
     /// Pause after the next accept error.
@@ -139,9 +141,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 impl GuardedListener {
-    pub fn new(listener: TcpListener, limits: ConnectionLimits, name: &'static str) -> Self {
+    pub fn new(listener: impl Into<Bound>, limits: ConnectionLimits, name: &'static str) -> Self {
         GuardedListener {
-            listener,
+            listener: listener.into(),
             permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
             limits,
             backoff: FIRST_BACKOFF,
@@ -162,8 +164,9 @@ impl GuardedListener {
         self
     }
 
-    /// The next connection, once the bound leaves room for one.
-    pub async fn accept(&mut self) -> (GuardedStream, SocketAddr) {
+    /// The next connection, once the bound leaves room for one, with its peer's address
+    /// (`None` on a Unix socket).
+    pub async fn accept(&mut self) -> (GuardedStream, Option<SocketAddr>) {
         loop {
             // Taken before accepting: at the bound, connections wait in the backlog.
             let Ok(permit) = self.permits.clone().acquire_owned().await else {
@@ -171,12 +174,17 @@ impl GuardedListener {
                 std::future::pending::<()>().await;
                 continue;
             };
-            match self.listener.accept().await {
+            let accepted = match &self.listener {
+                Bound::Tcp(listener) => listener.accept().await.map(|(s, p)| (Io::Tcp(s), Some(p))),
+                Bound::Unix(listener, _) => {
+                    listener.accept().await.map(|(s, _)| (Io::Unix(s), None))
+                }
+            };
+            match accepted {
                 Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
-                    let slot = match &self.per_address {
-                        None => None,
-                        Some(table) => match table.take(peer.ip()) {
+                    let slot = match (&self.per_address, peer) {
+                        (Some(table), Some(peer)) => match table.take(peer.ip()) {
                             Some(slot) => Some(slot),
                             None => {
                                 // Closed at once: this address holds its share already.
@@ -184,8 +192,12 @@ impl GuardedListener {
                                 continue;
                             }
                         },
+                        // Every peer of a Unix socket is local: its file's mode decides.
+                        _ => None,
                     };
-                    configure(&stream, &self.limits);
+                    if let Io::Tcp(stream) = &stream {
+                        configure(stream, &self.limits);
+                    }
                     let mut stream = GuardedStream::new(stream, permit, &self.limits);
                     stream.handshake_due = self.handshake_bytes;
                     stream._address = slot;
@@ -214,8 +226,9 @@ impl GuardedListener {
         })
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    /// Where it listens, for logs.
+    pub fn describe(&self) -> String {
+        self.listener.describe()
     }
 }
 
@@ -242,7 +255,7 @@ fn configure(stream: &TcpStream, limits: &ConnectionLimits) {
 /// An accepted connection: holds its place under the connection bound until dropped, and
 /// fails its reads and writes with `TimedOut` when the handshake or idle timeout passes.
 pub struct GuardedStream {
-    stream: TcpStream,
+    stream: Io,
     _permit: OwnedSemaphorePermit,
     /// Its place in its address's count, when bounded.
     _address: Option<super::per_address::AddressSlot>,
@@ -256,12 +269,17 @@ pub struct GuardedStream {
     idle: Duration,
     /// Armed while a write is stuck (the peer does not read).
     write_deadline: Option<Pin<Box<Sleep>>>,
+    /// When set, reads and writes fail from then on (a connection's age and grace over).
+    cutoff: Option<Pin<Box<Sleep>>>,
 }
 
 impl GuardedStream {
-    fn new(stream: TcpStream, permit: OwnedSemaphorePermit, limits: &ConnectionLimits) -> Self {
+    fn new(stream: Io, permit: OwnedSemaphorePermit, limits: &ConnectionLimits) -> Self {
         GuardedStream {
-            remote: stream.peer_addr().ok(),
+            remote: match &stream {
+                Io::Tcp(stream) => stream.peer_addr().ok(),
+                Io::Unix(_) => None,
+            },
             stream,
             _permit: permit,
             _address: None,
@@ -270,7 +288,21 @@ impl GuardedStream {
             handshake_due: HANDSHAKE_BYTES,
             idle: limits.idle_timeout,
             write_deadline: None,
+            cutoff: None,
         }
+    }
+
+    /// From `deadline` on, every read and write fails (`TimedOut`): the server then drops
+    /// the connection, whatever the peer does.
+    pub fn cut_off_at(&mut self, deadline: Instant) {
+        self.cutoff = Some(Box::pin(tokio::time::sleep_until(deadline)));
+    }
+
+    /// Whether the cutoff has passed (registering for a wake-up at it when not).
+    fn cut_off(&mut self, cx: &mut Context<'_>) -> bool {
+        self.cutoff
+            .as_mut()
+            .is_some_and(|cutoff| cutoff.as_mut().poll(cx).is_ready())
     }
 
     /// The peer's address, if known.
@@ -290,6 +322,9 @@ impl AsyncRead for GuardedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.cut_off(cx) {
+            return Poll::Ready(Err(GuardedStream::timed_out(CUT_OFF)));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(result) => {
@@ -325,6 +360,9 @@ impl GuardedStream {
         cx: &mut Context<'_>,
         outcome: Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
+        if self.cut_off(cx) {
+            return Poll::Ready(Err(GuardedStream::timed_out(CUT_OFF)));
+        }
         if outcome.is_ready() {
             self.write_deadline = None;
             return outcome;
@@ -339,6 +377,73 @@ impl GuardedStream {
         )))
     }
 }
+
+/// An accepted connection's socket.
+enum Io {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Tcp(s) => s.is_write_vectored(),
+            Io::Unix(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Why a connection cut off at its deadline fails.
+const CUT_OFF: &str = "the connection's age and grace are over";
 
 impl AsyncWrite for GuardedStream {
     fn poll_write(
@@ -377,7 +482,10 @@ impl tonic::transport::server::Connected for GuardedStream {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         tonic::transport::server::TcpConnectInfo {
-            local_addr: self.stream.local_addr().ok(),
+            local_addr: match &self.stream {
+                Io::Tcp(stream) => stream.local_addr().ok(),
+                Io::Unix(_) => None,
+            },
             remote_addr: self.remote,
         }
     }

@@ -14,6 +14,7 @@
 //! the shutdown signal ([`shutdown`]).
 
 pub mod admin;
+pub mod connection_age;
 mod grpc;
 pub mod http;
 pub mod in_flight;
@@ -26,6 +27,8 @@ pub mod shortcut;
 pub mod shutdown;
 pub mod store;
 pub mod tasks;
+pub mod tls;
+pub mod unix_socket;
 pub mod xds;
 
 pub use settings::{
@@ -69,6 +72,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Serves with the store `settings.store` names until `shutdown` resolves, then drains.
@@ -214,6 +219,7 @@ impl Server {
             .is_some()
             .then(|| Arc::new(AtomicBool::new(true)));
         let stacks = Stacks {
+            tls: background.tls(&settings, &shared.metrics, &stop_servers)?,
             settings: &settings,
             limits,
             decider,
@@ -286,6 +292,26 @@ impl Background {
     /// and the metrics listener (which serves until the tasks stop, so that a drain can
     /// be watched). With xDS and without `force_start`: what says when a first update is
     /// in force.
+    /// TLS for the gRPC listeners, re-read while serving when its files are known.
+    fn tls(
+        &self,
+        settings: &Settings,
+        metrics: &Arc<Metrics>,
+        stop: &CancellationToken,
+    ) -> Result<Option<Arc<tls::LiveTls>>, ServeError> {
+        let Some(pem) = &settings.tls else {
+            return Ok(None);
+        };
+        let live = Arc::new(tls::LiveTls::new(pem).map_err(ServeError::Tls)?);
+        if let Some(files) = &settings.tls_files {
+            let watch = live
+                .clone()
+                .watch(files.clone(), metrics.clone(), stop.clone());
+            self.tasks.spawn(watch);
+        }
+        Ok(Some(live))
+    }
+
     fn start(
         &self,
         shared: &Shared,
@@ -469,7 +495,7 @@ impl Addresses {
         };
         let off = |l: &Option<TcpListener>| l.as_ref().map_or_else(|| "off".to_string(), addr);
         Addresses {
-            decisions: addr(&listeners.decisions),
+            decisions: listeners.decisions.describe(),
             admin: addr(&listeners.admin),
             metrics: off(&listeners.metrics),
             health: off(&listeners.health),

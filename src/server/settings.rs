@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 
 use super::admin::TlsPem;
+use super::connection_age::MaxConnectionAge;
 use super::listener::ConnectionLimits;
 use super::reload::ReloadSettings;
 use crate::resp::RespSettings;
@@ -48,6 +49,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// TLS on both gRPC listeners.
     pub tls: Option<TlsPem>,
+    /// Where `tls` was read from, to re-read it when the files change (`None`: fixed).
+    pub tls_files: Option<super::tls::TlsFiles>,
     /// Where buckets live.
     pub store: StoreSettings,
     /// The memory store's snapshot file (restored at start, written at shutdown).
@@ -80,6 +83,8 @@ pub struct ServerLimits {
     /// Longest time a gRPC request may take, body included (a caller's shorter
     /// `grpc-timeout` wins).
     pub request_timeout: Duration,
+    /// The longest a connection to a gRPC listener lives (`None`: no end).
+    pub max_connection_age: Option<MaxConnectionAge>,
 }
 
 impl Default for ServerLimits {
@@ -102,6 +107,7 @@ impl Default for ServerLimits {
             max_streams_per_connection: 100,
             max_in_flight: 4096,
             request_timeout: Duration::from_secs(5),
+            max_connection_age: None,
         }
     }
 }
@@ -187,6 +193,7 @@ impl Default for Settings {
             xds: None,
             admin_token: None,
             tls: None,
+            tls_files: None,
             store: StoreSettings::Memory,
             snapshot: None,
             server: ServerLimits::default(),
@@ -197,8 +204,9 @@ impl Default for Settings {
 
 /// The bound sockets the service answers on.
 pub struct Listeners {
-    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection.
-    pub decisions: TcpListener,
+    /// `RateLimiter`, Envoy's `RateLimitService`, health, reflection; on TCP, or on a
+    /// Unix socket (`--grpc-uds`).
+    pub decisions: super::unix_socket::Bound,
     /// `Admin`, health, reflection. Loopback by default.
     pub admin: TcpListener,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`, `/healthcheck`.

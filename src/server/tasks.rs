@@ -124,6 +124,8 @@ pub async fn accept_resp(
             accepted = listener.accept() => accepted,
             _ = stop.cancelled() => return,
         };
+        // Always TCP: the Redis-protocol listener is never a Unix socket.
+        let Some(peer) = peer else { continue };
         tasks.spawn(
             resp.clone()
                 .serve_connection(stream, peer.ip(), stop.clone()),

@@ -16,6 +16,7 @@ mod caller_limits;
 mod cli;
 mod client_cli;
 mod concurrency;
+mod connection_age;
 mod defaults;
 mod doc_lists;
 mod envoy_descriptors;
@@ -63,4 +64,6 @@ macro_rules! on_every_store {
 #[allow(dead_code, unused_imports)] // the Redis stores' part is the full tier's
 mod store_scenarios;
 mod structure;
+mod tls_rotation;
+mod unix_socket;
 mod xds;

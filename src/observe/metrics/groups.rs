@@ -152,6 +152,8 @@ pub struct ConfigMetrics {
     pub xds_updates: IntCounterVec,
     /// `cellrate_xds_connected`: 1 while the xDS stream is open.
     pub xds_connected: IntGauge,
+    /// `cellrate_tls_reloads_total{result}`: success, failure.
+    pub(super) tls_reloads: IntCounterVec,
 }
 
 /// Registers metrics in one registry. Names are constants of this file; registering one
@@ -427,7 +429,15 @@ impl ConfigMetrics {
             "cellrate_xds_connected",
             "1 while the xDS stream to the control plane is open (--xds-server), else 0.",
         );
+        let tls_reloads = reg.counters_from_zero(
+            "cellrate_tls_reloads_total",
+            "Changes to the gRPC listeners' TLS files, by result: success (in force for new \
+             connections), failure (rejected: the certificate in force stays).",
+            "result",
+            &["success", "failure"],
+        );
         ConfigMetrics {
+            tls_reloads,
             info: reg.add(
                 IntGaugeVec::new(
                     Opts::new(

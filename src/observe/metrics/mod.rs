@@ -271,6 +271,11 @@ impl Metrics {
             .set(i64::from(result != "failure"));
     }
 
+    /// Counts a change to the TLS files: `success` (swapped in) or `failure` (rejected).
+    pub fn tls_reload(&self, result: &str) {
+        self.config.tls_reloads.with_label_values(&[result]).inc();
+    }
+
     /// Counts a temporary override set or cleared (`action`: `set`, `clear`).
     pub fn runtime_override(&self, action: &str) {
         self.runtime_overrides(action, 1);

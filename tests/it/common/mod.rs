@@ -87,7 +87,7 @@ impl Served {
         let metrics_addr = metrics.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listeners = Listeners {
-            decisions,
+            decisions: decisions.into(),
             admin,
             metrics: Some(metrics),
             health: Some(health),
@@ -450,6 +450,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 pub mod ads;
 pub mod budgets;
 pub mod envoy;
+pub mod h2_raw;
 pub mod header_visibility;
 pub mod http1;
 pub mod pki;

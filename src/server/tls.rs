@@ -1,0 +1,388 @@
+//! TLS on the gRPC listeners, its files re-read when they change.
+//!
+//! The handshake is made here (rustls, as tonic would), not by tonic, so that the
+//! certificate, key and client CAs in force can be swapped while serving: each new
+//! connection is accepted with the configuration in force at its first byte; connections
+//! already open keep theirs. The files are watched (their directories, not recursively,
+//! so that Kubernetes' swap of a Secret's `..data` symlink is seen) and re-checked every
+//! `--reload-interval-seconds` besides, as a watch can be lost. A change is read whole;
+//! a file over [`MAX_TLS_FILE_BYTES`], a PEM that does not parse, a key that does not
+//! match its certificate: the configuration in force stays, the error is logged and
+//! counted (`cellrate_tls_reloads_total{result="failure"}`). A change that is only half
+//! written (the certificate renewed, not yet its key) fails the same way, and the next
+//! event or re-check, once the key is there too, succeeds.
+//!
+//! Handshakes run side by side (each within the handshake timeout), as tonic runs them:
+//! one client that stalls its handshake holds up nobody else's.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_rustls::server::TlsStream;
+
+use super::admin::TlsPem;
+use super::listener::{GuardedListener, GuardedStream};
+use crate::observe::metrics::Metrics;
+
+/// The largest TLS file read: a certificate chain or a CA bundle is a few KiB.
+pub const MAX_TLS_FILE_BYTES: u64 = 1 << 20;
+
+/// Where the TLS material is read from, to re-read it when it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    pub admin_client_ca: Option<PathBuf>,
+    /// Re-checked this often besides the watch.
+    pub recheck: Duration,
+}
+
+impl TlsFiles {
+    /// Reads every file (through symlinks), each at most [`MAX_TLS_FILE_BYTES`].
+    pub fn read(&self) -> Result<TlsPem, String> {
+        let optional = |path: &Option<PathBuf>| path.as_deref().map(read_bounded).transpose();
+        Ok(TlsPem {
+            cert: read_bounded(&self.cert)?,
+            key: read_bounded(&self.key)?,
+            client_ca: optional(&self.client_ca)?,
+            admin_client_ca: optional(&self.admin_client_ca)?,
+        })
+    }
+
+    /// The directories to watch: each file's own.
+    fn dirs(&self) -> Vec<PathBuf> {
+        let files = [Some(&self.cert), Some(&self.key)]
+            .into_iter()
+            .chain([self.client_ca.as_ref(), self.admin_client_ca.as_ref()])
+            .flatten();
+        let mut dirs: Vec<PathBuf> = files
+            .map(|f| match f.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+                _ => PathBuf::from("."),
+            })
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+}
+
+/// `path`'s bytes, refused beyond [`MAX_TLS_FILE_BYTES`] (read no further).
+fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let failed = |e: io::Error| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(failed)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TLS_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(failed)?;
+    if bytes.len() as u64 > MAX_TLS_FILE_BYTES {
+        return Err(format!(
+            "{}: over {MAX_TLS_FILE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A rustls server configuration: `cert`'s chain and `key` (which must match), client
+/// certificates required from `ca` when given, HTTP/2 by ALPN.
+fn server_config(pem: &TlsPem, ca: Option<&[u8]>) -> Result<ServerConfig, String> {
+    let chain = CertificateDer::pem_slice_iter(&pem.cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate: no CERTIFICATE in the PEM".to_string());
+    }
+    let key = PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| format!("the key: {e}"))?;
+    let builder = ServerConfig::builder();
+    let builder = match ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                let cert = cert.map_err(|e| format!("the client CA: {e}"))?;
+                roots.add(cert).map_err(|e| format!("the client CA: {e}"))?;
+            }
+            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+                .build()
+                .map_err(|e| format!("the client CA: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("the certificate and key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The TLS configurations in force on both gRPC listeners, and what they were built from.
+pub struct LiveTls {
+    decisions: ArcSwap<ServerConfig>,
+    admin: ArcSwap<ServerConfig>,
+    /// The material in force (a re-read equal to it changes nothing).
+    in_force: Mutex<TlsPem>,
+    /// The last rejected material's error, so that a file left bad is logged once.
+    rejected: Mutex<Option<String>>,
+}
+
+impl LiveTls {
+    pub fn new(pem: &TlsPem) -> Result<LiveTls, String> {
+        Ok(LiveTls {
+            decisions: ArcSwap::from_pointee(server_config(pem, pem.client_ca.as_deref())?),
+            admin: ArcSwap::from_pointee(server_config(pem, pem.admin_client_ca.as_deref())?),
+            in_force: Mutex::new(pem.clone()),
+            rejected: Mutex::new(None),
+        })
+    }
+
+    /// Re-reads `files`; a change is swapped in if valid, else logged and counted.
+    pub fn recheck(&self, files: &TlsFiles, metrics: &Metrics) {
+        let built = files.read().and_then(|pem| {
+            if same(
+                &pem,
+                &self.in_force.lock().unwrap_or_else(PoisonError::into_inner),
+            ) {
+                return Ok(None);
+            }
+            let decisions = server_config(&pem, pem.client_ca.as_deref())?;
+            let admin = server_config(&pem, pem.admin_client_ca.as_deref())?;
+            Ok(Some((pem, decisions, admin)))
+        });
+        let mut rejected = self.rejected.lock().unwrap_or_else(PoisonError::into_inner);
+        match built {
+            Ok(None) => *rejected = None,
+            Ok(Some((pem, decisions, admin))) => {
+                self.decisions.store(Arc::new(decisions));
+                self.admin.store(Arc::new(admin));
+                *self.in_force.lock().unwrap_or_else(PoisonError::into_inner) = pem;
+                *rejected = None;
+                metrics.tls_reload("success");
+                tracing::info!(cert = %files.cert.display(), "new TLS certificate in force for new connections");
+            }
+            Err(error) => {
+                if rejected.as_deref() != Some(error.as_str()) {
+                    metrics.tls_reload("failure");
+                    tracing::error!(%error, "TLS files rejected; the certificate in force stays");
+                    *rejected = Some(error);
+                }
+            }
+        }
+    }
+
+    /// Re-checks on every change in the files' directories and every `files.recheck`,
+    /// until `stop`.
+    pub async fn watch(
+        self: Arc<Self>,
+        files: TlsFiles,
+        metrics: Arc<Metrics>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        let _watcher = watch_dirs(&files.dirs(), tx);
+        let mut every = tokio::time::interval(files.recheck);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                Some(()) = rx.recv() => {}
+                _ = stop.cancelled() => return,
+            }
+            let (live, files, metrics) = (self.clone(), files.clone(), metrics.clone());
+            // Files are read off the runtime's threads.
+            let _ = tokio::task::spawn_blocking(move || live.recheck(&files, &metrics)).await;
+        }
+    }
+
+    /// An acceptor with the configuration in force on one listener.
+    fn acceptor(&self, admin: bool) -> tokio_rustls::TlsAcceptor {
+        let config = match admin {
+            true => self.admin.load_full(),
+            false => self.decisions.load_full(),
+        };
+        tokio_rustls::TlsAcceptor::from(config)
+    }
+}
+
+/// Whether two sets of material are the same bytes.
+fn same(a: &TlsPem, b: &TlsPem) -> bool {
+    a.cert == b.cert
+        && a.key == b.key
+        && a.client_ca == b.client_ca
+        && a.admin_client_ca == b.admin_client_ca
+}
+
+type Watcher = notify_debouncer_full::Debouncer<
+    notify::RecommendedWatcher,
+    notify_debouncer_full::RecommendedCache,
+>;
+
+/// Watches `dirs` (not recursively), asking for a re-check after each debounced batch of
+/// events; `None` (logged) when watching is impossible: the periodic re-check remains.
+fn watch_dirs(dirs: &[PathBuf], tx: tokio::sync::mpsc::Sender<()>) -> Option<Watcher> {
+    let handler = move |result: notify_debouncer_full::DebounceEventResult| {
+        let changed = result.map_or(true, |events| {
+            events
+                .iter()
+                .any(|e| !matches!(e.event.kind, notify::EventKind::Access(_)))
+        });
+        if changed {
+            let _ = tx.try_send(());
+        }
+    };
+    let debounce = Duration::from_millis(100);
+    let mut watcher = match notify_debouncer_full::new_debouncer(debounce, None, handler) {
+        Ok(watcher) => watcher,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the TLS files; re-checking them on the timer only");
+            return None;
+        }
+    };
+    for dir in dirs {
+        if let Err(e) = watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
+            tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the TLS files' directory; re-checking on the timer only");
+        }
+    }
+    Some(watcher)
+}
+
+/// An accepted gRPC connection: plain, or TLS over it.
+pub enum Conn {
+    Plain(GuardedStream),
+    Tls(Box<TlsStream<GuardedStream>>),
+}
+
+impl Conn {
+    /// The connection under any TLS.
+    pub fn guarded_mut(&mut self) -> &mut GuardedStream {
+        match self {
+            Conn::Plain(stream) => stream,
+            Conn::Tls(stream) => stream.get_mut().0,
+        }
+    }
+}
+
+/// A listener's connections, handshaken.
+pub type Incoming = Pin<Box<dyn futures_util::Stream<Item = io::Result<Conn>> + Send>>;
+
+/// `listener`'s connections, through a TLS handshake (with the configuration in force for
+/// the admin listener or the decision one) when `tls` is given.
+pub fn incoming(
+    listener: GuardedListener,
+    tls: Option<(Arc<LiveTls>, bool)>,
+    handshake_timeout: Duration,
+) -> Incoming {
+    let Some((live, admin)) = tls else {
+        return Box::pin(futures_util::stream::unfold(
+            listener,
+            |mut listener| async move {
+                let (stream, _) = listener.accept().await;
+                Some((Ok(Conn::Plain(stream)), listener))
+            },
+        ));
+    };
+    let handshakes = FuturesUnordered::new();
+    Box::pin(futures_util::stream::unfold(
+        (listener, handshakes),
+        move |(mut l, mut handshakes)| {
+            let live = live.clone();
+            async move {
+                loop {
+                    tokio::select! {
+                        (stream, _) = l.accept() => {
+                            let accept = live.acceptor(admin).accept(stream);
+                            handshakes.push(tokio::time::timeout(handshake_timeout, accept));
+                        }
+                        Some(done) = handshakes.next(), if !handshakes.is_empty() => match done {
+                            Ok(Ok(stream)) => return Some((Ok(Conn::Tls(Box::new(stream))), (l, handshakes))),
+                            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                            Err(_) => tracing::debug!("TLS handshake not done within the handshake timeout"),
+                        },
+                    }
+                }
+            }
+        },
+    ))
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            Conn::Plain(s) => s.connect_info(),
+            Conn::Tls(s) => s.get_ref().0.connect_info(),
+        }
+    }
+}
