@@ -360,6 +360,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_CLIENT_CA", requires = "tls_cert")]
     pub client_ca: Option<PathBuf>,
 
+    /// The name (a DNS name or an IP address) a decision-listener client certificate must
+    /// bear among its subject alternative names, besides being signed by --client-ca.
+    #[arg(long, env = "CELLRATE_CLIENT_SAN", requires = "client_ca", value_parser = parse_client_san)]
+    pub client_san: Option<String>,
+
     /// Where buckets live: this process's memory, or Redis shared by replicas.
     #[arg(long, env = "CELLRATE_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
@@ -579,6 +584,11 @@ fn parse_connection_grace(text: &str) -> Result<i64, String> {
 }
 
 /// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).
+fn parse_client_san(text: &str) -> Result<String, String> {
+    crate::server::tls::client_name(text)?;
+    Ok(text.to_string())
+}
+
 fn parse_period(text: &str) -> Result<i64, String> {
     crate::limits::duration::parse_duration(text)
 }

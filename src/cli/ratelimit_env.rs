@@ -98,12 +98,20 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
             push("--client-ca", ca);
         }
     }
-    if var("GRPC_CLIENT_TLS_SAN").is_some() {
-        out.warnings.push(
-            "GRPC_CLIENT_TLS_SAN is accepted and not used: any client certificate the \
-             GRPC_CLIENT_TLS_CACERT CA signed is accepted"
-                .to_string(),
-        );
+    // The name a client certificate must bear, checked as there only where client
+    // certificates are verified at all (TLS with a client CA).
+    if let Some(san) = var("GRPC_CLIENT_TLS_SAN").filter(|san| !san.is_empty()) {
+        if out.flags.iter().any(|f| f == "--client-ca") {
+            crate::server::tls::client_name(&san)
+                .map_err(|e| format!("GRPC_CLIENT_TLS_SAN: {e}"))?;
+            out.flags.extend(["--client-san".to_string(), san]);
+        } else {
+            out.warnings.push(
+                "GRPC_CLIENT_TLS_SAN has no effect without GRPC_SERVER_USE_TLS and \
+                 GRPC_CLIENT_TLS_CACERT (no client certificate is asked for)"
+                    .to_string(),
+            );
+        }
     }
     connection_age(&var, &mut out.flags)?;
     admin_out_of_the_way(&var, &mut out);
@@ -921,6 +929,25 @@ mod tests {
         assert_eq!(args.tls_cert.as_deref(), Some(Path::new("c")));
         assert_eq!(args.tls_key.as_deref(), Some(Path::new("k")));
         assert_eq!(args.client_ca.as_deref(), Some(Path::new("ca")));
+        assert_eq!(args.client_san, None);
+        // GRPC_CLIENT_TLS_SAN: checked where client certificates are asked for; an
+        // unusable name stops the start; without a client CA, a warning.
+        let mtls = [
+            ("BACKEND_TYPE", "memory"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_CACERT", "ca"),
+            ("GRPC_CLIENT_TLS_SAN", "client.example"),
+        ];
+        assert_eq!(serve(&mtls).client_san.as_deref(), Some("client.example"));
+        let mut bad = mtls.to_vec();
+        bad[5].1 = "not a name!";
+        let refused = run(&bad).unwrap_err();
+        assert!(refused.starts_with("GRPC_CLIENT_TLS_SAN:"), "{refused}");
+        let t = run(&[("BACKEND_TYPE", "memory"), ("GRPC_CLIENT_TLS_SAN", "x")]).unwrap();
+        assert!(!t.flags.contains(&"--client-san".to_string()));
+        assert!(t.warnings.iter().any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN has no effect")));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),

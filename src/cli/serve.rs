@@ -63,6 +63,7 @@ impl ServeArgs {
             key: key.clone(),
             client_ca: self.client_ca.clone(),
             admin_client_ca: self.admin_client_ca.clone(),
+            client_san: self.client_san.clone(),
             recheck: Duration::from_secs(self.reload_interval_seconds.max(1)),
         })
     }

@@ -25,9 +25,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::server::TlsStream;
 
@@ -45,6 +50,8 @@ pub struct TlsFiles {
     pub key: PathBuf,
     pub client_ca: Option<PathBuf>,
     pub admin_client_ca: Option<PathBuf>,
+    /// The name a decision-listener client certificate must bear (`--client-san`).
+    pub client_san: Option<String>,
     /// Re-checked this often besides the watch.
     pub recheck: Duration,
 }
@@ -58,6 +65,7 @@ impl TlsFiles {
             key: read_bounded(&self.key)?,
             client_ca: optional(&self.client_ca)?,
             admin_client_ca: optional(&self.admin_client_ca)?,
+            client_san: self.client_san.clone(),
         })
     }
 
@@ -98,8 +106,13 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// A rustls server configuration: `cert`'s chain and `key` (which must match), client
-/// certificates required from `ca` when given, HTTP/2 by ALPN.
-fn server_config(pem: &TlsPem, ca: Option<&[u8]>) -> Result<ServerConfig, String> {
+/// certificates required from `ca` when given (bearing the name `san` when given too),
+/// HTTP/2 by ALPN.
+fn server_config(
+    pem: &TlsPem,
+    ca: Option<&[u8]>,
+    san: Option<&str>,
+) -> Result<ServerConfig, String> {
     let chain = CertificateDer::pem_slice_iter(&pem.cert)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("the certificate: {e}"))?;
@@ -116,10 +129,16 @@ fn server_config(pem: &TlsPem, ca: Option<&[u8]>) -> Result<ServerConfig, String
                 let cert = cert.map_err(|e| format!("the client CA: {e}"))?;
                 roots.add(cert).map_err(|e| format!("the client CA: {e}"))?;
             }
-            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+            let webpki = WebPkiClientVerifier::builder(Arc::new(roots))
                 .build()
                 .map_err(|e| format!("the client CA: {e}"))?;
-            builder.with_client_cert_verifier(verifier)
+            match san {
+                None => builder.with_client_cert_verifier(webpki),
+                Some(san) => {
+                    let name = client_name(san)?;
+                    builder.with_client_cert_verifier(Arc::new(NamedClient { webpki, name }))
+                }
+            }
         }
     };
     let mut config = builder
@@ -127,6 +146,69 @@ fn server_config(pem: &TlsPem, ca: Option<&[u8]>) -> Result<ServerConfig, String
         .map_err(|e| format!("the certificate and key: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
+}
+
+/// `san` as the name a client certificate must bear: a DNS name or an IP address.
+pub fn client_name(san: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(san.to_string())
+        .map_err(|_| format!("the client name {san:?}: neither a DNS name nor an IP address"))
+}
+
+/// webpki's verification of a client certificate (its chain to the client CA, its dates,
+/// its client-authentication usage), and one more requirement: the certificate names
+/// `name` among its subject alternative names, as envoyproxy/ratelimit checks
+/// `GRPC_CLIENT_TLS_SAN` (Go's `VerifyOptions.DNSName`).
+#[derive(Debug)]
+struct NamedClient {
+    webpki: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClient {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.webpki.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .webpki
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let named = webpki::EndEntityCert::try_from(end_entity)
+            .and_then(|cert| cert.verify_is_valid_for_subject_name(&self.name));
+        match named {
+            Ok(()) => Ok(verified),
+            Err(_) => Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
 }
 
 /// The TLS configurations in force on both gRPC listeners, and what they were built from.
@@ -142,8 +224,8 @@ pub struct LiveTls {
 impl LiveTls {
     pub fn new(pem: &TlsPem) -> Result<LiveTls, String> {
         Ok(LiveTls {
-            decisions: ArcSwap::from_pointee(server_config(pem, pem.client_ca.as_deref())?),
-            admin: ArcSwap::from_pointee(server_config(pem, pem.admin_client_ca.as_deref())?),
+            decisions: ArcSwap::from_pointee(server_config(pem, pem.client_ca.as_deref(), pem.client_san.as_deref())?),
+            admin: ArcSwap::from_pointee(server_config(pem, pem.admin_client_ca.as_deref(), None)?),
             in_force: Mutex::new(pem.clone()),
             rejected: Mutex::new(None),
         })
@@ -158,8 +240,8 @@ impl LiveTls {
             ) {
                 return Ok(None);
             }
-            let decisions = server_config(&pem, pem.client_ca.as_deref())?;
-            let admin = server_config(&pem, pem.admin_client_ca.as_deref())?;
+            let decisions = server_config(&pem, pem.client_ca.as_deref(), pem.client_san.as_deref())?;
+            let admin = server_config(&pem, pem.admin_client_ca.as_deref(), None)?;
             Ok(Some((pem, decisions, admin)))
         });
         let mut rejected = self.rejected.lock().unwrap_or_else(PoisonError::into_inner);

@@ -334,6 +334,7 @@ async fn slow_and_idle_tls_clients_are_closed() {
                 key: pki.server_key.clone().into_bytes(),
                 admin_client_ca: None,
                 client_ca: None,
+                client_san: None,
             }),
             ..Settings::default()
         },

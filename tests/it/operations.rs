@@ -373,6 +373,7 @@ async fn tls_on_both_listeners_and_client_certificates_on_admin() {
             key: pki.server_key.into_bytes(),
             admin_client_ca: Some(pki.ca.into_bytes()),
             client_ca: None,
+            client_san: None,
         }),
         ..Settings::default()
     };
@@ -444,6 +445,7 @@ async fn client_certificates_on_the_decision_listener() {
             key: pki.server_key.clone().into_bytes(),
             admin_client_ca: None,
             client_ca: Some(pki.ca.clone().into_bytes()),
+            client_san: None,
         }),
         ..Settings::default()
     };

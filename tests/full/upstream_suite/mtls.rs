@@ -3,7 +3,8 @@
 //! GRPC_CLIENT_TLS_SAN=localhost), over a TLS Redis asking for a password. Upstream's only
 //! assertion is that `grpc.Dial` with the client's certificate returns no error (a lazy
 //! dial); here the handshake and a ShouldRateLimit answer are what holds, and a client
-//! without a certificate is refused.
+//! without a certificate is refused, and so is one whose certificate the client CA signed
+//! for another name than GRPC_CLIENT_TLS_SAN's (as upstream's `verifyClient` refuses it).
 
 use super::base::{response, start_all, upstream_runtime, Variant};
 use crate::common::pki::Pki;
@@ -98,6 +99,21 @@ async fn test_mtls() {
             .is_err(),
     };
     assert!(refused, "a client without a certificate was answered");
+
+    // A certificate of the same client CA, for `operator` rather than `localhost`: signed
+    // by the CA the listener trusts, but not bearing GRPC_CLIENT_TLS_SAN's name.
+    let other_name = tls().identity(Identity::from_pem(&client.client_cert, &client.client_key));
+    let refused = match connect(addr, other_name).await {
+        Err(_) => true,
+        Ok(channel) => RateLimitServiceClient::new(channel)
+            .should_rate_limit(request("foo", &[&[("hello", "world")]]))
+            .await
+            .is_err(),
+    };
+    assert!(
+        refused,
+        "a client certificate without GRPC_CLIENT_TLS_SAN's name was answered"
+    );
 }
 
 async fn connect(addr: &str, config: ClientTlsConfig) -> Result<Channel, tonic::transport::Error> {
