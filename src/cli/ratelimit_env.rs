@@ -25,7 +25,7 @@ pub struct Translated {
 use super::ratelimit_warned::NOT_APPLICABLE;
 
 /// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
-fn boolean(name: &str, value: &str) -> Result<bool, String> {
+pub(super) fn boolean(name: &str, value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
@@ -378,16 +378,20 @@ fn backoff(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Resul
     Ok(())
 }
 
-/// BACKEND_TYPE and the REDIS_* variables.
+/// BACKEND_TYPE and the REDIS_* variables (the MEMCACHE_* ones: `ratelimit_memcache.rs`).
 fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
     let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
+    if backend != "memcache" {
+        super::ratelimit_memcache::memcache(var, out)?;
+    }
     match backend.as_str() {
         "redis" => {}
         // cellrate's own: its memory store (one replica).
         "memory" => return Ok(()),
+        "memcache" => return super::ratelimit_memcache::memcache(var, out),
         other => {
             return Err(format!(
-                "BACKEND_TYPE={other:?}: redis (or cellrate's memory); memcache is not served"
+                "BACKEND_TYPE={other:?}: redis, memcache (or cellrate's memory)"
             ))
         }
     }
@@ -625,6 +629,7 @@ mod tests {
             ],
             &[memory, ("USE_PROMETHEUS", "true")],
             &[memory, ("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+            &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_HOST_PORT", "m:1")],
         ];
         let mut silent = Vec::new();
         for name in names {
@@ -723,7 +728,24 @@ mod tests {
             (vec![("GRPC_PORT", "eighty")], "GRPC_PORT"),
             (vec![("PORT", "70000")], "PORT"),
             (vec![("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS"),
-            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "memcached")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "memcache")], "MEMCACHE_HOST_PORT"),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memcache"),
+                    ("MEMCACHE_HOST_PORT", "m:1"),
+                    ("MEMCACHE_SRV", "_memcache._tcp.example"),
+                ],
+                "MEMCACHE_SRV",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memcache"),
+                    ("MEMCACHE_HOST_PORT", "m:1"),
+                    ("MEMCACHE_TLS", "true"),
+                ],
+                "MEMCACHE_TLS",
+            ),
             (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
             (
                 vec![("CONFIG_TYPE", "XDS"), ("BACKEND_TYPE", "memory")],

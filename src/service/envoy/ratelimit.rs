@@ -108,7 +108,10 @@ impl EnvoyRateLimitService {
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
-                    digest: descriptor_digest(&request.domain, &counted),
+                    digest: match self.options.upstream_keys {
+                        true => upstream_key_text(&request.domain, &counted),
+                        false => descriptor_digest(&request.domain, &counted),
+                    },
                     limit: limit(numbers, every_hit),
                     name,
                     shadow,
@@ -189,6 +192,21 @@ fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) 
         }
         _ => detailed_key(domain, counted),
     }
+}
+
+/// envoyproxy/ratelimit's cache key before its window start: `<domain>_<key>_<value>_...`
+/// (each entry's key and value followed by `_`), as its cache-key generator writes it.
+fn upstream_key_text(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut key = String::with_capacity(domain.len() + 1 + 16 * entries.len());
+    key.push_str(domain);
+    key.push('_');
+    for (k, v) in entries {
+        key.push_str(k);
+        key.push('_');
+        key.push_str(v);
+        key.push('_');
+    }
+    key
 }
 
 /// envoyproxy/ratelimit's detailed statistics key: `domain.key1_value1.key2_value2`.

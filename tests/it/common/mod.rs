@@ -452,6 +452,7 @@ pub mod budgets;
 pub mod envoy;
 pub mod header_visibility;
 pub mod http1;
+pub mod memcached;
 pub mod pki;
 pub mod ratelimit_answers;
 pub mod ratelimit_format;
