@@ -1,0 +1,213 @@
+//! The memcache store against a hostile "memcached" (a listener in the test that answers
+//! an endless line, a huge value, values it was not asked for, garbage, or nothing): the
+//! store reads no more than its bounds, fails within its deadline, never panics, and
+//! connects again after the server drops a connection.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellrate::clock::{CalendarPeriod, FakeClock};
+use cellrate::gcra::{Limit, Mode, Window};
+use cellrate::limits::names::{BucketKey, RATELIMIT_NUMBER};
+use cellrate::store::memcache::{MemcacheSettings, MemcacheStore};
+use cellrate::store::{Store, StoreError, StoreItem};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::T0;
+
+const DEADLINE: Duration = Duration::from_millis(1_500);
+
+/// How the fake server answers each command it reads.
+#[derive(Clone, Copy)]
+enum Hostile {
+    /// One line that never ends.
+    EndlessLine,
+    /// `VALUE <key> 0 4294967295` and bytes without end.
+    HugeValue,
+    /// The same key's value again and again.
+    RepeatedValue,
+    /// A value of a key not asked for.
+    UnaskedKey,
+    /// Bytes of no protocol.
+    Garbage,
+    /// Nothing at all (the connection stays open).
+    Silent,
+}
+
+/// A fake memcached answering as `how`; the address and the bytes it managed to send.
+async fn hostile(how: Hostile) -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(answer(stream, how, counted.clone()));
+        }
+    });
+    (address, sent)
+}
+
+async fn answer(mut stream: TcpStream, how: Hostile, sent: Arc<AtomicU64>) {
+    let mut request = [0u8; 4096];
+    if stream.read(&mut request).await.unwrap_or(0) == 0 {
+        return;
+    }
+    let key = String::from_utf8_lossy(&request)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("k")
+        .to_string();
+    let (head, body): (Vec<u8>, Vec<u8>) = match how {
+        Hostile::EndlessLine => (Vec::new(), vec![b'9'; 65_536]),
+        Hostile::HugeValue => (
+            format!("VALUE {key} 0 4294967295\r\n").into_bytes(),
+            vec![b'1'; 65_536],
+        ),
+        Hostile::RepeatedValue => (
+            Vec::new(),
+            format!("VALUE {key} 0 1\r\n1\r\n")
+                .repeat(4_096)
+                .into_bytes(),
+        ),
+        Hostile::UnaskedKey => (b"VALUE other 0 1\r\n1\r\nEND\r\n".to_vec(), Vec::new()),
+        Hostile::Garbage => (
+            (0..4_096u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+            Vec::new(),
+        ),
+        Hostile::Silent => {
+            // Hold the connection open, answering nothing.
+            let _ = stream.read(&mut request).await;
+            return;
+        }
+    };
+    if stream.write_all(&head).await.is_err() {
+        return;
+    }
+    sent.fetch_add(head.len() as u64, Ordering::Relaxed);
+    // Without end (at most 1 GiB), until the client goes away.
+    for _ in 0..16_384 {
+        if body.is_empty() || stream.write_all(&body).await.is_err() {
+            return;
+        }
+        sent.fetch_add(body.len() as u64, Ordering::Relaxed);
+    }
+}
+
+fn store(address: String) -> MemcacheStore {
+    let settings = MemcacheSettings {
+        servers: vec![address],
+        timeout: DEADLINE,
+        ..MemcacheSettings::default()
+    };
+    MemcacheStore::new(&settings, Arc::new(FakeClock::new(T0))).unwrap()
+}
+
+/// A descriptor's counter of 10 a minute, spending `cost` (0: a read, `get`).
+fn item(cost: u64) -> StoreItem {
+    StoreItem {
+        key: BucketKey::windowed(
+            RATELIMIT_NUMBER,
+            "d_k_v_",
+            Window::Calendar(CalendarPeriod::Minute),
+        ),
+        limit: Limit::calendar(10, CalendarPeriod::Minute).unwrap(),
+        cost,
+        mode: Mode::Charge,
+        lease: None,
+    }
+}
+
+/// Spends `cost` on a fresh store of the hostile server; the error and how long it took.
+async fn refused(how: Hostile, cost: u64) -> (StoreError, Duration, u64) {
+    let (address, sent) = hostile(how).await;
+    let store = store(address);
+    let started = Instant::now();
+    let e = store.spend(&[item(cost)]).await.unwrap_err();
+    (e, started.elapsed(), sent.load(Ordering::Relaxed))
+}
+
+/// An endless reply line, to `get` and to `incr`: refused at 512 bytes, at once (not at
+/// the deadline, having read all the server sent).
+#[tokio::test]
+async fn an_endless_line_is_refused_at_its_bound() {
+    for cost in [0, 1] {
+        let (e, took, sent) = refused(Hostile::EndlessLine, cost).await;
+        assert!(
+            e.to_string().contains("a line longer than 512 bytes"),
+            "{e}"
+        );
+        assert!(took < DEADLINE / 2, "{took:?} (sent {sent} bytes)");
+    }
+}
+
+/// `VALUE` announcing 4 GiB: refused before a byte of it is read.
+#[tokio::test]
+async fn a_huge_value_is_refused_before_it_is_read() {
+    let (e, took, _) = refused(Hostile::HugeValue, 0).await;
+    assert!(e.to_string().contains("a value over 32 bytes"), "{e}");
+    assert!(took < DEADLINE / 2, "{took:?}");
+}
+
+/// Values of keys not asked for, or the same key's again and again, are malformed: a
+/// server cannot make the store collect values without end.
+#[tokio::test]
+async fn values_not_asked_for_are_refused() {
+    for how in [Hostile::UnaskedKey, Hostile::RepeatedValue] {
+        let (e, took, _) = refused(how, 0).await;
+        assert!(e.to_string().contains("a key not asked for"), "{e}");
+        assert!(took < DEADLINE / 2, "{took:?}");
+    }
+}
+
+/// Garbage is an error (no panic), at once.
+#[tokio::test]
+async fn garbage_is_an_error_not_a_panic() {
+    for cost in [0, 1] {
+        let (e, took, _) = refused(Hostile::Garbage, cost).await;
+        assert!(e.to_string().starts_with("memcache spend"), "{e}");
+        assert!(took < DEADLINE / 2, "{took:?}");
+    }
+}
+
+/// A server that answers nothing: the call ends at its deadline, not later.
+#[tokio::test]
+async fn a_silent_server_is_given_up_at_the_deadline() {
+    let (e, took, _) = refused(Hostile::Silent, 1).await;
+    assert!(matches!(e, StoreError::Timeout { .. }), "{e}");
+    assert!(
+        took >= DEADLINE && took < DEADLINE + Duration::from_millis(500),
+        "{took:?}"
+    );
+}
+
+/// A server that closes each connection after one answer: the next call sees the idle
+/// connection closed and connects again, instead of failing on it.
+#[tokio::test]
+async fn a_connection_the_server_dropped_is_not_reused() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            let _ = stream.write_all(format!("{n}\r\n").as_bytes()).await;
+            // Closed once answered, as a restarting server closes its connections.
+        }
+    });
+    let store = store(address);
+    for n in 1..=3 {
+        let outcome = store.spend(&[item(1)]).await.unwrap();
+        assert_eq!(outcome.decisions[0].remaining, 10 - n, "call {n}");
+        // Let the close reach this side before the next call looks at the connection.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(accepted.load(Ordering::Relaxed), 3);
+}
