@@ -25,7 +25,7 @@ pub struct Translated {
 use super::ratelimit_warned::NOT_APPLICABLE;
 
 /// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
-pub(super) fn boolean(name: &str, value: &str) -> Result<bool, String> {
+fn boolean(name: &str, value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
@@ -381,14 +381,12 @@ fn backoff(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Resul
 /// BACKEND_TYPE and the REDIS_* variables (the MEMCACHE_* ones: `ratelimit_memcache.rs`).
 fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
     let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
-    if backend != "memcache" {
-        super::ratelimit_memcache::memcache(var, out)?;
-    }
+    let (flags, warnings) = (&mut out.flags, &mut out.warnings);
+    super::ratelimit_memcache::memcache(var, boolean, flags, warnings)?;
     match backend.as_str() {
         "redis" => {}
-        // cellrate's own: its memory store (one replica).
-        "memory" => return Ok(()),
-        "memcache" => return super::ratelimit_memcache::memcache(var, out),
+        // cellrate's own: its memory store (one replica); memcache: ratelimit_memcache.rs.
+        "memory" | "memcache" => return Ok(()),
         other => {
             return Err(format!(
                 "BACKEND_TYPE={other:?}: redis, memcache (or cellrate's memory)"

@@ -5,12 +5,15 @@
 
 use crate::common::memcached::Memcached;
 use crate::common::ratelimit_answers::{
-    ask, clear_of_a_minute_end, client, request, runtime, start, unix_seconds, ANOTHER,
+    ask, clear_of_a_minute_end, client, request, runtime, start, start_with_metrics, unix_seconds,
+    ANOTHER,
 };
+use crate::common::sample;
 use crate::ratelimit_answers::{basic_base_config, BASIC};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf as pbw;
 use tonic::transport::Channel;
 
 /// testBasicConfigMemcache, TestConfigMemcacheWithMaxIdleConns and TestMultiNodeMemcache
@@ -220,4 +223,51 @@ async fn ask_key2(
     c.should_rate_limit(r)
         .await
         .map(tonic::Response::into_inner)
+}
+
+/// envoyproxy/ratelimit's statistics as on Redis: 25 hits on 20 a minute are 20 within the
+/// limit, 4 of them near it (above 80 %), 5 over. Hits given back (`is_negative_hits`) are
+/// a `decr` of the window's counter, counted apart, and never take it below 0.
+#[tokio::test]
+async fn statistics_and_hits_given_back_are_upstreams() {
+    let memcached = Memcached::start();
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let address = memcached.address();
+    let vars = [
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", address.as_str()),
+    ];
+    let (child, listen, metrics) = start_with_metrics(root.path(), &vars);
+    let mut c = client(&listen).await;
+    clear_of_a_minute_end();
+    let value = format!("stats-{}", unix_seconds());
+    for _ in 0..25 {
+        ask_key2(&mut c, &value).await.unwrap();
+    }
+    let (_, text) = crate::common::http_get_async(metrics.parse().unwrap(), "/metrics").await;
+    let stat = |name: &str| {
+        let series =
+            format!("cellrate_ratelimit_hits_total{{key=\"another.key2\",stat=\"{name}\"}}");
+        sample(&text, &series)
+    };
+    let want = [
+        ("total_hits", 25.0),
+        ("within_limit", 20.0),
+        ("near_limit", 4.0),
+        ("over_limit", 5.0),
+    ];
+    for (name, n) in want {
+        assert_eq!(stat(name), Some(n), "{name}");
+    }
+    let key = format!("another_key2_{value}_{}", unix_seconds() / 60 * 60);
+    assert_eq!(memcached.counter(&key), Some(25));
+    for (back, left) in [(3, 22), (100, 0)] {
+        let mut r = request("another", &[&[("key2", &value)]]);
+        r.descriptors[0].hits_addend = Some(pbw::UInt64Value { value: back });
+        r.descriptors[0].is_negative_hits = true;
+        let answer = c.should_rate_limit(r).await.unwrap().into_inner();
+        assert_eq!(answer.overall_code, Code::Ok as i32);
+        assert_eq!(memcached.counter(&key), Some(left), "{back} given back");
+    }
+    drop(child);
 }

@@ -108,10 +108,7 @@ impl EnvoyRateLimitService {
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
-                    digest: match self.options.upstream_keys {
-                        true => upstream_key_text(&request.domain, &counted),
-                        false => descriptor_digest(&request.domain, &counted),
-                    },
+                    digest: self.bucket_text(&request.domain, &counted),
                     limit: limit(numbers, every_hit),
                     name,
                     shadow,
@@ -130,6 +127,15 @@ impl EnvoyRateLimitService {
 }
 
 impl EnvoyRateLimitService {
+    /// What names the bucket of `entries` (as counted) in `domain`: a digest, or for the
+    /// memcache store envoyproxy/ratelimit's key text.
+    fn bucket_text(&self, domain: &str, entries: &[(&str, &str)]) -> String {
+        match self.options.upstream_keys {
+            true => upstream_key_text(domain, entries),
+            false => descriptor_digest(domain, entries),
+        }
+    }
+
     /// What envoyproxy/ratelimit's answer says of descriptor `d`, counted on the limit
     /// `found` (`None`: its own `limit`): its name as there, its `metadata`.
     fn note_answer(&self, d: usize, found: Option<&Found<'_>>, batch: &mut Batch<'_>) {

@@ -38,6 +38,12 @@ pub fn runtime(files: &[(&str, &str)]) -> tempfile::TempDir {
 /// The binary run as `ratelimit` in `root` (its runtime under `current/ratelimit/config`)
 /// with `vars` beside the test's own; the child and its gRPC address.
 pub fn start(root: &Path, vars: &[(&str, &str)]) -> (Running, String) {
+    let (child, listen, _) = start_with_metrics(root, vars);
+    (child, listen)
+}
+
+/// [`start`], with the metrics listener's address too.
+pub fn start_with_metrics(root: &Path, vars: &[(&str, &str)]) -> (Running, String, String) {
     let bin = root.join("ratelimit");
     if !bin.exists() {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
@@ -60,8 +66,8 @@ pub fn start(root: &Path, vars: &[(&str, &str)]) -> (Running, String) {
     for line in (0..1_000).map_while(|_| lines.recv_timeout(Duration::from_secs(20)).ok()) {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
         if v["fields"]["message"] == "cellrate serving" {
-            let listen = v["fields"]["listen"].as_str().unwrap().to_string();
-            return (child, listen);
+            let address = |field: &str| v["fields"][field].as_str().unwrap().to_string();
+            return (child, address("listen"), address("metrics"));
         }
     }
     drop(child);
