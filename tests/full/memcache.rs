@@ -271,3 +271,35 @@ async fn statistics_and_hits_given_back_are_upstreams() {
     }
     drop(child);
 }
+
+/// A descriptor's own `limit` counts under the same key as the file's limit would (as
+/// envoyproxy/ratelimit's key has no limit in it), by its own numbers.
+#[tokio::test]
+async fn a_descriptors_own_limit_counts_under_the_same_key() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let memcached = Memcached::start();
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let address = memcached.address();
+    let vars = [
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", address.as_str()),
+    ];
+    let (child, listen) = start(root.path(), &vars);
+    let mut c = client(&listen).await;
+    clear_of_a_minute_end();
+    let value = format!("own-{}", unix_seconds());
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let mut r = request("another", &[&[("key2", &value)]]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 2, // MINUTE
+        });
+        codes.push(ask(&mut c, r, &[60]).await.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over]);
+    let key = format!("another_key2_{value}_{}", unix_seconds() / 60 * 60);
+    assert_eq!(memcached.counter(&key), Some(3));
+    drop(child);
+}

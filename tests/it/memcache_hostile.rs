@@ -211,3 +211,79 @@ async fn a_connection_the_server_dropped_is_not_reused() {
     }
     assert_eq!(accepted.load(Ordering::Relaxed), 3);
 }
+
+/// What memcached cannot count is refused, UNAVAILABLE with the reason, never allowed and
+/// never sent: cellrate's own limits (GCRA, all-or-nothing) over the native API, and
+/// envoyproxy/ratelimit's limits counted by GCRA (`--ratelimit-counting gcra`, which
+/// `serve` refuses at start with `--store memcache`).
+#[tokio::test]
+async fn what_memcached_cannot_count_is_unavailable_never_allowed() {
+    use cellrate::limits::config::LimitTable;
+    use cellrate::service::envoy::RatelimitCounting;
+    let nothing_there = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = nothing_there.local_addr().unwrap().to_string();
+    drop(nothing_there);
+    let rl = "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let dir = crate::common::directory(&[("rl.yaml", rl)]);
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    for (limits, counting) in [
+        (
+            LimitTable::load_dir(&config).unwrap(),
+            RatelimitCounting::FixedWindow,
+        ),
+        (
+            LimitTable::load_dir(dir.path()).unwrap(),
+            RatelimitCounting::Gcra,
+        ),
+    ] {
+        let mut settings = crate::common::harness_settings();
+        settings.envoy.upstream_keys = true;
+        settings.envoy.ratelimit_counting = counting;
+        let store: Arc<dyn Store> = Arc::new(store(address.clone()));
+        let mut s = crate::common::Served::full(limits, settings, Some(store)).await;
+        let e = match counting {
+            RatelimitCounting::FixedWindow => {
+                let item = crate::common::item("NewOrdersPerAccount", "12345", None);
+                crate::common::check(&mut s, vec![item]).await.unwrap_err()
+            }
+            RatelimitCounting::Gcra => {
+                let request = crate::common::envoy_request("rl", &[&[("k", "v")]]);
+                s.envoy.should_rate_limit(request).await.unwrap_err()
+            }
+        };
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert!(
+            e.message()
+                .contains("the memcache store counts only envoyproxy/ratelimit's fixed windows"),
+            "{}",
+            e.message()
+        );
+        s.stop().await;
+    }
+}
+
+/// `serve --store memcache` refuses at start, exit 64 naming what is wrong, what it could
+/// not count: GCRA counting of envoyproxy/ratelimit's limits, or no server given.
+#[test]
+fn serve_refuses_what_memcached_cannot_count_at_start() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--memcache", "127.0.0.1:1", "--ratelimit-counting", "gcra"],
+            "--ratelimit-counting gcra",
+        ),
+        (&[], "needs --memcache"),
+        (&["--memcache", "no-port"], "is no HOST:PORT"),
+    ];
+    for (args, named) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .args(["serve", "--store", "memcache"])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}

@@ -23,7 +23,13 @@ pub struct MemcacheStore {
     jitter_max_seconds: u64,
     /// The jitter's pseudo-random state (xorshift64*).
     jitter: AtomicU64,
+    /// Failures not logged yet, and when (monotonic) the last line was written, plus one.
+    unlogged: AtomicU64,
+    logged_at: AtomicU64,
 }
+
+/// At most one failure line in this long (a memcached that is down fails every request).
+const LOG_EVERY: Nanos = 10 * SECOND;
 
 /// One item as memcached sees it.
 struct Counter {
@@ -49,6 +55,8 @@ impl MemcacheStore {
             prefix: settings.prefix.clone(),
             jitter_max_seconds: settings.jitter_max_seconds,
             jitter: AtomicU64::new(seed | 1),
+            unlogged: AtomicU64::new(0),
+            logged_at: AtomicU64::new(0),
         })
     }
 
@@ -116,6 +124,28 @@ impl MemcacheStore {
         let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort();
         groups
+    }
+
+    /// Logs a failed call at WARN: the first at once, then at most one line every 10 s,
+    /// saying how many failed since the last line.
+    fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        let Err(e) = &result else {
+            return result;
+        };
+        let failed = self.unlogged.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.clock.monotonic().max(0) as u64 + 1;
+        let last = self.logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now >= last + LOG_EVERY as u64;
+        if due
+            && self
+                .logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.unlogged.fetch_sub(failed, Ordering::Relaxed);
+            tracing::warn!(error = %e, failed, "memcache store: not answered");
+        }
+        result
     }
 
     async fn spend_items(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
@@ -319,15 +349,15 @@ fn refused(what: &str) -> StoreError {
 
 impl Store for MemcacheStore {
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
-        Box::pin(self.spend_items(items))
+        Box::pin(async move { self.note(self.spend_items(items).await) })
     }
 
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
-        Box::pin(self.refund_items(items))
+        Box::pin(async move { self.note(self.refund_items(items).await) })
     }
 
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
-        Box::pin(self.reset_keys(keys))
+        Box::pin(async move { self.note(self.reset_keys(keys).await) })
     }
 }
 
