@@ -1,7 +1,9 @@
-//! The memcache store against a hostile "memcached" (a listener in the test that answers
-//! an endless line, a huge value, values it was not asked for, garbage, or nothing): the
-//! store reads no more than its bounds, fails within its deadline, never panics, and
-//! connects again after the server drops a connection.
+//! The memcache store without memcached (the full tier, `tests/full/memcache.rs`, runs it
+//! against a real one): against a hostile "memcached" (a listener in the test that
+//! answers an endless line, a huge value, values it was not asked for, garbage, or
+//! nothing) the store reads no more than its bounds, fails within its deadline, never
+//! panics, and connects again after the server drops a connection; against a scripted one
+//! it counts as envoyproxy/ratelimit does; and what memcached cannot count is refused.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -286,4 +288,44 @@ fn serve_refuses_what_memcached_cannot_count_at_start() {
         assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
+}
+
+/// envoyproxy/ratelimit's increment dance, against a scripted server: `incr` of a missing
+/// counter, `add` with the window's length as its expiry, which another replica won
+/// (`NOT_STORED`), then `incr` again; the decision is the counter that `incr` returned.
+#[tokio::test]
+async fn a_lost_add_race_is_counted_by_incr_again() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let script = [
+        ("incr #KEY 1\r\n", "NOT_FOUND\r\n"),
+        ("add #KEY 0 60 1\r\n1\r\n", "NOT_STORED\r\n"),
+        ("incr #KEY 1\r\n", "7\r\n"),
+    ];
+    let served = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut seen = Vec::new();
+        for (asked, answer) in script {
+            let mut got = vec![0u8; asked.len() + "d_k_v_".len() + 20];
+            let mut n = 0;
+            while !got[..n].ends_with(b"\r\n")
+                || (asked.starts_with("add") && !got[..n].ends_with(b"1\r\n1\r\n"))
+            {
+                n += stream.read(&mut got[n..]).await.unwrap();
+            }
+            seen.push(String::from_utf8_lossy(&got[..n]).into_owned());
+            stream.write_all(answer.as_bytes()).await.unwrap();
+        }
+        seen
+    });
+    let store = store(address);
+    let outcome = store.spend(&[item(1)]).await.unwrap();
+    assert_eq!(outcome.decisions[0].remaining, 3, "10 a minute, 7 counted");
+    let start = T0 / cellrate::clock::SECOND / 60 * 60;
+    let key = format!("d_k_v_{start}");
+    let want: Vec<String> = script
+        .iter()
+        .map(|(asked, _)| asked.replace("#KEY", &key))
+        .collect();
+    assert_eq!(served.await.unwrap(), want);
 }
