@@ -303,3 +303,34 @@ async fn a_descriptors_own_limit_counts_under_the_same_key() {
     assert_eq!(memcached.counter(&key), Some(3));
     drop(child);
 }
+
+/// Concurrent requests cannot all take a window's last hits: each is decided by the counter
+/// its own `incr` returned, so 60 at once on 20 a minute are 20 allowed, 40 over, where
+/// envoyproxy/ratelimit (read, answer, then increment) may allow more.
+#[tokio::test]
+async fn concurrent_requests_get_exactly_the_limit() {
+    let memcached = Memcached::start();
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let address = memcached.address();
+    let vars = [
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", address.as_str()),
+    ];
+    let (child, listen) = start(root.path(), &vars);
+    let c = client(&listen).await;
+    clear_of_a_minute_end();
+    let value = format!("concurrent-{}", unix_seconds());
+    let calls = (0..60).map(|_| {
+        let (mut c, value) = (c.clone(), value.clone());
+        tokio::spawn(async move { ask_key2(&mut c, &value).await.unwrap().overall_code })
+    });
+    let codes = futures_util::future::join_all(calls).await;
+    let allowed = codes
+        .iter()
+        .filter(|c| *c.as_ref().unwrap() == Code::Ok as i32)
+        .count();
+    assert_eq!(allowed, 20);
+    let key = format!("another_key2_{value}_{}", unix_seconds() / 60 * 60);
+    assert_eq!(memcached.counter(&key), Some(60));
+    drop(child);
+}

@@ -329,3 +329,49 @@ async fn a_lost_add_race_is_counted_by_incr_again() {
         .collect();
     assert_eq!(served.await.unwrap(), want);
 }
+
+/// A slow server and 300 requests at once: at most 128 connections are open to it at any
+/// time (the rest wait for one within their deadline, and are answered), and once the
+/// burst is over only `--memcache-max-idle-conns` (2) stay open.
+#[tokio::test]
+async fn connections_to_a_slow_server_are_bounded() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let open = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    let (o, p) = (open.clone(), peak.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+            p.fetch_max(now, Ordering::SeqCst);
+            let o = o.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                while stream.read(&mut request).await.unwrap_or(0) > 0 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if stream.write_all(b"1\r\n").await.is_err() {
+                        break;
+                    }
+                }
+                o.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let store = Arc::new(store(address));
+    let calls = (0..300).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.spend(&[item(1)]).await.map(|o| o.allowed) })
+    });
+    for call in futures_util::future::join_all(calls).await {
+        assert_eq!(call.unwrap(), Ok(true));
+    }
+    let most = peak.load(Ordering::SeqCst);
+    assert!(most <= 128 && most > 2, "{most} open at once");
+    let left = crate::common::poll_until(
+        Duration::from_secs(2),
+        async || open.load(Ordering::SeqCst),
+        |&n| n <= 2,
+    )
+    .await;
+    assert!(left <= 2, "{left} left open");
+}
