@@ -375,3 +375,35 @@ async fn connections_to_a_slow_server_are_bounded() {
     .await;
     assert!(left <= 2, "{left} left open");
 }
+
+/// A descriptor sent twice is refused (INVALID_ARGUMENT, as on every store), and the error,
+/// which names the bucket (on this store envoyproxy/ratelimit's key text, a caller's
+/// value in it), carries that text cut and with control characters escaped.
+#[tokio::test]
+async fn a_duplicate_descriptors_error_does_not_echo_its_text_raw() {
+    use cellrate::limits::config::LimitTable;
+    let rl = "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let dir = crate::common::directory(&[("rl.yaml", rl)]);
+    let mut settings = crate::common::harness_settings();
+    settings.envoy.upstream_keys = true;
+    let store: Arc<dyn Store> = Arc::new(store("127.0.0.1:1".to_string()));
+    let limits = LimitTable::load_dir(dir.path()).unwrap();
+    let mut s = crate::common::Served::full(limits, settings, Some(store)).await;
+    let value = "\x1b[2J".repeat(200);
+    let twice: &[&[(&str, &str)]] = &[&[("k", &value)], &[("k", &value)]];
+    let request = crate::common::envoy_request("rl", twice);
+    let e = s.envoy.should_rate_limit(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("is already items[0]"),
+        "{}",
+        e.message()
+    );
+    assert!(!e.message().contains('\x1b'), "escaped: {:?}", e.message());
+    assert!(
+        e.message().len() < 1_000,
+        "cut: {} bytes",
+        e.message().len()
+    );
+    s.stop().await;
+}

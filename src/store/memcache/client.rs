@@ -154,8 +154,16 @@ impl Client {
 async fn execute(conn: &mut Conn, plan: &Plan<'_>) -> Result<Got, WireError> {
     let mut got = Got::default();
     if !plan.reads.is_empty() {
-        conn.send(&wire::get(&plan.reads)).await?;
-        got.reads = conn.values(&plan.reads).await?;
+        // Each key once: memcached answers a key asked twice twice, which the reply's
+        // bound (each key at most once) would refuse.
+        let mut unique = plan.reads.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        conn.send(&wire::get(&unique)).await?;
+        let values = conn.values(&unique).await?;
+        got.reads = (plan.reads.iter())
+            .map(|k| unique.binary_search(k).ok().and_then(|i| values[i]))
+            .collect();
     }
     if !plan.adds.is_empty() {
         got.adds = additions(conn, &plan.adds).await?;
