@@ -17,8 +17,9 @@ use envoy_types::pb::google::protobuf as pbw;
 use tonic::transport::Channel;
 
 /// testBasicConfigMemcache, TestConfigMemcacheWithMaxIdleConns and TestMultiNodeMemcache
-/// (their answers; the local cache aside): one node, with `CACHE_KEY_PREFIX=prefix:`, with
-/// 100 idle connections, over two nodes; and with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+/// (their answers; their statistics are `statistics_and_hits_given_back_are_upstreams`'s):
+/// one node, with a local cache asked for, with `CACHE_KEY_PREFIX=prefix:`, with 100 idle
+/// connections, over two nodes; and with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
 /// honoured as on Redis. Every hit is counted, under envoyproxy/ratelimit's key.
 #[tokio::test]
 async fn run_as_ratelimit_its_memcache_integration_answers_hold() {
@@ -27,8 +28,13 @@ async fn run_as_ratelimit_its_memcache_integration_answers_hold() {
     let single = one.address();
     let both = format!("{},{}", one.address(), two.address());
     let stop = ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true");
-    let cases: [&[(&str, &str)]; 5] = [
+    let cases: [&[(&str, &str)]; 6] = [
         &[("MEMCACHE_HOST_PORT", &single)],
+        // No local cache here (the variable is warned about): the same answers.
+        &[
+            ("MEMCACHE_HOST_PORT", &single),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1000"),
+        ],
         &[
             ("MEMCACHE_HOST_PORT", &single),
             ("CACHE_KEY_PREFIX", "prefix:"),
