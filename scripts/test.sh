@@ -18,6 +18,17 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     redis-tools >/dev/null
 fi
 
+# memcached from Debian's package, for the memcache store's tests (they start their own
+# servers on free loopback ports; the package's own service is not used).
+if ! command -v memcached >/dev/null 2>&1; then
+  echo "installing memcached from Debian's packages"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    memcached >/dev/null
+fi
+
 # prometheus and promtool from Debian's package, for the tests of the shipped alerting rules
 # and dashboard (the tests start their own Prometheus on a free loopback port; the
 # package's own service is not used).

@@ -40,6 +40,8 @@ pub struct Cli {
 pub enum StoreKind {
     Memory,
     Redis,
+    /// envoyproxy/ratelimit's fixed windows in memcached (its `BACKEND_TYPE=memcache`).
+    Memcache,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -365,12 +367,16 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_CLIENT_SAN", requires = "client_ca", value_parser = parse_client_san)]
     pub client_san: Option<String>,
 
-    /// Where buckets live: this process's memory, or Redis shared by replicas.
+    /// Where buckets live: this process's memory, Redis shared by replicas, or memcached
+    /// (envoyproxy/ratelimit's fixed windows only).
     #[arg(long, env = "CELLRATE_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
 
     #[command(flatten)]
     pub redis: super::redis_args::RedisArgs,
+
+    #[command(flatten)]
+    pub memcache: super::memcache_args::MemcacheArgs,
 
     /// Bound on live buckets in the memory store.
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]

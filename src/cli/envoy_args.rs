@@ -94,6 +94,7 @@ impl EnvoyArgs {
             retry_after: self.retry_after,
             metadata: self.envoy_metadata,
             stop_increment_when_over_limit: self.stop_increment_when_over_limit,
+            upstream_keys: false,
         }
     }
 }

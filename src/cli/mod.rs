@@ -7,7 +7,9 @@ pub mod envoy_args;
 pub use args::*;
 
 pub mod client;
+pub mod memcache_args;
 pub mod ratelimit_env;
+mod ratelimit_memcache;
 mod ratelimit_warned;
 pub mod redis_args;
 mod serve;

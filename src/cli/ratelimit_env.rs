@@ -385,16 +385,18 @@ fn backoff(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Resul
     Ok(())
 }
 
-/// BACKEND_TYPE and the REDIS_* variables.
+/// BACKEND_TYPE and the REDIS_* variables (the MEMCACHE_* ones: `ratelimit_memcache.rs`).
 fn store(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
     let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
+    let (flags, warnings) = (&mut out.flags, &mut out.warnings);
+    super::ratelimit_memcache::memcache(var, boolean, flags, warnings)?;
     match backend.as_str() {
         "redis" => {}
-        // cellrate's own: its memory store (one replica).
-        "memory" => return Ok(()),
+        // cellrate's own: its memory store (one replica); memcache: ratelimit_memcache.rs.
+        "memory" | "memcache" => return Ok(()),
         other => {
             return Err(format!(
-                "BACKEND_TYPE={other:?}: redis (or cellrate's memory); memcache is not served"
+                "BACKEND_TYPE={other:?}: redis, memcache (or cellrate's memory)"
             ))
         }
     }
@@ -672,6 +674,7 @@ mod tests {
             ],
             &[memory, ("USE_PROMETHEUS", "true")],
             &[memory, ("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+            &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_HOST_PORT", "m:1")],
         ];
         let mut silent = Vec::new();
         for name in names {
@@ -814,7 +817,24 @@ mod tests {
             (vec![("GRPC_PORT", "eighty")], "GRPC_PORT"),
             (vec![("PORT", "70000")], "PORT"),
             (vec![("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS"),
-            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "memcached")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "memcache")], "MEMCACHE_HOST_PORT"),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memcache"),
+                    ("MEMCACHE_HOST_PORT", "m:1"),
+                    ("MEMCACHE_SRV", "_memcache._tcp.example"),
+                ],
+                "MEMCACHE_SRV",
+            ),
+            (
+                vec![
+                    ("BACKEND_TYPE", "memcache"),
+                    ("MEMCACHE_HOST_PORT", "m:1"),
+                    ("MEMCACHE_TLS", "true"),
+                ],
+                "MEMCACHE_TLS",
+            ),
             (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
             (
                 vec![("CONFIG_TYPE", "XDS"), ("BACKEND_TYPE", "memory")],

@@ -31,10 +31,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "cellrate's deny cache is --redis-deny-cache",
     ),
     (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "cellrate's keys expire exactly when their bucket is full",
-    ),
-    (
         "REDIS_POOL_SIZE",
         "cellrate multiplexes one connection per node",
     ),
@@ -97,18 +93,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
     (
         "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
         "one Redis serves every limit",
-    ),
-    ("MEMCACHE_HOST_PORT", "memcache is not served"),
-    ("MEMCACHE_SRV", "memcache is not served"),
-    ("MEMCACHE_SRV_REFRESH", "memcache is not served"),
-    ("MEMCACHE_MAX_IDLE_CONNS", "memcache is not served"),
-    ("MEMCACHE_TLS", "memcache is not served"),
-    ("MEMCACHE_TLS_CACERT", "memcache is not served"),
-    ("MEMCACHE_TLS_CLIENT_CERT", "memcache is not served"),
-    ("MEMCACHE_TLS_CLIENT_KEY", "memcache is not served"),
-    (
-        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "memcache is not served",
     ),
     ("DISABLE_STATS", "cellrate's metrics are always kept"),
     (

@@ -73,6 +73,20 @@ impl ServeArgs {
         if self.store == StoreKind::Memory {
             return Ok(StoreSettings::Memory);
         }
+        if self.store == StoreKind::Memcache {
+            if self.envoy.ratelimit_counting
+                != crate::service::envoy::RatelimitCounting::FixedWindow
+            {
+                anyhow::bail!(
+                    "--store memcache counts envoyproxy/ratelimit's fixed windows only: \
+                     --ratelimit-counting gcra needs the memory or Redis store"
+                );
+            }
+            if self.snapshot_file.is_some() {
+                anyhow::bail!("--snapshot-file is for the memory store");
+            }
+            return Ok(StoreSettings::Memcache(Box::new(self.memcache.settings()?)));
+        }
         if self.snapshot_file.is_some() {
             anyhow::bail!(
                 "--snapshot-file is for the memory store; with --store redis, Redis keeps the \
@@ -91,6 +105,8 @@ impl ServeArgs {
     /// The server's settings, with `tls` and `store` as read by [`Self::tls`] and
     /// [`Self::store`].
     pub fn settings(&self, tls: Option<TlsPem>, store: StoreSettings) -> Settings {
+        // memcached's keys are envoyproxy/ratelimit's text, not a digest.
+        let upstream_keys = matches!(store, StoreSettings::Memcache(_));
         Settings {
             max_buckets: self.max_buckets,
             caller_bucket_share: usize::from(self.caller_limit_bucket_share),
@@ -143,7 +159,10 @@ impl ServeArgs {
                         .then(|| Duration::from_secs(self.snapshot_interval_seconds)),
                 }),
             server: self.server_limits(),
-            envoy: self.envoy.options(),
+            envoy: crate::service::envoy::EnvoyOptions {
+                upstream_keys,
+                ..self.envoy.options()
+            },
             ..Default::default()
         }
     }

@@ -331,7 +331,7 @@ impl Background {
         if runtime.is_shared() {
             let every = match &settings.store {
                 StoreSettings::Redis { settings, .. } => settings.override_sync,
-                StoreSettings::Memory => Duration::from_secs(1),
+                StoreSettings::Memory | StoreSettings::Memcache(_) => Duration::from_secs(1),
             };
             self.tasks.spawn(tasks::sync_overrides(
                 runtime.clone(),

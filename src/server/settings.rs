@@ -172,6 +172,8 @@ pub enum StoreSettings {
         settings: Box<RedisSettings>,
         required_for_ready: bool,
     },
+    /// memcached: envoyproxy/ratelimit's fixed windows only.
+    Memcache(Box<crate::store::memcache::MemcacheSettings>),
 }
 
 impl Default for Settings {

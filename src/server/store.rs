@@ -1,5 +1,5 @@
-//! Where buckets live: the store `--store` names (the memory store, or Redis with the
-//! shared temporary overrides and RLQS demand that come with it).
+//! Where buckets live: the store `--store` names (the memory store, memcached, or Redis
+//! with the shared temporary overrides and RLQS demand that come with it).
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use super::{Settings, StoreSettings};
 use crate::clock::Clock;
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
+use crate::store::memcache::MemcacheStore;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisDemand, RedisOverrides, RedisSettlements, RedisStore};
 use crate::store::settlements::MemorySettlements;
@@ -92,6 +93,11 @@ impl Stores {
                     ..Stores::only(store).settling_here(settings, clock)
                 })
             }
+            StoreSettings::Memcache(memcache) => Ok(Stores::only(Arc::new(MemcacheStore::new(
+                memcache,
+                clock.clone(),
+            )?))
+            .settling_here(settings, clock)),
             #[cfg(feature = "redis")]
             StoreSettings::Redis {
                 settings: redis,

@@ -85,7 +85,9 @@ impl Decider {
                         "",
                         format!(
                             "bucket {} is already items[{first}] (each bucket once per request)",
-                            item.key
+                            // A key may hold a caller's text (the memcache store's are
+                            // envoyproxy/ratelimit's): cut and escaped.
+                            crate::text::printable(crate::text::cut_bytes(item.key.as_str(), 128))
                         ),
                     ));
                 }

@@ -20,6 +20,7 @@ use crate::gcra::{Decision, Limit, Mode};
 use crate::limits::names::BucketKey;
 
 pub mod measured;
+pub mod memcache;
 pub mod memory;
 pub mod redis;
 pub mod settlements;
@@ -57,7 +58,7 @@ pub struct Outcome {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// No answer within the deadline.
-    #[error("redis {op}: no answer within {timeout:?}")]
+    #[error("{}: no answer within {timeout:?}", backend_named(op))]
     Timeout {
         op: &'static str,
         timeout: std::time::Duration,
@@ -80,7 +81,7 @@ pub enum StoreError {
     Data(String),
     /// The backend failed (connection refused, a Redis error reply, ...); `kind` says how,
     /// as classified where the backend's error was seen.
-    #[error("redis {context}: {source}")]
+    #[error("{}: {source}", backend_named(context))]
     Backend {
         context: &'static str,
         kind: FailureKind,
@@ -102,6 +103,15 @@ pub enum StoreError {
         #[source]
         source: Box<StoreError>,
     },
+}
+
+/// An operation's name with its backend's: `redis spend`, unless it names its own
+/// (`memcache spend`).
+fn backend_named(op: &str) -> std::borrow::Cow<'_, str> {
+    match op.starts_with("memcache ") {
+        true => op.into(),
+        false => format!("redis {op}").into(),
+    }
 }
 
 /// How a store failed to answer, for the operator: what to look at differs by kind.

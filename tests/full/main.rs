@@ -18,6 +18,7 @@ mod faults;
 mod grpcurl;
 mod header_visibility;
 mod istio_e2e;
+mod memcache;
 mod observability;
 mod python_envoy;
 mod ratelimit_answers;

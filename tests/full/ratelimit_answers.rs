@@ -27,7 +27,7 @@ async fn run_as_ratelimit_its_integration_answers_hold() {
 
 /// envoyproxy/ratelimit's integration configuration, as its test runtime holds it: the
 /// `basic` and `another` domains (written here for these tests).
-const BASIC: &str = "
+pub(crate) const BASIC: &str = "
 domain: basic
 descriptors:
   - key: key1
@@ -40,7 +40,7 @@ descriptors:
 /// limit, a minute limit taken 5 over, then two limits in one request until the hour one
 /// is over. With STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT the minute limit stops counting
 /// once the hour limit is over (remaining stays 10), as its test expects.
-async fn basic_base_config(listen: &str, stop_increment: bool) {
+pub(crate) async fn basic_base_config(listen: &str, stop_increment: bool) {
     let mut c = client(listen).await;
     let unique = format!("{}-{}-{stop_increment}", std::process::id(), unix_seconds());
     clear_of_a_minute_end();

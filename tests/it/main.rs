@@ -31,6 +31,7 @@ mod hostile_clients;
 mod hostile_requests;
 mod input_limits;
 mod leases;
+mod memcache_store;
 mod native_headers;
 mod operations;
 mod process_ops;

@@ -422,8 +422,8 @@ fn the_path_reader_makes_paths_absolute() {
 
 /// The fast tier (`tests/it/`, target `it`) needs nothing but Rust: none of its modules
 /// starts what the full tier (`tests/full/`, target `full`) needs (redis-server, Valkey,
-/// Envoy, Helm, Prometheus, grpcurl, Python, redis-cell). `store_scenarios.rs` is both
-/// tiers' (each crate root says which stores run it); `common/` is the harness both share.
+/// Envoy, Helm, Prometheus, grpcurl, Python, redis-cell, memcached). `store_scenarios.rs`
+/// is both tiers' (each crate root says which stores run it); `common/` is the harness both share.
 #[test]
 fn the_fast_tier_starts_no_tool() {
     let tools = [
@@ -431,6 +431,8 @@ fn the_fast_tier_starts_no_tool() {
         "redis_cell::",
         "RedisServer",
         "RedisCluster",
+        "memcached::",
+        "Memcached::",
         "common::envoy::",
         "Envoy::start",
         "CELLRATE_TEST_ENVOY",

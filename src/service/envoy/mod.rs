@@ -108,6 +108,10 @@ pub struct EnvoyOptions {
     /// fixed-window counting: when a request takes some descriptor over its limit, only
     /// the descriptors it takes over are counted.
     pub stop_increment_when_over_limit: bool,
+    /// Buckets of envoyproxy/ratelimit-format limits named by its key text
+    /// (`<domain>_<key>_<value>_...`) instead of a digest: for the memcache store, whose
+    /// keys are envoyproxy/ratelimit's.
+    pub upstream_keys: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -122,6 +126,7 @@ impl Default for EnvoyOptions {
             retry_after: true,
             metadata: MetadataStyle::Cellrate,
             stop_increment_when_over_limit: false,
+            upstream_keys: false,
         }
     }
 }

@@ -108,7 +108,7 @@ impl EnvoyRateLimitService {
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             batch.items.push(ItemSpec {
                 target: Target::Ratelimit {
-                    digest: descriptor_digest(&request.domain, &counted),
+                    digest: self.bucket_text(&request.domain, &counted),
                     limit: limit(numbers, every_hit),
                     name,
                     shadow,
@@ -127,6 +127,15 @@ impl EnvoyRateLimitService {
 }
 
 impl EnvoyRateLimitService {
+    /// What names the bucket of `entries` (as counted) in `domain`: a digest, or for the
+    /// memcache store envoyproxy/ratelimit's key text.
+    fn bucket_text(&self, domain: &str, entries: &[(&str, &str)]) -> String {
+        match self.options.upstream_keys {
+            true => upstream_key_text(domain, entries),
+            false => descriptor_digest(domain, entries),
+        }
+    }
+
     /// What envoyproxy/ratelimit's answer says of descriptor `d`, counted on the limit
     /// `found` (`None`: its own `limit`): its name as there, its `metadata`.
     fn note_answer(&self, d: usize, found: Option<&Found<'_>>, batch: &mut Batch<'_>) {
@@ -189,6 +198,21 @@ fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) 
         }
         _ => detailed_key(domain, counted),
     }
+}
+
+/// envoyproxy/ratelimit's cache key before its window start: `<domain>_<key>_<value>_...`
+/// (each entry's key and value followed by `_`), as its cache-key generator writes it.
+fn upstream_key_text(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut key = String::with_capacity(domain.len() + 1 + 16 * entries.len());
+    key.push_str(domain);
+    key.push('_');
+    for (k, v) in entries {
+        key.push_str(k);
+        key.push('_');
+        key.push_str(v);
+        key.push('_');
+    }
+    key
 }
 
 /// envoyproxy/ratelimit's detailed statistics key: `domain.key1_value1.key2_value2`.

@@ -453,6 +453,7 @@ pub mod envoy;
 pub mod h2_raw;
 pub mod header_visibility;
 pub mod http1;
+pub mod memcached;
 pub mod pki;
 pub mod ratelimit_answers;
 pub mod ratelimit_format;
