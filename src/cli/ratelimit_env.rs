@@ -82,37 +82,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     } else {
         push("--metrics-listen", http);
     }
-    if flag("GRPC_SERVER_USE_TLS")? {
-        for (name, flag) in [
-            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
-            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
-        ] {
-            // Empty is missing: an empty flag value would be refused as a usage error.
-            let path = var(name)
-                .filter(|p| !p.is_empty())
-                .ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
-            push(flag, path);
-        }
-        // mTLS: a client certificate from this CA is required, as there.
-        if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").filter(|ca| !ca.is_empty()) {
-            push("--client-ca", ca);
-        }
-    }
-    // The name a client certificate must bear, checked as there only where client
-    // certificates are verified at all (TLS with a client CA).
-    if let Some(san) = var("GRPC_CLIENT_TLS_SAN").filter(|san| !san.is_empty()) {
-        if out.flags.iter().any(|f| f == "--client-ca") {
-            crate::server::tls::client_name(&san)
-                .map_err(|e| format!("GRPC_CLIENT_TLS_SAN: {e}"))?;
-            out.flags.extend(["--client-san".to_string(), san]);
-        } else {
-            out.warnings.push(
-                "GRPC_CLIENT_TLS_SAN has no effect without GRPC_SERVER_USE_TLS and \
-                 GRPC_CLIENT_TLS_CACERT (no client certificate is asked for)"
-                    .to_string(),
-            );
-        }
-    }
+    grpc_tls(&var, &mut out)?;
     connection_age(&var, &mut out.flags)?;
     admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
@@ -155,6 +125,44 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// TLS on the gRPC listener: GRPC_SERVER_USE_TLS with its certificate and key, the client
+/// CA (mTLS) and the name a client certificate must bear.
+fn grpc_tls(var: &impl Fn(&str) -> Option<String>, out: &mut Translated) -> Result<(), String> {
+    let use_tls = var("GRPC_SERVER_USE_TLS").unwrap_or_else(|| "false".to_string());
+    if boolean("GRPC_SERVER_USE_TLS", &use_tls)? {
+        for (name, flag) in [
+            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
+        ] {
+            // Empty is missing: an empty flag value would be refused as a usage error.
+            let path = var(name)
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| format!("{name}: needed with GRPC_SERVER_USE_TLS"))?;
+            out.flags.extend([flag.to_string(), path]);
+        }
+        // mTLS: a client certificate from this CA is required, as there.
+        if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").filter(|ca| !ca.is_empty()) {
+            out.flags.extend(["--client-ca".to_string(), ca]);
+        }
+    }
+    // The name a client certificate must bear, checked as there only where client
+    // certificates are verified at all (TLS with a client CA).
+    if let Some(san) = var("GRPC_CLIENT_TLS_SAN").filter(|san| !san.is_empty()) {
+        if out.flags.iter().any(|f| f == "--client-ca") {
+            crate::server::tls::client_name(&san)
+                .map_err(|e| format!("GRPC_CLIENT_TLS_SAN: {e}"))?;
+            out.flags.extend(["--client-san".to_string(), san]);
+        } else {
+            out.warnings.push(
+                "GRPC_CLIENT_TLS_SAN has no effect without GRPC_SERVER_USE_TLS and \
+                 GRPC_CLIENT_TLS_CACERT (no client certificate is asked for)"
+                    .to_string(),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, unless they come
@@ -967,7 +975,10 @@ mod tests {
         assert!(refused.starts_with("GRPC_CLIENT_TLS_SAN:"), "{refused}");
         let t = run(&[("BACKEND_TYPE", "memory"), ("GRPC_CLIENT_TLS_SAN", "x")]).unwrap();
         assert!(!t.flags.contains(&"--client-san".to_string()));
-        assert!(t.warnings.iter().any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN has no effect")));
+        assert!(t
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN has no effect")));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),
