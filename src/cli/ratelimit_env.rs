@@ -967,7 +967,10 @@ mod tests {
         assert!(refused.starts_with("GRPC_CLIENT_TLS_SAN:"), "{refused}");
         let t = run(&[("BACKEND_TYPE", "memory"), ("GRPC_CLIENT_TLS_SAN", "x")]).unwrap();
         assert!(!t.flags.contains(&"--client-san".to_string()));
-        assert!(t.warnings.iter().any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN has no effect")));
+        assert!(t
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN has no effect")));
         // FILE: no xDS flags, and the force-start variable is only noted.
         let t = run(&[
             ("BACKEND_TYPE", "memory"),

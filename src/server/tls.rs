@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use rustls::pki_types::pem::PemObject;
 use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
@@ -224,7 +224,11 @@ pub struct LiveTls {
 impl LiveTls {
     pub fn new(pem: &TlsPem) -> Result<LiveTls, String> {
         Ok(LiveTls {
-            decisions: ArcSwap::from_pointee(server_config(pem, pem.client_ca.as_deref(), pem.client_san.as_deref())?),
+            decisions: ArcSwap::from_pointee(server_config(
+                pem,
+                pem.client_ca.as_deref(),
+                pem.client_san.as_deref(),
+            )?),
             admin: ArcSwap::from_pointee(server_config(pem, pem.admin_client_ca.as_deref(), None)?),
             in_force: Mutex::new(pem.clone()),
             rejected: Mutex::new(None),
@@ -240,7 +244,8 @@ impl LiveTls {
             ) {
                 return Ok(None);
             }
-            let decisions = server_config(&pem, pem.client_ca.as_deref(), pem.client_san.as_deref())?;
+            let decisions =
+                server_config(&pem, pem.client_ca.as_deref(), pem.client_san.as_deref())?;
             let admin = server_config(&pem, pem.admin_client_ca.as_deref(), None)?;
             Ok(Some((pem, decisions, admin)))
         });
