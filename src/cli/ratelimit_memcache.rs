@@ -169,6 +169,12 @@ mod tests {
             warnings,
             ["MEMCACHE_TLS_CACERT is accepted and not used: MEMCACHE_TLS is false"]
         );
+        // MEMCACHE_MAX_IDLE_CONNS unset is upstream's default, 2 (its
+        // TestConfigMemcacheWithMaxIdleConns asserts it of its settings).
+        let (flags, _) =
+            run(&[("BACKEND_TYPE", "memcache"), ("MEMCACHE_HOST_PORT", "m:1")]).unwrap();
+        let idle = flags.iter().position(|f| f == "--memcache-max-idle-conns");
+        assert_eq!(idle.map(|at| flags[at + 1].as_str()), Some("2"));
         let (_, warnings) =
             run(&[("BACKEND_TYPE", "redis"), ("MEMCACHE_HOST_PORT", "m:1")]).unwrap();
         assert_eq!(

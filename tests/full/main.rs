@@ -21,7 +21,6 @@ mod istio_e2e;
 mod memcache;
 mod observability;
 mod python_envoy;
-mod ratelimit_answers;
 mod ratelimit_format;
 mod readme;
 #[cfg(feature = "redis")]

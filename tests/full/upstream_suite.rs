@@ -9,6 +9,8 @@
 //! assertions that hold, is in docs/upstream-suite.md.
 
 mod base;
+mod grpc_certs;
+mod memcache;
 mod mtls;
 mod redis;
 mod reload;

@@ -1,5 +1,6 @@
 //! Helpers of `ratelimit_answers`'s tests that both tiers use
-//! (`tests/it/ratelimit_answers.rs`, `tests/full/ratelimit_answers.rs`).
+//! (`tests/it/ratelimit_answers.rs`; in tests/full, the upstream suite and
+//! `memcache.rs`).
 
 use crate::common::{descriptor, stderr_lines};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
