@@ -483,16 +483,6 @@ async fn malformed_requests_are_invalid_argument() {
             request("edge", vec![descriptor(&[("a", "b"), ("", "x")])]),
             "descriptors[0].entries[1].key: empty",
         ),
-        (
-            request(
-                "edge",
-                vec![
-                    signup("10.0.0.1"),
-                    descriptor(&[("NewRegistrationsPerIPAddress", "10.0.0.1")]),
-                ],
-            ),
-            "descriptors[1]: bucket 1:10.0.0.1 is already",
-        ),
     ];
     // (An id that does not fit its format follows the domain's invalid_id policy:
     // tests/exact_answers.rs.)
@@ -508,6 +498,60 @@ async fn malformed_requests_are_invalid_argument() {
     assert_eq!(
         remaining(&mut s, "NewRegistrationsPerIPAddress", "10.0.0.1").await,
         20
+    );
+}
+
+/// Two descriptors of one request that name the same bucket (Envoy's `rate_limits` of a
+/// virtual host and of its route both making `remote_address`, or a header the client
+/// sets to the value another action takes): the bucket is decided once with both hits,
+/// and both descriptors answer that decision. Refusing the request instead (the old
+/// answer, INVALID_ARGUMENT) let it through uncounted behind Envoy's default
+/// `failure_mode_deny: false`: a client choosing the header's value got around the limit.
+#[tokio::test]
+async fn one_bucket_named_by_two_descriptors_is_counted_twice() {
+    let mut s = served(HeaderStyle::Off, false).await;
+    let twice = |ip: &str| {
+        request(
+            "edge",
+            vec![
+                signup(ip),
+                descriptor(&[("NewRegistrationsPerIPAddress", ip)]),
+            ],
+        )
+    };
+    // Burst 20: ten requests of two hits each.
+    for i in 1..=10u32 {
+        let r = ask(&mut s, twice("10.0.0.1")).await;
+        assert_eq!(r.overall_code, OK, "request {i}");
+        for status in &r.statuses {
+            assert_eq!((status.code, status.limit_remaining), (OK, 20 - 2 * i));
+        }
+    }
+    let r = ask(&mut s, twice("10.0.0.1")).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(r.statuses.len(), 2);
+    assert!(r.statuses.iter().all(|status| status.code == OVER));
+    // The bucket is the one the native API reads: empty, and the denial spent nothing.
+    assert_eq!(
+        remaining(&mut s, "NewRegistrationsPerIPAddress", "10.0.0.1").await,
+        0
+    );
+    // One hit left is not enough for two: all-or-nothing holds for the merged item.
+    s.clock.advance(50 * MS);
+    let r = ask(&mut s, twice("10.0.0.1")).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = ask(&mut s, request("edge", vec![signup("10.0.0.1")])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+    // A request given back twice (is_negative_hits on both) repays both hits.
+    let mut back = twice("10.0.0.1");
+    for d in &mut back.descriptors {
+        d.is_negative_hits = true;
+    }
+    let r = ask(&mut s, back).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        remaining(&mut s, "NewRegistrationsPerIPAddress", "10.0.0.1").await,
+        2
     );
 }
 

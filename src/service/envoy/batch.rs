@@ -60,3 +60,54 @@ pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> Strin
     }
     hex::encode(hash.finalize())
 }
+
+/// A request's items with each bucket once: the items, the descriptor each comes from, and
+/// for every item of the request the index of the item that decides it.
+pub(super) struct Merged<'a> {
+    pub(super) items: Vec<ItemSpec<'a>>,
+    pub(super) owner: Vec<usize>,
+    pub(super) of: Vec<usize>,
+}
+
+impl<'a> Batch<'a> {
+    /// When descriptors of one request name the same item more than once (Envoy's
+    /// `rate_limits` of a virtual host and of its route both making `remote_address`, or
+    /// two header actions given the same value by the client), the batch with that item
+    /// once, costing the sum of its hits, as envoyproxy/ratelimit counts every descriptor's
+    /// hits on one key. A bucket may be named once per batch, so without this the whole
+    /// request would be an error, which Envoy lets through by default: a way around every
+    /// limit of the request. `None`, allocating nothing, when every item is distinct.
+    /// Lease items are left as they are (an acquire is one slot).
+    pub(super) fn merged(&self) -> Option<Merged<'a>> {
+        let same = |a: &ItemSpec<'_>, b: &ItemSpec<'_>| {
+            a.lease.is_none() && a.target == b.target && a.limit == b.limit && a.mode == b.mode
+        };
+        let items = &self.items;
+        // At most MAX_DESCRIPTORS items of a few names each: a scan allocates nothing.
+        let any = (1..items.len()).any(|i| items[..i].iter().any(|e| same(e, &items[i])));
+        if !any {
+            return None;
+        }
+        let mut merged = Merged {
+            items: Vec::with_capacity(items.len()),
+            owner: Vec::with_capacity(items.len()),
+            of: Vec::with_capacity(items.len()),
+        };
+        for (item, &d) in items.iter().zip(&self.owner) {
+            match merged.items.iter().position(|e| same(e, item)) {
+                Some(at) => {
+                    let hits = |i: &ItemSpec<'_>| i.cost.unwrap_or(1);
+                    let sum = hits(&merged.items[at]).saturating_add(hits(item));
+                    merged.items[at].cost = Some(sum);
+                    merged.of.push(at);
+                }
+                None => {
+                    merged.of.push(merged.items.len());
+                    merged.items.push(item.clone());
+                    merged.owner.push(d);
+                }
+            }
+        }
+        Some(merged)
+    }
+}

@@ -54,14 +54,27 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        // The common case (items, none given back, no fixed-window counting) straight to
-        // the decider: each async layer costs instructions on every request.
-        let results = if self.plain(&request, &batch) {
-            self.check(&table, &request.domain, &batch.items, &batch.owner)
-                .await?
-        } else {
-            self.decide_batch(&table, &request, &batch).await?
-        };
+        let results =
+            match batch.merged() {
+                None => self.decide_items(&table, &request, &batch).await?,
+                // One bucket named by several descriptors: decided once, with their hits
+                // summed, and that decision answered for each of them.
+                Some(merged) => {
+                    let once = Batch {
+                        items: merged.items,
+                        owner: merged.owner,
+                        ..Batch::default()
+                    };
+                    let decided = self.decide_items(&table, &request, &once).await?;
+                    let mut results = Vec::with_capacity(merged.of.len());
+                    for &at in &merged.of {
+                        results.push(decided.get(at).cloned().ok_or_else(|| {
+                            Status::internal("a merged item was decided no answer")
+                        })?);
+                    }
+                    results
+                }
+            };
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -151,6 +164,23 @@ impl EnvoyRateLimitService {
             },
         }
         Ok(())
+    }
+
+    /// Decides a batch's items. The common case (items, none given back, no fixed-window
+    /// counting) goes straight to the decider: each async layer costs instructions on
+    /// every request.
+    async fn decide_items(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<ItemResult>, Status> {
+        if self.plain(request, batch) {
+            self.check(table, &request.domain, &batch.items, &batch.owner)
+                .await
+        } else {
+            self.decide_batch(table, request, batch).await
+        }
     }
 
     /// A batch that [`Self::decide_batch`] would only pass to [`Self::check`]: it has
