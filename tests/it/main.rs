@@ -19,6 +19,7 @@ mod concurrency;
 mod defaults;
 mod doc_lists;
 mod envoy_descriptors;
+mod envoy_leases;
 mod envoy_rls;
 mod exact_answers;
 mod examples;
