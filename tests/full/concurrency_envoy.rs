@@ -26,6 +26,7 @@ const HOLD_REQUEST: Duration = Duration::from_millis(200);
 /// How long each stream keeps sending (a request after each answer).
 const PRESSURE: Duration = Duration::from_secs(1);
 const ONCE: Duration = Duration::ZERO;
+const BACKOFF: Duration = Duration::from_millis(50);
 /// The example's hold (defaults.yaml).
 const HOLD: i64 = 35 * SECOND;
 /// Tenants and their N (examples/concurrency/limits: 8, and 4 by an override).
@@ -142,7 +143,8 @@ async fn get(ingress: SocketAddr, tenant: &str, request_id: Option<&str>) -> Opt
 type Streams = Vec<(String, tokio::task::JoinHandle<Vec<Option<u16>>>)>;
 
 /// `STREAMS` concurrent streams per tenant, started at once, each a client that sends its
-/// GETs one after the other for `pressure` (at most 20), or once when `pressure` is zero.
+/// GETs one after the other for `pressure` (at most 20, 50 ms after a 429), or once when
+/// `pressure` is zero.
 fn burst(ingress: SocketAddr, tenants: &[&str], pressure: Duration) -> Streams {
     burst_as(ingress, tenants, pressure, None)
 }
@@ -164,6 +166,11 @@ fn burst_as(
                     let start = std::time::Instant::now();
                     let mut answers = vec![get(ingress, &t, request_id).await];
                     while start.elapsed() < pressure && answers.len() < 20 {
+                        // A client backs off a little after a 429, so that the pressure
+                        // lasts while the admitted requests end and release.
+                        if answers.last() == Some(&Some(429)) {
+                            tokio::time::sleep(BACKOFF).await;
+                        }
                         answers.push(get(ingress, &t, request_id).await);
                     }
                     answers
@@ -295,6 +302,13 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
     s.stop().await;
 
     naive_counter(backend_addr, &counts).await;
+}
+
+/// The example as written (with its own addresses and ports) is a valid Envoy 1.40 config.
+#[test]
+fn the_example_is_valid_as_written() {
+    let config = crate::common::envoy::load_yaml(EXAMPLE);
+    crate::common::envoy::validate(&config).unwrap_or_else(|e| panic!("{EXAMPLE}: {e}"));
 }
 
 /// The attacker: a client sends one `x-request-id` on all its requests, so that they would
