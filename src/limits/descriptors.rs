@@ -417,12 +417,15 @@ impl DescriptorRule {
             Some(m) if r > m => r - 1,
             _ => r,
         };
-        let matches = (self.entries.iter().enumerate())
-            .filter(|&(r, _)| Some(r) != missing)
-            .all(|(r, rule)| {
-                let (key, value) = entries[at(r)];
-                rule.key == key && rule.value.as_deref().is_none_or(|fixed| fixed == value)
-            });
+        let fits = |rule: &EntryMatch, (key, value): (&str, &str)| {
+            rule.key == key && rule.value.as_deref().is_none_or(|fixed| fixed == value)
+        };
+        let matches = match missing {
+            None => (self.entries.iter().zip(entries)).all(|(rule, &entry)| fits(rule, entry)),
+            Some(m) => (self.entries.iter().enumerate())
+                .filter(|&(r, _)| r != m)
+                .all(|(r, rule)| fits(rule, entries[at(r)])),
+        };
         if !matches {
             return None;
         }
