@@ -220,6 +220,9 @@ pub fn descriptor_mapping(data: &[u8]) {
                 }
             }
         }
+        Mapping::Leases { names: found, .. } => {
+            assert!(!found.is_empty(), "{domain:?} {entries:?}");
+        }
         Mapping::Unmatched => {
             if let [(key, _)] = entries[..] {
                 assert!(

@@ -109,6 +109,8 @@ struct DescriptorRule {
     entries: Vec<EntryMatch>,
     names: Vec<Arc<str>>,
     id: Vec<Part>,
+    /// The index (in `entries`) of the entry whose value is a lease id.
+    lease: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +135,16 @@ pub enum Mapping<'a, 'e> {
         names: &'a [Arc<str>],
         id: Cow<'e, str>,
     },
+    /// Concurrency limits (a rule with a `lease` entry), the id built for them, and the
+    /// descriptor's lease entry: its index among the descriptor's entries and its value
+    /// (`None`: the descriptor lacks it).
+    Leases {
+        names: &'a [Arc<str>],
+        id: Cow<'e, str>,
+        lease: Option<(usize, &'e str)>,
+        /// The rule's lease key, to name a missing entry.
+        lease_key: &'a str,
+    },
     /// No rule and no convention: not limited.
     Unmatched,
 }
@@ -145,6 +157,9 @@ pub(crate) struct RawRule {
     limits: Vec<String>,
     #[serde(default)]
     id: Option<String>,
+    /// The match key whose value is the lease id of a concurrency limit.
+    #[serde(default)]
+    lease: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -241,10 +256,18 @@ impl DescriptorRules {
     ) -> Mapping<'a, 'e> {
         if let Some(rules) = self.by_domain.get(domain) {
             for rule in rules {
-                if let Some(id) = rule.apply(entries) {
-                    return Mapping::Limits {
-                        names: &rule.names,
-                        id,
+                if let Some((id, lease)) = rule.apply(entries) {
+                    return match rule.lease {
+                        None => Mapping::Limits {
+                            names: &rule.names,
+                            id,
+                        },
+                        Some(key) => Mapping::Leases {
+                            names: &rule.names,
+                            id,
+                            lease: lease.map(|at| (at, entries[at].1)),
+                            lease_key: &rule.entries[key].key,
+                        },
                     };
                 }
             }
@@ -270,6 +293,15 @@ impl DescriptorRules {
             .get(domain)
             .copied()
             .unwrap_or(InvalidIds::Deny)
+    }
+
+    /// Every rule as (domain, its number from 1, the names it maps to, whether it has a
+    /// lease entry), for checks across files.
+    pub fn rules(&self) -> impl Iterator<Item = (&str, usize, &[Arc<str>], bool)> {
+        self.by_domain.iter().flat_map(|(domain, rules)| {
+            (rules.iter().enumerate())
+                .map(move |(i, r)| (domain.as_str(), i + 1, &r.names[..], r.lease.is_some()))
+        })
     }
 
     /// Number of rules over all domains.
@@ -307,10 +339,30 @@ impl DescriptorRule {
             let name = names.get(text).ok_or_else(|| names.unknown(text))?;
             rule_names.push(name.text.clone());
         }
+        let lease = match &raw.lease {
+            None => None,
+            Some(_) if unordered => {
+                return Err("lease: an RLQS bucket takes no lease (quota.yaml)".to_string())
+            }
+            Some(key) => {
+                let at = entries.iter().position(|e| e.key == *key).ok_or_else(|| {
+                    format!("lease {key:?} is not a match key (list it in match)")
+                })?;
+                if entries[at].value.is_some() {
+                    return Err(format!(
+                        "lease {key:?} has a fixed value: a lease id differs per request"
+                    ));
+                }
+                Some(at)
+            }
+        };
         let template = match raw.id {
             Some(template) => template,
             None => {
-                let open: Vec<&EntryMatch> = entries.iter().filter(|e| e.value.is_none()).collect();
+                let open: Vec<&EntryMatch> = (entries.iter().enumerate())
+                    .filter(|(i, e)| e.value.is_none() && Some(*i) != lease)
+                    .map(|(_, e)| e)
+                    .collect();
                 match open[..] {
                     [only] => format!("{{{}}}", only.key),
                     _ => {
@@ -323,6 +375,14 @@ impl DescriptorRule {
             }
         };
         let id = parse_template(&template, &entries)?;
+        if let Some(at) = lease {
+            if id.contains(&Part::Entry(at)) {
+                return Err(format!(
+                    "id template {template:?} names the lease entry: the id is the key's, \
+                     the lease's is apart"
+                ));
+            }
+        }
         // A template without placeholders is one fixed id: check it now, for every name.
         if id.iter().all(|part| matches!(part, Part::Text(_))) {
             let fixed = fixed_text(&id);
@@ -338,36 +398,50 @@ impl DescriptorRule {
             entries,
             names: rule_names,
             id,
+            lease,
         })
     }
 
-    /// The id for `entries` if this rule matches them.
-    fn apply<'e>(&self, entries: &[(&'e str, &'e str)]) -> Option<Cow<'e, str>> {
-        if entries.len() != self.entries.len() {
-            return None;
-        }
-        let matches = self
-            .entries
-            .iter()
-            .zip(entries)
-            .all(|(rule, (key, value))| {
-                rule.key == *key && rule.value.as_deref().is_none_or(|fixed| fixed == *value)
-            });
+    /// The id for `entries` if this rule matches them, and the index of the lease entry
+    /// among them (`None`: no lease entry, or the descriptor lacks it). A rule with a
+    /// lease entry also matches the descriptor without it.
+    fn apply<'e>(&self, entries: &[(&'e str, &'e str)]) -> Option<(Cow<'e, str>, Option<usize>)> {
+        // The rule's entry left out of the descriptor (its lease entry), if any.
+        let missing = match self.lease {
+            _ if entries.len() == self.entries.len() => None,
+            Some(at) if entries.len() + 1 == self.entries.len() => Some(at),
+            _ => return None,
+        };
+        // The descriptor's index of the rule's entry `r`.
+        let at = |r: usize| match missing {
+            Some(m) if r > m => r - 1,
+            _ => r,
+        };
+        let fits = |rule: &EntryMatch, (key, value): (&str, &str)| {
+            rule.key == key && rule.value.as_deref().is_none_or(|fixed| fixed == value)
+        };
+        let matches = match missing {
+            None => (self.entries.iter().zip(entries)).all(|(rule, &entry)| fits(rule, entry)),
+            Some(m) => (self.entries.iter().enumerate())
+                .filter(|&(r, _)| r != m)
+                .all(|(r, rule)| fits(rule, entries[at(r)])),
+        };
         if !matches {
             return None;
         }
+        let lease = self.lease.filter(|_| missing.is_none());
         // The common template, `{key}`: the entry's value as it is.
         if let [Part::Entry(i)] = self.id[..] {
-            return Some(Cow::Borrowed(entries[i].1));
+            return Some((Cow::Borrowed(entries[at(i)].1), lease));
         }
         let mut id = String::new();
         for part in &self.id {
             match part {
                 Part::Text(text) => id.push_str(text),
-                Part::Entry(i) => id.push_str(entries[*i].1),
+                Part::Entry(i) => id.push_str(entries[at(*i)].1),
             }
         }
-        Some(Cow::Owned(id))
+        Some((Cow::Owned(id), lease))
     }
 }
 
@@ -424,7 +498,7 @@ mod tests {
                 names.iter().map(|n| -> &str { n }).collect(),
                 id.into_owned(),
             )),
-            Mapping::Unmatched => None,
+            Mapping::Leases { .. } | Mapping::Unmatched => None,
         }
     }
 
@@ -565,5 +639,58 @@ edge:
             mapped(rules.map(&names, "d", &[("generic_key", "global")])),
             Some((vec!["NewOrdersPerAccount"], "0".to_string()))
         );
+    }
+
+    #[test]
+    fn a_lease_entry_names_the_lease_and_may_be_missing() {
+        let (rules, names) = rules(
+            "d: [{match: [{key: tenant}, {key: lease}, {key: route}], \
+             limits: [NewOrdersPerAccount], id: '{tenant}/{route}', lease: lease}]",
+        )
+        .unwrap();
+        let leases =
+            |entries: &[(&'static str, &'static str)]| match rules.map(&names, "d", entries) {
+                Mapping::Leases {
+                    names,
+                    id,
+                    lease,
+                    lease_key,
+                } => {
+                    assert_eq!(lease_key, "lease");
+                    Some((names.len(), id, lease))
+                }
+                _ => None,
+            };
+        assert_eq!(
+            leases(&[("tenant", "7"), ("lease", "r1"), ("route", "a")]),
+            Some((1, Cow::Borrowed("7/a"), Some((1, "r1"))))
+        );
+        // Without its lease entry: matched, the lease missing (refused by the service).
+        assert_eq!(
+            leases(&[("tenant", "7"), ("route", "a")]),
+            Some((1, Cow::Borrowed("7/a"), None))
+        );
+        assert_eq!(leases(&[("tenant", "7")]), None);
+        assert_eq!(
+            leases(&[("tenant", "7"), ("other", "r1"), ("route", "a")]),
+            None
+        );
+        // The default id leaves the lease entry out.
+        let (rules, names) = super::tests::rules(
+            "d: [{match: [{key: tenant}, {key: lease}], limits: [NewOrdersPerAccount], lease: lease}]",
+        )
+        .unwrap();
+        assert!(matches!(
+            rules.map(&names, "d", &[("tenant", "7"), ("lease", "r")]),
+            Mapping::Leases { id, lease: Some((1, "r")), .. } if id == "7"
+        ));
+        for (yaml, says) in [
+            ("d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: x, lease: b}]", "not a match key"),
+            ("d: [{match: [{key: a}, {key: b, value: v}], limits: [NewOrdersPerAccount], lease: b}]", "fixed value"),
+            ("d: [{match: [{key: a}, {key: b}], limits: [NewOrdersPerAccount], id: '{b}', lease: b}]", "names the lease entry"),
+        ] {
+            let errors = super::tests::rules(yaml).unwrap_err();
+            assert!(errors[0].contains(says), "{yaml}: {errors:?}");
+        }
     }
 }

@@ -31,6 +31,7 @@ pub use errors::{store_unavailable, DecideError, Invalid};
 pub use request::{
     count_decisions, outcome, BatchResult, CheckOptions, ItemResult, ItemSpec, Rule, Target,
 };
+pub use resolve::MAX_LEASE_ID;
 
 /// The most items one request may name.
 pub const MAX_BATCH: usize = 64;

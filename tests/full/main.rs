@@ -12,6 +12,7 @@ mod common;
 
 mod budgets;
 mod calendar;
+mod concurrency_envoy;
 mod deploy;
 mod envoy_e2e;
 mod faults;

@@ -14,6 +14,8 @@ fn header_value(name: &str) -> &'static str {
     match name {
         "x-api-key" => "key-example",
         "x-account-id" => "12345678",
+        "x-tenant" => "acme",
+        "x-request-id" => "6f1c0b2e-52a4-4d8e-9c1a-0f4b7d3e2a91",
         other => panic!("no sample value for header {other}"),
     }
 }
@@ -156,4 +158,47 @@ async fn istio_example_descriptors_map_to_configured_limits() {
         ],
     )
     .await;
+}
+
+/// `examples/concurrency/`: the request-path entry acquires a lease of the tenant's slots
+/// under the request id, the `apply_on_stream_done` entry (its `hits_addend` with
+/// `is_negative_hits`) releases it.
+#[tokio::test]
+async fn concurrency_example_acquires_and_releases_one_lease() {
+    use cellrate::limits::config::LimitTable;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/concurrency");
+    let text = std::fs::read_to_string(format!("{root}/envoy.yaml")).unwrap();
+    let config: Value = serde_yaml_ng::from_str(&text).unwrap();
+    let (mut limits, mut domain_names) = (Vec::new(), Vec::new());
+    rate_limits(&config, &mut limits);
+    domains(&config, &mut domain_names);
+    assert_eq!(domain_names, ["inflight"]);
+    let table = LimitTable::load_dir(std::path::Path::new(&format!("{root}/limits"))).unwrap();
+    let mut s = Served::with_limits(table).await;
+    let mut remaining = Vec::new();
+    for entry in &limits {
+        let mut d = descriptor(&entry["actions"]);
+        if let Some(hits) = entry.get("hits_addend") {
+            d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value {
+                value: hits["number"].as_u64().unwrap(),
+            });
+            d.is_negative_hits = hits["is_negative_hits"].as_bool().unwrap_or(false);
+        }
+        let stream_done = entry["apply_on_stream_done"].as_bool().unwrap_or(false);
+        assert_eq!(d.is_negative_hits, stream_done, "{entry:?}");
+        let r = s
+            .envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "inflight".to_string(),
+                descriptors: vec![d],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        remaining.push(crate::common::remaining(&mut s, "InFlightPerTenant", "acme").await);
+    }
+    assert_eq!(remaining, [7, 8], "one slot taken, then given back");
+    s.stop().await;
 }

@@ -20,6 +20,7 @@ mod connection_age;
 mod defaults;
 mod doc_lists;
 mod envoy_descriptors;
+mod envoy_leases;
 mod envoy_rls;
 mod exact_answers;
 mod examples;

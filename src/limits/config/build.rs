@@ -391,6 +391,7 @@ impl LimitTable {
             })
             .collect();
         errors.sort_by(|a, b| a.entry.cmp(&b.entry));
+        errors.extend(self.lease_rule_errors());
         for (name, reason) in self.calendar_quota_names() {
             errors.push(ConfigError {
                 file: "quota.yaml".to_string(),
@@ -398,6 +399,43 @@ impl LimitTable {
                 reason,
             });
         }
+        errors
+    }
+
+    /// Descriptor rules that do not fit their limits: a rule with a `lease` entry maps only
+    /// to concurrency limits, and a concurrency limit only through such a rule (a spend of
+    /// it would be refused on every request).
+    fn lease_rule_errors(&self) -> Vec<ConfigError> {
+        let concurrency = |text: &str| {
+            let number = self.names.get(text).map(|n| n.number);
+            let policies = number.and_then(|n| self.policies.get(&n));
+            policies.is_some_and(|p| {
+                (p.default.iter())
+                    .chain(p.overrides.values().map(|(policy, _)| policy))
+                    .any(|policy| policy.window() == Window::Concurrency)
+            })
+        };
+        let mut errors = Vec::new();
+        for (domain, rule, names, lease) in self.descriptors.rules() {
+            let Some(wrong) = names.iter().find(|n| concurrency(n) != lease) else {
+                continue;
+            };
+            errors.push(ConfigError {
+                file: "descriptors.yaml".to_string(),
+                entry: Some(format!("{} rule {rule}", short(domain))),
+                reason: match lease {
+                    true => format!(
+                        "{wrong} is not a concurrency limit (window: concurrency), \
+                         and this rule has a lease entry"
+                    ),
+                    false => format!(
+                        "{wrong} is a concurrency limit: name the entry that carries the \
+                         lease id (`lease: KEY`, e.g. the request's x-request-id)"
+                    ),
+                },
+            });
+        }
+        errors.sort_by(|a, b| a.entry.cmp(&b.entry));
         errors
     }
 

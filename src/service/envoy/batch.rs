@@ -30,6 +30,8 @@ pub(super) struct Batch<'a> {
     pub(super) unlimited: Vec<usize>,
     /// Descriptors whose matched limit has `metadata`, with it.
     pub(super) metadata: Vec<(usize, Arc<Struct>)>,
+    /// Whether some item releases a lease (answered OK whatever it freed).
+    pub(super) releases: bool,
 }
 
 /// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a

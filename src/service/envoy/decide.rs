@@ -15,11 +15,12 @@ use super::{
     invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
     MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
 };
+use crate::gcra::Mode;
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::service::{
     count_decisions, store_unavailable, trace, CheckOptions, DecideError, ItemResult, ItemSpec,
-    Rule, Target,
+    Rule, Target, MAX_LEASE_ID,
 };
 
 impl EnvoyRateLimitService {
@@ -54,7 +55,7 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        let results =
+        let mut results =
             match batch.merged() {
                 None => self.decide_items(&table, &request, &batch).await?,
                 // One bucket named by several descriptors: decided once, with their hits
@@ -81,6 +82,11 @@ impl EnvoyRateLimitService {
         self.log_invalid_ids(&request, &batch.owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
         trace::log_denied("envoy", metadata, &results);
+        if batch.releases {
+            // A release answers OK, whether it freed a lease or found none held.
+            let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
+            released.for_each(|r| r.decision.allowed = true);
+        }
         if !batch.stats.is_empty() {
             self.count_ratelimit(&batch, &results);
         }
@@ -149,6 +155,32 @@ impl EnvoyRateLimitService {
                     }));
                     batch.owner.push(d);
                 }
+            }
+            Mapping::Leases {
+                names,
+                id,
+                lease,
+                lease_key,
+            } => {
+                let lease = lease_of(d, descriptor, cost, lease, lease_key)?;
+                let mode = match descriptor.is_negative_hits {
+                    true => Mode::Release,
+                    false => Mode::Acquire,
+                };
+                for name in names {
+                    batch.items.push(ItemSpec {
+                        target: Target::Named {
+                            name: Cow::Borrowed(name),
+                            id: id.clone(),
+                        },
+                        cost: Some(1),
+                        mode,
+                        limit: None,
+                        lease: Some(Cow::Borrowed(lease)),
+                    });
+                    batch.owner.push(d);
+                }
+                batch.releases |= descriptor.is_negative_hits;
             }
             // An unmatched descriptor that brings its own limit is limited by it, on a
             // bucket named after the domain and entries (as envoyproxy/ratelimit does).
@@ -220,7 +252,10 @@ impl EnvoyRateLimitService {
         request: &RateLimitRequest,
         batch: &Batch<'_>,
     ) -> Result<Vec<ItemResult>, Status> {
-        let negative = |i: usize| request.descriptors[batch.owner[i]].is_negative_hits;
+        // A release is decided with the rest (never refused, it counts toward nothing).
+        let negative = |i: usize| {
+            request.descriptors[batch.owner[i]].is_negative_hits && !batch.items[i].mode.is_lease()
+        };
         let n = batch.items.len();
         if !(0..n).any(negative) {
             if n == 0 {
@@ -376,12 +411,21 @@ fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
                 Some(i) => format!(
                     "descriptors[{}]{}: {}",
                     owner[i],
-                    if e.field == ".id" {
-                        ".entries"
-                    } else {
-                        e.field
+                    match e.field {
+                        ".id" | ".lease_id" => ".entries",
+                        ".cost" => ".hits_addend",
+                        // A concurrency limit reached without a lease entry, or the reverse.
+                        ".mode" => "",
+                        field => field,
                     },
-                    e.message
+                    match e.field {
+                        ".mode" => format!(
+                            "{} (map a concurrency limit by a descriptors.yaml rule that names \
+                             its lease entry)",
+                            e.message
+                        ),
+                        _ => e.message,
+                    }
                 ),
                 None => format!("descriptors: {}", e.message),
             };
@@ -389,6 +433,52 @@ fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
         }
         DecideError::Store(e) => store_unavailable(&e),
     }
+}
+
+/// The lease id of descriptor `d` (mapped to concurrency limits), checked: its lease entry
+/// (`lease`: its index and value) present, 1 to [`MAX_LEASE_ID`] printable ASCII bytes, a
+/// hit of 1 (`cost`), no limit of its own. Each refusal names the descriptor and field.
+fn lease_of<'e>(
+    d: usize,
+    descriptor: &RateLimitDescriptor,
+    cost: u64,
+    lease: Option<(usize, &'e str)>,
+    key: &str,
+) -> Result<&'e str, Status> {
+    let Some((e, id)) = lease else {
+        return Err(invalid(format!(
+            "descriptors[{d}].entries: no lease entry {:?} (its rule maps it to a \
+             concurrency limit, whose leases are named by the request's id)",
+            short(key)
+        )));
+    };
+    let at = format!("descriptors[{d}].entries[{e}].value");
+    if id.is_empty() || id.len() > MAX_LEASE_ID {
+        return Err(invalid(format!(
+            "{at}: a lease id of {} bytes, 1 to {MAX_LEASE_ID}",
+            id.len()
+        )));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(format!(
+            "{at}: a lease id is printable ASCII (0x21-0x7e)"
+        )));
+    }
+    if cost != 1 {
+        let field = match descriptor.hits_addend {
+            Some(_) => format!("descriptors[{d}].hits_addend"),
+            None => format!("hits_addend (for descriptors[{d}])"),
+        };
+        return Err(invalid(format!(
+            "{field}: {cost}: a lease is one slot (hits 1 or unset)"
+        )));
+    }
+    if descriptor.limit.is_some() {
+        return Err(invalid(format!(
+            "descriptors[{d}].limit: a concurrency limit takes no limit from the descriptor"
+        )));
+    }
+    Ok(id)
 }
 
 /// At most 64 characters of a caller's text, for a log line.

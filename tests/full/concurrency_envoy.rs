@@ -1,0 +1,386 @@
+//! Concurrency limits through a real Envoy 1.40 with no shim (`examples/concurrency/`): a
+//! backend that holds each request 200 ms and records, per tenant (`x-tenant`), the most
+//! requests it had in flight at once. 64 concurrent streams per tenant never put more than
+//! the tenant's N at the backend; every lease is released when the streams end; a
+//! `kill -9` of Envoy mid-flight leaks its leases until the hold, then capacity is back.
+//! The fast tier (`tests/it/envoy_leases.rs`) checks the answers themselves.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_yaml_ng::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
+use crate::common::{poll_until, remaining, Served};
+use cellrate::clock::SECOND;
+use cellrate::limits::config::LimitTable;
+
+const EXAMPLE: &str = "examples/concurrency/envoy.yaml";
+const STREAMS: usize = 64;
+const HOLD_REQUEST: Duration = Duration::from_millis(200);
+/// How long each stream keeps sending (a request after each answer).
+const PRESSURE: Duration = Duration::from_secs(1);
+const ONCE: Duration = Duration::ZERO;
+const BACKOFF: Duration = Duration::from_millis(50);
+/// The example's hold (defaults.yaml).
+const HOLD: i64 = 35 * SECOND;
+/// Tenants and their N (examples/concurrency/limits: 8, and 4 by an override).
+const TENANTS: [(&str, usize); 3] = [("acme", 8), ("trial-co", 4), ("globex", 8)];
+
+/// Per tenant: requests in flight now, and the most at once since the last reset.
+#[derive(Default)]
+struct InFlight(Mutex<HashMap<String, (usize, usize)>>);
+
+impl InFlight {
+    fn enter(&self, tenant: &str) {
+        let mut map = self.0.lock().unwrap();
+        let (now, peak) = map.entry(tenant.to_string()).or_default();
+        *now += 1;
+        *peak = (*peak).max(*now);
+    }
+
+    fn leave(&self, tenant: &str) {
+        if let Some((now, _)) = self.0.lock().unwrap().get_mut(tenant) {
+            *now -= 1;
+        }
+    }
+
+    fn now(&self, tenant: &str) -> usize {
+        self.0.lock().unwrap().get(tenant).map_or(0, |t| t.0)
+    }
+
+    /// The peaks since the last call, by tenant; starts the next measure.
+    fn take_peaks(&self) -> HashMap<String, usize> {
+        let mut map = self.0.lock().unwrap();
+        let peaks = map
+            .iter()
+            .map(|(t, (_, peak))| (t.clone(), *peak))
+            .collect();
+        map.values_mut().for_each(|(now, peak)| *peak = *now);
+        peaks
+    }
+}
+
+/// The backend: HTTP/1.1 with keep-alive (Envoy pools its connections), each request held
+/// 200 ms and counted under its `x-tenant` while held.
+async fn backend() -> (SocketAddr, Arc<InFlight>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(InFlight::default());
+    let shared = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve_connection(stream, shared.clone()));
+        }
+    });
+    (addr, counts)
+}
+
+async fn serve_connection(mut stream: TcpStream, counts: Arc<InFlight>) {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let end = loop {
+            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            // At most 64 KiB of headers: Envoy sends a few hundred bytes.
+            if buffer.len() > 65_536 {
+                return;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+        buffer.drain(..end);
+        let tenant = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("x-tenant")
+                    .then(|| value.trim().to_string())
+            })
+            .unwrap_or_default();
+        counts.enter(&tenant);
+        tokio::time::sleep(HOLD_REQUEST).await;
+        counts.leave(&tenant);
+        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        if stream.write_all(reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One GET of `tenant` through Envoy on a connection of its own, with the client's own
+/// `x-request-id` if given: its status, or `None` when the connection failed (Envoy
+/// killed), within 20 s.
+async fn get(ingress: SocketAddr, tenant: &str, request_id: Option<&str>) -> Option<u16> {
+    let request = format!(
+        "GET /v1/work HTTP/1.1\r\nhost: example\r\nx-tenant: {tenant}\r\n{}connection: close\r\n\r\n",
+        request_id.map(|id| format!("x-request-id: {id}\r\n")).unwrap_or_default()
+    );
+    let exchange = async {
+        let mut stream = TcpStream::connect(ingress).await.ok()?;
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.ok()?;
+        let text = String::from_utf8_lossy(&reply);
+        text.split(' ').nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(20), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+type Streams = Vec<(String, tokio::task::JoinHandle<Vec<Option<u16>>>)>;
+
+/// `STREAMS` concurrent streams per tenant, started at once, each a client that sends its
+/// GETs one after the other for `pressure` (at most 20, 50 ms after a 429), or once when
+/// `pressure` is zero.
+fn burst(ingress: SocketAddr, tenants: &[&str], pressure: Duration) -> Streams {
+    burst_as(ingress, tenants, pressure, None)
+}
+
+/// [`burst`], every request with the client's `x-request-id` if given.
+fn burst_as(
+    ingress: SocketAddr,
+    tenants: &[&str],
+    pressure: Duration,
+    request_id: Option<&'static str>,
+) -> Streams {
+    let mut tasks = Vec::new();
+    for tenant in tenants {
+        for _ in 0..STREAMS {
+            let t = tenant.to_string();
+            tasks.push((
+                t.clone(),
+                tokio::spawn(async move {
+                    let start = std::time::Instant::now();
+                    let mut answers = vec![get(ingress, &t, request_id).await];
+                    while start.elapsed() < pressure && answers.len() < 20 {
+                        // A client backs off a little after a 429, so that the pressure
+                        // lasts while the admitted requests end and release.
+                        if answers.last() == Some(&Some(429)) {
+                            tokio::time::sleep(BACKOFF).await;
+                        }
+                        answers.push(get(ingress, &t, request_id).await);
+                    }
+                    answers
+                }),
+            ));
+        }
+    }
+    tasks
+}
+
+/// Statuses by tenant: (200s, 429s, others).
+async fn statuses(tasks: Streams) -> HashMap<String, (usize, usize, usize)> {
+    let mut by_tenant: HashMap<String, (usize, usize, usize)> = HashMap::new();
+    for (tenant, task) in tasks {
+        let counts = by_tenant.entry(tenant).or_default();
+        for answer in task.await.unwrap() {
+            match answer {
+                Some(200) => counts.0 += 1,
+                Some(429) => counts.1 += 1,
+                _ => counts.2 += 1,
+            }
+        }
+    }
+    by_tenant
+}
+
+/// The example's Envoy in front of `backend`, its RLS timeout raised from 0.1 s to 2 s
+/// (192 concurrent calls on a shared two-core machine), after `edit`.
+async fn envoy(rls: SocketAddr, backend: SocketAddr, edit: impl FnOnce(&mut Value)) -> Envoy {
+    Envoy::example_of(EXAMPLE, rls, |config| {
+        let clusters = config["static_resources"]["clusters"]
+            .as_sequence_mut()
+            .unwrap();
+        let cluster = clusters
+            .iter_mut()
+            .find(|c| c["name"].as_str() == Some("backend"))
+            .unwrap();
+        *cluster = yaml(&format!(
+            "{{name: backend, type: STATIC, connect_timeout: 1s, load_assignment: \
+             {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: \
+             {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}}}]}}]}}}}",
+            backend.port()
+        ));
+        rate_limit_filter(config).insert("timeout".into(), "2s".into());
+        edit(config);
+    })
+    .await
+}
+
+fn example_limits() -> LimitTable {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
+    LimitTable::load_dir(&dir).expect("the example loads")
+}
+
+/// Waits until every lease of every tenant is free again (the stream-end releases arrive
+/// after the clients have their answers), and asserts it.
+async fn all_free(s: &mut Served) {
+    for (tenant, n) in TENANTS {
+        let free = poll_until(
+            Duration::from_secs(10),
+            async || remaining(s, "InFlightPerTenant", tenant).await,
+            |&free| free == n as i64,
+        )
+        .await;
+        assert_eq!(free, n as i64, "{tenant}: every lease released");
+    }
+}
+
+#[tokio::test]
+async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() {
+    let (backend_addr, counts) = backend().await;
+    let mut s = Served::with_limits(example_limits()).await;
+    let tenants: Vec<&str> = TENANTS.iter().map(|(t, _)| *t).collect();
+    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+
+    // 64 concurrent streams for each of three tenants.
+    let answered = statuses(burst(proxy.ingress, &tenants, PRESSURE)).await;
+    let peaks = counts.take_peaks();
+    println!("leases: peaks {peaks:?}, (200, 429, other) {answered:?}");
+    for (tenant, n) in TENANTS {
+        let peak = peaks.get(tenant).copied().unwrap_or(0);
+        let (ok, limited, other) = answered[tenant];
+        assert!(peak <= n, "{tenant}: {peak} in flight at once, N = {n}");
+        assert!(peak > 0 && ok > 0, "{tenant}: some got through");
+        assert!(limited > 0, "{tenant}: some got 429");
+        assert!(ok + limited + other >= STREAMS);
+    }
+    all_free(&mut s).await;
+
+    // kill -9 of Envoy while acme's streams are at the backend: no release is sent.
+    let tasks = burst(proxy.ingress, &["acme"], ONCE);
+    let full = poll_until(
+        Duration::from_secs(10),
+        async || counts.now("acme"),
+        |&now| now == 8,
+    )
+    .await;
+    assert_eq!(full, 8, "acme's 8 in flight");
+    drop(proxy);
+    statuses(tasks).await;
+    assert_eq!(
+        remaining(&mut s, "InFlightPerTenant", "acme").await,
+        0,
+        "the killed Envoy's leases are held"
+    );
+    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+    counts.take_peaks();
+    let answered = statuses(burst(proxy.ingress, &["acme"], ONCE)).await;
+    assert_eq!(
+        answered["acme"],
+        (0, STREAMS, 0),
+        "right after the restart: no slot until the hold has passed"
+    );
+    // The leases expire a hold after they were taken (the served clock is a fake one).
+    s.clock.advance(HOLD);
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
+    let answered = statuses(burst(proxy.ingress, &["acme"], PRESSURE)).await;
+    let peak = counts.take_peaks()["acme"];
+    println!(
+        "after the hold: peak {peak}, (200, 429, other) {:?}",
+        answered["acme"]
+    );
+    assert!(
+        peak <= 8 && answered["acme"].0 > 0,
+        "capacity is back: {peak}"
+    );
+    all_free(&mut s).await;
+    drop(proxy);
+    s.stop().await;
+
+    naive_counter(backend_addr, &counts).await;
+}
+
+/// The example as written (with its own addresses and ports) is a valid Envoy 1.40 config.
+#[test]
+fn the_example_is_valid_as_written() {
+    let config = crate::common::envoy::load_yaml(EXAMPLE);
+    crate::common::envoy::validate(&config).unwrap_or_else(|e| panic!("{EXAMPLE}: {e}"));
+}
+
+/// The attacker: a client sends one `x-request-id` on all its requests, so that they would
+/// share one lease (a retried acquire takes no second slot). The example's
+/// `use_remote_address: true` makes Envoy replace an external client's id with its own
+/// (measured without it: 64 in flight against 8).
+#[tokio::test]
+async fn a_client_cannot_share_one_lease_among_its_requests() {
+    let (backend_addr, counts) = backend().await;
+    let mut s = Served::with_limits(example_limits()).await;
+    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+    let answered = statuses(burst_as(proxy.ingress, &["acme"], PRESSURE, Some("same"))).await;
+    let peak = counts.take_peaks()["acme"];
+    println!(
+        "one client id: peak {peak}, (200, 429, other) {:?}",
+        answered["acme"]
+    );
+    assert!(
+        peak <= 8,
+        "{peak} in flight at once under one client id, N = 8"
+    );
+    assert!(answered["acme"].1 > 0, "some got 429");
+    all_free(&mut s).await;
+    drop(proxy);
+    s.stop().await;
+}
+
+/// The same run with the naive counter (a rate of 8 spent by 1 on the request path and given
+/// back with `is_negative_hits` at stream end, no lease id): reported beside the leases.
+/// Envoy sends the stream-end call for the requests its filter denied too, so each 429
+/// gives back a token it never took.
+async fn naive_counter(backend_addr: SocketAddr, counts: &InFlight) {
+    let counter = LimitTable::from_files(&[
+        (
+            "names.yaml".into(),
+            "Counter: {number: 100, format: string}\n".into(),
+        ),
+        (
+            "defaults.yaml".into(),
+            "Counter: {burst: 8, count: 8, period: 1h}\n".into(),
+        ),
+        (
+            "descriptors.yaml".into(),
+            "inflight:\n  - match: [{key: tenant}]\n    limits: [Counter]\n".into(),
+        ),
+    ])
+    .unwrap();
+    let s = Served::with_limits(counter).await;
+    let proxy = envoy(s.decisions_addr, backend_addr, |config| {
+        // No lease entry: the tenant alone, spent and given back.
+        let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0];
+        let entries = route["typed_per_filter_config"]["envoy.filters.http.ratelimit"]
+            ["rate_limits"]
+            .as_sequence_mut()
+            .unwrap();
+        for entry in entries {
+            entry["actions"].as_sequence_mut().unwrap().truncate(1);
+        }
+    })
+    .await;
+    counts.take_peaks();
+    let answered = statuses(burst(proxy.ingress, &["acme"], PRESSURE)).await;
+    let peak = counts.take_peaks().get("acme").copied().unwrap_or(0);
+    println!(
+        "naive counter (N = 8): peak {peak} in flight, (200, 429, other) {:?}",
+        answered["acme"]
+    );
+    assert!(
+        peak > 8,
+        "the naive counter overshoots (it did at every measure: 64 against 8): {peak}"
+    );
+    drop(proxy);
+    s.stop().await;
+}
