@@ -232,6 +232,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let stats_mapping = match args.stats_mapping() {
+        Ok(mapping) => mapping,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "invalid statistics mapping");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     if let Err(e) = args.check_tokens() {
         tracing::error!("{e}");
         return ExitCode::from(EXIT_USAGE);
@@ -243,7 +250,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve_async(args, limits, tls, store, xds)) {
+    let parts = (tls, store, xds, stats_mapping);
+    match runtime.block_on(serve_async(args, limits, parts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
@@ -252,18 +260,26 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// What `serve` read and checked before the runtime started: TLS files, the store, xDS,
+/// the statistics mapping.
+type ServeParts = (
+    Option<cellrate::server::admin::TlsPem>,
+    StoreSettings,
+    Option<cellrate::server::xds::XdsSettings>,
+    Option<Arc<cellrate::observe::metrics::StatsdMapping>>,
+);
+
 async fn serve_async(
     args: ServeArgs,
     limits: LimitTable,
-    tls: Option<cellrate::server::admin::TlsPem>,
-    store: StoreSettings,
-    xds: Option<cellrate::server::xds::XdsSettings>,
+    (tls, store, xds, stats_mapping): ServeParts,
 ) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
     let shutdown = cellrate::server::shutdown::signal();
     let listeners = args.bind().await?;
     let settings = cellrate::server::Settings {
         xds,
+        stats_mapping,
         ..args.settings(tls, store)
     };
     let clock = Arc::new(cellrate::clock::SystemClock);

@@ -284,6 +284,13 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
 
+    /// envoyproxy/ratelimit's per-descriptor statistics also under the names and labels
+    /// of a statsd_exporter mapping: `ratelimit` (envoyproxy/ratelimit's own:
+    /// `ratelimit_service_rate_limit_total_hits{domain,key1,key2}` ...), or the path of a
+    /// mapping file (its `PROMETHEUS_MAPPER_YAML`). Off unless given.
+    #[arg(long, env = "CELLRATE_RATELIMIT_STATS_MAPPING")]
+    pub ratelimit_stats_mapping: Option<String>,
+
     /// Redis-protocol listener: `CL.THROTTLE` as redis-cell answers it, for any Redis
     /// client. Off unless given.
     #[arg(long, env = "CELLRATE_RESP_LISTEN")]

@@ -72,16 +72,6 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         )?,
     );
     let http = address("HOST:PORT", &get("HOST", "0.0.0.0"), &get("PORT", "8080"))?;
-    if flag("USE_PROMETHEUS")? {
-        let prometheus = get("PROMETHEUS_ADDR", ":9090");
-        let (host, port) = prometheus
-            .rsplit_once(':')
-            .ok_or_else(|| format!("PROMETHEUS_ADDR={prometheus:?}: not host:port"))?;
-        push("--metrics-listen", address("PROMETHEUS_ADDR", host, port)?);
-        push("--health-listen", http);
-    } else {
-        push("--metrics-listen", http);
-    }
     if flag("GRPC_SERVER_USE_TLS")? {
         for (name, flag) in [
             ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
@@ -105,6 +95,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
                 .to_string(),
         );
     }
+    prometheus(&var, http, &mut out)?;
     admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
@@ -148,6 +139,48 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     Ok(out)
+}
+
+/// `USE_PROMETHEUS`: the metrics on `PROMETHEUS_ADDR` (`PORT` kept for the probes, at
+/// `http`), and the statistics named through a statsd mapping, as upstream's sink names
+/// them: `PROMETHEUS_MAPPER_YAML`'s file, else its own.
+fn prometheus(
+    var: &impl Fn(&str) -> Option<String>,
+    http: String,
+    out: &mut Translated,
+) -> Result<(), String> {
+    let mut push = |flag: &str, value: String| {
+        out.flags.push(flag.to_string());
+        out.flags.push(value);
+    };
+    if !boolean(
+        "USE_PROMETHEUS",
+        &var("USE_PROMETHEUS").unwrap_or("false".into()),
+    )? {
+        push("--metrics-listen", http);
+        if var("PROMETHEUS_MAPPER_YAML").is_some() {
+            out.warnings.push(
+                "PROMETHEUS_MAPPER_YAML is accepted and not used: as upstream, it names the \
+                 statistics only with USE_PROMETHEUS=true"
+                    .to_string(),
+            );
+        }
+        return Ok(());
+    }
+    let prometheus = var("PROMETHEUS_ADDR").unwrap_or(":9090".into());
+    let (host, port) = prometheus
+        .rsplit_once(':')
+        .ok_or_else(|| format!("PROMETHEUS_ADDR={prometheus:?}: not host:port"))?;
+    push("--metrics-listen", address("PROMETHEUS_ADDR", host, port)?);
+    push("--health-listen", http);
+    let mapping = match var("PROMETHEUS_MAPPER_YAML").filter(|p| !p.is_empty()) {
+        // A file named like the built-in mapping is still a file.
+        Some(path) if path == "ratelimit" => "./ratelimit".to_string(),
+        Some(path) => path,
+        None => "ratelimit".to_string(),
+    };
+    push("--ratelimit-stats-mapping", mapping);
+    Ok(())
 }
 
 /// The limits: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, unless they come
@@ -715,6 +748,22 @@ mod tests {
         assert_eq!(t.log_level.as_deref(), Some("info"));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].starts_with("USE_STATSD"));
+        // Upstream's Prometheus sink names the statistics with its own mapping, unless
+        // PROMETHEUS_MAPPER_YAML (Envoy Gateway's) names another.
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some("ratelimit"));
+        let mapper = ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml");
+        let args = serve(&[vars.as_slice(), &[mapper]].concat());
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some(mapper.1));
+        let file_named_ratelimit = ("PROMETHEUS_MAPPER_YAML", "ratelimit");
+        let args = serve(&[vars.as_slice(), &[file_named_ratelimit]].concat());
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some("./ratelimit"));
+        // Without USE_PROMETHEUS upstream does not read it: one warning says so.
+        let t = run(&[("BACKEND_TYPE", "memory"), mapper]).unwrap();
+        assert!(parse(&t.flags).unwrap().ratelimit_stats_mapping.is_none());
+        assert!(t
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("PROMETHEUS_MAPPER_YAML")));
     }
 
     #[test]

@@ -125,10 +125,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "not applied yet: the metrics are at /metrics",
     ),
     (
-        "PROMETHEUS_MAPPER_YAML",
-        "not applied yet: the metrics keep cellrate's names",
-    ),
-    (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "latencies are histograms in seconds",
     ),

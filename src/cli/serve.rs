@@ -1,12 +1,14 @@
 //! `cellrate serve`'s flags turned into the server's settings: the TLS files read, the
 //! store described, the listeners' bounds, and the listeners bound.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use super::{ServeArgs, StoreKind};
 use crate::limits::config::LimitTable;
+use crate::observe::metrics::{statsd_mapping, StatsdMapping};
 use crate::server::admin::TlsPem;
 use crate::server::listener::ConnectionLimits;
 use crate::server::reload::ReloadSettings;
@@ -54,6 +56,40 @@ impl ServeArgs {
             admin_client_ca: self.admin_client_ca.as_deref().map(read).transpose()?,
             client_ca: self.client_ca.as_deref().map(read).transpose()?,
         }))
+    }
+
+    /// The statsd mapping `--ratelimit-stats-mapping` names, read and checked (a file of
+    /// more than [`statsd_mapping::MAX_FILE_BYTES`] is refused unread).
+    pub fn stats_mapping(&self) -> anyhow::Result<Option<Arc<StatsdMapping>>> {
+        use std::io::Read;
+        let Some(source) = self.ratelimit_stats_mapping.as_deref() else {
+            return Ok(None);
+        };
+        let text = match source {
+            "ratelimit" => statsd_mapping::RATELIMIT_DEFAULT.to_string(),
+            path => {
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|f| {
+                        let most = statsd_mapping::MAX_FILE_BYTES as u64 + 1;
+                        f.take(most).read_to_string(&mut text)
+                    })
+                    .with_context(|| {
+                        format!(
+                            "statistics mapping {path} (--ratelimit-stats-mapping; \
+                             PROMETHEUS_MAPPER_YAML as ratelimit): reading"
+                        )
+                    })?;
+                text
+            }
+        };
+        let mapping = StatsdMapping::parse(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "statistics mapping {source} (--ratelimit-stats-mapping; \
+                 PROMETHEUS_MAPPER_YAML as ratelimit): {e}"
+            )
+        })?;
+        Ok(Some(Arc::new(mapping)))
     }
 
     /// The store the flags describe.

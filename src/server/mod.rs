@@ -79,7 +79,8 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (metrics, health) = (Metrics::new(), Health::new());
+    let metrics = Metrics::with_statsd_mapping(settings.stats_mapping.clone());
+    let health = Health::new();
     let stores = Stores::build(&settings, &clock, &metrics, &health)?;
     let server = Server {
         limits,
@@ -106,7 +107,7 @@ pub async fn run_with_store(
         listeners,
         stores: Stores::only(store).settling_here(&settings, &clock),
         clock,
-        metrics: Metrics::new(),
+        metrics: Metrics::with_statsd_mapping(settings.stats_mapping.clone()),
         health: Health::new(),
     };
     server.serve(settings, shutdown).await

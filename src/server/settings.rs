@@ -56,6 +56,8 @@ pub struct Settings {
     pub server: ServerLimits,
     /// The Redis-protocol listener's token and command bounds (when it listens).
     pub resp: RespSettings,
+    /// envoyproxy/ratelimit's statistics also under a statsd mapping's names and labels.
+    pub stats_mapping: Option<std::sync::Arc<crate::observe::metrics::StatsdMapping>>,
 }
 
 /// The memory store's snapshot file.
@@ -191,6 +193,7 @@ impl Default for Settings {
             snapshot: None,
             server: ServerLimits::default(),
             resp: RespSettings::default(),
+            stats_mapping: None,
         }
     }
 }

@@ -21,6 +21,7 @@ mod istio_e2e;
 mod observability;
 mod python_envoy;
 mod ratelimit_answers;
+mod ratelimit_dashboard;
 mod ratelimit_format;
 mod readme;
 #[cfg(feature = "redis")]

@@ -16,9 +16,11 @@ pub use groups::{
     SNAPSHOT_IGNORED_REASONS,
 };
 use groups::{Reg, RpcMetrics};
+pub use statsd_mapping::StatsdMapping;
 
 mod groups;
 mod ratelimit_keys;
+pub mod statsd_mapping;
 
 /// Latency buckets for RPCs and store calls: 10µs to 1s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -48,11 +50,33 @@ pub use ratelimit_keys::{MAX_KEYS as MAX_RATELIMIT_KEYS, MAX_KEYS_BYTES, MAX_KEY
 struct RatelimitStats {
     hits: IntCounterVec,
     keys: ratelimit_keys::KeySpace,
+    /// The statsd mapping and its families of series (`None` where one failed to
+    /// register), if one is given.
+    mapping: Option<(Arc<StatsdMapping>, Vec<Option<IntCounterVec>>)>,
+    /// The overflow key's mapped series.
+    overflow: ratelimit_keys::MappedSeries,
+}
+
+impl RatelimitStats {
+    /// The series the statistics of `key` count in under the statsd mapping.
+    fn mapped(&self, key: &str) -> ratelimit_keys::MappedSeries {
+        let (mapping, families) = self.mapping.as_ref()?;
+        let series: Vec<Option<prometheus::IntCounter>> = RATELIMIT_STATS
+            .iter()
+            .map(|stat| {
+                let to = mapping.map(&format!("ratelimit.service.rate_limit.{key}.{stat}"))?;
+                let values: Vec<&str> = to.values.iter().map(String::as_str).collect();
+                let family = families.get(to.family)?.as_ref()?;
+                family.get_metric_with_label_values(&values).ok()
+            })
+            .collect();
+        Some(series.into())
+    }
 }
 
 /// A statistics key that has been bounded, escaped and given its place in the key space
 /// ([`Metrics::ratelimit_key`]): the only key [`Metrics::ratelimit_stat`] counts under.
-pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>);
+pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>, ratelimit_keys::MappedSeries);
 
 /// Every metric cellrate exports, in groups by what they watch.
 pub struct Metrics {
@@ -75,6 +99,12 @@ pub struct Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Arc<Metrics> {
+        Metrics::with_statsd_mapping(None)
+    }
+
+    /// A fresh registry with every metric at zero, envoyproxy/ratelimit's statistics also
+    /// counted under the names and labels `mapping` gives them.
+    pub fn with_statsd_mapping(mapping: Option<Arc<StatsdMapping>>) -> Arc<Metrics> {
         let registry = Registry::new();
         let reg = Reg(&registry);
         let decisions = reg.counters(
@@ -109,6 +139,16 @@ impl Metrics {
                 &["key", "stat"],
             ),
             keys: ratelimit_keys::KeySpace::default(),
+            mapping: mapping.map(|m| {
+                let families = m.families().iter().map(|f| mapped_family(&registry, f));
+                let families = families.collect();
+                (m, families)
+            }),
+            overflow: None,
+        };
+        let ratelimit = RatelimitStats {
+            overflow: ratelimit.mapped(ratelimit_keys::OVERFLOW),
+            ..ratelimit
         };
         // At zero from the start: an alert on the cap needs the series before it fills.
         for stat in RATELIMIT_STATS {
@@ -223,9 +263,16 @@ impl Metrics {
     /// own `limit` put request values in keys).
     pub fn ratelimit_key<'k>(&self, key: &'k str) -> RatelimitKey<'k> {
         let shown = ratelimit_keys::shown(key);
-        match self.ratelimit.keys.admit(&shown) {
-            true => RatelimitKey(shown),
-            false => RatelimitKey(std::borrow::Cow::Borrowed(ratelimit_keys::OVERFLOW)),
+        match self
+            .ratelimit
+            .keys
+            .admit(&shown, |k| self.ratelimit.mapped(k))
+        {
+            Some(mapped) => RatelimitKey(shown, mapped),
+            None => RatelimitKey(
+                std::borrow::Cow::Borrowed(ratelimit_keys::OVERFLOW),
+                self.ratelimit.overflow.clone(),
+            ),
         }
     }
 
@@ -238,6 +285,13 @@ impl Metrics {
             .hits
             .with_label_values(&[key.0.as_ref(), stat])
             .inc_by(n);
+        let mapped = key.1.as_ref().and_then(|series| {
+            let i = RATELIMIT_STATS.iter().position(|s| *s == stat)?;
+            series.get(i)?.as_ref()
+        });
+        if let Some(counter) = mapped {
+            counter.inc_by(n);
+        }
     }
 
     /// Records an answered RPC: its duration, and its gRPC status code.
@@ -348,6 +402,19 @@ impl Metrics {
     }
 }
 
+/// A statsd mapping's family of series, registered (`None`, logged, if the registry
+/// refuses it: the mapping's checks leave no name cellrate uses).
+fn mapped_family(registry: &Registry, family: &statsd_mapping::Family) -> Option<IntCounterVec> {
+    let labels: Vec<&str> = family.labels.iter().map(String::as_str).collect();
+    let opts = prometheus::Opts::new(family.name.as_str(), family.help.as_str());
+    let made = IntCounterVec::new(opts, &labels)
+        .and_then(|vec| registry.register(Box::new(vec.clone())).map(|()| vec));
+    made.map_err(
+        |e| tracing::error!(name = %family.name, error = %e, "a mapped metric is not exported"),
+    )
+    .ok()
+}
+
 /// The `code` label of a gRPC status: its name, as grpc-go and Envoy spell it.
 fn code_label(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
@@ -400,6 +467,42 @@ mod tests {
     }
 
     use super::*;
+
+    /// Plays the attacker: descriptor values reach the mapped series' labels (through
+    /// `detailed_metric`), so they stay inside the bounded key space and cannot write
+    /// label syntax into the exposition.
+    #[test]
+    fn mapped_series_are_bounded_by_the_key_space_and_carry_no_label_syntax() {
+        let mapping = StatsdMapping::parse(statsd_mapping::RATELIMIT_DEFAULT).unwrap();
+        let metrics = Metrics::with_statsd_mapping(Some(Arc::new(mapping)));
+        let hostile = "v\",evil=\"1\"} 999\nratelimit_service_rate_limit_total_hits{x=\"";
+        for i in 0..MAX_RATELIMIT_KEYS + 100 {
+            let key = format!("edge.user_{i}{hostile}.plan_gold");
+            metrics.ratelimit_stat(&metrics.ratelimit_key(&key), "total_hits", 1);
+        }
+        let text = metrics.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+            .collect();
+        assert_eq!(
+            series.len(),
+            MAX_RATELIMIT_KEYS,
+            "one series per admitted key"
+        );
+        assert!(!text.contains("evil=\"1\""), "no label injected");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{x=")),
+            "no line injected"
+        );
+        for line in &series {
+            assert!(line.ends_with("} 1"), "{line}");
+            assert!(line.contains("domain=\"edge\""), "{line}");
+            assert!(line.contains(",key2=\"plan_gold\"}"), "{line}");
+        }
+    }
 
     #[test]
     fn render_has_the_main_series() {
