@@ -141,9 +141,9 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     Ok(out)
 }
 
-/// `USE_PROMETHEUS`: the metrics on `PROMETHEUS_ADDR` (`PORT` kept for the probes, at
-/// `http`), and the statistics named through a statsd mapping, as upstream's sink names
-/// them: `PROMETHEUS_MAPPER_YAML`'s file, else its own.
+/// `USE_PROMETHEUS`: the metrics on `PROMETHEUS_ADDR` at `PROMETHEUS_PATH` (`PORT` kept
+/// for the probes, at `http`), and the statistics named through a statsd mapping, as
+/// upstream's sink names them: `PROMETHEUS_MAPPER_YAML`'s file, else its own.
 fn prometheus(
     var: &impl Fn(&str) -> Option<String>,
     http: String,
@@ -158,12 +158,13 @@ fn prometheus(
         &var("USE_PROMETHEUS").unwrap_or("false".into()),
     )? {
         push("--metrics-listen", http);
-        if var("PROMETHEUS_MAPPER_YAML").is_some() {
-            out.warnings.push(
-                "PROMETHEUS_MAPPER_YAML is accepted and not used: as upstream, it names the \
-                 statistics only with USE_PROMETHEUS=true"
-                    .to_string(),
-            );
+        for name in ["PROMETHEUS_MAPPER_YAML", "PROMETHEUS_PATH"] {
+            if var(name).is_some() {
+                out.warnings.push(format!(
+                    "{name} is accepted and not used: as upstream, it applies only with \
+                     USE_PROMETHEUS=true"
+                ));
+            }
         }
         return Ok(());
     }
@@ -180,6 +181,12 @@ fn prometheus(
         None => "ratelimit".to_string(),
     };
     push("--ratelimit-stats-mapping", mapping);
+    // Upstream serves its metrics at PROMETHEUS_PATH ("/metrics" when empty).
+    if let Some(path) = var("PROMETHEUS_PATH").filter(|p| !p.is_empty()) {
+        let path = super::args::parse_metrics_path(&path)
+            .map_err(|e| format!("PROMETHEUS_PATH={path:?}: {e}"))?;
+        push("--metrics-path", path);
+    }
     Ok(())
 }
 
@@ -757,6 +764,14 @@ mod tests {
         let file_named_ratelimit = ("PROMETHEUS_MAPPER_YAML", "ratelimit");
         let args = serve(&[vars.as_slice(), &[file_named_ratelimit]].concat());
         assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some("./ratelimit"));
+        // PROMETHEUS_PATH moves the metrics, as there; a path no route could take is refused.
+        let args = serve(&[vars.as_slice(), &[("PROMETHEUS_PATH", "/stats/prom")]].concat());
+        assert_eq!(args.metrics_path, "/stats/prom");
+        assert_eq!(serve(&vars).metrics_path, "/metrics");
+        for bad in ["metrics", "/a b", "/{id}", "/healthcheck", "/:x"] {
+            let error = run(&[vars.as_slice(), &[("PROMETHEUS_PATH", bad)]].concat());
+            assert!(error.unwrap_err().starts_with("PROMETHEUS_PATH="), "{bad}");
+        }
         // Without USE_PROMETHEUS upstream does not read it: one warning says so.
         let t = run(&[("BACKEND_TYPE", "memory"), mapper]).unwrap();
         assert!(parse(&t.flags).unwrap().ratelimit_stats_mapping.is_none());

@@ -121,10 +121,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
     ),
     ("EXTRA_TAGS", "not applied to cellrate's metrics yet"),
     (
-        "PROMETHEUS_PATH",
-        "not applied yet: the metrics are at /metrics",
-    ),
-    (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "latencies are histograms in seconds",
     ),

@@ -167,6 +167,7 @@ impl ServeArgs {
                 }),
             server: self.server_limits(),
             envoy: self.envoy.options(),
+            metrics_path: self.metrics_path.clone(),
             ..Default::default()
         }
     }

@@ -324,7 +324,8 @@ impl Background {
             reloader.clone().spawn(reload, stop.clone(), &self.tasks);
         }
         for listener in http_listeners.into_iter().flatten() {
-            let routes = http::http_routes(metrics.clone(), shared.health.clone());
+            let (metrics, health) = (metrics.clone(), shared.health.clone());
+            let routes = http::http_routes(metrics, health, &settings.metrics_path);
             let listener = GuardedListener::new(listener, limits.metrics, "metrics");
             let stopped = stop.clone().cancelled_owned();
             let serve = listener::serve_http1(listener, routes, stopped, Duration::from_secs(1));

@@ -58,6 +58,8 @@ pub struct Settings {
     pub resp: RespSettings,
     /// envoyproxy/ratelimit's statistics also under a statsd mapping's names and labels.
     pub stats_mapping: Option<std::sync::Arc<crate::observe::metrics::StatsdMapping>>,
+    /// Where the HTTP listeners serve the metrics (`--metrics-path`, checked there).
+    pub metrics_path: String,
 }
 
 /// The memory store's snapshot file.
@@ -194,6 +196,7 @@ impl Default for Settings {
             server: ServerLimits::default(),
             resp: RespSettings::default(),
             stats_mapping: None,
+            metrics_path: "/metrics".to_string(),
         }
     }
 }
