@@ -291,6 +291,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RATELIMIT_STATS_MAPPING")]
     pub ratelimit_stats_mapping: Option<String>,
 
+    /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force: not ready until a
+    /// load (files or xDS) holds a limit, nor while one holds none.
+    #[arg(long, env = "CELLRATE_READY_NEEDS_LIMITS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub ready_needs_limits: bool,
+
     /// The path the metrics are served at on the metrics (and health) listener:
     /// `/` then letters, digits and `/_.~-`, at most 256 bytes, not a probe's path.
     #[arg(long, env = "CELLRATE_METRICS_PATH", default_value = "/metrics", value_parser = parse_metrics_path)]

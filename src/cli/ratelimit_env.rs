@@ -105,6 +105,12 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     if flag("SHADOW_MODE")? {
         out.flags.push("--shadow".to_string());
     }
+    // Upstream's health check then fails until a load holds a domain, and again whenever
+    // a reload holds none.
+    if flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
+        out.flags
+            .extend(["--ready-needs-limits".to_string(), "true".to_string()]);
+    }
     if flag("QUOTA_MODE")? {
         out.warnings
             .push("QUOTA_MODE: set quota_mode on the limits instead; ignored".into());

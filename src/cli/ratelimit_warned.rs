@@ -125,10 +125,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "latencies are histograms in seconds",
     ),
     (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "not applied yet: /healthcheck answers once the limits loaded",
-    ),
-    (
         "RUNTIME_IGNOREDOTFILES",
         "files whose names start with a dot are always ignored",
     ),

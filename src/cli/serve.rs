@@ -168,6 +168,7 @@ impl ServeArgs {
             server: self.server_limits(),
             envoy: self.envoy.options(),
             metrics_path: self.metrics_path.clone(),
+            ready_needs_limits: self.ready_needs_limits,
             ..Default::default()
         }
     }

@@ -81,6 +81,9 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::with_statsd_mapping(settings.stats_mapping.clone());
     let health = Health::new();
+    if settings.ready_needs_limits {
+        health.require_limits();
+    }
     let stores = Stores::build(&settings, &clock, &metrics, &health)?;
     let server = Server {
         limits,
@@ -266,6 +269,7 @@ impl Server {
         metrics.known_limits(self.limits.names().iter().map(|name| &*name.text));
         metrics.track_denials(denials.clone());
         health.config_loaded(self.limits.version());
+        health.limits_loaded(self.limits.has_limits());
     }
 
     /// Temporary overrides, shared with other replicas when the store shares them.

@@ -116,6 +116,7 @@ impl Reloader {
             return false;
         }
         let version = table.version().to_string();
+        self.shared.health.limits_loaded(table.has_limits());
         self.shared.limits.store(Arc::new(table));
         self.shared.store.limits_changed();
         self.shared

@@ -60,6 +60,8 @@ pub struct Settings {
     pub stats_mapping: Option<std::sync::Arc<crate::observe::metrics::StatsdMapping>>,
     /// Where the HTTP listeners serve the metrics (`--metrics-path`, checked there).
     pub metrics_path: String,
+    /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force.
+    pub ready_needs_limits: bool,
 }
 
 /// The memory store's snapshot file.
@@ -197,6 +199,7 @@ impl Default for Settings {
             resp: RespSettings::default(),
             stats_mapping: None,
             metrics_path: "/metrics".to_string(),
+            ready_needs_limits: false,
         }
     }
 }

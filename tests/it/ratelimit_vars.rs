@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::{http_get, stderr_lines};
 
@@ -74,6 +74,41 @@ fn prometheus_path_moves_the_metrics_as_upstream() {
         http_get(serving["health"].as_str().unwrap(), "/healthcheck").0,
         200
     );
+}
+
+/// `/healthcheck` at `addr`'s status, polled every 50 ms until it is `want` (at most 10 s).
+fn healthcheck_becomes(addr: &str, want: u16) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = http_get(addr, "/healthcheck").0;
+        if status == want || Instant::now() > deadline {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// As upstream's health checker: unhealthy (500) while the limits in force hold no
+/// domain, healthy once a load holds one, unhealthy again when a reload holds none.
+/// Without the variable, an empty directory is healthy, as there.
+#[test]
+fn healthy_with_at_least_one_config_loaded_waits_for_a_domain() {
+    let root = limits(&[]);
+    let (_plain, serving) = serve_as_ratelimit(root.path(), &[]);
+    let plain = serving["metrics"].as_str().unwrap().to_string();
+    assert_eq!(http_get(&plain, "/healthcheck").0, 200);
+
+    let vars = [("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true")];
+    let (_child, serving) = serve_as_ratelimit(root.path(), &vars);
+    let health = serving["metrics"].as_str().unwrap();
+    assert_eq!(http_get(health, "/healthcheck").0, 500);
+    assert_eq!(http_get(health, "/readyz").0, 503);
+    let file = root.path().join("config/rl.yaml");
+    std::fs::write(&file, RL).unwrap();
+    assert_eq!(healthcheck_becomes(health, 200), 200, "a domain loaded");
+    assert_eq!(http_get(health, "/readyz").0, 200);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(healthcheck_becomes(health, 500), 500, "no domain left");
 }
 
 /// Kills the child when the test ends, passed or not.

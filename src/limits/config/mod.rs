@@ -377,6 +377,12 @@ impl LimitTable {
         self.policies.values().map(|p| p.overrides.len()).sum()
     }
 
+    /// Whether any limit is configured: a domain (in either format) or a name's policy.
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` waits for one.
+    pub fn has_limits(&self) -> bool {
+        !self.ratelimit.is_empty() || !self.descriptors.is_empty() || !self.policies.is_empty()
+    }
+
     /// A short hash of the loaded files' names and contents: equal contents, equal version.
     pub fn version(&self) -> &str {
         &self.version
