@@ -71,6 +71,11 @@ pub struct EnvoyArgs {
     #[arg(long, env = "CELLRATE_SHADOW")]
     pub shadow: bool,
 
+    /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its file
+    /// format is in quota mode (OVER_LIMIT only when all of them are over).
+    #[arg(long, env = "CELLRATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+
     /// How limits in envoyproxy/ratelimit's file format count: fixed-window (as it does)
     /// or gcra (cellrate's exact GCRA, all-or-nothing).
     #[arg(
@@ -94,6 +99,7 @@ impl EnvoyArgs {
             retry_after: self.retry_after,
             metadata: self.envoy_metadata,
             stop_increment_when_over_limit: self.stop_increment_when_over_limit,
+            quota_mode: self.quota_mode,
         }
     }
 }

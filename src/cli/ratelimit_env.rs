@@ -111,9 +111,9 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         out.flags
             .extend(["--ready-needs-limits".to_string(), "true".to_string()]);
     }
+    // Upstream's global quota mode: every descriptor as if its limit had quota_mode.
     if flag("QUOTA_MODE")? {
-        out.warnings
-            .push("QUOTA_MODE: set quota_mode on the limits instead; ignored".into());
+        out.flags.push("--quota-mode".to_string());
     }
     out.log_level = match var("LOG_LEVEL").map(|l| l.to_ascii_lowercase()) {
         None => None,

@@ -1,13 +1,17 @@
 //! Run as `ratelimit`, envoyproxy/ratelimit's configuration and statistics variables do
 //! what they do there: `PROMETHEUS_PATH` moves the metrics,
 //! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps `/healthcheck` failing until limits are
-//! loaded. Through a real process and a real HTTP client.
+//! loaded, `QUOTA_MODE` puts every descriptor in quota mode. Through a real process and
+//! real HTTP and gRPC clients.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::ratelimit_answers::{client, request, runtime, start};
 use crate::common::{http_get, stderr_lines};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 /// The binary run as `ratelimit` over `root` (limits in `root/config`) with `vars`; the
 /// child and the `cellrate serving` line's fields.
@@ -109,6 +113,71 @@ fn healthy_with_at_least_one_config_loaded_waits_for_a_domain() {
     assert_eq!(http_get(health, "/readyz").0, 200);
     std::fs::remove_file(&file).unwrap();
     assert_eq!(healthcheck_becomes(health, 500), 500, "no domain left");
+}
+
+/// Limits with no `quota_mode` of their own.
+const QUOTA: &str = "
+domain: quota-domain
+descriptors:
+  - key: foo
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: hello
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+/// The overall code and each status's code of `descriptors` asked of `c`.
+async fn codes(
+    c: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    descriptors: &[&[(&str, &str)]],
+) -> (Code, Vec<Code>) {
+    let answer = c
+        .should_rate_limit(request("quota-domain", descriptors))
+        .await
+        .unwrap()
+        .into_inner();
+    let code = |c: i32| Code::try_from(c).unwrap();
+    let statuses = answer.statuses.iter().map(|s| code(s.code)).collect();
+    (code(answer.overall_code), statuses)
+}
+
+/// Upstream's global QUOTA_MODE (TestServiceGlobalQuotaMode and its service code): every
+/// descriptor but an unlimited one is in quota mode, so a request is OVER_LIMIT only
+/// when all of them are over; a descriptor over its limit keeps its OVER_LIMIT status.
+/// An unmatched descriptor is never over, so it keeps the request OK. Without the
+/// variable, one descriptor over denies.
+#[tokio::test]
+async fn quota_mode_denies_only_when_every_descriptor_is_over() {
+    let (ok, over) = (Code::Ok, Code::OverLimit);
+    let foo: &[(&str, &str)] = &[("foo", "bar")];
+    let hello: &[(&str, &str)] = &[("hello", "world")];
+    let free: &[(&str, &str)] = &[("free", "x")];
+    let unknown: &[(&str, &str)] = &[("unknown", "x")];
+    for quota in [true, false] {
+        let root = runtime(&[("quota.yaml", QUOTA)]);
+        let mut vars = vec![("BACKEND_TYPE", "memory")];
+        if quota {
+            vars.push(("QUOTA_MODE", "true"));
+        }
+        let (_child, listen) = start(root.path(), &vars);
+        let mut c = client(&listen).await;
+        assert_eq!(codes(&mut c, &[foo]).await, (ok, vec![ok]));
+        let foo_and_hello = codes(&mut c, &[foo, hello]).await;
+        let foo_and_unknown = codes(&mut c, &[foo, unknown]).await;
+        let foo_and_free = codes(&mut c, &[foo, free]).await;
+        if quota {
+            assert_eq!(foo_and_hello, (ok, vec![over, ok]));
+            assert_eq!(foo_and_unknown, (ok, vec![over, ok]));
+            // The unlimited descriptor is not a quota: foo is every quota, and over.
+            assert_eq!(foo_and_free.0, over);
+        } else {
+            assert_eq!(foo_and_hello, (over, vec![over, ok]));
+            assert_eq!(foo_and_unknown, (over, vec![over, ok]));
+            assert_eq!(foo_and_free.0, over);
+        }
+        assert_eq!(codes(&mut c, &[foo]).await, (over, vec![over]));
+    }
 }
 
 /// Kills the child when the test ends, passed or not.

@@ -108,6 +108,9 @@ pub struct EnvoyOptions {
     /// fixed-window counting: when a request takes some descriptor over its limit, only
     /// the descriptors it takes over are counted.
     pub stop_increment_when_over_limit: bool,
+    /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its
+    /// format that is not unlimited is in quota mode, as if each limit said `quota_mode`.
+    pub quota_mode: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -122,6 +125,7 @@ impl Default for EnvoyOptions {
             retry_after: true,
             metadata: MetadataStyle::Cellrate,
             stop_increment_when_over_limit: false,
+            quota_mode: false,
         }
     }
 }
