@@ -205,6 +205,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         LimitTable::from_sources(Sources {
             files: Arc::new(files),
             xds: Arc::default(),
+            merge_domains: args.merge_domains,
         })
     }) {
         Ok(limits) => limits,

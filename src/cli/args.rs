@@ -291,6 +291,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RATELIMIT_STATS_MAPPING")]
     pub ratelimit_stats_mapping: Option<String>,
 
+    /// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: files of one domain in its format are
+    /// merged (a top-level descriptor given twice is still refused) instead of refused.
+    #[arg(long, env = "CELLRATE_MERGE_DOMAINS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub merge_domains: bool,
+
     /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force: not ready until a
     /// load (files or xDS) holds a limit, nor while one holds none.
     #[arg(long, env = "CELLRATE_READY_NEEDS_LIMITS", default_value_t = false, action = clap::ArgAction::Set)]

@@ -107,6 +107,11 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     }
     // Upstream's health check then fails until a load holds a domain, and again whenever
     // a reload holds none.
+    // Files of one domain merged, as upstream merges them, rather than refused.
+    if flag("MERGE_DOMAIN_CONFIG")? {
+        out.flags
+            .extend(["--merge-domains".to_string(), "true".to_string()]);
+    }
     if flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
         out.flags
             .extend(["--ready-needs-limits".to_string(), "true".to_string()]);

@@ -140,7 +140,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("GRPC_MAX_CONNECTION_AGE", "not applied"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not applied"),
     ("TRACING_ENABLED", "no OpenTelemetry export"),
-    ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
     (
         "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
         "connecting is retried with XDS_CLIENT_BACKOFF_*",

@@ -1,8 +1,8 @@
 //! Run as `ratelimit`, envoyproxy/ratelimit's configuration and statistics variables do
 //! what they do there: `PROMETHEUS_PATH` moves the metrics,
 //! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps `/healthcheck` failing until limits are
-//! loaded, `QUOTA_MODE` puts every descriptor in quota mode. Through a real process and
-//! real HTTP and gRPC clients.
+//! loaded, `QUOTA_MODE` puts every descriptor in quota mode, `MERGE_DOMAIN_CONFIG` merges
+//! the files of one domain. Through a real process and real HTTP and gRPC clients.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -178,6 +178,26 @@ async fn quota_mode_denies_only_when_every_descriptor_is_over() {
         }
         assert_eq!(codes(&mut c, &[foo]).await, (over, vec![over]));
     }
+}
+
+/// MERGE_DOMAIN_CONFIG: two files of one domain (say, one per team) are merged, each
+/// file's limits answered; without it the second is a duplicate domain and startup fails.
+#[tokio::test]
+async fn merge_domain_config_serves_one_domain_from_two_files() {
+    let first = "domain: quota-domain\ndescriptors:\n  - key: foo\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let second = "domain: quota-domain\ndescriptors:\n  - key: hello\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let root = runtime(&[("a.yaml", first), ("b.yaml", second)]);
+    let vars = [("BACKEND_TYPE", "memory"), ("MERGE_DOMAIN_CONFIG", "true")];
+    let (_child, listen) = start(root.path(), &vars);
+    let mut c = client(&listen).await;
+    let (ok, over) = (Code::Ok, Code::OverLimit);
+    let foo: &[(&str, &str)] = &[("foo", "bar")];
+    let hello: &[(&str, &str)] = &[("hello", "world")];
+    assert_eq!(codes(&mut c, &[foo]).await, (ok, vec![ok]));
+    assert_eq!(codes(&mut c, &[foo]).await, (over, vec![over]));
+    assert_eq!(codes(&mut c, &[hello]).await, (ok, vec![ok]));
+    assert_eq!(codes(&mut c, &[hello]).await, (ok, vec![ok]));
+    assert_eq!(codes(&mut c, &[hello]).await, (over, vec![over]));
 }
 
 /// Kills the child when the test ends, passed or not.

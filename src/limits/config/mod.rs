@@ -277,6 +277,9 @@ pub struct Sources {
     pub files: Arc<Vec<(String, String)>>,
     /// envoyproxy/ratelimit's `RateLimitConfig`s, as the control plane sent them.
     pub xds: Arc<Vec<RateLimitConfig>>,
+    /// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: files (and resources) of one domain
+    /// in its format are merged instead of refused as duplicates.
+    pub merge_domains: bool,
 }
 impl LimitTable {
     /// A table with the built-in names and no limits.
