@@ -64,7 +64,7 @@ impl RatelimitStats {
         let series: Vec<Option<prometheus::IntCounter>> = RATELIMIT_STATS
             .iter()
             .map(|stat| {
-                let to = mapping.map(&format!("ratelimit.service.rate_limit.{key}.{stat}"))?;
+                let to = mapping.map(&statsd_mapping::statsd_name(key, stat))?;
                 let values: Vec<&str> = to.values.iter().map(String::as_str).collect();
                 let family = families.get(to.family)?.as_ref()?;
                 family.get_metric_with_label_values(&values).ok()

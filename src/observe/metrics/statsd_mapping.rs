@@ -304,6 +304,18 @@ impl StatsdMapping {
     }
 }
 
+/// The statsd name upstream gives statistic `stat` of `key`: `:` and `|` (statsd's own
+/// separators) made `_`, and so the dots of anything shaped like an IPv4 address (its
+/// `SanitizeStatName`), so that `rl.remote_address_10.0.0.1` stays one part.
+pub fn statsd_name(key: &str, stat: &str) -> String {
+    static IPV4: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        Regex::new(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}").expect("a valid pattern")
+    });
+    let key = key.replace([':', '|'], "_");
+    let key = IPV4.replace_all(&key, |ip: &regex::Captures<'_>| ip[0].replace('.', "_"));
+    format!("ratelimit.service.rate_limit.{key}.{stat}")
+}
+
 /// A glob as a regular expression: `*` matches within one dot-separated part; the rest
 /// is literal; the whole name must match.
 fn glob(pattern: &str) -> Result<String, String> {
@@ -398,6 +410,25 @@ mod tests {
         assert_eq!(
             mapped(&eg, "ratelimit.service.rate_limit.overflow.total_hits"),
             None
+        );
+        // An address in a value (detailed_metric) stays in its part, as upstream's name
+        // keeps it; statsd's separators too.
+        let name = statsd_name("rl.remote_address_10.0.0.1", "over_limit");
+        assert_eq!(
+            name,
+            "ratelimit.service.rate_limit.rl.remote_address_10_0_0_1.over_limit"
+        );
+        assert_eq!(
+            mapped(&eg, &name).unwrap().1,
+            labels(&[
+                ("domain", "rl"),
+                ("key1", "remote_address_10_0_0_1"),
+                ("key2", "")
+            ])
+        );
+        assert_eq!(
+            statsd_name("d.k_a:b|c.v_1.2.3", "total_hits"),
+            "ratelimit.service.rate_limit.d.k_a_b_c.v_1.2.3.total_hits"
         );
     }
 
