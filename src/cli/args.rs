@@ -301,6 +301,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_READY_NEEDS_LIMITS", default_value_t = false, action = clap::ArgAction::Set)]
     pub ready_needs_limits: bool,
 
+    /// Labels on every series, `name:value,name:value` (envoyproxy/ratelimit's
+    /// EXTRA_TAGS): at most 16, each value printable, without `,` or `:`, at most 256
+    /// bytes; a series with a label of that name keeps its own.
+    #[arg(long, env = "CELLRATE_METRICS_LABELS", default_value = "", value_parser = crate::observe::metrics::ExtraLabels::parse)]
+    pub metrics_labels: crate::observe::metrics::ExtraLabels,
+
     /// The path the metrics are served at on the metrics (and health) listener:
     /// `/` then letters, digits and `/_.~-`, at most 256 bytes, not a probe's path.
     #[arg(long, env = "CELLRATE_METRICS_PATH", default_value = "/metrics", value_parser = parse_metrics_path)]

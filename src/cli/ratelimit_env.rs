@@ -101,25 +101,7 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
     out.xds_only = var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW");
-    // Behaviour.
-    if flag("SHADOW_MODE")? {
-        out.flags.push("--shadow".to_string());
-    }
-    // Upstream's health check then fails until a load holds a domain, and again whenever
-    // a reload holds none.
-    // Files of one domain merged, as upstream merges them, rather than refused.
-    if flag("MERGE_DOMAIN_CONFIG")? {
-        out.flags
-            .extend(["--merge-domains".to_string(), "true".to_string()]);
-    }
-    if flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
-        out.flags
-            .extend(["--ready-needs-limits".to_string(), "true".to_string()]);
-    }
-    // Upstream's global quota mode: every descriptor as if its limit had quota_mode.
-    if flag("QUOTA_MODE")? {
-        out.flags.push("--quota-mode".to_string());
-    }
+    behaviour(&var, &mut out.flags)?;
     out.log_level = match var("LOG_LEVEL").map(|l| l.to_ascii_lowercase()) {
         None => None,
         Some(level) if ["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) => {
@@ -152,6 +134,36 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
     Ok(out)
 }
 
+/// What the service does: `SHADOW_MODE`, `QUOTA_MODE`, `EXTRA_TAGS`,
+/// `MERGE_DOMAIN_CONFIG`, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
+fn behaviour(var: &impl Fn(&str) -> Option<String>, flags: &mut Vec<String>) -> Result<(), String> {
+    let flag = |name: &str| boolean(name, &var(name).unwrap_or("false".into()));
+    let mut push = |parts: &[&str]| flags.extend(parts.iter().map(|p| p.to_string()));
+    if flag("SHADOW_MODE")? {
+        push(&["--shadow"]);
+    }
+    // Upstream's global quota mode: every descriptor as if its limit had quota_mode.
+    if flag("QUOTA_MODE")? {
+        push(&["--quota-mode"]);
+    }
+    // Files of one domain merged, as upstream merges them, rather than refused.
+    if flag("MERGE_DOMAIN_CONFIG")? {
+        push(&["--merge-domains", "true"]);
+    }
+    // Upstream's health check then fails until a load holds a domain, and again whenever
+    // a reload holds none.
+    if flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
+        push(&["--ready-needs-limits", "true"]);
+    }
+    // Tags on every statistic, as upstream's scopes carry them: labels on every series.
+    if let Some(tags) = var("EXTRA_TAGS").filter(|t| !t.is_empty()) {
+        crate::observe::metrics::ExtraLabels::parse(&tags)
+            .map_err(|e| format!("EXTRA_TAGS={tags:?}: {e}"))?;
+        push(&["--metrics-labels", &tags]);
+    }
+    Ok(())
+}
+
 /// `USE_PROMETHEUS`: the metrics on `PROMETHEUS_ADDR` at `PROMETHEUS_PATH` (`PORT` kept
 /// for the probes, at `http`), and the statistics named through a statsd mapping, as
 /// upstream's sink names them: `PROMETHEUS_MAPPER_YAML`'s file, else its own.
@@ -164,10 +176,8 @@ fn prometheus(
         out.flags.push(flag.to_string());
         out.flags.push(value);
     };
-    if !boolean(
-        "USE_PROMETHEUS",
-        &var("USE_PROMETHEUS").unwrap_or("false".into()),
-    )? {
+    let on = var("USE_PROMETHEUS").unwrap_or("false".into());
+    if !boolean("USE_PROMETHEUS", &on)? {
         push("--metrics-listen", http);
         for name in ["PROMETHEUS_MAPPER_YAML", "PROMETHEUS_PATH"] {
             if var(name).is_some() {
@@ -798,6 +808,14 @@ mod tests {
             (vec![("GRPC_PORT", "eighty")], "GRPC_PORT"),
             (vec![("PORT", "70000")], "PORT"),
             (vec![("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS"),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("EXTRA_TAGS", "env")],
+                "EXTRA_TAGS",
+            ),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("EXTRA_TAGS", "a-b:x")],
+                "EXTRA_TAGS",
+            ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
             (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
             (

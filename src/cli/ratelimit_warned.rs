@@ -119,7 +119,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "USE_DOG_STATSD_MOGRIFIERS",
         "cellrate exports Prometheus metrics, not statsd",
     ),
-    ("EXTRA_TAGS", "not applied to cellrate's metrics yet"),
     (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "latencies are histograms in seconds",

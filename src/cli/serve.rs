@@ -169,6 +169,7 @@ impl ServeArgs {
             envoy: self.envoy.options(),
             metrics_path: self.metrics_path.clone(),
             ready_needs_limits: self.ready_needs_limits,
+            metrics_labels: self.metrics_labels.clone(),
             ..Default::default()
         }
     }

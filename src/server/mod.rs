@@ -79,7 +79,10 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let metrics = Metrics::with_statsd_mapping(settings.stats_mapping.clone());
+    let metrics = Metrics::configured(
+        settings.stats_mapping.clone(),
+        settings.metrics_labels.clone(),
+    );
     let health = Health::new();
     if settings.ready_needs_limits {
         health.require_limits();
@@ -110,7 +113,10 @@ pub async fn run_with_store(
         listeners,
         stores: Stores::only(store).settling_here(&settings, &clock),
         clock,
-        metrics: Metrics::with_statsd_mapping(settings.stats_mapping.clone()),
+        metrics: Metrics::configured(
+            settings.stats_mapping.clone(),
+            settings.metrics_labels.clone(),
+        ),
         health: Health::new(),
     };
     server.serve(settings, shutdown).await

@@ -62,6 +62,8 @@ pub struct Settings {
     pub metrics_path: String,
     /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force.
     pub ready_needs_limits: bool,
+    /// Labels on every series (`--metrics-labels`).
+    pub metrics_labels: crate::observe::metrics::ExtraLabels,
 }
 
 /// The memory store's snapshot file.
@@ -200,6 +202,7 @@ impl Default for Settings {
             stats_mapping: None,
             metrics_path: "/metrics".to_string(),
             ready_needs_limits: false,
+            metrics_labels: Default::default(),
         }
     }
 }

@@ -59,6 +59,7 @@ fn limits(files: &[(&str, &str)]) -> tempfile::TempDir {
 
 const RL: &str = "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
+/// PROMETHEUS_PATH moves the metrics; EXTRA_TAGS labels every series.
 #[test]
 fn prometheus_path_moves_the_metrics_as_upstream() {
     let root = limits(&[("rl.yaml", RL)]);
@@ -66,12 +67,20 @@ fn prometheus_path_moves_the_metrics_as_upstream() {
         ("USE_PROMETHEUS", "true"),
         ("PROMETHEUS_ADDR", "127.0.0.1:0"),
         ("PROMETHEUS_PATH", "/stats/prometheus"),
+        ("EXTRA_TAGS", "env:prod,cluster:eu-1"),
     ];
     let (_child, serving) = serve_as_ratelimit(root.path(), &vars);
     let metrics = serving["metrics"].as_str().unwrap();
     let (status, body) = http_get(metrics, "/stats/prometheus");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("cellrate_config_info{"), "{body}");
+    // EXTRA_TAGS: on every series.
+    let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(samples.len() > 20, "{body}");
+    for sample in samples {
+        assert!(sample.contains("env=\"prod\""), "{sample}");
+        assert!(sample.contains("cluster=\"eu-1\""), "{sample}");
+    }
     assert_eq!(http_get(metrics, "/metrics").0, 404);
     // The probes stay where they were.
     assert_eq!(

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use prometheus::{Encoder, IntCounterVec, Registry, TextEncoder};
 
 use crate::clock::Nanos;
+pub use extra_labels::ExtraLabels;
 pub use groups::{
     ConfigMetrics, RespMetrics, RlqsMetrics, SnapshotMetrics, StoreMetrics,
     SNAPSHOT_IGNORED_REASONS,
@@ -18,6 +19,7 @@ pub use groups::{
 use groups::{Reg, RpcMetrics};
 pub use statsd_mapping::StatsdMapping;
 
+mod extra_labels;
 mod groups;
 mod ratelimit_keys;
 pub mod statsd_mapping;
@@ -81,6 +83,8 @@ pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>, ratelimit_keys::MappedSer
 /// Every metric cellrate exports, in groups by what they watch.
 pub struct Metrics {
     registry: Registry,
+    /// Added to every series when rendered (`EXTRA_TAGS`).
+    extra: ExtraLabels,
     /// Who is being denied (admin `Top`); set once the server has its clock.
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
@@ -99,12 +103,13 @@ pub struct Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Arc<Metrics> {
-        Metrics::with_statsd_mapping(None)
+        Metrics::configured(None, ExtraLabels::default())
     }
 
     /// A fresh registry with every metric at zero, envoyproxy/ratelimit's statistics also
-    /// counted under the names and labels `mapping` gives them.
-    pub fn with_statsd_mapping(mapping: Option<Arc<StatsdMapping>>) -> Arc<Metrics> {
+    /// counted under the names and labels `mapping` gives them, and `extra` labels on
+    /// every series.
+    pub fn configured(mapping: Option<Arc<StatsdMapping>>, extra: ExtraLabels) -> Arc<Metrics> {
         let registry = Registry::new();
         let reg = Reg(&registry);
         let decisions = reg.counters(
@@ -161,6 +166,7 @@ impl Metrics {
         let config = ConfigMetrics::new(&reg);
         Arc::new(Metrics {
             registry,
+            extra,
             denials: std::sync::OnceLock::new(),
             decisions,
             settlements,
@@ -342,7 +348,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        self.extra.add_to(&mut families);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
 }
@@ -474,7 +482,7 @@ mod tests {
     #[test]
     fn mapped_series_are_bounded_by_the_key_space_and_carry_no_label_syntax() {
         let mapping = StatsdMapping::parse(statsd_mapping::RATELIMIT_DEFAULT).unwrap();
-        let metrics = Metrics::with_statsd_mapping(Some(Arc::new(mapping)));
+        let metrics = Metrics::configured(Some(Arc::new(mapping)), ExtraLabels::default());
         let hostile = "v\",evil=\"1\"} 999\nratelimit_service_rate_limit_total_hits{x=\"";
         for i in 0..MAX_RATELIMIT_KEYS + 100 {
             let key = format!("edge.user_{i}{hostile}.plan_gold");
