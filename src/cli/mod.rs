@@ -7,6 +7,7 @@ pub mod envoy_args;
 pub use args::*;
 
 pub mod client;
+mod ratelimit_behaviour;
 pub mod ratelimit_env;
 mod ratelimit_warned;
 pub mod redis_args;

@@ -23,10 +23,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("DEBUG_HOST", "cellrate has no debug listener"),
     ("DEBUG_PORT", "cellrate has no debug listener"),
     (
-        "NEAR_LIMIT_RATIO",
-        "near_limit counts above 80 % of a limit, its default",
-    ),
-    (
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "cellrate's deny cache is --redis-deny-cache",
     ),

@@ -111,6 +111,9 @@ pub struct EnvoyOptions {
     /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its
     /// format that is not unlimited is in quota mode, as if each limit said `quota_mode`.
     pub quota_mode: bool,
+    /// envoyproxy/ratelimit's NEAR_LIMIT_RATIO: `near_limit` counts hits above this share
+    /// of a limit (its threshold computed in float32, as there).
+    pub near_limit_ratio: f32,
 }
 
 impl Default for EnvoyOptions {
@@ -126,6 +129,7 @@ impl Default for EnvoyOptions {
             metadata: MetadataStyle::Cellrate,
             stop_increment_when_over_limit: false,
             quota_mode: false,
+            near_limit_ratio: 0.8,
         }
     }
 }
