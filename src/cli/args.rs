@@ -301,6 +301,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_READY_NEEDS_LIMITS", default_value_t = false, action = clap::ArgAction::Set)]
     pub ready_needs_limits: bool,
 
+    /// Keep envoyproxy/ratelimit's per-descriptor statistics (`cellrate_ratelimit_hits_total`
+    /// and their mapped series); `false` is its DISABLE_STATS.
+    #[arg(long, env = "CELLRATE_RATELIMIT_STATS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ratelimit_stats: bool,
+
     /// Labels on every series, `name:value,name:value` (envoyproxy/ratelimit's
     /// EXTRA_TAGS): at most 16, each value printable, without `,` or `:`, at most 256
     /// bytes; a series with a label of that name keeps its own.

@@ -60,6 +60,10 @@ pub(super) fn behaviour(
             .map_err(|e| format!("NEAR_LIMIT_RATIO={ratio:?}: {e}"))?;
         push(&["--near-limit-ratio", &ratio]);
     }
+    // Upstream's null sink: none of its statistics is kept.
+    if flag("DISABLE_STATS")? {
+        push(&["--ratelimit-stats", "false"]);
+    }
     // Tags on every statistic, as upstream's scopes carry them: labels on every series.
     if let Some(tags) = var("EXTRA_TAGS").filter(|t| !t.is_empty()) {
         crate::observe::metrics::ExtraLabels::parse(&tags)

@@ -106,7 +106,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
         "memcache is not served",
     ),
-    ("DISABLE_STATS", "cellrate's metrics are always kept"),
     (
         "STATS_FLUSH_INTERVAL",
         "Prometheus scrapes; nothing is flushed",

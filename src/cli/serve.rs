@@ -170,6 +170,7 @@ impl ServeArgs {
             metrics_path: self.metrics_path.clone(),
             ready_needs_limits: self.ready_needs_limits,
             metrics_labels: self.metrics_labels.clone(),
+            ratelimit_stats: self.ratelimit_stats,
             ..Default::default()
         }
     }

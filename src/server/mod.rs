@@ -82,6 +82,7 @@ pub async fn run(
     let metrics = Metrics::configured(
         settings.stats_mapping.clone(),
         settings.metrics_labels.clone(),
+        settings.ratelimit_stats,
     );
     let health = Health::new();
     if settings.ready_needs_limits {
@@ -116,6 +117,7 @@ pub async fn run_with_store(
         metrics: Metrics::configured(
             settings.stats_mapping.clone(),
             settings.metrics_labels.clone(),
+            settings.ratelimit_stats,
         ),
         health: Health::new(),
     };

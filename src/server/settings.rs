@@ -64,6 +64,8 @@ pub struct Settings {
     pub ready_needs_limits: bool,
     /// Labels on every series (`--metrics-labels`).
     pub metrics_labels: crate::observe::metrics::ExtraLabels,
+    /// envoyproxy/ratelimit's per-descriptor statistics are kept (`--ratelimit-stats`).
+    pub ratelimit_stats: bool,
 }
 
 /// The memory store's snapshot file.
@@ -203,6 +205,7 @@ impl Default for Settings {
             metrics_path: "/metrics".to_string(),
             ready_needs_limits: false,
             metrics_labels: Default::default(),
+            ratelimit_stats: true,
         }
     }
 }

@@ -211,12 +211,18 @@ async fn merge_domain_config_serves_one_domain_from_two_files() {
 
 /// NEAR_LIMIT_RATIO: `near_limit` counts the hits above floor(limit x ratio), as
 /// upstream: of 4 hits on a limit of 4, two past 0.5 (2), one past the default 0.8 (3).
+/// DISABLE_STATS: none of upstream's statistics is kept (cellrate's own metrics are).
 #[tokio::test]
-async fn near_limit_ratio_sets_where_near_limit_counts() {
+async fn near_limit_ratio_and_disable_stats_shape_upstreams_statistics() {
     let limit = "domain: quota-domain\ndescriptors:\n  - key: hello\n    rate_limit: {unit: hour, requests_per_unit: 4}\n";
-    for (ratio, near) in [(Some("0.5"), 2.0), (None, 1.0)] {
+    let cases = [
+        (Some(("NEAR_LIMIT_RATIO", "0.5")), Some(2.0)),
+        (None, Some(1.0)),
+        (Some(("DISABLE_STATS", "true")), None),
+    ];
+    for (var, near) in cases {
         let root = limits(&[("rl.yaml", limit)]);
-        let vars: Vec<(&str, &str)> = ratio.map(|r| ("NEAR_LIMIT_RATIO", r)).into_iter().collect();
+        let vars: Vec<(&str, &str)> = var.into_iter().collect();
         let (_child, serving) = serve_as_ratelimit(root.path(), &vars);
         let mut c = client(serving["listen"].as_str().unwrap()).await;
         for _ in 0..4 {
@@ -225,7 +231,12 @@ async fn near_limit_ratio_sets_where_near_limit_counts() {
         }
         let (_, body) = http_get(serving["metrics"].as_str().unwrap(), "/metrics");
         let line = "cellrate_ratelimit_hits_total{key=\"quota-domain.hello\",stat=\"near_limit\"}";
-        assert_eq!(crate::common::sample(&body, line), Some(near), "{ratio:?}");
+        assert_eq!(crate::common::sample(&body, line), near, "{var:?}");
+        assert_eq!(
+            near.is_some(),
+            body.contains("cellrate_ratelimit_hits_total")
+        );
+        assert!(body.contains("cellrate_decisions_total{"), "{body}");
     }
 }
 

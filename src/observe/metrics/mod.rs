@@ -57,6 +57,8 @@ struct RatelimitStats {
     mapping: Option<(Arc<StatsdMapping>, Vec<Option<IntCounterVec>>)>,
     /// The overflow key's mapped series.
     overflow: ratelimit_keys::MappedSeries,
+    /// Whether they are kept (not with DISABLE_STATS).
+    enabled: bool,
 }
 
 impl RatelimitStats {
@@ -103,13 +105,18 @@ pub struct Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Arc<Metrics> {
-        Metrics::configured(None, ExtraLabels::default())
+        Metrics::configured(None, ExtraLabels::default(), true)
     }
 
     /// A fresh registry with every metric at zero, envoyproxy/ratelimit's statistics also
     /// counted under the names and labels `mapping` gives them, and `extra` labels on
-    /// every series.
-    pub fn configured(mapping: Option<Arc<StatsdMapping>>, extra: ExtraLabels) -> Arc<Metrics> {
+    /// every series; without `ratelimit_stats` (DISABLE_STATS), envoyproxy/ratelimit's
+    /// statistics are not kept at all.
+    pub fn configured(
+        mapping: Option<Arc<StatsdMapping>>,
+        extra: ExtraLabels,
+        ratelimit_stats: bool,
+    ) -> Arc<Metrics> {
         let registry = Registry::new();
         let reg = Reg(&registry);
         let decisions = reg.counters(
@@ -150,13 +157,14 @@ impl Metrics {
                 (m, families)
             }),
             overflow: None,
+            enabled: ratelimit_stats,
         };
         let ratelimit = RatelimitStats {
             overflow: ratelimit.mapped(ratelimit_keys::OVERFLOW),
             ..ratelimit
         };
         // At zero from the start: an alert on the cap needs the series before it fills.
-        for stat in RATELIMIT_STATS {
+        for stat in RATELIMIT_STATS.iter().filter(|_| ratelimit_stats) {
             ratelimit
                 .hits
                 .with_label_values(&[ratelimit_keys::OVERFLOW, stat]);
@@ -268,6 +276,9 @@ impl Metrics {
     /// [`MAX_KEYS_BYTES`] bytes of keys have series (`detailed_metric` and a descriptor's
     /// own `limit` put request values in keys).
     pub fn ratelimit_key<'k>(&self, key: &'k str) -> RatelimitKey<'k> {
+        if !self.ratelimit.enabled {
+            return RatelimitKey(std::borrow::Cow::Borrowed(""), None);
+        }
         let shown = ratelimit_keys::shown(key);
         match self
             .ratelimit
@@ -284,7 +295,7 @@ impl Metrics {
 
     /// Adds `n` to envoyproxy/ratelimit's statistic `stat` of `key`.
     pub fn ratelimit_stat(&self, key: &RatelimitKey<'_>, stat: &str, n: u64) {
-        if n == 0 {
+        if n == 0 || !self.ratelimit.enabled {
             return;
         }
         self.ratelimit
@@ -482,7 +493,7 @@ mod tests {
     #[test]
     fn mapped_series_are_bounded_by_the_key_space_and_carry_no_label_syntax() {
         let mapping = StatsdMapping::parse(statsd_mapping::RATELIMIT_DEFAULT).unwrap();
-        let metrics = Metrics::configured(Some(Arc::new(mapping)), ExtraLabels::default());
+        let metrics = Metrics::configured(Some(Arc::new(mapping)), ExtraLabels::default(), true);
         let hostile = "v\",evil=\"1\"} 999\nratelimit_service_rate_limit_total_hits{x=\"";
         for i in 0..MAX_RATELIMIT_KEYS + 100 {
             let key = format!("edge.user_{i}{hostile}.plan_gold");
