@@ -2,7 +2,9 @@
 //! what they do there: `PROMETHEUS_PATH` moves the metrics,
 //! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps `/healthcheck` failing until limits are
 //! loaded, `QUOTA_MODE` puts every descriptor in quota mode, `MERGE_DOMAIN_CONFIG` merges
-//! the files of one domain. Through a real process and real HTTP and gRPC clients.
+//! the files of one domain, `EXTRA_TAGS`, `NEAR_LIMIT_RATIO` and `DISABLE_STATS` shape the
+//! statistics, and hostile values cannot grow or forge upstream's mapped series. Through a
+//! real process and real HTTP and gRPC clients.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -238,6 +240,48 @@ async fn near_limit_ratio_and_disable_stats_shape_upstreams_statistics() {
         );
         assert!(body.contains("cellrate_decisions_total{"), "{body}");
     }
+}
+
+/// Plays the attacker: with upstream's statistic names on (USE_PROMETHEUS), descriptor
+/// values reach the mapped series' labels through `detailed_metric`. 10 100 distinct
+/// values written as label syntax give at most the key space's 10 000 series (the rest
+/// count under cellrate's `overflow` key, in no mapped series), and no label or line of
+/// their own in the exposition.
+#[tokio::test]
+async fn hostile_values_cannot_grow_or_forge_the_mapped_series() {
+    let limit = "domain: quota-domain\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
+    let root = limits(&[("rl.yaml", limit)]);
+    let vars = [
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+    ];
+    let (_child, serving) = serve_as_ratelimit(root.path(), &vars);
+    let mut c = client(serving["listen"].as_str().unwrap()).await;
+    let keys = cellrate::observe::metrics::MAX_RATELIMIT_KEYS;
+    for i in 0..keys + 100 {
+        let value = format!("{i}\",evil=\"1\"}} 9 # x{{y=\"");
+        let answer = codes(&mut c, &[&[("user", value.as_str())]]).await;
+        assert_eq!(answer.0, Code::Ok);
+    }
+    let (_, body) = http_get(serving["metrics"].as_str().unwrap(), "/metrics");
+    let mapped: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .collect();
+    assert_eq!(mapped.len(), keys, "one series per admitted key, no more");
+    for line in &mapped {
+        assert!(
+            line.starts_with(
+                "ratelimit_service_rate_limit_total_hits{domain=\"quota-domain\",key1=\"user_"
+            ),
+            "{line}"
+        );
+        assert!(line.ends_with(r#"y=\"",key2=""} 1"#), "{line}");
+    }
+    assert!(!body.contains("evil=\"1\""), "no label forged");
+    assert!(!body.lines().any(|l| l.starts_with("x{")), "no line forged");
+    let overflow = "cellrate_ratelimit_hits_total{key=\"overflow\",stat=\"total_hits\"}";
+    assert_eq!(crate::common::sample(&body, overflow), Some(100.0));
 }
 
 /// Kills the child when the test ends, passed or not.
