@@ -55,23 +55,31 @@ fn main() -> ExitCode {
     };
     init_tracing(cli.log_format, None);
     match cli.command {
-        Command::Validate { dir } => match LimitTable::load_dir(&dir) {
-            Ok(table) => {
-                println!(
-                    "OK: {} ({} overrides, version {})",
-                    dir.display(),
-                    table.override_count(),
-                    table.version()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                for error in &errors.0 {
-                    println!("{error}");
+        Command::Validate { dir, merge_domains } => {
+            match read_files(&dir, false).and_then(|files| {
+                LimitTable::from_sources(Sources {
+                    files: Arc::new(files),
+                    xds: Arc::default(),
+                    merge_domains,
+                })
+            }) {
+                Ok(table) => {
+                    println!(
+                        "OK: {} ({} overrides, version {})",
+                        dir.display(),
+                        table.override_count(),
+                        table.version()
+                    );
+                    ExitCode::SUCCESS
                 }
-                ExitCode::from(EXIT_CONFIG)
+                Err(errors) => {
+                    for error in &errors.0 {
+                        println!("{error}");
+                    }
+                    ExitCode::from(EXIT_CONFIG)
+                }
             }
-        },
+        }
         Command::Serve(args) => serve(*args),
         Command::Ratelimit => as_ratelimit(false),
         Command::Check(args) => ExitCode::from(cellrate::cli::client::run_check(args).code()),

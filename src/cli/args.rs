@@ -56,6 +56,10 @@ pub enum Command {
     Validate {
         /// The limits directory.
         dir: PathBuf,
+        /// Merge files of one domain in envoyproxy/ratelimit's format, as `serve
+        /// --merge-domains` does.
+        #[arg(long)]
+        merge_domains: bool,
     },
     /// Run limits over a scripted timeline (JSON lines on stdin) on a fake clock.
     Simulate(SimulateArgs),
@@ -314,7 +318,7 @@ pub struct ServeArgs {
 
     /// The path the metrics are served at on the metrics (and health) listener:
     /// `/` then letters, digits and `/_.~-`, at most 256 bytes, not a probe's path.
-    #[arg(long, env = "CELLRATE_METRICS_PATH", default_value = "/metrics", value_parser = parse_metrics_path)]
+    #[arg(long, env = "CELLRATE_METRICS_PATH", default_value = "/metrics", value_parser = super::serve::parse_metrics_path)]
     pub metrics_path: String,
 
     /// Redis-protocol listener: `CL.THROTTLE` as redis-cell answers it, for any Redis
@@ -555,22 +559,6 @@ fn parse_auth_addresses(text: &str) -> Result<usize, String> {
         Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
         _ => Err(format!("{text:?}: a count from 1 to 1000000")),
     }
-}
-
-/// `--metrics-path`: a path no route of the HTTP listener has, in characters a route takes
-/// literally.
-pub fn parse_metrics_path(text: &str) -> Result<String, String> {
-    let literal = |c: char| c.is_ascii_alphanumeric() || "/_.~-".contains(c);
-    if !text.starts_with('/') || text.len() > 256 || !text.chars().all(literal) {
-        return Err(format!(
-            "{:?}: a path, / then letters, digits and /_.~- (at most 256 bytes)",
-            crate::text::first_chars(text, 80)
-        ));
-    }
-    if ["/healthz", "/readyz", "/healthcheck"].contains(&text) {
-        return Err(format!("{text}: a probe's path"));
-    }
-    Ok(text.to_string())
 }
 
 /// `--settle-max-records`: 1 to 10 000 000.

@@ -114,7 +114,7 @@ pub(super) fn prometheus(
     push("--ratelimit-stats-mapping", mapping);
     // Upstream serves its metrics at PROMETHEUS_PATH ("/metrics" when empty).
     if let Some(path) = var("PROMETHEUS_PATH").filter(|p| !p.is_empty()) {
-        let path = super::args::parse_metrics_path(&path)
+        let path = super::serve::parse_metrics_path(&path)
             .map_err(|e| format!("PROMETHEUS_PATH={path:?}: {e}"))?;
         push("--metrics-path", path);
     }

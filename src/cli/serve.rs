@@ -236,3 +236,19 @@ impl ServeArgs {
         })
     }
 }
+
+/// `--metrics-path`: a path no route of the HTTP listener has, in characters a route takes
+/// literally.
+pub fn parse_metrics_path(text: &str) -> Result<String, String> {
+    let literal = |c: char| c.is_ascii_alphanumeric() || "/_.~-".contains(c);
+    if !text.starts_with('/') || text.len() > 256 || !text.chars().all(literal) {
+        return Err(format!(
+            "{:?}: a path, / then letters, digits and /_.~- (at most 256 bytes)",
+            crate::text::first_chars(text, 80)
+        ));
+    }
+    if ["/healthz", "/readyz", "/healthcheck"].contains(&text) {
+        return Err(format!("{text}: a probe's path"));
+    }
+    Ok(text.to_string())
+}

@@ -209,6 +209,22 @@ async fn merge_domain_config_serves_one_domain_from_two_files() {
     assert_eq!(codes(&mut c, &[hello]).await, (ok, vec![ok]));
     assert_eq!(codes(&mut c, &[hello]).await, (ok, vec![ok]));
     assert_eq!(codes(&mut c, &[hello]).await, (over, vec![over]));
+    // `cellrate validate` checks the directory the same way when told to merge.
+    let dir = root.path().join("current/ratelimit/config");
+    let validate = |merge: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .arg("validate")
+            .args(merge)
+            .arg(&dir)
+            .env_clear()
+            .output()
+            .unwrap()
+    };
+    assert_eq!(validate(&["--merge-domains"]).status.code(), Some(0));
+    let refused = validate(&[]);
+    assert_eq!(refused.status.code(), Some(78));
+    let said = String::from_utf8_lossy(&refused.stdout);
+    assert!(said.contains("duplicate domain 'quota-domain'"), "{said}");
 }
 
 /// NEAR_LIMIT_RATIO: `near_limit` counts the hits above floor(limit x ratio), as
