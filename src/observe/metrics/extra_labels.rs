@@ -15,7 +15,7 @@ pub struct ExtraLabels(pub Vec<(String, String)>);
 impl ExtraLabels {
     /// `name:value,name:value` (envoyproxy/ratelimit's, Go envconfig's map syntax; empty:
     /// none). A name is a Prometheus label name not starting `__`, given once; a value
-    /// printable, without `,` or `:`, at most [`MAX_VALUE_BYTES`].
+    /// printable, without `,` or `:`, at most `MAX_VALUE_BYTES`.
     pub fn parse(text: &str) -> Result<ExtraLabels, String> {
         if text.is_empty() {
             return Ok(ExtraLabels::default());

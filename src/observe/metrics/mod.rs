@@ -2,9 +2,12 @@
 //! serves them is `crate::server::http`'s, the store's timing decorator in
 //! [`crate::store::measured`], the classification of a decision in [`crate::service`]).
 //!
-//! No label ever carries an id, a bucket key or a descriptor value (unbounded cardinality):
-//! labels are API names, RPC names, limit names from the configuration, results and store
-//! operations, all bounded by the code or the config.
+//! No label ever carries an id, a bucket key or a descriptor value unbounded: labels are
+//! API names, RPC names, limit names from the configuration, results and store
+//! operations, all bounded by the code or the config; the one exception,
+//! envoyproxy/ratelimit's statistics keys (which `detailed_metric` fills from requests,
+//! in `cellrate_ratelimit_hits_total` and the series a statsd mapping names), is bounded
+//! by `ratelimit_keys`' key space. The operator's `--metrics-labels` go on every series.
 
 use std::sync::Arc;
 

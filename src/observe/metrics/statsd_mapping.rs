@@ -11,7 +11,7 @@
 //! decides. The settings of timers and histograms (`timer_type`, `buckets`, `scale` ...)
 //! are accepted and mean nothing here: every statistic is a counter. What is matched is
 //! the statistic's statsd name, `ratelimit.service.rate_limit.<key>.<stat>`, with `<key>`
-//! already bounded and escaped ([`super::ratelimit_keys`]), so that the mapped series are
+//! already bounded and escaped (`ratelimit_keys`), so that the mapped series are
 //! never more than the keys that have series of their own.
 
 use std::collections::BTreeMap;
