@@ -13,7 +13,8 @@
 //!
 //! ```text
 //! main.rs        parse flags, init tracing, dispatch to server / cli          (top)
-//! cli/           the command line: args.rs (clap flags with env fallbacks; no logic),
+//! cli/           the command line: args.rs (clap flags with env fallbacks; no logic;
+//!                flag_values.rs checks the values clap cannot),
 //!                client/ (check, refund, admin ...: transport, decide, admin,
 //!                overrides, render), simulate.rs (a scripted timeline on a fake clock)
 //! server/        the process, the composition root: mod.rs (run, serve, drain),

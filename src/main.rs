@@ -55,23 +55,31 @@ fn main() -> ExitCode {
     };
     init_tracing(cli.log_format, None);
     match cli.command {
-        Command::Validate { dir } => match LimitTable::load_dir(&dir) {
-            Ok(table) => {
-                println!(
-                    "OK: {} ({} overrides, version {})",
-                    dir.display(),
-                    table.override_count(),
-                    table.version()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                for error in &errors.0 {
-                    println!("{error}");
+        Command::Validate { dir, merge_domains } => {
+            match read_files(&dir, false).and_then(|files| {
+                LimitTable::from_sources(Sources {
+                    files: Arc::new(files),
+                    xds: Arc::default(),
+                    merge_domains,
+                })
+            }) {
+                Ok(table) => {
+                    println!(
+                        "OK: {} ({} overrides, version {})",
+                        dir.display(),
+                        table.override_count(),
+                        table.version()
+                    );
+                    ExitCode::SUCCESS
                 }
-                ExitCode::from(EXIT_CONFIG)
+                Err(errors) => {
+                    for error in &errors.0 {
+                        println!("{error}");
+                    }
+                    ExitCode::from(EXIT_CONFIG)
+                }
             }
-        },
+        }
         Command::Serve(args) => serve(*args),
         Command::Ratelimit => as_ratelimit(false),
         Command::Check(args) => ExitCode::from(cellrate::cli::client::run_check(args).code()),
@@ -205,6 +213,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         LimitTable::from_sources(Sources {
             files: Arc::new(files),
             xds: Arc::default(),
+            merge_domains: args.merge_domains,
         })
     }) {
         Ok(limits) => limits,
@@ -232,6 +241,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let stats_mapping = match args.stats_mapping() {
+        Ok(mapping) => mapping,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "invalid statistics mapping");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     if let Err(e) = args.check_tokens() {
         tracing::error!("{e}");
         return ExitCode::from(EXIT_USAGE);
@@ -243,7 +259,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve_async(args, limits, tls, store, xds)) {
+    let parts = (tls, store, xds, stats_mapping);
+    match runtime.block_on(serve_async(args, limits, parts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "cellrate stopped");
@@ -256,18 +273,26 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// What `serve` read and checked before the runtime started: TLS files, the store, xDS,
+/// the statistics mapping.
+type ServeParts = (
+    Option<cellrate::server::admin::TlsPem>,
+    StoreSettings,
+    Option<cellrate::server::xds::XdsSettings>,
+    Option<Arc<cellrate::observe::metrics::StatsdMapping>>,
+);
+
 async fn serve_async(
     args: ServeArgs,
     limits: LimitTable,
-    tls: Option<cellrate::server::admin::TlsPem>,
-    store: StoreSettings,
-    xds: Option<cellrate::server::xds::XdsSettings>,
+    (tls, store, xds, stats_mapping): ServeParts,
 ) -> anyhow::Result<()> {
     // Installed before the ports are announced, so that an early SIGTERM still drains.
     let shutdown = cellrate::server::shutdown::signal();
     let listeners = args.bind().await?;
     let settings = cellrate::server::Settings {
         xds,
+        stats_mapping,
         ..args.settings(tls, store)
     };
     let clock = Arc::new(cellrate::clock::SystemClock);

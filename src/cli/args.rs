@@ -7,6 +7,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use super::flag_values::{
+    parse_auth_addresses, parse_bucket_bytes, parse_client_san, parse_connection_age,
+    parse_connection_grace, parse_period, parse_settle_max, parse_settle_window,
+};
 use crate::limits::duration::format_duration;
 use crate::server::{ServerLimits, Settings};
 use crate::service::rlqs::RlqsSettings;
@@ -58,6 +62,10 @@ pub enum Command {
     Validate {
         /// The limits directory.
         dir: PathBuf,
+        /// Merge files of one domain in envoyproxy/ratelimit's format, as `serve
+        /// --merge-domains` does.
+        #[arg(long)]
+        merge_domains: bool,
     },
     /// Run limits over a scripted timeline (JSON lines on stdin) on a fake clock.
     Simulate(SimulateArgs),
@@ -291,6 +299,39 @@ pub struct ServeArgs {
     /// probes; off unless given).
     #[arg(long, env = "CELLRATE_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+
+    /// envoyproxy/ratelimit's per-descriptor statistics also under the names and labels
+    /// of a statsd_exporter mapping: `ratelimit` (envoyproxy/ratelimit's own:
+    /// `ratelimit_service_rate_limit_total_hits{domain,key1,key2}` ...), or the path of a
+    /// mapping file (its `PROMETHEUS_MAPPER_YAML`). Off unless given.
+    #[arg(long, env = "CELLRATE_RATELIMIT_STATS_MAPPING")]
+    pub ratelimit_stats_mapping: Option<String>,
+
+    /// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: files of one domain in its format are
+    /// merged (a top-level descriptor given twice is still refused) instead of refused.
+    #[arg(long, env = "CELLRATE_MERGE_DOMAINS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub merge_domains: bool,
+
+    /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force: not ready until a
+    /// load (files or xDS) holds a limit, nor while one holds none.
+    #[arg(long, env = "CELLRATE_READY_NEEDS_LIMITS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub ready_needs_limits: bool,
+
+    /// Keep envoyproxy/ratelimit's per-descriptor statistics (`cellrate_ratelimit_hits_total`
+    /// and their mapped series); `false` is its DISABLE_STATS.
+    #[arg(long, env = "CELLRATE_RATELIMIT_STATS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ratelimit_stats: bool,
+
+    /// Labels on every series, `name:value,name:value` (envoyproxy/ratelimit's
+    /// EXTRA_TAGS): at most 16, each value printable, without `,` or `:`, at most 256
+    /// bytes; a series with a label of that name keeps its own.
+    #[arg(long, env = "CELLRATE_METRICS_LABELS", default_value = "", value_parser = crate::observe::metrics::ExtraLabels::parse)]
+    pub metrics_labels: crate::observe::metrics::ExtraLabels,
+
+    /// The path the metrics are served at on the metrics (and health) listener:
+    /// `/` then letters, digits and `/_.~-`, at most 256 bytes, not a probe's path.
+    #[arg(long, env = "CELLRATE_METRICS_PATH", default_value = "/metrics", value_parser = super::serve::parse_metrics_path)]
+    pub metrics_path: String,
 
     /// Redis-protocol listener: `CL.THROTTLE` as redis-cell answers it, for any Redis
     /// client. Off unless given.
@@ -534,67 +575,4 @@ pub struct SimulateArgs {
     /// A limits directory; buckets are then written Name:id.
     #[arg(long)]
     pub config: Option<PathBuf>,
-}
-
-/// `--rlqs-max-bucket-bytes`: 64 KiB to 16 GiB.
-fn parse_bucket_bytes(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if (64 << 10..=16 << 30).contains(&n) => Ok(n),
-        _ => Err(format!("{text:?}: bytes from 65536 to 17179869184")),
-    }
-}
-
-/// `--resp-auth-max-addresses`: 1 to 1 000 000.
-fn parse_auth_addresses(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
-        _ => Err(format!("{text:?}: a count from 1 to 1000000")),
-    }
-}
-
-/// `--settle-max-records`: 1 to 10 000 000.
-fn parse_settle_max(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
-        _ => Err(format!("{text}: not a number from 1 to 10000000")),
-    }
-}
-
-/// `--settle-window`: 1 s to 7 days.
-fn parse_settle_window(text: &str) -> Result<i64, String> {
-    let window = parse_period(text)?;
-    let (min, max) = (crate::clock::SECOND, 7 * crate::clock::DAY);
-    if !(min..=max).contains(&window) {
-        return Err(format!("{text}: not between 1s and 7d"));
-    }
-    Ok(window)
-}
-
-/// `--grpc-max-connection-age`: 100 ms to 365 days (shorter makes clients reconnect
-/// all the time).
-fn parse_connection_age(text: &str) -> Result<i64, String> {
-    let age = parse_period(text)?;
-    if !(100 * crate::clock::MICROSECOND * 1_000..=365 * crate::clock::DAY).contains(&age) {
-        return Err(format!("{text}: not between 100ms and 365d"));
-    }
-    Ok(age)
-}
-
-/// `--grpc-max-connection-age-grace`: 0 to 365 days.
-fn parse_connection_grace(text: &str) -> Result<i64, String> {
-    let grace = parse_period(text)?;
-    if grace > 365 * crate::clock::DAY {
-        return Err(format!("{text}: more than 365d"));
-    }
-    Ok(grace)
-}
-
-/// A period flag, in the limits files' duration syntax (`1s`, `90m`, `1d`).
-fn parse_client_san(text: &str) -> Result<String, String> {
-    crate::server::tls::client_name(text)?;
-    Ok(text.to_string())
-}
-
-fn parse_period(text: &str) -> Result<i64, String> {
-    crate::limits::duration::parse_duration(text)
 }

@@ -71,6 +71,16 @@ pub struct EnvoyArgs {
     #[arg(long, env = "CELLRATE_SHADOW")]
     pub shadow: bool,
 
+    /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its file
+    /// format is in quota mode (OVER_LIMIT only when all of them are over).
+    #[arg(long, env = "CELLRATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+
+    /// envoyproxy/ratelimit's NEAR_LIMIT_RATIO: its `near_limit` statistic counts the hits
+    /// above this share of a limit (0 to 1).
+    #[arg(long, env = "CELLRATE_NEAR_LIMIT_RATIO", default_value_t = EnvoyOptions::default().near_limit_ratio, value_parser = parse_ratio)]
+    pub near_limit_ratio: f32,
+
     /// How limits in envoyproxy/ratelimit's file format count: fixed-window (as it does)
     /// or gcra (cellrate's exact GCRA, all-or-nothing).
     #[arg(
@@ -95,7 +105,20 @@ impl EnvoyArgs {
             metadata: self.envoy_metadata,
             stop_increment_when_over_limit: self.stop_increment_when_over_limit,
             upstream_keys: false,
+            quota_mode: self.quota_mode,
+            near_limit_ratio: self.near_limit_ratio,
         }
+    }
+}
+
+/// A ratio from 0 to 1 (`--near-limit-ratio`), as Go parses a float32.
+pub fn parse_ratio(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!(
+            "{:?}: a ratio from 0 to 1 (0.8)",
+            crate::text::first_chars(text, 40)
+        )),
     }
 }
 

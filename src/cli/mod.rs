@@ -4,10 +4,12 @@
 
 mod args;
 pub mod envoy_args;
+mod flag_values;
 pub use args::*;
 
 pub mod client;
 pub mod memcache_args;
+mod ratelimit_behaviour;
 pub mod ratelimit_env;
 mod ratelimit_memcache;
 mod ratelimit_warned;

@@ -22,40 +22,12 @@ pub struct Translated {
     pub xds_only: bool,
 }
 
+use super::ratelimit_behaviour::{address, behaviour, boolean, prometheus};
 use super::ratelimit_warned::NOT_APPLICABLE;
-
-/// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
-fn boolean(name: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        other => Err(format!("{name}={other:?}: not a boolean (true or false)")),
-    }
-}
-
-/// `host:port`, an empty host meaning every interface (`:19001`).
-fn address(name: &str, host: &str, port: &str) -> Result<String, String> {
-    let variable = name.rsplit(':').next().unwrap_or(name);
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("{variable}={port:?}: not a port number"))?;
-    let host = match host {
-        "" => "0.0.0.0",
-        host => host,
-    };
-    let text = match host.contains(':') && !host.starts_with('[') {
-        true => format!("[{host}]:{port}"),
-        false => format!("{host}:{port}"),
-    };
-    text.parse::<std::net::SocketAddr>()
-        .map(|a| a.to_string())
-        .map_err(|_| format!("{name}: {text:?} is not an IP address and port"))
-}
 
 /// Translates the environment `var` reads.
 pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, String> {
     let get = |name: &str, default: &str| var(name).unwrap_or_else(|| default.to_string());
-    let flag = |name: &str| boolean(name, &get(name, "false"));
     let mut out = Translated::default();
     let mut push = |flag: &str, value: String| {
         out.flags.push(flag.to_string());
@@ -72,31 +44,15 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translated, Str
         )?,
     );
     let http = address("HOST:PORT", &get("HOST", "0.0.0.0"), &get("PORT", "8080"))?;
-    if flag("USE_PROMETHEUS")? {
-        let prometheus = get("PROMETHEUS_ADDR", ":9090");
-        let (host, port) = prometheus
-            .rsplit_once(':')
-            .ok_or_else(|| format!("PROMETHEUS_ADDR={prometheus:?}: not host:port"))?;
-        push("--metrics-listen", address("PROMETHEUS_ADDR", host, port)?);
-        push("--health-listen", http);
-    } else {
-        push("--metrics-listen", http);
-    }
     grpc_tls(&var, &mut out)?;
+    prometheus(&var, http, &mut out.flags, &mut out.warnings)?;
     connection_age(&var, &mut out.flags)?;
     admin_out_of_the_way(&var, &mut out);
     answers(&var, &mut out.flags)?;
     store(&var, &mut out)?;
     config_type(&var, &mut out)?;
     out.xds_only = var("CONFIG_TYPE").as_deref() == Some("GRPC_XDS_SOTW");
-    // Behaviour.
-    if flag("SHADOW_MODE")? {
-        out.flags.push("--shadow".to_string());
-    }
-    if flag("QUOTA_MODE")? {
-        out.warnings
-            .push("QUOTA_MODE: set quota_mode on the limits instead; ignored".into());
-    }
+    behaviour(&var, &mut out.flags)?;
     out.log_level = match var("LOG_LEVEL").map(|l| l.to_ascii_lowercase()) {
         None => None,
         Some(level) if ["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) => {
@@ -817,6 +773,30 @@ mod tests {
         assert_eq!(t.log_level.as_deref(), Some("info"));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
         assert!(t.warnings[0].starts_with("USE_STATSD"));
+        // Upstream's Prometheus sink names the statistics with its own mapping, unless
+        // PROMETHEUS_MAPPER_YAML (Envoy Gateway's) names another.
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some("ratelimit"));
+        let mapper = ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml");
+        let args = serve(&[vars.as_slice(), &[mapper]].concat());
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some(mapper.1));
+        let file_named_ratelimit = ("PROMETHEUS_MAPPER_YAML", "ratelimit");
+        let args = serve(&[vars.as_slice(), &[file_named_ratelimit]].concat());
+        assert_eq!(args.ratelimit_stats_mapping.as_deref(), Some("./ratelimit"));
+        // PROMETHEUS_PATH moves the metrics, as there; a path no route could take is refused.
+        let args = serve(&[vars.as_slice(), &[("PROMETHEUS_PATH", "/stats/prom")]].concat());
+        assert_eq!(args.metrics_path, "/stats/prom");
+        assert_eq!(serve(&vars).metrics_path, "/metrics");
+        for bad in ["metrics", "/a b", "/{id}", "/healthcheck", "/:x"] {
+            let error = run(&[vars.as_slice(), &[("PROMETHEUS_PATH", bad)]].concat());
+            assert!(error.unwrap_err().starts_with("PROMETHEUS_PATH="), "{bad}");
+        }
+        // Without USE_PROMETHEUS upstream does not read it: one warning says so.
+        let t = run(&[("BACKEND_TYPE", "memory"), mapper]).unwrap();
+        assert!(parse(&t.flags).unwrap().ratelimit_stats_mapping.is_none());
+        assert!(t
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("PROMETHEUS_MAPPER_YAML")));
     }
 
     #[test]
@@ -842,6 +822,22 @@ mod tests {
                     ("MEMCACHE_TLS", "true"),
                 ],
                 "MEMCACHE_TLS",
+            ),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("NEAR_LIMIT_RATIO", "1.5")],
+                "NEAR_LIMIT_RATIO",
+            ),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("NEAR_LIMIT_RATIO", "most")],
+                "NEAR_LIMIT_RATIO",
+            ),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("EXTRA_TAGS", "env")],
+                "EXTRA_TAGS",
+            ),
+            (
+                vec![("BACKEND_TYPE", "memory"), ("EXTRA_TAGS", "a-b:x")],
+                "EXTRA_TAGS",
             ),
             (vec![("BACKEND_TYPE", "redis")], "REDIS_URL"),
             (

@@ -23,12 +23,8 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("DEBUG_HOST", "cellrate has no debug listener"),
     ("DEBUG_PORT", "cellrate has no debug listener"),
     (
-        "NEAR_LIMIT_RATIO",
-        "near_limit counts above 80 % of a limit, its default",
-    ),
-    (
         "LOCAL_CACHE_SIZE_IN_BYTES",
-        "cellrate's deny cache is --redis-deny-cache",
+        "cellrate keeps no local over-limit cache of windows (its Redis deny cache, --redis-deny-cache, serves GCRA buckets only)",
     ),
     (
         "REDIS_POOL_SIZE",
@@ -94,7 +90,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
         "one Redis serves every limit",
     ),
-    ("DISABLE_STATS", "cellrate's metrics are always kept"),
     (
         "STATS_FLUSH_INTERVAL",
         "Prometheus scrapes; nothing is flushed",
@@ -103,22 +98,9 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "USE_DOG_STATSD_MOGRIFIERS",
         "cellrate exports Prometheus metrics, not statsd",
     ),
-    ("EXTRA_TAGS", "not applied to cellrate's metrics yet"),
-    (
-        "PROMETHEUS_PATH",
-        "not applied yet: the metrics are at /metrics",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "not applied yet: the metrics keep cellrate's names",
-    ),
     (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "latencies are histograms in seconds",
-    ),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "not applied yet: /healthcheck answers once the limits loaded",
     ),
     (
         "RUNTIME_IGNOREDOTFILES",
@@ -134,7 +116,6 @@ pub(super) const NOT_APPLICABLE: &[(&str, &str)] = &[
         "the directory is watched, and re-read every --reload-interval-seconds",
     ),
     ("TRACING_ENABLED", "no OpenTelemetry export"),
-    ("MERGE_DOMAIN_CONFIG", "a domain is in one file"),
     (
         "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
         "connecting is retried with XDS_CLIENT_BACKOFF_*",

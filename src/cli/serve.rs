@@ -1,12 +1,14 @@
 //! `cellrate serve`'s flags turned into the server's settings: the TLS files read, the
 //! store described, the listeners' bounds, and the listeners bound.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use super::{ServeArgs, StoreKind};
 use crate::limits::config::LimitTable;
+use crate::observe::metrics::{statsd_mapping, StatsdMapping};
 use crate::server::admin::TlsPem;
 use crate::server::connection_age::MaxConnectionAge;
 use crate::server::listener::ConnectionLimits;
@@ -66,6 +68,40 @@ impl ServeArgs {
             client_san: self.client_san.clone(),
             recheck: Duration::from_secs(self.reload_interval_seconds.max(1)),
         })
+    }
+
+    /// The statsd mapping `--ratelimit-stats-mapping` names, read and checked (a file of
+    /// more than [`statsd_mapping::MAX_FILE_BYTES`] is refused unread).
+    pub fn stats_mapping(&self) -> anyhow::Result<Option<Arc<StatsdMapping>>> {
+        use std::io::Read;
+        let Some(source) = self.ratelimit_stats_mapping.as_deref() else {
+            return Ok(None);
+        };
+        let text = match source {
+            "ratelimit" => statsd_mapping::RATELIMIT_DEFAULT.to_string(),
+            path => {
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|f| {
+                        let most = statsd_mapping::MAX_FILE_BYTES as u64 + 1;
+                        f.take(most).read_to_string(&mut text)
+                    })
+                    .with_context(|| {
+                        format!(
+                            "statistics mapping {path} (--ratelimit-stats-mapping; \
+                             PROMETHEUS_MAPPER_YAML as ratelimit): reading"
+                        )
+                    })?;
+                text
+            }
+        };
+        let mapping = StatsdMapping::parse(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "statistics mapping {source} (--ratelimit-stats-mapping; \
+                 PROMETHEUS_MAPPER_YAML as ratelimit): {e}"
+            )
+        })?;
+        Ok(Some(Arc::new(mapping)))
     }
 
     /// The store the flags describe.
@@ -163,6 +199,10 @@ impl ServeArgs {
                 upstream_keys,
                 ..self.envoy.options()
             },
+            metrics_path: self.metrics_path.clone(),
+            ready_needs_limits: self.ready_needs_limits,
+            metrics_labels: self.metrics_labels.clone(),
+            ratelimit_stats: self.ratelimit_stats,
             ..Default::default()
         }
     }
@@ -242,4 +282,20 @@ impl ServeArgs {
 /// flags' parsers; 0 here).
 fn nanos(n: i64) -> Duration {
     Duration::from_nanos(u64::try_from(n).unwrap_or(0))
+}
+
+/// `--metrics-path`: a path no route of the HTTP listener has, in characters a route takes
+/// literally.
+pub fn parse_metrics_path(text: &str) -> Result<String, String> {
+    let literal = |c: char| c.is_ascii_alphanumeric() || "/_.~-".contains(c);
+    if !text.starts_with('/') || text.len() > 256 || !text.chars().all(literal) {
+        return Err(format!(
+            "{:?}: a path, / then letters, digits and /_.~- (at most 256 bytes)",
+            crate::text::first_chars(text, 80)
+        ));
+    }
+    if ["/healthz", "/readyz", "/healthcheck"].contains(&text) {
+        return Err(format!("{text}: a probe's path"));
+    }
+    Ok(text.to_string())
 }

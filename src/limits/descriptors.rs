@@ -171,6 +171,11 @@ struct RawEntry {
 }
 
 impl DescriptorRules {
+    /// Whether no domain has descriptor rules.
+    pub fn is_empty(&self) -> bool {
+        self.by_domain.is_empty()
+    }
+
     /// Validates raw rules against `names`; problems go to `report(entry, reason)`.
     pub(crate) fn build(
         raw: BTreeMap<String, RawDomain>,

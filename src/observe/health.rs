@@ -19,6 +19,10 @@ pub struct Health {
     store_health: Mutex<Option<Arc<AtomicBool>>>,
     /// Set while the first xDS update is awaited (the gRPC listeners do not serve yet).
     waiting_for_config: AtomicBool,
+    /// When set, readiness also needs limits in force (`--ready-needs-limits`).
+    needs_limits: AtomicBool,
+    /// Whether the limits in force hold any limit.
+    has_limits: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -56,6 +60,17 @@ impl Health {
         *lock(&self.store_health) = Some(healthy);
     }
 
+    /// Makes readiness need limits in force: until a load holds a limit, and whenever one
+    /// holds none, `/readyz` and `/healthcheck` fail.
+    pub fn require_limits(&self) {
+        self.needs_limits.store(true, Ordering::SeqCst);
+    }
+
+    /// The limits now in force hold a limit (`true`) or none.
+    pub fn limits_loaded(&self, any: bool) {
+        self.has_limits.store(any, Ordering::SeqCst);
+    }
+
     /// Whether the first xDS update is awaited: `/readyz` answers 503 meanwhile.
     pub fn set_waiting_for_config(&self, waiting: bool) {
         self.waiting_for_config.store(waiting, Ordering::SeqCst);
@@ -65,6 +80,7 @@ impl Health {
     pub fn ready(&self) -> bool {
         !self.shutting_down.load(Ordering::SeqCst)
             && !self.waiting_for_config.load(Ordering::SeqCst)
+            && (!self.needs_limits.load(Ordering::SeqCst) || self.has_limits.load(Ordering::SeqCst))
             && lock(&self.store_health)
                 .as_ref()
                 .is_none_or(|h| h.load(Ordering::Relaxed))

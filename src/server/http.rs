@@ -7,15 +7,17 @@ use std::sync::Arc;
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 
-/// The metrics listener's routes: `/metrics`, `/healthz`, `/readyz` and `/healthcheck`.
-pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>) -> axum::Router {
+/// The metrics listener's routes: `/metrics` (or `metrics_path`, which
+/// `--metrics-path`'s parser has checked: a literal path no other route has), `/healthz`,
+/// `/readyz` and `/healthcheck`.
+pub fn http_routes(metrics: Arc<Metrics>, health: Arc<Health>, metrics_path: &str) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::routing::get;
     let for_health = health.clone();
     let for_check = health.clone();
     axum::Router::new()
         .route(
-            "/metrics",
+            metrics_path,
             get(move || {
                 let body = metrics.render();
                 async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }

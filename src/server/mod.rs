@@ -84,7 +84,15 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (metrics, health) = (Metrics::new(), Health::new());
+    let metrics = Metrics::configured(
+        settings.stats_mapping.clone(),
+        settings.metrics_labels.clone(),
+        settings.ratelimit_stats,
+    );
+    let health = Health::new();
+    if settings.ready_needs_limits {
+        health.require_limits();
+    }
     let stores = Stores::build(&settings, &clock, &metrics, &health)?;
     let server = Server {
         limits,
@@ -111,7 +119,11 @@ pub async fn run_with_store(
         listeners,
         stores: Stores::only(store).settling_here(&settings, &clock),
         clock,
-        metrics: Metrics::new(),
+        metrics: Metrics::configured(
+            settings.stats_mapping.clone(),
+            settings.metrics_labels.clone(),
+            settings.ratelimit_stats,
+        ),
         health: Health::new(),
     };
     server.serve(settings, shutdown).await
@@ -271,6 +283,7 @@ impl Server {
         metrics.known_limits(self.limits.names().iter().map(|name| &*name.text));
         metrics.track_denials(denials.clone());
         health.config_loaded(self.limits.version());
+        health.limits_loaded(self.limits.has_limits());
     }
 
     /// Temporary overrides, shared with other replicas when the store shares them.
@@ -349,7 +362,8 @@ impl Background {
             reloader.clone().spawn(reload, stop.clone(), &self.tasks);
         }
         for listener in http_listeners.into_iter().flatten() {
-            let routes = http::http_routes(metrics.clone(), shared.health.clone());
+            let (metrics, health) = (metrics.clone(), shared.health.clone());
+            let routes = http::http_routes(metrics, health, &settings.metrics_path);
             let listener = GuardedListener::new(listener, limits.metrics, "metrics");
             let stopped = stop.clone().cancelled_owned();
             let serve = listener::serve_http1(listener, routes, stopped, Duration::from_secs(1));

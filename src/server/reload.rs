@@ -116,6 +116,7 @@ impl Reloader {
             return false;
         }
         let version = table.version().to_string();
+        self.shared.health.limits_loaded(table.has_limits());
         self.shared.limits.store(Arc::new(table));
         self.shared.store.limits_changed();
         self.shared
@@ -134,9 +135,11 @@ impl Reloader {
         };
         let _building = lock(&self.building);
         let built = read_files(dir, self.missing_dir_ok).and_then(|files| {
+            let in_force = self.shared.limits.load();
             LimitTable::from_sources(Sources {
                 files: Arc::new(files),
-                xds: self.shared.limits.load().sources().xds.clone(),
+                xds: in_force.sources().xds.clone(),
+                merge_domains: in_force.sources().merge_domains,
             })
         });
         match built {
@@ -184,9 +187,11 @@ impl Reloader {
     /// `Err`: nothing changed (the update is to be NACKed with the errors).
     pub fn apply_xds(&self, resources: Vec<RateLimitConfig>) -> Result<bool, LoadError> {
         let _building = lock(&self.building);
+        let in_force = self.shared.limits.load();
         let built = LimitTable::from_sources(Sources {
-            files: self.shared.limits.load().sources().files.clone(),
+            files: in_force.sources().files.clone(),
             xds: Arc::new(resources),
+            merge_domains: in_force.sources().merge_domains,
         });
         let updates = &self.shared.metrics.config.xds_updates;
         match built.map(|table| self.install(table, "xds")) {

@@ -59,6 +59,16 @@ pub struct Settings {
     pub server: ServerLimits,
     /// The Redis-protocol listener's token and command bounds (when it listens).
     pub resp: RespSettings,
+    /// envoyproxy/ratelimit's statistics also under a statsd mapping's names and labels.
+    pub stats_mapping: Option<std::sync::Arc<crate::observe::metrics::StatsdMapping>>,
+    /// Where the HTTP listeners serve the metrics (`--metrics-path`, checked there).
+    pub metrics_path: String,
+    /// Readiness (`/readyz`, `/healthcheck`) also needs limits in force.
+    pub ready_needs_limits: bool,
+    /// Labels on every series (`--metrics-labels`).
+    pub metrics_labels: crate::observe::metrics::ExtraLabels,
+    /// envoyproxy/ratelimit's per-descriptor statistics are kept (`--ratelimit-stats`).
+    pub ratelimit_stats: bool,
 }
 
 /// The memory store's snapshot file.
@@ -200,6 +210,11 @@ impl Default for Settings {
             snapshot: None,
             server: ServerLimits::default(),
             resp: RespSettings::default(),
+            stats_mapping: None,
+            metrics_path: "/metrics".to_string(),
+            ready_needs_limits: false,
+            metrics_labels: Default::default(),
+            ratelimit_stats: true,
         }
     }
 }

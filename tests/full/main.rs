@@ -22,6 +22,7 @@ mod istio_e2e;
 mod memcache;
 mod observability;
 mod python_envoy;
+mod ratelimit_dashboard;
 mod ratelimit_format;
 mod readme;
 #[cfg(feature = "redis")]

@@ -245,7 +245,7 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
 }
 
 /// A Prometheus server on loopback with its own storage, killed when dropped.
-struct Prometheus {
+pub(crate) struct Prometheus {
     child: std::process::Child,
     addr: std::net::SocketAddr,
     _dir: tempfile::TempDir,
@@ -261,7 +261,7 @@ impl Drop for Prometheus {
 impl Prometheus {
     /// Scrapes `target` every second under job `cellrate`, evaluating the shipped rules
     /// every second; returns once it answers ready (at most 30 s).
-    fn start(target: &str) -> Prometheus {
+    pub(crate) fn start(target: &str) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -325,7 +325,7 @@ impl Prometheus {
     }
 
     /// The instant result of `query`: its samples' label sets and values.
-    fn query(&self, query: &str) -> Vec<(Value, f64)> {
+    pub(crate) fn query(&self, query: &str) -> Vec<(Value, f64)> {
         let (status, body) = self
             .get(&format!("/api/v1/query?query={}", url_encode(query)))
             .expect("prometheus answers");
@@ -344,7 +344,7 @@ impl Prometheus {
     }
 
     /// The single value of `query`, polled every 200 ms until `done` (at most 20 s).
-    fn value_when(&self, query: &str, done: impl Fn(f64) -> bool) -> Option<f64> {
+    pub(crate) fn value_when(&self, query: &str, done: impl Fn(f64) -> bool) -> Option<f64> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let value = self.query(query).first().map(|(_, v)| *v);

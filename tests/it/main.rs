@@ -40,6 +40,7 @@ mod proptests;
 mod ratelimit_answers;
 mod ratelimit_format;
 mod ratelimit_ports;
+mod ratelimit_vars;
 mod readme;
 mod resp;
 mod resp_gcra;

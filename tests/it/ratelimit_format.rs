@@ -487,3 +487,53 @@ async fn an_upstream_file_named_as_one_of_ours_is_read_in_its_format() {
     let table = LimitTable::load_dir(ours.path()).expect("cellrate's quota.yaml loads");
     assert!(table.ratelimit().is_empty());
 }
+
+/// A statsd mapping (`PROMETHEUS_MAPPER_YAML`) that is malformed, too large or missing
+/// stops startup with exit 78, the error naming the file and what is wrong in it, before
+/// any port is bound.
+#[test]
+fn a_bad_statsd_mapping_stops_startup_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("config/rl.yaml"), CONFIG).unwrap();
+    let bin = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let cases = [
+        (
+            write("bad.yaml", "mappings:\n  - {match: 'a.*', name: 'a-b'}\n"),
+            "mappings[0]",
+        ),
+        (write("big.yaml", &"#".repeat(300 * 1024)), "bytes: at most"),
+        (
+            dir.path().join("missing.yaml").display().to_string(),
+            "reading",
+        ),
+    ];
+    for (path, says) in cases {
+        let out = Command::new(&bin)
+            .env_clear()
+            .env("RUNTIME_ROOT", dir.path())
+            .env("BACKEND_TYPE", "memory")
+            .env("USE_PROMETHEUS", "true")
+            .env("PROMETHEUS_ADDR", "127.0.0.1:0")
+            .env("PROMETHEUS_MAPPER_YAML", &path)
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", "0")
+            .env("HOST", "127.0.0.1")
+            .env("PORT", "0")
+            .env("CELLRATE_ADMIN_LISTEN", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{path}: {stderr}");
+        assert!(stderr.contains(&path), "names {path}: {stderr}");
+        assert!(stderr.contains("PROMETHEUS_MAPPER_YAML"), "{stderr}");
+        assert!(stderr.contains(says), "{path}: {says}: {stderr}");
+        assert!(!stderr.contains("cellrate serving"), "{stderr}");
+    }
+}

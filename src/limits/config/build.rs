@@ -98,7 +98,7 @@ impl LimitTable {
     pub fn load_dir(dir: &Path) -> Result<LimitTable, LoadError> {
         LimitTable::from_sources(Sources {
             files: Arc::new(read_files(dir, false)?),
-            xds: Arc::default(),
+            ..Sources::default()
         })
     }
 
@@ -106,7 +106,7 @@ impl LimitTable {
     pub fn from_files(files: &[(String, String)]) -> Result<LimitTable, LoadError> {
         LimitTable::from_sources(Sources {
             files: Arc::new(files.to_vec()),
-            xds: Arc::default(),
+            ..Sources::default()
         })
     }
 
@@ -124,7 +124,9 @@ impl LimitTable {
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
-            ratelimit: Default::default(),
+            ratelimit: crate::limits::ratelimit_format::RatelimitDomains::merging(
+                sources.merge_domains,
+            ),
             version: content_version(files, &sources.xds),
             sources: sources.clone(),
         };

@@ -277,6 +277,9 @@ pub struct Sources {
     pub files: Arc<Vec<(String, String)>>,
     /// envoyproxy/ratelimit's `RateLimitConfig`s, as the control plane sent them.
     pub xds: Arc<Vec<RateLimitConfig>>,
+    /// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: files (and resources) of one domain
+    /// in its format are merged instead of refused as duplicates.
+    pub merge_domains: bool,
 }
 impl LimitTable {
     /// A table with the built-in names and no limits.
@@ -375,6 +378,12 @@ impl LimitTable {
     /// Number of override ids, over all names.
     pub fn override_count(&self) -> usize {
         self.policies.values().map(|p| p.overrides.len()).sum()
+    }
+
+    /// Whether any limit is configured: a domain (in either format) or a name's policy.
+    /// envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` waits for one.
+    pub fn has_limits(&self) -> bool {
+        !self.ratelimit.is_empty() || !self.descriptors.is_empty() || !self.policies.is_empty()
     }
 
     /// A short hash of the loaded files' names and contents: equal contents, equal version.

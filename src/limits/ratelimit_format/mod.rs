@@ -145,6 +145,11 @@ pub struct Found<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct RatelimitDomains {
     domains: ConfigMap<String, Level>,
+    /// Whether a domain given again is merged into the first (MERGE_DOMAIN_CONFIG).
+    merge: bool,
+    /// Scanned wildcard values so far, by domain, while merging: the bound is the
+    /// domain's, however many files give it.
+    scanned: ConfigMap<String, usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -240,6 +245,38 @@ mod tests {
     fn limit(d: &RatelimitDomains, domain: &str, entries: &[(&str, &str)]) -> Option<(u32, Unit)> {
         let found = d.find(domain, entries)?;
         Some(found.limit.limit.unwrap_or((0, Unit::Second)))
+    }
+
+    /// MERGE_DOMAIN_CONFIG, as upstream's loadConfig: a domain given again adds its
+    /// top-level descriptors to the first's (wildcards after the first's); a `key` or
+    /// `key_value` the domain already has is refused as a duplicate composite key, and
+    /// nothing of that file is added. Without it, the second file is a duplicate domain.
+    #[test]
+    fn merged_domains_add_their_descriptors_and_refuse_a_duplicate_key() {
+        let a = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: w\n    value: x*\n    rate_limit: {unit: second, requests_per_unit: 3}\n";
+        let b = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: w\n    value: '*'\n    rate_limit: {unit: second, requests_per_unit: 4}\n";
+        let again = "domain: d\ndescriptors:\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+        let mut merged = RatelimitDomains::merging(true);
+        let mut errors = Vec::new();
+        for text in [a, b, again] {
+            merged.add_file(text, &mut |entry, reason| {
+                errors.push(format!("{}: {reason}", entry.unwrap_or_default()))
+            });
+        }
+        assert_eq!(
+            errors,
+            ["d.a: duplicate descriptor composite key 'd.a'"],
+            "the third file's a is the first's"
+        );
+        assert_eq!(limit(&merged, "d", &[("a", "1")]), Some((1, Unit::Second)));
+        assert_eq!(limit(&merged, "d", &[("b", "1")]), Some((2, Unit::Minute)));
+        // The third file added nothing, not even its own c.
+        assert_eq!(limit(&merged, "d", &[("c", "1")]), None);
+        // The first file's wildcard is tried first.
+        assert_eq!(limit(&merged, "d", &[("w", "xy")]), Some((3, Unit::Second)));
+        assert_eq!(limit(&merged, "d", &[("w", "zz")]), Some((4, Unit::Second)));
+        let refused = load(&[a, b]).unwrap_err();
+        assert_eq!(refused, [": duplicate domain 'd' in config file"]);
     }
 
     #[test]

@@ -146,6 +146,17 @@ struct Reader<'r> {
 }
 
 impl RatelimitDomains {
+    /// No domains yet; with `merge`, a domain given again (in another file or resource)
+    /// is merged into the first, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG merges:
+    /// its top-level descriptors are added, one whose `key`/`key_value` the domain already
+    /// has is refused as a duplicate.
+    pub fn merging(merge: bool) -> RatelimitDomains {
+        RatelimitDomains {
+            merge,
+            ..RatelimitDomains::default()
+        }
+    }
+
     /// Adds one file's domain; every problem is reported with the entry it is in
     /// (`domain.key_value.key`), and a file with any problem adds nothing.
     pub fn add_file(&mut self, text: &str, report: &mut dyn FnMut(Option<String>, String)) {
@@ -164,12 +175,17 @@ impl RatelimitDomains {
         if root.domain.is_empty() {
             return report(None, "config file cannot have empty domain".to_string());
         }
-        if self.domains.contains_key(&root.domain) {
-            return report(
-                None,
-                format!("duplicate domain '{}' in config file", root.domain),
-            );
-        }
+        let first = match self.domains.get(&root.domain) {
+            Some(_) if !self.merge => {
+                return report(
+                    None,
+                    format!("duplicate domain '{}' in config file", root.domain),
+                )
+            }
+            // Merged into a copy: a file with any problem adds nothing.
+            Some(level) => level.clone(),
+            None => Level::default(),
+        };
         let mut failed = false;
         let mut noting = |entry: Option<String>, reason: String| {
             failed = true;
@@ -177,11 +193,16 @@ impl RatelimitDomains {
         };
         let mut reader = Reader {
             count: 0,
-            scanned: 0,
+            scanned: self.scanned.get(&root.domain).copied().unwrap_or(0),
             report: &mut noting,
         };
-        let level = reader.level(&format!("{}.", root.domain), root.descriptors, 1);
+        let parent = format!("{}.", root.domain);
+        let level = reader.level_onto(first, &parent, root.descriptors, 1);
+        let scanned = reader.scanned;
         if !failed {
+            if self.merge {
+                self.scanned.insert(root.domain.clone(), scanned);
+            }
             self.domains.insert(root.domain, level);
         }
     }
@@ -189,7 +210,17 @@ impl RatelimitDomains {
 
 impl Reader<'_> {
     fn level(&mut self, parent: &str, raw: Vec<RawDescriptor>, depth: usize) -> Level {
-        let mut level = Level::default();
+        self.level_onto(Level::default(), parent, raw, depth)
+    }
+
+    /// `raw`'s descriptors added to `level`'s (a composite key it has is a duplicate).
+    fn level_onto(
+        &mut self,
+        mut level: Level,
+        parent: &str,
+        raw: Vec<RawDescriptor>,
+        depth: usize,
+    ) -> Level {
         if depth > MAX_DEPTH && !raw.is_empty() {
             (self.report)(
                 Some(parent.trim_end_matches('.').to_string()),

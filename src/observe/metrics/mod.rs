@@ -2,23 +2,30 @@
 //! serves them is `crate::server::http`'s, the store's timing decorator in
 //! [`crate::store::measured`], the classification of a decision in [`crate::service`]).
 //!
-//! No label ever carries an id, a bucket key or a descriptor value (unbounded cardinality):
-//! labels are API names, RPC names, limit names from the configuration, results and store
-//! operations, all bounded by the code or the config.
+//! No label ever carries an id, a bucket key or a descriptor value unbounded: labels are
+//! API names, RPC names, limit names from the configuration, results and store
+//! operations, all bounded by the code or the config; the one exception,
+//! envoyproxy/ratelimit's statistics keys (which `detailed_metric` fills from requests,
+//! in `cellrate_ratelimit_hits_total` and the series a statsd mapping names), is bounded
+//! by `ratelimit_keys`' key space. The operator's `--metrics-labels` go on every series.
 
 use std::sync::Arc;
 
 use prometheus::{Encoder, IntCounterVec, Registry, TextEncoder};
 
 use crate::clock::Nanos;
+pub use extra_labels::ExtraLabels;
 pub use groups::{
     ConfigMetrics, RespMetrics, RlqsMetrics, SnapshotMetrics, StoreMetrics,
     SNAPSHOT_IGNORED_REASONS,
 };
 use groups::{Reg, RpcMetrics};
+pub use statsd_mapping::StatsdMapping;
 
+mod extra_labels;
 mod groups;
 mod ratelimit_keys;
+pub mod statsd_mapping;
 
 /// Latency buckets for RPCs and store calls: 10µs to 1s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -48,15 +55,41 @@ pub use ratelimit_keys::{MAX_KEYS as MAX_RATELIMIT_KEYS, MAX_KEYS_BYTES, MAX_KEY
 struct RatelimitStats {
     hits: IntCounterVec,
     keys: ratelimit_keys::KeySpace,
+    /// The statsd mapping and its families of series (`None` where one failed to
+    /// register), if one is given.
+    mapping: Option<(Arc<StatsdMapping>, Vec<Option<IntCounterVec>>)>,
+    /// The overflow key's mapped series.
+    overflow: ratelimit_keys::MappedSeries,
+    /// Whether they are kept (not with DISABLE_STATS).
+    enabled: bool,
+}
+
+impl RatelimitStats {
+    /// The series the statistics of `key` count in under the statsd mapping.
+    fn mapped(&self, key: &str) -> ratelimit_keys::MappedSeries {
+        let (mapping, families) = self.mapping.as_ref()?;
+        let series: Vec<Option<prometheus::IntCounter>> = RATELIMIT_STATS
+            .iter()
+            .map(|stat| {
+                let to = mapping.map(&statsd_mapping::statsd_name(key, stat))?;
+                let values: Vec<&str> = to.values.iter().map(String::as_str).collect();
+                let family = families.get(to.family)?.as_ref()?;
+                family.get_metric_with_label_values(&values).ok()
+            })
+            .collect();
+        Some(series.into())
+    }
 }
 
 /// A statistics key that has been bounded, escaped and given its place in the key space
 /// ([`Metrics::ratelimit_key`]): the only key [`Metrics::ratelimit_stat`] counts under.
-pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>);
+pub struct RatelimitKey<'k>(std::borrow::Cow<'k, str>, ratelimit_keys::MappedSeries);
 
 /// Every metric cellrate exports, in groups by what they watch.
 pub struct Metrics {
     registry: Registry,
+    /// Added to every series when rendered (`EXTRA_TAGS`).
+    extra: ExtraLabels,
     /// Who is being denied (admin `Top`); set once the server has its clock.
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
@@ -75,6 +108,18 @@ pub struct Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Arc<Metrics> {
+        Metrics::configured(None, ExtraLabels::default(), true)
+    }
+
+    /// A fresh registry with every metric at zero, envoyproxy/ratelimit's statistics also
+    /// counted under the names and labels `mapping` gives them, and `extra` labels on
+    /// every series; without `ratelimit_stats` (DISABLE_STATS), envoyproxy/ratelimit's
+    /// statistics are not kept at all.
+    pub fn configured(
+        mapping: Option<Arc<StatsdMapping>>,
+        extra: ExtraLabels,
+        ratelimit_stats: bool,
+    ) -> Arc<Metrics> {
         let registry = Registry::new();
         let reg = Reg(&registry);
         let decisions = reg.counters(
@@ -109,9 +154,20 @@ impl Metrics {
                 &["key", "stat"],
             ),
             keys: ratelimit_keys::KeySpace::default(),
+            mapping: mapping.map(|m| {
+                let families = m.families().iter().map(|f| mapped_family(&registry, f));
+                let families = families.collect();
+                (m, families)
+            }),
+            overflow: None,
+            enabled: ratelimit_stats,
+        };
+        let ratelimit = RatelimitStats {
+            overflow: ratelimit.mapped(ratelimit_keys::OVERFLOW),
+            ..ratelimit
         };
         // At zero from the start: an alert on the cap needs the series before it fills.
-        for stat in RATELIMIT_STATS {
+        for stat in RATELIMIT_STATS.iter().filter(|_| ratelimit_stats) {
             ratelimit
                 .hits
                 .with_label_values(&[ratelimit_keys::OVERFLOW, stat]);
@@ -121,6 +177,7 @@ impl Metrics {
         let config = ConfigMetrics::new(&reg);
         Arc::new(Metrics {
             registry,
+            extra,
             denials: std::sync::OnceLock::new(),
             decisions,
             settlements,
@@ -222,22 +279,39 @@ impl Metrics {
     /// [`MAX_KEYS_BYTES`] bytes of keys have series (`detailed_metric` and a descriptor's
     /// own `limit` put request values in keys).
     pub fn ratelimit_key<'k>(&self, key: &'k str) -> RatelimitKey<'k> {
+        if !self.ratelimit.enabled {
+            return RatelimitKey(std::borrow::Cow::Borrowed(""), None);
+        }
         let shown = ratelimit_keys::shown(key);
-        match self.ratelimit.keys.admit(&shown) {
-            true => RatelimitKey(shown),
-            false => RatelimitKey(std::borrow::Cow::Borrowed(ratelimit_keys::OVERFLOW)),
+        match self
+            .ratelimit
+            .keys
+            .admit(&shown, |k| self.ratelimit.mapped(k))
+        {
+            Some(mapped) => RatelimitKey(shown, mapped),
+            None => RatelimitKey(
+                std::borrow::Cow::Borrowed(ratelimit_keys::OVERFLOW),
+                self.ratelimit.overflow.clone(),
+            ),
         }
     }
 
     /// Adds `n` to envoyproxy/ratelimit's statistic `stat` of `key`.
     pub fn ratelimit_stat(&self, key: &RatelimitKey<'_>, stat: &str, n: u64) {
-        if n == 0 {
+        if n == 0 || !self.ratelimit.enabled {
             return;
         }
         self.ratelimit
             .hits
             .with_label_values(&[key.0.as_ref(), stat])
             .inc_by(n);
+        let mapped = key.1.as_ref().and_then(|series| {
+            let i = RATELIMIT_STATS.iter().position(|s| *s == stat)?;
+            series.get(i)?.as_ref()
+        });
+        if let Some(counter) = mapped {
+            counter.inc_by(n);
+        }
     }
 
     /// Records an answered RPC: its duration, and its gRPC status code.
@@ -293,7 +367,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        self.extra.add_to(&mut families);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
 }
@@ -353,6 +429,19 @@ impl Metrics {
     }
 }
 
+/// A statsd mapping's family of series, registered (`None`, logged, if the registry
+/// refuses it: the mapping's checks leave no name cellrate uses).
+fn mapped_family(registry: &Registry, family: &statsd_mapping::Family) -> Option<IntCounterVec> {
+    let labels: Vec<&str> = family.labels.iter().map(String::as_str).collect();
+    let opts = prometheus::Opts::new(family.name.as_str(), family.help.as_str());
+    let made = IntCounterVec::new(opts, &labels)
+        .and_then(|vec| registry.register(Box::new(vec.clone())).map(|()| vec));
+    made.map_err(
+        |e| tracing::error!(name = %family.name, error = %e, "a mapped metric is not exported"),
+    )
+    .ok()
+}
+
 /// The `code` label of a gRPC status: its name, as grpc-go and Envoy spell it.
 fn code_label(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
@@ -405,6 +494,42 @@ mod tests {
     }
 
     use super::*;
+
+    /// Plays the attacker: descriptor values reach the mapped series' labels (through
+    /// `detailed_metric`), so they stay inside the bounded key space and cannot write
+    /// label syntax into the exposition.
+    #[test]
+    fn mapped_series_are_bounded_by_the_key_space_and_carry_no_label_syntax() {
+        let mapping = StatsdMapping::parse(statsd_mapping::RATELIMIT_DEFAULT).unwrap();
+        let metrics = Metrics::configured(Some(Arc::new(mapping)), ExtraLabels::default(), true);
+        let hostile = "v\",evil=\"1\"} 999\nratelimit_service_rate_limit_total_hits{x=\"";
+        for i in 0..MAX_RATELIMIT_KEYS + 100 {
+            let key = format!("edge.user_{i}{hostile}.plan_gold");
+            metrics.ratelimit_stat(&metrics.ratelimit_key(&key), "total_hits", 1);
+        }
+        let text = metrics.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+            .collect();
+        assert_eq!(
+            series.len(),
+            MAX_RATELIMIT_KEYS,
+            "one series per admitted key"
+        );
+        assert!(!text.contains("evil=\"1\""), "no label injected");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{x=")),
+            "no line injected"
+        );
+        for line in &series {
+            assert!(line.ends_with("} 1"), "{line}");
+            assert!(line.contains("domain=\"edge\""), "{line}");
+            assert!(line.contains(",key2=\"plan_gold\"}"), "{line}");
+        }
+    }
 
     #[test]
     fn render_has_the_main_series() {

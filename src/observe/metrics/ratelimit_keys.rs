@@ -10,8 +10,10 @@
 //! `key="overflow"`.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus::IntCounter;
 
 use sha2::{Digest, Sha256};
 
@@ -28,30 +30,41 @@ pub const MAX_KEYS_BYTES: usize = 1 << 20;
 /// The key every hit counts under once the key space is full.
 pub const OVERFLOW: &str = "overflow";
 
-/// The keys that have series of their own, and their bytes.
+/// The series a key's statistics also count in under a statsd mapping
+/// ([`super::statsd_mapping`]), by stat in [`super::RATELIMIT_STATS`]' order; `None`
+/// without a mapping.
+pub(super) type MappedSeries = Option<Arc<[Option<IntCounter>]>>;
+
+/// The keys that have series of their own (with their mapped series), and their bytes.
 #[derive(Default)]
 pub(super) struct KeySpace {
-    keys: Mutex<(HashSet<Box<str>>, usize)>,
+    keys: Mutex<(HashMap<Box<str>, MappedSeries>, usize)>,
 }
 
 impl KeySpace {
-    /// Whether `key` has (or may now have) series of its own; if not, it counts under
-    /// [`OVERFLOW`]. `key` is already bounded and escaped ([`shown`]).
-    pub(super) fn admit(&self, key: &str) -> bool {
+    /// Whether `key` has (or may now have) series of its own, and its mapped series
+    /// (`map` gives them when the key is new); if not, it counts under [`OVERFLOW`]. `key`
+    /// is already bounded and escaped ([`shown`]).
+    pub(super) fn admit(
+        &self,
+        key: &str,
+        map: impl FnOnce(&str) -> MappedSeries,
+    ) -> Option<MappedSeries> {
         let mut guard = self
             .keys
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (keys, bytes) = &mut *guard;
-        if keys.contains(key) {
-            return true;
+        if let Some(mapped) = keys.get(key) {
+            return Some(mapped.clone());
         }
         if keys.len() < MAX_KEYS && *bytes + key.len() <= MAX_KEYS_BYTES {
             *bytes += key.len();
-            keys.insert(key.into());
-            return true;
+            let mapped = map(key);
+            keys.insert(key.into(), mapped.clone());
+            return Some(mapped);
         }
-        false
+        None
     }
 }
 
@@ -96,11 +109,12 @@ mod tests {
         let space = KeySpace::default();
         let long = |i: usize| format!("{i:0>width$}", width = MAX_KEY_BYTES);
         let fit = MAX_KEYS_BYTES / MAX_KEY_BYTES;
+        let admit = |key: &str| space.admit(key, |_| None).is_some();
         for i in 0..fit {
-            assert!(space.admit(&long(i)), "key {i}");
+            assert!(admit(&long(i)), "key {i}");
         }
-        assert!(!space.admit(&long(fit)));
+        assert!(!admit(&long(fit)));
         // A key already admitted keeps its series.
-        assert!(space.admit(&long(0)));
+        assert!(admit(&long(0)));
     }
 }

@@ -43,6 +43,11 @@ impl EnvoyRateLimitService {
                 check_descriptor(d, descriptor)?;
             }
             self.add_ratelimit(&table, &request, request_cost, &mut batch)?;
+            if self.options.quota_mode {
+                // As upstream: every descriptor but an unlimited one, matched or not.
+                let n = request.descriptors.len();
+                batch.quota = (0..n).filter(|d| !batch.unlimited.contains(d)).collect();
+            }
         } else {
             for (d, descriptor) in request.descriptors.iter().enumerate() {
                 self.add_descriptor(

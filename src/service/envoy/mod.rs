@@ -112,6 +112,12 @@ pub struct EnvoyOptions {
     /// (`<domain>_<key>_<value>_...`) instead of a digest: for the memcache store, whose
     /// keys are envoyproxy/ratelimit's.
     pub upstream_keys: bool,
+    /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its
+    /// format that is not unlimited is in quota mode, as if each limit said `quota_mode`.
+    pub quota_mode: bool,
+    /// envoyproxy/ratelimit's NEAR_LIMIT_RATIO: `near_limit` counts hits above this share
+    /// of a limit (its threshold computed in float32, as there).
+    pub near_limit_ratio: f32,
 }
 
 impl Default for EnvoyOptions {
@@ -127,6 +133,8 @@ impl Default for EnvoyOptions {
             metadata: MetadataStyle::Cellrate,
             stop_increment_when_over_limit: false,
             upstream_keys: false,
+            quota_mode: false,
+            near_limit_ratio: 0.8,
         }
     }
 }

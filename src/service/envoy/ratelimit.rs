@@ -189,6 +189,12 @@ pub(super) fn quota_mode(response: &mut RateLimitResponse, quota: &[usize]) {
     }
 }
 
+/// envoyproxy/ratelimit's near-limit threshold of `limit`: `floor(float32(limit) *
+/// ratio)`, in float32 as there, so that the same ratio gives the same threshold.
+fn near_threshold(limit: u64, ratio: f32) -> u64 {
+    f64::from(limit as f32 * ratio).floor() as u64
+}
+
 /// The statistics key of a descriptor counted on the limit `found` (`None`: its own
 /// `limit`): the limit's full key, or the detailed key of its `counted` entries.
 fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) -> String {
@@ -229,12 +235,10 @@ fn detailed_key(domain: &str, entries: &[(&str, &str)]) -> String {
     key
 }
 
-/// envoyproxy/ratelimit's near-limit threshold: 80 % of the limit (its NEAR_LIMIT_RATIO).
-const NEAR_LIMIT_RATIO: f64 = 0.8;
-
 impl EnvoyRateLimitService {
     /// Counts envoyproxy/ratelimit's statistics of the batch's items from its file format:
-    /// hits, and of them those over the limit, near it (above 80 %), within it, and over
+    /// hits, and of them those over the limit, near it (above `near_limit_ratio` of it,
+    /// 80 % unless NEAR_LIMIT_RATIO says otherwise), within it, and over
     /// it in shadow mode, split as it splits them when a request's hits straddle a
     /// threshold.
     pub(super) fn count_ratelimit(&self, batch: &Batch<'_>, results: &[ItemResult]) {
@@ -266,7 +270,7 @@ impl EnvoyRateLimitService {
                 after.max(limit + 1)
             };
             let before = after.saturating_sub(hits);
-            let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+            let near = near_threshold(limit, self.options.near_limit_ratio);
             if after > limit {
                 let over = if before >= limit { hits } else { after - limit };
                 stat("over_limit", over);
