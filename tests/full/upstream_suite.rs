@@ -9,6 +9,7 @@
 //! assertions that hold, is in docs/upstream-suite.md.
 
 mod base;
+mod extra_tags;
 mod grpc_certs;
 mod memcache;
 mod mtls;
