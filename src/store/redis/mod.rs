@@ -62,6 +62,8 @@ mod failure;
 #[cfg(feature = "redis")]
 mod failure_log;
 #[cfg(feature = "redis")]
+mod leases;
+#[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]
 mod sentinel;
