@@ -192,7 +192,11 @@ async fn a_flood_of_fresh_ids_is_bounded_per_key_and_evicts_nothing() {
     let server = RedisServer::start();
     let clock = FakeClock::new(T0);
     let (store, _) = redis(settings(&server.url()), &clock);
-    assert!(one(&*store, lease("victim", 5, Mode::Acquire, "v1")).await.allowed);
+    assert!(
+        one(&*store, lease("victim", 5, Mode::Acquire, "v1"))
+            .await
+            .allowed
+    );
     let mut allowed = 0;
     for i in 0..1_000 {
         let item = lease("victim", 5, Mode::Acquire, &format!("x{i}"));
@@ -208,7 +212,11 @@ async fn a_flood_of_fresh_ids_is_bounded_per_key_and_evicts_nothing() {
     // Many keys, as many fresh ids each as the attacker likes.
     for k in 0..200 {
         for i in 0..8 {
-            one(&*store, lease(&format!("k{k}"), 5, Mode::Acquire, &format!("x{i}"))).await;
+            one(
+                &*store,
+                lease(&format!("k{k}"), 5, Mode::Acquire, &format!("x{i}")),
+            )
+            .await;
         }
     }
     let keys = server.cli(&["KEYS", "l:100@lease:k*"]).unwrap();
@@ -268,7 +276,10 @@ async fn inspect_and_reset_reach_lease_keys() {
     }
     let peek = both(&memory, &store, &[lease("t", 2, Mode::Probe, "")]).await;
     let d = peek.decisions[0];
-    assert_eq!((d.allowed, d.remaining, d.retry_in), (false, 0, HOLD - 2 * SECOND));
+    assert_eq!(
+        (d.allowed, d.remaining, d.retry_in),
+        (false, 0, HOLD - 2 * SECOND)
+    );
     assert_eq!(store.reset(&[key("t"), key("none")]).await.unwrap(), 1);
     assert_eq!(memory.reset(&[key("t"), key("none")]).await.unwrap(), 1);
     assert_eq!(server.cli(&["DBSIZE"]).unwrap().trim(), "0");
@@ -320,19 +331,33 @@ async fn failure_policies_for_leases() {
         assert_eq!((d.allowed, d.remaining), (true, 4));
     }
     let out = allow.spend(&[r("held")]).await.unwrap();
-    assert!(!out.decisions[0].allowed, "allow frees nothing it cannot see");
+    assert!(
+        !out.decisions[0].allowed,
+        "allow frees nothing it cannot see"
+    );
     assert!(!one(&*deny, a("x")).await.allowed);
     assert!(!deny.spend(&[r("held")]).await.unwrap().decisions[0].allowed);
     let mut decided = Vec::new();
     for id in ["l1", "l2", "l3", "l1"] {
         decided.push(one(&*local, a(id)).await.allowed);
     }
-    assert_eq!(decided, [true, true, false, true], "a share of 2, and a retry");
+    assert_eq!(
+        decided,
+        [true, true, false, true],
+        "a share of 2, and a retry"
+    );
     assert!(one(&*local, r("l1")).await.allowed);
     assert!(one(&*local, a("l3")).await.allowed, "the freed slot");
-    assert!(!one(&*local, r("held")).await.allowed, "held on Redis, not here");
+    assert!(
+        !one(&*local, r("held")).await.allowed,
+        "held on Redis, not here"
+    );
     clock.advance(HOLD);
-    assert_eq!(one(&*local, a("l4")).await.remaining, 1, "local leases expire");
+    assert_eq!(
+        one(&*local, a("l4")).await.remaining,
+        1,
+        "local leases expire"
+    );
 }
 
 /// On a Redis Cluster a request's keys fall in several slots: when a slot other than the
@@ -352,11 +377,16 @@ async fn a_cluster_takes_back_the_lease_of_a_denied_cross_slot_request() {
     let slot = |k: &BucketKey| cellrate::store::redis::slot(&store.redis_key(k));
     assert_ne!(slot(&key(tenant)), slot(&BucketKey::new(101, payer)));
     let a = |id: &str| lease(tenant, 2, Mode::Acquire, id);
-    assert!(one(&*store, rate(payer, 1)).await.allowed, "the rate is now empty");
+    assert!(
+        one(&*store, rate(payer, 1)).await.allowed,
+        "the rate is now empty"
+    );
     let out = store.spend(&[a("new"), rate(payer, 1)]).await.unwrap();
     assert!(!out.allowed);
     assert_eq!(out.decisions[0].remaining, 2, "reported as it stands");
-    assert!(metrics.render().contains("cellrate_store_compensations_total 1"));
+    assert!(metrics
+        .render()
+        .contains("cellrate_store_compensations_total 1"));
     let peek = one(&*store, lease(tenant, 2, Mode::Probe, "")).await;
     assert_eq!(peek.remaining, 2, "the denied request holds no lease");
     assert!(one(&*store, a("held")).await.allowed);
@@ -460,5 +490,8 @@ fn leases_on_two_replicas_agree_with_a_model() {
         panic!("{e}");
     }
     let (switches, denials) = (switches.get(), denials.get());
-    assert!(switches > 100 && denials > 100, "{switches} switches, {denials} denials");
+    assert!(
+        switches > 100 && denials > 100,
+        "{switches} switches, {denials} denials"
+    );
 }
