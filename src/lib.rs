@@ -41,7 +41,8 @@
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
 //!                demand, settlements; settlements.rs keeps them in memory), redis/
 //!                (script calls, cluster, breaker, deny cache, failure policy and
-//!                failure log, coalescing, shared tables)
+//!                failure log, coalescing, leases.rs: leases as the script reads them,
+//!                shared tables)
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and

@@ -8,11 +8,10 @@
 //! Lease ids are stored as given (printable, checked before the store), never hashed with
 //! a per-process key: every replica must find the lease another one took.
 
-use super::store::batch_item;
 use super::wire::{LeaseRead, Read};
 use crate::clock::Nanos;
 use crate::gcra::lease::{self, Held};
-use crate::gcra::{self, BatchOutcome, Decision, Mode, Window};
+use crate::gcra::{self, BatchItem, BatchOutcome, Decision, Mode, Window};
 use crate::store::{StoreError, StoreItem};
 
 /// Whether an item names a concurrency limit's key.
@@ -74,7 +73,11 @@ pub(super) fn replay(
             } else {
                 item.mode
             };
-            rates.push(batch_item(item, mode));
+            rates.push(BatchItem {
+                limit: &item.limit,
+                cost: item.cost,
+                mode,
+            });
             tats.push(read.tats.get(n).copied().flatten());
         }
     }

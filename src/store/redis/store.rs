@@ -15,7 +15,7 @@ use super::wire::{Op, Read, Wire, WireMode, WireWindow};
 use super::{FailurePolicy, RedisSettings};
 
 use crate::clock::{Clock, Nanos};
-use crate::gcra::{self, BatchItem, Decision, Mode, Window};
+use crate::gcra::{self, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
     MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
@@ -363,14 +363,6 @@ pub(super) const UNDECIDED: Decision = Decision {
     retry_in: 0,
     reset_in: 0,
 };
-
-pub(super) fn batch_item(item: &StoreItem, mode: Mode) -> BatchItem<'_> {
-    BatchItem {
-        limit: &item.limit,
-        cost: item.cost,
-        mode,
-    }
-}
 
 /// What spending `item` adds to its bucket's TAT: the emission interval times the cost.
 fn increment_nanos(item: &StoreItem) -> i64 {
