@@ -9,10 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::redis_server::{RedisCluster, RedisServer};
+use crate::common::{check, item, Served};
 use cellrate::clock::{Clock, FakeClock, Nanos, DAY, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode, Window};
+use cellrate::limits::config::LimitTable;
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
+use cellrate::proto::v1 as pb;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Outcome, Store, StoreError, StoreItem};
 
@@ -494,4 +497,108 @@ fn leases_on_two_replicas_agree_with_a_model() {
         switches > 100 && denials > 100,
         "{switches} switches, {denials} denials"
     );
+}
+
+/// InFlight: 3 leases a tenant, held at most 30 s; Requests: 1 a second.
+fn served_limits() -> LimitTable {
+    let dir = crate::common::directory(&[
+        (
+            "names.yaml",
+            "InFlight: {number: 100, format: string}\nRequests: {number: 101, format: string}\n",
+        ),
+        (
+            "defaults.yaml",
+            "InFlight: {window: concurrency, count: 3, period: 30s}\n\
+             Requests: {burst: 1, count: 1, period: 1s}\n",
+        ),
+    ]);
+    LimitTable::load_dir(dir.path()).expect("the limits load")
+}
+
+fn grpc_lease(mode: pb::Mode, id: &str) -> pb::Item {
+    pb::Item {
+        mode: mode as i32,
+        lease_id: id.to_string(),
+        ..item("InFlight", "acme", None)
+    }
+}
+
+async fn grpc_one(s: &mut Served, mode: pb::Mode, id: &str) -> (bool, i64) {
+    let d = check(s, vec![grpc_lease(mode, id)]).await.unwrap().items[0].clone();
+    (d.allowed, d.remaining)
+}
+
+/// Two cellrate replicas on one Redis (or Valkey), over gRPC: leases taken on either count
+/// on both; a retry or a release reaches the lease another replica took; a lease id with a
+/// space is refused (INVALID_ARGUMENT naming the field) and changes nothing; `{`, `%` and
+/// colons in a lease id are taken as given; Inspect and Reset reach the leases.
+async fn replicas_share_leases(server: RedisServer) {
+    use pb::Mode::{Acquire, Release};
+    let mut a = Served::with_settings(served_limits(), server.settings()).await;
+    let mut b = Served::with_settings(served_limits(), server.settings()).await;
+    assert_eq!(grpc_one(&mut a, Acquire, "r1").await, (true, 2));
+    assert_eq!(grpc_one(&mut b, Acquire, "r2").await, (true, 1));
+    assert_eq!(grpc_one(&mut a, Acquire, "{r3}%:").await, (true, 0));
+    assert_eq!(grpc_one(&mut b, Acquire, "r4").await, (false, 0));
+    assert_eq!(grpc_one(&mut b, Acquire, "r1").await, (true, 0), "a retry");
+    assert_eq!(grpc_one(&mut b, Release, "r1").await, (true, 1));
+    assert_eq!(
+        grpc_one(&mut a, Release, "r1").await,
+        (false, 1),
+        "released"
+    );
+    let keys = server.cli(&["DBSIZE"]).unwrap();
+    for bad in ["a b", " r2", ""] {
+        let e = check(&mut a, vec![grpc_lease(Acquire, bad)])
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");
+        assert!(
+            e.message().starts_with("items[0].lease_id"),
+            "{}",
+            e.message()
+        );
+    }
+    assert_eq!(server.cli(&["DBSIZE"]).unwrap(), keys, "nothing written");
+    // A denied request takes no lease: the rate is spent first.
+    let rate = || item("Requests", "acme", None);
+    assert!(check(&mut a, vec![rate()]).await.unwrap().items[0].allowed);
+    let out = check(&mut b, vec![grpc_lease(Acquire, "r5"), rate()])
+        .await
+        .unwrap();
+    assert!(!out.overall.unwrap().allowed);
+    let inspect = |s: &mut Served| {
+        let mut admin = s.admin.clone();
+        async move {
+            let request = pb::InspectRequest {
+                items: vec![item("InFlight", "acme", None)],
+            };
+            admin.inspect(request).await.unwrap().into_inner().items[0].remaining
+        }
+    };
+    assert_eq!(inspect(&mut a).await, 1, "r5 was not taken");
+    let reset = b
+        .admin
+        .reset(pb::ResetRequest {
+            items: vec![item("InFlight", "acme", None)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(reset.into_inner().deleted, 1);
+    assert_eq!(inspect(&mut a).await, 3);
+    assert_eq!(
+        grpc_one(&mut a, Release, "r2").await,
+        (false, 3),
+        "reset freed it"
+    );
+}
+
+#[tokio::test]
+async fn replicas_on_redis_share_leases_over_grpc() {
+    replicas_share_leases(RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn replicas_on_valkey_share_leases_over_grpc() {
+    replicas_share_leases(RedisServer::start_valkey()).await;
 }
