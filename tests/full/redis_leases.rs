@@ -129,6 +129,12 @@ async fn leases_answer_as_in_memory(server: RedisServer) {
         (false, 1),
         "r0 expired, not released"
     );
+    // Both stores counted the same: r0, r1, r2, r4 taken (not the retry, not the denied
+    // r3 and r4), r1 released, r0 found expired.
+    memory.sweep();
+    let events =
+        [memory.lease_events(), store.lease_events()].map(|e| (e.acquired, e.released, e.expired));
+    assert_eq!(events, [(4, 1, 1), (4, 1, 1)]);
     // The key as Redis holds it.
     let redis_key = store.redis_key(&key("t"));
     assert_eq!(redis_key, "l:100@lease:t");

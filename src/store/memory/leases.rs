@@ -122,18 +122,24 @@ impl MemoryStore {
         let mut rate_decisions = out.decisions.into_iter();
         let mut decisions = Vec::with_capacity(items.len());
         let mut change = 0i64;
+        let mut released = 0i64;
         for (i, decided) in leased.into_iter().enumerate() {
             match decided {
                 Some((decision, write)) => {
                     let (print, _) = prints[i];
+                    released += i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
                     change += self.write_lease(&mut guards[positions[i]], print, now, write);
                     decisions.push(decision);
                 }
                 None => decisions.push(rate_decisions.next().unwrap_or(DENIED)),
             }
         }
-        // `adds` were counted when reserved; the rest of the change is expired leases dropped.
+        // `adds` were counted when reserved; the rest of the change is releases and expired
+        // leases dropped.
         self.leases_dropped((adds as i64 - change).max(0) as usize);
+        let expired = (adds as i64 - released - change).max(0);
+        self.lease_events
+            .add(adds as u64, released as u64, expired as u64);
         Ok(Outcome {
             allowed: out.allowed,
             decisions,
@@ -194,6 +200,7 @@ impl MemoryStore {
         for guard in guards.iter_mut() {
             let dropped = sweep(&mut guard.1, now);
             self.leases_dropped(dropped);
+            self.lease_events.add(0, 0, dropped as u64);
         }
         if self.reserve_lease_room(n) {
             return Ok(());
@@ -303,6 +310,13 @@ mod tests {
             "the sweeper dropped the expired leases"
         );
         assert_eq!(one(&store, lease("t", 3, Mode::Acquire, "r9")).remaining, 2);
+        // Counted: r0, r1, r2 and r9 taken (the retry of r0 is none), r1 released, r0 and
+        // r2 dropped expired.
+        let events = crate::store::Store::lease_events(&store);
+        assert_eq!(
+            (events.acquired, events.released, events.expired),
+            (4, 1, 2)
+        );
     }
 
     /// A denied batch acquires nothing, and an acquire that is denied spends no rate.

@@ -40,9 +40,9 @@
 --   Then the batches: per batch its item count n, then per item the index of its shape
 --   (from 1), for an acquire or release followed by a colon and its lease id ("3:req-7").
 --   Returns {now, then per item the TAT its batch started from, or "", or for a lease key
---   "L<held>,<before>,<after>": whether the id held a live lease, and the key's live leases
---   before the batch and after the item's write, each as "<count>,<oldest>,<latest>" (Unix
---   nanoseconds, 0 when none)}. A batch with a
+--   "L<held>,<before>,<after>,<expired>": whether the id held a live lease, the key's live
+--   leases before the batch and after the item's write, each as "<count>,<oldest>,<latest>"
+--   (Unix nanoseconds, 0 when none), and how many expired leases it dropped}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
 -- refund: KEYS the buckets (a bucket named again is refunded again, from what the item
@@ -237,11 +237,11 @@ end
 local REBASE, LONGEST_HOLD = 2097152, 86400
 
 -- The key's base in seconds and now after it in nanoseconds, after dropping its expired
--- leases (nil when it holds none: the key is gone).
+-- leases (nil when it holds none: the key is gone), and how many it dropped.
 local function lease_open(k)
   local first = redis.call('ZRANGE', k, 0, 0)[1]
   if not first then
-    return nil
+    return nil, nil, 0
   end
   local base = string_sub(first, 1, 1) == ' ' and tonumber(string_sub(first, 2))
   if not base then
@@ -249,14 +249,15 @@ local function lease_open(k)
   end
   local age = nows - base
   if age > REBASE + LONGEST_HOLD + 1 then
+    local dropped = redis.call('ZCARD', k) - 1
     redis.call('DEL', k)
-    return nil
+    return nil, nil, dropped
   end
   local rel = age * BILLION + nown
-  redis.call('ZREMRANGEBYSCORE', k, '(-inf', rel)
+  local dropped = redis.call('ZREMRANGEBYSCORE', k, '(-inf', rel)
   if redis.call('ZCARD', k) <= 1 then
     redis.call('DEL', k)
-    return nil
+    return nil, nil, dropped
   end
   if age > REBASE then
     local live = redis.call('ZRANGE', k, 1, -1, 'WITHSCORES')
@@ -267,7 +268,7 @@ local function lease_open(k)
     end
     base, rel = nows, nown
   end
-  return base, rel
+  return base, rel, dropped
 end
 
 -- A score after `base` as Unix nanoseconds (text).
@@ -301,7 +302,7 @@ end
 -- whether `id` holds a live lease, the key's summary and count. `ok`: an acquire may take
 -- (or already holds) its lease, a release frees one.
 local function lease_decide(k, mode, count, id)
-  local base, rel = lease_open(k)
+  local base, rel, dropped = lease_open(k)
   local held = base ~= nil and id ~= nil and redis.call('ZSCORE', k, id) ~= false
   local before, n = lease_summary(k, base, rel, false)
   local ok
@@ -310,7 +311,7 @@ local function lease_decide(k, mode, count, id)
   else
     ok = held
   end
-  return {base = base, rel = rel, held = held, before = before, ok = ok}
+  return {base = base, rel = rel, held = held, before = before, ok = ok, dropped = dropped}
 end
 
 -- Applies a decided lease item: an acquire when its batch is allowed, a release whatever
@@ -334,7 +335,8 @@ local function lease_write(k, mode, hold, id, d, decidable, allowed)
   if wrote then
     after = lease_summary(k, d.base, d.rel, true)
   end
-  return 'L' .. (d.held and '1,' or '0,') .. d.before .. ',' .. after
+  local reply = 'L' .. (d.held and '1,' or '0,') .. d.before .. ',' .. after
+  return reply .. ',' .. string_format('%d', d.dropped)
 end
 
 if op == 'spend' then

@@ -12,7 +12,7 @@ use super::wire::{LeaseRead, Read};
 use crate::clock::Nanos;
 use crate::gcra::lease::{self, Held};
 use crate::gcra::{self, BatchItem, BatchOutcome, Decision, Mode, Window};
-use crate::store::{StoreError, StoreItem};
+use crate::store::{LeaseCounters, StoreError, StoreItem};
 
 /// Whether an item names a concurrency limit's key.
 pub(super) fn is_lease(item: &StoreItem) -> bool {
@@ -136,6 +136,33 @@ pub(super) fn taken_back(
             (!seen.held).then(|| (i, format!("#{id}")))
         })
         .collect()
+}
+
+/// Counts what a request's lease items did (`allowed`: the request as a whole): leases
+/// taken (not a retry's), released, and found expired by the script.
+pub(super) fn count<'a>(
+    counters: &LeaseCounters,
+    items: &[StoreItem],
+    groups: &[(usize, Vec<usize>)],
+    reads: impl Iterator<Item = Option<&'a Read>>,
+    allowed: bool,
+) {
+    let (mut acquired, mut released, mut expired) = (0, 0, 0);
+    for ((_, members), read) in groups.iter().zip(reads) {
+        let Some(read) = read else { continue };
+        for (n, &i) in members.iter().enumerate() {
+            let (Some(seen), Some(_)) = (read.lease(n), lease_id(&items[i])) else {
+                continue;
+            };
+            match items[i].mode {
+                Mode::Acquire if allowed && !seen.held => acquired += 1,
+                Mode::Release if seen.held => released += 1,
+                _ => {}
+            }
+        }
+        expired += read.leases.iter().map(|(_, l)| l.expired).sum::<u64>();
+    }
+    counters.add(acquired, released, expired);
 }
 
 /// The answer of the failure policies `allow` and `deny` for a lease item: an acquire is

@@ -18,7 +18,8 @@ use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
-    MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
+    LeaseCounters, LeaseEvents, MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture,
+    StoreItem, StoreObserver,
 };
 
 /// The script, compiled into the binary.
@@ -50,6 +51,8 @@ pub struct RedisStore {
     pub(super) lanes: Lanes,
     /// This store, for the tasks that send waiting batches.
     pub(super) me: Weak<RedisStore>,
+    /// Leases taken, released and found expired (for the metrics).
+    pub(super) lease_events: LeaseCounters,
 }
 
 impl RedisStore {
@@ -84,6 +87,7 @@ impl RedisStore {
             started: Instant::now(),
             healthy: Arc::new(AtomicBool::new(true)),
             failing_slots: AtomicUsize::new(0),
+            lease_events: LeaseCounters::default(),
             used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
@@ -185,6 +189,8 @@ impl RedisStore {
         if !all_allowed {
             self.compensate(items, &keys, &groups, &outcomes).await;
         }
+        let reads = outcomes.iter().map(|o| o.as_ref().map(|(read, _)| read));
+        leases::count(&self.lease_events, items, &groups, reads, all_allowed);
         if let Some(e) = failure {
             return Err(e);
         }
@@ -421,6 +427,17 @@ impl Store for RedisStore {
     fn sweep(&self) -> usize {
         // Redis expires keys at their TAT; only the local fallback needs sweeping.
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
+    }
+
+    fn lease_events(&self) -> LeaseEvents {
+        let mut events = self.lease_events.get();
+        if let Some(local) = &self.fallback {
+            let theirs = local.lease_events();
+            events.acquired += theirs.acquired;
+            events.released += theirs.released;
+            events.expired += theirs.expired;
+        }
+        events
     }
 
     fn limits_changed(&self) {

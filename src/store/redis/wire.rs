@@ -50,13 +50,15 @@ impl Read {
 
 /// A lease item as the script saw it: whether its id held a live lease, and the key's live
 /// leases before the batch and after the item's own write (the same when nothing was
-/// written). The script's reply for it: `L<0|1>,<count>,<oldest>,<latest>,<count>,
-/// <oldest>,<latest>`, times in Unix nanoseconds (0 for a key with no lease).
+/// written), and how many expired leases the script dropped from the key. The script's
+/// reply for it: `L<0|1>,<count>,<oldest>,<latest>,<count>,<oldest>,<latest>,<expired>`,
+/// times in Unix nanoseconds (0 for a key with no lease).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct LeaseRead {
     pub(super) held: bool,
     pub(super) before: Held,
     pub(super) after: Held,
+    pub(super) expired: u64,
 }
 
 impl LeaseRead {
@@ -87,10 +89,15 @@ impl LeaseRead {
         };
         let before = summary()?;
         let after = summary()?;
+        let expired = u64::try_from(next()?).ok()?;
+        if numbers.next().is_some() {
+            return None;
+        }
         Some(LeaseRead {
             held,
             before,
             after,
+            expired,
         })
     }
 }
@@ -371,16 +378,26 @@ mod tests {
         }
         // A lease mode on a rate (refused before the store) only reads.
         assert_eq!(WireMode::new(Mode::Acquire, Window::Gcra, 0).encode(), "1");
-        let read = LeaseRead::parse("1,2,30,40,1,40,40", 5).unwrap();
+        let read = LeaseRead::parse("1,2,30,40,1,40,40,3", 5).unwrap();
+        assert_eq!(read.expired, 3);
         assert!(read.held);
         assert_eq!(
             (read.before.count, read.before.oldest, read.before.latest),
             (2, 30, 40)
         );
         assert_eq!((read.after.count, read.after.oldest), (1, 40));
-        let empty = LeaseRead::parse("0,0,0,0,0,0,0", 5).unwrap();
+        let empty = LeaseRead::parse("0,0,0,0,0,0,0,0", 5).unwrap();
         assert_eq!((empty.before.oldest, empty.after.latest), (5, 5));
-        for bad in ["", "2,0,0,0,0,0,0", "1,2,3", "1,a,0,0,0,0,0"] {
+        let bad = [
+            "",
+            "2,0,0,0,0,0,0,0",
+            "1,2,3",
+            "1,a,0,0,0,0,0,0",
+            "0,0,0,0,0,0,0",
+            "0,0,0,0,0,0,0,-1",
+            "0,0,0,0,0,0,0,0,0",
+        ];
+        for bad in bad {
             assert_eq!(LeaseRead::parse(bad, 5), None, "{bad}");
         }
     }
