@@ -608,3 +608,58 @@ async fn replicas_on_redis_share_leases_over_grpc() {
 async fn replicas_on_valkey_share_leases_over_grpc() {
     replicas_share_leases(RedisServer::start_valkey()).await;
 }
+
+/// One script call per decision: an acquire, a release, and a request mixing a lease with
+/// a rate each cost Redis one EVALSHA, and nothing else from cellrate (Redis counts the
+/// commands the script runs too: they are all of the script's kinds).
+#[tokio::test]
+async fn one_script_call_per_decision() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let (store, _) = redis(settings(&server.url()), &clock);
+    one(&*store, rate("warm", 5)).await; // loads the script
+    let script_commands = [
+        "mget",
+        "set",
+        "get",
+        "del",
+        "type",
+        "zrange",
+        "zcard",
+        "zscore",
+        "zadd",
+        "zrem",
+        "zremrangebyscore",
+        "pexpire",
+    ];
+    let calls = || -> Vec<(String, u64)> {
+        let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+        stats
+            .lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter(|l| !l.starts_with("info") && !l.starts_with("config"))
+            .map(|l| {
+                let (name, rest) = l.split_once(':').unwrap();
+                let calls = rest.split(',').next().unwrap().trim_start_matches("calls=");
+                (name.to_string(), calls.parse().unwrap())
+            })
+            .collect()
+    };
+    let requests = [
+        vec![lease("t", 2, Mode::Acquire, "a")],
+        vec![lease("t", 2, Mode::Release, "a")],
+        vec![lease("t", 2, Mode::Acquire, "b"), rate("t", 5)],
+    ];
+    for request in requests {
+        server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
+        assert!(store.spend(&request).await.unwrap().allowed);
+        let seen = calls();
+        assert!(seen.contains(&("evalsha".to_string(), 1)), "{seen:?}");
+        for (name, _) in &seen {
+            assert!(
+                name == "evalsha" || script_commands.contains(&name.as_str()),
+                "{name}: {seen:?}"
+            );
+        }
+    }
+}
