@@ -345,7 +345,8 @@ async fn failure_policies_for_leases() {
         "allow frees nothing it cannot see"
     );
     assert!(!one(&*deny, a("x")).await.allowed);
-    assert!(!deny.spend(&[r("held")]).await.unwrap().decisions[0].allowed);
+    let out = deny.spend(&[r("held")]).await.unwrap();
+    assert!(out.allowed && !out.decisions[0].allowed, "a release is no denial");
     let mut decided = Vec::new();
     for id in ["l1", "l2", "l3", "l1"] {
         decided.push(one(&*local, a(id)).await.allowed);
