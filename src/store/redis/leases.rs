@@ -57,6 +57,23 @@ pub(super) fn replay(
     read: &Read,
     denied: bool,
 ) -> Result<BatchOutcome, StoreError> {
+    let mode = |item: &StoreItem| match item.mode {
+        Mode::Charge => Mode::Charge,
+        _ if denied => Mode::Probe,
+        mode => mode,
+    };
+    if read.leases.is_empty() && !members.iter().any(|&i| is_lease(&items[i])) {
+        // No lease: the rates alone, from the TATs as read (the common path).
+        let rates: Vec<BatchItem<'_>> = members
+            .iter()
+            .map(|&i| BatchItem {
+                limit: &items[i].limit,
+                cost: items[i].cost,
+                mode: mode(&items[i]),
+            })
+            .collect();
+        return Ok(gcra::spend_batch(read.now, &rates, &read.tats));
+    }
     let mut acquired = true;
     let (mut rates, mut tats) = (Vec::new(), Vec::new());
     for (n, &i) in members.iter().enumerate() {
@@ -67,16 +84,10 @@ pub(super) fn replay(
                 acquired &= seen.held || free(item, seen.before);
             }
         } else {
-            let charged = item.mode == Mode::Charge;
-            let mode = if denied && !charged {
-                Mode::Probe
-            } else {
-                item.mode
-            };
             rates.push(BatchItem {
                 limit: &item.limit,
                 cost: item.cost,
-                mode,
+                mode: mode(item),
             });
             tats.push(read.tats.get(n).copied().flatten());
         }
