@@ -146,6 +146,30 @@ impl MemoryStore {
         })
     }
 
+    /// A request of one lease item (most are): one shard lock, no bookkeeping vectors; the
+    /// same decision as [`MemoryStore::spend_with_leases`] would make.
+    pub(super) fn spend_one_lease(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
+        let (print, space) = self.fingerprint(&item.key);
+        let mut tables = self.lock(self.shard_of((print, space)));
+        let now = self.clock.now();
+        let (decision, write) = self.decide_lease(&tables, print, item, now);
+        let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
+        let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
+        if adds > 0 {
+            self.reserve_leases(std::slice::from_mut(&mut tables), 1, now)?;
+        }
+        let change = self.write_lease(&mut tables, print, now, write);
+        self.leases_dropped((adds - change).max(0) as usize);
+        let expired = (adds - released - change).max(0);
+        self.lease_events
+            .add(adds as u64, released as u64, expired as u64);
+        Ok(Outcome {
+            // Only an acquire counts toward the request's decision.
+            allowed: item.mode != Mode::Acquire || decision.allowed,
+            decisions: vec![decision],
+        })
+    }
+
     /// A lease item's decision and write against the key's leases as they stand. An item
     /// in any other mode (a probe of a batch known to be denied) reports the key.
     fn decide_lease(

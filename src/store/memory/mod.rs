@@ -233,6 +233,9 @@ impl MemoryStore {
     /// Decides a batch now (the synchronous core of [`Store::spend`]).
     pub fn spend_now(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
         if items.iter().any(leases::is_lease) {
+            if let [item] = items {
+                return self.spend_one_lease(item);
+            }
             return self.spend_with_leases(items);
         }
         if let [item] = items {
