@@ -88,8 +88,13 @@ pub struct Held {
 impl Held {
     /// The live leases of `leases` at `now`.
     pub fn of(leases: &[Lease], now: Nanos) -> Held {
+        Held::without(leases, now, None)
+    }
+
+    /// The live leases of `leases` at `now` but the one of id `skip` (when given).
+    fn without(leases: &[Lease], now: Nanos, skip: Option<u64>) -> Held {
         let (mut count, mut oldest, mut latest) = (0i64, Nanos::MAX, now);
-        for lease in live(leases, now) {
+        for lease in live(leases, now).filter(|l| Some(l.id) != skip) {
             count += 1;
             oldest = oldest.min(lease.expires);
             latest = latest.max(lease.expires);
@@ -98,6 +103,19 @@ impl Held {
             count,
             oldest: if count == 0 { now } else { oldest },
             latest,
+        }
+    }
+
+    /// These leases and one more, expiring at `expires` (after now).
+    fn with(self, expires: Nanos) -> Held {
+        Held {
+            count: self.count + 1,
+            oldest: if self.count == 0 {
+                expires
+            } else {
+                self.oldest.min(expires)
+            },
+            latest: self.latest.max(expires),
         }
     }
 }
@@ -152,18 +170,17 @@ pub fn acquire(
     if live(leases, now).any(|l| l.id == id) {
         return (answer_of(limit, now, true, leases), None);
     }
-    let held = live(leases, now).count() as i64;
-    if held >= limit.count {
-        return (answer_of(limit, now, false, leases), None);
+    let before = Held::of(leases, now);
+    if before.count >= limit.count {
+        return (answer(limit, now, false, before), None);
     }
     let lease = Lease {
         id,
         expires: now.saturating_add(limit.period),
     };
-    let mut after: Vec<Lease> = live(leases, now).copied().collect();
-    after.push(lease);
+    let after = before.with(lease.expires);
     (
-        answer_of(limit, now, true, &after),
+        answer(limit, now, true, after),
         Some(LeaseWrite::Add(lease)),
     )
 }
@@ -180,9 +197,9 @@ pub fn release(
     if !live(leases, now).any(|l| l.id == id) {
         return (answer_of(limit, now, false, leases), None);
     }
-    let after: Vec<Lease> = live(leases, now).filter(|l| l.id != id).copied().collect();
+    let after = Held::without(leases, now, Some(id));
     (
-        answer_of(limit, now, true, &after),
+        answer(limit, now, true, after),
         Some(LeaseWrite::Remove(id)),
     )
 }
