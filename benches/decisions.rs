@@ -252,13 +252,33 @@ fn leases(c: &mut Criterion) {
             black_box(store.spend_now(std::slice::from_ref(&rate)).unwrap())
         })
     });
-    group.bench_function("acquire_and_release", |b| {
+    let cycle = |b: &mut criterion::Bencher, acquire: &StoreItem, release: &StoreItem| {
         b.iter(|| {
-            let taken = store.spend_now(std::slice::from_ref(&acquire)).unwrap();
+            let taken = store.spend_now(std::slice::from_ref(acquire)).unwrap();
             assert!(taken.allowed);
             black_box(taken);
-            black_box(store.spend_now(std::slice::from_ref(&release)).unwrap())
+            black_box(store.spend_now(std::slice::from_ref(release)).unwrap())
         })
+    };
+    group.bench_function("acquire_and_release", |b| cycle(b, &acquire, &release));
+    // A key with other requests in flight (4 leases held: the fake clock never lets them
+    // expire): its list of leases stays, rather than being made and dropped each time.
+    let busy = |mode, id: &str| StoreItem {
+        key: BucketKey::windowed(100, "tenant-2", Window::Concurrency),
+        mode,
+        lease: Some(Arc::from(id)),
+        ..acquire.clone()
+    };
+    for held in 0..4 {
+        let item = busy(Mode::Acquire, &format!("held-{held}"));
+        assert!(store.spend_now(&[item]).unwrap().allowed);
+    }
+    let (acquire, release) = (
+        busy(Mode::Acquire, "0c6f2a8e-5d1b-4a3e-9f11-7a2b3c4d5e6f"),
+        busy(Mode::Release, "0c6f2a8e-5d1b-4a3e-9f11-7a2b3c4d5e6f"),
+    );
+    group.bench_function("acquire_and_release_busy_key", |b| {
+        cycle(b, &acquire, &release)
     });
     group.finish();
 }

@@ -346,7 +346,10 @@ async fn failure_policies_for_leases() {
     );
     assert!(!one(&*deny, a("x")).await.allowed);
     let out = deny.spend(&[r("held")]).await.unwrap();
-    assert!(out.allowed && !out.decisions[0].allowed, "a release is no denial");
+    assert!(
+        out.allowed && !out.decisions[0].allowed,
+        "a release is no denial"
+    );
     let mut decided = Vec::new();
     for id in ["l1", "l2", "l3", "l1"] {
         decided.push(one(&*local, a(id)).await.allowed);
