@@ -2,7 +2,8 @@
 //! in the configuration's maps (a name, then its policy for an id, in a table of 100 000
 //! overrides), and the memory store's single-item check, on 1 key and on 1 M keys, with 1
 //! and 2 threads; and what counting a denied decision costs without and with the tracking
-//! behind admin `Top`. Beside the memory store, governor's keyed limiter (DashMap of atomic
+//! behind admin `Top`; and a lease of a concurrency limit acquired and released beside
+//! spends on the memory store (`memory_store/lease`). Beside the memory store, governor's keyed limiter (DashMap of atomic
 //! TATs, a compare-and-swap per decision) on the same keys and threads.
 //! Run: `cargo bench --bench decisions`. Figures are recorded in BENCHMARKS.md.
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellrate::clock::{FakeClock, Nanos, SECOND};
-use cellrate::gcra::{spend, Limit, Mode};
+use cellrate::gcra::{spend, Limit, Mode, Window};
 use cellrate::limits::config::LimitTable;
 use cellrate::limits::names::BucketKey;
 use cellrate::store::{MemoryStore, StoreItem};
@@ -227,9 +228,64 @@ fn denial_counting(c: &mut Criterion) {
     group.finish();
 }
 
+/// A lease acquired and released on one key (two store calls, the lease path under the
+/// shard lock) against two spends of a rate on one key: the goal is at most 1.1x.
+fn leases(c: &mut Criterion) {
+    let store = MemoryStore::new(Arc::new(FakeClock::new(T0)));
+    let rate = items(1).remove(0);
+    let limit = Limit::concurrency(8, 30 * SECOND).unwrap();
+    let acquire = StoreItem {
+        key: BucketKey::windowed(100, "tenant-1", Window::Concurrency),
+        limit,
+        cost: 1,
+        mode: Mode::Acquire,
+        lease: Some(Arc::from("0c6f2a8e-5d1b-4a3e-9f11-7a2b3c4d5e6f")),
+    };
+    let release = StoreItem {
+        mode: Mode::Release,
+        ..acquire.clone()
+    };
+    let mut group = c.benchmark_group("memory_store/lease");
+    group.bench_function("two_spends", |b| {
+        b.iter(|| {
+            black_box(store.spend_now(std::slice::from_ref(&rate)).unwrap());
+            black_box(store.spend_now(std::slice::from_ref(&rate)).unwrap())
+        })
+    });
+    let cycle = |b: &mut criterion::Bencher, acquire: &StoreItem, release: &StoreItem| {
+        b.iter(|| {
+            let taken = store.spend_now(std::slice::from_ref(acquire)).unwrap();
+            assert!(taken.allowed);
+            black_box(taken);
+            black_box(store.spend_now(std::slice::from_ref(release)).unwrap())
+        })
+    };
+    group.bench_function("acquire_and_release", |b| cycle(b, &acquire, &release));
+    // A key with other requests in flight (4 leases held: the fake clock never lets them
+    // expire): its list of leases stays, rather than being made and dropped each time.
+    let busy = |mode, id: &str| StoreItem {
+        key: BucketKey::windowed(100, "tenant-2", Window::Concurrency),
+        mode,
+        lease: Some(Arc::from(id)),
+        ..acquire.clone()
+    };
+    for held in 0..4 {
+        let item = busy(Mode::Acquire, &format!("held-{held}"));
+        assert!(store.spend_now(&[item]).unwrap().allowed);
+    }
+    let (acquire, release) = (
+        busy(Mode::Acquire, "0c6f2a8e-5d1b-4a3e-9f11-7a2b3c4d5e6f"),
+        busy(Mode::Release, "0c6f2a8e-5d1b-4a3e-9f11-7a2b3c4d5e6f"),
+    );
+    group.bench_function("acquire_and_release_busy_key", |b| {
+        cycle(b, &acquire, &release)
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3));
-    targets = gcra, config_lookups, memory_store, governor_keyed, denial_counting
+    targets = gcra, config_lookups, memory_store, governor_keyed, denial_counting, leases
 }
 criterion_main!(benches);

@@ -45,8 +45,9 @@
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
 //!                demand, settlements; settlements.rs keeps them in memory), redis/
 //!                (script calls, cluster, breaker, deny cache, failure policy and
-//!                failure log, coalescing, shared tables), memcache/ (envoyproxy/ratelimit's
-//!                fixed windows in memcached: store.rs, client.rs, wire.rs)
+//!                failure log, coalescing, leases.rs: leases as the script reads them,
+//!                shared tables), memcache/ (envoyproxy/ratelimit's fixed windows in
+//!                memcached: store.rs, client.rs, wire.rs)
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
 //!                build, files, raw), descriptors.rs (Envoy descriptors -> names and

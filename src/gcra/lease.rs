@@ -15,6 +15,9 @@ use crate::clock::{Nanos, DAY, SECOND};
 /// The most leases one key may hold (a concurrency limit's largest `count`).
 pub const MAX_LEASES_PER_KEY: u64 = 10_000;
 
+/// The most bytes of a lease id (ids are 1 to this many printable ASCII bytes).
+pub const MAX_ID_BYTES: usize = 128;
+
 /// The shortest hold.
 pub const MIN_HOLD: Nanos = SECOND / 1_000;
 
@@ -73,23 +76,73 @@ fn live(leases: &[Lease], now: Nanos) -> impl Iterator<Item = &Lease> + '_ {
     leases.iter().filter(move |l| l.expires > now)
 }
 
-/// The key as it stands at `now`, given its live leases after the call (`held`, `oldest`
-/// and `latest` expiry): free slots, time until one frees by expiry when none is free,
-/// time until all have expired.
-fn answer(limit: &Limit, now: Nanos, allowed: bool, leases: &[Lease]) -> Decision {
-    let (mut held, mut oldest, mut latest) = (0i64, Nanos::MAX, now);
-    for lease in live(leases, now) {
-        held += 1;
-        oldest = oldest.min(lease.expires);
-        latest = latest.max(lease.expires);
+/// A key's live leases summed up: how many, and the earliest and latest expiry among them
+/// (`now` for both when none). What a store reads of a key to answer for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub count: i64,
+    pub oldest: Nanos,
+    pub latest: Nanos,
+}
+
+impl Held {
+    /// The live leases of `leases` at `now`.
+    pub fn of(leases: &[Lease], now: Nanos) -> Held {
+        Held::without(leases, now, None)
     }
-    let remaining = limit.count - held;
+
+    /// The live leases of `leases` at `now` but the one of id `skip` (when given).
+    fn without(leases: &[Lease], now: Nanos, skip: Option<u64>) -> Held {
+        let (mut count, mut oldest, mut latest) = (0i64, Nanos::MAX, now);
+        for lease in live(leases, now).filter(|l| Some(l.id) != skip) {
+            count += 1;
+            oldest = oldest.min(lease.expires);
+            latest = latest.max(lease.expires);
+        }
+        Held {
+            count,
+            oldest: if count == 0 { now } else { oldest },
+            latest,
+        }
+    }
+
+    /// These leases and one more, expiring at `expires` (after now).
+    fn with(self, expires: Nanos) -> Held {
+        Held {
+            count: self.count + 1,
+            oldest: if self.count == 0 {
+                expires
+            } else {
+                self.oldest.min(expires)
+            },
+            latest: self.latest.max(expires),
+        }
+    }
+}
+
+/// The key as it stands at `now`, given its live leases after the call: free slots, time
+/// until one frees by expiry when none is free, time until all have expired. Both stores
+/// answer through this (the Redis store from what its script read of the key).
+pub fn answer(limit: &Limit, now: Nanos, allowed: bool, held: Held) -> Decision {
+    let remaining = limit.count - held.count;
     Decision {
         allowed,
         remaining,
-        retry_in: if remaining > 0 { 0 } else { oldest - now },
-        reset_in: latest - now,
+        retry_in: if remaining > 0 {
+            0
+        } else {
+            held.oldest.saturating_sub(now).max(0)
+        },
+        reset_in: if held.count > 0 {
+            held.latest.saturating_sub(now).max(0)
+        } else {
+            0
+        },
     }
+}
+
+fn answer_of(limit: &Limit, now: Nanos, allowed: bool, leases: &[Lease]) -> Decision {
+    answer(limit, now, allowed, Held::of(leases, now))
 }
 
 /// Acquires a lease under `id` at `now` on a key holding `leases` (expired ones are
@@ -115,20 +168,19 @@ pub fn acquire(
     id: u64,
 ) -> (Decision, Option<LeaseWrite>) {
     if live(leases, now).any(|l| l.id == id) {
-        return (answer(limit, now, true, leases), None);
+        return (answer_of(limit, now, true, leases), None);
     }
-    let held = live(leases, now).count() as i64;
-    if held >= limit.count {
-        return (answer(limit, now, false, leases), None);
+    let before = Held::of(leases, now);
+    if before.count >= limit.count {
+        return (answer(limit, now, false, before), None);
     }
     let lease = Lease {
         id,
         expires: now.saturating_add(limit.period),
     };
-    let mut after: Vec<Lease> = live(leases, now).copied().collect();
-    after.push(lease);
+    let after = before.with(lease.expires);
     (
-        answer(limit, now, true, &after),
+        answer(limit, now, true, after),
         Some(LeaseWrite::Add(lease)),
     )
 }
@@ -143,11 +195,11 @@ pub fn release(
     id: u64,
 ) -> (Decision, Option<LeaseWrite>) {
     if !live(leases, now).any(|l| l.id == id) {
-        return (answer(limit, now, false, leases), None);
+        return (answer_of(limit, now, false, leases), None);
     }
-    let after: Vec<Lease> = live(leases, now).filter(|l| l.id != id).copied().collect();
+    let after = Held::without(leases, now, Some(id));
     (
-        answer(limit, now, true, &after),
+        answer(limit, now, true, after),
         Some(LeaseWrite::Remove(id)),
     )
 }
@@ -155,7 +207,7 @@ pub fn release(
 /// The key as it stands (a peek): allowed while a slot is free.
 pub fn peek(limit: &Limit, now: Nanos, leases: &[Lease]) -> Decision {
     let free = live(leases, now).count() < limit.count() as usize;
-    answer(limit, now, free, leases)
+    answer_of(limit, now, free, leases)
 }
 
 /// Applies `write` to a key's leases, dropping the expired ones; returns the change in the

@@ -25,12 +25,21 @@ pub async fn sweep(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leases = store.lease_events();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stopped.cancelled() => return,
         }
         let dropped = store.sweep();
+        // The store counts leases; the series get what it counted since the last tick.
+        let now = store.lease_events();
+        metrics.leases_counted([
+            now.acquired.saturating_sub(leases.acquired),
+            now.released.saturating_sub(leases.released),
+            now.expired.saturating_sub(leases.expired),
+        ]);
+        leases = now;
         metrics.store.swept_buckets.inc_by(dropped as u64);
         if let Some(live) = store.live_buckets() {
             metrics.store.live_buckets.set(live as i64);

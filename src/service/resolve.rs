@@ -294,7 +294,7 @@ impl Decider {
 }
 
 /// The most bytes of a lease id.
-pub const MAX_LEASE_ID: usize = 128;
+pub const MAX_LEASE_ID: usize = crate::gcra::lease::MAX_ID_BYTES;
 
 /// Checks what acquires and releases need (docs/concurrency.md): a concurrency limit is
 /// only acquired, released or peeked (`Mode::Probe`), in no other mode (`refund`: never),

@@ -73,6 +73,10 @@ impl Store for MeasuredStore {
         self.inner.live_buckets()
     }
 
+    fn lease_events(&self) -> crate::store::LeaseEvents {
+        self.inner.lease_events()
+    }
+
     fn limits_changed(&self) {
         self.inner.limits_changed()
     }

@@ -283,6 +283,40 @@ impl StoreObserver for NoObserver {
     fn event(&self, _: StoreEvent) {}
 }
 
+/// Leases of concurrency limits a store counted since it started: taken, freed by their
+/// release, and dropped unreleased after their hold (leaked: their caller never released).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseEvents {
+    pub acquired: u64,
+    pub released: u64,
+    pub expired: u64,
+}
+
+/// The counters behind [`LeaseEvents`], kept by a store.
+#[derive(Debug, Default)]
+pub struct LeaseCounters([std::sync::atomic::AtomicU64; 3]);
+
+impl LeaseCounters {
+    /// Counts leases taken, released and found expired.
+    pub fn add(&self, acquired: u64, released: u64, expired: u64) {
+        for (counter, n) in self.0.iter().zip([acquired, released, expired]) {
+            if n > 0 {
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn get(&self) -> LeaseEvents {
+        let [a, r, e] = &self.0;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        LeaseEvents {
+            acquired: load(a),
+            released: load(r),
+            expired: load(e),
+        }
+    }
+}
+
 /// A place to keep TATs and decide batches atomically.
 pub trait Store: Send + Sync + 'static {
     /// Decides `items` all-or-nothing and writes the spends if allowed.
@@ -317,6 +351,11 @@ pub trait Store: Send + Sync + 'static {
     /// Buckets held, for stores that can tell cheaply.
     fn live_buckets(&self) -> Option<usize> {
         None
+    }
+
+    /// Leases counted since the store started (see [`LeaseEvents`]).
+    fn lease_events(&self) -> LeaseEvents {
+        LeaseEvents::default()
     }
 
     /// The limits changed (a reload): drop anything derived from the old ones.

@@ -28,6 +28,8 @@ mod readme;
 #[cfg(feature = "redis")]
 mod redis_coalescing;
 #[cfg(feature = "redis")]
+mod redis_leases;
+#[cfg(feature = "redis")]
 mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;

@@ -275,3 +275,34 @@ async fn bad_lease_items_are_refused_and_change_nothing() {
         "nothing taken"
     );
 }
+
+/// `cellrate_leases_total` counts leases taken (a retry is not a new one), released (a
+/// stray release frees nothing and is not counted) and expired unreleased (leaked), the
+/// last as the sweeper drops them.
+#[tokio::test]
+async fn lease_events_are_counted() {
+    let settings = Settings {
+        sweep_interval: std::time::Duration::from_millis(20),
+        ..Settings::default()
+    };
+    let mut s = Served::full(limits(), settings, None).await;
+    for id in ["r1", "r2", "r1"] {
+        assert!(one(&mut s, acquire("acme", id)).await.0);
+    }
+    assert!(one(&mut s, release("acme", "r2")).await.0);
+    assert!(!one(&mut s, release("acme", "r2")).await.0);
+    s.clock.advance(HOLD);
+    let series = |text: &str, event: &str| {
+        crate::common::sample(text, &format!("cellrate_leases_total{{event=\"{event}\"}}"))
+    };
+    let addr = s.metrics_addr;
+    let text = crate::common::poll_until(
+        std::time::Duration::from_secs(5),
+        async || crate::common::http_get_async(addr, "/metrics").await.1,
+        |text| series(text, "expired") == Some(1.0),
+    )
+    .await;
+    assert_eq!(series(&text, "acquired"), Some(2.0), "{text}");
+    assert_eq!(series(&text, "released"), Some(1.0));
+    assert_eq!(series(&text, "expired"), Some(1.0), "r1 leaked");
+}

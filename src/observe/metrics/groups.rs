@@ -39,9 +39,14 @@ pub struct StoreMetrics {
     /// Items waiting for a coalesced Redis call.
     pub(super) redis_queued_items: IntGauge,
     pub(super) deny_cache_hits: IntCounter,
+    /// Leases of concurrency limits, by [`LEASE_EVENTS`].
+    pub(super) leases: IntCounterVec,
     /// The memory store's snapshot file.
     pub snapshot: SnapshotMetrics,
 }
+
+/// What happened to leases: the label values of `cellrate_leases_total`.
+pub const LEASE_EVENTS: [&str; 3] = ["acquired", "released", "expired"];
 
 /// Why a snapshot file was not used at start: the label values of
 /// `cellrate_snapshot_ignored_total`.
@@ -249,7 +254,15 @@ impl StoreMetrics {
             "policy",
             &["allow", "deny", "local"],
         );
+        let leases = reg.counters_from_zero(
+            "cellrate_leases_total",
+            "Leases of concurrency limits, by event: acquired (a lease taken), released (freed \
+             by its release), expired (dropped unreleased after its hold: leaked).",
+            "event",
+            &LEASE_EVENTS,
+        );
         StoreMetrics {
+            leases,
             snapshot: SnapshotMetrics::new(reg),
             series: STORE_OPS
                 .iter()

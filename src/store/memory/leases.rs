@@ -122,21 +122,51 @@ impl MemoryStore {
         let mut rate_decisions = out.decisions.into_iter();
         let mut decisions = Vec::with_capacity(items.len());
         let mut change = 0i64;
+        let mut released = 0i64;
         for (i, decided) in leased.into_iter().enumerate() {
             match decided {
                 Some((decision, write)) => {
                     let (print, _) = prints[i];
+                    released += i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
                     change += self.write_lease(&mut guards[positions[i]], print, now, write);
                     decisions.push(decision);
                 }
                 None => decisions.push(rate_decisions.next().unwrap_or(DENIED)),
             }
         }
-        // `adds` were counted when reserved; the rest of the change is expired leases dropped.
+        // `adds` were counted when reserved; the rest of the change is releases and expired
+        // leases dropped.
         self.leases_dropped((adds as i64 - change).max(0) as usize);
+        let expired = (adds as i64 - released - change).max(0);
+        self.lease_events
+            .add(adds as u64, released as u64, expired as u64);
         Ok(Outcome {
             allowed: out.allowed,
             decisions,
+        })
+    }
+
+    /// A request of one lease item (most are): one shard lock, no bookkeeping vectors; the
+    /// same decision as [`MemoryStore::spend_with_leases`] would make.
+    pub(super) fn spend_one_lease(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
+        let (print, space) = self.fingerprint(&item.key);
+        let mut tables = self.lock(self.shard_of((print, space)));
+        let now = self.clock.now();
+        let (decision, write) = self.decide_lease(&tables, print, item, now);
+        let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
+        let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
+        if adds > 0 {
+            self.reserve_leases(std::slice::from_mut(&mut tables), 1, now)?;
+        }
+        let change = self.write_lease(&mut tables, print, now, write);
+        self.leases_dropped((adds - change).max(0) as usize);
+        let expired = (adds - released - change).max(0);
+        self.lease_events
+            .add(adds as u64, released as u64, expired as u64);
+        Ok(Outcome {
+            // Only an acquire counts toward the request's decision.
+            allowed: item.mode != Mode::Acquire || decision.allowed,
+            decisions: vec![decision],
         })
     }
 
@@ -194,6 +224,7 @@ impl MemoryStore {
         for guard in guards.iter_mut() {
             let dropped = sweep(&mut guard.1, now);
             self.leases_dropped(dropped);
+            self.lease_events.add(0, 0, dropped as u64);
         }
         if self.reserve_lease_room(n) {
             return Ok(());
@@ -303,6 +334,13 @@ mod tests {
             "the sweeper dropped the expired leases"
         );
         assert_eq!(one(&store, lease("t", 3, Mode::Acquire, "r9")).remaining, 2);
+        // Counted: r0, r1, r2 and r9 taken (the retry of r0 is none), r1 released, r0 and
+        // r2 dropped expired.
+        let events = crate::store::Store::lease_events(&store);
+        assert_eq!(
+            (events.acquired, events.released, events.expired),
+            (4, 1, 2)
+        );
     }
 
     /// A denied batch acquires nothing, and an acquire that is denied spends no rate.

@@ -140,6 +140,8 @@ pub struct MemoryStore {
     /// Bound on leases of concurrency limits, and leases held (expired ones included).
     lease_bound: usize,
     leases_held: AtomicUsize,
+    /// Leases taken, released and dropped expired (for the metrics).
+    lease_events: crate::store::LeaseCounters,
 }
 
 /// The share of `max_buckets` that caller-given limits may hold, in percent, by default.
@@ -188,6 +190,7 @@ impl MemoryStore {
             held: [AtomicUsize::new(0), AtomicUsize::new(0)],
             lease_bound: DEFAULT_MAX_LEASES,
             leases_held: AtomicUsize::new(0),
+            lease_events: Default::default(),
         }
     }
 
@@ -230,6 +233,9 @@ impl MemoryStore {
     /// Decides a batch now (the synchronous core of [`Store::spend`]).
     pub fn spend_now(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
         if items.iter().any(leases::is_lease) {
+            if let [item] = items {
+                return self.spend_one_lease(item);
+            }
             return self.spend_with_leases(items);
         }
         if let [item] = items {
@@ -457,6 +463,7 @@ impl MemoryStore {
     fn sweep_leases(&self, tables: &mut Tables, now: Nanos) -> usize {
         let dropped = leases::sweep(&mut tables.1, now);
         self.leases_dropped(dropped);
+        self.lease_events.add(0, 0, dropped as u64);
         dropped
     }
 
@@ -507,6 +514,10 @@ impl Store for MemoryStore {
 
     fn live_buckets(&self) -> Option<usize> {
         Some(MemoryStore::live_buckets(self))
+    }
+
+    fn lease_events(&self) -> crate::store::LeaseEvents {
+        self.lease_events.get()
     }
 }
 

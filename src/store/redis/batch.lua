@@ -34,17 +34,23 @@
 --   the current one's start and end, the next one's end, placed by cellrate's zone
 --   database around its own clock); W is the first boundary after this script's now,
 --   and a now outside [b0, b3) is an error (no window is guessed).
+--   A lease key's shape (a concurrency limit, docs/concurrency.md) has mode "4" acquire,
+--   "5" release or "6" holders (a peek), its hold in nanoseconds for the increment and its
+--   count for the burst offset.
 --   Then the batches: per batch its item count n, then per item the index of its shape
---   (from 1).
---   Returns {now, then per item the TAT its batch started from, or ""}. A batch with a
+--   (from 1), for an acquire or release followed by a colon and its lease id ("3:req-7").
+--   Returns {now, then per item the TAT its batch started from, or "", or for a lease key
+--   "L<held>,<before>,<after>,<expired>": whether the id held a live lease, the key's live
+--   leases before the batch and after the item's write, each as "<count>,<oldest>,<latest>"
+--   (Unix nanoseconds, 0 when none), and how many expired leases it dropped}. A batch with a
 --   bucket whose value is no TAT is not decided (and writes nothing); its reply carries
 --   that value, which cellrate reports as that batch's data error.
 -- refund: KEYS the buckets (a bucket named again is refunded again, from what the item
 --   before left; one refunded to full is deleted); ARGV[3...] per key the increment
---   (ei * cost),
+--   (ei * cost), or "#<lease id>" to take back a lease (a cross-slot batch's compensation),
 --   or for a calendar window its letter and the cost in tokens ("o12"), for a zoned one
 --   its boundaries and the cost ("x<b0>,<b1>,<b2>,<b3>:12").
--- reset: KEYS the buckets.
+-- reset: KEYS the buckets (a lease key's value read as its latest live expiry).
 --   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before its item (after
 --   the items before it) or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
@@ -58,6 +64,8 @@ local BILLION = 1000000000
 -- store/redis/wire.rs (its `Action`, whose unit test reads this line); '0' is check and
 -- spend.
 local CHECK_ONLY, SPEND_ONLY, CHARGE = '1', '2', '3'
+-- The mode digits of a lease key, those of wire.rs's `Action` too.
+local ACQUIRE, RELEASE, HOLDERS = '4', '5', '6'
 -- The last whole second of Unix nanoseconds in an int64 (2262): no TAT is stored past it.
 local MAX_SECONDS = 9223372035
 
@@ -218,6 +226,119 @@ else
   nows, nown = parse(ARGV[2])
 end
 
+-- Leases of a concurrency limit: one sorted set per key, a lease's member its id (as given:
+-- printable, 0x21-0x7e) and its score its expiry in nanoseconds after the key's base, a
+-- whole second kept as the member ' <seconds>' at score -inf (no id starts with a space).
+-- Scores so stay exact integers below 2^53 (Unix nanoseconds are not): the base moves to
+-- now, and every score with it, once it is REBASE seconds old; a key whose base is older
+-- than REBASE plus the longest hold (a day) holds no live lease. A lease is live while now
+-- < its expiry; a key keeps its base member only while it holds a lease, and expires (PX)
+-- with its latest lease.
+local REBASE, LONGEST_HOLD = 2097152, 86400
+
+-- The key's base in seconds and now after it in nanoseconds, after dropping its expired
+-- leases (nil when it holds none: the key is gone), and how many it dropped.
+local function lease_open(k)
+  local first = redis.call('ZRANGE', k, 0, 0)[1]
+  if not first then
+    return nil, nil, 0
+  end
+  local base = string_sub(first, 1, 1) == ' ' and tonumber(string_sub(first, 2))
+  if not base then
+    error({err = 'cellrate: lease key ' .. k .. ' has no base; reset it'})
+  end
+  local age = nows - base
+  if age > REBASE + LONGEST_HOLD + 1 then
+    local dropped = redis.call('ZCARD', k) - 1
+    redis.call('DEL', k)
+    return nil, nil, dropped
+  end
+  local rel = age * BILLION + nown
+  local dropped = redis.call('ZREMRANGEBYSCORE', k, '(-inf', rel)
+  if redis.call('ZCARD', k) <= 1 then
+    redis.call('DEL', k)
+    return nil, nil, dropped
+  end
+  if age > REBASE then
+    local live = redis.call('ZRANGE', k, 1, -1, 'WITHSCORES')
+    redis.call('ZREM', k, first)
+    redis.call('ZADD', k, '-inf', ' ' .. string_format('%d', nows))
+    for i = 1, #live, 2 do
+      redis.call('ZADD', k, tonumber(live[i + 1]) - age * BILLION, live[i])
+    end
+    base, rel = nows, nown
+  end
+  return base, rel, dropped
+end
+
+-- A score after `base` as Unix nanoseconds (text).
+local function lease_time(base, score)
+  local v = tonumber(score)
+  local s = floor(v / BILLION)
+  return format(base + s, v - s * BILLION)
+end
+
+-- The key's live leases (after lease_open) as "<count>,<oldest>,<latest>"; with `expire`,
+-- the key is set to expire with its latest lease (and deleted when it holds none).
+local function lease_summary(k, base, rel, expire)
+  if not base then
+    return '0,0,0', 0
+  end
+  local n = redis.call('ZCARD', k) - 1
+  if n <= 0 then
+    redis.call('DEL', k)
+    return '0,0,0', 0
+  end
+  local lo = redis.call('ZRANGE', k, 1, 1, 'WITHSCORES')[2]
+  local hi = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
+  if expire then
+    local ms = math.ceil((tonumber(hi) - rel) / 1000000)
+    redis.call('PEXPIRE', k, string_format('%d', ms < 1 and 1 or ms))
+  end
+  return string_format('%d', n) .. ',' .. lease_time(base, lo) .. ',' .. lease_time(base, hi), n
+end
+
+-- A lease item's decision against its key as it stands: the key's base and now after it,
+-- whether `id` holds a live lease, the key's summary and count. `ok`: an acquire may take
+-- (or already holds) its lease, a release frees one.
+local function lease_decide(k, mode, count, id)
+  local base, rel, dropped = lease_open(k)
+  local held = base ~= nil and id ~= nil and redis.call('ZSCORE', k, id) ~= false
+  local before, n = lease_summary(k, base, rel, false)
+  local ok
+  if mode == ACQUIRE then
+    ok = held or n < count
+  else
+    ok = held
+  end
+  return {base = base, rel = rel, held = held, before = before, ok = ok, dropped = dropped}
+end
+
+-- Applies a decided lease item: an acquire when its batch is allowed, a release whatever
+-- the batch decides (neither when it cannot be decided); returns its reply.
+local function lease_write(k, mode, hold, id, d, decidable, allowed)
+  local wrote = false
+  if not decidable then
+    wrote = false
+  elseif mode == ACQUIRE and allowed and d.ok and not d.held then
+    if not d.base then
+      d.base, d.rel = nows, nown
+      redis.call('ZADD', k, '-inf', ' ' .. string_format('%d', nows))
+    end
+    redis.call('ZADD', k, d.rel + hold, id)
+    wrote = true
+  elseif mode == RELEASE and d.held then
+    redis.call('ZREM', k, id)
+    wrote = true
+  end
+  local after = d.before
+  if wrote then
+    after = lease_summary(k, d.base, d.rel, true)
+  end
+  local reply = 'L' .. (d.held and '1,' or '0,') .. d.before .. ',' .. after
+  return reply .. ',' .. string_format('%d', d.dropped)
+end
+
 if op == 'spend' then
   -- By key name: its current TAT (seconds, nanoseconds) when readable, and its text: as
   -- stored ('' when absent), or as written by an earlier batch (nil until a later batch or
@@ -247,7 +368,10 @@ if op == 'spend' then
   for j = 1, shapes do
     local p = 1 + 3 * j
     local mode = ARGV[p + 2]
-    if #mode > 1 then
+    if mode == ACQUIRE or mode == RELEASE or mode == HOLDERS then
+      -- A lease key: the hold and the count.
+      sis[j], sbs[j] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    elseif #mode > 1 then
       scal[j] = string_sub(mode, 2, 2)
       if scal[j] == 'x' then
         scal[j] = zoned(string_sub(mode, 3))
@@ -262,6 +386,8 @@ if op == 'spend' then
   end
   local out, o = {''}, 1
   local news, newn, oks = {}, {}, {}
+  -- Per item of the batch: its shape, its lease id, and a lease item's decision.
+  local js, ids, leases = {}, {}, {}
   local at, first = 4 + 3 * shapes, 0
   while at <= #ARGV do
     local n = tonumber(ARGV[at])
@@ -271,68 +397,98 @@ if op == 'spend' then
     -- charges are written whatever the batch decides (unless it cannot be decided).
     local allowed, decidable = true, true
     for i = 1, n do
-      local k, j = KEYS[first + i], tonumber(ARGV[at + i - 1])
-      if text[k] == nil then
-        text[k] = format(curs[k], curn[k])
+      local k, arg = KEYS[first + i], ARGV[at + i - 1]
+      local j = tonumber(arg)
+      ids[i] = nil
+      if not j then
+        local colon = string_find(arg, ':', 1, true)
+        j, ids[i] = tonumber(string_sub(arg, 1, colon - 1)), string_sub(arg, colon + 1)
       end
-      o = o + 1
-      out[o] = text[k]
-      if text[k] ~= '' and not curs[k] then
-        -- No TAT: the batch is not decided (and its stale oks are never read).
-        allowed, decidable = false, false
-      else
-        local mode, cal = smode[j], scal[j]
-        local ns, nn, ok
-        if cal then
-          -- A calendar window: at most count per window; a charge at most count in debt.
-          local ws = window_end(cal, nows)
-          local used = window_used(curs[k], curn[k], ws)
-          local count = sbs[j]
-          local after = used + sis[j]
-          ok = after <= count
-          if not ok then
-            if after > 2 * count then
-              after = 2 * count
-            end
-            if after < used then
-              after = used
-            end
-          end
-          ns, nn = window_value(ws, after)
-          ok = ok and ns < MAX_SECONDS
-        else
-          local ts, tn = nows, nown
-          if curs[k] and less(nows, nown, curs[k], curn[k]) then
-            ts, tn = curs[k], curn[k]
-          end
-          local bs, bn = sbs[j], sbn[j]
-          ns, nn = add(ts, tn, sis[j], sin[j])
-          local ls, ln = sub(ns, nn, bs, bn)
-          ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
-          if not ok and mode == CHARGE then
-            -- A charge that does not fit goes into debt, at most one burst deep, never back.
-            local cs, cn = add(nows, nown, bs, bn)
-            cs, cn = add(cs, cn, bs, bn)
-            if less(cs, cn, ns, nn) then
-              ns, nn = cs, cn
-            end
-            if less(ns, nn, ts, tn) then
-              ns, nn = ts, tn
-            end
-          end
-        end
-        news[i], newn[i], oks[i] = ns, nn, ok
-        if not ok and mode ~= SPEND_ONLY then
+      js[i] = j
+      local lmode = smode[j]
+      if lmode == ACQUIRE or lmode == RELEASE or lmode == HOLDERS then
+        -- A lease key: decided against the key as it stands; its reply after the writes.
+        local d = lease_decide(k, lmode, sbs[j], ids[i])
+        leases[i] = d
+        o = o + 1
+        d.out = o
+        if lmode == ACQUIRE and not d.ok then
           allowed = false
         end
+      else
+        leases[i] = nil
+        if text[k] == nil then
+          text[k] = format(curs[k], curn[k])
+        end
+        o = o + 1
+        out[o] = text[k]
+        if text[k] ~= '' and not curs[k] then
+          -- No TAT: the batch is not decided (and its stale oks are never read).
+          allowed, decidable = false, false
+        else
+          local mode, cal = smode[j], scal[j]
+          local ns, nn, ok
+          if cal then
+            -- A calendar window: at most count per window; a charge at most count in debt.
+            local ws = window_end(cal, nows)
+            local used = window_used(curs[k], curn[k], ws)
+            local count = sbs[j]
+            local after = used + sis[j]
+            ok = after <= count
+            if not ok then
+              if after > 2 * count then
+                after = 2 * count
+              end
+              if after < used then
+                after = used
+              end
+            end
+            ns, nn = window_value(ws, after)
+            ok = ok and ns < MAX_SECONDS
+          else
+            local ts, tn = nows, nown
+            if curs[k] and less(nows, nown, curs[k], curn[k]) then
+              ts, tn = curs[k], curn[k]
+            end
+            local bs, bn = sbs[j], sbn[j]
+            ns, nn = add(ts, tn, sis[j], sin[j])
+            local ls, ln = sub(ns, nn, bs, bn)
+            ok = not less(nows, nown, ls, ln) and ns < MAX_SECONDS
+            if not ok and mode == CHARGE then
+              -- A charge that does not fit goes into debt, at most one burst deep, never back.
+              local cs, cn = add(nows, nown, bs, bn)
+              cs, cn = add(cs, cn, bs, bn)
+              if less(cs, cn, ns, nn) then
+                ns, nn = cs, cn
+              end
+              if less(ns, nn, ts, tn) then
+                ns, nn = ts, tn
+              end
+            end
+          end
+          news[i], newn[i], oks[i] = ns, nn, ok
+          if not ok and mode ~= SPEND_ONLY then
+            allowed = false
+          end
+        end
+      end
+    end
+    for i = 1, n do
+      local d = leases[i]
+      if d then
+        local j = js[i]
+        local k = KEYS[first + i]
+        out[d.out] = lease_write(k, smode[j], sis[j], ids[i], d, decidable, allowed)
       end
     end
     if decidable then
       for i = 1, n do
-        local j = tonumber(ARGV[at + i - 1])
+        local j = js[i]
         local mode = smode[j]
         local write
-        if mode == CHARGE then
+        if leases[i] then
+          write = false
+        elseif mode == CHARGE then
           write = not szero[j] and news[i] < MAX_SECONDS
         else
           write = allowed and oks[i] and mode ~= CHECK_ONLY and not szero[j]
@@ -371,10 +527,21 @@ end
 if op == 'refund' then
   -- Never fuller than full, never a new bucket; a bucket refunded to full is deleted.
   for i = 1, n do
-    local k = found(i)
     local arg = ARGV[2 + i]
     local cal = string_sub(arg, 1, 1)
-    if tats[i] and string_find(cal, '%a') then
+    local k = KEYS[i]
+    if cal == '#' then
+      -- A lease taken back (a compensation), its key dropped when it holds no other.
+      redis.call('ZREM', k, string_sub(arg, 2))
+      if redis.call('ZCARD', k) <= 1 then
+        redis.call('DEL', k)
+      end
+    else
+      found(i)
+    end
+    if cal == '#' then
+      -- Done above.
+    elseif tats[i] and string_find(cal, '%a') then
       -- A calendar window: tokens back to the current window, never below none used.
       local back
       if cal == 'x' then
@@ -419,7 +586,18 @@ if op == 'refund' then
   end
 elseif op == 'reset' then
   for i = 1, n do
-    local k = found(i)
+    local k = KEYS[i]
+    if cur[k] == nil and redis.call('TYPE', k).ok == 'zset' then
+      -- A lease key: read as its latest live expiry ('' when none, or unreadable), all
+      -- freed at once.
+      local fine, base = pcall(lease_open, k)
+      cur[k] = false
+      if fine and base then
+        cur[k] = lease_time(base, redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')[2])
+      end
+      redis.call('DEL', k)
+    end
+    found(i)
     if cur[k] then
       cur[k] = false
       redis.call('DEL', k)

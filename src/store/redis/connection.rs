@@ -11,7 +11,7 @@ use tokio::sync::OnceCell;
 use super::errors::store_error;
 use super::sentinel::SentinelLink;
 use super::tls::TlsLink;
-use super::wire::{Op, Read, Wire};
+use super::wire::{LeaseRead, Op, Read, Wire};
 use super::{RedisClock, RedisSettings, RedisStore};
 use crate::clock::Nanos;
 use crate::store::{FailureKind, StoreError, StoreEvent};
@@ -163,7 +163,12 @@ impl RedisStore {
         }
         let values = self.run(op, slot, &invocation).await?;
         // A reset deletes whatever a key held, readable or not.
-        let read = parse_read(&values, keys.iter().map(String::as_str), op == Op::Reset);
+        let read = parse_read(
+            &values,
+            keys.iter().map(String::as_str),
+            op == Op::Reset,
+            &[],
+        );
         match &read {
             // A bucket's own bad value is that bucket's problem, not Redis's: it must not
             // open the breaker for every other caller.
@@ -209,7 +214,18 @@ impl RedisStore {
         let mut at = 0;
         for batch in batches {
             invocation.arg(batch.len());
-            invocation.arg(&numbers[at..at + batch.len()]);
+            let numbers = &numbers[at..at + batch.len()];
+            if batch.iter().all(|w| w.lease.is_none()) {
+                invocation.arg(numbers);
+            } else {
+                // An acquire's or release's shape number carries its lease id.
+                for (wire, number) in batch.iter().zip(numbers) {
+                    match &wire.lease {
+                        Some(id) => invocation.arg(format!("{number}:{id}")),
+                        None => invocation.arg(number),
+                    };
+                }
+            }
             at += batch.len();
         }
         let values = self.run(Op::Spend, slot, &invocation).await?;
@@ -231,7 +247,8 @@ impl RedisStore {
                 part.extend(values[at..at + batch.len()].iter().map(String::as_str));
                 at += batch.len();
                 let keys = batch.iter().map(|w| w.key.as_str());
-                let read = parse_read(&part, keys, false);
+                let leases: Vec<bool> = batch.iter().map(|w| w.mode.is_lease()).collect();
+                let read = parse_read(&part, keys, false, &leases);
                 if let Err(e) = &read {
                     self.log_data_error_once(&e.to_string());
                 }
@@ -262,7 +279,7 @@ impl RedisStore {
                 timeout: within,
             })
         })
-        .and_then(|values| parse_read(&values, std::iter::empty(), true).map(|_| ()));
+        .and_then(|values| parse_read(&values, std::iter::empty(), true, &[]).map(|_| ()));
         self.failure_log.at_start(answer, started.elapsed(), within);
     }
 
@@ -310,23 +327,32 @@ impl RedisStore {
 
 /// Parses the script's `{now, tat...}` for `keys`. A reply of the wrong shape is Redis
 /// misbehaving; a stored value that is no TAT is a data error of that bucket.
-/// `lenient`: an unreadable value counts as a bucket that was not full.
+/// `lenient`: an unreadable value counts as a bucket that was not full. `leases`: which
+/// items name a lease key (their reply is `L...`, no TAT; any other item's `L...` is a
+/// bucket's bad value).
 pub(super) fn parse_read<'k, V: AsRef<str>>(
     values: &[V],
     keys: impl ExactSizeIterator<Item = &'k str>,
     lenient: bool,
+    leases: &[bool],
 ) -> Result<Read, StoreError> {
     let bad = || StoreError::MalformedReply;
     if values.len() != keys.len() + 1 {
         return Err(bad());
     }
     let now = values[0].as_ref().parse::<Nanos>().map_err(|_| bad())?;
+    let mut read_leases = Vec::new();
     let tats = values[1..]
         .iter()
         .map(AsRef::as_ref)
         .zip(keys)
-        .map(|(v, key)| {
-            if v.is_empty() {
+        .enumerate()
+        .map(|(at, (v, key))| {
+            if leases.get(at) == Some(&true) {
+                let lease = v.strip_prefix('L').ok_or_else(bad)?;
+                read_leases.push((at, LeaseRead::parse(lease, now).ok_or_else(bad)?));
+                Ok(None)
+            } else if v.is_empty() {
                 Ok(None)
             } else if lenient {
                 Ok(Some(v.parse::<Nanos>().unwrap_or(Nanos::MAX)))
@@ -340,7 +366,11 @@ pub(super) fn parse_read<'k, V: AsRef<str>>(
             }
         })
         .collect::<Result<_, _>>()?;
-    Ok(Read { now, tats })
+    Ok(Read {
+        now,
+        tats,
+        leases: read_leases,
+    })
 }
 
 /// Values numbered from 1 in their order of first appearance: a call's shapes.
@@ -408,14 +438,14 @@ mod tests {
     #[test]
     fn script_replies_are_checked() {
         let keys = || ["a", "b"].into_iter();
-        let ok = parse_read(&["5", "", "7"], keys(), false).unwrap();
+        let ok = parse_read(&["5", "", "7"], keys(), false, &[]).unwrap();
         assert_eq!((ok.now, ok.tats), (5, vec![None, Some(7)]));
-        assert!(parse_read(&["5"], keys(), false).is_err());
-        assert!(parse_read(&["x", ""], keys().take(1), false).is_err());
+        assert!(parse_read(&["5"], keys(), false, &[]).is_err());
+        assert!(parse_read(&["x", ""], keys().take(1), false, &[]).is_err());
         let reply = ["5".to_string(), "99999999999999999999".to_string()];
-        let poisoned = parse_read(&reply, keys().take(1), false);
+        let poisoned = parse_read(&reply, keys().take(1), false, &[]);
         assert!(poisoned.is_err_and(|e| e.is_data_error()));
-        let reset = parse_read(&reply, keys().take(1), true).unwrap();
+        let reset = parse_read(&reply, keys().take(1), true, &[]).unwrap();
         assert_eq!(reset.tats, vec![Some(Nanos::MAX)]);
     }
 }

@@ -1,6 +1,6 @@
 //! What a request gets while Redis fails: the [`FailurePolicy`].
 
-use super::{FailurePolicy, RedisStore};
+use super::{leases, FailurePolicy, RedisStore};
 use crate::gcra::Decision;
 #[cfg(doc)]
 use crate::gcra::Limit;
@@ -26,15 +26,21 @@ impl RedisStore {
             }));
         }
         tracing::debug!(error = %error, ?policy, "redis failed; applying the failure policy");
+        // A lease item: see [`leases::fixed`]; with `local`, the local store keeps leases
+        // as it keeps buckets, on the share of each count.
+        // A request of releases only is no denial, whatever the policy (nothing counts).
         let fixed = |allowed: bool| Outcome {
-            allowed,
+            allowed: allowed || items.iter().all(|i| !i.mode.counts()),
             decisions: items
                 .iter()
-                .map(|i| Decision {
-                    allowed,
-                    remaining: if allowed { i.limit.burst() as i64 } else { 0 },
-                    retry_in: 0,
-                    reset_in: 0,
+                .map(|i| match leases::is_lease(i) {
+                    true => leases::fixed(i, allowed),
+                    false => Decision {
+                        allowed,
+                        remaining: if allowed { i.limit.burst() as i64 } else { 0 },
+                        retry_in: 0,
+                        reset_in: 0,
+                    },
                 })
                 .collect(),
         };

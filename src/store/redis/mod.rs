@@ -14,6 +14,10 @@
 //! memory when it changes. **Checks kept for `Settle`** live under `<prefix>{settle}:`
 //! ([`RedisSettlements`]), so that a settlement counts once whichever replica it reaches.
 //!
+//! **Leases** of concurrency limits are a sorted set per key, read and written by the same
+//! script call as the batch's TATs (`leases.rs`, docs/concurrency.md): a batch mixing
+//! leases and rates stays all-or-nothing, and every replica sees every lease.
+//!
 //! Time comes from Redis `TIME` (replicas' clocks drift; the store's clock is the one they
 //! share), at microsecond resolution, or from cellrate's clock with [`RedisClock::Local`].
 //!
@@ -61,6 +65,8 @@ mod errors;
 mod failure;
 #[cfg(feature = "redis")]
 mod failure_log;
+#[cfg(feature = "redis")]
+mod leases;
 #[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]

@@ -10,14 +10,16 @@ use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
+use super::leases;
 use super::wire::{Op, Read, Wire, WireMode, WireWindow};
 use super::{FailurePolicy, RedisSettings};
 
 use crate::clock::{Clock, Nanos};
-use crate::gcra::{self, BatchItem, Decision, Mode, Window};
+use crate::gcra::{self, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
-    MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture, StoreItem, StoreObserver,
+    LeaseCounters, LeaseEvents, MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture,
+    StoreItem, StoreObserver,
 };
 
 /// The script, compiled into the binary.
@@ -49,6 +51,8 @@ pub struct RedisStore {
     pub(super) lanes: Lanes,
     /// This store, for the tasks that send waiting batches.
     pub(super) me: Weak<RedisStore>,
+    /// Leases taken, released and found expired (for the metrics).
+    pub(super) lease_events: LeaseCounters,
 }
 
 impl RedisStore {
@@ -83,6 +87,7 @@ impl RedisStore {
             started: Instant::now(),
             healthy: Arc::new(AtomicBool::new(true)),
             failing_slots: AtomicUsize::new(0),
+            lease_events: LeaseCounters::default(),
             used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
@@ -137,20 +142,27 @@ impl RedisStore {
                     let item = &items[i];
                     // A calendar item carries its cost and count in tokens, and its
                     // window in the mode (see batch.lua).
+                    // A lease key carries its hold and count.
                     let (increment, burst_offset) = match item.limit.window() {
                         Window::Gcra => (increment_nanos(item), item.limit.burst_offset()),
                         Window::Calendar(_) => (
                             i64::try_from(item.cost).unwrap_or(i64::MAX),
                             item.limit.burst() as i64,
                         ),
-                        // Refused before it gets here (`not_served`).
-                        Window::Concurrency => (0, 0),
+                        Window::Concurrency => (item.limit.period(), item.limit.count() as i64),
+                    };
+                    let lease = leases::lease_id(item).cloned();
+                    // Without an id an acquire or release only reads its key.
+                    let mode = match lease {
+                        None if leases::is_lease(item) => Mode::Probe,
+                        _ => item.mode,
                     };
                     Wire {
                         key: keys[i].clone(),
                         increment,
                         burst_offset,
-                        mode: WireMode::new(item.mode, item.limit.window(), now),
+                        mode: WireMode::new(mode, item.limit.window(), now),
+                        lease,
                     }
                 })
                 .collect();
@@ -162,15 +174,8 @@ impl RedisStore {
         let mut outcomes = Vec::with_capacity(groups.len());
         let mut failure = None;
         for ((_, members), read) in groups.iter().zip(reads) {
-            match read {
-                Ok(read) => {
-                    let batch: Vec<BatchItem<'_>> = members
-                        .iter()
-                        .map(|&i| batch_item(&items[i], items[i].mode))
-                        .collect();
-                    let out = gcra::spend_batch(read.now, &batch, &read.tats);
-                    outcomes.push(Some((read, out)));
-                }
+            match read.and_then(|read| Ok((leases::replay(items, members, &read, false)?, read))) {
+                Ok((out, read)) => outcomes.push(Some((read, out))),
                 Err(e) => {
                     failure = Some(e);
                     outcomes.push(None);
@@ -184,6 +189,8 @@ impl RedisStore {
         if !all_allowed {
             self.compensate(items, &keys, &groups, &outcomes).await;
         }
+        let reads = outcomes.iter().map(|o| o.as_ref().map(|(read, _)| read));
+        leases::count(&self.lease_events, items, &groups, reads, all_allowed);
         if let Some(e) = failure {
             return Err(e);
         }
@@ -199,16 +206,9 @@ impl RedisStore {
             let group_decisions = if all_allowed {
                 out.decisions.clone()
             } else {
-                // Nothing stays spent but the charges: report each other bucket as it
-                // stands, and each charged one as its charge left it.
-                let batch: Vec<BatchItem<'_>> = members
-                    .iter()
-                    .map(|&i| {
-                        let charged = items[i].mode == Mode::Charge;
-                        batch_item(&items[i], if charged { Mode::Charge } else { Mode::Probe })
-                    })
-                    .collect();
-                gcra::spend_batch(read.now, &batch, &read.tats).decisions
+                // Nothing stays spent but the charges (and releases): report each other
+                // bucket as it stands, and each charged one as its charge left it.
+                leases::replay(items, members, read, true)?.decisions
             };
             for (&i, d) in members.iter().zip(group_decisions) {
                 decisions[i] = d;
@@ -230,7 +230,7 @@ impl RedisStore {
     ) {
         let mut counted = false;
         for ((slot, members), outcome) in groups.iter().zip(outcomes) {
-            let Some((_, out)) = outcome else { continue };
+            let Some((read, out)) = outcome else { continue };
             // A bucket holds what its last item wrote (each item is decided from the state
             // before the batch, so a bucket named twice holds one item's spend): that
             // item is refunded, unless it is a charge, which stays whatever the batch
@@ -241,12 +241,15 @@ impl RedisStore {
                 .filter(|(_, w)| w.is_some())
                 .map(|(&i, _)| i)
                 .collect();
-            let spent: Vec<usize> = written
+            let now = self.clock.now();
+            let spent: Vec<(usize, String)> = written
                 .iter()
                 .enumerate()
                 .filter(|&(n, &i)| !written[n + 1..].iter().any(|&j| keys[j] == keys[i]))
                 .map(|(_, &i)| i)
                 .filter(|&i| items[i].mode != Mode::Charge)
+                .map(|i| (i, increment(&items[i], now)))
+                .chain(leases::taken_back(items, members, read, out))
                 .collect();
             if spent.is_empty() {
                 continue;
@@ -255,9 +258,8 @@ impl RedisStore {
                 self.observer.event(StoreEvent::Compensation);
                 counted = true;
             }
-            let group_keys: Vec<String> = spent.iter().map(|&i| keys[i].clone()).collect();
-            let now = self.clock.now();
-            let args: Vec<String> = spent.iter().map(|&i| increment(&items[i], now)).collect();
+            let group_keys: Vec<String> = spent.iter().map(|(i, _)| keys[*i].clone()).collect();
+            let args: Vec<String> = spent.into_iter().map(|(_, arg)| arg).collect();
             if let Err(e) = self.call(Op::Refund, *slot, &group_keys, &args).await {
                 tracing::warn!(error = %e, "could not refund a partly spent cross-slot batch");
             }
@@ -368,14 +370,6 @@ pub(super) const UNDECIDED: Decision = Decision {
     reset_in: 0,
 };
 
-pub(super) fn batch_item(item: &StoreItem, mode: Mode) -> BatchItem<'_> {
-    BatchItem {
-        limit: &item.limit,
-        cost: item.cost,
-        mode,
-    }
-}
-
 /// What spending `item` adds to its bucket's TAT: the emission interval times the cost.
 fn increment_nanos(item: &StoreItem) -> i64 {
     item.limit
@@ -393,15 +387,12 @@ pub(super) fn increment(item: &StoreItem, now: Nanos) -> String {
     window.refund_arg(increment, item.cost)
 }
 
-/// Leases of concurrency limits are not served by the Redis store yet (docs/concurrency.md):
-/// refused before any call, and before the failure policy, which must not answer them.
-fn not_served(items: &[StoreItem]) -> Result<(), StoreError> {
-    if items
-        .iter()
-        .any(|i| i.mode.is_lease() || i.limit.window() == Window::Concurrency)
-    {
+/// A lease is released (`Mode::Release`), never refunded: the service refuses refunds of
+/// concurrency limits, and so does this store, before any call.
+fn no_lease_refunds(items: &[StoreItem]) -> Result<(), StoreError> {
+    if items.iter().any(leases::is_lease) {
         return Err(StoreError::Config(
-            "concurrency limits are not yet served by the Redis store".into(),
+            "a concurrency limit's lease is released (MODE_RELEASE), not refunded".into(),
         ));
     }
     Ok(())
@@ -410,7 +401,7 @@ fn not_served(items: &[StoreItem]) -> Result<(), StoreError> {
 impl Store for RedisStore {
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
         Box::pin(async move {
-            not_served(items)?;
+            leases::check_ids(items)?;
             match self.spend_redis(items).await {
                 Ok(outcome) => Ok(outcome),
                 Err(e) => self.on_failure(items, e),
@@ -420,7 +411,7 @@ impl Store for RedisStore {
 
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
         Box::pin(async move {
-            not_served(items)?;
+            no_lease_refunds(items)?;
             match (self.refund_redis(items).await, &self.fallback) {
                 (Ok(d), _) => Ok(d),
                 (Err(_), Some(local)) => Ok(local.refund_now(&self.local_share(items))),
@@ -436,6 +427,17 @@ impl Store for RedisStore {
     fn sweep(&self) -> usize {
         // Redis expires keys at their TAT; only the local fallback needs sweeping.
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
+    }
+
+    fn lease_events(&self) -> LeaseEvents {
+        let mut events = self.lease_events.get();
+        if let Some(local) = &self.fallback {
+            let theirs = local.lease_events();
+            events.acquired += theirs.acquired;
+            events.released += theirs.released;
+            events.expired += theirs.expired;
+        }
+        events
     }
 
     fn limits_changed(&self) {

@@ -4,12 +4,15 @@
 //! what the call read ([`Read`]).
 //!
 //! The mode digits ([`Action`]) and the calendar letters ([`LETTERS`]) are defined here
-//! only; batch.lua reads exactly these (its `CHECK_ONLY, SPEND_ONLY, CHARGE`, `FIXED` and
-//! `MONTH, YEAR` lines), and a unit test below reads the script's text to hold the two equal.
+//! only; batch.lua reads exactly these (its `CHECK_ONLY, SPEND_ONLY, CHARGE`, `ACQUIRE,
+//! RELEASE, HOLDERS`, `FIXED` and `MONTH, YEAR` lines), and a unit test below reads the
+//! script's text to hold the two equal.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::clock::{CalendarPeriod, Nanos, SECOND};
+use crate::gcra::lease::Held;
 use crate::gcra::{Mode, Window};
 
 /// The operation a script call performs.
@@ -30,10 +33,73 @@ impl Op {
     }
 }
 
-/// What one script call read: `now` and each key's TAT.
+/// What one script call read: `now` and each key's TAT (`None` for a lease key), and
+/// what it read and did of each lease key, by the item's place in the call.
 pub(super) struct Read {
     pub(super) now: Nanos,
     pub(super) tats: Vec<Option<Nanos>>,
+    pub(super) leases: Vec<(usize, LeaseRead)>,
+}
+
+impl Read {
+    /// What the script read of the lease key of item `at`.
+    pub(super) fn lease(&self, at: usize) -> Option<&LeaseRead> {
+        self.leases.iter().find(|(i, _)| *i == at).map(|(_, l)| l)
+    }
+}
+
+/// A lease item as the script saw it: whether its id held a live lease, and the key's live
+/// leases before the batch and after the item's own write (the same when nothing was
+/// written), and how many expired leases the script dropped from the key. The script's
+/// reply for it: `L<0|1>,<count>,<oldest>,<latest>,<count>,<oldest>,<latest>,<expired>`,
+/// times in Unix nanoseconds (0 for a key with no lease).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LeaseRead {
+    pub(super) held: bool,
+    pub(super) before: Held,
+    pub(super) after: Held,
+    pub(super) expired: u64,
+}
+
+impl LeaseRead {
+    /// Parses the script's reply for a lease item (`text` after its `L`).
+    pub(super) fn parse(text: &str, now: Nanos) -> Option<LeaseRead> {
+        let mut numbers = text.split(',').map(|v| v.parse::<Nanos>().ok());
+        let mut next = || numbers.next().flatten();
+        let held = match next()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        let mut summary = || -> Option<Held> {
+            let (count, oldest, latest) = (next()?, next()?, next()?);
+            Some(if count == 0 {
+                Held {
+                    count,
+                    oldest: now,
+                    latest: now,
+                }
+            } else {
+                Held {
+                    count,
+                    oldest,
+                    latest,
+                }
+            })
+        };
+        let before = summary()?;
+        let after = summary()?;
+        let expired = u64::try_from(next()?).ok()?;
+        if numbers.next().is_some() {
+            return None;
+        }
+        Some(LeaseRead {
+            held,
+            before,
+            after,
+            expired,
+        })
+    }
 }
 
 /// One item of a spend call, as the script reads it.
@@ -42,12 +108,15 @@ pub(super) struct Wire {
     pub(super) increment: i64,
     pub(super) burst_offset: i64,
     pub(super) mode: WireMode,
+    /// An acquire's or release's lease id, sent as it is given (1 to 128 printable bytes,
+    /// checked before the store) after the item's shape number: `<shape>:<id>`.
+    pub(super) lease: Option<Arc<str>>,
 }
 
 impl Wire {
     /// Bytes this item adds to a call (key and arguments, roughly as sent).
     pub(super) fn bytes(&self) -> usize {
-        self.key.len() + 48
+        self.key.len() + 48 + self.lease.as_deref().map_or(0, str::len)
     }
 }
 
@@ -64,23 +133,35 @@ pub(super) enum Action {
     SpendOnly = b'2',
     /// Decide and count, always written, into debt if need be.
     Charge = b'3',
+    /// A lease key: take a lease (counts toward the batch; written when it is allowed).
+    Acquire = b'4',
+    /// A lease key: free a lease (left out of the decision; applied whatever it is).
+    Release = b'5',
+    /// A lease key, only read (a peek of a concurrency limit: `Inspect`, a denied request).
+    Holders = b'6',
 }
 
 impl Action {
-    const ALL: [Action; 4] = [
+    const ALL: [Action; 7] = [
         Action::CheckAndSpend,
         Action::CheckOnly,
         Action::SpendOnly,
         Action::Charge,
+        Action::Acquire,
+        Action::Release,
+        Action::Holders,
     ];
 
-    fn of(mode: Mode) -> Action {
-        match mode {
-            Mode::CheckAndSpend => Action::CheckAndSpend,
-            // Leases never reach the script (the store refuses them first).
-            Mode::CheckOnly | Mode::Probe | Mode::Acquire | Mode::Release => Action::CheckOnly,
-            Mode::SpendOnly => Action::SpendOnly,
-            Mode::Charge => Action::Charge,
+    fn of(mode: Mode, window: Window) -> Action {
+        match (window, mode) {
+            (Window::Concurrency, Mode::Acquire) => Action::Acquire,
+            (Window::Concurrency, Mode::Release) => Action::Release,
+            (Window::Concurrency, _) => Action::Holders,
+            (_, Mode::CheckAndSpend) => Action::CheckAndSpend,
+            // A lease mode on a rate is refused before the store (`lease_rules`); read only.
+            (_, Mode::CheckOnly | Mode::Probe | Mode::Acquire | Mode::Release) => Action::CheckOnly,
+            (_, Mode::SpendOnly) => Action::SpendOnly,
+            (_, Mode::Charge) => Action::Charge,
         }
     }
 
@@ -111,11 +192,11 @@ const ZONED: u8 = b'x';
 /// Every mode the script reads without a zone, made once from [`Action`] and [`LETTERS`]:
 /// per action its digit alone (GCRA), then the digit and each letter, so that an item's
 /// mode is a borrowed static string (no allocation per item).
-static CODES: [[&str; 1 + LETTERS.len()]; 4] = codes(&CODE_BYTES);
-static CODE_BYTES: [[[u8; 2]; 1 + LETTERS.len()]; 4] = code_bytes();
+static CODES: [[&str; 1 + LETTERS.len()]; 7] = codes(&CODE_BYTES);
+static CODE_BYTES: [[[u8; 2]; 1 + LETTERS.len()]; 7] = code_bytes();
 
-const fn code_bytes() -> [[[u8; 2]; 1 + LETTERS.len()]; 4] {
-    let mut out = [[[0; 2]; 1 + LETTERS.len()]; 4];
+const fn code_bytes() -> [[[u8; 2]; 1 + LETTERS.len()]; 7] {
+    let mut out = [[[0; 2]; 1 + LETTERS.len()]; 7];
     let mut a = 0;
     while a < Action::ALL.len() {
         let digit = Action::ALL[a] as u8;
@@ -132,9 +213,9 @@ const fn code_bytes() -> [[[u8; 2]; 1 + LETTERS.len()]; 4] {
 
 /// [`CODE_BYTES`] as text: the first column its digit alone.
 const fn codes(
-    bytes: &'static [[[u8; 2]; 1 + LETTERS.len()]; 4],
-) -> [[&'static str; 1 + LETTERS.len()]; 4] {
-    let mut out = [[""; 1 + LETTERS.len()]; 4];
+    bytes: &'static [[[u8; 2]; 1 + LETTERS.len()]; 7],
+) -> [[&'static str; 1 + LETTERS.len()]; 7] {
+    let mut out = [[""; 1 + LETTERS.len()]; 7];
     let mut a = 0;
     while a < bytes.len() {
         let mut l = 0;
@@ -216,9 +297,17 @@ impl WireMode {
     /// The mode of an item of `mode` in `window`, a zoned window placed around `now`.
     pub(super) fn new(mode: Mode, window: Window, now: Nanos) -> WireMode {
         WireMode {
-            action: Action::of(mode),
+            action: Action::of(mode, window),
             window: WireWindow::new(window, now),
         }
+    }
+
+    /// Whether the item names a lease key (its reply is a [`LeaseRead`]).
+    pub(super) fn is_lease(&self) -> bool {
+        matches!(
+            self.action,
+            Action::Acquire | Action::Release | Action::Holders
+        )
     }
 
     /// As batch.lua reads it: the action's digit, then the window's letter if any ("0o":
@@ -267,6 +356,50 @@ mod tests {
         let ours = [Action::CheckOnly, Action::SpendOnly, Action::Charge].map(|a| a as u8);
         assert_eq!(digits, ours);
         assert_eq!(Action::CheckAndSpend as u8, b'0');
+        let digits = quoted(script_line("local ACQUIRE, RELEASE, HOLDERS ="));
+        let ours = [Action::Acquire, Action::Release, Action::Holders].map(|a| a as u8);
+        assert_eq!(digits, ours);
+        // Every digit is one byte, and distinct.
+        let mut all: Vec<u8> = Action::ALL.iter().map(|&a| a as u8).collect();
+        all.dedup();
+        assert_eq!(all.len(), Action::ALL.len());
+    }
+
+    #[test]
+    fn lease_modes_go_as_their_digits_and_replies_parse() {
+        let lease = Window::Concurrency;
+        for (mode, text) in [
+            (Mode::Acquire, "4"),
+            (Mode::Release, "5"),
+            (Mode::Probe, "6"),
+            (Mode::CheckOnly, "6"),
+        ] {
+            assert_eq!(WireMode::new(mode, lease, 0).encode(), text);
+        }
+        // A lease mode on a rate (refused before the store) only reads.
+        assert_eq!(WireMode::new(Mode::Acquire, Window::Gcra, 0).encode(), "1");
+        let read = LeaseRead::parse("1,2,30,40,1,40,40,3", 5).unwrap();
+        assert_eq!(read.expired, 3);
+        assert!(read.held);
+        assert_eq!(
+            (read.before.count, read.before.oldest, read.before.latest),
+            (2, 30, 40)
+        );
+        assert_eq!((read.after.count, read.after.oldest), (1, 40));
+        let empty = LeaseRead::parse("0,0,0,0,0,0,0,0", 5).unwrap();
+        assert_eq!((empty.before.oldest, empty.after.latest), (5, 5));
+        let bad = [
+            "",
+            "2,0,0,0,0,0,0,0",
+            "1,2,3",
+            "1,a,0,0,0,0,0,0",
+            "0,0,0,0,0,0,0",
+            "0,0,0,0,0,0,0,-1",
+            "0,0,0,0,0,0,0,0,0",
+        ];
+        for bad in bad {
+            assert_eq!(LeaseRead::parse(bad, 5), None, "{bad}");
+        }
     }
 
     #[test]

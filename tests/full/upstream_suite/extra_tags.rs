@@ -42,7 +42,11 @@ async fn test_basic_config_extra_tags() {
     assert_eq!(code, 200);
     let with_tags = ["foo=\"bar\"", "a=\"b\""];
     // key1HitCounter: NewCounterWithTags("...basic.key1.total_hits", ExtraTags) == 1.
-    let hits = [&with_tags[..], &["key=\"basic.key1\"", "stat=\"total_hits\""]].concat();
+    let hits = [
+        &with_tags[..],
+        &["key=\"basic.key1\"", "stat=\"total_hits\""],
+    ]
+    .concat();
     assert_eq!(
         labelled(&text, "cellrate_ratelimit_hits_total", &hits),
         Some(1.0),
