@@ -203,8 +203,12 @@ pub(super) async fn top(args: &TopArgs) -> Result<Answer, Failed> {
 /// added per name and id.
 async fn top_in_flight(args: &TopArgs) -> Result<Answer, Failed> {
     use std::collections::BTreeMap;
-    // name -> (leases, id -> (leases, count))
-    let mut merged: BTreeMap<String, (u64, BTreeMap<String, (u64, u64)>)> = BTreeMap::new();
+    /// An id's (leases, count).
+    type Ids = BTreeMap<String, (u64, u64)>;
+    /// One name's leases and its ids, listed: (id, leases, count).
+    type Listed = (String, u64, Vec<(String, u64, u64)>);
+    // name -> (leases, ids)
+    let mut merged: BTreeMap<String, (u64, Ids)> = BTreeMap::new();
     for addr in &args.client.admin_addr {
         let message = pb::TopRequest {
             limit: args.limit,
@@ -229,7 +233,7 @@ async fn top_in_flight(args: &TopArgs) -> Result<Answer, Failed> {
             }
         }
     }
-    let mut names: Vec<(String, u64, Vec<(String, u64, u64)>)> = merged
+    let mut names: Vec<Listed> = merged
         .into_iter()
         .map(|(name, (leases, ids))| {
             let mut ids: Vec<_> = ids.into_iter().map(|(id, (l, c))| (id, l, c)).collect();

@@ -42,6 +42,11 @@ pub(super) fn is_lease(item: &StoreItem) -> bool {
     item.limit.window() == Window::Concurrency
 }
 
+/// The leases a key holds in a shard (expired ones included).
+fn held_by(tables: &Tables, print: Fingerprint) -> &[Lease] {
+    tables.1.get(&print).map_or(&[], |h| h.leases.as_slice())
+}
+
 /// Drops a shard's expired leases; returns how many.
 pub(super) fn sweep(leases: &mut LeaseMap, now: Nanos) -> usize {
     let mut dropped = 0;
@@ -97,8 +102,7 @@ impl MemoryStore {
             if let Some((decision, write)) = decided {
                 if items[i].mode == Mode::Acquire && !out.allowed {
                     let (print, _) = prints[i];
-                    let held = guards[positions[i]].1.get(&print);
-                    let held = held.map_or(&[][..], |h| h.leases.as_slice());
+                    let held = held_by(&guards[positions[i]], print);
                     *decision = lease::peek(&items[i].limit, now, held);
                     *write = None;
                 }
@@ -191,10 +195,7 @@ impl MemoryStore {
         item: &StoreItem,
         now: Nanos,
     ) -> (Decision, Option<LeaseWrite>) {
-        let held = tables
-            .1
-            .get(&print)
-            .map_or(&[][..], |h| h.leases.as_slice());
+        let held = held_by(tables, print);
         let id = item.lease.as_deref().map(|id| self.hasher.hash_one(id));
         match (item.mode, id) {
             (Mode::Acquire, Some(id)) => lease::acquire(&item.limit, now, held, id),
@@ -519,7 +520,8 @@ mod tests {
                 assert!(one(&store, lease(key, 5, Mode::Acquire, &format!("{key}{i}"))).allowed);
             }
         }
-        let listed = |n, only| -> Vec<(u32, u64, Vec<(String, u64, u64)>)> {
+        type Listed = (u32, u64, Vec<(String, u64, u64)>);
+        let listed = |n, only| -> Vec<Listed> {
             store
                 .in_flight(n, only)
                 .into_iter()
