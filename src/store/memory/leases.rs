@@ -10,7 +10,8 @@
 //! leases beyond the bound first drops the expired leases of the shards it holds, then
 //! fails with "lease capacity reached" and writes nothing; leases held are never pushed out.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -293,7 +294,8 @@ impl MemoryStore {
     /// are counted (a shard holds about `lease_bound / shards` of them: the keys are spread
     /// by a secret hash), then let go: decisions wait for one shard's count at most.
     pub fn in_flight(&self, per_name: usize, only: Option<u32>) -> Vec<InFlightName> {
-        let mut names: HashMap<u32, InFlightName> = HashMap::new();
+        // name number -> (its leases, its best keys: the least of them on top)
+        let mut names: HashMap<u32, (u64, BinaryHeap<Reverse<Ranked>>)> = HashMap::new();
         for shard in 0..self.shards.len() {
             let tables = self.lock(shard);
             let now = self.clock.now();
@@ -306,52 +308,67 @@ impl MemoryStore {
                 if leases == 0 {
                     continue;
                 }
-                let name = names.entry(number).or_insert_with(|| InFlightName {
-                    number,
-                    leases: 0,
-                    keys: Vec::new(),
-                });
-                name.leases += leases;
-                keep_top(&mut name.keys, per_name, held, leases);
+                let (total, top) = names.entry(number).or_default();
+                *total += leases;
+                let better = match top.peek() {
+                    _ if top.len() < per_name => true,
+                    Some(Reverse(least)) => (leases, Reverse(&held.key)) > least.rank(),
+                    None => false,
+                };
+                if better {
+                    if top.len() >= per_name {
+                        top.pop();
+                    }
+                    top.push(Reverse(Ranked(InFlightKey {
+                        key: held.key.clone(),
+                        leases,
+                        count: u64::from(held.count),
+                    })));
+                }
             }
         }
-        let mut names: Vec<InFlightName> = names.into_values().collect();
-        for name in &mut names {
-            name.keys.sort_by(|a, b| ranked(b).cmp(&ranked(a)));
-        }
+        let mut names: Vec<InFlightName> = names
+            .into_iter()
+            .map(|(number, (leases, top))| InFlightName {
+                number,
+                leases,
+                // Ascending in Reverse: the most leases first.
+                keys: top.into_sorted_vec().into_iter().map(|r| r.0 .0).collect(),
+            })
+            .collect();
         names.sort_by(|a, b| b.leases.cmp(&a.leases).then(a.number.cmp(&b.number)));
         names
     }
 }
 
-/// The order of `Top` in flight: the most leases first, then by key.
-fn ranked(key: &InFlightKey) -> (u64, std::cmp::Reverse<&BucketKey>) {
-    (key.leases, std::cmp::Reverse(&key.key))
+/// A key in the order of `Top` in flight: more leases rank higher, then the lesser key.
+struct Ranked(InFlightKey);
+
+impl Ranked {
+    fn rank(&self) -> (u64, Reverse<&BucketKey>) {
+        (self.0.leases, Reverse(&self.0.key))
+    }
 }
 
-/// Adds `held` to `top` if it is among the `n` first (`top` unordered, at most `n` long).
-fn keep_top(top: &mut Vec<InFlightKey>, n: usize, held: &Held, leases: u64) {
-    let entry = || InFlightKey {
-        key: held.key.clone(),
-        leases,
-        count: u64::from(held.count),
-    };
-    if top.len() < n {
-        top.push(entry());
-        return;
-    }
-    let candidate = (leases, std::cmp::Reverse(&held.key));
-    let Some((last, _)) = top
-        .iter()
-        .enumerate()
-        .min_by(|a, b| ranked(a.1).cmp(&ranked(b.1)))
-    else {
-        return;
-    };
-    if candidate > ranked(&top[last]) {
-        top[last] = entry();
+impl Ord for Ranked {
+    fn cmp(&self, other: &Ranked) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
     }
 }
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Ranked) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Ranked) -> bool {
+        self.rank() == other.rank()
+    }
+}
+
+impl Eq for Ranked {}
 
 /// What a store that broke its own count would report (never: one decision per rate item).
 const DENIED: Decision = Decision {
