@@ -23,7 +23,7 @@ pub const INLINE: &str = "(inline)";
 /// 10, as for denials), of `name` only if not empty.
 pub(super) async fn top_in_flight(
     decider: &Decider,
-    gate: &Semaphore,
+    gate: &Arc<Semaphore>,
     request: &pb::TopRequest,
 ) -> Result<pb::TopResponse, Status> {
     if request.minutes != 0 {
@@ -44,21 +44,26 @@ pub(super) async fn top_in_flight(
                 .number,
         ),
     };
-    let _turn = gate
-        .acquire()
+    // The turn goes with the count: a caller that gives up does not free it early.
+    let turn = Arc::clone(gate)
+        .acquire_owned()
         .await
         .map_err(|_| Status::unavailable("the server is stopping"))?;
     let store = Arc::clone(decider.store());
-    let names = tokio::task::spawn_blocking(move || store.in_flight(limit, only))
-        .await
-        .map_err(|e| Status::internal(format!("in-flight count failed: {e}")))?
-        .ok_or_else(|| {
-            Status::unimplemented(
-                "in_flight: this server's store cannot list the keys holding leases (only \
+    let names = tokio::task::spawn_blocking(move || {
+        let names = store.in_flight(limit, only);
+        drop(turn);
+        names
+    })
+    .await
+    .map_err(|e| Status::internal(format!("in-flight count failed: {e}")))?
+    .ok_or_else(|| {
+        Status::unimplemented(
+            "in_flight: this server's store cannot list the keys holding leases (only \
                  the memory store keeps them in a form it can scan; on Redis, admin Inspect \
                  reads one key's)",
-            )
-        })?;
+        )
+    })?;
     let in_flight = names.into_iter().map(|name| answer(&table, name)).collect();
     Ok(pb::TopResponse {
         names: Vec::new(),

@@ -62,7 +62,7 @@ pub struct AdminService {
     denials: Option<Arc<crate::observe::top::DenialTracker>>,
     metrics: Option<Arc<Metrics>>,
     /// One `Top` in flight counted at a time.
-    in_flight_gate: tokio::sync::Semaphore,
+    in_flight_gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl AdminService {
@@ -71,7 +71,7 @@ impl AdminService {
             decider,
             denials: None,
             metrics: None,
-            in_flight_gate: tokio::sync::Semaphore::new(1),
+            in_flight_gate: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
