@@ -31,7 +31,8 @@
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
-//!                convert.rs, settle.rs: Checks kept for Settle), envoy/ (RLS
+//!                convert.rs, settle.rs: Checks kept for Settle, in_flight.rs: Top
+//!                of leases held), envoy/ (RLS
 //!                v3: decide, respond), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),

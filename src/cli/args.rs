@@ -160,7 +160,7 @@ pub struct OverrideListArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct TopArgs {
     /// The window in minutes, ending now (1 to 15).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, conflicts_with = "in_flight")]
     pub minutes: u32,
     /// Ids per name (1 to 32).
     #[arg(long, default_value_t = 10)]
@@ -168,6 +168,10 @@ pub struct TopArgs {
     /// Only this limit name.
     #[arg(long)]
     pub name: Option<String>,
+    /// Instead of denials: the ids holding the most leases of concurrency limits now
+    /// (memory store).
+    #[arg(long)]
+    pub in_flight: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }

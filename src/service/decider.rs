@@ -70,6 +70,11 @@ impl Decider {
         }
     }
 
+    /// The store, for admin reads that decide nothing (`Top` in flight).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// The limits in force. Take one snapshot per request, so that a reload never splits
     /// a request.
     pub fn limits(&self) -> Arc<LimitTable> {

@@ -80,6 +80,14 @@ impl Store for MeasuredStore {
     fn limits_changed(&self) {
         self.inner.limits_changed()
     }
+
+    fn in_flight(
+        &self,
+        per_name: usize,
+        only: Option<u32>,
+    ) -> Option<Vec<crate::store::InFlightName>> {
+        self.inner.in_flight(per_name, only)
+    }
 }
 
 /// The Prometheus series are the store's observer in a server.

@@ -317,6 +317,26 @@ impl LeaseCounters {
     }
 }
 
+/// A key of a concurrency limit with leases held now, for admin `Top` in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightKey {
+    pub key: BucketKey,
+    /// Live leases the key holds.
+    pub leases: u64,
+    /// The limit's `count` the key's latest lease was taken under.
+    pub count: u64,
+}
+
+/// The keys of one name number holding the most leases now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightName {
+    pub number: u32,
+    /// Live leases of the name, over every key (listed or not).
+    pub leases: u64,
+    /// The most leases first, then by key.
+    pub keys: Vec<InFlightKey>,
+}
+
 /// A place to keep TATs and decide batches atomically.
 pub trait Store: Send + Sync + 'static {
     /// Decides `items` all-or-nothing and writes the spends if allowed.
@@ -360,6 +380,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// The limits changed (a reload): drop anything derived from the old ones.
     fn limits_changed(&self) {}
+
+    /// Per name number (or only `only`), the `per_name` keys holding the most live leases
+    /// now, names with the most leases first; `None`: this store cannot tell (only the
+    /// memory store can: docs/concurrency.md). A blocking scan: call it off the runtime.
+    fn in_flight(&self, _per_name: usize, _only: Option<u32>) -> Option<Vec<InFlightName>> {
+        None
+    }
 }
 
 #[cfg(test)]

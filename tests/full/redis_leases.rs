@@ -667,3 +667,31 @@ async fn one_script_call_per_decision() {
         }
     }
 }
+
+/// Admin `Top` in flight on the Redis store (docs/concurrency.md, "What operators see"):
+/// UNIMPLEMENTED saying why, not an empty list that would read as "nothing in flight";
+/// Top of denials and Inspect still answer.
+#[tokio::test]
+async fn top_in_flight_on_redis_says_it_cannot_list_leases() {
+    let server = RedisServer::start();
+    let mut s = Served::with_settings(served_limits(), server.settings()).await;
+    assert_eq!(grpc_one(&mut s, pb::Mode::Acquire, "r1").await, (true, 2));
+    let request = pb::TopRequest {
+        in_flight: true,
+        ..Default::default()
+    };
+    let e = s.admin.top(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    assert!(
+        e.message().contains("cannot list the keys holding leases"),
+        "{}",
+        e.message()
+    );
+    let denials = s.admin.top(pb::TopRequest::default()).await.unwrap();
+    assert!(denials.into_inner().in_flight.is_empty());
+    let request = pb::InspectRequest {
+        items: vec![item("InFlight", "acme", None)],
+    };
+    let inspect = s.admin.inspect(request).await.unwrap().into_inner();
+    assert_eq!(inspect.items[0].remaining, 2);
+}

@@ -744,3 +744,65 @@ fn leases_through_the_cli() {
     );
     let _ = no;
 }
+
+/// `admin top --in-flight`: the ids holding the most leases now, per concurrency limit,
+/// as a table and as JSON, the leases of every replica given added up.
+#[test]
+fn admin_top_in_flight_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
+    write("names.yaml", "InFlight: {number: 100, format: string}\n");
+    write(
+        "defaults.yaml",
+        "InFlight: {window: concurrency, count: 4, period: 30s}\n",
+    );
+    let (a, b) = (serve_with(dir.path(), &[]), serve_with(dir.path(), &[]));
+    let acquire = |server: &crate::common::Process, tenant: &str, id: &str| {
+        let args = [
+            "check",
+            "InFlight",
+            tenant,
+            "--mode",
+            "acquire",
+            "--lease-id",
+            id,
+        ];
+        let out = cellrate(&server.listen, &server.admin, &args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    };
+    for id in ["1", "2"] {
+        acquire(&a, "acme", id);
+        acquire(&b, "beta", id);
+    }
+    acquire(&b, "acme", "3");
+    acquire(&b, "beta", "3");
+    acquire(&a, "gamma", "1");
+    let both = format!("{},{}", a.admin, b.admin);
+    let out = cellrate(&a.listen, &both, &["admin", "top", "--in-flight"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let row = |cells: &[&str]| cells.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rows(&out),
+        [
+            row(&["NAME", "ID", "IN FLIGHT", "LIMIT"]),
+            row(&["InFlight", "(all)", "7"]),
+            row(&["InFlight", "acme", "3", "4"]),
+            row(&["InFlight", "beta", "3", "4"]),
+            row(&["InFlight", "gamma", "1", "4"]),
+        ]
+    );
+    let args = ["admin", "top", "--in-flight", "--limit", "1", "--json"];
+    let out = cellrate(&a.listen, &a.admin, &args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"replicas": 1, "in_flight": [
+            {"name": "InFlight", "leases": 3, "ids": [{"id": "acme", "leases": 2, "count": 4}]},
+        ]})
+    );
+    // Denials are another view: --minutes has no meaning here.
+    let args = ["admin", "top", "--in-flight", "--minutes", "5"];
+    let out = cellrate(&a.listen, &a.admin, &args, &[]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--minutes"), "{}", stderr(&out));
+}

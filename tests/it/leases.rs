@@ -306,3 +306,125 @@ async fn lease_events_are_counted() {
     assert_eq!(series(&text, "released"), Some(1.0));
     assert_eq!(series(&text, "expired"), Some(1.0), "r1 leaked");
 }
+
+/// `Top` with `in_flight`: (name, leases, [(id, leases, count)]) as answered.
+type InFlight = Vec<(String, u64, Vec<(String, u64, u64)>)>;
+
+async fn top_in_flight(s: &mut Served, limit: u32, name: &str) -> Result<InFlight, tonic::Status> {
+    let request = pb::TopRequest {
+        limit,
+        name: name.to_string(),
+        in_flight: true,
+        ..Default::default()
+    };
+    let answer = s.admin.top(request).await?.into_inner();
+    assert!(answer.names.is_empty(), "no denials with in_flight");
+    Ok(answer
+        .in_flight
+        .into_iter()
+        .map(|n| {
+            let ids = n.ids.into_iter().map(|i| (i.id, i.leases, i.count));
+            (n.name, n.leases, ids.collect())
+        })
+        .collect())
+}
+
+/// Admin `Top` in flight lists, per concurrency limit, the ids holding the most leases now
+/// (with the limit's count), the most first; at most `limit` ids; released and expired
+/// leases drop out; bad requests are INVALID_ARGUMENT naming the field.
+#[tokio::test]
+async fn top_in_flight_lists_the_ids_holding_the_most_leases() {
+    let mut s = Served::with_limits(limits()).await;
+    for (tenant, n) in [("beta", 2), ("acme", 3), ("gamma", 1)] {
+        for i in 0..n {
+            assert!(
+                one(&mut s, acquire(tenant, &format!("{tenant}-{i}")))
+                    .await
+                    .0
+            );
+        }
+    }
+    // Rates and denied acquires are no leases.
+    assert!(one(&mut s, item("Requests", "acme", None)).await.0);
+    assert!(!one(&mut s, acquire("acme", "over")).await.0);
+    let ids = |list: &[(&str, u64)]| -> Vec<(String, u64, u64)> {
+        list.iter().map(|&(id, n)| (id.to_string(), n, 3)).collect()
+    };
+    let all = ids(&[("acme", 3), ("beta", 2), ("gamma", 1)]);
+    let listed = top_in_flight(&mut s, 0, "").await.unwrap();
+    assert_eq!(listed, [("InFlight".to_string(), 6, all.clone())]);
+    assert_eq!(
+        top_in_flight(&mut s, 2, "InFlight").await.unwrap(),
+        [("InFlight".to_string(), 6, all[..2].to_vec())],
+        "at most 2 ids; the name's total counts every id"
+    );
+    assert_eq!(top_in_flight(&mut s, 3, "Requests").await.unwrap(), []);
+
+    // acme releases two, beta takes its third a second later; the leases taken first
+    // (acme's last, beta's first two, gamma's) then expire unreleased.
+    assert!(one(&mut s, release("acme", "acme-0")).await.0);
+    assert!(one(&mut s, release("acme", "acme-1")).await.0);
+    s.clock.advance(SECOND);
+    assert!(one(&mut s, acquire("beta", "beta-2")).await.0);
+    let listed = top_in_flight(&mut s, 0, "").await.unwrap();
+    let now = ids(&[("beta", 3), ("acme", 1), ("gamma", 1)]);
+    assert_eq!(listed, [("InFlight".to_string(), 5, now)]);
+    s.clock.advance(HOLD - SECOND);
+    let listed = top_in_flight(&mut s, 0, "").await.unwrap();
+    assert_eq!(listed, [("InFlight".to_string(), 1, ids(&[("beta", 1)]))]);
+    s.clock.advance(SECOND);
+    assert_eq!(top_in_flight(&mut s, 0, "").await.unwrap(), []);
+
+    // Bad requests.
+    for (limit, name, minutes, says) in [
+        (33, "", 0, "limit: 33 is not 1 to 32"),
+        (0, "InFlihgt", 0, "name: "),
+        (0, "", 5, "minutes: 5 is not used with in_flight"),
+    ] {
+        let request = pb::TopRequest {
+            limit,
+            name: name.to_string(),
+            minutes,
+            in_flight: true,
+        };
+        let e = s.admin.top(request).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(says), "{}", e.message());
+    }
+}
+
+/// `Top` in flight is an admin RPC like `Top`: not on the decision listener, and with
+/// `--admin-token` only with the token.
+#[tokio::test]
+async fn top_in_flight_is_for_admins_only() {
+    let settings = Settings {
+        admin_token: Some("s3cret-token".into()),
+        ..Settings::default()
+    };
+    let mut s = Served::full(limits(), settings, None).await;
+    assert!(one(&mut s, acquire("acme", "a")).await.0);
+    let request = |token: Option<&str>| {
+        let mut r = tonic::Request::new(pb::TopRequest {
+            in_flight: true,
+            ..Default::default()
+        });
+        if let Some(t) = token {
+            r.metadata_mut().insert("authorization", t.parse().unwrap());
+        }
+        r
+    };
+    for token in [None, Some("Bearer wrong")] {
+        let e = s.admin.top(request(token)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    }
+    let answer = s.admin.top(request(Some("Bearer s3cret-token"))).await;
+    assert_eq!(answer.unwrap().into_inner().in_flight[0].leases, 1);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.decisions_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut wrong = pb::admin_client::AdminClient::new(channel);
+    let e = wrong.top(request(Some("Bearer s3cret-token"))).await;
+    assert_eq!(e.unwrap_err().code(), tonic::Code::Unimplemented);
+}

@@ -115,6 +115,9 @@ pub(super) async fn reset(args: &ClientItemArgs) -> Result<Answer, Failed> {
 
 /// `admin top`: every replica asked, counts added per name and id.
 pub(super) async fn top(args: &TopArgs) -> Result<Answer, Failed> {
+    if args.in_flight {
+        return top_in_flight(args).await;
+    }
     use crate::observe::top::{TopId, TopName};
     use std::collections::BTreeMap;
     // name -> (denials, id -> its summed counts)
@@ -125,6 +128,7 @@ pub(super) async fn top(args: &TopArgs) -> Result<Answer, Failed> {
             minutes: args.minutes,
             limit: args.limit,
             name: args.name.clone().unwrap_or_default(),
+            in_flight: false,
         };
         let response = admin_call(
             &args.client,
@@ -190,6 +194,83 @@ pub(super) async fn top(args: &TopArgs) -> Result<Answer, Failed> {
             "replicas": args.client.admin_addr.len(),
             "names": json_names,
         }),
+        exit: Exit::Ok,
+        after: Vec::new(),
+    })
+}
+
+/// `admin top --in-flight`: every replica asked (each counts the leases it holds), leases
+/// added per name and id.
+async fn top_in_flight(args: &TopArgs) -> Result<Answer, Failed> {
+    use std::collections::BTreeMap;
+    /// An id's (leases, count).
+    type Ids = BTreeMap<String, (u64, u64)>;
+    /// One name's leases and its ids, listed: (id, leases, count).
+    type Listed = (String, u64, Vec<(String, u64, u64)>);
+    // name -> (leases, ids)
+    let mut merged: BTreeMap<String, (u64, Ids)> = BTreeMap::new();
+    for addr in &args.client.admin_addr {
+        let message = pb::TopRequest {
+            limit: args.limit,
+            name: args.name.clone().unwrap_or_default(),
+            in_flight: true,
+            ..Default::default()
+        };
+        let response = admin_call(
+            &args.client,
+            addr,
+            message,
+            |mut admin, request| async move { admin.top(request).await },
+        )
+        .await?;
+        for name in response.in_flight {
+            let (total, ids) = merged.entry(name.name).or_default();
+            *total += name.leases;
+            for id in name.ids {
+                let (leases, count) = ids.entry(id.id).or_default();
+                *leases += id.leases;
+                *count = (*count).max(id.count);
+            }
+        }
+    }
+    let mut names: Vec<Listed> = merged
+        .into_iter()
+        .map(|(name, (leases, ids))| {
+            let mut ids: Vec<_> = ids.into_iter().map(|(id, (l, c))| (id, l, c)).collect();
+            ids.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            ids.truncate(args.limit.max(1) as usize);
+            (name, leases, ids)
+        })
+        .collect();
+    names.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let mut rows = vec![["NAME", "ID", "IN FLIGHT", "LIMIT"]
+        .map(String::from)
+        .to_vec()];
+    let mut json_names = Vec::new();
+    for (name, leases, ids) in &names {
+        rows.push(vec![
+            name.clone(),
+            "(all)".into(),
+            leases.to_string(),
+            String::new(),
+        ]);
+        for (id, held, count) in ids {
+            rows.push(vec![
+                name.clone(),
+                id.clone(),
+                held.to_string(),
+                count.to_string(),
+            ]);
+        }
+        let ids: Vec<Value> = ids
+            .iter()
+            .map(|(id, held, count)| json!({"id": id, "leases": held, "count": count}))
+            .collect();
+        json_names.push(json!({"name": name, "leases": leases, "ids": ids}));
+    }
+    Ok(Answer {
+        rows,
+        json: json!({"replicas": args.client.admin_addr.len(), "in_flight": json_names}),
         exit: Exit::Ok,
         after: Vec::new(),
     })

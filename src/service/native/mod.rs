@@ -2,6 +2,7 @@
 //! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
 mod convert;
+mod in_flight;
 pub mod settle;
 
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub struct AdminService {
     decider: Arc<Decider>,
     denials: Option<Arc<crate::observe::top::DenialTracker>>,
     metrics: Option<Arc<Metrics>>,
+    /// One `Top` in flight counted at a time.
+    in_flight_gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl AdminService {
@@ -68,6 +71,7 @@ impl AdminService {
             decider,
             denials: None,
             metrics: None,
+            in_flight_gate: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -278,6 +282,11 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::TopRequest>,
     ) -> Result<Response<pb::TopResponse>, Status> {
+        if request.get_ref().in_flight {
+            let gate = &self.in_flight_gate;
+            let answer = in_flight::top_in_flight(&self.decider, gate, request.get_ref());
+            return answer.await.map(Response::new);
+        }
         let (minutes, limit, name) = top_request(request.get_ref())?;
         let names = self
             .denials
@@ -302,6 +311,7 @@ impl pb::admin_server::Admin for AdminService {
                         .collect(),
                 })
                 .collect(),
+            in_flight: Vec::new(),
         }))
     }
 

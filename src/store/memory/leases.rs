@@ -10,7 +10,8 @@
 //! leases beyond the bound first drops the expired leases of the shards it holds, then
 //! fails with "lease capacity reached" and writes nothing; leases held are never pushed out.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -19,27 +20,42 @@ use super::{Fingerprint, MemoryStore, Space, Tables};
 use crate::clock::Nanos;
 use crate::gcra::lease::{self, Lease, LeaseWrite};
 use crate::gcra::{self, BatchItem, Decision, Mode, Window};
-use crate::store::{Outcome, StoreError, StoreItem};
+use crate::limits::names::BucketKey;
+use crate::store::{InFlightKey, InFlightName, Outcome, StoreError, StoreItem};
 
 /// The default bound on leases held in all.
 pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
 
 /// A shard's leases, by key fingerprint.
-pub(super) type LeaseMap = HashMap<Fingerprint, Vec<Lease>>;
+pub(super) type LeaseMap = HashMap<Fingerprint, Held>;
+
+/// A key's leases, with the key itself (the request's own `Arc`, kept: no allocation) and
+/// the count of the limit its latest lease was taken under, for admin `Top` in flight.
+#[derive(Debug)]
+pub(super) struct Held {
+    key: BucketKey,
+    count: u32,
+    pub(super) leases: Vec<Lease>,
+}
 
 /// Whether an item names a concurrency limit's key (its leases, not a TAT).
 pub(super) fn is_lease(item: &StoreItem) -> bool {
     item.limit.window() == Window::Concurrency
 }
 
+/// The leases a key holds in a shard (expired ones included).
+fn held_by(tables: &Tables, print: Fingerprint) -> &[Lease] {
+    tables.1.get(&print).map_or(&[], |h| h.leases.as_slice())
+}
+
 /// Drops a shard's expired leases; returns how many.
 pub(super) fn sweep(leases: &mut LeaseMap, now: Nanos) -> usize {
     let mut dropped = 0;
-    leases.retain(|_, set| {
-        let before = set.len();
-        set.retain(|l| l.expires > now);
-        dropped += before - set.len();
-        !set.is_empty()
+    leases.retain(|_, held| {
+        let before = held.leases.len();
+        held.leases.retain(|l| l.expires > now);
+        dropped += before - held.leases.len();
+        !held.leases.is_empty()
     });
     dropped
 }
@@ -87,8 +103,8 @@ impl MemoryStore {
             if let Some((decision, write)) = decided {
                 if items[i].mode == Mode::Acquire && !out.allowed {
                     let (print, _) = prints[i];
-                    let held = guards[positions[i]].1.get(&print);
-                    *decision = lease::peek(&items[i].limit, now, held.map_or(&[], |v| v));
+                    let held = held_by(&guards[positions[i]], print);
+                    *decision = lease::peek(&items[i].limit, now, held);
                     *write = None;
                 }
             }
@@ -128,7 +144,8 @@ impl MemoryStore {
                 Some((decision, write)) => {
                     let (print, _) = prints[i];
                     released += i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
-                    change += self.write_lease(&mut guards[positions[i]], print, now, write);
+                    let tables = &mut guards[positions[i]];
+                    change += self.write_lease(tables, print, &items[i], now, write);
                     decisions.push(decision);
                 }
                 None => decisions.push(rate_decisions.next().unwrap_or(DENIED)),
@@ -158,7 +175,7 @@ impl MemoryStore {
         if adds > 0 {
             self.reserve_leases(std::slice::from_mut(&mut tables), 1, now)?;
         }
-        let change = self.write_lease(&mut tables, print, now, write);
+        let change = self.write_lease(&mut tables, print, item, now, write);
         self.leases_dropped((adds - change).max(0) as usize);
         let expired = (adds - released - change).max(0);
         self.lease_events
@@ -179,7 +196,7 @@ impl MemoryStore {
         item: &StoreItem,
         now: Nanos,
     ) -> (Decision, Option<LeaseWrite>) {
-        let held = tables.1.get(&print).map_or(&[][..], |v| v.as_slice());
+        let held = held_by(tables, print);
         let id = item.lease.as_deref().map(|id| self.hasher.hash_one(id));
         match (item.mode, id) {
             (Mode::Acquire, Some(id)) => lease::acquire(&item.limit, now, held, id),
@@ -188,23 +205,34 @@ impl MemoryStore {
         }
     }
 
-    /// Applies a write to a key's leases (dropping its expired ones); returns the change
-    /// in leases held.
+    /// Applies `item`'s write to its key's leases (dropping its expired ones); returns
+    /// the change in leases held.
     fn write_lease(
         &self,
         tables: &mut Tables,
         print: Fingerprint,
+        item: &StoreItem,
         now: Nanos,
         write: Option<LeaseWrite>,
     ) -> i64 {
-        let Some(set) = (match write {
-            Some(LeaseWrite::Add(_)) => Some(tables.1.entry(print).or_default()),
+        let Some(held) = (match write {
+            Some(LeaseWrite::Add(_)) => {
+                // At most MAX_LEASES_PER_KEY: fits.
+                let count = item.limit.count().min(u64::from(u32::MAX)) as u32;
+                let held = tables.1.entry(print).or_insert_with(|| Held {
+                    key: item.key.clone(),
+                    count,
+                    leases: Vec::new(),
+                });
+                held.count = count;
+                Some(held)
+            }
             _ => tables.1.get_mut(&print),
         }) else {
             return 0;
         };
-        let change = lease::apply(set, now, write);
-        if set.is_empty() {
+        let change = lease::apply(&mut held.leases, now, write);
+        if held.leases.is_empty() {
             tables.1.remove(&print);
         }
         change
@@ -260,7 +288,87 @@ impl MemoryStore {
     pub fn live_leases(&self) -> usize {
         self.leases_held.load(Ordering::Acquire)
     }
+
+    /// Per name number (or only `only`), the `per_name` keys with the most live leases,
+    /// names with the most leases first. Each shard's lock is held while its own leases
+    /// are counted (a shard holds about `lease_bound / shards` of them: the keys are spread
+    /// by a secret hash), then let go: decisions wait for one shard's count at most.
+    pub fn in_flight(&self, per_name: usize, only: Option<u32>) -> Vec<InFlightName> {
+        // name number -> (its leases, its best keys: the least of them on top)
+        let mut names: HashMap<u32, (u64, BinaryHeap<Reverse<Ranked>>)> = HashMap::new();
+        for shard in 0..self.shards.len() {
+            let tables = self.lock(shard);
+            let now = self.clock.now();
+            for held in tables.1.values() {
+                let number = held.key.parts().0;
+                if only.is_some_and(|only| only != number) {
+                    continue;
+                }
+                let leases = held.leases.iter().filter(|l| l.expires > now).count() as u64;
+                if leases == 0 {
+                    continue;
+                }
+                let (total, top) = names.entry(number).or_default();
+                *total += leases;
+                let better = match top.peek() {
+                    _ if top.len() < per_name => true,
+                    Some(Reverse(least)) => (leases, Reverse(&held.key)) > least.rank(),
+                    None => false,
+                };
+                if better {
+                    if top.len() >= per_name {
+                        top.pop();
+                    }
+                    top.push(Reverse(Ranked(InFlightKey {
+                        key: held.key.clone(),
+                        leases,
+                        count: u64::from(held.count),
+                    })));
+                }
+            }
+        }
+        let mut names: Vec<InFlightName> = names
+            .into_iter()
+            .map(|(number, (leases, top))| InFlightName {
+                number,
+                leases,
+                // Ascending in Reverse: the most leases first.
+                keys: top.into_sorted_vec().into_iter().map(|r| r.0 .0).collect(),
+            })
+            .collect();
+        names.sort_by(|a, b| b.leases.cmp(&a.leases).then(a.number.cmp(&b.number)));
+        names
+    }
 }
+
+/// A key in the order of `Top` in flight: more leases rank higher, then the lesser key.
+struct Ranked(InFlightKey);
+
+impl Ranked {
+    fn rank(&self) -> (u64, Reverse<&BucketKey>) {
+        (self.0.leases, Reverse(&self.0.key))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Ranked) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Ranked) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Ranked) -> bool {
+        self.rank() == other.rank()
+    }
+}
+
+impl Eq for Ranked {}
 
 /// What a store that broke its own count would report (never: one decision per rate item).
 const DENIED: Decision = Decision {
@@ -416,6 +524,49 @@ mod tests {
         assert_eq!((store.live_leases(), refused), (50, 1_000 - 44));
         let victim = one(&store, lease("victim", 5, Mode::Release, "v1"));
         assert!(victim.allowed, "the victim's lease was not pushed out");
+    }
+
+    /// `in_flight` ranks keys by live leases (ties by key), per name, at most N a name;
+    /// released and expired leases drop out, and so do keys left with none.
+    #[test]
+    fn in_flight_ranks_keys_by_live_leases() {
+        let clock = FakeClock::new(T0);
+        let store = store(&clock);
+        for (key, n) in [("a", 1), ("b", 3), ("c", 2), ("d", 2)] {
+            for i in 0..n {
+                assert!(one(&store, lease(key, 5, Mode::Acquire, &format!("{key}{i}"))).allowed);
+            }
+        }
+        type Listed = (u32, u64, Vec<(String, u64, u64)>);
+        let listed = |n, only| -> Vec<Listed> {
+            store
+                .in_flight(n, only)
+                .into_iter()
+                .map(|name| {
+                    let keys = name.keys.iter();
+                    let keys = keys.map(|k| (k.key.parts().1.to_string(), k.leases, k.count));
+                    (name.number, name.leases, keys.collect())
+                })
+                .collect()
+        };
+        let s = |id: &str, n: u64| (id.to_string(), n, 5);
+        assert_eq!(
+            listed(3, None),
+            [(100, 8, vec![s("b", 3), s("c", 2), s("d", 2)])]
+        );
+        assert_eq!(listed(1, Some(100)), [(100, 8, vec![s("b", 3)])]);
+        assert_eq!(listed(3, Some(101)), []);
+        clock.advance(SECOND);
+        assert!(one(&store, lease("c", 5, Mode::Release, "c0")).allowed);
+        assert!(one(&store, lease("a", 5, Mode::Acquire, "a1")).allowed);
+        assert_eq!(
+            listed(2, None),
+            [(100, 8, vec![s("b", 3), s("a", 2)])],
+            "c released one"
+        );
+        // The first leases expire (taken at T0): only a1 is left.
+        clock.advance(HOLD - SECOND);
+        assert_eq!(listed(5, None), [(100, 1, vec![s("a", 1)])]);
     }
 
     #[derive(Debug, Clone)]

@@ -429,7 +429,8 @@ impl MemoryStore {
                     self.swept(space, 1);
                 }
                 // A concurrency limit's key: its leases are freed.
-                let leases = guards[p].1.remove(&print).unwrap_or_default();
+                let leases = guards[p].1.remove(&print).map(|h| h.leases);
+                let leases = leases.unwrap_or_default();
                 self.leases_dropped(leases.len());
                 removed.is_some_and(|tat| tat > now) || leases.iter().any(|l| l.expires > now)
             })
@@ -518,6 +519,14 @@ impl Store for MemoryStore {
 
     fn lease_events(&self) -> crate::store::LeaseEvents {
         self.lease_events.get()
+    }
+
+    fn in_flight(
+        &self,
+        per_name: usize,
+        only: Option<u32>,
+    ) -> Option<Vec<crate::store::InFlightName>> {
+        Some(MemoryStore::in_flight(self, per_name, only))
     }
 }
 
