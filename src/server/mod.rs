@@ -222,7 +222,10 @@ impl Server {
         if let Some(demand) = self.stores.shared_demand {
             rlqs = rlqs.with_shared_demand(demand);
         }
-        let health = GrpcHealth::serving().await;
+        let health = GrpcHealth::serving(shared.health.clone()).await;
+        background
+            .tasks
+            .spawn(health.follow(background.stop.clone()));
         // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions only
         // once the control plane's limits are in force, as envoyproxy/ratelimit; meanwhile
         // the decision listener answers every request UNAVAILABLE, never leaving a
@@ -264,15 +267,7 @@ impl Server {
             background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
         }
         addresses.announce(&settings, shared.limits.load().version());
-        let result = drain(
-            servers,
-            shutdown,
-            &settings,
-            &health,
-            &shared.health,
-            stop_servers,
-        )
-        .await;
+        let result = drain(servers, shutdown, &settings, &health, stop_servers).await;
         background.finish(result).await
     }
 
@@ -552,7 +547,6 @@ async fn drain(
     shutdown: impl Future<Output = ()>,
     settings: &Settings,
     grpc_health: &GrpcHealth,
-    health: &Health,
     stop_servers: CancellationToken,
 ) -> Result<(), ServeError> {
     tokio::pin!(servers);
@@ -566,7 +560,6 @@ async fn drain(
         "shutting down: health NOT_SERVING, then draining in-flight RPCs"
     );
     grpc_health.not_serving().await;
-    health.set_not_ready();
     tokio::select! {
         _ = tokio::time::sleep(settings.shutdown_delay) => {}
         result = &mut servers => return result.map_err(ServeError::from),
