@@ -248,6 +248,12 @@ impl Server {
         let admin = stacks.admin(self.listeners.admin, denials)?;
         let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };
         tokio::pin!(servers);
+        // While the first xDS update is awaited, commands that decide are answered LOADING.
+        if let Some(listener) = self.listeners.resp {
+            let stop = stop_servers.clone();
+            let gate = waiting.clone();
+            background.serve_resp(listener, &shared, &settings, limits, stop, gate);
+        }
         if let (Some(first_config), Some(waiting)) = (first_config.as_mut(), &waiting) {
             let gate = FirstUpdate {
                 ready: first_config,
@@ -262,9 +268,6 @@ impl Server {
             {
                 return background.finish(ended).await;
             }
-        }
-        if let Some(listener) = self.listeners.resp {
-            background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
         }
         addresses.announce(&settings, shared.limits.load().version());
         let result = drain(servers, shutdown, &settings, &health, stop_servers).await;
@@ -412,6 +415,7 @@ impl Background {
         settings: &Settings,
         limits: ServerLimits,
         stop: CancellationToken,
+        waiting: Option<Arc<AtomicBool>>,
     ) {
         let resp = RespServer::new(
             shared.store.clone(),
@@ -421,8 +425,10 @@ impl Background {
             shared.clock.clone(),
             limits.resp.handshake_timeout,
             settings.grace,
-        );
+        )
+        .waiting_for(waiting);
         let listener = GuardedListener::new(listener, limits.resp, "resp");
+        let resp = Arc::new(resp);
         let accept = tasks::accept_resp(resp, listener, stop, self.tasks.clone());
         self.tasks.spawn(accept);
     }
@@ -461,6 +467,7 @@ impl FirstUpdate<'_> {
             listen = %self.addresses.decisions,
             metrics = %self.addresses.metrics,
             health = %self.addresses.health,
+            resp = %self.addresses.resp,
             "waiting for the first xDS update before serving"
         );
         tokio::select! {

@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use crate::common::ads::{entry, gateway_config, response, Ads};
 use crate::common::pki::Pki;
+use crate::common::resp_client::{Reply, RespClient};
 use crate::common::{
     descriptor, http_get, http_get_async, poll_until, sample, serve_with, stderr_lines, watching,
     Served,
 };
 use cellrate::limits::config::LimitTable;
+use cellrate::resp::commands::LOADING;
 use cellrate::server::xds::{XdsSettings, MAX_ELEMENTS, MAX_RESOURCES};
 use cellrate::server::Settings;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
@@ -647,6 +649,68 @@ async fn as_ratelimit_over_xds_the_runtime_directory_is_not_read() {
     let _ = child.kill();
     let _ = child.wait();
     ads.stop();
+}
+
+/// While the first xDS update is awaited (a control plane that never sends), the
+/// Redis-protocol listener answers each command that decides `LOADING` at once, as Redis
+/// while it loads its data (redis-rs and redis-py wait and retry), where it used to hold
+/// the connection unanswered; the connection's own commands are answered as usual. Once
+/// an update is in force, `CL.THROTTLE` decides on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resp_listener_answers_loading_until_the_first_update() {
+    let ads = Ads::start().await;
+    let (mut child, lines) = ratelimit(&[
+        ("CONFIG_GRPC_XDS_SERVER_URL", ads.addr.to_string()),
+        ("CELLRATE_RESP_LISTEN", "127.0.0.1:0".to_string()),
+    ]);
+    let Some(fields) = line(&lines, "waiting for the first xDS update before serving") else {
+        let _ = child.kill();
+        panic!("no waiting line");
+    };
+    let resp = fields["resp"].as_str().unwrap().to_string();
+    let mut c = tokio::task::spawn_blocking(move || RespClient::connect(&resp))
+        .await
+        .unwrap();
+    c.stream()
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let (waiting, mut c) = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        for command in [
+            &["CL.THROTTLE", "k", "1", "1", "60"][..],
+            &["GCRA", "k", "1", "1", "60"],
+            &["PING"],
+            &["CLIENT", "SETNAME", "app"],
+            &["SELECT", "0"],
+        ] {
+            c.send(command);
+            let asked = std::time::Instant::now();
+            answers.push((c.read().map_err(|e| e.kind()), asked.elapsed()));
+        }
+        (answers, c)
+    })
+    .await
+    .unwrap();
+    ads.set_configs("1", &[gateway_config("gw", "r", 2, RateLimitUnit::Minute)]);
+    let serving = line(&lines, "cellrate serving");
+    let after = tokio::task::spawn_blocking(move || c.call(&["CL.THROTTLE", "k", "1", "1", "60"]))
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    ads.stop();
+    let loading = Reply::Error(LOADING.to_string());
+    let ok = Reply::Simple("OK".to_string());
+    let expected = [loading.clone(), loading.clone(), loading, ok.clone(), ok];
+    for ((answer, took), expected) in waiting.into_iter().zip(expected) {
+        assert_eq!(answer, Ok(expected));
+        assert!(
+            took < Duration::from_millis(400),
+            "answered at once: {took:?}"
+        );
+    }
+    assert!(serving.is_some());
+    assert_eq!(after.integers()[..3], [0, 2, 1], "{after:?}");
 }
 
 /// A first update that is NACKed leaves the process waiting, its decision listener
