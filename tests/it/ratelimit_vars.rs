@@ -11,12 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::ratelimit_answers::{client, request, runtime, start};
-use crate::common::{http_get, stderr_lines};
+use crate::common::{grpc_health, http_get, stderr_lines};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 /// The binary run as `ratelimit` over `root` (limits in `root/config`) with `vars`; the
 /// child and the `cellrate serving` line's fields.
@@ -127,23 +125,6 @@ fn healthy_with_at_least_one_config_loaded_waits_for_a_domain() {
     assert_eq!(http_get(health, "/readyz").0, 200);
     std::fs::remove_file(&file).unwrap();
     assert_eq!(healthcheck_becomes(health, 500), 500, "no domain left");
-}
-
-/// `service`'s status in the gRPC health service at `listen` (through tonic-health's
-/// client), or the code the check failed with.
-async fn grpc_health(listen: &str, service: &str) -> Result<ServingStatus, tonic::Code> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{listen}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let request = HealthCheckRequest {
-        service: service.to_string(),
-    };
-    match HealthClient::new(channel).check(request).await {
-        Ok(answer) => Ok(ServingStatus::try_from(answer.into_inner().status).unwrap()),
-        Err(status) => Err(status.code()),
-    }
 }
 
 /// `ratelimit`'s gRPC health at `listen`, polled every 50 ms until it is `want` (at most

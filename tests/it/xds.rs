@@ -28,6 +28,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitUnit,
 };
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -655,7 +656,9 @@ async fn as_ratelimit_over_xds_the_runtime_directory_is_not_read() {
 /// Redis-protocol listener answers each command that decides `LOADING` at once, as Redis
 /// while it loads its data (redis-rs and redis-py wait and retry), where it used to hold
 /// the connection unanswered; the connection's own commands are answered as usual. Once
-/// an update is in force, `CL.THROTTLE` decides on the same connection.
+/// an update is in force, `CL.THROTTLE` decides on the same connection. gRPC health's
+/// `ratelimit` says NOT_SERVING meanwhile (it used to be refused UNAVAILABLE with the rest),
+/// SERVING after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_resp_listener_answers_loading_until_the_first_update() {
     let ads = Ads::start().await;
@@ -667,6 +670,9 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
         let _ = child.kill();
         panic!("no waiting line");
     };
+    let listen = fields["listen"].as_str().unwrap().to_string();
+    // gRPC health answers through the gate: `ratelimit` is not ready yet.
+    let early_health = crate::common::grpc_health(&listen, "ratelimit").await;
     let resp = fields["resp"].as_str().unwrap().to_string();
     let mut c = tokio::task::spawn_blocking(move || RespClient::connect(&resp))
         .await
@@ -696,9 +702,12 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
     let after = tokio::task::spawn_blocking(move || c.call(&["CL.THROTTLE", "k", "1", "1", "60"]))
         .await
         .unwrap();
+    let late_health = crate::common::grpc_health(&listen, "ratelimit").await;
     let _ = child.kill();
     let _ = child.wait();
     ads.stop();
+    assert_eq!(early_health, Ok(ServingStatus::NotServing));
+    assert_eq!(late_health, Ok(ServingStatus::Serving));
     let loading = Reply::Error(LOADING.to_string());
     let ok = Reply::Simple("OK".to_string());
     let expected = [loading.clone(), loading.clone(), loading, ok.clone(), ok];
