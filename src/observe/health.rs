@@ -146,6 +146,23 @@ mod tests {
         assert!(h.body().contains("\"config_version\":\"def\""));
     }
 
+    /// A change told before anyone waits is kept for the next wait (the gRPC health
+    /// follower would otherwise miss it until its next look).
+    #[tokio::test]
+    async fn a_change_told_before_the_wait_is_kept() {
+        let h = Health::new();
+        h.require_limits();
+        let told = tokio::time::timeout(std::time::Duration::from_secs(5), h.changed());
+        assert!(told.await.is_ok());
+        assert!(!h.ready());
+        h.limits_loaded(true);
+        let told = tokio::time::timeout(std::time::Duration::from_secs(5), h.changed());
+        assert!(told.await.is_ok());
+        assert!(h.ready());
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(20), h.changed());
+        assert!(quiet.await.is_err(), "nothing changed since");
+    }
+
     #[test]
     fn readiness_follows_shutdown_and_a_required_store() {
         let h = Health::new();
