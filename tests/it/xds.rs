@@ -665,6 +665,7 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
     let (mut child, lines) = ratelimit(&[
         ("CONFIG_GRPC_XDS_SERVER_URL", ads.addr.to_string()),
         ("CELLRATE_RESP_LISTEN", "127.0.0.1:0".to_string()),
+        ("CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", "1".to_string()),
     ]);
     let Some(fields) = line(&lines, "waiting for the first xDS update before serving") else {
         let _ = child.kill();
@@ -674,6 +675,17 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
     // gRPC health answers through the gate: `ratelimit` is not ready yet.
     let early_health = crate::common::grpc_health(&listen, "ratelimit").await;
     let resp = fields["resp"].as_str().unwrap().to_string();
+    // A client that sends nothing is under the listener's bounds meanwhile too: closed
+    // after the handshake timeout (1 s), not held.
+    let silent = resp.clone();
+    let silent = tokio::task::spawn_blocking(move || {
+        let mut c = RespClient::connect(&silent);
+        let opened = std::time::Instant::now();
+        c.stream()
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        (c.read().map_err(|e| e.kind()), opened.elapsed())
+    });
     let mut c = tokio::task::spawn_blocking(move || RespClient::connect(&resp))
         .await
         .unwrap();
@@ -697,6 +709,7 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
     })
     .await
     .unwrap();
+    let silent = silent.await.unwrap();
     ads.set_configs("1", &[gateway_config("gw", "r", 2, RateLimitUnit::Minute)]);
     let serving = line(&lines, "cellrate serving");
     let after = tokio::task::spawn_blocking(move || c.call(&["CL.THROTTLE", "k", "1", "1", "60"]))
@@ -720,6 +733,9 @@ async fn the_resp_listener_answers_loading_until_the_first_update() {
     }
     assert!(serving.is_some());
     assert_eq!(after.integers()[..3], [0, 2, 1], "{after:?}");
+    let (closed, after) = silent;
+    assert_eq!(closed, Err(std::io::ErrorKind::UnexpectedEof), "{after:?}");
+    assert!(after < Duration::from_secs(4), "closed after {after:?}");
 }
 
 /// A first update that is NACKed leaves the process waiting, its decision listener
