@@ -23,6 +23,8 @@ pub struct Health {
     needs_limits: AtomicBool,
     /// Whether the limits in force hold any limit.
     has_limits: AtomicBool,
+    /// Woken when readiness may have changed (the gRPC health service follows it).
+    changed: tokio::sync::Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -64,16 +66,19 @@ impl Health {
     /// holds none, `/readyz` and `/healthcheck` fail.
     pub fn require_limits(&self) {
         self.needs_limits.store(true, Ordering::SeqCst);
+        self.changed.notify_one();
     }
 
     /// The limits now in force hold a limit (`true`) or none.
     pub fn limits_loaded(&self, any: bool) {
         self.has_limits.store(any, Ordering::SeqCst);
+        self.changed.notify_one();
     }
 
     /// Whether the first xDS update is awaited: `/readyz` answers 503 meanwhile.
     pub fn set_waiting_for_config(&self, waiting: bool) {
         self.waiting_for_config.store(waiting, Ordering::SeqCst);
+        self.changed.notify_one();
     }
 
     /// Whether `/readyz` answers 200.
@@ -89,6 +94,14 @@ impl Health {
     /// Marks the service as shutting down (`/readyz` answers 503).
     pub fn set_not_ready(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.changed.notify_one();
+    }
+
+    /// Resolves when readiness may have changed since the last call returned (one waiter:
+    /// a change while nobody waits is kept for the next call). A store's health is not
+    /// told here: who follows readiness also looks now and then.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// `/healthz`'s body: the config in force and the last reload error, if any.
@@ -131,6 +144,23 @@ mod tests {
         h.config_loaded("def");
         assert!(h.body().contains("\"last_reload_error\":null"));
         assert!(h.body().contains("\"config_version\":\"def\""));
+    }
+
+    /// A change told before anyone waits is kept for the next wait (the gRPC health
+    /// follower would otherwise miss it until its next look).
+    #[tokio::test]
+    async fn a_change_told_before_the_wait_is_kept() {
+        let h = Health::new();
+        h.require_limits();
+        let told = tokio::time::timeout(std::time::Duration::from_secs(5), h.changed());
+        assert!(told.await.is_ok());
+        assert!(!h.ready());
+        h.limits_loaded(true);
+        let told = tokio::time::timeout(std::time::Duration::from_secs(5), h.changed());
+        assert!(told.await.is_ok());
+        assert!(h.ready());
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(20), h.changed());
+        assert!(quiet.await.is_err(), "nothing changed since");
     }
 
     #[test]

@@ -42,6 +42,16 @@ impl Command {
             .map_or(Command::Other, |c| c.0)
     }
 
+    /// Whether the command is refused (`LOADING`) while the first xDS update is awaited:
+    /// as Redis while it loads its data, all but the connection's own commands (`HELLO`,
+    /// `AUTH`, `CLIENT`, `COMMAND`, `SELECT`, `QUIT`) and unknown ones.
+    pub(super) fn waits_for_limits(self) -> bool {
+        matches!(
+            self,
+            Command::Throttle | Command::RlThrottle | Command::Gcra | Command::Ping | Command::Echo
+        )
+    }
+
     pub(super) fn label(self) -> &'static str {
         COMMANDS
             .iter()

@@ -18,6 +18,10 @@ use crate::store::StoreItem;
 /// The longest key of `CL.THROTTLE`, `RL.THROTTLE` and `GCRA`, in bytes.
 pub const MAX_KEY: usize = 512;
 
+/// The answer to a command that decides while the first xDS update is awaited: Redis's
+/// own error while it loads its data, which redis-rs and redis-py wait on and retry.
+pub const LOADING: &str = "LOADING waiting for the first xDS update: no limits in force yet";
+
 /// The longest client name (`CLIENT SETNAME`, `HELLO ... SETNAME`) or library attribute.
 pub const MAX_CLIENT_NAME: usize = 256;
 
@@ -46,6 +50,11 @@ impl RespServer {
         if !conn.authenticated && !matches!(command, Command::Auth | Command::Hello | Command::Quit)
         {
             conn.replies.error("NOAUTH Authentication required.");
+            self.metrics.resp_command(command.label(), false);
+            return Flow::Continue;
+        }
+        if self.waiting() && command.waits_for_limits() {
+            conn.replies.error(LOADING);
             self.metrics.resp_command(command.label(), false);
             return Flow::Continue;
         }

@@ -22,7 +22,7 @@
 //! and [`super::auth`] (`HELLO`, `AUTH`).
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +74,9 @@ pub struct RespServer {
     grace: Duration,
     next_id: AtomicU64,
     pub(super) lockout: AuthLockout,
+    /// While set, the first xDS update is awaited: commands that decide are answered
+    /// `LOADING` (see [`super::commands`]).
+    waiting: Option<Arc<AtomicBool>>,
 }
 
 /// One connection's state.
@@ -146,8 +149,8 @@ impl RespServer {
         clock: Arc<dyn Clock>,
         command_timeout: Duration,
         grace: Duration,
-    ) -> Arc<RespServer> {
-        Arc::new(RespServer {
+    ) -> RespServer {
+        RespServer {
             store,
             caller,
             token: settings.token.as_deref().map(Token::new),
@@ -157,7 +160,22 @@ impl RespServer {
             grace,
             next_id: AtomicU64::new(1),
             lockout: AuthLockout::new(settings.lockout, clock),
-        })
+            waiting: None,
+        }
+    }
+
+    /// Commands that decide are answered `LOADING` while `waiting` is set (the first xDS
+    /// update is awaited).
+    pub fn waiting_for(mut self, waiting: Option<Arc<AtomicBool>>) -> RespServer {
+        self.waiting = waiting;
+        self
+    }
+
+    /// Whether the first xDS update is awaited.
+    pub(super) fn waiting(&self) -> bool {
+        self.waiting
+            .as_ref()
+            .is_some_and(|w| w.load(Ordering::Acquire))
     }
 
     /// Serves one accepted connection until the client leaves, a bound closes it, or
@@ -258,7 +276,7 @@ impl RespServer {
                     return Err(End::Close);
                 }
             };
-            if conn.authenticated && Command::of(&args[0]) == Command::Throttle {
+            if conn.authenticated && Command::of(&args[0]) == Command::Throttle && !self.waiting() {
                 // Decided with the ones next to it in the pipeline (see Run).
                 if run.push(args) {
                     continue;

@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -17,6 +18,7 @@ use tonic::server::NamedService;
 use tonic::transport::server::Router;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
+use tonic_health::ServingStatus;
 
 use super::admin::AdminAuth;
 use super::in_flight::InFlightLayer;
@@ -25,6 +27,7 @@ use super::rpc_metrics::RpcMetricsLayer;
 use super::shortcut::ShortcutLayer;
 use super::tls::Incoming;
 use super::{ServeError, ServerLimits, Settings};
+use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
 use crate::proto::v1::admin_server::AdminServer;
@@ -77,15 +80,49 @@ fn with_reflection<L>(
         ))
 }
 
+/// The health service's name for the whole rate-limit service, as envoyproxy/ratelimit
+/// registers it (Kubernetes gRPC probes and Envoy Gateway ask for it).
+pub const RATELIMIT_HEALTH: &str = "ratelimit";
+
+/// How often the `ratelimit` status looks at readiness unprompted (a store's health
+/// changes without telling [`Health`]).
+const READINESS_POLL: Duration = Duration::from_millis(250);
+
 /// gRPC health, one service for both listeners, so that shutdown flips both at once.
+/// Each of our services is SERVING until shutdown; `ratelimit` follows readiness as
+/// `/readyz` and `/healthcheck` do ([`Health::ready`]), as envoyproxy/ratelimit's does;
+/// the server as a whole ("") is SERVING until shutdown, as there (where it stays so).
 pub(super) struct GrpcHealth {
-    reporter: HealthReporter,
+    readiness: Readiness,
     service: HealthServer<HealthService>,
 }
 
+/// What sets `ratelimit`'s status: readiness, looked at and reported under one lock, so
+/// that a look taken before shutdown cannot be reported after shutdown's.
+#[derive(Clone)]
+struct Readiness {
+    reporter: HealthReporter,
+    health: Arc<Health>,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Readiness {
+    /// Sets `ratelimit`'s status from readiness now.
+    async fn refresh(&self) {
+        let _held = self.lock.lock().await;
+        let status = match self.health.ready() {
+            true => ServingStatus::Serving,
+            false => ServingStatus::NotServing,
+        };
+        self.reporter
+            .set_service_status(RATELIMIT_HEALTH, status)
+            .await;
+    }
+}
+
 impl GrpcHealth {
-    /// Every service SERVING.
-    pub(super) async fn serving() -> GrpcHealth {
+    /// Every service SERVING; `ratelimit` as `health` is ready.
+    pub(super) async fn serving(health: Arc<Health>) -> GrpcHealth {
         let reporter = HealthReporter::new();
         let service = HealthServer::new(HealthService::from_health_reporter(reporter.clone()))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -96,12 +133,37 @@ impl GrpcHealth {
             .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
             .await;
         reporter.set_serving::<AdminServer<AdminService>>().await;
-        GrpcHealth { reporter, service }
+        let readiness = Readiness {
+            reporter,
+            health,
+            lock: Arc::default(),
+        };
+        readiness.refresh().await;
+        GrpcHealth { readiness, service }
     }
 
-    /// Every service NOT_SERVING, the server as a whole too.
+    /// Keeps `ratelimit`'s status on readiness until `stop`: at each change [`Health`] is
+    /// told of, and every [`READINESS_POLL`].
+    pub(super) fn follow(&self, stop: CancellationToken) -> impl Future<Output = ()> + Send {
+        let readiness = self.readiness.clone();
+        async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = readiness.health.changed() => {}
+                    _ = tokio::time::sleep(READINESS_POLL) => {}
+                }
+                readiness.refresh().await;
+            }
+        }
+    }
+
+    /// Every service NOT_SERVING, the server as a whole too, and `ratelimit` (readiness
+    /// is marked shutting down first).
     pub(super) async fn not_serving(&self) {
-        let reporter = &self.reporter;
+        self.readiness.health.set_not_ready();
+        self.readiness.refresh().await;
+        let reporter = &self.readiness.reporter;
         reporter
             .set_not_serving::<RateLimiterServer<RateLimiterService>>()
             .await;
@@ -112,7 +174,7 @@ impl GrpcHealth {
             .set_not_serving::<AdminServer<AdminService>>()
             .await;
         reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .set_service_status("", ServingStatus::NotServing)
             .await;
     }
 }

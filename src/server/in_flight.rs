@@ -19,8 +19,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone)]
 pub struct InFlightLayer {
     permits: Arc<Semaphore>,
-    /// While this holds true (the first xDS update not yet in force), every request is
-    /// answered UNAVAILABLE at once: connections are answered, never left hanging.
+    /// While this holds true (the first xDS update not yet in force), every request but
+    /// gRPC health's is answered UNAVAILABLE at once: connections are answered, never left
+    /// hanging, and probes learn NOT_SERVING.
     waiting: Option<Arc<AtomicBool>>,
 }
 
@@ -32,7 +33,7 @@ impl InFlightLayer {
         }
     }
 
-    /// Refuses every request (UNAVAILABLE) while `waiting` holds true.
+    /// Refuses every request but gRPC health's (UNAVAILABLE) while `waiting` holds true.
     pub fn with_gate(mut self, waiting: Option<Arc<AtomicBool>>) -> InFlightLayer {
         self.waiting = waiting;
         self
@@ -61,6 +62,10 @@ pub struct InFlight<S> {
 
 type GrpcResponse = http::Response<tonic::body::Body>;
 
+/// gRPC health's methods, answered while the first xDS update is awaited (still under
+/// the in-flight bound).
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<S, B> tower_service::Service<http::Request<B>> for InFlight<S>
@@ -80,6 +85,7 @@ where
             .waiting
             .as_ref()
             .is_some_and(|w| w.load(Ordering::Acquire))
+            && !request.uri().path().starts_with(HEALTH_PATH)
         {
             let status = tonic::Status::unavailable(
                 "waiting for the first xDS update: no limits in force yet; retry with backoff",

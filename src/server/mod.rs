@@ -222,7 +222,10 @@ impl Server {
         if let Some(demand) = self.stores.shared_demand {
             rlqs = rlqs.with_shared_demand(demand);
         }
-        let health = GrpcHealth::serving().await;
+        let health = GrpcHealth::serving(shared.health.clone()).await;
+        background
+            .tasks
+            .spawn(health.follow(background.stop.clone()));
         // Without FORCE_START_WITHOUT_INITIAL_CONFIG (--xds-force-start): decisions only
         // once the control plane's limits are in force, as envoyproxy/ratelimit; meanwhile
         // the decision listener answers every request UNAVAILABLE, never leaving a
@@ -245,6 +248,12 @@ impl Server {
         let admin = stacks.admin(self.listeners.admin, denials)?;
         let servers = async { tokio::try_join!(decisions, admin).map(|_| ()) };
         tokio::pin!(servers);
+        // While the first xDS update is awaited, commands that decide are answered LOADING.
+        if let Some(listener) = self.listeners.resp {
+            let stop = stop_servers.clone();
+            let gate = waiting.clone();
+            background.serve_resp(listener, &shared, &settings, limits, stop, gate);
+        }
         if let (Some(first_config), Some(waiting)) = (first_config.as_mut(), &waiting) {
             let gate = FirstUpdate {
                 ready: first_config,
@@ -260,19 +269,8 @@ impl Server {
                 return background.finish(ended).await;
             }
         }
-        if let Some(listener) = self.listeners.resp {
-            background.serve_resp(listener, &shared, &settings, limits, stop_servers.clone());
-        }
         addresses.announce(&settings, shared.limits.load().version());
-        let result = drain(
-            servers,
-            shutdown,
-            &settings,
-            &health,
-            &shared.health,
-            stop_servers,
-        )
-        .await;
+        let result = drain(servers, shutdown, &settings, &health, stop_servers).await;
         background.finish(result).await
     }
 
@@ -417,6 +415,7 @@ impl Background {
         settings: &Settings,
         limits: ServerLimits,
         stop: CancellationToken,
+        waiting: Option<Arc<AtomicBool>>,
     ) {
         let resp = RespServer::new(
             shared.store.clone(),
@@ -426,8 +425,10 @@ impl Background {
             shared.clock.clone(),
             limits.resp.handshake_timeout,
             settings.grace,
-        );
+        )
+        .waiting_for(waiting);
         let listener = GuardedListener::new(listener, limits.resp, "resp");
+        let resp = Arc::new(resp);
         let accept = tasks::accept_resp(resp, listener, stop, self.tasks.clone());
         self.tasks.spawn(accept);
     }
@@ -466,6 +467,7 @@ impl FirstUpdate<'_> {
             listen = %self.addresses.decisions,
             metrics = %self.addresses.metrics,
             health = %self.addresses.health,
+            resp = %self.addresses.resp,
             "waiting for the first xDS update before serving"
         );
         tokio::select! {
@@ -552,7 +554,6 @@ async fn drain(
     shutdown: impl Future<Output = ()>,
     settings: &Settings,
     grpc_health: &GrpcHealth,
-    health: &Health,
     stop_servers: CancellationToken,
 ) -> Result<(), ServeError> {
     tokio::pin!(servers);
@@ -566,7 +567,6 @@ async fn drain(
         "shutting down: health NOT_SERVING, then draining in-flight RPCs"
     );
     grpc_health.not_serving().await;
-    health.set_not_ready();
     tokio::select! {
         _ = tokio::time::sleep(settings.shutdown_delay) => {}
         result = &mut servers => return result.map_err(ServeError::from),

@@ -585,6 +585,12 @@ async fn shutdown_flips_health_and_drains_the_rpc_in_flight() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(flipped, "health did not flip to NOT_SERVING");
+    // envoyproxy/ratelimit's name for the service flips with it.
+    let ratelimit = tonic_health::pb::HealthCheckRequest {
+        service: "ratelimit".into(),
+    };
+    let answer = health.check(ratelimit).await.unwrap().into_inner();
+    assert_eq!(answer.status, ServingStatus::NotServing as i32);
     let (ready, _) = http_get_async(s.metrics_addr, "/readyz").await;
     assert_eq!(ready, 503);
     store.release.notify_one();

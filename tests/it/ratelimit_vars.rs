@@ -1,7 +1,7 @@
 //! Run as `ratelimit`, envoyproxy/ratelimit's configuration and statistics variables do
 //! what they do there: `PROMETHEUS_PATH` moves the metrics,
-//! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps `/healthcheck` failing until limits are
-//! loaded, `QUOTA_MODE` puts every descriptor in quota mode, `MERGE_DOMAIN_CONFIG` merges
+//! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps `/healthcheck` and gRPC health's
+//! `ratelimit` failing until limits are loaded, `QUOTA_MODE` puts every descriptor in quota mode, `MERGE_DOMAIN_CONFIG` merges
 //! the files of one domain, `EXTRA_TAGS`, `NEAR_LIMIT_RATIO` and `DISABLE_STATS` shape the
 //! statistics, and hostile values cannot grow or forge upstream's mapped series. Through a
 //! real process and real HTTP and gRPC clients.
@@ -11,9 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::ratelimit_answers::{client, request, runtime, start};
-use crate::common::{http_get, stderr_lines};
+use crate::common::{grpc_health, http_get, stderr_lines};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// The binary run as `ratelimit` over `root` (limits in `root/config`) with `vars`; the
 /// child and the `cellrate serving` line's fields.
@@ -124,6 +125,56 @@ fn healthy_with_at_least_one_config_loaded_waits_for_a_domain() {
     assert_eq!(http_get(health, "/readyz").0, 200);
     std::fs::remove_file(&file).unwrap();
     assert_eq!(healthcheck_becomes(health, 500), 500, "no domain left");
+}
+
+/// `ratelimit`'s gRPC health at `listen`, polled every 50 ms until it is `want` (at most
+/// 10 s).
+async fn ratelimit_health_becomes(listen: &str, want: ServingStatus) -> ServingStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = grpc_health(listen, "ratelimit").await.unwrap();
+        if status == want || Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// As upstream's health checker registers it: the gRPC health service answers for
+/// `ratelimit`, SERVING with limits; with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+/// NOT_SERVING while no domain is loaded and SERVING once one is, as `/healthcheck`. The
+/// server as a whole ("") is SERVING throughout, as there; a name nobody registered is
+/// NOT_FOUND.
+#[tokio::test]
+async fn grpc_health_answers_for_ratelimit_as_upstream() {
+    let (serving, not_serving) = (ServingStatus::Serving, ServingStatus::NotServing);
+    let root = limits(&[("rl.yaml", RL)]);
+    let (_plain, fields) = serve_as_ratelimit(root.path(), &[]);
+    let listen = fields["listen"].as_str().unwrap();
+    assert_eq!(grpc_health(listen, "ratelimit").await, Ok(serving));
+    assert_eq!(grpc_health(listen, "").await, Ok(serving));
+    for unknown in ["ratelimit.v3", "RATELIMIT", "x"] {
+        let answer = grpc_health(listen, unknown).await;
+        assert_eq!(answer, Err(tonic::Code::NotFound), "{unknown}");
+    }
+
+    let root = limits(&[]);
+    let vars = [("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true")];
+    let (_child, fields) = serve_as_ratelimit(root.path(), &vars);
+    let listen = fields["listen"].as_str().unwrap();
+    let health = fields["metrics"].as_str().unwrap();
+    assert_eq!(grpc_health(listen, "ratelimit").await, Ok(not_serving));
+    assert_eq!(grpc_health(listen, "").await, Ok(serving));
+    let file = root.path().join("config/rl.yaml");
+    std::fs::write(&file, RL).unwrap();
+    assert_eq!(ratelimit_health_becomes(listen, serving).await, serving);
+    assert_eq!(http_get(health, "/healthcheck").0, 200);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(
+        ratelimit_health_becomes(listen, not_serving).await,
+        not_serving
+    );
+    assert_eq!(http_get(health, "/healthcheck").0, 500);
 }
 
 /// Limits with no `quota_mode` of their own.

@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use crate::common::ads::{entry, gateway_config, response, Ads};
 use crate::common::pki::Pki;
+use crate::common::resp_client::{Reply, RespClient};
 use crate::common::{
     descriptor, http_get, http_get_async, poll_until, sample, serve_with, stderr_lines, watching,
     Served,
 };
 use cellrate::limits::config::LimitTable;
+use cellrate::resp::commands::LOADING;
 use cellrate::server::xds::{XdsSettings, MAX_ELEMENTS, MAX_RESOURCES};
 use cellrate::server::Settings;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
@@ -26,6 +28,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitUnit,
 };
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -647,6 +650,92 @@ async fn as_ratelimit_over_xds_the_runtime_directory_is_not_read() {
     let _ = child.kill();
     let _ = child.wait();
     ads.stop();
+}
+
+/// While the first xDS update is awaited (a control plane that never sends), the
+/// Redis-protocol listener answers each command that decides `LOADING` at once, as Redis
+/// while it loads its data (redis-rs and redis-py wait and retry), where it used to hold
+/// the connection unanswered; the connection's own commands are answered as usual. Once
+/// an update is in force, `CL.THROTTLE` decides on the same connection. gRPC health's
+/// `ratelimit` says NOT_SERVING meanwhile (it used to be refused UNAVAILABLE with the rest),
+/// SERVING after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resp_listener_answers_loading_until_the_first_update() {
+    let ads = Ads::start().await;
+    let (mut child, lines) = ratelimit(&[
+        ("CONFIG_GRPC_XDS_SERVER_URL", ads.addr.to_string()),
+        ("CELLRATE_RESP_LISTEN", "127.0.0.1:0".to_string()),
+        ("CELLRATE_HANDSHAKE_TIMEOUT_SECONDS", "1".to_string()),
+    ]);
+    let Some(fields) = line(&lines, "waiting for the first xDS update before serving") else {
+        let _ = child.kill();
+        panic!("no waiting line");
+    };
+    let listen = fields["listen"].as_str().unwrap().to_string();
+    // gRPC health answers through the gate: `ratelimit` is not ready yet.
+    let early_health = crate::common::grpc_health(&listen, "ratelimit").await;
+    let resp = fields["resp"].as_str().unwrap().to_string();
+    // A client that sends nothing is under the listener's bounds meanwhile too: closed
+    // after the handshake timeout (1 s), not held.
+    let silent = resp.clone();
+    let silent = tokio::task::spawn_blocking(move || {
+        let mut c = RespClient::connect(&silent);
+        let opened = std::time::Instant::now();
+        c.stream()
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        (c.read().map_err(|e| e.kind()), opened.elapsed())
+    });
+    let mut c = tokio::task::spawn_blocking(move || RespClient::connect(&resp))
+        .await
+        .unwrap();
+    c.stream()
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let (waiting, mut c) = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        for command in [
+            &["CL.THROTTLE", "k", "1", "1", "60"][..],
+            &["GCRA", "k", "1", "1", "60"],
+            &["PING"],
+            &["CLIENT", "SETNAME", "app"],
+            &["SELECT", "0"],
+        ] {
+            c.send(command);
+            let asked = std::time::Instant::now();
+            answers.push((c.read().map_err(|e| e.kind()), asked.elapsed()));
+        }
+        (answers, c)
+    })
+    .await
+    .unwrap();
+    let silent = silent.await.unwrap();
+    ads.set_configs("1", &[gateway_config("gw", "r", 2, RateLimitUnit::Minute)]);
+    let serving = line(&lines, "cellrate serving");
+    let after = tokio::task::spawn_blocking(move || c.call(&["CL.THROTTLE", "k", "1", "1", "60"]))
+        .await
+        .unwrap();
+    let late_health = crate::common::grpc_health(&listen, "ratelimit").await;
+    let _ = child.kill();
+    let _ = child.wait();
+    ads.stop();
+    assert_eq!(early_health, Ok(ServingStatus::NotServing));
+    assert_eq!(late_health, Ok(ServingStatus::Serving));
+    let loading = Reply::Error(LOADING.to_string());
+    let ok = Reply::Simple("OK".to_string());
+    let expected = [loading.clone(), loading.clone(), loading, ok.clone(), ok];
+    for ((answer, took), expected) in waiting.into_iter().zip(expected) {
+        assert_eq!(answer, Ok(expected));
+        assert!(
+            took < Duration::from_millis(400),
+            "answered at once: {took:?}"
+        );
+    }
+    assert!(serving.is_some());
+    assert_eq!(after.integers()[..3], [0, 2, 1], "{after:?}");
+    let (closed, after) = silent;
+    assert_eq!(closed, Err(std::io::ErrorKind::UnexpectedEof), "{after:?}");
+    assert!(after < Duration::from_secs(4), "closed after {after:?}");
 }
 
 /// A first update that is NACKed leaves the process waiting, its decision listener

@@ -15,6 +15,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// The fake clock's start in served tests.
 pub const T0: Nanos = 1_700_000_000 * SECOND;
@@ -415,11 +418,28 @@ pub async fn health_status(addr: std::net::SocketAddr) -> i32 {
         .connect()
         .await
         .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let request = tonic_health::pb::HealthCheckRequest {
+    let mut health = HealthClient::new(channel);
+    let request = HealthCheckRequest {
         service: String::new(),
     };
     health.check(request).await.unwrap().into_inner().status
+}
+
+/// `service`'s status in the gRPC health service at `listen` (through tonic-health's
+/// client), or the code the check failed with.
+pub async fn grpc_health(listen: &str, service: &str) -> Result<ServingStatus, tonic::Code> {
+    let channel = Channel::from_shared(format!("http://{listen}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let request = HealthCheckRequest {
+        service: service.to_string(),
+    };
+    match HealthClient::new(channel).check(request).await {
+        Ok(answer) => Ok(ServingStatus::try_from(answer.into_inner().status).unwrap()),
+        Err(status) => Err(status.code()),
+    }
 }
 
 /// An HTTP/1.0 GET on loopback from async code: (status code, body).
