@@ -120,10 +120,13 @@ impl Decider {
             self.store.spend(&store_items).await?.decisions
         };
         let mut store_decisions = one_each(store_decisions, store_items.len())?.into_iter();
-        let items: Vec<ItemResult> = resolved
-            .into_iter()
-            .map(|r| {
+        let mut items: Vec<ItemResult> = Vec::with_capacity(resolved.len());
+        for r in resolved {
+            let merged = r.merged_into.and_then(|first| items.get(first));
+            let item = {
                 let mut decision = match r.rule {
+                    // A merged item answers its bucket's one decision.
+                    _ if merged.is_some() => merged.map_or(DENIED, |m| m.decision),
                     Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
                     Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
                     Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
@@ -135,18 +138,20 @@ impl Decider {
                     decision.allowed = false;
                     decision.retry_in = 0;
                 }
+                let oversize = r.oversize || merged.is_some_and(|m| m.oversize);
                 ItemResult {
                     decision,
                     rule: r.rule,
                     name: r.name,
                     key: r.key,
                     shadow: r.shadow,
-                    oversize: r.oversize,
+                    oversize,
                     mode: r.mode,
                     headers: r.headers,
                 }
-            })
-            .collect();
+            };
+            items.push(item);
+        }
         Ok(with_overall(items))
     }
 
@@ -174,12 +179,19 @@ impl Decider {
             self.store.refund(&store_items).await?
         };
         let mut decisions = one_each(decisions, store_items.len())?.into_iter();
+        let mut answered: Vec<Decision> = Vec::with_capacity(resolved.len());
         let items: Vec<ItemResult> = resolved
             .into_iter()
             .map(|r| ItemResult {
-                decision: match r.rule {
-                    Rule::Limited(_) => decisions.next().unwrap_or(UNCHANGED),
-                    _ => UNCHANGED,
+                decision: {
+                    let decision = match (r.merged_into, r.rule) {
+                        // A merged item answers its bucket's one decision.
+                        (Some(first), _) => answered.get(first).copied().unwrap_or(UNCHANGED),
+                        (None, Rule::Limited(_)) => decisions.next().unwrap_or(UNCHANGED),
+                        _ => UNCHANGED,
+                    };
+                    answered.push(decision);
+                    decision
                 },
                 rule: r.rule,
                 name: r.name,
@@ -222,6 +234,8 @@ fn store_items(resolved: &[Resolved], mode: impl Fn(&Resolved) -> Mode) -> Vec<S
     resolved
         .iter()
         .filter_map(|r| match r.rule {
+            // Decided by the item it was merged into.
+            _ if r.merged_into.is_some() => None,
             Rule::Limited(limit) => Some(StoreItem {
                 key: r.key.clone(),
                 limit,

@@ -115,6 +115,11 @@ pub struct CheckOptions {
     pub shadow_all: bool,
     /// What an id that does not fit its name's format does to the request.
     pub invalid_ids: InvalidIds,
+    /// Items that name a bucket already named in the batch (in the same mode, no lease)
+    /// are decided with it, their costs summed, instead of being an error: Envoy's
+    /// descriptors, which the caller does not choose one by one and whose error Envoy
+    /// lets through by default.
+    pub merge_duplicates: bool,
 }
 
 /// Which rule decided an item.

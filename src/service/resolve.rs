@@ -27,6 +27,9 @@ pub(super) struct Resolved {
     pub(super) headers: Headers,
     /// The lease id of an acquire or release.
     pub(super) lease: Option<Arc<str>>,
+    /// Decided by this earlier item of the batch, which names the same bucket and holds
+    /// this item's cost too ([`CheckOptions::merge_duplicates`]).
+    pub(super) merged_into: Option<usize>,
 }
 
 /// Where an item's bucket is, before its rule: its key, its limit's name, the policy
@@ -80,6 +83,14 @@ impl Decider {
                     .iter()
                     .position(|r| r.key == item.key && has_bucket(r))
                 {
+                    if mergeable(&resolved[first], &item, options) {
+                        let merged = merge(i, &mut resolved[first], item, options)?;
+                        resolved.push(Resolved {
+                            merged_into: Some(first),
+                            ..merged
+                        });
+                        continue;
+                    }
                     return Err(invalid(
                         i,
                         "",
@@ -191,6 +202,7 @@ impl Decider {
             oversize,
             headers: bucket.headers,
             lease: item.lease.as_deref().map(Arc::from),
+            merged_into: None,
         })
     }
 
@@ -238,6 +250,7 @@ impl Decider {
                     oversize: false,
                     headers: table.headers(found),
                     lease: None,
+                    merged_into: None,
                 }))
             }
         };
@@ -386,6 +399,47 @@ fn caller_bucket(key: BucketKey, limit: &Limit) -> Bucket {
         policy: Some(Policy::limited(*limit)),
         headers: Headers::default(),
     }
+}
+
+/// Whether `item`, naming the bucket of `first`, is decided with it
+/// ([`CheckOptions::merge_duplicates`]): same mode and rule, and no lease (a lease is one
+/// slot, taken once).
+fn mergeable(first: &Resolved, item: &Resolved, options: CheckOptions) -> bool {
+    options.merge_duplicates
+        && first.merged_into.is_none()
+        && first.mode == item.mode
+        && first.rule == item.rule
+        && first.lease.is_none()
+        && item.lease.is_none()
+}
+
+/// Adds `item`'s cost to `first`'s (an oversize sum denies, as one oversize item does) and
+/// returns `item`, costing nothing itself.
+fn merge(
+    i: usize,
+    first: &mut Resolved,
+    item: Resolved,
+    options: CheckOptions,
+) -> Result<Resolved, DecideError> {
+    let cost = first.cost.saturating_add(item.cost);
+    let over = match first.rule {
+        Rule::Limited(limit) => cost > limit.burst() && first.mode != Mode::Charge,
+        _ => false,
+    };
+    if item.oversize || over {
+        if !options.oversize_denies {
+            return Err(invalid(
+                i,
+                "",
+                format!("cost {cost} exceeds the burst of {}", first.name),
+            ));
+        }
+        first.oversize = true;
+        first.cost = 0;
+    } else if !first.oversize {
+        first.cost = cost;
+    }
+    Ok(Resolved { cost: 0, ..item })
 }
 
 /// The item's cost, and whether it is oversize: refused, or above its limit's burst (an

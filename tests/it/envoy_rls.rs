@@ -542,6 +542,20 @@ async fn one_bucket_named_by_two_descriptors_is_counted_twice() {
     assert_eq!(r.overall_code, OVER);
     let r = ask(&mut s, request("edge", vec![signup("10.0.0.1")])).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+    // The same bucket reached through two spellings of one address (the id format
+    // canonicalises it): merged all the same, not an error Envoy would let through.
+    let spelled = request(
+        "edge",
+        vec![
+            signup("2001:db8::1"),
+            descriptor(&[("NewRegistrationsPerIPAddress", "2001:0DB8:0:0::1")]),
+        ],
+    );
+    let r = ask(&mut s, spelled).await;
+    assert_eq!(r.overall_code, OK);
+    for status in &r.statuses {
+        assert_eq!((status.code, status.limit_remaining), (OK, 18));
+    }
     // A request given back twice (is_negative_hits on both) repays both hits.
     let mut back = twice("10.0.0.1");
     for d in &mut back.descriptors {

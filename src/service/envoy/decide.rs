@@ -60,27 +60,9 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        let mut results =
-            match batch.merged() {
-                None => self.decide_items(&table, &request, &batch).await?,
-                // One bucket named by several descriptors: decided once, with their hits
-                // summed, and that decision answered for each of them.
-                Some(merged) => {
-                    let once = Batch {
-                        items: merged.items,
-                        owner: merged.owner,
-                        ..Batch::default()
-                    };
-                    let decided = self.decide_items(&table, &request, &once).await?;
-                    let mut results = Vec::with_capacity(merged.of.len());
-                    for &at in &merged.of {
-                        results.push(decided.get(at).cloned().ok_or_else(|| {
-                            Status::internal("a merged item was decided no answer")
-                        })?);
-                    }
-                    results
-                }
-            };
+        // Descriptors that name one bucket are decided with it, their hits summed
+        // (`CheckOptions::merge_duplicates`), each answering that one decision.
+        let mut results = self.decide_items(&table, &request, &batch).await?;
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -290,6 +272,7 @@ impl EnvoyRateLimitService {
         let options = CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(&request.domain),
             oversize_denies: true,
+            merge_duplicates: true,
             ..CheckOptions::default()
         };
         let given = match self.decider.refund_with(table, &items, options).await {
@@ -359,6 +342,7 @@ impl EnvoyRateLimitService {
             oversize_denies: true,
             honour_shadow: true,
             shadow_all: self.options.shadow,
+            merge_duplicates: true,
         };
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),
