@@ -32,31 +32,63 @@ const HOLD: i64 = 35 * SECOND;
 /// Tenants and their N (examples/concurrency/limits: 8, and 4 by an override).
 const TENANTS: [(&str, usize); 3] = [("acme", 8), ("trial-co", 4), ("globex", 8)];
 
-/// Per tenant: requests in flight now, and the most at once since the last reset.
+/// The tenant whose requests the backend holds until [`InFlight::open_gate`] (at most
+/// 20 s), so that a step can be taken while they are certainly in flight.
+const GATED: &str = "gated";
+
+/// Per tenant: requests in flight now, and the most at once since the last reset; and the
+/// gate that holds [`GATED`]'s requests.
 #[derive(Default)]
-struct InFlight(Mutex<HashMap<String, (usize, usize)>>);
+struct InFlight {
+    counts: Mutex<HashMap<String, (usize, usize)>>,
+    opened: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Notify,
+}
 
 impl InFlight {
+    /// Holds a request of `tenant`: [`GATED`]'s until the gate opens (at most 20 s), any
+    /// other's for 200 ms.
+    async fn hold(&self, tenant: &str) {
+        if tenant != GATED {
+            return tokio::time::sleep(HOLD_REQUEST).await;
+        }
+        let opened = async {
+            loop {
+                let notified = self.gate.notified();
+                if self.opened.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(20), opened).await;
+    }
+
+    fn open_gate(&self) {
+        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.gate.notify_waiters();
+    }
+
     fn enter(&self, tenant: &str) {
-        let mut map = self.0.lock().unwrap();
+        let mut map = self.counts.lock().unwrap();
         let (now, peak) = map.entry(tenant.to_string()).or_default();
         *now += 1;
         *peak = (*peak).max(*now);
     }
 
     fn leave(&self, tenant: &str) {
-        if let Some((now, _)) = self.0.lock().unwrap().get_mut(tenant) {
+        if let Some((now, _)) = self.counts.lock().unwrap().get_mut(tenant) {
             *now -= 1;
         }
     }
 
     fn now(&self, tenant: &str) -> usize {
-        self.0.lock().unwrap().get(tenant).map_or(0, |t| t.0)
+        self.counts.lock().unwrap().get(tenant).map_or(0, |t| t.0)
     }
 
     /// The peaks since the last call, by tenant; starts the next measure.
     fn take_peaks(&self) -> HashMap<String, usize> {
-        let mut map = self.0.lock().unwrap();
+        let mut map = self.counts.lock().unwrap();
         let peaks = map
             .iter()
             .map(|(t, (_, peak))| (t.clone(), *peak))
@@ -109,7 +141,7 @@ async fn serve_connection(mut stream: TcpStream, counts: Arc<InFlight>) {
             })
             .unwrap_or_default();
         counts.enter(&tenant);
-        tokio::time::sleep(HOLD_REQUEST).await;
+        counts.hold(&tenant).await;
         counts.leave(&tenant);
         let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
         if stream.write_all(reply).await.is_err() {
@@ -271,6 +303,15 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
     assert_eq!(full, 8, "acme's 8 in flight");
     drop(proxy);
     statuses(tasks).await;
+    // The backend finishes the killed Envoy's requests (200 ms; the hold is 35 s, longer
+    // than any request, which the fake clock below would otherwise skip).
+    let left = poll_until(
+        Duration::from_secs(10),
+        async || counts.now("acme"),
+        |&now| now == 0,
+    )
+    .await;
+    assert_eq!(left, 0, "the orphaned requests have ended at the backend");
     assert_eq!(
         remaining(&mut s, "InFlightPerTenant", "acme").await,
         0,
@@ -300,8 +341,6 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
     all_free(&mut s).await;
     drop(proxy);
     s.stop().await;
-
-    naive_counter(backend_addr, &counts).await;
 }
 
 /// The example as written (with its own addresses and ports) is a valid Envoy 1.40 config.
@@ -336,11 +375,15 @@ async fn a_client_cannot_share_one_lease_among_its_requests() {
     s.stop().await;
 }
 
-/// The same run with the naive counter (a rate of 8 spent by 1 on the request path and given
-/// back with `is_negative_hits` at stream end, no lease id): reported beside the leases.
-/// Envoy sends the stream-end call for the requests its filter denied too, so each 429
-/// gives back a token it never took.
-async fn naive_counter(backend_addr: SocketAddr, counts: &InFlight) {
+/// The naive counter beside the leases: a rate of 8 spent by 1 on the request path and
+/// given back with `is_negative_hits` at stream end, no lease id. Envoy sends the stream-end
+/// call for the requests its filter denied too, so each 429 gives back a token it never
+/// took. Shown step by step, with the backend holding the admitted requests until the end:
+/// 8 in flight fill the counter; then 8 times, a request is denied, its stream end gives a
+/// token back, and one more request is let through: 16 at the backend against 8.
+#[tokio::test]
+async fn a_counter_given_back_at_stream_end_lets_more_than_n_in_flight() {
+    let (backend_addr, counts) = backend().await;
     let counter = LimitTable::from_files(&[
         (
             "names.yaml".into(),
@@ -356,7 +399,7 @@ async fn naive_counter(backend_addr: SocketAddr, counts: &InFlight) {
         ),
     ])
     .unwrap();
-    let s = Served::with_limits(counter).await;
+    let mut s = Served::with_limits(counter).await;
     let proxy = envoy(s.decisions_addr, backend_addr, |config| {
         // No lease entry: the tenant alone, spent and given back.
         let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
@@ -370,17 +413,59 @@ async fn naive_counter(backend_addr: SocketAddr, counts: &InFlight) {
         }
     })
     .await;
-    counts.take_peaks();
-    let answered = statuses(burst(proxy.ingress, &["acme"], PRESSURE)).await;
-    let peak = counts.take_peaks().get("acme").copied().unwrap_or(0);
-    println!(
-        "naive counter (N = 8): peak {peak} in flight, (200, 429, other) {:?}",
-        answered["acme"]
+    let in_flight = async |want: usize| {
+        poll_until(
+            Duration::from_secs(10),
+            async || counts.now(GATED),
+            |&now| now == want,
+        )
+        .await
+    };
+    let first = burst_of(proxy.ingress, GATED, 8);
+    assert_eq!(in_flight(8).await, 8, "the first 8 are at the backend");
+    assert_eq!(
+        remaining(&mut s, "Counter", GATED).await,
+        0,
+        "the counter is full"
     );
-    assert!(
-        peak > 8,
-        "the naive counter overshoots (it did at every measure: 64 against 8): {peak}"
-    );
+
+    // One denied request at a time (each one's stream end gives a token back, so a second
+    // denied request sent at once may already be let through).
+    let mut admitted = Vec::new();
+    for more in 1..=8 {
+        let denied = statuses(burst_of(proxy.ingress, GATED, 1)).await;
+        assert_eq!(denied[GATED], (0, 1, 0), "a request past the 8 is denied");
+        let free = poll_until(
+            Duration::from_secs(10),
+            async || remaining(&mut s, "Counter", GATED).await,
+            |&free| free == 1,
+        )
+        .await;
+        assert_eq!(free, 1, "its stream end gave back a token it never took");
+        admitted.extend(burst_of(proxy.ingress, GATED, 1));
+        assert_eq!(
+            in_flight(8 + more).await,
+            8 + more,
+            "so one more is let through"
+        );
+    }
+    let peak = counts.now(GATED);
+    println!("naive counter (N = 8): {peak} in flight at once");
+    assert_eq!(peak, 16, "the naive counter lets 16 in flight against 8");
+    counts.open_gate();
+    let answered = statuses(first.into_iter().chain(admitted).collect()).await;
+    assert_eq!(answered[GATED], (16, 0, 0));
     drop(proxy);
     s.stop().await;
+}
+
+/// `n` concurrent GETs of `tenant`, each once, on connections of their own.
+fn burst_of(ingress: SocketAddr, tenant: &str, n: usize) -> Streams {
+    (0..n)
+        .map(|_| {
+            let t = tenant.to_string();
+            let task = tokio::spawn(async move { vec![get(ingress, &t, None).await] });
+            (tenant.to_string(), task)
+        })
+        .collect()
 }
