@@ -88,12 +88,6 @@ async fn a_hold_is_settled_to_the_actual_cost_once() {
         OK
     );
     assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
-    // A replayed hold (a proxy's retry) holds nothing more.
-    assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 300_000)]).await,
-        OK
-    );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
     // The stream ends: settled to 120 000.
     assert_eq!(
         ask(&mut s, "tokens", vec![settle("acme", "r1", 120_000)]).await,
@@ -118,6 +112,37 @@ async fn a_hold_is_settled_to_the_actual_cost_once() {
         OK
     );
     assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 124_000);
+    s.stop().await;
+}
+
+/// The attacker: requests that share one request id (a client's own x-request-id, where
+/// Envoy keeps it) must not share one hold. A second hold under a kept id is OVER_LIMIT
+/// and holds nothing; so is a replayed one (its first try holds).
+#[tokio::test]
+async fn requests_that_share_an_id_do_not_share_a_hold() {
+    let mut s = Served::with_limits(example()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+        OK
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+            OVER,
+            "a second request under a held id"
+        );
+    }
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
+    // Settled, the id stays taken (until --settle-window).
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "same", 10)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "same", 5)]).await,
+        OVER
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 10);
     s.stop().await;
 }
 

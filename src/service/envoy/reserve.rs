@@ -119,9 +119,9 @@ pub(super) fn reservation_of<'a>(
 
 impl EnvoyRateLimitService {
     /// Holds or settles `reservation`, the request's one descriptor. A hold answers as a
-    /// Check does (OVER_LIMIT when it does not fit, and nothing is held). A settle answers
-    /// OK, and so does what changes nothing: a hold taken again under the same id (a
-    /// replayed call), a settle replayed, or a settle of an id that holds nothing (Envoy's
+    /// Check does (OVER_LIMIT when it does not fit, and nothing is held); a hold under an
+    /// id kept already is OVER_LIMIT and holds nothing more. A settle answers OK, and so
+    /// does one that changes nothing: replayed, or of an id that holds nothing (Envoy's
     /// own 429s, an expired hold). Items come back for a hold only.
     pub(super) async fn reserve(
         &self,
@@ -158,8 +158,17 @@ impl EnvoyRateLimitService {
             .collect();
         match settler.check(&self.decider, &check, &specs).await {
             Ok(result) => Ok(result.items),
-            // Held already under this id: a replay takes nothing more.
-            Err(e) if e.code() == Code::AlreadyExists => Ok(Vec::new()),
+            // Held already under this id: denied, and nothing more is held. Answering OK
+            // would let requests that share an id (a client's own x-request-id that Envoy
+            // kept) through with one hold among them.
+            Err(e) if e.code() == Code::AlreadyExists => {
+                let mut peeked = (self.decider.inspect(&specs).await)
+                    .map_err(|e| in_descriptor(reservation.d, e.into()))?;
+                for item in &mut peeked.items {
+                    item.decision.allowed = false;
+                }
+                Ok(peeked.items)
+            }
             Err(e) => Err(in_descriptor(reservation.d, e)),
         }
     }
