@@ -373,36 +373,12 @@ impl DescriptorRule {
             let name = names.get(text).ok_or_else(|| names.unknown(text))?;
             rule_names.push(name.text.clone());
         }
-        let (field, what, key) = match (&raw.lease, &raw.reserve) {
-            (Some(_), Some(_)) => {
-                return Err(
-                    "lease and reserve: a rule takes one (a lease is a slot of a \
-                            concurrency limit, a reservation holds tokens)"
-                        .to_string(),
-                )
-            }
-            (None, Some(key)) => ("reserve", "request", Some(key)),
-            (lease, None) => ("lease", "lease", lease.as_ref()),
-        };
-        let lease = match key {
-            None => None,
-            Some(_) if unordered => {
-                return Err(format!(
-                    "{field}: an RLQS bucket takes no {field} (quota.yaml)"
-                ))
-            }
-            Some(key) => {
-                let at = entries.iter().position(|e| e.key == *key).ok_or_else(|| {
-                    format!("{field} {key:?} is not a match key (list it in match)")
-                })?;
-                if entries[at].value.is_some() {
-                    return Err(format!(
-                        "{field} {key:?} has a fixed value: a {what} id differs per request"
-                    ));
-                }
-                Some(at)
-            }
-        };
+        let (lease, field, what) = request_entry(
+            raw.lease.as_deref(),
+            raw.reserve.as_deref(),
+            &entries,
+            unordered,
+        )?;
         let template = match raw.id {
             Some(template) => template,
             None => {
@@ -491,6 +467,45 @@ impl DescriptorRule {
         }
         Some((Cow::Owned(id), lease))
     }
+}
+
+/// The rule's entry that names the request (`lease: KEY` or `reserve: KEY`): its index
+/// among `entries`, and the field and what its value is, for the rule's errors.
+fn request_entry(
+    lease: Option<&str>,
+    reserve: Option<&str>,
+    entries: &[EntryMatch],
+    unordered: bool,
+) -> Result<(Option<usize>, &'static str, &'static str), String> {
+    let (field, what, key) = match (lease, reserve) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "lease and reserve: a rule takes one (a lease is a slot of a \
+                        concurrency limit, a reservation holds tokens)"
+                    .to_string(),
+            )
+        }
+        (None, Some(key)) => ("reserve", "request", Some(key)),
+        (lease, None) => ("lease", "lease", lease),
+    };
+    let Some(key) = key else {
+        return Ok((None, field, what));
+    };
+    if unordered {
+        return Err(format!(
+            "{field}: an RLQS bucket takes no {field} (quota.yaml)"
+        ));
+    }
+    let at = entries
+        .iter()
+        .position(|e| e.key == key)
+        .ok_or_else(|| format!("{field} {key:?} is not a match key (list it in match)"))?;
+    if entries[at].value.is_some() {
+        return Err(format!(
+            "{field} {key:?} has a fixed value: a {what} id differs per request"
+        ));
+    }
+    Ok((Some(at), field, what))
 }
 
 fn fixed_text(parts: &[Part]) -> String {

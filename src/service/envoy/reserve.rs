@@ -19,11 +19,8 @@ use super::{invalid, EnvoyRateLimitService};
 use crate::gcra::Mode;
 use crate::proto::v1 as pb;
 use crate::service::native::settle::{Settler, MAX_REQUEST_ID};
+pub use crate::service::native::ENVOY_REQUEST_IDS;
 use crate::service::{ItemResult, ItemSpec, Target};
-
-/// The prefix of the request ids Envoy's reservations are kept under; the native API
-/// refuses a `request_id` that begins with it.
-pub const ENVOY_REQUEST_IDS: &str = "envoy:";
 
 /// A descriptor mapped by a `reserve` rule: what it holds or settles.
 pub(super) struct Reservation<'a> {

@@ -22,10 +22,13 @@ use convert::{check_headers, header_style};
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
 
-use crate::service::envoy::ENVOY_REQUEST_IDS;
 use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
 use settle::Settler;
+
+/// The prefix of the request ids Envoy's reservations are kept under
+/// (`service::envoy`): a native `Check` or `Settle` with one is refused.
+pub const ENVOY_REQUEST_IDS: &str = "envoy:";
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
