@@ -100,7 +100,9 @@ fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
 
 /// One connection from Envoy (HTTP/1.1, kept alive): each request is held until the gate
 /// opens, or until its connection closes (Envoy resets it when the client leaves); then
-/// answered 200 with `x-usage-tokens` (the test's `x-test-cost`) and three chunks.
+/// answered 200 with `x-usage-tokens` (the test's `x-test-cost`) and three chunks. With
+/// `x-test-usage: trailer` the usage comes in a trailer instead; with `x-test-early` the
+/// headers and the first chunk are sent before the gate.
 async fn serve_connection(mut stream: TcpStream, model: Arc<Model>) {
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -127,6 +129,31 @@ async fn serve_connection(mut stream: TcpStream, model: Arc<Model>) {
             .unwrap_or_default()
             .to_string();
         model.arrived.lock().unwrap().insert(number, request_id);
+        // The test's knobs: the usage in a trailer instead of a header; the headers and a
+        // first chunk sent before the gate.
+        let trailer = header(&head, "x-test-usage") == Some("trailer");
+        let early = header(&head, "x-test-early").is_some();
+        let usage = match trailer {
+            true => "trailer: x-usage-tokens\r\n".to_string(),
+            false => format!("x-usage-tokens: {cost}\r\n"),
+        };
+        let mut answer = vec![format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{usage}\
+             transfer-encoding: chunked\r\n\r\n"
+        )];
+        for part in ["data: one\n\n", "data: two\n\n", "data: [DONE]\n\n"] {
+            answer.push(format!("{:x}\r\n{part}\r\n", part.len()));
+        }
+        answer.push(match trailer {
+            true => format!("0\r\nx-usage-tokens: {cost}\r\n\r\n"),
+            false => "0\r\n\r\n".to_string(),
+        });
+        let before = if early { 2 } else { 0 };
+        for piece in answer.drain(..before) {
+            if stream.write_all(piece.as_bytes()).await.is_err() {
+                return;
+            }
+        }
         // Envoy sends nothing more on this connection until it has the answer: a read
         // that returns is the connection closing.
         tokio::select! {
@@ -136,22 +163,11 @@ async fn serve_connection(mut stream: TcpStream, model: Arc<Model>) {
                 return;
             }
         }
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-usage-tokens: {cost}\r\n\
-             transfer-encoding: chunked\r\n\r\n"
-        );
-        if stream.write_all(head.as_bytes()).await.is_err() {
-            return;
-        }
-        for part in ["data: one\n\n", "data: two\n\n", "data: [DONE]\n\n"] {
-            let framed = format!("{:x}\r\n{part}\r\n", part.len());
-            if stream.write_all(framed.as_bytes()).await.is_err() {
+        for piece in answer {
+            if stream.write_all(piece.as_bytes()).await.is_err() {
                 return;
             }
             tokio::task::yield_now().await;
-        }
-        if stream.write_all(b"0\r\n\r\n").await.is_err() {
-            return;
         }
     }
 }
@@ -582,4 +598,77 @@ async fn a_client_cannot_share_one_hold_among_its_requests() {
 fn the_example_is_valid_as_written() {
     let config = crate::common::envoy::load_yaml(EXAMPLE);
     crate::common::envoy::validate(&config).unwrap_or_else(|e| panic!("{EXAMPLE}: {e}"));
+}
+
+/// What Envoy 1.40 reads at stream end, measured: a usage sent only in a trailer is not
+/// read (the `%TRAILER%` entry gives nothing, and no settlement is sent: the hold keeps
+/// its estimate); a stream whose client leaves after the model's headers is settled to
+/// the header's cost.
+#[tokio::test]
+async fn envoy_settles_from_response_headers_not_trailers() {
+    let (model_addr, model) = model().await;
+    let mut s = Served::with_limits(limits(None)).await;
+    let proxy = envoy(s.decisions_addr, model_addr, |config| {
+        let clusters = config["static_resources"]["clusters"]
+            .as_sequence_mut()
+            .unwrap();
+        let backend = clusters
+            .iter_mut()
+            .find(|c| c["name"].as_str() == Some("backend"))
+            .unwrap();
+        // Envoy reads an HTTP/1.1 upstream's trailers only when told to.
+        backend["typed_extension_protocol_options"] = yaml(
+            "{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {'@type': \
+             type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+             explicit_http_config: {http_protocol_options: {enable_trailers: true}}}}",
+        );
+        let entries = model_route(config)["typed_per_filter_config"]
+            ["envoy.filters.http.ratelimit"]["rate_limits"]
+            .as_sequence_mut()
+            .unwrap();
+        let mut trailer = entries[1].clone();
+        trailer["hits_addend"]["format"] = Value::from("%TRAILER(x-usage-tokens)%");
+        entries.push(trailer);
+    })
+    .await;
+    model.open_gate();
+    let headers = "x-max-tokens: 4000\r\nx-test-cost: 1500\r\nx-test-usage: trailer\r\n";
+    assert_eq!(post(proxy.ingress, headers).await, 200);
+    // The client leaves once the model's headers are through.
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: model\r\nx-tenant: {TENANT}\r\n\
+         x-max-tokens: 3000\r\nx-test-cost: 700\r\nx-test-early: 1\r\n\
+         content-length: 0\r\n\r\n"
+    );
+    model.opened.store(false, Ordering::SeqCst);
+    let mut stream = TcpStream::connect(proxy.ingress).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut first = [0u8; 256];
+    let n = tokio::time::timeout(WAIT, stream.read(&mut first))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    drop(stream);
+    let gone = poll_until(
+        WAIT,
+        async || model.gone.load(Ordering::SeqCst),
+        |&n| n == 1,
+    )
+    .await;
+    assert_eq!(gone, 1, "the model saw the client leave");
+    let want = BUDGET as i64 - 4_000 - 700;
+    let balance = poll_until(
+        WAIT,
+        async || remaining(&mut s, NAME, TENANT).await,
+        |&b| b == want,
+    )
+    .await;
+    println!("usage in a trailer: its estimate kept; a client gone after the headers: settled; balance {balance}");
+    assert_eq!(
+        balance, want,
+        "the trailer's 4 000 kept, the headers' 700 settled"
+    );
+    drop(proxy);
+    s.stop().await;
 }
