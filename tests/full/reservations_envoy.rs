@@ -521,7 +521,12 @@ async fn a_request_without_a_cap_does_not_reach_the_model() {
     model.open_gate();
     let mut s = Served::with_limits(limits(None)).await;
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
-    for headers in ["", "x-max-tokens: lots\r\n", "x-max-tokens: -5\r\n"] {
+    for headers in [
+        "",
+        "x-max-tokens: lots\r\n",
+        "x-max-tokens: -5\r\n",
+        "x-max-tokens: 0\r\n",
+    ] {
         assert_eq!(post(proxy.ingress, headers).await, 400, "{headers:?}");
     }
     assert_eq!(model.arrivals(), 0, "nothing reached the model");
