@@ -677,3 +677,76 @@ async fn envoy_settles_from_response_headers_not_trailers() {
     drop(proxy);
     s.stop().await;
 }
+
+/// Two replicas on one Redis (real `cellrate serve --store redis` processes): a hold
+/// taken through one is settled through the other, once; the stream end replayed on
+/// either changes nothing, and the request id is taken for both.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_reservation_is_settled_once_across_replicas_on_redis() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let redis = crate::common::redis_server::RedisServer::start();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["names.yaml", "descriptors.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    // One token back every 315 s of Redis time: none during the test.
+    let defaults = format!("{NAME}: {{burst: {BUDGET}, count: {BUDGET}, period: 365d}}\n");
+    std::fs::write(dir.path().join("defaults.yaml"), defaults).unwrap();
+    let url = redis.url();
+    let flags = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "1000",
+    ];
+    let (a, b) = (
+        crate::common::serve_with(dir.path(), &flags),
+        crate::common::serve_with(dir.path(), &flags),
+    );
+    let connect = async |addr: &str| {
+        RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap()
+    };
+    let (mut on_a, mut on_b) = (connect(&a.listen).await, connect(&b.listen).await);
+    let ask = async |client: &mut RateLimitServiceClient<_>, id: &str, hits, settle| {
+        let d = RateLimitDescriptor {
+            hits_addend: Some(UInt64Value { value: hits }),
+            is_negative_hits: settle,
+            ..descriptor(&[("tenant", TENANT), ("request", id)])
+        };
+        let request = RateLimitRequest {
+            domain: "tokens".to_string(),
+            descriptors: vec![d],
+            hits_addend: 0,
+        };
+        let answer = client
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner();
+        let remaining = answer.statuses[0].limit_remaining;
+        (answer.overall_code, remaining)
+    };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let left = BUDGET as u32;
+    assert_eq!(ask(&mut on_a, "r1", 4_000, false).await, (ok, left - 4_000));
+    assert_eq!(ask(&mut on_b, "r1", 1_500, true).await.0, ok);
+    assert_eq!(ask(&mut on_a, "r1", 1_500, true).await.0, ok, "replayed");
+    assert_eq!(
+        ask(&mut on_b, "r1", 0, true).await.0,
+        ok,
+        "replayed, at another cost"
+    );
+    assert_eq!(
+        ask(&mut on_b, "r1", 10, false).await.0,
+        over,
+        "r1 taken for both"
+    );
+    // A hold of nothing under a new id answers the balance.
+    assert_eq!(ask(&mut on_a, "probe", 0, false).await, (ok, left - 1_500));
+}
