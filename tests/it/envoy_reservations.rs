@@ -324,3 +324,40 @@ async fn bad_reservations_are_refused_and_change_nothing() {
     assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET);
     s.stop().await;
 }
+
+/// A key id that does not fit the limit's format is INVALID_ARGUMENT for a reservation,
+/// whatever the domain's `invalid_id` (a hold is decided as a native Check is).
+#[tokio::test]
+async fn a_reservation_with_an_id_out_of_format_is_refused() {
+    let files = [
+        ("names.yaml", "TokensPerAddress: {number: 121, format: ipAddress}\n"),
+        (
+            "defaults.yaml",
+            "TokensPerAddress: {burst: 1000, count: 1000, period: 1d}\n",
+        ),
+        (
+            "descriptors.yaml",
+            "tokens:\n  invalid_id: ignore\n  rules:\n    - match: [{key: tenant}, {key: request}]\n      \
+             limits: [TokensPerAddress]\n      id: \"{tenant}\"\n      reserve: request\n",
+        ),
+    ];
+    let files: Vec<(String, String)> = files
+        .into_iter()
+        .map(|(f, t)| (f.to_string(), t.to_string()))
+        .collect();
+    let mut s = Served::with_limits(LimitTable::from_files(&files).unwrap()).await;
+    let e = try_ask(&mut s, "tokens", vec![hold("not-an-address", "r1", 10)])
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("descriptors[0]"), "{}", e.message());
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("192.0.2.7", "r1", 10)]).await,
+        OK
+    );
+    assert_eq!(
+        remaining(&mut s, "TokensPerAddress", "192.0.2.7").await,
+        990
+    );
+    s.stop().await;
+}
