@@ -33,7 +33,8 @@
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
 //!                convert.rs, settle.rs: Checks kept for Settle, in_flight.rs: Top
 //!                of leases held), envoy/ (RLS
-//!                v3: decide, respond), headers/ (the rate-limit headers both
+//!                v3: decide, respond, reserve.rs: reservations held and settled by the
+//!                native Settler), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;

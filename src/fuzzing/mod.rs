@@ -220,7 +220,7 @@ pub fn descriptor_mapping(data: &[u8]) {
                 }
             }
         }
-        Mapping::Leases { names: found, .. } => {
+        Mapping::Leases { names: found, .. } | Mapping::Reservations { names: found, .. } => {
             assert!(!found.is_empty(), "{domain:?} {entries:?}");
         }
         Mapping::Unmatched => {

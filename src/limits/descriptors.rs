@@ -16,6 +16,11 @@
 //!     limits: [ApiRequestsPerKey, ApiRequestsPerKeyDaily]
 //!     id: "{api_key}"
 //! ```
+//!
+//! A rule may name the match entry that carries the request's id: `lease: KEY` (the
+//! descriptor takes or frees a slot of a concurrency limit under that id) or `reserve: KEY`
+//! (it holds its hits as an estimate under that id, and the same descriptor with
+//! `is_negative_hits` settles the hold to its hits: the actual cost).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -109,8 +114,11 @@ struct DescriptorRule {
     entries: Vec<EntryMatch>,
     names: Vec<Arc<str>>,
     id: Vec<Part>,
-    /// The index (in `entries`) of the entry whose value is a lease id.
+    /// The index (in `entries`) of the entry whose value names the request: a lease id,
+    /// or (`reserves`) the request id of a reservation.
     lease: Option<usize>,
+    /// Whether that entry names a reservation (`reserve: KEY`) rather than a lease.
+    reserves: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +153,16 @@ pub enum Mapping<'a, 'e> {
         /// The rule's lease key, to name a missing entry.
         lease_key: &'a str,
     },
+    /// Rate limits reserved under a request id (a rule with a `reserve` entry): the names,
+    /// the id built for them, and the descriptor's request entry: its index among the
+    /// descriptor's entries and its value (`None`: the descriptor lacks it).
+    Reservations {
+        names: &'a [Arc<str>],
+        id: Cow<'e, str>,
+        request: Option<(usize, &'e str)>,
+        /// The rule's request key, to name a missing entry.
+        request_key: &'a str,
+    },
     /// No rule and no convention: not limited.
     Unmatched,
 }
@@ -160,6 +178,9 @@ pub(crate) struct RawRule {
     /// The match key whose value is the lease id of a concurrency limit.
     #[serde(default)]
     lease: Option<String>,
+    /// The match key whose value is the request id a reservation is held under.
+    #[serde(default)]
+    reserve: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -267,6 +288,12 @@ impl DescriptorRules {
                             names: &rule.names,
                             id,
                         },
+                        Some(key) if rule.reserves => Mapping::Reservations {
+                            names: &rule.names,
+                            id,
+                            request: lease.map(|at| (at, entries[at].1)),
+                            request_key: &rule.entries[key].key,
+                        },
                         Some(key) => Mapping::Leases {
                             names: &rule.names,
                             id,
@@ -304,8 +331,10 @@ impl DescriptorRules {
     /// lease entry), for checks across files.
     pub fn rules(&self) -> impl Iterator<Item = (&str, usize, &[Arc<str>], bool)> {
         self.by_domain.iter().flat_map(|(domain, rules)| {
-            (rules.iter().enumerate())
-                .map(move |(i, r)| (domain.as_str(), i + 1, &r.names[..], r.lease.is_some()))
+            (rules.iter().enumerate()).map(move |(i, r)| {
+                let lease = r.lease.is_some() && !r.reserves;
+                (domain.as_str(), i + 1, &r.names[..], lease)
+            })
         })
     }
 
@@ -344,23 +373,12 @@ impl DescriptorRule {
             let name = names.get(text).ok_or_else(|| names.unknown(text))?;
             rule_names.push(name.text.clone());
         }
-        let lease = match &raw.lease {
-            None => None,
-            Some(_) if unordered => {
-                return Err("lease: an RLQS bucket takes no lease (quota.yaml)".to_string())
-            }
-            Some(key) => {
-                let at = entries.iter().position(|e| e.key == *key).ok_or_else(|| {
-                    format!("lease {key:?} is not a match key (list it in match)")
-                })?;
-                if entries[at].value.is_some() {
-                    return Err(format!(
-                        "lease {key:?} has a fixed value: a lease id differs per request"
-                    ));
-                }
-                Some(at)
-            }
-        };
+        let (lease, field, what) = request_entry(
+            raw.lease.as_deref(),
+            raw.reserve.as_deref(),
+            &entries,
+            unordered,
+        )?;
         let template = match raw.id {
             Some(template) => template,
             None => {
@@ -383,8 +401,8 @@ impl DescriptorRule {
         if let Some(at) = lease {
             if id.contains(&Part::Entry(at)) {
                 return Err(format!(
-                    "id template {template:?} names the lease entry: the id is the key's, \
-                     the lease's is apart"
+                    "id template {template:?} names the {field} entry: the id is the key's, \
+                     the {what}'s is apart"
                 ));
             }
         }
@@ -404,6 +422,7 @@ impl DescriptorRule {
             names: rule_names,
             id,
             lease,
+            reserves: raw.reserve.is_some(),
         })
     }
 
@@ -448,6 +467,45 @@ impl DescriptorRule {
         }
         Some((Cow::Owned(id), lease))
     }
+}
+
+/// The rule's entry that names the request (`lease: KEY` or `reserve: KEY`): its index
+/// among `entries`, and the field and what its value is, for the rule's errors.
+fn request_entry(
+    lease: Option<&str>,
+    reserve: Option<&str>,
+    entries: &[EntryMatch],
+    unordered: bool,
+) -> Result<(Option<usize>, &'static str, &'static str), String> {
+    let (field, what, key) = match (lease, reserve) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "lease and reserve: a rule takes one (a lease is a slot of a \
+                        concurrency limit, a reservation holds tokens)"
+                    .to_string(),
+            )
+        }
+        (None, Some(key)) => ("reserve", "request", Some(key)),
+        (lease, None) => ("lease", "lease", lease),
+    };
+    let Some(key) = key else {
+        return Ok((None, field, what));
+    };
+    if unordered {
+        return Err(format!(
+            "{field}: an RLQS bucket takes no {field} (quota.yaml)"
+        ));
+    }
+    let at = entries
+        .iter()
+        .position(|e| e.key == key)
+        .ok_or_else(|| format!("{field} {key:?} is not a match key (list it in match)"))?;
+    if entries[at].value.is_some() {
+        return Err(format!(
+            "{field} {key:?} has a fixed value: a {what} id differs per request"
+        ));
+    }
+    Ok((Some(at), field, what))
 }
 
 fn fixed_text(parts: &[Part]) -> String {
@@ -503,7 +561,7 @@ mod tests {
                 names.iter().map(|n| -> &str { n }).collect(),
                 id.into_owned(),
             )),
-            Mapping::Leases { .. } | Mapping::Unmatched => None,
+            Mapping::Leases { .. } | Mapping::Reservations { .. } | Mapping::Unmatched => None,
         }
     }
 
@@ -693,6 +751,35 @@ edge:
             ("d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: x, lease: b}]", "not a match key"),
             ("d: [{match: [{key: a}, {key: b, value: v}], limits: [NewOrdersPerAccount], lease: b}]", "fixed value"),
             ("d: [{match: [{key: a}, {key: b}], limits: [NewOrdersPerAccount], id: '{b}', lease: b}]", "names the lease entry"),
+        ] {
+            let errors = super::tests::rules(yaml).unwrap_err();
+            assert!(errors[0].contains(says), "{yaml}: {errors:?}");
+        }
+    }
+
+    #[test]
+    fn a_reserve_entry_names_the_request_and_is_not_a_lease() {
+        let (rules, names) = rules(
+            "d: [{match: [{key: tenant}, {key: request}], limits: [NewOrdersPerAccount], \
+             reserve: request}]",
+        )
+        .unwrap();
+        assert!(matches!(
+            rules.map(&names, "d", &[("tenant", "7"), ("request", "r1")]),
+            Mapping::Reservations { id, request: Some((1, "r1")), request_key: "request", .. }
+                if id == "7"
+        ));
+        assert!(matches!(
+            rules.map(&names, "d", &[("tenant", "7")]),
+            Mapping::Reservations { request: None, .. }
+        ));
+        // Not counted as a lease rule (which maps only to concurrency limits).
+        assert!(rules.rules().all(|(_, _, _, lease)| !lease));
+        for (yaml, says) in [
+            ("d: [{match: [{key: a}, {key: b}], limits: [NewOrdersPerAccount], lease: b, reserve: b}]", "a rule takes one"),
+            ("d: [{match: [{key: a}], limits: [NewOrdersPerAccount], id: x, reserve: b}]", "reserve \"b\" is not a match key"),
+            ("d: [{match: [{key: a}, {key: b, value: v}], limits: [NewOrdersPerAccount], reserve: b}]", "a request id differs"),
+            ("d: [{match: [{key: a}, {key: b}], limits: [NewOrdersPerAccount], id: '{b}', reserve: b}]", "names the reserve entry"),
         ] {
             let errors = super::tests::rules(yaml).unwrap_err();
             assert!(errors[0].contains(says), "{yaml}: {errors:?}");

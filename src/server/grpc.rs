@@ -264,12 +264,15 @@ impl Stacks<'_> {
             service = service.with_settlements(settlements.clone());
         }
         let native = RateLimiterServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let envoy = RateLimitServiceServer::new(EnvoyRateLimitService::new(
+        let mut rls = EnvoyRateLimitService::new(
             self.decider.clone(),
             self.settings.envoy.clone(),
             self.metrics.clone(),
-        ))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        );
+        if let Some(settlements) = &self.settlements {
+            rls = rls.with_settlements(settlements.clone());
+        }
+        let envoy = RateLimitServiceServer::new(rls).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let router = self
             .limits
             .grpc_server()

@@ -202,3 +202,54 @@ async fn concurrency_example_acquires_and_releases_one_lease() {
     assert_eq!(remaining, [7, 8], "one slot taken, then given back");
     s.stop().await;
 }
+
+/// `examples/reservations/`: the request-path entry holds the estimate (its format reads
+/// `x-max-tokens`) of the tenant's tokens under the request id; the
+/// `apply_on_stream_done` entry (its format reads the model's `x-usage-tokens`, with
+/// `is_negative_hits`) settles the hold to the actual cost.
+#[tokio::test]
+async fn reservations_example_holds_and_settles_one_request() {
+    use cellrate::limits::config::LimitTable;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/reservations");
+    let text = std::fs::read_to_string(format!("{root}/envoy.yaml")).unwrap();
+    let config: Value = serde_yaml_ng::from_str(&text).unwrap();
+    let (mut limits, mut domain_names) = (Vec::new(), Vec::new());
+    rate_limits(&config, &mut limits);
+    domains(&config, &mut domain_names);
+    assert_eq!(domain_names, ["tokens"]);
+    let table = LimitTable::load_dir(std::path::Path::new(&format!("{root}/limits"))).unwrap();
+    let mut s = Served::with_limits(table).await;
+    let mut remaining = Vec::new();
+    for entry in &limits {
+        let mut d = descriptor(&entry["actions"]);
+        let hits = &entry["hits_addend"];
+        // What Envoy reads for these formats: the request's cap, the model's usage.
+        let value = match hits["format"].as_str().unwrap() {
+            "%REQ(x-max-tokens)%" => 2_000,
+            "%RESP(x-usage-tokens)%" => 700,
+            other => panic!("a format this test does not know: {other}"),
+        };
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value });
+        d.is_negative_hits = hits["is_negative_hits"].as_bool().unwrap_or(false);
+        let stream_done = entry["apply_on_stream_done"].as_bool().unwrap_or(false);
+        assert_eq!(d.is_negative_hits, stream_done, "{entry:?}");
+        let r = s
+            .envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "tokens".to_string(),
+                descriptors: vec![d],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        remaining.push(crate::common::remaining(&mut s, "TokensPerTenant", "acme").await);
+    }
+    assert_eq!(
+        remaining,
+        [1_000_000 - 2_000, 1_000_000 - 700],
+        "the estimate held, then settled to the actual cost"
+    );
+    s.stop().await;
+}

@@ -21,6 +21,7 @@ mod defaults;
 mod doc_lists;
 mod envoy_descriptors;
 mod envoy_leases;
+mod envoy_reservations;
 mod envoy_rls;
 mod exact_answers;
 mod examples;

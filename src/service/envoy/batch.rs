@@ -32,6 +32,8 @@ pub(super) struct Batch<'a> {
     pub(super) metadata: Vec<(usize, Arc<Struct>)>,
     /// Whether some item releases a lease (answered OK whatever it freed).
     pub(super) releases: bool,
+    /// The descriptor mapped by a `reserve` rule, which is decided alone (no items).
+    pub(super) reservation: Option<super::reserve::Reservation<'a>>,
 }
 
 /// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a

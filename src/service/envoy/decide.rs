@@ -11,6 +11,7 @@ use tonic::Status;
 
 use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
+use super::reserve::reservation_of;
 use super::{
     invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
     MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
@@ -60,9 +61,32 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
-        // Descriptors that name one bucket are decided with it, their hits summed
-        // (`CheckOptions::merge_duplicates`), each answering that one decision.
-        let mut results = self.decide_items(&table, &request, &batch).await?;
+        // A hold is kept as one native Check: decided alone, so that its settlement
+        // adjusts exactly what it held.
+        if let Some(r) = batch
+            .reservation
+            .as_ref()
+            .filter(|_| request.descriptors.len() > 1)
+        {
+            return Err(invalid(format!(
+                "descriptors[{}]: a reservation is decided alone, and this request has {} \
+                 descriptors (send the others from a second rate limit filter)",
+                r.d,
+                request.descriptors.len()
+            )));
+        }
+        let mut results = match &batch.reservation {
+            None => {
+                // Descriptors that name one bucket are decided with it, their hits summed
+                // (`CheckOptions::merge_duplicates`), each answering that one decision.
+                self.decide_items(&table, &request, &batch).await?
+            }
+            Some(reservation) => {
+                let results = self.reserve(&request.domain, reservation).await?;
+                batch.owner = vec![reservation.d; results.len()];
+                results
+            }
+        };
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -168,6 +192,17 @@ impl EnvoyRateLimitService {
                     batch.owner.push(d);
                 }
                 batch.releases |= descriptor.is_negative_hits;
+            }
+            Mapping::Reservations {
+                names,
+                id,
+                request,
+                request_key,
+            } => {
+                let reservation =
+                    reservation_of(d, descriptor, names, id, request, request_key, cost)?;
+                // The first is named if there are more (refused once all are mapped).
+                batch.reservation.get_or_insert(reservation);
             }
             // An unmatched descriptor that brings its own limit is limited by it, on a
             // bucket named after the domain and entries (as envoyproxy/ratelimit does).

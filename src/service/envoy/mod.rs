@@ -16,6 +16,7 @@
 mod batch;
 mod decide;
 mod ratelimit;
+mod reserve;
 mod respond;
 mod upstream;
 
@@ -32,7 +33,11 @@ use tonic::{Request, Response, Status};
 use crate::clock::SECOND;
 use crate::gcra::Limit;
 use crate::observe::metrics::Metrics;
+use crate::service::native::settle::Settler;
 use crate::service::{trace, Decider};
+use crate::store::shared::Settlements;
+
+pub use reserve::ENVOY_REQUEST_IDS;
 
 /// Which rate-limit headers go into `response_headers_to_add` (`--rate-limit-headers`),
 /// how `duration_until_reset` is given, the names of envoyproxy/ratelimit's three.
@@ -148,6 +153,9 @@ pub struct EnvoyRateLimitService {
     invalid_unlogged: AtomicU64,
     invalid_logged_at: AtomicU64,
     started: Instant,
+    /// Where reservations (`reserve` rules) are kept for their settlement (none: a
+    /// reservation is UNIMPLEMENTED).
+    settler: Option<Settler>,
 }
 
 impl EnvoyRateLimitService {
@@ -163,7 +171,14 @@ impl EnvoyRateLimitService {
             invalid_unlogged: AtomicU64::new(0),
             invalid_logged_at: AtomicU64::new(0),
             started: Instant::now(),
+            settler: None,
         }
+    }
+
+    /// Keeps reservations in `table`, the table the native `Settle` uses.
+    pub fn with_settlements(mut self, table: Arc<dyn Settlements>) -> EnvoyRateLimitService {
+        self.settler = Some(Settler::new(table, self.metrics.clone()));
+        self
     }
 }
 

@@ -26,6 +26,10 @@ use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
 use settle::Settler;
 
+/// The prefix of the request ids Envoy's reservations are kept under
+/// (`service::envoy`): a native `Check` or `Settle` with one is refused.
+pub const ENVOY_REQUEST_IDS: &str = "envoy:";
+
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
     decider: Arc<Decider>,
@@ -54,6 +58,17 @@ impl RateLimiterService {
             .as_ref()
             .ok_or_else(|| Status::unimplemented("settlements are not kept by this server"))
     }
+}
+
+/// Refuses a request id in the space of Envoy's reservations (`envoy:`), which a native
+/// call may neither hold nor settle.
+fn not_envoys(request_id: &str) -> Result<(), Status> {
+    if request_id.starts_with(ENVOY_REQUEST_IDS) {
+        return Err(Status::invalid_argument(format!(
+            "request_id: ids beginning {ENVOY_REQUEST_IDS:?} are Envoy's reservations"
+        )));
+    }
+    Ok(())
 }
 
 /// The admin service (`Reset`, `Inspect`), served only on the admin listener.
@@ -201,6 +216,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
                              takes no MODE_ACQUIRE or MODE_RELEASE items"
                         )));
                     }
+                    not_envoys(&request.get_ref().request_id)?;
                     let settler = self.settler()?;
                     settler
                         .check(&self.decider, request.get_ref(), &items)
@@ -242,6 +258,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         request: Request<pb::SettleRequest>,
     ) -> Result<Response<pb::SettleResponse>, Status> {
         let answer = async {
+            not_envoys(&request.get_ref().request_id)?;
             let settler = self.settler()?;
             let response = settler.settle(&self.decider, request.get_ref()).await?;
             Ok(Response::new(response))

@@ -1,0 +1,189 @@
+//! Reservations through Envoy: a descriptor mapped by a `reserve: KEY` rule holds its hits
+//! (the estimate) under the request id in entry `KEY`, as a native `Check` with a
+//! `request_id` does; the same descriptor with `is_negative_hits` (sent when the stream
+//! ends) settles that hold to its hits (the actual cost), as `Settle` does, exactly once.
+//!
+//! Both go through the native [`Settler`], so a hold is kept, claimed and adjusted as a
+//! native one is (in memory, or in Redis for every replica). The id it is kept under is
+//! [`ENVOY_REQUEST_IDS`] and a digest of the domain, the rule's names, the key's id and
+//! Envoy's request id: a native call cannot name it (the native API refuses that prefix),
+//! and a stream end of another domain, limit or key finds nothing to settle.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tonic::{Code, Status};
+
+use super::{invalid, EnvoyRateLimitService};
+use crate::gcra::Mode;
+use crate::proto::v1 as pb;
+use crate::service::native::settle::{Settler, MAX_REQUEST_ID};
+pub use crate::service::native::ENVOY_REQUEST_IDS;
+use crate::service::{ItemResult, ItemSpec, Target};
+
+/// A descriptor mapped by a `reserve` rule: what it holds or settles.
+pub(super) struct Reservation<'a> {
+    pub(super) d: usize,
+    pub(super) names: &'a [Arc<str>],
+    pub(super) id: Cow<'a, str>,
+    /// Envoy's request id (the descriptor's request entry).
+    pub(super) request_id: &'a str,
+    /// The estimate to hold, or the actual cost to settle to.
+    pub(super) cost: u64,
+    /// `is_negative_hits`: settle the hold rather than take it.
+    pub(super) settle: bool,
+}
+
+impl Reservation<'_> {
+    /// The id the hold is kept under: [`ENVOY_REQUEST_IDS`] and the SHA-256 (hex) of the
+    /// domain, the names, the key's id and Envoy's request id, each length-prefixed.
+    fn kept_id(&self, domain: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut field = |text: &str| {
+            hash.update((text.len() as u64).to_le_bytes());
+            hash.update(text.as_bytes());
+        };
+        field(domain);
+        self.names.iter().for_each(|name| field(name));
+        field(&self.id);
+        field(self.request_id);
+        format!("{ENVOY_REQUEST_IDS}{}", hex::encode(hash.finalize()))
+    }
+
+    /// The hold as the native `Check` it is kept as: one item per name, at the estimate.
+    fn check(&self, domain: &str) -> pb::CheckRequest {
+        let items = (self.names.iter())
+            .map(|name| pb::Item {
+                name: name.to_string(),
+                id: self.id.to_string(),
+                cost: Some(self.cost),
+                ..Default::default()
+            })
+            .collect();
+        pb::CheckRequest {
+            items,
+            request_id: self.kept_id(domain),
+            ..Default::default()
+        }
+    }
+}
+
+/// The reservation of descriptor `d` (mapped by a `reserve` rule), checked: its request
+/// entry (`request`: its index and value) present and 1 to [`MAX_REQUEST_ID`] printable
+/// ASCII bytes, no limit of its own. Each refusal names the descriptor and field.
+pub(super) fn reservation_of<'a>(
+    d: usize,
+    descriptor: &'a RateLimitDescriptor,
+    names: &'a [Arc<str>],
+    id: Cow<'a, str>,
+    request: Option<(usize, &'a str)>,
+    key: &str,
+    cost: u64,
+) -> Result<Reservation<'a>, Status> {
+    let Some((e, request_id)) = request else {
+        return Err(invalid(format!(
+            "descriptors[{d}].entries: no request entry {:?} (its rule reserves under the \
+             request's id)",
+            crate::text::first_chars(key, 64)
+        )));
+    };
+    if request_id.is_empty()
+        || request_id.len() > MAX_REQUEST_ID
+        || !request_id.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(invalid(format!(
+            "descriptors[{d}].entries[{e}].value: a request id is 1 to {MAX_REQUEST_ID} \
+             bytes of printable ASCII (0x21-0x7e), {} given",
+            request_id.len()
+        )));
+    }
+    if descriptor.limit.is_some() {
+        return Err(invalid(format!(
+            "descriptors[{d}].limit: a reservation takes no limit from the descriptor"
+        )));
+    }
+    Ok(Reservation {
+        d,
+        names,
+        id,
+        request_id,
+        cost,
+        settle: descriptor.is_negative_hits,
+    })
+}
+
+impl EnvoyRateLimitService {
+    /// Holds or settles `reservation`, the request's one descriptor. A hold answers as a
+    /// Check does (OVER_LIMIT when it does not fit, and nothing is held); a hold under an
+    /// id kept already is OVER_LIMIT and holds nothing more. A settle answers OK, and so
+    /// does one that changes nothing: replayed, or of an id that holds nothing (Envoy's
+    /// own 429s, an expired hold). Items come back for a hold only.
+    pub(super) async fn reserve(
+        &self,
+        domain: &str,
+        reservation: &Reservation<'_>,
+    ) -> Result<Vec<ItemResult>, Status> {
+        let settler = self.settler()?;
+        let check = reservation.check(domain);
+        if reservation.settle {
+            let settle = pb::SettleRequest {
+                costs: vec![reservation.cost; check.items.len()],
+                request_id: check.request_id,
+            };
+            return match settler.settle(&self.decider, &settle).await {
+                Ok(_) => Ok(Vec::new()),
+                // Holds nothing (Envoy's own 429s, expired), or settled already.
+                Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                    Ok(Vec::new())
+                }
+                Err(e) => Err(in_descriptor(reservation.d, e)),
+            };
+        }
+        let specs: Vec<ItemSpec<'_>> = (reservation.names.iter())
+            .map(|name| ItemSpec {
+                target: Target::Named {
+                    name: Cow::Borrowed(name),
+                    id: reservation.id.clone(),
+                },
+                cost: Some(reservation.cost),
+                mode: Mode::CheckAndSpend,
+                limit: None,
+                lease: None,
+            })
+            .collect();
+        match settler.check(&self.decider, &check, &specs).await {
+            Ok(result) => Ok(result.items),
+            // Held already under this id: denied, and nothing more is held. Answering OK
+            // would let requests that share an id (a client's own x-request-id that Envoy
+            // kept) through with one hold among them.
+            Err(e) if e.code() == Code::AlreadyExists => {
+                let mut peeked = (self.decider.inspect(&specs).await)
+                    .map_err(|e| in_descriptor(reservation.d, e.into()))?;
+                for item in &mut peeked.items {
+                    item.decision.allowed = false;
+                }
+                Ok(peeked.items)
+            }
+            Err(e) => Err(in_descriptor(reservation.d, e)),
+        }
+    }
+
+    fn settler(&self) -> Result<&Settler, Status> {
+        self.settler.as_ref().ok_or_else(|| {
+            Status::unimplemented(
+                "a reservation is kept for its settlement, and this server keeps none",
+            )
+        })
+    }
+}
+
+/// A Check's or Settle's error, said of descriptor `d` (their fields are the native
+/// call's: `items[i]`, `request_id`, `costs`).
+fn in_descriptor(d: usize, e: Status) -> Status {
+    Status::new(
+        e.code(),
+        format!("descriptors[{d}] (a reservation): {}", e.message()),
+    )
+}

@@ -1,0 +1,363 @@
+//! Reservations through Envoy's RLS (docs/concurrency.md, "Reservations"): a descriptor
+//! mapped by a rule with a `reserve` entry holds its hits under the request id in that
+//! entry; the same descriptor with `is_negative_hits` settles the hold to its hits, once.
+//! Through a real gRPC client on loopback, on the served fake clock, with
+//! `examples/reservations/limits/` (a budget of 1 000 000 tokens a tenant).
+
+use std::path::Path;
+
+use crate::common::{descriptor, remaining, Served};
+use cellrate::limits::config::LimitTable;
+use cellrate::proto::v1 as pb;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+const BUDGET: i64 = 1_000_000;
+const NAME: &str = "TokensPerTenant";
+
+fn example() -> LimitTable {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
+    LimitTable::load_dir(&dir).expect("the example loads")
+}
+
+/// The example's limits, its rule served in a second domain (`other`) too.
+fn two_domains() -> LimitTable {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let rules = read("descriptors.yaml");
+    let files = [
+        ("names.yaml", read("names.yaml")),
+        ("defaults.yaml", read("defaults.yaml")),
+        (
+            "descriptors.yaml",
+            rules.clone() + &rules.replace("tokens:", "other:"),
+        ),
+    ];
+    let files: Vec<(String, String)> = files.into_iter().map(|(f, t)| (f.to_string(), t)).collect();
+    LimitTable::from_files(&files).expect("the limits load")
+}
+
+/// The request-path descriptor Envoy builds from the example: `hits_addend` the estimate.
+fn hold(tenant: &str, id: &str, estimate: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: estimate }),
+        ..descriptor(&[("tenant", tenant), ("request", id)])
+    }
+}
+
+/// The same at stream done: `hits_addend` the actual cost, with `is_negative_hits`.
+fn settle(tenant: &str, id: &str, actual: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        is_negative_hits: true,
+        ..hold(tenant, id, actual)
+    }
+}
+
+async fn ask(s: &mut Served, domain: &str, descriptors: Vec<RateLimitDescriptor>) -> i32 {
+    let r = try_ask(s, domain, descriptors)
+        .await
+        .expect("ShouldRateLimit succeeds");
+    r.overall_code
+}
+
+async fn try_ask(
+    s: &mut Served,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> Result<RateLimitResponse, tonic::Status> {
+    Ok(s.envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.to_string(),
+            descriptors,
+            hits_addend: 0,
+        })
+        .await?
+        .into_inner())
+}
+
+#[tokio::test]
+async fn a_hold_is_settled_to_the_actual_cost_once() {
+    let mut s = Served::with_limits(example()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 300_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
+    // The stream ends: settled to 120 000.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r1", 120_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 120_000);
+    // Replayed, with the same cost or another: OK, and nothing changes.
+    for actual in [120_000, 5, 900_000] {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![settle("acme", "r1", actual)]).await,
+            OK
+        );
+        assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 120_000);
+    }
+    // A settlement above the estimate charges the difference.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r2", 1_000)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r2", 4_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 124_000);
+    s.stop().await;
+}
+
+/// The attacker: requests that share one request id (a client's own x-request-id, where
+/// Envoy keeps it) must not share one hold. A second hold under a kept id is OVER_LIMIT
+/// and holds nothing; so is a replayed one (its first try holds).
+#[tokio::test]
+async fn requests_that_share_an_id_do_not_share_a_hold() {
+    let mut s = Served::with_limits(example()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+        OK
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+            OVER,
+            "a second request under a held id"
+        );
+    }
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
+    // Settled, the id stays taken (until --settle-window).
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "same", 10)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "same", 5)]).await,
+        OVER
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 10);
+    s.stop().await;
+}
+
+/// A hold that does not fit is OVER_LIMIT and holds nothing; its stream end (Envoy sends
+/// it for its own 429s too) settles nothing.
+#[tokio::test]
+async fn a_denied_hold_holds_nothing_and_its_stream_end_changes_nothing() {
+    let mut s = Served::with_limits(example()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "big", 900_000)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 200_000)]).await,
+        OVER
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 100_000);
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r1", 0)]).await,
+        OK
+    );
+    assert_eq!(
+        remaining(&mut s, NAME, "acme").await,
+        100_000,
+        "nothing given back"
+    );
+    // An id never held: OK, nothing changes.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "never", 0)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 100_000);
+    // The denied id may hold later, once there is room.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "big", 0)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 200_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 200_000);
+    s.stop().await;
+}
+
+/// The attacker: a stream end that names the same request id in another domain, or for
+/// another tenant, must not settle this hold (give its estimate back).
+#[tokio::test]
+async fn a_stream_end_settles_only_its_own_domain_and_key() {
+    let mut s = Served::with_limits(two_domains()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 500_000)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "other", vec![settle("acme", "r1", 0)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("globex", "r1", 0)]).await,
+        OK
+    );
+    assert_eq!(
+        remaining(&mut s, NAME, "acme").await,
+        BUDGET - 500_000,
+        "held still"
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r1", 0)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET);
+    s.stop().await;
+}
+
+/// The id an Envoy hold is kept under, as `src/service/envoy/reserve.rs` builds it.
+fn kept_id(domain: &str, names: &[&str], id: &str, request_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    let fields = [domain].into_iter().chain(names.iter().copied());
+    for text in fields.chain([id, request_id]) {
+        hash.update((text.len() as u64).to_le_bytes());
+        hash.update(text.as_bytes());
+    }
+    format!("envoy:{}", hex::encode(hash.finalize()))
+}
+
+/// The attacker: a native caller who knows how an Envoy hold is kept must not settle it
+/// (its estimate refunded) nor take its id first. The native API refuses the `envoy:`
+/// ids.
+#[tokio::test]
+async fn a_native_call_cannot_settle_or_take_an_envoy_hold() {
+    let mut s = Served::with_limits(example()).await;
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 500_000)]).await,
+        OK
+    );
+    let id = kept_id("tokens", &[NAME], "acme", "r1");
+    let settled = s
+        .decisions
+        .settle(pb::SettleRequest {
+            request_id: id.clone(),
+            costs: vec![0],
+        })
+        .await;
+    let e = settled.expect_err("a native Settle of an Envoy hold is refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("request_id"), "{e:?}");
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 500_000);
+    // Nor may a native Check take an Envoy id first (its settlement would then be the
+    // native caller's).
+    let next = kept_id("tokens", &[NAME], "acme", "r2");
+    let checked = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![crate::common::item(NAME, "acme", Some(1))],
+            request_id: next,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        checked.expect_err("refused").code(),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 500_000);
+    s.stop().await;
+}
+
+/// Bad shapes are INVALID_ARGUMENT naming the descriptor and field, and change nothing.
+#[tokio::test]
+async fn bad_reservations_are_refused_and_change_nothing() {
+    let mut s = Served::with_limits(example()).await;
+    let no_request = RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: 10 }),
+        ..descriptor(&[("tenant", "acme")])
+    };
+    let with_limit = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 1,
+        }),
+        ..hold("acme", "r3", 10)
+    };
+    let cases: Vec<(Vec<RateLimitDescriptor>, &str)> = vec![
+        (
+            vec![no_request],
+            "descriptors[0].entries: no request entry \"request\"",
+        ),
+        (
+            vec![hold("acme", "a b", 10)],
+            "descriptors[0].entries[1].value",
+        ),
+        (
+            vec![hold("acme", &"x".repeat(129), 10)],
+            "descriptors[0].entries[1].value",
+        ),
+        (
+            vec![hold("acme", "", 10)],
+            "descriptors[0].entries[1].value",
+        ),
+        (vec![with_limit], "descriptors[0].limit"),
+        (
+            vec![hold("acme", "r1", 10), hold("acme", "r2", 10)],
+            "descriptors[0]: a reservation is decided alone",
+        ),
+        (
+            vec![descriptor(&[(NAME, "acme")]), hold("acme", "r2", 10)],
+            "descriptors[1]: a reservation is decided alone",
+        ),
+        (vec![hold("acme", "r4", 2_000_000)], "descriptors[0]"),
+    ];
+    for (descriptors, says) in cases {
+        let e = try_ask(&mut s, "tokens", descriptors)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{says}: {e:?}");
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET);
+    s.stop().await;
+}
+
+/// A key id that does not fit the limit's format is INVALID_ARGUMENT for a reservation,
+/// whatever the domain's `invalid_id` (a hold is decided as a native Check is).
+#[tokio::test]
+async fn a_reservation_with_an_id_out_of_format_is_refused() {
+    let files = [
+        ("names.yaml", "TokensPerAddress: {number: 121, format: ipAddress}\n"),
+        (
+            "defaults.yaml",
+            "TokensPerAddress: {burst: 1000, count: 1000, period: 1d}\n",
+        ),
+        (
+            "descriptors.yaml",
+            "tokens:\n  invalid_id: ignore\n  rules:\n    - match: [{key: tenant}, {key: request}]\n      \
+             limits: [TokensPerAddress]\n      id: \"{tenant}\"\n      reserve: request\n",
+        ),
+    ];
+    let files: Vec<(String, String)> = files
+        .into_iter()
+        .map(|(f, t)| (f.to_string(), t.to_string()))
+        .collect();
+    let mut s = Served::with_limits(LimitTable::from_files(&files).unwrap()).await;
+    let e = try_ask(&mut s, "tokens", vec![hold("not-an-address", "r1", 10)])
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("descriptors[0]"), "{}", e.message());
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("192.0.2.7", "r1", 10)]).await,
+        OK
+    );
+    assert_eq!(
+        remaining(&mut s, "TokensPerAddress", "192.0.2.7").await,
+        990
+    );
+    s.stop().await;
+}
