@@ -53,6 +53,7 @@ use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
 use crate::resp::RespServer;
+use crate::service::native::settle::Settler;
 use crate::service::overrides::RuntimeOverrides;
 use crate::service::rlqs::RlqsService;
 use crate::service::Decider;
@@ -206,6 +207,15 @@ impl Server {
         let mut first_config = background.start(&shared, &runtime, &settings, limits, http);
         let (snapshot, probe) = (self.stores.snapshot.as_ref(), self.stores.start_probe);
         background.store_tasks(snapshot, probe, &settings, &shared.metrics);
+        if let Some(table) = &self.stores.settlements {
+            let settler = Settler::new(table.clone(), shared.metrics.clone());
+            background.tasks.spawn(tasks::release_holds(
+                settler,
+                decider.clone(),
+                settings.sweep_interval,
+                background.stop.clone(),
+            ));
+        }
         tokio::pin!(shutdown);
 
         // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams

@@ -2,6 +2,7 @@
 //! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
 mod convert;
+pub mod holds;
 mod in_flight;
 pub mod settle;
 

@@ -53,8 +53,8 @@ pub const REFUND_MARGIN: Nanos = SECOND;
 
 /// What settles: the table, and the metrics that count it.
 pub struct Settler {
-    table: Arc<dyn Settlements>,
-    metrics: Arc<Metrics>,
+    pub(super) table: Arc<dyn Settlements>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 fn counted(metrics: &Metrics, result: &str) {
@@ -94,11 +94,14 @@ const PERIODS: [CalendarPeriod; 9] = [
     CalendarPeriod::Days365,
 ];
 
-/// What a Check wrote for one item: tokens, and the calendar period they count in.
+/// What a Check wrote for one item: tokens, the calendar period they count in, and its
+/// limit's reservation policy when it has one (`Some(release)`: given back at the hold's
+/// end if `release`, else it stands).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Spent {
-    tokens: u64,
+pub(super) struct Spent {
+    pub(super) tokens: u64,
     period: Option<CalendarPeriod>,
+    pub(super) hold: Option<bool>,
 }
 
 const SPENT_BYTES: usize = 9;
@@ -106,15 +109,32 @@ const SPENT_BYTES: usize = 9;
 /// The code of a zoned period, whose text follows (a length byte, then the text).
 const ZONED: u8 = 10;
 
-/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte), a zoned
-/// period's code followed by its text (`1mo@Europe/Berlin`: its length, then its bytes).
-fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
+/// Flags beside the period's code: the item's limit holds (and releases) estimates.
+const HELD: u8 = 0x40;
+const RELEASED: u8 = 0x80;
+
+fn hold_flags(hold: Option<bool>) -> u8 {
+    match hold {
+        None => 0,
+        Some(false) => HELD,
+        Some(true) => HELD | RELEASED,
+    }
+}
+
+fn hold_of(code: u8) -> Option<bool> {
+    (code & HELD != 0).then_some(code & RELEASED != 0)
+}
+
+/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte, with the
+/// hold's flags), a zoned period's code followed by its text (`1mo@Europe/Berlin`: its
+/// length, then its bytes).
+pub(super) fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
     let mut out = Vec::with_capacity(spent.len() * SPENT_BYTES);
     for s in spent {
         out.extend_from_slice(&s.tokens.to_le_bytes());
         if let Some(CalendarPeriod::Zoned(zoned)) = s.period {
             let text = zoned.text().as_bytes();
-            out.push(ZONED);
+            out.push(ZONED | hold_flags(s.hold));
             out.push(text.len().min(255) as u8);
             out.extend_from_slice(&text[..text.len().min(255)]);
             continue;
@@ -123,17 +143,18 @@ fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
             .period
             .and_then(|p| PERIODS.iter().position(|&q| q == p))
             .map_or(0, |i| i as u8 + 1);
-        out.push(code);
+        out.push(code | hold_flags(s.hold));
     }
     out
 }
 
-fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
+pub(super) fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
     let mut spent = Vec::with_capacity(bytes.len() / SPENT_BYTES);
     while !bytes.is_empty() {
         let (head, rest) = bytes.split_at_checked(SPENT_BYTES)?;
         let tokens = u64::from_le_bytes(head[..8].try_into().ok()?);
-        let period = match head[8] {
+        let hold = hold_of(head[8]);
+        let period = match head[8] & !(HELD | RELEASED) {
             0 => None,
             ZONED => {
                 let (&len, rest) = rest.split_first()?;
@@ -143,23 +164,30 @@ fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
                 spent.push(Spent {
                     tokens,
                     period: Some(CalendarPeriod::parse(text).ok()?),
+                    hold,
                 });
                 continue;
             }
             code => Some(*PERIODS.get(usize::from(code) - 1)?),
         };
         bytes = rest;
-        spent.push(Spent { tokens, period });
+        spent.push(Spent {
+            tokens,
+            period,
+            hold,
+        });
     }
     Some(spent)
 }
 
-/// What an allowed Check wrote per item: its cost where the store spent it, else 0.
-fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
+/// What an allowed Check wrote per item: its cost where the store spent it, else 0; with
+/// each item's hold policy (`holds`: `Some(release)` for a limit that holds estimates).
+fn spent_by(items: &[pb::Item], result: &BatchResult, holds: &[Option<bool>]) -> Vec<Spent> {
     items
         .iter()
         .zip(&result.items)
-        .map(|(item, decided)| match decided.rule {
+        .zip(holds.iter().chain(std::iter::repeat(&None)))
+        .map(|((item, decided), &hold)| match decided.rule {
             Rule::Limited(limit) => {
                 let written = decided.decision.allowed
                     && matches!(
@@ -172,11 +200,13 @@ fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
                         Window::Calendar(period) => Some(period),
                         Window::Gcra | Window::Concurrency => None,
                     },
+                    hold,
                 }
             }
             _ => Spent {
                 tokens: 0,
                 period: None,
+                hold: None,
             },
         })
         .collect()
@@ -267,11 +297,18 @@ impl Settler {
         request: &pb::CheckRequest,
         items: &[ItemSpec<'_>],
     ) -> Result<BatchResult, Status> {
-        let id = self.open(request).await?;
-        let result = decider.check(items).await;
+        let table = decider.limits();
+        let holds = super::holds::reservations(decider, &table, items)?;
+        let hold = holds.iter().flatten().map(|r| r.hold).min();
+        let id = self.open(request, hold).await?;
+        let result = decider
+            .check_with(&table, items, CheckOptions::default())
+            .await;
         match &result {
             Ok(r) if r.overall.allowed => {
-                let facts = facts_bytes(&spent_by(&request.items, r));
+                let releases: Vec<Option<bool>> =
+                    holds.iter().map(|h| h.map(|h| h.release)).collect();
+                let facts = facts_bytes(&spent_by(&request.items, r, &releases));
                 match self.table.decide(id, &facts).await {
                     Ok(_) => {}
                     // Left pending: it expires unsettled, and the estimate stands.
@@ -288,7 +325,11 @@ impl Settler {
         Ok(result?)
     }
 
-    async fn open<'r>(&self, request: &'r pb::CheckRequest) -> Result<&'r str, Status> {
+    async fn open<'r>(
+        &self,
+        request: &'r pb::CheckRequest,
+        hold: Option<Nanos>,
+    ) -> Result<&'r str, Status> {
         let id = request.request_id.as_str();
         checked_id("request_id", id)?;
         let record = pb::CheckRequest {
@@ -302,7 +343,19 @@ impl Settler {
                 record.len()
             )));
         }
-        let opened = self.table.open(id, &record).await.map_err(store_failed)?;
+        let opened = self
+            .table
+            .open(id, &record, hold)
+            .await
+            .map_err(store_failed)?;
+        if opened.full {
+            counted(&self.metrics, "full");
+            return Err(Status::resource_exhausted(format!(
+                "request_id {id:?}: the table of kept Checks is full of holds not yet \
+                 settled (--settle-max-records); none is pushed out, nothing was spent: \
+                 retry once some are settled or their hold ends"
+            )));
+        }
         if opened.evicted > 0 {
             self.metrics
                 .settlements
@@ -342,6 +395,14 @@ impl Settler {
                      with the store (Redis restarted empty); the Check's estimate stands"
                 )))
             }
+            Claim::Expired => {
+                counted(&self.metrics, "expired");
+                Err(Status::failed_precondition(format!(
+                    "request_id {id:?} expired: its hold (reservation.hold) ended before this \
+                     Settle, and its estimate was released or stands as its limits' \
+                     reservation policy says (unsettled); nothing was settled"
+                )))
+            }
             Claim::Pending => {
                 counted(&self.metrics, "pending");
                 Err(Status::unavailable(format!(
@@ -361,18 +422,29 @@ impl Settler {
                 counted(&self.metrics, "retried");
                 answer
             }
-            Claim::Claimed(kept) => self.adjust(decider, id, &kept, &request.costs).await,
+            Claim::Claimed(kept) => {
+                let items = self
+                    .adjust(decider, id, &kept, &request.costs, true)
+                    .await?;
+                counted(&self.metrics, "settled");
+                if super::holds::is_hold(&kept) {
+                    self.metrics.holds.with_label_values(&["settled"]).inc();
+                }
+                peek(decider, &items, false).await
+            }
         }
     }
 
-    /// Applies a claimed record's adjustment, charges first, then refunds.
-    async fn adjust(
+    /// Applies a claimed record's adjustment, charges first, then refunds; its items.
+    /// `settling`: for a `Settle` (else for a hold's release).
+    pub(super) async fn adjust(
         &self,
         decider: &Decider,
         id: &str,
         kept: &Kept,
         costs: &[u64],
-    ) -> Result<pb::SettleResponse, Status> {
+        settling: bool,
+    ) -> Result<Vec<pb::Item>, Status> {
         let (items, spent) = match read(kept) {
             Ok(read) if read.0.len() == costs.len() => read,
             other => {
@@ -400,7 +472,9 @@ impl Settler {
         };
         if !charges.is_empty() {
             if let Err(e) = decider.check(&charges).await {
-                return Err(self.failed(id, e, &facts_bytes(&plan.spent)).await);
+                return Err(self
+                    .failed(id, e, &facts_bytes(&plan.spent), settling)
+                    .await);
             }
         }
         if !refunds.is_empty() {
@@ -409,21 +483,25 @@ impl Settler {
                 Err(e) => Err(e),
             };
             if let Err(e) = refunded {
-                return Err(self.failed(id, e, &facts_bytes(&plan.charged)).await);
+                return Err(self
+                    .failed(id, e, &facts_bytes(&plan.charged), settling)
+                    .await);
             }
         }
-        counted(&self.metrics, "settled");
-        peek(decider, &plan.items, false).await
+        Ok(plan.items)
     }
 
     /// A step failed: reopens the record with `facts` if the failure surely applied
     /// nothing, else leaves it settled for good.
-    async fn failed(&self, id: &str, e: DecideError, facts: &[u8]) -> Status {
+    /// `settling`: a `Settle`'s (counted as settled), not a release's.
+    async fn failed(&self, id: &str, e: DecideError, facts: &[u8], settling: bool) -> Status {
         if surely_not_applied(&e) {
             self.reopen(id, facts).await;
             return e.into();
         }
-        counted(&self.metrics, "settled");
+        if settling {
+            counted(&self.metrics, "settled");
+        }
         Status::unavailable(format!(
             "{e}; request_id {id:?} is settled: its adjustment may have been made, in part or \
              whole, and will not be made again"
@@ -438,7 +516,7 @@ impl Settler {
 }
 
 /// A record's items and what each spent.
-fn read(kept: &Kept) -> Result<(Vec<pb::Item>, Vec<Spent>), Status> {
+pub(super) fn read(kept: &Kept) -> Result<(Vec<pb::Item>, Vec<Spent>), Status> {
     let check = pb::CheckRequest::decode(kept.check.as_slice());
     match (check, facts_of(&kept.facts)) {
         (Ok(check), Some(spent)) if check.items.len() == spent.len() => Ok((check.items, spent)),
@@ -488,14 +566,17 @@ mod tests {
             Spent {
                 tokens: 3,
                 period: Some(zoned),
+                hold: Some(true),
             },
             Spent {
                 tokens: 4,
                 period: Some(CalendarPeriod::Day),
+                hold: Some(false),
             },
             Spent {
                 tokens: 5,
                 period: None,
+                hold: None,
             },
         ];
         let bytes = facts_bytes(&spent);
