@@ -55,9 +55,10 @@ pub(super) fn reservations(
         let spends = matches!(r.mode, Mode::CheckAndSpend | Mode::SpendOnly | Mode::Charge);
         if r.cost > cap && spends {
             return Err(Status::invalid_argument(format!(
-                "items[{i}] ({}): an estimate of {} tokens is over the {cap} one hold may \
-                 take (reservation.max_share {} of burst {}); nothing was spent",
-                printable(cut_bytes(r.key.as_str(), 128)),
+                "items[{i}] ({} {}): an estimate of {} tokens is over the {cap} one hold \
+                 may take (reservation.max_share {} of burst {}); nothing was spent",
+                r.name,
+                printable(cut_bytes(r.key.parts().1, 128)),
                 r.cost,
                 reservation.max_share(),
                 limit.burst()
