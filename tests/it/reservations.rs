@@ -86,7 +86,10 @@ async fn a_hold_settles_exactly_before_its_end_and_is_released_once_after_it() {
 
     // A Settle after the release is refused and gives nothing back; nor does a replay of
     // the settled one; more sweeps release nothing more.
-    let (status, message) = code(settle(&mut c, "r-2", &[0]).await);
+    let late = settle(&mut c, "r-2", &[0]).await;
+    let left = remaining(&mut s, "Released", "acme").await;
+    assert_eq!(left, 8_500, "given back once, whatever the late Settle ({late:?}) said");
+    let (status, message) = code(late);
     assert_eq!(status, Code::FailedPrecondition, "{message}");
     assert!(message.contains("expired"), "{message}");
     let again = settle(&mut c, "r-1", &[1_500]).await.unwrap();
@@ -158,18 +161,20 @@ async fn a_mixed_record_releases_per_item() {
 async fn an_estimate_over_max_share_is_refused_and_spends_nothing() {
     let dir = limits();
     let mut s = served(dir.path(), 100).await;
-    let (status, message) = code(hold(&mut s, "huge", "Released", "shared", 10_000).await);
+    let huge = hold(&mut s, "huge", "Released", "shared", 10_000).await;
+    let after_huge = remaining(&mut s, "Released", "shared").await;
+    let fair = hold(&mut s, "fair", "Released", "shared", 2_500).await;
+    let victim = hold(&mut s, "victim", "Released", "shared", 2_000).await;
+    assert!(
+        matches!((&fair, &victim), (Ok(true), Ok(true))),
+        "the attacker's hold ({huge:?}) left {after_huge}: fair {fair:?}, victim {victim:?}"
+    );
+    assert_eq!(after_huge, 10_000, "nothing spent by the refused hold");
+    let (status, message) = code(huge);
     assert_eq!(status, Code::InvalidArgument, "{message}");
     for part in ["items[0]", "Released", "10000", "2500", "max_share 0.25"] {
         assert!(message.contains(part), "{part}: {message}");
     }
-    assert_eq!(remaining(&mut s, "Released", "shared").await, 10_000);
-    assert!(hold(&mut s, "fair", "Released", "shared", 2_500)
-        .await
-        .unwrap());
-    assert!(hold(&mut s, "victim", "Released", "shared", 2_000)
-        .await
-        .unwrap());
     s.stop().await;
 }
 
@@ -195,10 +200,15 @@ async fn a_flood_of_fresh_ids_cannot_push_out_another_tenants_hold() {
             }
         }
     }
+    let settled = settle(&mut c, "victim", &[500]).await;
+    let left = remaining(&mut s, "Released", "victim").await;
+    let settled = settled.unwrap_or_else(|e| {
+        panic!("the victim's hold is gone ({e:?}): its balance stays {left}")
+    });
+    assert_eq!(settled.items[0].remaining, 9_500);
+    assert_eq!(left, 9_500);
     assert_eq!(refused, 16, "4 kept beside the victim's");
     assert_eq!(remaining(&mut s, "Released", "attacker").await, 9_996);
-    let settled = settle(&mut c, "victim", &[500]).await.unwrap();
-    assert_eq!(settled.items[0].remaining, 9_500);
     let full = crate::common::sample(
         &metrics(&s).await,
         "cellrate_settlements_total{result=\"full\"}",
