@@ -88,7 +88,10 @@ async fn a_hold_settles_exactly_before_its_end_and_is_released_once_after_it() {
     // the settled one; more sweeps release nothing more.
     let late = settle(&mut c, "r-2", &[0]).await;
     let left = remaining(&mut s, "Released", "acme").await;
-    assert_eq!(left, 8_500, "given back once, whatever the late Settle ({late:?}) said");
+    assert_eq!(
+        left, 8_500,
+        "given back once, whatever the late Settle ({late:?}) said"
+    );
     let (status, message) = code(late);
     assert_eq!(status, Code::FailedPrecondition, "{message}");
     assert!(message.contains("expired"), "{message}");
@@ -202,9 +205,8 @@ async fn a_flood_of_fresh_ids_cannot_push_out_another_tenants_hold() {
     }
     let settled = settle(&mut c, "victim", &[500]).await;
     let left = remaining(&mut s, "Released", "victim").await;
-    let settled = settled.unwrap_or_else(|e| {
-        panic!("the victim's hold is gone ({e:?}): its balance stays {left}")
-    });
+    let settled = settled
+        .unwrap_or_else(|e| panic!("the victim's hold is gone ({e:?}): its balance stays {left}"));
     assert_eq!(settled.items[0].remaining, 9_500);
     assert_eq!(left, 9_500);
     assert_eq!(refused, 16, "4 kept beside the victim's");
