@@ -2,8 +2,10 @@
 //! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
 mod convert;
-pub mod holds;
+mod facts;
+mod holds;
 mod in_flight;
+pub mod release;
 pub mod settle;
 
 use std::sync::Arc;
