@@ -31,16 +31,27 @@ fn make_due(node: &RedisServer, id: &str) {
 }
 
 async fn check(s: &mut Served, request_id: &str, tenant: &str, cost: u64) -> bool {
+    check_of(s, "Released", request_id, tenant, cost)
+        .await
+        .unwrap()
+}
+
+async fn check_of(
+    s: &mut Served,
+    name: &str,
+    request_id: &str,
+    tenant: &str,
+    cost: u64,
+) -> Result<bool, tonic::Status> {
     let answer = s
         .decisions
         .check(pb::CheckRequest {
-            items: vec![item("Released", tenant, Some(cost))],
+            items: vec![item(name, tenant, Some(cost))],
             request_id: request_id.to_string(),
             ..Default::default()
         })
-        .await
-        .unwrap();
-    answer.into_inner().overall.unwrap().allowed
+        .await?;
+    Ok(answer.into_inner().overall.unwrap().allowed)
 }
 
 async fn held(s: &Served, event: &str) -> f64 {
@@ -167,4 +178,57 @@ async fn a_hold_is_released_once_across_replicas_on_a_redis_cluster() {
     };
     let node = &cluster.nodes[cluster.node_of_slot(cellrate::store::redis::slot(HOLDS))];
     release_once_across_replicas(settings, node).await;
+}
+
+/// On Redis: a hold of a `keep` limit stands at its end (counted kept, a late Settle
+/// refused); the attacker's flood of fresh ids on one replica is refused once the shared
+/// table is full of holds, and the victim's hold, made on the other, still settles exactly.
+#[tokio::test]
+async fn on_redis_a_kept_hold_stands_and_a_flood_cannot_push_out_a_hold() {
+    let redis = RedisServer::start();
+    let dir = limits();
+    let settings = Settings {
+        sweep_interval: Duration::from_millis(20),
+        settle_max_records: 5,
+        ..redis.settings()
+    };
+    let table = || LimitTable::load_dir(dir.path()).unwrap();
+    let mut a = Served::with_settings(table(), settings.clone()).await;
+    let mut b = Served::with_settings(table(), settings).await;
+
+    assert!(check_of(&mut a, "Kept", "k-1", "acme", 2_000)
+        .await
+        .unwrap());
+    make_due(&redis, "k-1");
+    eventually("the kept hold swept", async || {
+        let kept = held(&a, "kept").await + held(&b, "kept").await;
+        (kept >= 1.0).then_some(())
+    })
+    .await;
+    let late = settle(&mut b.decisions.clone(), "k-1", &[0])
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), Code::FailedPrecondition, "{}", late.message());
+    assert_eq!(remaining(&mut a, "Kept", "acme").await, 8_000, "it stands");
+
+    assert!(check(&mut b, "victim", "victim", 2_000).await);
+    let mut refused = 0;
+    for i in 0..20 {
+        match check_of(&mut a, "Released", &format!("flood-{i}"), "attacker", 1).await {
+            Ok(allowed) => assert!(allowed),
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+                refused += 1;
+            }
+        }
+    }
+    let settled = settle(&mut a.decisions.clone(), "victim", &[500]).await;
+    let left = remaining(&mut a, "Released", "victim").await;
+    let settled = settled
+        .unwrap_or_else(|e| panic!("the victim's hold is gone ({e:?}): its balance stays {left}"));
+    assert_eq!(settled.items[0].remaining, 9_500);
+    // The kept record (settled at its end) was pushed out for the first flood hold.
+    assert_eq!(refused, 16, "4 kept beside the victim's");
+    a.stop().await;
+    b.stop().await;
 }

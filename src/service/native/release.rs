@@ -17,11 +17,12 @@ const RELEASE_CALLS: usize = 64;
 /// What one [`Settler::release_due`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
-    /// Holds given back (at least one item released).
+    /// Holds given back (at least one item's policy is `unsettled: release`).
     pub released: u64,
     /// Holds whose estimates stand.
     pub kept: u64,
-    /// Holds whose release failed (surely not applied: claimed again at the next call).
+    /// Holds whose release failed (claimed again at the next call when the failure
+    /// surely applied nothing, else not made again).
     pub failed: u64,
 }
 
@@ -37,7 +38,7 @@ impl Settler {
                     tracing::warn!(request_id = %id, "a due hold could not be read; it stands");
                     continue;
                 };
-                let released = spent.iter().any(|s| s.hold == Some(true) && s.tokens > 0);
+                let released = spent.iter().any(|s| s.hold == Some(true));
                 let costs: Vec<u64> = spent
                     .iter()
                     .map(|s| if s.hold == Some(true) { 0 } else { s.tokens })

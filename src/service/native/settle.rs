@@ -199,6 +199,7 @@ impl Settler {
         request: &pb::CheckRequest,
         items: &[ItemSpec<'_>],
     ) -> Result<BatchResult, Status> {
+        checked_id("request_id", &request.request_id)?;
         let table = decider.limits();
         let holds = super::holds::reservations(decider, &table, items)?;
         let hold = holds.iter().flatten().map(|r| r.hold).min();
