@@ -272,3 +272,48 @@ fn a_bad_reservation_block_is_a_config_error_naming_the_field() {
         "{error}"
     );
 }
+
+/// A calendar budget: a hold released in the window it was spent in comes back; one whose
+/// window has ended gives nothing to the next (as a `Settle` at cost 0 would).
+#[tokio::test]
+async fn a_released_hold_goes_back_only_to_the_calendar_window_it_was_spent_in() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("names.yaml"),
+        "Daily: {number: 100, format: string}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("defaults.yaml"),
+        "Daily: {window: calendar, count: 10000, period: 1d, reservation: {hold: 1h}}\n",
+    )
+    .unwrap();
+    let mut s = served(dir.path(), 100).await;
+    // The fake clock starts at 22:13:20 UTC: the day ends 6 400 s later.
+    assert!(hold(&mut s, "in-day", "Daily", "acme", 2_000)
+        .await
+        .unwrap());
+    s.clock.advance(3_600 * SECOND);
+    swept(&s, 1.0).await;
+    assert_eq!(remaining(&mut s, "Daily", "acme").await, 10_000);
+
+    assert!(hold(&mut s, "across", "Daily", "acme", 2_000)
+        .await
+        .unwrap());
+    s.clock.advance(2_900 * SECOND);
+    // The next day: full again; 1 000 spent in it before the hold ends.
+    assert_eq!(remaining(&mut s, "Daily", "acme").await, 10_000);
+    let spent = s
+        .decisions
+        .check(pb::CheckRequest {
+            items: vec![item("Daily", "acme", Some(1_000))],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(spent.into_inner().overall.unwrap().allowed);
+    s.clock.advance(700 * SECOND);
+    swept(&s, 2.0).await;
+    assert_eq!(remaining(&mut s, "Daily", "acme").await, 9_000);
+    s.stop().await;
+}
