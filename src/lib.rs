@@ -31,8 +31,9 @@
 //! service/       the APIs over one Decider: request.rs (items, options, answers),
 //! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
-//!                convert.rs, settle.rs: Checks kept for Settle, in_flight.rs: Top
-//!                of leases held), envoy/ (RLS
+//!                convert.rs, settle.rs: Checks kept for Settle, facts.rs: what one
+//!                spent, holds.rs: reservation policies at Check, release.rs: holds
+//!                not settled in time, in_flight.rs: Top of leases held), envoy/ (RLS
 //!                v3: decide, respond, reserve.rs: reservations held and settled by the
 //!                native Settler), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
@@ -52,7 +53,7 @@
 //!                memcached: store.rs, client.rs, wire.rs)
 //! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
 //!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
-//!                build, files, raw), descriptors.rs (Envoy descriptors -> names and
+//!                build, files, raw, reservation), descriptors.rs (Envoy descriptors -> names and
 //!                ids), ratelimit_format/ (envoyproxy/ratelimit's files and xDS resources:
 //!                read, xds, matching),
 //!                duration.rs, hash.rs

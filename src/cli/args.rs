@@ -464,7 +464,7 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_SETTLE_WINDOW", default_value = format_duration(Settings::default().settle_window), value_parser = parse_settle_window)]
     pub settle_window: i64,
 
-    /// Checks kept for Settle at most (each at most 1 KiB); beyond, the oldest are pushed out.
+    /// Checks kept for Settle at most (each at most 1 KiB); beyond, the oldest that are no live holds are pushed out.
     #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value_t = Settings::default().settle_max_records, value_parser = parse_settle_max)]
     pub settle_max_records: usize,
 

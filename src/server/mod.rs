@@ -53,10 +53,12 @@ use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
 use crate::resp::RespServer;
+use crate::service::native::settle::Settler;
 use crate::service::overrides::RuntimeOverrides;
 use crate::service::rlqs::RlqsService;
 use crate::service::Decider;
 use crate::store::measured::MeasuredStore;
+use crate::store::shared::Settlements;
 use crate::store::{Store, StoreError};
 use grpc::{GrpcHealth, Stacks};
 use listener::GuardedListener;
@@ -205,7 +207,8 @@ impl Server {
         let http = [self.listeners.metrics, self.listeners.health];
         let mut first_config = background.start(&shared, &runtime, &settings, limits, http);
         let (snapshot, probe) = (self.stores.snapshot.as_ref(), self.stores.start_probe);
-        background.store_tasks(snapshot, probe, &settings, &shared.metrics);
+        let holds = (self.stores.settlements.clone(), decider.clone());
+        background.store_tasks(snapshot, probe, holds, &settings, &shared.metrics);
         tokio::pin!(shutdown);
 
         // Both gRPC servers stop accepting when `stop_servers` is cancelled; RLQS streams
@@ -381,17 +384,26 @@ impl Background {
     }
 
     /// The store's own tasks: the first call to a shared store (which logs whether it
-    /// answered), and with a snapshot file and an interval, writing the memory store's
-    /// snapshot every interval.
+    /// answered), the release of holds not settled in time (with a settlements table),
+    /// and with a snapshot file and an interval, writing the memory store's snapshot every
+    /// interval.
     fn store_tasks(
         &self,
         store: Option<&Arc<crate::store::MemoryStore>>,
         probe: Option<StartProbe>,
+        holds: (Option<Arc<dyn Settlements>>, Arc<Decider>),
         settings: &Settings,
         metrics: &Arc<Metrics>,
     ) {
         if let Some(probe) = probe {
             self.tasks.spawn(probe);
+        }
+        // Every replica releases the holds not settled in time (the table claims each once).
+        if let (Some(table), decider) = holds {
+            let settler = Settler::new(table, metrics.clone());
+            let every = settings.sweep_interval;
+            let release = tasks::release_holds(settler, decider, every, self.stop.clone());
+            self.tasks.spawn(release);
         }
         let (Some(store), Some(snapshot)) = (store, &settings.snapshot) else {
             return;

@@ -12,7 +12,9 @@ use super::listener::GuardedListener;
 use crate::limits::config::LimitTable;
 use crate::observe::metrics::Metrics;
 use crate::resp::RespServer;
+use crate::service::native::settle::Settler;
 use crate::service::overrides::RuntimeOverrides;
+use crate::service::Decider;
 use crate::store::{MemoryStore, Store};
 
 /// Drops expired buckets every `every` and keeps the live-bucket gauge current, until
@@ -43,6 +45,34 @@ pub async fn sweep(
         metrics.store.swept_buckets.inc_by(dropped as u64);
         if let Some(live) = store.live_buckets() {
             metrics.store.live_buckets.set(live as i64);
+        }
+    }
+}
+
+/// Releases the reservations whose hold has ended, every `every`, until `stopped`
+/// (docs/concurrency.md, "Reservations"). Every replica runs it; the table claims each
+/// due hold once, so one of them releases it.
+pub async fn release_holds(
+    settler: Settler,
+    decider: Arc<Decider>,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.cancelled() => return,
+        }
+        match settler.release_due(&decider).await {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "holds: the due ones could not be claimed; retrying");
+            }
+            Err(_) => {}
         }
     }
 }

@@ -2,9 +2,9 @@
 //! process, bounded in number of records and in how long each is kept. With the Redis
 //! store, the table is in Redis (`store::redis::settlements`), shared by the replicas.
 //! Every change of a record's state (pending, decided, settled) is made under the one
-//! lock, so it is atomic.
+//! lock, so it is atomic; so is the claim of due holds (see [`Settlements`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
@@ -19,17 +19,26 @@ pub struct MemorySettlements {
     ledger: Mutex<Ledger>,
 }
 
+/// Every record is in exactly one of `order` and `holds`: in `holds` while it is a live
+/// hold (opened with a hold, not settled), else in `order`.
 #[derive(Default)]
 struct Ledger {
     records: HashMap<Box<str>, Record>,
-    /// Ids in the order they were opened, with their expiry: every record has the same
-    /// window, so the front expires first and is the oldest. An id forgotten (or expired
-    /// and opened again) leaves a stale pair here, recognised by its expiry.
-    order: VecDeque<(Nanos, Box<str>)>,
+    /// Records that may be dropped, by expiry (then age): the front expires first, and is
+    /// the first pushed out.
+    order: BTreeSet<(Nanos, u64, Box<str>)>,
+    /// Live holds, by due (then age).
+    holds: BTreeSet<(Nanos, u64, Box<str>)>,
+    /// Records opened so far: each record's number, its age.
+    opened: u64,
 }
 
 struct Record {
     expires: Nanos,
+    /// Its number in opening order.
+    seq: u64,
+    /// When its hold ends (a hold's record).
+    due: Option<Nanos>,
     check: Vec<u8>,
     opened: Nanos,
     state: State,
@@ -40,7 +49,7 @@ enum State {
     Pending,
     /// Decided (at that time, with those facts), not yet claimed.
     Decided { at: Nanos, facts: Vec<u8> },
-    /// Claimed at `costs`.
+    /// Claimed at `costs` (empty: claimed at its due, for its release).
     Settled {
         at: Nanos,
         facts: Vec<u8>,
@@ -61,24 +70,32 @@ impl Record {
 }
 
 impl Ledger {
-    /// Drops the front pair, and its record if the pair is that record's.
-    fn pop_front(&mut self) -> bool {
-        let Some((expires, id)) = self.order.pop_front() else {
-            return false;
-        };
-        if self.records.get(&id).is_some_and(|r| r.expires == expires) {
-            self.records.remove(&id);
-            return true;
+    /// Drops the record of `id`, wherever it is indexed.
+    fn remove(&mut self, id: &str) {
+        if let Some(r) = self.records.remove(id) {
+            if !self.order.remove(&(r.expires, r.seq, Box::from(id))) {
+                if let Some(due) = r.due {
+                    self.holds.remove(&(due, r.seq, Box::from(id)));
+                }
+            }
         }
-        false
     }
 
-    /// Drops what has expired at `now`.
+    /// Drops the first record of `order`; whether there was one.
+    fn pop_front(&mut self) -> bool {
+        let Some((_, _, id)) = self.order.pop_first() else {
+            return false;
+        };
+        self.records.remove(&id);
+        true
+    }
+
+    /// Drops what has expired at `now` (live holds wait for their claim).
     fn purge(&mut self, now: Nanos) {
         while self
             .order
-            .front()
-            .is_some_and(|(expires, _)| *expires <= now)
+            .first()
+            .is_some_and(|(expires, ..)| *expires <= now)
         {
             self.pop_front();
         }
@@ -88,10 +105,33 @@ impl Ledger {
     fn live(&mut self, id: &str, now: Nanos) -> Option<&mut Record> {
         self.records.get_mut(id).filter(|r| r.expires > now)
     }
+
+    /// Moves the record of `id` from the live holds to `order` (settled, or let go).
+    fn unhold(&mut self, id: &str) {
+        if let Some(r) = self.records.get(id) {
+            if let Some(due) = r.due {
+                if self.holds.remove(&(due, r.seq, Box::from(id))) {
+                    self.order.insert((r.expires, r.seq, Box::from(id)));
+                }
+            }
+        }
+    }
+
+    /// Moves a reopened hold back to the live holds.
+    fn rehold(&mut self, id: &str) {
+        if let Some(r) = self.records.get(id) {
+            if let Some(due) = r.due {
+                if self.order.remove(&(r.expires, r.seq, Box::from(id))) {
+                    self.holds.insert((due, r.seq, Box::from(id)));
+                }
+            }
+        }
+    }
 }
 
 impl MemorySettlements {
-    /// Keeps each record for `window`, at most `max` of them.
+    /// Keeps each record for `window` (a hold, one window past its due), at most `max`
+    /// of them.
     pub fn new(clock: Arc<dyn Clock>, window: Nanos, max: usize) -> MemorySettlements {
         MemorySettlements {
             clock,
@@ -117,40 +157,58 @@ impl MemorySettlements {
 }
 
 impl Settlements for MemorySettlements {
-    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened> {
+    fn open<'a>(
+        &'a self,
+        id: &'a str,
+        check: &'a [u8],
+        hold: Option<Nanos>,
+    ) -> StoreFuture<'a, Opened> {
         let now = self.clock.now();
         let mut ledger = self.ledger();
         ledger.purge(now);
-        if ledger.live(id, now).is_some() {
-            return Box::pin(std::future::ready(Ok(Opened {
+        let refused = |full| {
+            Box::pin(std::future::ready(Ok(Opened {
                 written: false,
                 evicted: 0,
-            })));
+                full,
+            })))
+        };
+        if ledger.live(id, now).is_some() {
+            return refused(false);
+        }
+        // An expired record of the same id (a hold's, waiting for its claim, is never
+        // expired: kept one window past its due) goes.
+        ledger.remove(id);
+        if ledger.holds.len() >= self.max {
+            return refused(true);
         }
         let mut evicted = 0;
-        while ledger.records.len() >= self.max && !ledger.order.is_empty() {
-            evicted += u64::from(ledger.pop_front());
+        while ledger.records.len() >= self.max && ledger.pop_front() {
+            evicted += 1;
         }
-        let expires = now.saturating_add(self.window);
+        let due = hold.map(|hold| now.saturating_add(hold));
+        let expires = due.unwrap_or(now).saturating_add(self.window);
+        ledger.opened += 1;
+        let seq = ledger.opened;
         ledger.records.insert(
             Box::from(id),
             Record {
                 expires,
+                seq,
+                due,
                 check: check.to_vec(),
                 opened: now,
                 state: State::Pending,
             },
         );
-        ledger.order.push_back((expires, Box::from(id)));
-        // Forgotten ids (denied Checks) leave stale pairs: a flood of them must not grow
-        // the order past twice the table.
-        if ledger.order.len() > 2 * self.max {
-            let Ledger { records, order } = &mut *ledger;
-            order.retain(|(expires, id)| records.get(id).is_some_and(|r| r.expires == *expires));
-        }
+        match due {
+            Some(due) => ledger.holds.insert((due, seq, Box::from(id))),
+            None => ledger.order.insert((expires, seq, Box::from(id))),
+        };
         Box::pin(std::future::ready(Ok(Opened {
             written: true,
             evicted,
+            full: false,
         })))
     }
 
@@ -170,7 +228,7 @@ impl Settlements for MemorySettlements {
     }
 
     fn forget<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
-        self.ledger().records.remove(id);
+        self.ledger().remove(id);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -181,10 +239,12 @@ impl Settlements for MemorySettlements {
             None => Claim::Unknown,
             Some(r) => match &r.state {
                 State::Pending => Claim::Pending,
+                State::Settled { costs, .. } if costs.is_empty() => Claim::Expired,
                 State::Settled { at, facts, costs } => Claim::Settled {
                     kept: r.kept(*at, facts, now),
                     costs: costs.clone(),
                 },
+                State::Decided { .. } if r.due.is_some_and(|due| due <= now) => Claim::Expired,
                 State::Decided { at, facts } => {
                     let kept = r.kept(*at, facts, now);
                     r.state = State::Settled {
@@ -192,6 +252,7 @@ impl Settlements for MemorySettlements {
                         facts: facts.clone(),
                         costs: costs.to_vec(),
                     };
+                    ledger.unhold(id);
                     Claim::Claimed(kept)
                 }
             },
@@ -201,15 +262,48 @@ impl Settlements for MemorySettlements {
 
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
         let now = self.clock.now();
-        if let Some(r) = self.ledger().live(id, now) {
+        let mut ledger = self.ledger();
+        if let Some(r) = ledger.live(id, now) {
             if let State::Settled { at, .. } = r.state {
                 r.state = State::Decided {
                     at,
                     facts: facts.to_vec(),
                 };
+                ledger.rehold(id);
             }
         }
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {
+        let now = self.clock.now();
+        let mut ledger = self.ledger();
+        let Ledger {
+            records,
+            order,
+            holds,
+            ..
+        } = &mut *ledger;
+        let mut claimed = Vec::new();
+        while claimed.len() < max && holds.first().is_some_and(|(due, ..)| *due <= now) {
+            let Some((_, _, id)) = holds.pop_first() else {
+                break;
+            };
+            let Some(r) = records.get_mut(&id) else {
+                continue;
+            };
+            order.insert((r.expires, r.seq, id.clone()));
+            if let State::Decided { at, facts } = &r.state {
+                let kept = r.kept(*at, facts, now);
+                r.state = State::Settled {
+                    at: *at,
+                    facts: facts.clone(),
+                    costs: Vec::new(),
+                };
+                claimed.push((id.into_string(), kept));
+            }
+        }
+        Box::pin(std::future::ready(Ok(claimed)))
     }
 }
 
@@ -241,9 +335,9 @@ mod tests {
         let t = 1_000 * SECOND;
         let clock = FakeClock::new(t);
         let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
-        assert!(block(table.open("a", b"A")).written);
+        assert!(block(table.open("a", b"A", None)).written);
         assert!(
-            !block(table.open("a", b"other")).written,
+            !block(table.open("a", b"other", None)).written,
             "an id is kept once"
         );
         assert_eq!(block(table.claim("nope", b"1")), Claim::Unknown);
@@ -264,10 +358,10 @@ mod tests {
         assert_eq!(block(table.claim("a", b"6")), claimed(b"A", b"F2", t, t));
 
         // Full: the oldest is pushed out.
-        block(table.open("b", b"B"));
-        block(table.open("c", b"C"));
+        block(table.open("b", b"B", None));
+        block(table.open("c", b"C", None));
         block(table.decide("c", b"F"));
-        let opened = block(table.open("d", b"D"));
+        let opened = block(table.open("d", b"D", None));
         assert_eq!((opened.written, opened.evicted), (true, 1));
         assert_eq!(block(table.claim("a", b"1")), Claim::Unknown);
         assert_eq!(table.len(), 3);
@@ -281,7 +375,7 @@ mod tests {
         clock.advance(1);
         assert_eq!(block(table.claim("d", b"1")), Claim::Unknown);
         // An expired id may be used again; the stale order pair does not drop it.
-        assert!(block(table.open("c", b"C2")).written);
+        assert!(block(table.open("c", b"C2", None)).written);
         assert_eq!(table.len(), 1);
         assert!(block(table.decide("c", b"F")));
         assert_eq!(
@@ -294,19 +388,70 @@ mod tests {
     fn a_flood_of_denied_checks_leaves_nothing_behind() {
         let clock = FakeClock::new(1_000 * SECOND);
         let table = MemorySettlements::new(Arc::new(clock), 60 * SECOND, 10);
-        block(table.open("kept", b"K"));
+        block(table.open("kept", b"K", None));
         block(table.decide("kept", b"F"));
         for i in 0..1_000 {
             let id = format!("denied-{i}");
-            block(table.open(&id, b"D"));
+            block(table.open(&id, b"D", None));
             block(table.forget(&id));
         }
         let order = table.ledger().order.len();
-        assert!(order <= 21, "{order} order pairs for one record");
+        assert_eq!(order, 1, "{order} order pairs for one record");
         assert_eq!(table.len(), 1);
         assert!(matches!(
             block(table.claim("kept", b"1")),
             Claim::Claimed(Kept { check, .. }) if check == b"K"
         ));
+    }
+
+    #[test]
+    fn holds_are_due_once_never_pushed_out_and_a_full_table_of_them_refuses() {
+        let t = 1_000 * SECOND;
+        let clock = FakeClock::new(t);
+        let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
+        let hold = Some(10 * SECOND);
+        for id in ["h1", "h2"] {
+            assert!(block(table.open(id, b"H", hold)).written);
+            assert!(block(table.decide(id, b"F")));
+        }
+        // A plain record is pushed out for a new one; the holds never are.
+        block(table.open("p1", b"P", None));
+        let opened = block(table.open("p2", b"P", None));
+        assert_eq!(
+            (opened.written, opened.evicted, opened.full),
+            (true, 1, false)
+        );
+        assert_eq!(block(table.claim("p1", b"1")), Claim::Unknown);
+        let opened = block(table.open("h3", b"H", hold));
+        assert_eq!((opened.written, opened.evicted), (true, 1), "p2 pushed out");
+        let refused = block(table.open("h4", b"H", hold));
+        assert_eq!((refused.written, refused.full), (false, true));
+        assert_eq!(table.len(), 3);
+
+        // h1 settled before its due: no longer a hold, so pushed out first.
+        assert!(matches!(block(table.claim("h1", b"5")), Claim::Claimed(_)));
+        assert!(block(table.due(10)).is_empty(), "nothing due yet");
+        clock.advance(10 * SECOND - 1);
+        assert!(
+            block(table.due(10)).is_empty(),
+            "due at the hold's end, not before"
+        );
+        clock.advance(1);
+        // From its due, a claim finds it expired; the due call claims it once.
+        assert_eq!(block(table.claim("h2", b"5")), Claim::Expired);
+        let due = block(table.due(10));
+        let ids: Vec<&str> = due.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["h2"], "h3 still pending: let go, not claimed");
+        assert!(block(table.due(10)).is_empty(), "claimed once");
+        assert_eq!(block(table.claim("h2", b"5")), Claim::Expired);
+        // A failed release reopens it: due again.
+        block(table.reopen("h2", b"F2"));
+        assert_eq!(block(table.due(10)).len(), 1);
+        // Kept one window past its due, then dropped.
+        clock.advance(60 * SECOND - 1);
+        assert_eq!(block(table.claim("h2", b"5")), Claim::Expired);
+        clock.advance(1);
+        assert_eq!(block(table.claim("h2", b"5")), Claim::Unknown);
+        assert!(block(table.open("h4", b"H", hold)).written);
     }
 }

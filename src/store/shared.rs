@@ -83,6 +83,13 @@ pub trait SharedDemand: Send + Sync + 'static {
 /// the oldest are pushed out). The bytes are opaque to the table; the times are the
 /// table's own (its clock, or Redis's), which is also the store's.
 ///
+/// A record opened with a hold (its limits' `reservation:`) is a **hold**: it is *due* at
+/// its opening plus the hold, is never pushed out while it is decided and not claimed
+/// (a table full of such holds refuses new records: [`Opened::full`]), and is kept one
+/// window past its due, so that a late claim learns that it expired. From its due on, a
+/// claim finds it [`Claim::Expired`], and [`Settlements::due`] claims it, once, for its
+/// release.
+///
 /// A record goes through three states, each change atomic in the table:
 /// - **pending** ([`Settlements::open`]): its Check is being decided; it cannot be claimed;
 /// - **decided** ([`Settlements::decide`]): it holds what the Check actually spent, and
@@ -93,7 +100,13 @@ pub trait SharedDemand: Send + Sync + 'static {
 pub trait Settlements: Send + Sync + 'static {
     /// Keeps `check` pending under `id` unless `id` is kept already, pushing out the
     /// oldest records when the table is full.
-    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened>;
+    /// `hold`: the record is a hold, due that long after now.
+    fn open<'a>(
+        &'a self,
+        id: &'a str,
+        check: &'a [u8],
+        hold: Option<Nanos>,
+    ) -> StoreFuture<'a, Opened>;
     /// Makes the pending record of `id` decided, with `facts` (what its Check spent).
     /// Whether it was pending (`false`: gone, e.g. pushed out).
     fn decide<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, bool>;
@@ -105,6 +118,10 @@ pub trait Settlements: Send + Sync + 'static {
     /// Makes a settled record decided again, with `facts` in place of its own: its
     /// adjustment was (in part) surely not made, and a retry may make the rest.
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()>;
+    /// Claims at most `max` decided holds that are due, each settled from then on (a
+    /// claim finds it [`Claim::Expired`]): their ids and records, for their release. A
+    /// hold still pending at its due is let go (its estimate stands).
+    fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>>;
 }
 
 /// What [`Settlements::open`] did.
@@ -112,8 +129,10 @@ pub trait Settlements: Send + Sync + 'static {
 pub struct Opened {
     /// Whether the record was written (`false`: the id is kept already).
     pub written: bool,
-    /// Records pushed out to make room (the oldest).
+    /// Records pushed out to make room (the oldest that are no live holds).
     pub evicted: u64,
+    /// Nothing written: the table holds its most records, every one a live hold.
+    pub full: bool,
 }
 
 /// A decided record, as a claim finds it.
@@ -142,4 +161,6 @@ pub enum Claim {
     Claimed(Kept),
     /// Settled before, at `costs`.
     Settled { kept: Kept, costs: Vec<u8> },
+    /// A hold past its due: released (or kept) by [`Settlements::due`], not settled.
+    Expired,
 }

@@ -33,6 +33,7 @@ mod redis_leases;
 mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;
+mod reservations;
 mod reservations_envoy;
 mod resp_clients;
 mod resp_differential;

@@ -27,7 +27,7 @@ use cellrate::proto::v1::rate_limiter_server::RateLimiter;
 use cellrate::service::native::RateLimiterService;
 use cellrate::service::{Decider, ItemSpec};
 use cellrate::store::settlements::MemorySettlements;
-use cellrate::store::shared::{Claim, Opened, Settlements};
+use cellrate::store::shared::{Claim, Kept, Opened, Settlements};
 use cellrate::store::{MemoryStore, Store, StoreFuture};
 
 /// A settlements table whose calls fail as scheduled.
@@ -46,9 +46,14 @@ impl FaultySettlements {
 }
 
 impl Settlements for FaultySettlements {
-    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened> {
-        Box::pin(faulted(self.faults.next(), "open", || {
-            self.inner.open(id, check)
+    fn open<'a>(
+        &'a self,
+        id: &'a str,
+        check: &'a [u8],
+        hold: Option<i64>,
+    ) -> StoreFuture<'a, Opened> {
+        Box::pin(faulted(self.faults.next(), "open", move || {
+            self.inner.open(id, check, hold)
         }))
     }
 
@@ -73,6 +78,12 @@ impl Settlements for FaultySettlements {
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(faulted(self.faults.next(), "reopen", || {
             self.inner.reopen(id, facts)
+        }))
+    }
+
+    fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {
+        Box::pin(faulted(self.faults.next(), "due", move || {
+            self.inner.due(max)
         }))
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::files::{content_version, read_dir, FileKind};
-use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName};
+use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName, RawWindow};
 use super::{
     short, Behaviour, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS,
 };
@@ -231,9 +231,28 @@ impl LimitTable {
                 continue;
             };
             let number = name.number;
+            let reservation = match limit.reservation.as_ref().map(|r| r.build()) {
+                Some(Err(reason)) => {
+                    report(Some(text), reason);
+                    continue;
+                }
+                Some(Ok(_)) if limit.window == RawWindow::Concurrency => {
+                    report(
+                        Some(text),
+                        "reservation applies to a budget (gcra or calendar), not to \
+                         `window: concurrency` (whose leases expire by themselves)"
+                            .to_string(),
+                    );
+                    continue;
+                }
+                Some(Ok(r)) => Some(r),
+                None => None,
+            };
             match limit.build() {
                 Ok(policy) => {
-                    self.policies.entry(number).or_default().default = Some(policy);
+                    let entry = self.policies.entry(number).or_default();
+                    entry.default = Some(policy);
+                    entry.reservation = reservation;
                 }
                 Err(reason) => report(Some(text), reason),
             }

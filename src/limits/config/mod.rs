@@ -23,6 +23,7 @@
 mod build;
 mod files;
 mod raw;
+mod reservation;
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use crate::limits::ratelimit_format::RateLimitConfig;
 pub use build::read_files;
 use files::content_version;
 pub use files::is_config_file;
+pub use reservation::{Reservation, MAX_HOLD, MIN_HOLD};
 
 /// Errors collected in one load at most; more are counted ("and N more errors").
 pub const MAX_ERRORS: usize = 100;
@@ -225,6 +227,8 @@ struct NamePolicies {
     /// override id (canonical) -> policy, and where it was set (an index into the table's
     /// `override_sources`)
     overrides: ConfigMap<Box<str>, (Policy, u32)>,
+    /// The name's reservation policy (its default's `reservation:`), for every id.
+    reservation: Option<Reservation>,
 }
 
 /// What [`LimitTable::lookup`] found: an override (with its source index), a default.
@@ -365,6 +369,12 @@ impl LimitTable {
             .and_then(|p| p.default)
             .map(|p| p.behaviour().headers)
             .unwrap_or_default()
+    }
+
+    /// How a native `Check` with a `request_id` holds an estimate of `name`'s limits:
+    /// its default's `reservation:` (every override of the name holds as its default).
+    pub fn reservation(&self, name: &Name) -> Option<Reservation> {
+        self.policies.get(&name.number).and_then(|p| p.reservation)
     }
 
     /// The default limit of `name`, if any.

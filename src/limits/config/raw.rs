@@ -7,6 +7,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::reservation::RawReservation;
 use super::{Behaviour, Headers, Measures, Policy, MAX_OVERRIDE_ENTRIES};
 use crate::clock::CalendarPeriod;
 use crate::gcra::Limit;
@@ -49,6 +50,9 @@ pub(super) struct RawLimit {
     /// `requests` (the default) or `tokens`, for the OpenAI-style headers.
     #[serde(default)]
     pub(super) measures: Measures,
+    /// How a native `Check` with a `request_id` holds an estimate of this limit.
+    #[serde(default)]
+    pub(super) reservation: Option<RawReservation>,
 }
 
 /// `headers:` of a limit.
@@ -251,6 +255,9 @@ pub(super) struct RawOverride {
     pub(super) headers: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     pub(super) measures: Option<serde::de::IgnoredAny>,
+    /// Refused: a reservation policy is its name's (read to say so).
+    #[serde(default)]
+    pub(super) reservation: Option<serde::de::IgnoredAny>,
 }
 
 impl RawOverride {
@@ -265,6 +272,13 @@ impl RawOverride {
                 "headers and measures are the limit's own: set them on its default in \
                  defaults.yaml (an override replaces the numbers only, and is shown or hidden \
                  as its default is)"
+                    .to_string(),
+            );
+        }
+        if self.reservation.is_some() {
+            return Err(
+                "reservation is the limit's own: set it on its default in defaults.yaml \
+                 (every override of the name holds estimates as its default says)"
                     .to_string(),
             );
         }
@@ -296,6 +310,7 @@ impl RawOverride {
                 anchor: self.anchor,
                 headers: RawVisibility::Visible,
                 measures: Measures::Requests,
+                reservation: None,
             }
             .build(),
             _ if self.shadow => Err("shadow applies to a limit, not to unlimited or deny".into()),

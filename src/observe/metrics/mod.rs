@@ -94,8 +94,10 @@ pub struct Metrics {
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: IntCounterVec,
     /// `cellrate_settlements_total{result}`: settled, retried, pending, unknown, conflict,
-    /// pushed_out.
+    /// expired, pushed_out, full.
     pub settlements: IntCounterVec,
+    /// `cellrate_holds_total{event}`: reservations settled, released, kept.
+    pub holds: IntCounterVec,
     /// envoyproxy/ratelimit's per-descriptor statistics, by key and stat.
     ratelimit: RatelimitStats,
     rpc: RpcMetrics,
@@ -134,7 +136,8 @@ impl Metrics {
             "Settle calls and kept Checks, by result: settled, retried (already settled at \
              the same costs), pending (its Check still being decided: nothing settled), \
              unknown (no such request id), conflict (settled at other \
-             costs), pushed_out (a kept Check dropped to make room).",
+             costs), expired (its hold had ended: nothing settled), pushed_out (a kept \
+             Check dropped to make room), full (a Check refused: the table full of holds).",
             "result",
             &[
                 "settled",
@@ -142,8 +145,19 @@ impl Metrics {
                 "pending",
                 "unknown",
                 "conflict",
+                "expired",
                 "pushed_out",
+                "full",
             ],
+        );
+        let holds = reg.counters_from_zero(
+            "cellrate_holds_total",
+            "Reservations (Checks with a request_id on limits with a reservation policy), \
+             by how they ended: settled (by Settle before their hold ended), released (not \
+             settled: their estimate given back at the hold's end), kept (not settled: \
+             their estimate stands).",
+            "event",
+            &["settled", "released", "kept"],
         );
         let ratelimit = RatelimitStats {
             hits: reg.counters(
@@ -181,6 +195,7 @@ impl Metrics {
             denials: std::sync::OnceLock::new(),
             decisions,
             settlements,
+            holds,
             ratelimit,
             rpc,
             store,

@@ -2,7 +2,10 @@
 //! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
 
 mod convert;
+mod facts;
+mod holds;
 mod in_flight;
+pub mod release;
 pub mod settle;
 
 use std::sync::Arc;

@@ -32,6 +32,7 @@ use prost::Message;
 use tonic::Status;
 
 use super::convert::{decisions, item_specs, Use};
+use super::facts::{facts_bytes, facts_of, is_hold, Spent};
 use crate::clock::{CalendarPeriod, Nanos, SECOND};
 use crate::gcra::{Mode, Window};
 use crate::observe::metrics::Metrics;
@@ -53,8 +54,8 @@ pub const REFUND_MARGIN: Nanos = SECOND;
 
 /// What settles: the table, and the metrics that count it.
 pub struct Settler {
-    table: Arc<dyn Settlements>,
-    metrics: Arc<Metrics>,
+    pub(super) table: Arc<dyn Settlements>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 fn counted(metrics: &Metrics, result: &str) {
@@ -81,85 +82,14 @@ fn costs_bytes(costs: &[u64]) -> Vec<u8> {
     costs.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
 
-/// The calendar periods, by their code in a record (1 + the index; 0 is no window).
-const PERIODS: [CalendarPeriod; 9] = [
-    CalendarPeriod::Second,
-    CalendarPeriod::Minute,
-    CalendarPeriod::Hour,
-    CalendarPeriod::Day,
-    CalendarPeriod::Month,
-    CalendarPeriod::Year,
-    CalendarPeriod::Week,
-    CalendarPeriod::Days30,
-    CalendarPeriod::Days365,
-];
-
-/// What a Check wrote for one item: tokens, and the calendar period they count in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Spent {
-    tokens: u64,
-    period: Option<CalendarPeriod>,
-}
-
-const SPENT_BYTES: usize = 9;
-
-/// The code of a zoned period, whose text follows (a length byte, then the text).
-const ZONED: u8 = 10;
-
-/// The facts of a record: per item its tokens (8 bytes) and period code (1 byte), a zoned
-/// period's code followed by its text (`1mo@Europe/Berlin`: its length, then its bytes).
-fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(spent.len() * SPENT_BYTES);
-    for s in spent {
-        out.extend_from_slice(&s.tokens.to_le_bytes());
-        if let Some(CalendarPeriod::Zoned(zoned)) = s.period {
-            let text = zoned.text().as_bytes();
-            out.push(ZONED);
-            out.push(text.len().min(255) as u8);
-            out.extend_from_slice(&text[..text.len().min(255)]);
-            continue;
-        }
-        let code = s
-            .period
-            .and_then(|p| PERIODS.iter().position(|&q| q == p))
-            .map_or(0, |i| i as u8 + 1);
-        out.push(code);
-    }
-    out
-}
-
-fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
-    let mut spent = Vec::with_capacity(bytes.len() / SPENT_BYTES);
-    while !bytes.is_empty() {
-        let (head, rest) = bytes.split_at_checked(SPENT_BYTES)?;
-        let tokens = u64::from_le_bytes(head[..8].try_into().ok()?);
-        let period = match head[8] {
-            0 => None,
-            ZONED => {
-                let (&len, rest) = rest.split_first()?;
-                let (text, rest) = rest.split_at_checked(usize::from(len))?;
-                bytes = rest;
-                let text = std::str::from_utf8(text).ok()?;
-                spent.push(Spent {
-                    tokens,
-                    period: Some(CalendarPeriod::parse(text).ok()?),
-                });
-                continue;
-            }
-            code => Some(*PERIODS.get(usize::from(code) - 1)?),
-        };
-        bytes = rest;
-        spent.push(Spent { tokens, period });
-    }
-    Some(spent)
-}
-
-/// What an allowed Check wrote per item: its cost where the store spent it, else 0.
-fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
+/// What an allowed Check wrote per item: its cost where the store spent it, else 0; with
+/// each item's hold policy (`holds`: `Some(release)` for a limit that holds estimates).
+fn spent_by(items: &[pb::Item], result: &BatchResult, holds: &[Option<bool>]) -> Vec<Spent> {
     items
         .iter()
         .zip(&result.items)
-        .map(|(item, decided)| match decided.rule {
+        .zip(holds.iter().chain(std::iter::repeat(&None)))
+        .map(|((item, decided), &hold)| match decided.rule {
             Rule::Limited(limit) => {
                 let written = decided.decision.allowed
                     && matches!(
@@ -172,11 +102,13 @@ fn spent_by(items: &[pb::Item], result: &BatchResult) -> Vec<Spent> {
                         Window::Calendar(period) => Some(period),
                         Window::Gcra | Window::Concurrency => None,
                     },
+                    hold,
                 }
             }
             _ => Spent {
                 tokens: 0,
                 period: None,
+                hold: None,
             },
         })
         .collect()
@@ -267,11 +199,19 @@ impl Settler {
         request: &pb::CheckRequest,
         items: &[ItemSpec<'_>],
     ) -> Result<BatchResult, Status> {
-        let id = self.open(request).await?;
-        let result = decider.check(items).await;
+        checked_id("request_id", &request.request_id)?;
+        let table = decider.limits();
+        let holds = super::holds::reservations(decider, &table, items)?;
+        let hold = holds.iter().flatten().map(|r| r.hold).min();
+        let id = self.open(request, hold).await?;
+        let result = decider
+            .check_with(&table, items, CheckOptions::default())
+            .await;
         match &result {
             Ok(r) if r.overall.allowed => {
-                let facts = facts_bytes(&spent_by(&request.items, r));
+                let releases: Vec<Option<bool>> =
+                    holds.iter().map(|h| h.map(|h| h.release)).collect();
+                let facts = facts_bytes(&spent_by(&request.items, r, &releases));
                 match self.table.decide(id, &facts).await {
                     Ok(_) => {}
                     // Left pending: it expires unsettled, and the estimate stands.
@@ -288,7 +228,11 @@ impl Settler {
         Ok(result?)
     }
 
-    async fn open<'r>(&self, request: &'r pb::CheckRequest) -> Result<&'r str, Status> {
+    async fn open<'r>(
+        &self,
+        request: &'r pb::CheckRequest,
+        hold: Option<Nanos>,
+    ) -> Result<&'r str, Status> {
         let id = request.request_id.as_str();
         checked_id("request_id", id)?;
         let record = pb::CheckRequest {
@@ -302,7 +246,19 @@ impl Settler {
                 record.len()
             )));
         }
-        let opened = self.table.open(id, &record).await.map_err(store_failed)?;
+        let opened = self
+            .table
+            .open(id, &record, hold)
+            .await
+            .map_err(store_failed)?;
+        if opened.full {
+            counted(&self.metrics, "full");
+            return Err(Status::resource_exhausted(format!(
+                "request_id {id:?}: the table of kept Checks is full of holds not yet \
+                 settled (--settle-max-records); none is pushed out, nothing was spent: \
+                 retry once some are settled or their hold ends"
+            )));
+        }
         if opened.evicted > 0 {
             self.metrics
                 .settlements
@@ -342,6 +298,14 @@ impl Settler {
                      with the store (Redis restarted empty); the Check's estimate stands"
                 )))
             }
+            Claim::Expired => {
+                counted(&self.metrics, "expired");
+                Err(Status::failed_precondition(format!(
+                    "request_id {id:?} expired: its hold (reservation.hold) ended before this \
+                     Settle, and its estimate was released or stands as its limits' \
+                     reservation policy says (unsettled); nothing was settled"
+                )))
+            }
             Claim::Pending => {
                 counted(&self.metrics, "pending");
                 Err(Status::unavailable(format!(
@@ -361,18 +325,29 @@ impl Settler {
                 counted(&self.metrics, "retried");
                 answer
             }
-            Claim::Claimed(kept) => self.adjust(decider, id, &kept, &request.costs).await,
+            Claim::Claimed(kept) => {
+                let items = self
+                    .adjust(decider, id, &kept, &request.costs, true)
+                    .await?;
+                counted(&self.metrics, "settled");
+                if is_hold(&kept) {
+                    self.metrics.holds.with_label_values(&["settled"]).inc();
+                }
+                peek(decider, &items, false).await
+            }
         }
     }
 
-    /// Applies a claimed record's adjustment, charges first, then refunds.
-    async fn adjust(
+    /// Applies a claimed record's adjustment, charges first, then refunds; its items.
+    /// `settling`: for a `Settle` (else for a hold's release).
+    pub(super) async fn adjust(
         &self,
         decider: &Decider,
         id: &str,
         kept: &Kept,
         costs: &[u64],
-    ) -> Result<pb::SettleResponse, Status> {
+        settling: bool,
+    ) -> Result<Vec<pb::Item>, Status> {
         let (items, spent) = match read(kept) {
             Ok(read) if read.0.len() == costs.len() => read,
             other => {
@@ -400,7 +375,9 @@ impl Settler {
         };
         if !charges.is_empty() {
             if let Err(e) = decider.check(&charges).await {
-                return Err(self.failed(id, e, &facts_bytes(&plan.spent)).await);
+                return Err(self
+                    .failed(id, e, &facts_bytes(&plan.spent), settling)
+                    .await);
             }
         }
         if !refunds.is_empty() {
@@ -409,21 +386,25 @@ impl Settler {
                 Err(e) => Err(e),
             };
             if let Err(e) = refunded {
-                return Err(self.failed(id, e, &facts_bytes(&plan.charged)).await);
+                return Err(self
+                    .failed(id, e, &facts_bytes(&plan.charged), settling)
+                    .await);
             }
         }
-        counted(&self.metrics, "settled");
-        peek(decider, &plan.items, false).await
+        Ok(plan.items)
     }
 
     /// A step failed: reopens the record with `facts` if the failure surely applied
     /// nothing, else leaves it settled for good.
-    async fn failed(&self, id: &str, e: DecideError, facts: &[u8]) -> Status {
+    /// `settling`: a `Settle`'s (counted as settled), not a release's.
+    async fn failed(&self, id: &str, e: DecideError, facts: &[u8], settling: bool) -> Status {
         if surely_not_applied(&e) {
             self.reopen(id, facts).await;
             return e.into();
         }
-        counted(&self.metrics, "settled");
+        if settling {
+            counted(&self.metrics, "settled");
+        }
         Status::unavailable(format!(
             "{e}; request_id {id:?} is settled: its adjustment may have been made, in part or \
              whole, and will not be made again"
@@ -438,7 +419,7 @@ impl Settler {
 }
 
 /// A record's items and what each spent.
-fn read(kept: &Kept) -> Result<(Vec<pb::Item>, Vec<Spent>), Status> {
+pub(super) fn read(kept: &Kept) -> Result<(Vec<pb::Item>, Vec<Spent>), Status> {
     let check = pb::CheckRequest::decode(kept.check.as_slice());
     match (check, facts_of(&kept.facts)) {
         (Ok(check), Some(spent)) if check.items.len() == spent.len() => Ok((check.items, spent)),
@@ -475,33 +456,4 @@ fn capped(decider: &Decider, specs: &mut [ItemSpec<'_>]) -> Result<(), DecideErr
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn facts_keep_a_zoned_period_and_refuse_a_cut_one() {
-        let zoned = CalendarPeriod::parse("1mo~15@America/New_York").unwrap();
-        let spent = vec![
-            Spent {
-                tokens: 3,
-                period: Some(zoned),
-            },
-            Spent {
-                tokens: 4,
-                period: Some(CalendarPeriod::Day),
-            },
-            Spent {
-                tokens: 5,
-                period: None,
-            },
-        ];
-        let bytes = facts_bytes(&spent);
-        assert_eq!(facts_of(&bytes), Some(spent));
-        // A zoned period read back is the same window, not the UTC month nor none.
-        assert_eq!(facts_of(&bytes[..9 + 10]), None, "a cut text");
-        assert_eq!(facts_of(&bytes[..8]), None, "a cut item");
-    }
 }

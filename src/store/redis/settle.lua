@@ -1,58 +1,94 @@
 -- cellrate: Checks kept for Settle, shared by every replica (one slot: every key is tagged
 -- {settle}, so each call is atomic in Redis Cluster too).
 --
--- KEYS[1]: the index, a sorted set of record keys by expiry (ms of Redis TIME).
+-- KEYS[1]: the index, a sorted set of record keys by expiry (ms of Redis TIME): the
+--          records that may be pushed out (every record but the live holds).
 -- KEYS[2]: the record of one request id, a hash that expires with its window:
 --          s  its state: "p" pending (its Check is being decided), "d" decided, "s" settled
 --          c  the Check, o when it was opened, t when it was decided (µs of Redis TIME)
---          f  what the Check spent (once decided), k the costs it was settled at (settled)
+--          f  what the Check spent (once decided), k the costs it was settled at (settled;
+--             "" when it was claimed at its due, for its release)
+--          u  a hold's due (ms of Redis TIME)
 --          A record that is no hash (kept by an older version) is unknown to claim.
+-- KEYS[3]: the live holds, a sorted set of record keys by due (ms): holds opened and not
+--          settled. They are never pushed out; the key of each expires one window past
+--          its due.
 --
 -- ARGV[1]: the operation.
--- open    ARGV[2] check, ARGV[3] window in ms, ARGV[4] most records. Drops the expired
---         from the index; unless the id is kept already, pushes out the oldest records
---         while the index holds the most, and keeps the check pending. Returns {written,
---         evicted}.
+-- open    ARGV[2] check, ARGV[3] window in ms, ARGV[4] most records, ARGV[5] hold in ms
+--         ("0": no hold). Drops the expired from the index; unless the id is kept already,
+--         refuses when the live holds are the most ({"2", "0"}), else pushes out the
+--         oldest records of the index while both hold the most, and keeps the check
+--         pending. Returns {written, evicted}.
 -- decide  ARGV[2] facts. A pending record becomes decided. Returns {"1"} if it was
 --         pending, else {"0"}.
 -- forget  Drops the record. Returns {"1"}.
 -- claim   ARGV[2] costs. Returns {"0"} for no record, {"3"} for a pending one (unchanged),
---         {"1", check, facts, opened, decided, now} for a decided one (now settled at
---         costs), {"2", costs, check, facts, opened, decided, now} for a settled one.
--- reopen  ARGV[2] facts. A settled record becomes decided again, with these facts.
---         Returns {"1"}.
+--         {"4"} for a hold past its due (unchanged: released by "due"), {"1", check,
+--         facts, opened, decided, now} for a decided one (now settled at costs), {"2",
+--         costs, check, facts, opened, decided, now} for a settled one.
+-- reopen  ARGV[2] facts. A settled record becomes decided again, with these facts (a hold
+--         is live again). Returns {"1"}.
+-- due     ARGV[2] most. Claims decided holds whose due has come (settled at ""), lets go
+--         of pending ones. Returns {now, then per claimed: key, check, facts, opened,
+--         decided}.
 
-local index, key = KEYS[1], KEYS[2]
+local index, key, holds = KEYS[1], KEYS[2], KEYS[3]
 local op = ARGV[1]
 
 local t = redis.call('TIME')
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- The record's state, or nil when there is none (or it is no hash).
-local function state()
-  if redis.call('TYPE', key).ok ~= 'hash' then
+-- The state of record `k`, or nil when there is none (or it is no hash).
+local function state_of(k)
+  if redis.call('TYPE', k).ok ~= 'hash' then
     return nil
   end
-  return redis.call('HGET', key, 's')
+  return redis.call('HGET', k, 's')
+end
+
+local function state()
+  return state_of(key)
+end
+
+-- Moves record `k` from the live holds to the index, by when its key expires.
+local function unhold(k)
+  if redis.call('ZREM', holds, k) == 1 then
+    local left = redis.call('PTTL', k)
+    if left > 0 then
+      redis.call('ZADD', index, now + left, k)
+    end
+  end
 end
 
 if op == 'open' then
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
   if redis.call('EXISTS', key) == 1 then
     return {'0', '0'}
   end
+  redis.call('ZREM', holds, key)
   local max = tonumber(ARGV[4])
+  if redis.call('ZCARD', holds) >= max then
+    return {'2', '0'}
+  end
   local evicted = 0
-  while redis.call('ZCARD', index) >= max do
+  while redis.call('ZCARD', index) + redis.call('ZCARD', holds) >= max do
     local oldest = redis.call('ZPOPMIN', index)
     if #oldest == 0 then break end
     evicted = evicted + redis.call('DEL', oldest[1])
   end
   local window = tonumber(ARGV[3])
+  local hold = tonumber(ARGV[5])
   redis.call('HSET', key, 's', 'p', 'c', ARGV[2], 'o', now_us)
-  redis.call('PEXPIRE', key, window)
-  redis.call('ZADD', index, now + window, key)
+  if hold > 0 then
+    redis.call('HSET', key, 'u', now + hold)
+    redis.call('PEXPIRE', key, hold + window)
+    redis.call('ZADD', holds, now + hold, key)
+  else
+    redis.call('PEXPIRE', key, window)
+    redis.call('ZADD', index, now + window, key)
+  end
   return {'1', tostring(evicted)}
 elseif op == 'decide' then
   if state() ~= 'p' then
@@ -63,6 +99,7 @@ elseif op == 'decide' then
 elseif op == 'forget' then
   redis.call('DEL', key)
   redis.call('ZREM', index, key)
+  redis.call('ZREM', holds, key)
   return {'1'}
 elseif op == 'claim' then
   local s = state()
@@ -71,17 +108,46 @@ elseif op == 'claim' then
   elseif s == 'p' then
     return {'3'}
   end
-  local r = redis.call('HMGET', key, 'c', 'f', 'o', 't', 'k')
+  local r = redis.call('HMGET', key, 'c', 'f', 'o', 't', 'k', 'u')
   if s == 'd' then
+    if r[6] and tonumber(r[6]) <= now then
+      return {'4'}
+    end
     redis.call('HSET', key, 's', 's', 'k', ARGV[2])
+    unhold(key)
     return {'1', r[1], r[2], r[3], r[4], now_us}
+  end
+  if r[5] == '' then
+    return {'4'}
   end
   return {'2', r[5], r[1], r[2], r[3], r[4], now_us}
 elseif op == 'reopen' then
   if state() == 's' then
     redis.call('HSET', key, 's', 'd', 'f', ARGV[2])
     redis.call('HDEL', key, 'k')
+    local due = redis.call('HGET', key, 'u')
+    if due and redis.call('ZREM', index, key) == 1 then
+      redis.call('ZADD', holds, due, key)
+    end
   end
   return {'1'}
+elseif op == 'due' then
+  local out = {now_us}
+  local ready = redis.call('ZRANGEBYSCORE', holds, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+  for _, k in ipairs(ready) do
+    local s = state_of(k)
+    unhold(k)
+    redis.call('ZREM', holds, k)
+    if s == 'd' then
+      redis.call('HSET', k, 's', 's', 'k', '')
+      local r = redis.call('HMGET', k, 'c', 'f', 'o', 't')
+      table.insert(out, k)
+      table.insert(out, r[1])
+      table.insert(out, r[2])
+      table.insert(out, r[3])
+      table.insert(out, r[4])
+    end
+  end
+  return out
 end
 return redis.error_reply('unknown operation')

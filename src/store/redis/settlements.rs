@@ -1,7 +1,8 @@
 //! The Checks kept for `Settle`, in Redis (see `settle.lua`), so that a settlement counts
 //! once whichever replica it reaches: one record key per request id and an index by
 //! expiry, all tagged `{settle}` (one slot), over a connection of its own with a deadline
-//! of at least 1 s. Each change of a record's state is one script call, so atomic; its
+//! of at least 1 s. Live holds are indexed by due too, so that any replica can claim
+//! the due ones, once (`due`). Each change of a record's state is one script call, so atomic; its
 //! times are Redis's (the buckets' clock, on one server; on a cluster, the clock of the
 //! node that holds `{settle}`).
 
@@ -59,6 +60,7 @@ impl RedisSettlements {
         invocation
             .key(format!("{}index", self.prefix))
             .key(self.key(id))
+            .key(format!("{}holds", self.prefix))
             .arg(op);
         for arg in args {
             invocation.arg(*arg);
@@ -106,9 +108,21 @@ fn kept(mut parts: Vec<Vec<u8>>) -> Result<Kept, StoreError> {
 }
 
 impl Settlements for RedisSettlements {
-    fn open<'a>(&'a self, id: &'a str, check: &'a [u8]) -> StoreFuture<'a, Opened> {
+    fn open<'a>(
+        &'a self,
+        id: &'a str,
+        check: &'a [u8],
+        hold: Option<Nanos>,
+    ) -> StoreFuture<'a, Opened> {
         Box::pin(async move {
-            let args: [&[u8]; 3] = [check, self.window_ms.as_bytes(), self.max.as_bytes()];
+            let hold_ms = hold.map_or(0, |h| (h / (1_000 * MICROSECOND)).max(1));
+            let hold_ms = hold_ms.to_string();
+            let args: [&[u8]; 4] = [
+                check,
+                self.window_ms.as_bytes(),
+                self.max.as_bytes(),
+                hold_ms.as_bytes(),
+            ];
             let reply = self.call("open", id, &args).await?;
             let evicted = reply
                 .get(1)
@@ -117,6 +131,7 @@ impl Settlements for RedisSettlements {
             Ok(Opened {
                 written: flag(&reply) == Some(b"1"),
                 evicted,
+                full: flag(&reply) == Some(b"2"),
             })
         })
     }
@@ -138,6 +153,7 @@ impl Settlements for RedisSettlements {
             match (flag(&reply), reply.len()) {
                 (Some(b"0"), 1) => Ok(Claim::Unknown),
                 (Some(b"3"), 1) => Ok(Claim::Pending),
+                (Some(b"4"), 1) => Ok(Claim::Expired),
                 (Some(b"1"), 6) => Ok(Claim::Claimed(kept(reply.split_off(1))?)),
                 (Some(b"2"), 7) => {
                     let rest = reply.split_off(2);
@@ -154,5 +170,24 @@ impl Settlements for RedisSettlements {
 
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.call("reopen", id, &[facts]).await.map(|_| ()) })
+    }
+
+    fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {
+        Box::pin(async move {
+            let max = max.to_string();
+            let mut reply = self.call("due", "", &[max.as_bytes()]).await?.into_iter();
+            let now = reply.next().ok_or(StoreError::MalformedReply)?;
+            let record_prefix = self.key("");
+            let mut claimed = Vec::new();
+            while let Some(key) = reply.next() {
+                let parts: Vec<Vec<u8>> = reply.by_ref().take(4).chain([now.clone()]).collect();
+                let id = String::from_utf8(key)
+                    .ok()
+                    .and_then(|k| k.strip_prefix(&record_prefix).map(str::to_string))
+                    .ok_or(StoreError::MalformedReply)?;
+                claimed.push((id, kept(parts)?));
+            }
+            Ok(claimed)
+        })
     }
 }

@@ -1,0 +1,48 @@
+//! Reservations: a native `Check` with a `request_id` on limits with a reservation policy
+//! (`reservation:` in `defaults.yaml`) holds its estimate until its `Settle`, at most the
+//! policy's `hold` (a record with several items: the earliest among them); one estimate
+//! may take at most `max_share` of the limit's burst. What becomes of a hold not settled
+//! in time: `release.rs`.
+
+use tonic::Status;
+
+use crate::gcra::Mode;
+use crate::limits::config::{LimitTable, Reservation};
+use crate::service::{CheckOptions, Decider, ItemSpec, Rule};
+use crate::text::{cut_bytes, printable};
+
+/// Each item's reservation policy (`None`: its limit has none), or INVALID_ARGUMENT for
+/// an estimate over its limit's share.
+pub(super) fn reservations(
+    decider: &Decider,
+    table: &LimitTable,
+    items: &[ItemSpec<'_>],
+) -> Result<Vec<Option<Reservation>>, Status> {
+    let resolved = decider.resolve(table, items, CheckOptions::default())?;
+    let mut holds = Vec::with_capacity(resolved.len());
+    for (i, r) in resolved.iter().enumerate() {
+        let (Rule::Limited(limit), Some(name)) = (r.rule, table.names().get(&r.name)) else {
+            holds.push(None);
+            continue;
+        };
+        let Some(reservation) = table.reservation(name) else {
+            holds.push(None);
+            continue;
+        };
+        let cap = reservation.cap(limit.burst());
+        let spends = matches!(r.mode, Mode::CheckAndSpend | Mode::SpendOnly | Mode::Charge);
+        if r.cost > cap && spends {
+            return Err(Status::invalid_argument(format!(
+                "items[{i}] ({} {}): an estimate of {} tokens is over the {cap} one hold \
+                 may take (reservation.max_share {} of burst {}); nothing was spent",
+                r.name,
+                printable(cut_bytes(r.key.parts().1, 128)),
+                r.cost,
+                reservation.max_share(),
+                limit.burst()
+            )));
+        }
+        holds.push(Some(reservation));
+    }
+    Ok(holds)
+}
