@@ -5,8 +5,8 @@
 //! few chunks. 100 concurrent requests of one tenant against a budget, each holding its
 //! `x-max-tokens` and costing a seeded random amount up to it: the tokens admitted never
 //! exceed the budget, the balance is the budget less what the admitted requests cost (and
-//! the estimates of the requests whose client left before the model answered: their holds
-//! are kept), and replayed stream ends change nothing. The same load checked and then
+//! the estimates of the requests whose client left before the model answered, until their
+//! hold has passed: then they are released), and replayed stream ends change nothing. The same load checked and then
 //! charged (no reservation) overshoots; it is measured beside. The fast tier
 //! (`tests/it/envoy_reservations.rs`) checks the answers themselves.
 
@@ -27,7 +27,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
 use crate::common::{descriptor, poll_until, remaining, Rng, Served};
+use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
+use cellrate::server::Settings;
 
 const EXAMPLE: &str = "examples/reservations/envoy.yaml";
 const NAME: &str = "TokensPerTenant";
@@ -40,6 +42,8 @@ const BUDGET: u64 = 100_000;
 const SEED: u64 = 0x5eed_0050;
 /// How long a wait of the test may take at most.
 const WAIT: Duration = Duration::from_secs(20);
+/// The hold of the limits' `reservation:` block, on the served (fake) clock.
+const HOLD: i64 = 600 * SECOND;
 
 /// The mock model: what it was asked, by the test's request number, and its gate.
 #[derive(Default)]
@@ -251,8 +255,10 @@ async fn send(
     outcome
 }
 
-/// The limits: the example's, its budget `BUDGET` a day (the served clock is a fake one:
-/// nothing refills), with the rule `descriptors` (the example's when `None`).
+/// The limits: the example's, its budget `BUDGET` a calendar day (the served clock is a
+/// fake one that starts at 22:13 UTC, and is moved at most ten minutes: nothing refills),
+/// with the example's reservation policy but no share cap, and the rule `descriptors`
+/// (the example's when `None`).
 fn limits(descriptors: Option<&str>) -> LimitTable {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
@@ -260,7 +266,10 @@ fn limits(descriptors: Option<&str>) -> LimitTable {
         ("names.yaml".to_string(), read("names.yaml")),
         (
             "defaults.yaml".to_string(),
-            format!("{NAME}: {{burst: {BUDGET}, count: {BUDGET}, period: 1d}}\n"),
+            format!(
+                "{NAME}: {{window: calendar, count: {BUDGET}, period: 1d, \
+                 reservation: {{hold: 10m, unsettled: release}}}}\n"
+            ),
         ),
         (
             "descriptors.yaml".to_string(),
@@ -372,7 +381,12 @@ async fn replay(s: &mut Served, request_id: &str, actual: u64, settle: bool) -> 
 #[tokio::test]
 async fn a_real_envoy_keeps_a_streaming_models_tokens_within_the_budget() {
     let (model_addr, model) = model().await;
-    let mut s = Served::with_limits(limits(None)).await;
+    // The release of holds not settled in time is looked for every 20 ms.
+    let settings = Settings {
+        sweep_interval: Duration::from_millis(20),
+        ..Settings::default()
+    };
+    let mut s = Served::with_settings(limits(None), settings).await;
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
     let plan = plan();
     let outcomes = run(proxy.ingress, &model, &plan, LEAVING).await;
@@ -432,6 +446,21 @@ async fn a_real_envoy_keeps_a_streaming_models_tokens_within_the_budget() {
         remaining(&mut s, NAME, TENANT).await,
         want,
         "replays changed nothing"
+    );
+
+    // The clients that left are never settled: their holds are released when the hold
+    // (10 minutes, `reservation:` in the limits) has passed, and only theirs.
+    s.clock.advance(HOLD);
+    let healed = (BUDGET - used) as i64;
+    let balance = poll_until(
+        WAIT,
+        async || remaining(&mut s, NAME, TENANT).await,
+        |&b| b == healed,
+    )
+    .await;
+    assert_eq!(
+        balance, healed,
+        "the unsettled estimates given back after the hold"
     );
     drop(proxy);
     s.stop().await;

@@ -84,23 +84,23 @@ async fn try_ask(
 async fn a_hold_is_settled_to_the_actual_cost_once() {
     let mut s = Served::with_limits(example()).await;
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 300_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 30_000)]).await,
         OK
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 30_000);
     // The stream ends: settled to 120 000.
     assert_eq!(
-        ask(&mut s, "tokens", vec![settle("acme", "r1", 120_000)]).await,
+        ask(&mut s, "tokens", vec![settle("acme", "r1", 12_000)]).await,
         OK
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 120_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 12_000);
     // Replayed, with the same cost or another: OK, and nothing changes.
-    for actual in [120_000, 5, 900_000] {
+    for actual in [12_000, 5, 90_000] {
         assert_eq!(
             ask(&mut s, "tokens", vec![settle("acme", "r1", actual)]).await,
             OK
         );
-        assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 120_000);
+        assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 12_000);
     }
     // A settlement above the estimate charges the difference.
     assert_eq!(
@@ -111,7 +111,7 @@ async fn a_hold_is_settled_to_the_actual_cost_once() {
         ask(&mut s, "tokens", vec![settle("acme", "r2", 4_000)]).await,
         OK
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 124_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 16_000);
     s.stop().await;
 }
 
@@ -122,17 +122,17 @@ async fn a_hold_is_settled_to_the_actual_cost_once() {
 async fn requests_that_share_an_id_do_not_share_a_hold() {
     let mut s = Served::with_limits(example()).await;
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "same", 30_000)]).await,
         OK
     );
     for _ in 0..3 {
         assert_eq!(
-            ask(&mut s, "tokens", vec![hold("acme", "same", 300_000)]).await,
+            ask(&mut s, "tokens", vec![hold("acme", "same", 30_000)]).await,
             OVER,
             "a second request under a held id"
         );
     }
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 300_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 30_000);
     // Settled, the id stays taken (until --settle-window).
     assert_eq!(
         ask(&mut s, "tokens", vec![settle("acme", "same", 10)]).await,
@@ -151,22 +151,30 @@ async fn requests_that_share_an_id_do_not_share_a_hold() {
 #[tokio::test]
 async fn a_denied_hold_holds_nothing_and_its_stream_end_changes_nothing() {
     let mut s = Served::with_limits(example()).await;
+    // Nine holds of a tenth of the budget each, and one of a twentieth: 50 000 left.
+    for i in 0..9 {
+        let id = format!("big{i}");
+        assert_eq!(
+            ask(&mut s, "tokens", vec![hold("acme", &id, 100_000)]).await,
+            OK
+        );
+    }
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "big", 900_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "big9", 50_000)]).await,
         OK
     );
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 200_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 100_000)]).await,
         OVER
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, 100_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 50_000);
     assert_eq!(
         ask(&mut s, "tokens", vec![settle("acme", "r1", 0)]).await,
         OK
     );
     assert_eq!(
         remaining(&mut s, NAME, "acme").await,
-        100_000,
+        50_000,
         "nothing given back"
     );
     // An id never held: OK, nothing changes.
@@ -174,17 +182,42 @@ async fn a_denied_hold_holds_nothing_and_its_stream_end_changes_nothing() {
         ask(&mut s, "tokens", vec![settle("acme", "never", 0)]).await,
         OK
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, 100_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 50_000);
     // The denied id may hold later, once there is room.
     assert_eq!(
-        ask(&mut s, "tokens", vec![settle("acme", "big", 0)]).await,
+        ask(&mut s, "tokens", vec![settle("acme", "big0", 0)]).await,
         OK
     );
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 200_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 100_000)]).await,
         OK
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 200_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 50_000);
+    s.stop().await;
+}
+
+/// The attacker: an estimate larger than one hold may take (the example's `max_share`,
+/// a tenth of the budget; or more than the whole budget) is denied (OVER_LIMIT), holds
+/// nothing, and its stream end takes nothing. Refusing it as malformed would be an error
+/// that Envoy's default `failure_mode_deny: false` lets through with nothing held.
+#[tokio::test]
+async fn an_estimate_over_the_share_is_denied_and_holds_nothing() {
+    let mut s = Served::with_limits(example()).await;
+    for (id, estimate) in [("greedy", 100_001), ("huge", 2_000_000), ("max", u64::MAX)] {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![hold("acme", id, estimate)]).await,
+            OVER,
+            "{estimate}"
+        );
+        assert_eq!(ask(&mut s, "tokens", vec![settle("acme", id, 0)]).await, OK);
+        assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET, "{estimate}");
+    }
+    // A hold of the share itself fits.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "fair", 100_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 100_000);
     s.stop().await;
 }
 
@@ -194,7 +227,7 @@ async fn a_denied_hold_holds_nothing_and_its_stream_end_changes_nothing() {
 async fn a_stream_end_settles_only_its_own_domain_and_key() {
     let mut s = Served::with_limits(two_domains()).await;
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 500_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 50_000)]).await,
         OK
     );
     assert_eq!(
@@ -207,7 +240,7 @@ async fn a_stream_end_settles_only_its_own_domain_and_key() {
     );
     assert_eq!(
         remaining(&mut s, NAME, "acme").await,
-        BUDGET - 500_000,
+        BUDGET - 50_000,
         "held still"
     );
     assert_eq!(
@@ -237,7 +270,7 @@ fn kept_id(domain: &str, names: &[&str], id: &str, request_id: &str) -> String {
 async fn a_native_call_cannot_settle_or_take_an_envoy_hold() {
     let mut s = Served::with_limits(example()).await;
     assert_eq!(
-        ask(&mut s, "tokens", vec![hold("acme", "r1", 500_000)]).await,
+        ask(&mut s, "tokens", vec![hold("acme", "r1", 50_000)]).await,
         OK
     );
     let id = kept_id("tokens", &[NAME], "acme", "r1");
@@ -251,7 +284,7 @@ async fn a_native_call_cannot_settle_or_take_an_envoy_hold() {
     let e = settled.expect_err("a native Settle of an Envoy hold is refused");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("request_id"), "{e:?}");
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 500_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 50_000);
     // Nor may a native Check take an Envoy id first (its settlement would then be the
     // native caller's).
     let next = kept_id("tokens", &[NAME], "acme", "r2");
@@ -267,7 +300,7 @@ async fn a_native_call_cannot_settle_or_take_an_envoy_hold() {
         checked.expect_err("refused").code(),
         tonic::Code::InvalidArgument
     );
-    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 500_000);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 50_000);
     s.stop().await;
 }
 
@@ -312,7 +345,6 @@ async fn bad_reservations_are_refused_and_change_nothing() {
             vec![descriptor(&[(NAME, "acme")]), hold("acme", "r2", 10)],
             "descriptors[1]: a reservation is decided alone",
         ),
-        (vec![hold("acme", "r4", 2_000_000)], "descriptors[0]"),
     ];
     for (descriptors, says) in cases {
         let e = try_ask(&mut s, "tokens", descriptors)

@@ -153,21 +153,36 @@ impl EnvoyRateLimitService {
                 lease: None,
             })
             .collect();
+        // An estimate larger than one hold may take is denied, not refused as malformed:
+        // an error is `failure_mode_deny`'s to decide, and Envoy's default lets the
+        // request through with nothing held (and its stream end then finds nothing).
+        let largest = (settler.largest_holds(&self.decider, &specs))
+            .map_err(|e| in_descriptor(reservation.d, e))?;
+        if largest.iter().any(|&cap| reservation.cost > cap) {
+            return self.denied(reservation, &specs).await;
+        }
         match settler.check(&self.decider, &check, &specs).await {
             Ok(result) => Ok(result.items),
             // Held already under this id: denied, and nothing more is held. Answering OK
             // would let requests that share an id (a client's own x-request-id that Envoy
             // kept) through with one hold among them.
-            Err(e) if e.code() == Code::AlreadyExists => {
-                let mut peeked = (self.decider.inspect(&specs).await)
-                    .map_err(|e| in_descriptor(reservation.d, e.into()))?;
-                for item in &mut peeked.items {
-                    item.decision.allowed = false;
-                }
-                Ok(peeked.items)
-            }
+            Err(e) if e.code() == Code::AlreadyExists => self.denied(reservation, &specs).await,
             Err(e) => Err(in_descriptor(reservation.d, e)),
         }
+    }
+
+    /// The items' buckets as they are, every one denied; nothing is held.
+    async fn denied(
+        &self,
+        reservation: &Reservation<'_>,
+        specs: &[ItemSpec<'_>],
+    ) -> Result<Vec<ItemResult>, Status> {
+        let mut peeked = (self.decider.inspect(specs).await)
+            .map_err(|e| in_descriptor(reservation.d, e.into()))?;
+        for item in &mut peeked.items {
+            item.decision.allowed = false;
+        }
+        Ok(peeked.items)
     }
 
     fn settler(&self) -> Result<&Settler, Status> {

@@ -46,3 +46,30 @@ pub(super) fn reservations(
     }
     Ok(holds)
 }
+
+/// The largest estimate each item may hold: its limit's burst, or its reservation's
+/// `max_share` of it (`u64::MAX` for an item that is unlimited or not configured). The
+/// items' own costs are not looked at.
+pub(super) fn largest_holds(
+    decider: &Decider,
+    table: &LimitTable,
+    items: &[ItemSpec<'_>],
+) -> Result<Vec<u64>, Status> {
+    let probes: Vec<ItemSpec<'_>> = (items.iter())
+        .map(|item| ItemSpec {
+            cost: Some(0),
+            ..item.clone()
+        })
+        .collect();
+    let resolved = decider.resolve(table, &probes, CheckOptions::default())?;
+    Ok(resolved
+        .iter()
+        .map(|r| match r.rule {
+            Rule::Limited(limit) => {
+                let reservation = (table.names().get(&r.name)).and_then(|n| table.reservation(n));
+                reservation.map_or(limit.burst(), |res| res.cap(limit.burst()))
+            }
+            _ => u64::MAX,
+        })
+        .collect())
+}

@@ -273,6 +273,18 @@ impl Settler {
         Ok(id)
     }
 
+    /// The largest estimate each item may hold (its limit's burst, or less under its
+    /// reservation's `max_share`), whatever the items' costs: for callers that must deny
+    /// a hold too large rather than refuse it as malformed (Envoy: an error there is
+    /// `failure_mode_deny`'s to decide, and may let the request through unheld).
+    pub fn largest_holds(
+        &self,
+        decider: &Decider,
+        items: &[ItemSpec<'_>],
+    ) -> Result<Vec<u64>, Status> {
+        super::holds::largest_holds(decider, &decider.limits(), items)
+    }
+
     /// `Settle`: claims the decided record, charges or refunds each item's difference, and
     /// answers the buckets as they then are.
     pub async fn settle(
