@@ -393,3 +393,33 @@ async fn a_reservation_with_an_id_out_of_format_is_refused() {
     );
     s.stop().await;
 }
+
+/// The attacker: holds that fill the table of kept `Check`s (`--settle-max-records`) make
+/// a further hold OVER_LIMIT, holding nothing, not an error that Envoy's default
+/// `failure_mode_deny: false` would let through unheld; the holds in the table stand.
+#[tokio::test]
+async fn a_table_full_of_holds_denies_the_next_hold() {
+    let settings = cellrate::server::Settings {
+        settle_max_records: 2,
+        ..Default::default()
+    };
+    let mut s = Served::with_settings(example(), settings).await;
+    for id in ["r1", "r2"] {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![hold("acme", id, 1_000)]).await,
+            OK
+        );
+    }
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("globex", "r3", 1_000)]).await,
+        OVER
+    );
+    assert_eq!(remaining(&mut s, NAME, "globex").await, BUDGET);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 2_000);
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r1", 10)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 1_010);
+    s.stop().await;
+}

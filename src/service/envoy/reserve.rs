@@ -167,6 +167,9 @@ impl EnvoyRateLimitService {
             // would let requests that share an id (a client's own x-request-id that Envoy
             // kept) through with one hold among them.
             Err(e) if e.code() == Code::AlreadyExists => self.denied(reservation, &specs).await,
+            // The table is full of live holds: denied too, for the same reason as an
+            // estimate too large (an error may let the request through with nothing held).
+            Err(e) if e.code() == Code::ResourceExhausted => self.denied(reservation, &specs).await,
             Err(e) => Err(in_descriptor(reservation.d, e)),
         }
     }
