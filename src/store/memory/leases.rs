@@ -271,7 +271,6 @@ impl MemoryStore {
         let (decision, write) = decide(item, now, held, id);
         let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
         if adds > 0 && !self.reserve_lease_room(1) {
-            drop(entry);
             drop(guard);
             return self.spend_with_leases(std::slice::from_ref(item));
         }
