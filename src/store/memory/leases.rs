@@ -701,6 +701,31 @@ mod tests {
         assert!(slots.len() > 2_000, "{} slots", slots.len());
     }
 
+    /// A shard keeps the list of the key it emptied for the next key (no allocation for a
+    /// key that holds one lease at a time), but only a small one: a key emptied of 20
+    /// leases leaves no spare with room for more than 8 (docs/concurrency.md, "Bounds and
+    /// memory").
+    #[test]
+    fn a_shards_spare_list_is_small() {
+        let store = store(&FakeClock::new(T0));
+        let spare = |key: &str| {
+            let print = store.fingerprint(&lease(key, 20, Mode::Acquire, "x").key);
+            store.lock(store.shard_of(print)).2.capacity()
+        };
+        assert!(one(&store, lease("one", 20, Mode::Acquire, "a")).allowed);
+        assert!(one(&store, lease("one", 20, Mode::Release, "a")).allowed);
+        let kept = spare("one");
+        assert!((1..=SPARE_ROOM).contains(&kept), "{kept}");
+        for i in 0..20 {
+            assert!(one(&store, lease("many", 20, Mode::Acquire, &format!("r{i}"))).allowed);
+        }
+        for i in 0..20 {
+            assert!(one(&store, lease("many", 20, Mode::Release, &format!("r{i}"))).allowed);
+        }
+        assert_eq!(store.live_leases(), 0);
+        assert!(spare("many") <= SPARE_ROOM, "{}", spare("many"));
+    }
+
     #[derive(Debug, Clone)]
     enum Step {
         Acquire(u8, u8),
