@@ -88,22 +88,29 @@ pub struct Held {
 impl Held {
     /// The live leases of `leases` at `now`.
     pub fn of(leases: &[Lease], now: Nanos) -> Held {
-        Held::without(leases, now, None)
+        Held::scan(leases, now, None).0
     }
 
-    /// The live leases of `leases` at `now` but the one of id `skip` (when given).
-    fn without(leases: &[Lease], now: Nanos, skip: Option<u64>) -> Held {
+    /// The live leases of `leases` at `now` but the one of id `skip` (when given), and
+    /// whether that one is live: one pass over the list.
+    fn scan(leases: &[Lease], now: Nanos, skip: Option<u64>) -> (Held, bool) {
         let (mut count, mut oldest, mut latest) = (0i64, Nanos::MAX, now);
-        for lease in live(leases, now).filter(|l| Some(l.id) != skip) {
+        let mut found = false;
+        for lease in live(leases, now) {
+            if Some(lease.id) == skip {
+                found = true;
+                continue;
+            }
             count += 1;
             oldest = oldest.min(lease.expires);
             latest = latest.max(lease.expires);
         }
-        Held {
+        let held = Held {
             count,
             oldest: if count == 0 { now } else { oldest },
             latest,
-        }
+        };
+        (held, found)
     }
 
     /// These leases and one more, expiring at `expires` (after now).
@@ -167,10 +174,10 @@ pub fn acquire(
     leases: &[Lease],
     id: u64,
 ) -> (Decision, Option<LeaseWrite>) {
-    if live(leases, now).any(|l| l.id == id) {
+    let (before, held) = Held::scan(leases, now, Some(id));
+    if held {
         return (answer_of(limit, now, true, leases), None);
     }
-    let before = Held::of(leases, now);
     if before.count >= limit.count {
         return (answer(limit, now, false, before), None);
     }
@@ -194,10 +201,11 @@ pub fn release(
     leases: &[Lease],
     id: u64,
 ) -> (Decision, Option<LeaseWrite>) {
-    if !live(leases, now).any(|l| l.id == id) {
-        return (answer_of(limit, now, false, leases), None);
+    // Without the lease of `id`: the key as it stands when `id` holds none, else after.
+    let (after, held) = Held::scan(leases, now, Some(id));
+    if !held {
+        return (answer(limit, now, false, after), None);
     }
-    let after = Held::without(leases, now, Some(id));
     (
         answer(limit, now, true, after),
         Some(LeaseWrite::Remove(id)),
@@ -214,11 +222,13 @@ pub fn peek(limit: &Limit, now: Nanos, leases: &[Lease]) -> Decision {
 /// number of leases held (negative when expired ones were dropped).
 pub fn apply(leases: &mut Vec<Lease>, now: Nanos, write: Option<LeaseWrite>) -> i64 {
     let before = leases.len() as i64;
-    leases.retain(|l| l.expires > now);
     match write {
-        Some(LeaseWrite::Add(lease)) => leases.push(lease),
-        Some(LeaseWrite::Remove(id)) => leases.retain(|l| l.id != id),
-        None => {}
+        Some(LeaseWrite::Add(lease)) => {
+            leases.retain(|l| l.expires > now);
+            leases.push(lease);
+        }
+        Some(LeaseWrite::Remove(id)) => leases.retain(|l| l.expires > now && l.id != id),
+        None => leases.retain(|l| l.expires > now),
     }
     leases.len() as i64 - before
 }

@@ -2,7 +2,8 @@
 //! backend that holds each request 200 ms and records, per tenant (`x-tenant`), the most
 //! requests it had in flight at once. 64 concurrent streams per tenant never put more than
 //! the tenant's N at the backend; every lease is released when the streams end; a
-//! `kill -9` of Envoy mid-flight leaks its leases until the hold, then capacity is back.
+//! `kill -9` of Envoy mid-flight leaks its leases until the hold, then capacity is back;
+//! the same with two replicas on one Redis and on one Valkey, Envoy asking both.
 //! The fast tier (`tests/it/envoy_leases.rs`) checks the answers themselves.
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
-use crate::common::{poll_until, remaining, Served};
+use crate::common::{http_get_async, poll_until, remaining, sample, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
 
@@ -229,10 +230,11 @@ async fn statuses(tasks: Streams) -> HashMap<String, (usize, usize, usize)> {
     by_tenant
 }
 
-/// The example's Envoy in front of `backend`, its RLS timeout raised from 0.1 s to 2 s
-/// (192 concurrent calls on a shared two-core machine), after `edit`.
-async fn envoy(rls: SocketAddr, backend: SocketAddr, edit: impl FnOnce(&mut Value)) -> Envoy {
-    Envoy::example_of(EXAMPLE, rls, |config| {
+/// The example's Envoy in front of `backend`, asking the cellrate replicas at `rls` (its
+/// `cellrate` cluster one endpoint each, round robin), its RLS timeout raised from 0.1 s
+/// to 2 s (192 concurrent calls on a shared two-core machine), after `edit`.
+async fn envoy(rls: &[SocketAddr], backend: SocketAddr, edit: impl FnOnce(&mut Value)) -> Envoy {
+    Envoy::example_of(EXAMPLE, rls[0], |config| {
         let clusters = config["static_resources"]["clusters"]
             .as_sequence_mut()
             .unwrap();
@@ -246,6 +248,20 @@ async fn envoy(rls: SocketAddr, backend: SocketAddr, edit: impl FnOnce(&mut Valu
              {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}}}]}}]}}}}",
             backend.port()
         ));
+        let cellrate = clusters
+            .iter_mut()
+            .find(|c| c["name"].as_str() == Some("cellrate"))
+            .unwrap();
+        cellrate["load_assignment"]["endpoints"][0]["lb_endpoints"] = rls
+            .iter()
+            .map(|a| {
+                yaml(&format!(
+                    "{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}",
+                    a.ip(),
+                    a.port()
+                ))
+            })
+            .collect();
         rate_limit_filter(config).insert("timeout".into(), "2s".into());
         edit(config);
     })
@@ -258,25 +274,80 @@ fn example_limits() -> LimitTable {
 }
 
 /// Waits until every lease of every tenant is free again (the stream-end releases arrive
-/// after the clients have their answers), and asserts it.
-async fn all_free(s: &mut Served) {
-    for (tenant, n) in TENANTS {
-        let free = poll_until(
-            Duration::from_secs(10),
-            async || remaining(s, "InFlightPerTenant", tenant).await,
-            |&free| free == n as i64,
-        )
-        .await;
-        assert_eq!(free, n as i64, "{tenant}: every lease released");
+/// after the clients have their answers), as every replica sees it, and asserts it.
+async fn all_free(replicas: &mut [Served]) {
+    for s in replicas {
+        for (tenant, n) in TENANTS {
+            let free = poll_until(
+                Duration::from_secs(10),
+                async || remaining(s, "InFlightPerTenant", tenant).await,
+                |&free| free == n as i64,
+            )
+            .await;
+            assert_eq!(free, n as i64, "{tenant}: every lease released");
+        }
     }
+}
+
+/// A replica's decisions through Envoy's API on the example's limit, by `result`.
+async fn decided(s: &Served, result: &str) -> f64 {
+    let (_, text) = http_get_async(s.metrics_addr, "/metrics").await;
+    let series = format!(
+        "cellrate_decisions_total{{api=\"envoy\",limit=\"InFlightPerTenant\",result=\"{result}\"}}"
+    );
+    sample(&text, &series).unwrap_or(0.0)
 }
 
 #[tokio::test]
 async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() {
+    let s = Served::with_limits(example_limits()).await;
+    holds_to_n_and_heals_after_a_kill(vec![s]).await;
+}
+
+/// Two cellrate replicas on one Redis, Envoy's `cellrate` cluster spreading its calls over
+/// both (an acquire on one, its release often on the other): the same bounds as one
+/// replica. Time is the replicas' (`RedisClock::Local`), fake and moved together, so the
+/// hold is skipped exactly rather than waited for.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_replicas_on_redis_hold_each_tenant_to_n_and_heal_after_a_kill() {
+    let server = crate::common::redis_server::RedisServer::start();
+    holds_to_n_and_heals_after_a_kill(replicas_on(&server).await).await;
+}
+
+/// [`two_replicas_on_redis_hold_each_tenant_to_n_and_heal_after_a_kill`] on Valkey.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_replicas_on_valkey_hold_each_tenant_to_n_and_heal_after_a_kill() {
+    let server = crate::common::redis_server::RedisServer::start_valkey();
+    holds_to_n_and_heals_after_a_kill(replicas_on(&server).await).await;
+}
+
+/// Two replicas serving the example on `server`, deciding time by their own (fake) clocks,
+/// with 5 s store deadlines (a loaded machine must not turn a slow release into a leak).
+#[cfg(feature = "redis")]
+async fn replicas_on(server: &crate::common::redis_server::RedisServer) -> Vec<Served> {
+    use cellrate::server::StoreSettings;
+    let mut settings = server.settings();
+    if let StoreSettings::Redis { settings, .. } = &mut settings.store {
+        settings.clock = cellrate::store::redis::RedisClock::Local;
+        settings.timeout = Duration::from_secs(5);
+    }
+    let a = Served::with_settings(example_limits(), settings.clone()).await;
+    let b = Served::with_settings(example_limits(), settings).await;
+    vec![a, b]
+}
+
+/// 64 concurrent streams for each of three tenants through Envoy in front of `replicas`
+/// (one store): no tenant has more than its N at the backend, and every replica decided
+/// some; every lease is free after the streams. Then a `kill -9` of Envoy with acme's 8
+/// at the backend: after a restart its leases are held (every request denied) until the
+/// hold has passed, then capacity is back.
+async fn holds_to_n_and_heals_after_a_kill(mut replicas: Vec<Served>) {
     let (backend_addr, counts) = backend().await;
-    let mut s = Served::with_limits(example_limits()).await;
     let tenants: Vec<&str> = TENANTS.iter().map(|(t, _)| *t).collect();
-    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+    let rls: Vec<SocketAddr> = replicas.iter().map(|s| s.decisions_addr).collect();
+    let proxy = envoy(&rls, backend_addr, |_| {}).await;
 
     // 64 concurrent streams for each of three tenants.
     let answered = statuses(burst(proxy.ingress, &tenants, PRESSURE)).await;
@@ -290,7 +361,12 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
         assert!(limited > 0, "{tenant}: some got 429");
         assert!(ok + limited + other >= STREAMS);
     }
-    all_free(&mut s).await;
+    all_free(&mut replicas).await;
+    for (i, s) in replicas.iter().enumerate() {
+        let (allowed, released) = (decided(s, "allowed").await, decided(s, "released").await);
+        println!("replica {i}: {allowed} acquires allowed, {released} released");
+        assert!(allowed > 0.0 && released > 0.0, "replica {i} decided some");
+    }
 
     // kill -9 of Envoy while acme's streams are at the backend: no release is sent.
     let tasks = burst(proxy.ingress, &["acme"], ONCE);
@@ -312,12 +388,11 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
     )
     .await;
     assert_eq!(left, 0, "the orphaned requests have ended at the backend");
-    assert_eq!(
-        remaining(&mut s, "InFlightPerTenant", "acme").await,
-        0,
-        "the killed Envoy's leases are held"
-    );
-    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+    for s in &mut replicas {
+        let free = remaining(s, "InFlightPerTenant", "acme").await;
+        assert_eq!(free, 0, "the killed Envoy's leases are held");
+    }
+    let proxy = envoy(&rls, backend_addr, |_| {}).await;
     counts.take_peaks();
     let answered = statuses(burst(proxy.ingress, &["acme"], ONCE)).await;
     assert_eq!(
@@ -325,9 +400,13 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
         (0, STREAMS, 0),
         "right after the restart: no slot until the hold has passed"
     );
-    // The leases expire a hold after they were taken (the served clock is a fake one).
-    s.clock.advance(HOLD);
-    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
+    // The leases expire a hold after they were taken (the served clocks are fake ones).
+    for s in &mut replicas {
+        s.clock.advance(HOLD);
+    }
+    for s in &mut replicas {
+        assert_eq!(remaining(s, "InFlightPerTenant", "acme").await, 8);
+    }
     let answered = statuses(burst(proxy.ingress, &["acme"], PRESSURE)).await;
     let peak = counts.take_peaks()["acme"];
     println!(
@@ -338,9 +417,11 @@ async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() 
         peak <= 8 && answered["acme"].0 > 0,
         "capacity is back: {peak}"
     );
-    all_free(&mut s).await;
+    all_free(&mut replicas).await;
     drop(proxy);
-    s.stop().await;
+    for s in replicas {
+        s.stop().await;
+    }
 }
 
 /// The example as written (with its own addresses and ports) is a valid Envoy 1.40 config.
@@ -358,7 +439,7 @@ fn the_example_is_valid_as_written() {
 async fn a_client_cannot_share_one_lease_among_its_requests() {
     let (backend_addr, counts) = backend().await;
     let mut s = Served::with_limits(example_limits()).await;
-    let proxy = envoy(s.decisions_addr, backend_addr, |_| {}).await;
+    let proxy = envoy(&[s.decisions_addr], backend_addr, |_| {}).await;
     let answered = statuses(burst_as(proxy.ingress, &["acme"], PRESSURE, Some("same"))).await;
     let peak = counts.take_peaks()["acme"];
     println!(
@@ -370,7 +451,7 @@ async fn a_client_cannot_share_one_lease_among_its_requests() {
         "{peak} in flight at once under one client id, N = 8"
     );
     assert!(answered["acme"].1 > 0, "some got 429");
-    all_free(&mut s).await;
+    all_free(std::slice::from_mut(&mut s)).await;
     drop(proxy);
     s.stop().await;
 }
@@ -400,7 +481,7 @@ async fn a_counter_given_back_at_stream_end_lets_more_than_n_in_flight() {
     ])
     .unwrap();
     let mut s = Served::with_limits(counter).await;
-    let proxy = envoy(s.decisions_addr, backend_addr, |config| {
+    let proxy = envoy(&[s.decisions_addr], backend_addr, |config| {
         // No lease entry: the tenant alone, spent and given back.
         let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
             [0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0];

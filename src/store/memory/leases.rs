@@ -1,6 +1,6 @@
 //! The memory store's leases of concurrency limits (docs/concurrency.md): per shard, a map
-//! from a key's fingerprint to its leases, each a keyed hash of its lease id (the store's
-//! [`super::BucketHasher`], so callers cannot aim for a collision) and its expiry. A batch
+//! from a key's fingerprint to its leases, each a keyed hash of its lease id
+//! ([`LeaseIdHasher`]) and its expiry. A batch
 //! holding a lease item is decided here under the same shard locks as its rate items, so
 //! it stays atomic and all-or-nothing: the acquires are decided first, and the rate items
 //! are spent only if every acquire is allowed (and the other way round).
@@ -11,8 +11,9 @@
 //! fails with "lease capacity reached" and writes nothing; leases held are never pushed out.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
@@ -27,7 +28,61 @@ use crate::store::{InFlightKey, InFlightName, Outcome, StoreError, StoreItem};
 pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
 
 /// A shard's leases, by key fingerprint.
-pub(super) type LeaseMap = HashMap<Fingerprint, Held>;
+pub(super) type LeaseMap = HashMap<Fingerprint, Held, BuildHasherDefault<PrintHasher>>;
+
+/// The lease map's hasher: a fingerprint is already a keyed hash of its key (SipHash-1-3
+/// under the store's secret keys), so callers cannot aim keys at one slot; hashing it
+/// again would cost a SipHash pass a lookup. Its halves are swapped: a shard holds the
+/// fingerprints of one residue of the low bits (`shard_of`), and the map takes a slot by
+/// the low bits.
+#[derive(Default)]
+pub(super) struct PrintHasher(u64);
+
+impl Hasher for PrintHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only fingerprints (u64) are hashed; any other input still spreads.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, print: u64) {
+        self.0 = print.rotate_left(32);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Hashes lease ids to the 64 bits a lease keeps: foldhash's quality variant under seeds
+/// drawn at random when the store is made (a few nanoseconds for a 36-byte id, against
+/// about 20 for SipHash-1-3). Unknown seeds make the hashes unpredictable; foldhash does
+/// not claim to resist an attacker who probes for collisions, and no more is needed here:
+/// two ids of one key that collide act as one lease, which a caller choosing its own ids
+/// gets anyway by sending one id twice (a retry), and a caller cannot aim at another's
+/// lease without that lease's id (BENCHMARKS.md, "A lease against a spend").
+pub(super) struct LeaseIdHasher {
+    seed: u64,
+    shared: foldhash::SharedSeed,
+}
+
+impl LeaseIdHasher {
+    /// Seeds from the operating system's randomness, through std's `RandomState`.
+    pub(super) fn random() -> LeaseIdHasher {
+        let random = RandomState::new();
+        LeaseIdHasher {
+            seed: random.hash_one(0x6c65_6173_u64),
+            shared: foldhash::SharedSeed::from_u64(random.hash_one(0x6964_u64)),
+        }
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        let mut hasher = foldhash::quality::FoldHasher::with_seed(self.seed, &self.shared);
+        hasher.write(id.as_bytes());
+        hasher.finish()
+    }
+}
 
 /// A key's leases, with the key itself (the request's own `Arc`, kept: no allocation) and
 /// the count of the limit its latest lease was taken under, for admin `Top` in flight.
@@ -46,6 +101,41 @@ pub(super) fn is_lease(item: &StoreItem) -> bool {
 /// The leases a key holds in a shard (expired ones included).
 fn held_by(tables: &Tables, print: Fingerprint) -> &[Lease] {
     tables.1.get(&print).map_or(&[], |h| h.leases.as_slice())
+}
+
+/// A lease item's decision and write against `held`, its key's leases as they stand, for
+/// the hash of its lease id. An item in any other mode (a probe of a batch known to be
+/// denied) reports the key.
+fn decide(
+    item: &StoreItem,
+    now: Nanos,
+    held: &[Lease],
+    id: Option<u64>,
+) -> (Decision, Option<LeaseWrite>) {
+    match (item.mode, id) {
+        (Mode::Acquire, Some(id)) => lease::acquire(&item.limit, now, held, id),
+        (Mode::Release, Some(id)) => lease::release(&item.limit, now, held, id),
+        _ => (lease::peek(&item.limit, now, held), None),
+    }
+}
+
+/// The count of an item's limit, as a key's leases keep it (at most
+/// `MAX_LEASES_PER_KEY`: fits).
+fn count_of(item: &StoreItem) -> u32 {
+    item.limit.count().min(u64::from(u32::MAX)) as u32
+}
+
+/// The most leases a shard's spare list may have room for (128 bytes).
+const SPARE_ROOM: usize = 8;
+
+/// Keeps the list of a key left with no lease as its shard's spare (if small), for the
+/// next key that takes one: a key that holds one lease at a time (acquire, release,
+/// acquire...) then costs no allocation.
+fn keep_spare(spare: &mut Vec<Lease>, mut emptied: Vec<Lease>) {
+    if emptied.capacity() <= SPARE_ROOM {
+        emptied.clear();
+        *spare = emptied;
+    }
 }
 
 /// Drops a shard's expired leases; returns how many.
@@ -163,19 +253,52 @@ impl MemoryStore {
         })
     }
 
-    /// A request of one lease item (most are): one shard lock, no bookkeeping vectors; the
-    /// same decision as [`MemoryStore::spend_with_leases`] would make.
+    /// A request of one lease item (most are): one shard lock, one lookup of the key's
+    /// leases, no bookkeeping vectors; the same decision as
+    /// [`MemoryStore::spend_with_leases`] would make (which it leaves to that when the
+    /// lease bound is reached: the expired leases are dropped there).
     pub(super) fn spend_one_lease(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
         let (print, space) = self.fingerprint(&item.key);
-        let mut tables = self.lock(self.shard_of((print, space)));
+        let mut guard = self.lock(self.shard_of((print, space)));
         let now = self.clock.now();
-        let (decision, write) = self.decide_lease(&tables, print, item, now);
+        let id = item.lease.as_deref().map(|id| self.lease_ids.hash(id));
+        let tables: &mut Tables = &mut guard;
+        let entry = tables.1.entry(print);
+        let held = match &entry {
+            Entry::Occupied(e) => e.get().leases.as_slice(),
+            Entry::Vacant(_) => &[],
+        };
+        let (decision, write) = decide(item, now, held, id);
         let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
-        let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
-        if adds > 0 {
-            self.reserve_leases(std::slice::from_mut(&mut tables), 1, now)?;
+        if adds > 0 && !self.reserve_lease_room(1) {
+            drop(guard);
+            return self.spend_with_leases(std::slice::from_ref(item));
         }
-        let change = self.write_lease(&mut tables, print, item, now, write);
+        let change = match (entry, write) {
+            (Entry::Occupied(mut e), write) => {
+                let held = e.get_mut();
+                if adds > 0 {
+                    held.count = count_of(item);
+                }
+                let change = lease::apply(&mut held.leases, now, write);
+                if held.leases.is_empty() {
+                    keep_spare(&mut tables.2, e.remove().leases);
+                }
+                change
+            }
+            (Entry::Vacant(v), Some(LeaseWrite::Add(lease))) => {
+                let mut leases = std::mem::take(&mut tables.2);
+                leases.push(lease);
+                v.insert(Held {
+                    key: item.key.clone(),
+                    count: count_of(item),
+                    leases,
+                });
+                1
+            }
+            (Entry::Vacant(_), _) => 0,
+        };
+        let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
         self.leases_dropped((adds - change).max(0) as usize);
         let expired = (adds - released - change).max(0);
         self.lease_events
@@ -187,8 +310,8 @@ impl MemoryStore {
         })
     }
 
-    /// A lease item's decision and write against the key's leases as they stand. An item
-    /// in any other mode (a probe of a batch known to be denied) reports the key.
+    /// A lease item's decision and write against the key's leases as they stand
+    /// ([`decide`]).
     fn decide_lease(
         &self,
         tables: &Tables,
@@ -196,13 +319,8 @@ impl MemoryStore {
         item: &StoreItem,
         now: Nanos,
     ) -> (Decision, Option<LeaseWrite>) {
-        let held = held_by(tables, print);
-        let id = item.lease.as_deref().map(|id| self.hasher.hash_one(id));
-        match (item.mode, id) {
-            (Mode::Acquire, Some(id)) => lease::acquire(&item.limit, now, held, id),
-            (Mode::Release, Some(id)) => lease::release(&item.limit, now, held, id),
-            _ => (lease::peek(&item.limit, now, held), None),
-        }
+        let id = item.lease.as_deref().map(|id| self.lease_ids.hash(id));
+        decide(item, now, held_by(tables, print), id)
     }
 
     /// Applies `item`'s write to its key's leases (dropping its expired ones); returns
@@ -217,8 +335,7 @@ impl MemoryStore {
     ) -> i64 {
         let Some(held) = (match write {
             Some(LeaseWrite::Add(_)) => {
-                // At most MAX_LEASES_PER_KEY: fits.
-                let count = item.limit.count().min(u64::from(u32::MAX)) as u32;
+                let count = count_of(item);
                 let held = tables.1.entry(print).or_insert_with(|| Held {
                     key: item.key.clone(),
                     count,
@@ -567,6 +684,46 @@ mod tests {
         // The first leases expire (taken at T0): only a1 is left.
         clock.advance(HOLD - SECOND);
         assert_eq!(listed(5, None), [(100, 1, vec![s("a", 1)])]);
+    }
+
+    /// One shard's fingerprints share their low bits (the shard is chosen by them); the
+    /// lease map's hasher must not hand them to the map as they are, or they would all
+    /// probe from one slot. 4 096 fingerprints of one shard of 512 (well-spread 64-bit
+    /// values, as SipHash makes them, their low 9 bits 7): the map's slot bits (the low
+    /// 12) of their hashes take at least 2 000 values (as they are: 8).
+    #[test]
+    fn one_shards_fingerprints_spread_over_the_lease_map() {
+        use std::hash::BuildHasher;
+        let prints = (1..=4_096u64).map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !511) | 7);
+        let hasher = BuildHasherDefault::<PrintHasher>::default();
+        let slots: std::collections::HashSet<u64> =
+            prints.map(|p| hasher.hash_one(p) & 0xfff).collect();
+        assert!(slots.len() > 2_000, "{} slots", slots.len());
+    }
+
+    /// A shard keeps the list of the key it emptied for the next key (no allocation for a
+    /// key that holds one lease at a time), but only a small one: a key emptied of 20
+    /// leases leaves no spare with room for more than 8 (docs/concurrency.md, "Bounds and
+    /// memory").
+    #[test]
+    fn a_shards_spare_list_is_small() {
+        let store = store(&FakeClock::new(T0));
+        let spare = |key: &str| {
+            let print = store.fingerprint(&lease(key, 20, Mode::Acquire, "x").key);
+            store.lock(store.shard_of(print)).2.capacity()
+        };
+        assert!(one(&store, lease("one", 20, Mode::Acquire, "a")).allowed);
+        assert!(one(&store, lease("one", 20, Mode::Release, "a")).allowed);
+        let kept = spare("one");
+        assert!((1..=SPARE_ROOM).contains(&kept), "{kept}");
+        for i in 0..20 {
+            assert!(one(&store, lease("many", 20, Mode::Acquire, &format!("r{i}"))).allowed);
+        }
+        for i in 0..20 {
+            assert!(one(&store, lease("many", 20, Mode::Release, &format!("r{i}"))).allowed);
+        }
+        assert_eq!(store.live_leases(), 0);
+        assert!(spare("many") <= SPARE_ROOM, "{}", spare("many"));
     }
 
     #[derive(Debug, Clone)]

@@ -109,9 +109,10 @@ impl Space {
     }
 }
 
-/// A shard's tables, one per [`Space`], and its leases (`leases.rs`).
+/// A shard's tables, one per [`Space`], and its leases (`leases.rs`), with a spare list of
+/// leases (empty, at most a few leases of room) for the next key that takes one.
 #[derive(Default)]
-struct Tables([TatTable; 2], LeaseMap);
+struct Tables([TatTable; 2], LeaseMap, Vec<gcra::lease::Lease>);
 
 impl Tables {
     fn get(&self, (print, space): (Fingerprint, Space)) -> Option<Nanos> {
@@ -142,6 +143,8 @@ pub struct MemoryStore {
     leases_held: AtomicUsize,
     /// Leases taken, released and dropped expired (for the metrics).
     lease_events: crate::store::LeaseCounters,
+    /// The hasher of lease ids (`leases.rs`).
+    lease_ids: leases::LeaseIdHasher,
 }
 
 /// The share of `max_buckets` that caller-given limits may hold, in percent, by default.
@@ -191,6 +194,7 @@ impl MemoryStore {
             lease_bound: DEFAULT_MAX_LEASES,
             leases_held: AtomicUsize::new(0),
             lease_events: Default::default(),
+            lease_ids: leases::LeaseIdHasher::random(),
         }
     }
 
