@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
+use crate::common::http1::{head_header, read_head};
 use crate::common::{http_get_async, poll_until, remaining, sample, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
@@ -116,31 +117,13 @@ async fn backend() -> (SocketAddr, Arc<InFlight>) {
 
 async fn serve_connection(mut stream: TcpStream, counts: Arc<InFlight>) {
     let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
     loop {
-        let end = loop {
-            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            // At most 64 KiB of headers: Envoy sends a few hundred bytes.
-            if buffer.len() > 65_536 {
-                return;
-            }
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
+        let Some(head) = read_head(&mut stream, &mut buffer).await else {
+            return;
         };
-        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
-        buffer.drain(..end);
-        let tenant = head
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("x-tenant")
-                    .then(|| value.trim().to_string())
-            })
-            .unwrap_or_default();
+        let tenant = head_header(&head, "x-tenant")
+            .unwrap_or_default()
+            .to_string();
         counts.enter(&tenant);
         counts.hold(&tenant).await;
         counts.leave(&tenant);

@@ -26,6 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
+use crate::common::http1::{head_header, read_head};
 use crate::common::{descriptor, poll_until, remaining, Rng, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
@@ -95,13 +96,6 @@ async fn model() -> (SocketAddr, Arc<Model>) {
     (addr, model)
 }
 
-fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
-    head.lines().find_map(|l| {
-        let (n, value) = l.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| value.trim())
-    })
-}
-
 /// One connection from Envoy (HTTP/1.1, kept alive): each request is held until the gate
 /// opens, or until its connection closes (Envoy resets it when the client leaves); then
 /// answered 200 with `x-usage-tokens` (the test's `x-test-cost`) and three chunks. With
@@ -109,34 +103,22 @@ fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
 /// headers and the first chunk are sent before the gate.
 async fn serve_connection(mut stream: TcpStream, model: Arc<Model>) {
     let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
     loop {
-        let end = loop {
-            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            if buffer.len() > 65_536 {
-                return;
-            }
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
+        let Some(head) = read_head(&mut stream, &mut buffer).await else {
+            return;
         };
-        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
-        buffer.drain(..end);
-        let number: usize = header(&head, "x-test-id")
+        let number: usize = head_header(&head, "x-test-id")
             .and_then(|v| v.parse().ok())
             .unwrap_or(usize::MAX);
-        let cost = header(&head, "x-test-cost").unwrap_or("0").to_string();
-        let request_id = header(&head, "x-request-id")
+        let cost = head_header(&head, "x-test-cost").unwrap_or("0").to_string();
+        let request_id = head_header(&head, "x-request-id")
             .unwrap_or_default()
             .to_string();
         model.arrived.lock().unwrap().insert(number, request_id);
         // The test's knobs: the usage in a trailer instead of a header; the headers and a
         // first chunk sent before the gate.
-        let trailer = header(&head, "x-test-usage") == Some("trailer");
-        let early = header(&head, "x-test-early").is_some();
+        let trailer = head_header(&head, "x-test-usage") == Some("trailer");
+        let early = head_header(&head, "x-test-early").is_some();
         let usage = match trailer {
             true => "trailer: x-usage-tokens\r\n".to_string(),
             false => format!("x-usage-tokens: {cost}\r\n"),
@@ -160,9 +142,10 @@ async fn serve_connection(mut stream: TcpStream, model: Arc<Model>) {
         }
         // Envoy sends nothing more on this connection until it has the answer: a read
         // that returns is the connection closing.
+        let mut byte = [0u8; 64];
         tokio::select! {
             _ = model.gated() => {}
-            _ = stream.read(&mut chunk) => {
+            _ = stream.read(&mut byte) => {
                 model.gone.fetch_add(1, Ordering::SeqCst);
                 return;
             }

@@ -143,3 +143,34 @@ async fn read_reply(stream: &mut BufReader<TcpStream>) -> Reply {
         body: String::from_utf8_lossy(&body).into_owned(),
     }
 }
+
+/// The server side, for the tests' own backends: the next request's head (request line
+/// and headers) read from `stream`, past what `buffer` holds already (what follows the
+/// head stays in `buffer`); `None` when the connection ends first or the head passes
+/// 64 KiB (Envoy sends a few hundred bytes).
+pub async fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<String> {
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        if buffer.len() > 65_536 {
+            return None;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+    buffer.drain(..end);
+    Some(head)
+}
+
+/// The value of header `name` (any case) in a request head, trimmed.
+pub fn head_header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (n, value) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
