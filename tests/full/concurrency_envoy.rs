@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use serde_yaml_ng::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
-use crate::common::http1::{head_header, read_head};
+use crate::common::http1::{self, head_header, read_head};
 use crate::common::{http_get_async, poll_until, remaining, sample, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
@@ -103,16 +103,11 @@ impl InFlight {
 /// The backend: HTTP/1.1 with keep-alive (Envoy pools its connections), each request held
 /// 200 ms and counted under its `x-tenant` while held.
 async fn backend() -> (SocketAddr, Arc<InFlight>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let counts = Arc::new(InFlight::default());
-    let shared = counts.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve_connection(stream, shared.clone()));
-        }
-    });
-    (addr, counts)
+    (
+        http1::backend(counts.clone(), serve_connection).await,
+        counts,
+    )
 }
 
 async fn serve_connection(mut stream: TcpStream, counts: Arc<InFlight>) {

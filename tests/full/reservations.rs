@@ -8,11 +8,10 @@
 use std::time::Duration;
 
 use crate::common::redis_server::{RedisCluster, RedisServer};
-use crate::common::reservations::{eventually, holds, limits};
+use crate::common::reservations::{eventually, hold, holds, limits};
 use crate::common::settle::settle;
-use crate::common::{http_get_async, item, remaining, Served};
+use crate::common::{http_get_async, remaining, Served};
 use cellrate::limits::config::LimitTable;
-use cellrate::proto::v1 as pb;
 use cellrate::server::{Settings, StoreSettings};
 use cellrate::store::redis::RedisSettings;
 use tonic::Code;
@@ -31,27 +30,7 @@ fn make_due(node: &RedisServer, id: &str) {
 }
 
 async fn check(s: &mut Served, request_id: &str, tenant: &str, cost: u64) -> bool {
-    check_of(s, "Released", request_id, tenant, cost)
-        .await
-        .unwrap()
-}
-
-async fn check_of(
-    s: &mut Served,
-    name: &str,
-    request_id: &str,
-    tenant: &str,
-    cost: u64,
-) -> Result<bool, tonic::Status> {
-    let answer = s
-        .decisions
-        .check(pb::CheckRequest {
-            items: vec![item(name, tenant, Some(cost))],
-            request_id: request_id.to_string(),
-            ..Default::default()
-        })
-        .await?;
-    Ok(answer.into_inner().overall.unwrap().allowed)
+    hold(s, request_id, "Released", tenant, cost).await.unwrap()
 }
 
 async fn held(s: &Served, event: &str) -> f64 {
@@ -196,9 +175,7 @@ async fn on_redis_a_kept_hold_stands_and_a_flood_cannot_push_out_a_hold() {
     let mut a = Served::with_settings(table(), settings.clone()).await;
     let mut b = Served::with_settings(table(), settings).await;
 
-    assert!(check_of(&mut a, "Kept", "k-1", "acme", 2_000)
-        .await
-        .unwrap());
+    assert!(hold(&mut a, "k-1", "Kept", "acme", 2_000).await.unwrap());
     make_due(&redis, "k-1");
     eventually("the kept hold swept", async || {
         let kept = held(&a, "kept").await + held(&b, "kept").await;
@@ -214,7 +191,7 @@ async fn on_redis_a_kept_hold_stands_and_a_flood_cannot_push_out_a_hold() {
     assert!(check(&mut b, "victim", "victim", 2_000).await);
     let mut refused = 0;
     for i in 0..20 {
-        match check_of(&mut a, "Released", &format!("flood-{i}"), "attacker", 1).await {
+        match hold(&mut a, &format!("flood-{i}"), "Released", "attacker", 1).await {
             Ok(allowed) => assert!(allowed),
             Err(e) => {
                 assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());

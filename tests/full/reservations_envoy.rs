@@ -23,10 +23,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_yaml_ng::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
-use crate::common::http1::{head_header, read_head};
+use crate::common::http1::{backend, head_header, read_head};
 use crate::common::{descriptor, poll_until, remaining, Rng, Served};
 use cellrate::clock::SECOND;
 use cellrate::limits::config::LimitTable;
@@ -84,16 +84,8 @@ impl Model {
 }
 
 async fn model() -> (SocketAddr, Arc<Model>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let model = Arc::new(Model::default());
-    let shared = model.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve_connection(stream, shared.clone()));
-        }
-    });
-    (addr, model)
+    (backend(model.clone(), serve_connection).await, model)
 }
 
 /// One connection from Envoy (HTTP/1.1, kept alive): each request is held until the gate

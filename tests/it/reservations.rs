@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::reservations::{eventually, holds, limits};
+use crate::common::reservations::{eventually, hold, holds, limits};
 use crate::common::settle::{code, settle};
 use crate::common::{http_get_async, item, remaining, Served};
 use cellrate::clock::SECOND;
@@ -27,25 +27,6 @@ async fn served(dir: &Path, max_records: usize) -> Served {
         ..Settings::default()
     };
     Served::with_settings(LimitTable::load_dir(dir).unwrap(), settings).await
-}
-
-/// Spends `cost` of `name`'s bucket of `tenant` under `request_id`.
-async fn hold(
-    s: &mut Served,
-    request_id: &str,
-    name: &str,
-    tenant: &str,
-    cost: u64,
-) -> Result<bool, tonic::Status> {
-    let answer = s
-        .decisions
-        .check(pb::CheckRequest {
-            items: vec![item(name, tenant, Some(cost))],
-            request_id: request_id.to_string(),
-            ..Default::default()
-        })
-        .await?;
-    Ok(answer.into_inner().overall.unwrap().allowed)
 }
 
 async fn metrics(s: &Served) -> String {

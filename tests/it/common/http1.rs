@@ -174,3 +174,23 @@ pub fn head_header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         n.eq_ignore_ascii_case(name).then(|| value.trim())
     })
 }
+
+/// A test backend on a free loopback port: each connection served by `serve` with a
+/// share of `state`, until the test's runtime ends.
+pub async fn backend<S, F>(
+    state: std::sync::Arc<S>,
+    serve: fn(TcpStream, std::sync::Arc<S>) -> F,
+) -> SocketAddr
+where
+    S: Send + Sync + 'static,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream, state.clone()));
+        }
+    });
+    addr
+}

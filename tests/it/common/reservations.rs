@@ -49,3 +49,23 @@ pub async fn eventually<T, F: AsyncFnMut() -> Option<T>>(what: &str, mut probe: 
     }
     panic!("{what}: not within 5 s");
 }
+
+/// A native `Check` of `cost` of `name`'s bucket of `tenant` under `request_id`: whether
+/// it was allowed (an error as it came).
+pub async fn hold(
+    s: &mut super::Served,
+    request_id: &str,
+    name: &str,
+    tenant: &str,
+    cost: u64,
+) -> Result<bool, tonic::Status> {
+    let answer = s
+        .decisions
+        .check(cellrate::proto::v1::CheckRequest {
+            items: vec![super::item(name, tenant, Some(cost))],
+            request_id: request_id.to_string(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(answer.into_inner().overall.unwrap().allowed)
+}
