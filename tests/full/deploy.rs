@@ -299,11 +299,11 @@ fn starts_and_answers_health(args: &[String], env: &[(String, String)]) {
             .enable_all()
             .build()
             .unwrap();
-        let listen: std::net::SocketAddr = listen.parse().unwrap();
-        let status = runtime.block_on(crate::common::health_status(listen));
+        // What the chart's readiness probe asks.
+        let status = runtime.block_on(crate::common::grpc_health(&listen, "ratelimit"));
         assert_eq!(
             status,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            Ok(tonic_health::pb::health_check_response::ServingStatus::Serving)
         );
         assert_eq!(crate::common::http_get(&metrics, "/readyz").0, 200);
     });
@@ -531,6 +531,8 @@ fn the_chart_renders_its_defaults() {
         container["readinessProbe"]["grpc"]["port"].as_u64(),
         Some(8081)
     );
+    // Service "ratelimit" follows readiness; "" stays SERVING until shutdown.
+    assert_eq!(container["readinessProbe"]["grpc"]["service"], "ratelimit");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(
         container["livenessProbe"]["httpGet"]["port"].as_u64(),
