@@ -268,6 +268,7 @@ fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
     Ok(hex::encode(digest))
 }
 
+#[inline]
 fn check_string(id: &str) -> Result<(), IdError> {
     if id.is_empty() || id.len() > MAX_STRING_ID {
         return Err(IdError::new(

@@ -96,7 +96,7 @@ fn metadata(
     );
     if over {
         if let Some(item) = fired {
-            fields.insert("limit".to_string(), string(item.name.to_string()));
+            fields.insert("limit".to_string(), string(String::from(&*item.name)));
             let index = results.iter().position(|r| std::ptr::eq(r, item));
             if let Some(d) = index.map(|i| owner[i]) {
                 fields.insert(
@@ -111,7 +111,7 @@ fn metadata(
     let shadow_denied: Vec<pbw::Value> = results
         .iter()
         .filter(shadow_denial)
-        .map(|i| string(i.name.to_string()))
+        .map(|i| string(String::from(&*i.name)))
         .collect();
     if !shadow_denied.is_empty() {
         fields.insert(

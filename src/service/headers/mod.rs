@@ -166,7 +166,7 @@ pub(crate) fn decimal(mut n: u64) -> String {
             break;
         }
     }
-    digits[at..].iter().map(|&d| char::from(d)).collect()
+    String::from_utf8(digits[at..].to_vec()).unwrap_or_default()
 }
 
 /// `q` and `w`: count per period, the period in whole seconds (rounded up).
