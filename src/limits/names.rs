@@ -400,7 +400,11 @@ impl BucketKey {
     /// The id alone: what [`BucketKey::parts`] gives second, without reading the number
     /// (counting a denial needs only the id).
     pub fn id(&self) -> &str {
-        self.0.split_once(':').map_or(&self.0, |(_, id)| id)
+        // By byte: `split_once(':')`'s char searcher cost ~100 instructions a denial.
+        match self.0.bytes().position(|b| b == b':') {
+            Some(colon) => &self.0[colon + 1..],
+            None => &self.0,
+        }
     }
 
     /// What precedes the id: the number, and a calendar key's `@<period>`.
