@@ -6,6 +6,9 @@
 #
 #   scripts/bench-callgrind.sh [requests] [scenarios...] [before-dir]
 #
+# scenarios: loadgen's (hot, distinct, denied, ip: 100 000 client addresses under a limit
+# keyed by Envoy's remote_address) and check (the native Check on hot's key); default
+# hot distinct denied ip check.
 # before-dir: a directory holding a `cellrate` binary built the same way from another commit
 # (its target/callgrind/release-lto), measured in the same run beside this one, with this
 # commit's loadgen, baseline and benches/grpc/limits (the request bodies must be the same).
@@ -22,7 +25,7 @@ scenarios=()
 for arg in "$@"; do
   if [ -d "$arg" ]; then before=$arg; else scenarios+=("$arg"); fi
 done
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(hot distinct denied check)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(hot distinct denied ip check)
 [ -z "$before" ] || [ -x "$before/cellrate" ] || { echo "no cellrate binary in $before"; exit 1; }
 
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }

@@ -9,7 +9,9 @@
 # LIMITADOR_SRC=<path> takes limitador from a checkout you point it at (a work tree, or a
 # bare git directory such as a mirror, whose pinned commit is checked out into
 # target/peers/limitador), for machines that reach package registries but not GitHub;
-# without it, the repository is cloned.
+# without it, the repository is cloned. The checkout leaves out the `*.profraw` files
+# limitador's history holds (coverage data, not sources): a mirror that keeps no large
+# blobs lacks them, and the build does not read them.
 #
 # limitador needs protoc and libclang to build (installed from Debian's packages when
 # missing, as root or through sudo); cellrate needs neither. Its first build takes a long
@@ -19,6 +21,8 @@
 #   hot       one key, allowed
 #   distinct  100 000 keys in turn, 100 a second each
 #   denied    one key, denied
+#   ip        100 000 client addresses in turn (Envoy's remote_address, domain benchip), 100
+#             a second each: a configured limit keyed by the caller's address
 #   million   1 000 000 keys in turn, each kept an hour: RSS per live key afterwards
 # The servers take turns within each round (A B C A B C). Prints requests/s, latency,
 # server CPU per request (utime+stime from /proc) and RSS, then the median and min-max of
@@ -39,7 +43,9 @@ fi
 if [ ! -x "$peers/limitador/target/release/limitador-server" ]; then
   if [ ! -d "$peers/limitador" ]; then
     # A checkout given (work tree or bare git directory), else the repository itself.
-    git clone -q "${LIMITADOR_SRC:-https://github.com/Kuadrant/limitador}" "$peers/limitador"
+    git clone -q --no-checkout "${LIMITADOR_SRC:-https://github.com/Kuadrant/limitador}" \
+      "$peers/limitador"
+    git -C "$peers/limitador" sparse-checkout set --no-cone '/*' '!*.profraw'
   fi
   git -C "$peers/limitador" checkout -q "$limitador_commit"
   echo "building limitador-server $limitador_commit (release, as it ships)"
@@ -57,6 +63,7 @@ cat > "$work/limits.yaml" <<'EOF'
 - {namespace: bench, max_value: 100, seconds: 1, conditions: [], variables: ["descriptors[0]['BenchKeys']"]}
 - {namespace: bench, max_value: 1, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchDenied']"]}
 - {namespace: bench, max_value: 100, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchMillion']"]}
+- {namespace: benchip, max_value: 100, seconds: 1, conditions: [], variables: ["descriptors[0]['remote_address']"]}
 EOF
 "$peers/limitador/target/release/limitador-server" --validate "$work/limits.yaml" >/dev/null
 
@@ -80,7 +87,7 @@ sleep 1
 results="$work/results"
 header
 for round in $(seq "$rounds"); do
-  for scenario in hot distinct denied; do
+  for scenario in hot distinct denied ip; do
     for target in baseline cellrate limitador; do
       out=$("$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
       row "$round" "$scenario" "$target" "$out" "$results"
@@ -104,5 +111,5 @@ echo
 for pair in "cellrate baseline" "limitador cellrate"; do
   set -- $pair
   echo "$1 / $2, min - max over $rounds rounds:"
-  python3 scripts/ratios.py "$results" "$1" "$2" hot distinct denied
+  python3 scripts/ratios.py "$results" "$1" "$2" hot distinct denied ip
 done

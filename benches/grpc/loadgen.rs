@@ -11,6 +11,9 @@
 //!             | million (1 000 000 keys in turn, each kept an hour: memory per live key)
 //!             | saturate (one key, 1 000 a second, burst 1 000: scripts/bench-saturation.sh
 //!               counts what it admitted)
+//!             | ip (100 000 IPv4 addresses in turn as Envoy's `remote_address`, domain
+//!               `benchip`: a configured limit keyed by the client's address, 100 a second
+//!               each, all allowed)
 //!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
 //! With `LOADGEN_OPEN=1` and a RATE the load is open: each stream sends at its ticks
@@ -65,6 +68,7 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
         "fresh" => ("BenchFresh", 0),
         "million" => ("BenchMillion", 1_000_000),
         "saturate" => ("BenchSaturate", 1),
+        "ip" => ("remote_address", 100_000),
         other => panic!("unknown scenario {other}"),
     };
     let path = match rpc {
@@ -75,7 +79,15 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
     (
         path,
         (0..keys)
-            .map(|i| body(rpc, name, format!("key-{i}")))
+            .map(|i| match scenario {
+                // 10.0.0.0 up: addresses as Envoy sends them (canonical dotted quads).
+                "ip" => body(
+                    rpc,
+                    name,
+                    std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string(),
+                ),
+                _ => body(rpc, name, format!("key-{i}")),
+            })
             .collect(),
     )
 }
@@ -84,7 +96,14 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
 fn body(rpc: &str, name: &str, id: String) -> Bytes {
     match rpc {
         "envoy" => frame(&RateLimitRequest {
-            domain: "bench".into(),
+            // The address limit's rule is in a domain of its own, so that the other
+            // scenarios' domain has no rules to try.
+            domain: if name == "remote_address" {
+                "benchip"
+            } else {
+                "bench"
+            }
+            .into(),
             descriptors: vec![RateLimitDescriptor {
                 entries: vec![Entry {
                     key: name.into(),

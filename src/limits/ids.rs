@@ -64,10 +64,12 @@ impl IdFormat {
     }
 
     /// As [`IdFormat::canonicalize`], borrowing `id` when it already is canonical (the
-    /// common case for `string` and `regId` ids: no copy on the request path).
+    /// common case for `string` and `regId` ids and IPv4 addresses: no copy on the
+    /// request path).
     pub fn canonicalize_cow(self, id: &str) -> Result<Cow<'_, str>, IdError> {
         match self {
             IdFormat::String => check_string(id).map(|()| Cow::Borrowed(id)),
+            IdFormat::IpAddress => canonical_ip(id),
             IdFormat::RegId if !id.starts_with('0') || id == "0" => {
                 canonical_reg_id(id).map(|_| Cow::Borrowed(id))
             }
@@ -77,7 +79,7 @@ impl IdFormat {
 
     fn canonicalize_owned(self, id: &str) -> Result<String, IdError> {
         match self {
-            IdFormat::IpAddress => canonical_ip(id),
+            IdFormat::IpAddress => canonical_ip(id).map(Cow::into_owned),
             IdFormat::Ipv6RangeCidr => canonical_ipv6_range(id),
             IdFormat::RegId => canonical_reg_id(id),
             IdFormat::Domain => registrable_domain(id),
@@ -158,14 +160,28 @@ impl IdError {
     }
 }
 
-fn canonical_ip(id: &str) -> Result<String, IdError> {
-    if id.contains('%') {
+/// An address as its canonical text. A dotted quad that parses is already that text
+/// unless a part has a leading zero (which std's parser refuses today): it is borrowed,
+/// since formatting it again would cost more than the whole rest of the decision.
+fn canonical_ip(id: &str) -> Result<Cow<'_, str>, IdError> {
+    // Bytes, not chars: a char pattern's searcher cost more here than the parse.
+    if id.as_bytes().contains(&b'%') {
         return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
     }
     let ip: IpAddr = id
         .parse()
         .map_err(|_| IdError::new(id, "not an IPv4 or IPv6 address"))?;
-    Ok(ip.to_canonical().to_string())
+    if ip.is_ipv4() && !has_leading_zero(id) {
+        return Ok(Cow::Borrowed(id));
+    }
+    Ok(Cow::Owned(ip.to_canonical().to_string()))
+}
+
+/// Whether a part of a dotted quad starts with a zero followed by a digit.
+fn has_leading_zero(quad: &str) -> bool {
+    let b = quad.as_bytes();
+    (0..b.len().saturating_sub(1))
+        .any(|i| b[i] == b'0' && (i == 0 || b[i - 1] == b'.') && b[i + 1].is_ascii_digit())
 }
 
 fn canonical_ipv6_range(id: &str) -> Result<String, IdError> {
@@ -254,6 +270,7 @@ fn fqdn_set_hash(id: &str) -> Result<String, IdError> {
     Ok(hex::encode(digest))
 }
 
+#[inline]
 fn check_string(id: &str) -> Result<(), IdError> {
     if id.is_empty() || id.len() > MAX_STRING_ID {
         return Err(IdError::new(
@@ -265,4 +282,47 @@ fn check_string(id: &str) -> Result<(), IdError> {
         return Err(IdError::new(id, "contains a control character"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_canonical_and_dotted_quads_borrowed() {
+        let borrowed = |id| {
+            matches!(
+                IdFormat::IpAddress.canonicalize_cow(id),
+                Ok(Cow::Borrowed(_))
+            )
+        };
+        for id in ["10.0.0.1", "0.0.0.0", "255.255.255.255"] {
+            assert!(borrowed(id), "{id}");
+            assert_eq!(IdFormat::IpAddress.canonicalize(id).unwrap(), id);
+        }
+        // Rewritten: IPv6 and an IPv4-mapped address (one bucket with its IPv4 spelling).
+        for (id, canonical) in [
+            ("2001:0db8::0001", "2001:db8::1"),
+            ("::ffff:10.0.0.1", "10.0.0.1"),
+        ] {
+            assert!(!borrowed(id), "{id}");
+            assert_eq!(IdFormat::IpAddress.canonicalize(id).unwrap(), canonical);
+        }
+        for bad in [
+            "010.0.0.1",
+            "10.0.0.01",
+            "10.0.0",
+            "10.0.0.256",
+            " 10.0.0.1",
+            "fe80::1%eth0",
+        ] {
+            assert!(IdFormat::IpAddress.canonicalize_cow(bad).is_err(), "{bad}");
+        }
+        for zero in ["010.0.0.1", "10.0.0.01", "10.00.0.1", "00.0.0.0"] {
+            assert!(has_leading_zero(zero), "{zero}");
+        }
+        for none in ["10.0.0.0", "0.0.0.0", "100.200.10.1", "0.10.0.0"] {
+            assert!(!has_leading_zero(none), "{none}");
+        }
+    }
 }

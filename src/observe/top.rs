@@ -92,17 +92,22 @@ pub struct TopName {
     pub ids: Vec<TopId>,
 }
 
+/// Rings by limit name: limit names, at most [`MAX_NAMES`] of them, so foldhash's
+/// fixed-seed hasher serves (a keyed SipHash cost about 200 instructions a denial here),
+/// and even names chosen to collide could cost no more than a scan of that many.
+type Rings = HashMap<Arc<str>, Mutex<Ring>, foldhash::fast::FixedState>;
+
 /// Denials by name and id, per minute.
 pub struct DenialTracker {
     clock: Arc<dyn Clock>,
-    names: RwLock<HashMap<Arc<str>, Mutex<Ring>>>,
+    names: RwLock<Rings>,
 }
 
 impl DenialTracker {
     pub fn new(clock: Arc<dyn Clock>) -> DenialTracker {
         DenialTracker {
             clock,
-            names: RwLock::new(HashMap::new()),
+            names: RwLock::new(Rings::default()),
         }
     }
 

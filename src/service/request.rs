@@ -98,7 +98,7 @@ pub fn count_decisions(
         let outcome = outcome(item);
         metrics.decision(api, &item.name, outcome);
         if outcome == "denied" {
-            metrics.denied_id(&item.name, item.key.parts().1);
+            metrics.denied_id(&item.name, item.key.id());
         }
     }
 }

@@ -126,7 +126,8 @@ pub(crate) fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> Des
         Rule::Limited(limit) => {
             let (requests_per_unit, unit) = requests_per_unit(&limit);
             Some(RateLimit {
-                name: item.name.to_string(),
+                // Not `to_string`: on an `Arc<str>` that goes through the formatter.
+                name: String::from(&*item.name),
                 requests_per_unit,
                 unit: unit as i32,
             })
