@@ -33,6 +33,7 @@ mod redis_leases;
 mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;
+#[cfg(feature = "redis")]
 mod reservations;
 mod reservations_envoy;
 mod resp_clients;
