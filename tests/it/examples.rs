@@ -160,21 +160,27 @@ async fn istio_example_descriptors_map_to_configured_limits() {
     .await;
 }
 
-/// `examples/concurrency/`: the request-path entry acquires a lease of the tenant's slots
-/// under the request id, the `apply_on_stream_done` entry (its `hits_addend` with
-/// `is_negative_hits`) releases it.
-#[tokio::test]
-async fn concurrency_example_acquires_and_releases_one_lease() {
+/// `examples/<dir>/`: the `rate_limits` entries of its `envoy.yaml` (whose filter's one
+/// domain must be `domain`), and its limits served.
+async fn served_example(dir: &str, domain: &str) -> (Vec<Value>, Served) {
     use cellrate::limits::config::LimitTable;
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/concurrency");
+    let root = format!("{}/examples/{dir}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(format!("{root}/envoy.yaml")).unwrap();
     let config: Value = serde_yaml_ng::from_str(&text).unwrap();
     let (mut limits, mut domain_names) = (Vec::new(), Vec::new());
     rate_limits(&config, &mut limits);
     domains(&config, &mut domain_names);
-    assert_eq!(domain_names, ["inflight"]);
+    assert_eq!(domain_names, [domain]);
     let table = LimitTable::load_dir(std::path::Path::new(&format!("{root}/limits"))).unwrap();
-    let mut s = Served::with_limits(table).await;
+    (limits, Served::with_limits(table).await)
+}
+
+/// `examples/concurrency/`: the request-path entry acquires a lease of the tenant's slots
+/// under the request id, the `apply_on_stream_done` entry (its `hits_addend` with
+/// `is_negative_hits`) releases it.
+#[tokio::test]
+async fn concurrency_example_acquires_and_releases_one_lease() {
+    let (limits, mut s) = served_example("concurrency", "inflight").await;
     let mut remaining = Vec::new();
     for entry in &limits {
         let mut d = descriptor(&entry["actions"]);
@@ -209,16 +215,7 @@ async fn concurrency_example_acquires_and_releases_one_lease() {
 /// `is_negative_hits`) settles the hold to the actual cost.
 #[tokio::test]
 async fn reservations_example_holds_and_settles_one_request() {
-    use cellrate::limits::config::LimitTable;
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/reservations");
-    let text = std::fs::read_to_string(format!("{root}/envoy.yaml")).unwrap();
-    let config: Value = serde_yaml_ng::from_str(&text).unwrap();
-    let (mut limits, mut domain_names) = (Vec::new(), Vec::new());
-    rate_limits(&config, &mut limits);
-    domains(&config, &mut domain_names);
-    assert_eq!(domain_names, ["tokens"]);
-    let table = LimitTable::load_dir(std::path::Path::new(&format!("{root}/limits"))).unwrap();
-    let mut s = Served::with_limits(table).await;
+    let (limits, mut s) = served_example("reservations", "tokens").await;
     let mut remaining = Vec::new();
     for entry in &limits {
         let mut d = descriptor(&entry["actions"]);
