@@ -443,21 +443,7 @@ async fn a_client_cannot_share_one_lease_among_its_requests() {
 #[tokio::test]
 async fn a_counter_given_back_at_stream_end_lets_more_than_n_in_flight() {
     let (backend_addr, counts) = backend().await;
-    let counter = LimitTable::from_files(&[
-        (
-            "names.yaml".into(),
-            "Counter: {number: 100, format: string}\n".into(),
-        ),
-        (
-            "defaults.yaml".into(),
-            "Counter: {burst: 8, count: 8, period: 1h}\n".into(),
-        ),
-        (
-            "descriptors.yaml".into(),
-            "inflight:\n  - match: [{key: tenant}]\n    limits: [Counter]\n".into(),
-        ),
-    ])
-    .unwrap();
+    let counter = crate::common::naive_in_flight_counter();
     let mut s = Served::with_limits(counter).await;
     let proxy = envoy(&[s.decisions_addr], backend_addr, |config| {
         // No lease entry: the tenant alone, spent and given back.

@@ -245,21 +245,7 @@ async fn stray_releases_of_denied_requests_free_no_slot() {
     s.stop().await;
 
     // The naive counter, for comparison: 8 of an hour's worth, spent and given back.
-    let counter = LimitTable::from_files(&[
-        (
-            "names.yaml".into(),
-            "Counter: {number: 100, format: string}\n".into(),
-        ),
-        (
-            "defaults.yaml".into(),
-            "Counter: {burst: 8, count: 8, period: 1h}\n".into(),
-        ),
-        (
-            "descriptors.yaml".into(),
-            "inflight:\n  - match: [{key: tenant}]\n    limits: [Counter]\n".into(),
-        ),
-    ])
-    .unwrap();
+    let counter = crate::common::naive_in_flight_counter();
     let mut s = Served::with_limits(counter).await;
     let spend = || descriptor(&[("tenant", "acme")]);
     let give = || RateLimitDescriptor {

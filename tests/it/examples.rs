@@ -175,6 +175,24 @@ async fn served_example(dir: &str, domain: &str) -> (Vec<Value>, Served) {
     (limits, Served::with_limits(table).await)
 }
 
+/// Sends `d`, made from the example's `rate_limits` entry `entry`, as Envoy would and
+/// asserts OK; a stream-done entry must give its hits with `is_negative_hits`.
+async fn answers_ok(s: &mut Served, domain: &str, entry: &Value, d: RateLimitDescriptor) {
+    let stream_done = entry["apply_on_stream_done"].as_bool().unwrap_or(false);
+    assert_eq!(d.is_negative_hits, stream_done, "{entry:?}");
+    let r = s
+        .envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.to_string(),
+            descriptors: vec![d],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32, "{entry:?}");
+}
+
 /// `examples/concurrency/`: the request-path entry acquires a lease of the tenant's slots
 /// under the request id, the `apply_on_stream_done` entry (its `hits_addend` with
 /// `is_negative_hits`) releases it.
@@ -190,19 +208,7 @@ async fn concurrency_example_acquires_and_releases_one_lease() {
             });
             d.is_negative_hits = hits["is_negative_hits"].as_bool().unwrap_or(false);
         }
-        let stream_done = entry["apply_on_stream_done"].as_bool().unwrap_or(false);
-        assert_eq!(d.is_negative_hits, stream_done, "{entry:?}");
-        let r = s
-            .envoy
-            .should_rate_limit(RateLimitRequest {
-                domain: "inflight".to_string(),
-                descriptors: vec![d],
-                hits_addend: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.overall_code, Code::Ok as i32);
+        answers_ok(&mut s, "inflight", entry, d).await;
         remaining.push(crate::common::remaining(&mut s, "InFlightPerTenant", "acme").await);
     }
     assert_eq!(remaining, [7, 8], "one slot taken, then given back");
@@ -228,19 +234,7 @@ async fn reservations_example_holds_and_settles_one_request() {
         };
         d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value });
         d.is_negative_hits = hits["is_negative_hits"].as_bool().unwrap_or(false);
-        let stream_done = entry["apply_on_stream_done"].as_bool().unwrap_or(false);
-        assert_eq!(d.is_negative_hits, stream_done, "{entry:?}");
-        let r = s
-            .envoy
-            .should_rate_limit(RateLimitRequest {
-                domain: "tokens".to_string(),
-                descriptors: vec![d],
-                hits_addend: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.overall_code, Code::Ok as i32);
+        answers_ok(&mut s, "tokens", entry, d).await;
         remaining.push(crate::common::remaining(&mut s, "TokensPerTenant", "acme").await);
     }
     assert_eq!(

@@ -547,3 +547,24 @@ pub fn budget_limits() -> tempfile::TempDir {
         ),
     ])
 }
+
+/// The naive in-flight counter the concurrency tests compare leases with: `Counter`, 8 of
+/// an hour's worth per tenant (domain `inflight`), spent on the request path and given back
+/// with `is_negative_hits` at stream end.
+pub fn naive_in_flight_counter() -> cellrate::limits::config::LimitTable {
+    cellrate::limits::config::LimitTable::from_files(&[
+        (
+            "names.yaml".into(),
+            "Counter: {number: 100, format: string}\n".into(),
+        ),
+        (
+            "defaults.yaml".into(),
+            "Counter: {burst: 8, count: 8, period: 1h}\n".into(),
+        ),
+        (
+            "descriptors.yaml".into(),
+            "inflight:\n  - match: [{key: tenant}]\n    limits: [Counter]\n".into(),
+        ),
+    ])
+    .unwrap()
+}
