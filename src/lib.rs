@@ -35,7 +35,8 @@
 //!                spent, holds.rs: reservation policies at Check, release.rs: holds
 //!                not settled in time, in_flight.rs: Top of leases held), envoy/ (RLS
 //!                v3: decide, respond, reserve.rs: reservations held and settled by the
-//!                native Settler), headers/ (the rate-limit headers both
+//!                native Settler, wire.rs: the RPC served, its metadata encoded
+//!                once), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs;
@@ -60,8 +61,9 @@
 //! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
 //!                /readyz state), top.rs (who is being limited)
 //! gcra/          pure arithmetic: Limit (GCRA, a calendar window or a concurrency
-//!                limit), spend, charge (debt), refund, batches, strictest;
-//!                calendar.rs: windows; lease.rs: acquire, release        (core)
+//!                limit), spend, charge (debt), refund; batch.rs: batches (all or
+//!                nothing), strictest; calendar.rs: windows; lease.rs: acquire,
+//!                release                                                  (core)
 //! clock.rs       Nanos, Clock (wall and monotonic), SystemClock, FakeClock (the only
 //!                OS clock read: .clippy.toml bans it elsewhere); the UTC calendar's
 //!                window boundaries (CalendarPeriod); clock/zoned.rs: days, ISO weeks,

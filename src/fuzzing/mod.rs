@@ -293,7 +293,7 @@ pub fn should_rate_limit(data: &[u8]) {
     match block_on(service.should_rate_limit(tonic::Request::new(request))) {
         Err(status) => assert_clean_refusal(&status, &store),
         Ok(response) => {
-            let response = response.into_inner();
+            let response = response.into_inner().into_response();
             assert_eq!(response.statuses.len(), descriptors);
             let over = response.overall_code == Code::OverLimit as i32;
             assert!(over || response.overall_code == Code::Ok as i32);

@@ -10,8 +10,16 @@
 //! [`MAX_NAMES`] names are tracked. Memory: at most `MAX_NAMES x SLOTS x TOP_K` entries of
 //! at most 128 bytes of id plus 24 of counts (about 180 KiB per name, 70 KiB for ids of
 //! 16 bytes). No id ever becomes a metric label.
+//!
+//! Counting a denial touches nothing another core writes: each thread adds its denials to
+//! a pending list of its own (at most [`PENDING`] ids, behind a lock only it and a reader
+//! take), which goes into the rings, each id with its count (Space-Saving by weight, so the
+//! bounds above hold), when it is full, when the minute turns, and whenever `top` is asked:
+//! answers are as exact as if every denial had gone to the rings at once.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::clock::{Clock, Nanos, SECOND};
@@ -24,6 +32,10 @@ pub const SLOTS: usize = 15;
 pub const MAX_NAMES: usize = 1024;
 /// Longest id kept (longer ids are cut on a character boundary).
 pub const MAX_ID_BYTES: usize = 128;
+/// Distinct (name, id) pairs a thread holds before they go into the rings.
+pub const PENDING: usize = 64;
+/// Threads with a pending list at most; denials on further threads go to the rings at once.
+pub const MAX_THREADS: usize = 256;
 
 const MINUTE: Nanos = 60 * SECOND;
 
@@ -45,16 +57,17 @@ struct Slot {
 }
 
 impl Slot {
-    fn add(&mut self, id: &str) {
-        self.total += 1;
+    /// `count` denials of `id`.
+    fn add(&mut self, id: &str, count: u64) {
+        self.total += count;
         if let Some(entry) = self.entries.iter_mut().find(|e| &*e.id == id) {
-            entry.count += 1;
+            entry.count += count;
             return;
         }
         if self.entries.len() < TOP_K {
             self.entries.push(Entry {
                 id: id.into(),
-                count: 1,
+                count,
                 error: 0,
             });
             return;
@@ -62,10 +75,33 @@ impl Slot {
         // Replace the least counted: the newcomer may have been denied that often unseen.
         if let Some(least) = self.entries.iter_mut().min_by_key(|e| e.count) {
             least.error = least.count;
-            least.count += 1;
+            least.count += count;
             least.id = id.into();
         }
     }
+}
+
+/// One thread's denials not yet in the rings, all of one minute.
+#[derive(Debug, Default)]
+struct Pending {
+    minute: u64,
+    /// (name, id, denials), at most [`PENDING`].
+    counts: Vec<(Arc<str>, Box<str>, u64)>,
+}
+
+/// Each thread's pending list per tracker it counted for, by the tracker's serial number.
+type Local = Vec<(u64, Arc<Mutex<Pending>>)>;
+
+thread_local! {
+    static LOCAL: RefCell<Local> = const { RefCell::new(Vec::new()) };
+}
+
+/// Trackers' serial numbers (a thread's lists are found by it, never by an address a later
+/// tracker could reuse).
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The ring of one name.
@@ -101,6 +137,9 @@ type Rings = HashMap<Arc<str>, Mutex<Ring>, foldhash::fast::FixedState>;
 pub struct DenialTracker {
     clock: Arc<dyn Clock>,
     names: RwLock<Rings>,
+    serial: u64,
+    /// The threads' pending lists (a list only this holds is a finished thread's).
+    threads: Mutex<Vec<Arc<Mutex<Pending>>>>,
 }
 
 impl DenialTracker {
@@ -108,6 +147,8 @@ impl DenialTracker {
         DenialTracker {
             clock,
             names: RwLock::new(Rings::default()),
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+            threads: Mutex::new(Vec::new()),
         }
     }
 
@@ -119,15 +160,76 @@ impl DenialTracker {
     pub fn denied(&self, name: &Arc<str>, id: &str) {
         let id = cut(id);
         let minute = self.minute();
+        let Some(pending) = self.local() else {
+            return self.record(name, id, minute, 1);
+        };
+        let mut pending = lock(&pending);
+        if pending.minute != minute {
+            self.flush(&mut pending);
+            pending.minute = minute;
+        }
+        let same = |(n, i, _): &&mut (Arc<str>, Box<str>, u64)| {
+            (Arc::ptr_eq(n, name) || **n == **name) && &**i == id
+        };
+        if let Some(entry) = pending.counts.iter_mut().find(same) {
+            entry.2 += 1;
+            return;
+        }
+        if pending.counts.len() >= PENDING {
+            self.flush(&mut pending);
+        }
+        pending.counts.push((name.clone(), id.into(), 1));
+    }
+
+    /// This thread's pending list for this tracker, made and registered on its first
+    /// denial; none once [`MAX_THREADS`] live threads have one.
+    fn local(&self) -> Option<Arc<Mutex<Pending>>> {
+        LOCAL.with(|local| {
+            let mut local = local.borrow_mut();
+            if let Some((_, pending)) = local.iter().find(|(s, _)| *s == self.serial) {
+                return Some(pending.clone());
+            }
+            // Lists of trackers gone (only this thread holds them) are let go.
+            local.retain(|(_, pending)| Arc::strong_count(pending) > 1);
+            let mut threads = lock(&self.threads);
+            if threads.len() >= MAX_THREADS {
+                // Finished threads' lists: their denials into the rings, the places freed.
+                for finished in threads.iter().filter(|p| Arc::strong_count(p) == 1) {
+                    self.flush(&mut lock(finished));
+                }
+                threads.retain(|p| Arc::strong_count(p) > 1);
+                if threads.len() >= MAX_THREADS {
+                    return None;
+                }
+            }
+            let pending = Arc::new(Mutex::new(Pending::default()));
+            threads.push(pending.clone());
+            local.push((self.serial, pending.clone()));
+            Some(pending)
+        })
+    }
+
+    /// `pending`'s denials into the rings, leaving it empty.
+    fn flush(&self, pending: &mut Pending) {
+        for (name, id, count) in pending.counts.drain(..) {
+            self.record(&name, &id, pending.minute, count);
+        }
+    }
+
+    /// `count` denials of `id` under `name` in `minute`, into the rings.
+    fn record(&self, name: &Arc<str>, id: &str, minute: u64, count: u64) {
         let record = |ring: &Mutex<Ring>| {
-            let mut ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut ring = lock(ring);
             let slot = &mut ring.slots[(minute % SLOTS as u64) as usize];
+            if slot.minute > minute {
+                return; // a minute the ring has already forgotten
+            }
             if slot.minute != minute {
                 slot.minute = minute;
                 slot.entries.clear();
                 slot.total = 0;
             }
-            slot.add(id);
+            slot.add(id, count);
         };
         {
             let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
@@ -148,6 +250,10 @@ impl DenialTracker {
     /// most denials first.
     pub fn top(&self, minutes: usize, n: usize, only: Option<&str>) -> Vec<TopName> {
         let minutes = minutes.clamp(1, SLOTS) as u64;
+        // Every thread's pending denials first.
+        for pending in lock(&self.threads).iter() {
+            self.flush(&mut lock(pending));
+        }
         let now = self.minute();
         let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
@@ -155,7 +261,7 @@ impl DenialTracker {
             if only.is_some_and(|only| only != &**name) {
                 continue;
             }
-            let ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let ring = lock(ring);
             let mut ids: HashMap<&str, (u64, u64)> = HashMap::new();
             let mut denials = 0;
             for slot in &ring.slots {
@@ -304,5 +410,80 @@ mod tests {
             t.denied(&Arc::from(format!("Name{i}")), "1");
         }
         assert_eq!(t.top(1, 1, None).len(), MAX_NAMES);
+    }
+
+    #[test]
+    fn denials_on_many_threads_are_counted_exactly_and_shown_at_once() {
+        let (_, t) = tracker();
+        let t = Arc::new(t);
+        let name: Arc<str> = Arc::from("NewOrdersPerAccount");
+        let threads: Vec<_> = (0..4)
+            .map(|k| {
+                let (t, name) = (t.clone(), name.clone());
+                std::thread::spawn(move || {
+                    for i in 0..1_000 {
+                        t.denied(&name, "shared");
+                        t.denied(&name, &format!("t{k}-{}", i % 3));
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        // Still pending on their threads' lists (each thread held 4 pairs): `top` takes them.
+        let top = t.top(1, TOP_K, None);
+        assert_eq!(top[0].denials, 8_000);
+        assert_eq!(
+            top[0].ids[0],
+            TopId {
+                id: "shared".into(),
+                denials: 4_000,
+                error: 0
+            }
+        );
+        assert_eq!(top[0].ids.len(), 13);
+        assert!(top[0].ids[1..]
+            .iter()
+            .all(|i| i.denials == 333 || i.denials == 334));
+        // Asked again: the same answer (nothing counted twice).
+        assert_eq!(t.top(1, TOP_K, None), top);
+    }
+
+    #[test]
+    fn a_full_pending_list_and_finished_threads_lose_nothing_and_stay_bounded() {
+        let (_, t) = tracker();
+        let t = Arc::new(t);
+        let name: Arc<str> = Arc::from("ApiRequestsPerKey");
+        // More pairs than a pending list holds, on one thread: exact while within TOP_K.
+        for i in 0..PENDING + 10 {
+            t.denied(&name, &format!("k{}", i % TOP_K));
+        }
+        // More threads than MAX_THREADS, one after another, each gone after one denial.
+        for _ in 0..MAX_THREADS + 44 {
+            let (t, name) = (t.clone(), name.clone());
+            std::thread::spawn(move || t.denied(&name, "k0"))
+                .join()
+                .unwrap();
+        }
+        assert!(lock(&t.threads).len() <= MAX_THREADS);
+        let top = t.top(1, 1, None);
+        assert_eq!(top[0].denials, (PENDING + 10 + MAX_THREADS + 44) as u64);
+        // k0 .. k9 were denied three times each on this thread, k0 also once per thread.
+        assert_eq!(top[0].ids[0].id, "k0");
+        assert_eq!(top[0].ids[0].denials, (3 + MAX_THREADS + 44) as u64);
+        assert_eq!(top[0].ids[0].error, 0);
+    }
+
+    #[test]
+    fn a_pending_minute_goes_to_its_own_slot() {
+        let (clock, t) = tracker();
+        let name: Arc<str> = Arc::from("A");
+        t.denied(&name, "old");
+        clock.advance(MINUTE);
+        t.denied(&name, "new");
+        // "old" went to the minute before, not into the current one.
+        let one = t.top(1, 10, None);
+        assert_eq!(one[0].denials, 1);
+        assert_eq!(one[0].ids[0].id, "new");
+        assert_eq!(t.top(2, 10, None)[0].denials, 2);
     }
 }

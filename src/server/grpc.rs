@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -32,7 +31,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::top::DenialTracker;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
-use crate::service::envoy::EnvoyRateLimitService;
+use crate::service::envoy::{EnvoyRateLimitService, RlsServer};
 use crate::service::native::{AdminService, RateLimiterService};
 use crate::service::rlqs::RlqsService;
 use crate::service::{Decider, MAX_MESSAGE_BYTES};
@@ -129,9 +128,7 @@ impl GrpcHealth {
         reporter
             .set_serving::<RateLimiterServer<RateLimiterService>>()
             .await;
-        reporter
-            .set_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
-            .await;
+        reporter.set_serving::<RlsServer>().await;
         reporter.set_serving::<AdminServer<AdminService>>().await;
         let readiness = Readiness {
             reporter,
@@ -167,9 +164,7 @@ impl GrpcHealth {
         reporter
             .set_not_serving::<RateLimiterServer<RateLimiterService>>()
             .await;
-        reporter
-            .set_not_serving::<RateLimitServiceServer<EnvoyRateLimitService>>()
-            .await;
+        reporter.set_not_serving::<RlsServer>().await;
         reporter
             .set_not_serving::<AdminServer<AdminService>>()
             .await;
@@ -272,7 +267,7 @@ impl Stacks<'_> {
         if let Some(settlements) = &self.settlements {
             rls = rls.with_settlements(settlements.clone());
         }
-        let envoy = RateLimitServiceServer::new(rls).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let envoy = RlsServer::new(rls, MAX_MESSAGE_BYTES);
         let router = self
             .limits
             .grpc_server()

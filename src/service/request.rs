@@ -91,12 +91,12 @@ pub fn outcome(item: &ItemResult) -> &'static str {
 /// Counts a batch's items in `metrics` under `api`.
 pub fn count_decisions(
     metrics: &crate::observe::metrics::Metrics,
-    api: &str,
+    api: &'static str,
     items: &[ItemResult],
 ) {
     for item in items {
         let outcome = outcome(item);
-        metrics.decision(api, &item.name, outcome);
+        metrics.decided(api, &item.name, outcome);
         if outcome == "denied" {
             metrics.denied_id(&item.name, item.key.id());
         }

@@ -604,7 +604,6 @@ impl cellrate::store::Store for BrokenStore {
 #[tokio::test]
 async fn a_failing_store_is_unavailable_never_unknown() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
     let limits =
         LimitTable::load_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config").as_ref()).unwrap();
     let decider = Arc::new(cellrate::service::Decider::new(
@@ -620,7 +619,7 @@ async fn a_failing_store_is_unavailable_never_unknown() {
     );
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(service))
+            .add_service(cellrate::service::envoy::RlsServer::new(service, 1 << 20))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))

@@ -22,6 +22,7 @@ pub use groups::{
 use groups::{Reg, RpcMetrics};
 pub use statsd_mapping::StatsdMapping;
 
+mod counters;
 mod extra_labels;
 mod groups;
 mod ratelimit_keys;
@@ -92,7 +93,7 @@ pub struct Metrics {
     extra: ExtraLabels,
     /// Who is being denied (admin `Top`); set once the server has its clock.
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
-    decisions: IntCounterVec,
+    decisions: counters::DecisionCounters,
     /// `cellrate_settlements_total{result}`: settled, retried, pending, unknown, conflict,
     /// expired, pushed_out, full.
     pub settlements: IntCounterVec,
@@ -193,7 +194,7 @@ impl Metrics {
             registry,
             extra,
             denials: std::sync::OnceLock::new(),
-            decisions,
+            decisions: counters::DecisionCounters::new(decisions),
             settlements,
             holds,
             ratelimit,
@@ -257,7 +258,7 @@ impl Metrics {
         for limit in limits {
             for api in ["native", "envoy"] {
                 for result in ["allowed", "denied"] {
-                    self.decisions.with_label_values(&[api, limit, result]);
+                    self.decisions.series(&[api, limit, result]);
                 }
             }
             for result in ["allowed", "denied"] {
@@ -284,9 +285,12 @@ impl Metrics {
     }
 
     pub fn decision(&self, api: &str, limit: &str, result: &str) {
-        self.decisions
-            .with_label_values(&[api, limit, result])
-            .inc();
+        self.decisions.series(&[api, limit, result]).inc();
+    }
+
+    /// [`Self::decision`] of a limit named by its `Arc` (a thread's recent series kept).
+    pub fn decided(&self, api: &'static str, limit: &Arc<str>, result: &'static str) {
+        self.decisions.inc(api, limit, result);
     }
 
     /// The key envoyproxy/ratelimit's statistics of `key` count under: bounded and escaped

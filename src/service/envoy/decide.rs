@@ -6,12 +6,13 @@ use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
 use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
 use super::reserve::reservation_of;
+use super::wire::Answer;
 use super::{
     invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
     MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
@@ -29,7 +30,7 @@ impl EnvoyRateLimitService {
         &self,
         request: RateLimitRequest,
         metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<RateLimitResponse, Status> {
+    ) -> Result<Answer, Status> {
         check_request(&request)?;
         // One snapshot for mapping and deciding: a reload never splits a request.
         let table = self.decider.limits();
@@ -101,12 +102,12 @@ impl EnvoyRateLimitService {
         if !batch.stats.is_empty() {
             self.count_ratelimit(&batch, &results);
         }
-        let mut response = self.respond(request.descriptors.len(), &batch.owner, &results);
+        let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
         if !batch.quota.is_empty() {
-            quota_mode(&mut response, &batch.quota);
+            quota_mode(&mut answer.response, &batch.quota);
         }
         for &d in &batch.unlimited {
-            if let Some(status) = response.statuses.get_mut(d) {
+            if let Some(status) = answer.response.statuses.get_mut(d) {
                 status.limit_remaining = u32::MAX;
             }
         }
@@ -117,8 +118,8 @@ impl EnvoyRateLimitService {
             .filter(|(item, _)| item.headers.hidden)
             .map(|(_, &d)| d)
             .collect();
-        self.upstream_answer(&request, &batch, &hidden, &mut response);
-        Ok(response)
+        self.upstream_answer(&request, &batch, &hidden, &mut answer.response);
+        Ok(answer)
     }
 
     /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its

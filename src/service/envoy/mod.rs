@@ -11,7 +11,8 @@
 //! `decide.rs` checks the request and maps its descriptors to one batch; `respond.rs`
 //! turns the batch's answer into statuses, rate-limit headers and dynamic metadata
 //! (the headers by [`crate::service::headers`], shared with the native `Check`), leaving
-//! out limits configured `headers: hidden`.
+//! out limits configured `headers: hidden`; `wire.rs` serves the RPC and writes the answer,
+//! its metadata as bytes encoded once.
 
 mod batch;
 mod decide;
@@ -19,6 +20,7 @@ mod ratelimit;
 mod reserve;
 mod respond;
 mod upstream;
+mod wire;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -26,8 +28,7 @@ use tokio::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::{Request, Response, Status};
 
 use crate::clock::SECOND;
@@ -38,6 +39,7 @@ use crate::service::{trace, Decider};
 use crate::store::shared::Settlements;
 
 pub use reserve::ENVOY_REQUEST_IDS;
+pub use wire::{Answer, RlsCodec, RlsServer};
 
 /// Which rate-limit headers go into `response_headers_to_add` (`--rate-limit-headers`),
 /// how `duration_until_reset` is given, the names of envoyproxy/ratelimit's three.
@@ -212,12 +214,12 @@ fn invalid(message: String) -> Status {
     Status::invalid_argument(message)
 }
 
-#[tonic::async_trait]
-impl RateLimitService for EnvoyRateLimitService {
-    async fn should_rate_limit(
+impl EnvoyRateLimitService {
+    /// ShouldRateLimit, as [`RlsServer`] serves it.
+    pub async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+    ) -> Result<Response<Answer>, Status> {
         let (metadata, _, request) = request.into_parts();
         let answer = self.decide(request, &metadata).await;
         trace::log_failed("envoy", &metadata, answer).map(Response::new)

@@ -11,11 +11,14 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf as pbw;
+use prost::Message;
 
+use super::wire::Answer;
 use super::{EnvoyRateLimitService, MetadataStyle};
 use crate::service::headers::trio::descriptor_status;
 use crate::service::headers::{
@@ -38,7 +41,7 @@ impl EnvoyRateLimitService {
         descriptors: usize,
         owner: &[usize],
         results: &[ItemResult],
-    ) -> RateLimitResponse {
+    ) -> Answer {
         // Items are in descriptor order: each descriptor's items are one run of `results`.
         let mut statuses = Vec::with_capacity(descriptors);
         let mut start = 0;
@@ -60,15 +63,17 @@ impl EnvoyRateLimitService {
             retry_after(self.options.headers, results, &mut headers);
         }
         let denied_by = fired(results).filter(|i| enforced_denial(i));
-        RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            statuses,
-            response_headers_to_add: headers.into_iter().map(header_value).collect(),
+        Answer {
+            response: RateLimitResponse {
+                overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                statuses,
+                response_headers_to_add: headers.into_iter().map(header_value).collect(),
+                ..Default::default()
+            },
             // Only when there is something to say: building it costs allocations.
-            dynamic_metadata: (self.options.metadata == MetadataStyle::Cellrate
+            metadata: (self.options.metadata == MetadataStyle::Cellrate
                 && (over || results.iter().any(|i| shadow_denial(&i))))
             .then(|| metadata(over, denied_by, owner, results)),
-            ..Default::default()
         }
     }
 }
@@ -78,39 +83,40 @@ fn shadow_denial(item: &&ItemResult) -> bool {
     item.shadow && restricts(item) && !item.decision.allowed && visible(item)
 }
 
-/// The metadata of the last enforced denial answered on this thread, by the limit that
-/// fired (the `Arc` it was named by: the one name, for as long as this holds it) and its
-/// descriptor's index.
-type LastDenial = Option<(Arc<str>, usize, pbw::Struct)>;
+/// The encoded metadata of the last enforced denial answered on this thread, by the limit
+/// that fired (the `Arc` it was named by: the one name, for as long as this holds it) and
+/// its descriptor's index.
+type LastDenial = Option<(Arc<str>, usize, Bytes)>;
 
 thread_local! {
     static LAST_DENIAL: RefCell<LastDenial> = const { RefCell::new(None) };
 }
 
-/// `dynamic_metadata`: which visible limit fired (or none), and which visible limits denied
-/// in shadow. A flood of denials by one limit gets the same metadata every time: it is
-/// copied from the thread's last one, which spares its map's SipHash of every key (the
-/// map's hasher is the protobuf type's, a randomly keyed one).
+/// `dynamic_metadata`, encoded: which visible limit fired (or none), and which visible
+/// limits denied in shadow. A flood of denials by one limit gets the same metadata every
+/// time: the thread's last encoding is shared (a reference count), which spares building,
+/// hashing, encoding and dropping the `Struct`'s map (`wire.rs` writes the bytes).
 fn metadata(
     over: bool,
     fired: Option<&ItemResult>,
     owner: &[usize],
     results: &[ItemResult],
-) -> pbw::Struct {
+) -> Bytes {
+    let fresh = || Bytes::from(build_metadata(over, fired, owner, results).encode_to_vec());
     let plain = over && !results.iter().any(|i| shadow_denial(&i));
     let (Some(item), true) = (fired, plain) else {
-        return build_metadata(over, fired, owner, results);
+        return fresh();
     };
     let index = results.iter().position(|r| std::ptr::eq(r, item));
     let Some(d) = index.map(|i| owner[i]) else {
-        return build_metadata(over, fired, owner, results);
+        return fresh();
     };
     LAST_DENIAL.with(|last| {
         let mut last = last.borrow_mut();
         match &*last {
             Some((name, at, fields)) if Arc::ptr_eq(name, &item.name) && *at == d => fields.clone(),
             _ => {
-                let fields = build_metadata(over, fired, owner, results);
+                let fields = fresh();
                 *last = Some((item.name.clone(), d, fields.clone()));
                 fields
             }
@@ -210,12 +216,14 @@ mod tests {
         ];
         for (results, owner) in cases {
             let fired = Some(&results[0]);
+            let encoded = metadata(true, fired, owner, results);
             assert_eq!(
-                metadata(true, fired, owner, results),
+                pbw::Struct::decode(encoded).unwrap(),
                 build_metadata(true, fired, owner, results)
             );
         }
         let once = metadata(true, Some(&ra), &[3], std::slice::from_ref(&ra));
+        let once = pbw::Struct::decode(once).unwrap();
         let index = &once.fields["descriptor_index"];
         assert_eq!(index.kind, Some(pbw::value::Kind::NumberValue(3.0)));
     }

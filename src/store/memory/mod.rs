@@ -289,22 +289,22 @@ impl MemoryStore {
         let mut tables = self.lock(self.shard_of((print, space)));
         let shard = tables.table(space);
         let now = self.clock.now();
-        let batch = [BatchItem {
+        let batch = BatchItem {
             limit: &item.limit,
             cost: item.cost,
             mode: item.mode,
-        }];
-        let out = match shard.get_mut(print) {
+        };
+        let (allowed, decision) = match shard.get_mut(print) {
             Some(stored) => {
-                let out = gcra::spend_batch(now, &batch, &[Some(*stored)]);
-                if let Some(tat) = out.writes[0] {
+                let (allowed, decision, write) = gcra::spend_alone(now, &batch, Some(*stored));
+                if let Some(tat) = write {
                     *stored = tat;
                 }
-                out
+                (allowed, decision)
             }
             None => {
-                let out = gcra::spend_batch(now, &batch, &[None]);
-                if let Some(tat) = out.writes[0] {
+                let (allowed, decision, write) = gcra::spend_alone(now, &batch, None);
+                if let Some(tat) = write {
                     if !self.reserve(space, 1) {
                         self.swept(space, shard.sweep(now));
                         if !self.reserve(space, 1) {
@@ -313,12 +313,12 @@ impl MemoryStore {
                     }
                     shard.insert(print, tat);
                 }
-                out
+                (allowed, decision)
             }
         };
         Ok(Outcome {
-            allowed: out.allowed,
-            decisions: out.decisions,
+            allowed,
+            decisions: vec![decision],
         })
     }
 
