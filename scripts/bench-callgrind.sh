@@ -12,6 +12,9 @@
 # before-dir: a directory holding a `cellrate` binary built the same way from another commit
 # (its target/callgrind/release-lto), measured in the same run beside this one, with this
 # commit's loadgen, baseline and benches/grpc/limits (the request bodies must be the same).
+# LIMITADOR_BIN=<limitador-server> counts Kuadrant's limitador too (memory store, the same
+# limits in its terms: benches/grpc/limitador.yaml; scripts/bench-peers.sh builds it), and
+# prints limitador / cellrate.
 # Each server runs under callgrind with instrumentation off; after a warm-up of 500 requests,
 # instrumentation is switched on for exactly `requests` requests (loadgen, LOADGEN_TOTAL, 1
 # connection x 16 streams), then dumped. Prints instructions per request, the ratio, and
@@ -59,6 +62,10 @@ count() { # server scenario -> instructions per request
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
       "$before/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
+  elif [ "$server" = limitador ]; then
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+      "$LIMITADOR_BIN" -b 127.0.0.1 -p "$port" -B 127.0.0.1 -P "$(free_port)" \
+      benches/grpc/limitador.yaml memory >/dev/null 2>&1 &
   elif [ "$server" = baseline ]; then
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
       "$bin/examples/baseline" "127.0.0.1:$port" 2>/dev/null &
@@ -96,6 +103,10 @@ for scenario in "${scenarios[@]}"; do
     o=$(count before "$scenario")
     printf '%-9s %14s %14s %14s %7s %7s %12s\n' "$scenario" "$b" "$o" "$c" \
       "$(ratio "$o" "$b")" "$(ratio "$c" "$b")" "$(ratio "$c" "$o")"
+  fi
+  if [ -n "${LIMITADOR_BIN:-}" ] && [ "$scenario" != check ]; then
+    l=$(count limitador "$scenario")
+    printf '%-9s limitador_ir/req %s, limitador/cellrate %s\n' "$scenario" "$l" "$(ratio "$l" "$c")"
   fi
 done
 echo "profiles: $out (callgrind_annotate --inclusive=yes FILE)"

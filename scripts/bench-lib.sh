@@ -4,7 +4,7 @@
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # field NAME: the value of NAME=... in loadgen's output on stdin.
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+field() { sed -n "s/\(^\|.* \)$1=\([0-9.]*\).*/\2/p"; }
 
 row_format='%-6s %-9s %-10s %10s %8s %8s %12s %9s %6s\n'
 

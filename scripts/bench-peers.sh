@@ -56,16 +56,8 @@ cargo build --profile release-lto --quiet --bin cellrate --example baseline --ex
 bin=target/release-lto
 . scripts/bench-lib.sh
 work=$(mktemp -d)
-# The same limits in limitador's terms: namespace = domain, a limit per descriptor key,
-# counted per value (its variable).
-cat > "$work/limits.yaml" <<'EOF'
-- {namespace: bench, max_value: 1000000000, seconds: 1, conditions: [], variables: ["descriptors[0]['BenchHot']"]}
-- {namespace: bench, max_value: 100, seconds: 1, conditions: [], variables: ["descriptors[0]['BenchKeys']"]}
-- {namespace: bench, max_value: 1, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchDenied']"]}
-- {namespace: bench, max_value: 100, seconds: 3600, conditions: [], variables: ["descriptors[0]['BenchMillion']"]}
-- {namespace: benchip, max_value: 100, seconds: 1, conditions: [], variables: ["descriptors[0]['remote_address']"]}
-EOF
-"$peers/limitador/target/release/limitador-server" --validate "$work/limits.yaml" >/dev/null
+# The same limits in limitador's terms.
+"$peers/limitador/target/release/limitador-server" --validate benches/grpc/limitador.yaml >/dev/null
 
 declare -A port pid
 start() { # name: (re)starts a server with no buckets
@@ -75,7 +67,7 @@ start() { # name: (re)starts a server with no buckets
     cellrate) "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
     limitador) "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
-      -B 127.0.0.1 -P "$(free_port)" "$work/limits.yaml" memory >/dev/null 2>&1 & ;;
+      -B 127.0.0.1 -P "$(free_port)" benches/grpc/limitador.yaml memory >/dev/null 2>&1 & ;;
   esac
   pid[$1]=$!; port[$1]=$p
 }

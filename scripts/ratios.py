@@ -14,9 +14,20 @@ def main():
     path, numerator, denominator, *scenarios = sys.argv[1:]
     rows = {}
     for line in open(path):
-        rnd, scenario, target, rest = line.split(' ', 3)
-        rows.setdefault((scenario, rnd), {})[target] = {
-            k: float(v) for k, v in (kv.split('=') for kv in rest.split())}
+        # A run's line, and loadgen's second line (p999_us=.., codes=..), kept after it.
+        first, *rest = line.split(' ', 3)
+        if first.isdigit() and len(rest) == 3:
+            rnd, scenario, target = first, rest[0], rest[1]
+            fields = rest[2]
+        else:
+            fields = line
+        values = rows.setdefault((scenario, rnd), {}).setdefault(target, {})
+        for kv in fields.split():
+            k, _, v = kv.partition('=')
+            try:
+                values[k] = float(v)
+            except ValueError:
+                pass  # not a number (codes=0:N,14:M)
     for scenario in scenarios:
         parts = []
         for key in ('rps', 'p50_us', 'p99_us', 'cpu_us_per_req'):

@@ -3,8 +3,8 @@
 //! prometheus finds a labelled series by hashing its label values and reading its map under
 //! a lock that every thread shares (about 700 instructions a decision, and a cache line the
 //! cores pass back and forth). Each thread keeps the series it counted last (a few of them,
-//! keyed by the limit's `Arc` name, which the entry holds so that its address stays its
-//! own): a decision like the ones before it costs one atomic add.
+//! found by the limit's `Arc` name, compared by address first, then by text): a decision
+//! like the ones before it costs one atomic add.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,7 @@ impl DecisionCounters {
             let mut local = local.borrow_mut();
             let same = |k: &&Kept| {
                 k.serial == self.serial
-                    && Arc::ptr_eq(&k.name, name)
+                    && (Arc::ptr_eq(&k.name, name) || *k.name == **name)
                     && k.api == api
                     && k.result == result
             };
