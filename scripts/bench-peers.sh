@@ -24,6 +24,8 @@
 #   ip        100 000 client addresses in turn (Envoy's remote_address, domain benchip), 100
 #             a second each: a configured limit keyed by the caller's address
 #   million   1 000 000 keys in turn, each kept an hour: RSS per live key afterwards
+# BENCH_PIN=1 runs the servers on CPU 0 and the load generator on CPU 1 (taskset), so that
+# they do not share a core's time and caches (each server then has one core).
 # The servers take turns within each round (A B C A B C). Prints requests/s, latency,
 # server CPU per request (utime+stime from /proc) and RSS, then the median and min-max of
 # cellrate/baseline and limitador/cellrate, and memory per live key at 10^6 keys.
@@ -59,14 +61,16 @@ work=$(mktemp -d)
 # The same limits in limitador's terms.
 "$peers/limitador/target/release/limitador-server" --validate benches/grpc/limitador.yaml >/dev/null
 
+pin_server=(); pin_load=()
+if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
 declare -A port pid
 start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
-    baseline) "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
-    cellrate) "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
+    baseline) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
+    cellrate) "${pin_server[@]}" "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
-    limitador) "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
+    limitador) "${pin_server[@]}" "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
       -B 127.0.0.1 -P "$(free_port)" benches/grpc/limitador.yaml memory >/dev/null 2>&1 & ;;
   esac
   pid[$1]=$!; port[$1]=$p
@@ -81,7 +85,7 @@ header
 for round in $(seq "$rounds"); do
   for scenario in hot distinct denied ip; do
     for target in baseline cellrate limitador; do
-      out=$("$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
+      out=$("${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
       row "$round" "$scenario" "$target" "$out" "$results"
     done
   done
@@ -94,7 +98,7 @@ for target in cellrate limitador; do
   kill "${pid[$target]}" 2>/dev/null; wait "${pid[$target]}" 2>/dev/null || true
   start "$target"; sleep 1
   before=$(awk '/VmRSS/ {print $2}' "/proc/${pid[$target]}/status")
-  out=$(LOADGEN_TOTAL=1000000 "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy million 4 64 600 "${pid[$target]}")
+  out=$(LOADGEN_TOTAL=1000000 "${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy million 4 64 600 "${pid[$target]}")
   after=$(echo "$out" | field rss_kib)
   python3 -c "print(f'  {\"$target\":10s} RSS {$before} KiB -> {$after} KiB: {($after - $before) * 1024 / 1e6:.0f} bytes per key ($(echo "$out" | field errors) errors)')"
 done
