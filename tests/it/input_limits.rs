@@ -155,6 +155,20 @@ async fn oversized_messages_are_refused_before_decoding() {
 }
 
 #[tokio::test]
+async fn an_oversized_should_rate_limit_is_refused_before_decoding() {
+    let mut s = Served::start(None).await;
+    // 40 descriptors of 2 entries with 1 000-byte values: about 80 KiB, above the 64 KiB cap
+    // (each part within its own bound, so only the size refuses it).
+    let big = request("edge", (0..40).map(|_| descriptor(2, 4, 1_000)).collect());
+    let e = s.envoy.should_rate_limit(big).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    assert!(e.message().contains("too large"), "{:?}", e.message());
+    // The same connection still answers a request within the bounds.
+    let small = request("edge", vec![descriptor(1, 4, 4)]);
+    assert!(s.envoy.should_rate_limit(small).await.is_ok());
+}
+
+#[tokio::test]
 async fn health_and_reflection_share_the_message_cap() {
     let s = Served::start(None).await;
     for addr in [s.decisions_addr, s.admin_addr] {

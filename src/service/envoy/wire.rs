@@ -128,8 +128,9 @@ pub struct RlsServer {
 }
 
 impl RlsServer {
-    /// Serves `inner`, refusing requests over `max_decoding` bytes (RESOURCE_EXHAUSTED,
-    /// as the generated server's `max_decoding_message_size`).
+    /// Serves `inner`, refusing requests over `max_decoding` bytes before decoding them
+    /// (OUT_OF_RANGE, as the generated server's `max_decoding_message_size`;
+    /// `tests/it/input_limits.rs` plays the client that sends one).
     pub fn new(inner: EnvoyRateLimitService, max_decoding: usize) -> RlsServer {
         RlsServer {
             inner: Arc::new(inner),
