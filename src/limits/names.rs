@@ -278,7 +278,6 @@ impl BucketKey {
                 break;
             }
         }
-        let number = std::str::from_utf8(&digits[at..]).unwrap_or("0");
         // One allocation, the Arc's own: the text is put together in a buffer this thread
         // keeps, not in a fresh String that the Arc would copy and free.
         thread_local! {
@@ -286,7 +285,8 @@ impl BucketKey {
         }
         TEXT.with_borrow_mut(|text| {
             text.clear();
-            text.push_str(number);
+            // ASCII digits pushed as chars: no UTF-8 check of what was just written.
+            text.extend(digits[at..].iter().map(|&d| char::from(d)));
             text.push(':');
             text.push_str(id);
             let key = BucketKey(Arc::from(text.as_str()));

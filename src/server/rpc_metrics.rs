@@ -92,6 +92,10 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// The header of a trailers-only answer's code, named once (a `&str` key is parsed as a
+/// header name on every lookup).
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
 impl<F, R, E> Future for RpcMetricsFuture<F>
 where
     F: Future<Output = Result<http::Response<R>, E>>,
@@ -104,7 +108,7 @@ where
         let code = match &result {
             Ok(response) => response
                 .headers()
-                .get("grpc-status")
+                .get(&GRPC_STATUS)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<i32>().ok())
                 .map_or(tonic::Code::Ok, tonic::Code::from_i32),

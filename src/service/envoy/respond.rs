@@ -56,13 +56,16 @@ impl EnvoyRateLimitService {
         let over = results.iter().any(enforced_denial);
 
         let mut headers = Vec::new();
+        // The strictest visible item, found once: the headers, Retry-After and the
+        // metadata all speak of it.
+        let top = fired(results);
         // envoyproxy/ratelimit's three are made from the statuses once quota mode has
         // spoken (`upstream.rs`).
-        rate_limit_headers(self.options.headers, results, &mut headers);
+        rate_limit_headers(self.options.headers, top, results, &mut headers);
         if self.options.retry_after {
-            retry_after(self.options.headers, results, &mut headers);
+            retry_after(self.options.headers, top, &mut headers);
         }
-        let denied_by = fired(results).filter(|i| enforced_denial(i));
+        let denied_by = top.filter(|i| enforced_denial(i));
         Answer {
             response: RateLimitResponse {
                 overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,

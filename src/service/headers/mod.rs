@@ -105,15 +105,17 @@ pub(crate) fn fired(results: &[ItemResult]) -> Option<&ItemResult> {
 
 /// The fields of `style` that are made from the items alone: draft 03, the IETF fields
 /// and OpenAI's (envoyproxy/ratelimit's three come from descriptor statuses: `trio.rs`).
+/// `top` is [`fired`]`(results)`, which the caller has found once for the whole answer.
 pub(crate) fn rate_limit_headers(
     style: HeaderStyle,
+    top: Option<&ItemResult>,
     results: &[ItemResult],
     out: &mut Vec<Header>,
 ) {
     match style {
         HeaderStyle::Off | HeaderStyle::Ratelimit => {}
         HeaderStyle::Draft03 => {
-            if let Some(item) = fired(results).filter(|i| matches!(i.rule, Rule::Limited(_))) {
+            if let Some(item) = top.filter(|i| matches!(i.rule, Rule::Limited(_))) {
                 draft03_headers(item, results, out);
             }
         }
@@ -123,9 +125,10 @@ pub(crate) fn rate_limit_headers(
 }
 
 /// `Retry-After` (and OpenAI's `retry-after-ms`) when a visible limit's enforced denial
-/// fired: an abuse guard does not tell when to retry.
-pub(crate) fn retry_after(style: HeaderStyle, results: &[ItemResult], out: &mut Vec<Header>) {
-    let Some(item) = fired(results).filter(|i| enforced_denial(i)) else {
+/// fired (`top`, [`fired`] of the answer's items): an abuse guard does not tell when to
+/// retry.
+pub(crate) fn retry_after(style: HeaderStyle, top: Option<&ItemResult>, out: &mut Vec<Header>) {
+    let Some(item) = top.filter(|i| enforced_denial(i)) else {
         return;
     };
     let retry = item.decision.retry_in;
@@ -141,12 +144,13 @@ pub(crate) fn retry_after(style: HeaderStyle, results: &[ItemResult], out: &mut 
 /// descriptor for envoyproxy/ratelimit's three, then `Retry-After`. Off: none at all.
 pub(crate) fn for_items(style: HeaderStyle, results: &[ItemResult]) -> Vec<Header> {
     let mut out = Vec::new();
+    let top = fired(results);
     match style {
         HeaderStyle::Off => return out,
         HeaderStyle::Ratelimit => trio::for_items(results, &mut out),
-        _ => rate_limit_headers(style, results, &mut out),
+        _ => rate_limit_headers(style, top, results, &mut out),
     }
-    retry_after(style, results, &mut out);
+    retry_after(style, top, &mut out);
     out
 }
 
