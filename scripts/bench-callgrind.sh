@@ -15,6 +15,11 @@
 # LIMITADOR_BIN=<limitador-server> counts Kuadrant's limitador too (memory store, the same
 # limits in its terms: benches/grpc/limitador.yaml; scripts/bench-peers.sh builds it), and
 # prints limitador / cellrate.
+# CACHE_SIM=1 also simulates the caches (callgrind --cache-sim=yes: 32 KiB L1s, the
+# machine's last level) and prints, per request, instruction and data L1 misses,
+# last-level misses, and the cycle estimate Ir + 10 x L1 misses + 100 x LL misses (the
+# model KCachegrind uses); ratios are then of that estimate. A slower run: use ~2000
+# requests.
 # Each server runs under callgrind with instrumentation off; after a warm-up of 500 requests,
 # instrumentation is switched on for exactly `requests` requests (loadgen, LOADGEN_TOTAL, 1
 # connection x 16 streams), then dumped. Prints instructions per request, the ratio, and
@@ -52,25 +57,28 @@ wait_port() { # bounded: 120 x 0.5 s
   echo "server on port $1 did not start" >&2; return 1
 }
 
-count() { # server scenario -> instructions per request
+vg=(valgrind --tool=callgrind --instr-atstart=no)
+[ -z "${CACHE_SIM:-}" ] || vg+=(--cache-sim=yes)
+
+count() { # server scenario -> instructions per request (CACHE_SIM: and misses, estimate)
   local server=$1 scenario=$2 port pid file rpc=envoy load=$2
   [ "$scenario" = check ] && { rpc=check; load=hot; }
   port=$(free_port)
   file="$out/$server-$scenario.callgrind"
   rm -f "$file" "$file".*
   if [ "$server" = before ]; then
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+    "${vg[@]}" --callgrind-out-file="$file" \
       "$before/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
   elif [ "$server" = limitador ]; then
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+    "${vg[@]}" --callgrind-out-file="$file" \
       "$LIMITADOR_BIN" -b 127.0.0.1 -p "$port" -B 127.0.0.1 -P "$(free_port)" \
       benches/grpc/limitador.yaml memory >/dev/null 2>&1 &
   elif [ "$server" = baseline ]; then
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+    "${vg[@]}" --callgrind-out-file="$file" \
       "$bin/examples/baseline" "127.0.0.1:$port" 2>/dev/null &
   else
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+    "${vg[@]}" --callgrind-out-file="$file" \
       "$bin/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
   fi
@@ -84,29 +92,49 @@ count() { # server scenario -> instructions per request
   kill $pid; wait $pid 2>/dev/null || true
   # The dump (file.1) holds the measured window only.
   mv "$file.1" "$file"
-  awk -v n="$requests" '/^totals:/ { print int($2 / n); exit }' "$file"
+  # totals: Ir [Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw] (the events line names them).
+  awk -v n="$requests" -v sim="${CACHE_SIM:-}" '/^totals:/ {
+    if (sim == "") { print int($2 / n); exit }
+    l1 = $5 + $6 + $7; ll = $8 + $9 + $10
+    printf "%d %d %d %d %d\n", ($2 + 10 * l1 + 100 * ll) / n, $2 / n, $5 / n, ($6 + $7) / n, ll / n
+    exit }' "$file"
 }
 
 ratio() { python3 -c "print(f'{$1/$2:.3f}')"; }
+misses() { # label "cest ir i1 d1 ll" -> a line of the simulated caches, per request
+  local label=$1; set -- $2
+  printf '  %-9s Ir %s, I1 misses %s, D1 misses %s, LL misses %s, estimate %s\n' "$label" "$2" "$3" "$4" "$5" "$1"
+}
+unit=ir/req
+[ -z "${CACHE_SIM:-}" ] || unit=est/req
 if [ -z "$before" ]; then
-  printf '%-9s %14s %14s %7s\n' scenario baseline_ir/req cellrate_ir/req ratio
+  printf '%-9s %14s %14s %7s\n' scenario "baseline_$unit" "cellrate_$unit" ratio
 else
-  printf '%-9s %14s %14s %14s %7s %7s %12s\n' scenario baseline_ir/req before_ir/req \
-    after_ir/req before after after/before
+  printf '%-9s %14s %14s %14s %7s %7s %12s\n' scenario "baseline_$unit" "before_$unit" \
+    "after_$unit" before after after/before
 fi
 for scenario in "${scenarios[@]}"; do
-  b=$(count baseline "$scenario")
-  c=$(count cellrate "$scenario")
+  b_all=$(count baseline "$scenario")
+  c_all=$(count cellrate "$scenario")
+  b=${b_all%% *} c=${c_all%% *}
   if [ -z "$before" ]; then
     printf '%-9s %14s %14s %7s\n' "$scenario" "$b" "$c" "$(ratio "$c" "$b")"
   else
-    o=$(count before "$scenario")
+    o_all=$(count before "$scenario")
+    o=${o_all%% *}
     printf '%-9s %14s %14s %14s %7s %7s %12s\n' "$scenario" "$b" "$o" "$c" \
       "$(ratio "$o" "$b")" "$(ratio "$c" "$b")" "$(ratio "$c" "$o")"
   fi
+  if [ -n "${CACHE_SIM:-}" ]; then
+    misses baseline "$b_all"
+    [ -z "$before" ] || misses before "$o_all"
+    misses cellrate "$c_all"
+  fi
   if [ -n "${LIMITADOR_BIN:-}" ] && [ "$scenario" != check ]; then
-    l=$(count limitador "$scenario")
-    printf '%-9s limitador_ir/req %s, limitador/cellrate %s\n' "$scenario" "$l" "$(ratio "$l" "$c")"
+    l_all=$(count limitador "$scenario")
+    l=${l_all%% *}
+    printf '%-9s limitador_%s %s, limitador/cellrate %s\n' "$scenario" "$unit" "$l" "$(ratio "$l" "$c")"
+    [ -z "${CACHE_SIM:-}" ] || misses limitador "$l_all"
   fi
 done
 echo "profiles: $out (callgrind_annotate --inclusive=yes FILE)"
