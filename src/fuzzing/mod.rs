@@ -10,7 +10,8 @@
 //! | [`limits_config`]       | four config files, separated by NUL bytes       |
 //! | [`id_canonicalisation`] | a format selector byte, then an id              |
 //! | [`descriptor_mapping`]  | a domain line, then `key=value` lines           |
-//! | [`should_rate_limit`]   | an encoded Envoy `RateLimitRequest`             |
+//! | [`should_rate_limit`]   | an encoded Envoy `RateLimitRequest` (holds and  |
+//! |                         | settlements too: the reservations example)      |
 //! | [`check`]               | an encoded `cellrate.v1.CheckRequest` (also run |
 //! |                         | as a `RefundRequest`: the same field numbers)   |
 
@@ -51,6 +52,47 @@ pub const EXAMPLE_CONFIG: [(&str, &str); 4] = [
         include_str!("../../config/descriptors.yaml"),
     ),
 ];
+
+/// The reservations example (`examples/reservations/limits`): domain `tokens`, whose rule
+/// holds a descriptor's hits under its `request` entry until they are settled. The Envoy
+/// harness decides against the example configuration with these added, so that holds and
+/// settlements are fuzzed too.
+const RESERVATIONS_CONFIG: [(&str, &str); 3] = [
+    (
+        "names.yaml",
+        include_str!("../../examples/reservations/limits/names.yaml"),
+    ),
+    (
+        "defaults.yaml",
+        include_str!("../../examples/reservations/limits/defaults.yaml"),
+    ),
+    (
+        "descriptors.yaml",
+        include_str!("../../examples/reservations/limits/descriptors.yaml"),
+    ),
+];
+
+/// The example configuration with the reservations example's limit and rule (each file's
+/// text after the example's: their names, numbers and domain are distinct).
+pub fn example_table_with_reservations() -> Arc<LimitTable> {
+    static TABLE: OnceLock<Arc<LimitTable>> = OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            let files: Vec<(String, String)> = EXAMPLE_CONFIG
+                .iter()
+                .map(|(file, text)| {
+                    let more = RESERVATIONS_CONFIG.iter().find(|(f, _)| f == file);
+                    let more = more.map_or("", |(_, t)| t);
+                    (file.to_string(), format!("{text}\n{more}"))
+                })
+                .collect();
+            match LimitTable::from_files(&files) {
+                Ok(table) => Arc::new(table),
+                Err(e) => panic!("the example config with reservations does not load: {e}"),
+            }
+        })
+        .clone()
+}
 
 /// The example configuration as a table.
 pub fn example_table() -> Arc<LimitTable> {
@@ -235,10 +277,14 @@ pub fn descriptor_mapping(data: &[u8]) {
 
 /// A fresh decider on the example config and an empty memory store at a fixed time.
 fn fresh() -> (Arc<Decider>, Arc<MemoryStore>, Arc<Metrics>) {
+    fresh_with(example_table())
+}
+
+fn fresh_with(table: Arc<LimitTable>) -> (Arc<Decider>, Arc<MemoryStore>, Arc<Metrics>) {
     static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
     let clock = Arc::new(FakeClock::new(1_700_000_000 * SECOND));
     let store = Arc::new(MemoryStore::with_capacity(clock, 4, 4096));
-    let limits = Arc::new(ArcSwap::new(example_table()));
+    let limits = Arc::new(ArcSwap::new(table));
     let decider = Arc::new(Decider::new(limits, store.clone() as Arc<dyn Store>));
     (decider, store, METRICS.get_or_init(Metrics::new).clone())
 }
@@ -270,43 +316,93 @@ fn assert_clean_refusal(status: &tonic::Status, store: &MemoryStore) {
 }
 
 /// Envoy's `ShouldRateLimit` on protobuf bytes, through the service a client reaches
-/// (every header style, so every response path runs). Holds: one status per descriptor;
-/// a refusal is a clean INVALID_ARGUMENT; an OVER_LIMIT answer (no shadow in the example
-/// config) spent nothing, since the store was empty and the batch is all-or-nothing.
+/// (every header style, so every response path runs), against the example config with
+/// the reservations example's domain (`tokens`), reservations kept in a table of 64.
+/// Holds: one status per descriptor; a refusal is a clean INVALID_ARGUMENT; an OVER_LIMIT
+/// answer (no shadow in the example config) spent nothing, since the store was empty and
+/// the batch is all-or-nothing, and kept no hold; at most one hold is kept. When a hold
+/// was kept, the same request as its settlement (every descriptor `is_negative_hits`)
+/// answers OK, and so does that settlement replayed, which changes nothing.
 pub fn should_rate_limit(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
         return;
     };
     let headers = <HeaderStyle as clap::ValueEnum>::value_variants();
     let style = headers[data.len() % headers.len()];
-    let (decider, store, metrics) = fresh();
+    let (decider, store, metrics) = fresh_with(example_table_with_reservations());
+    let clock = Arc::new(FakeClock::new(1_700_000_000 * SECOND));
+    let settlements = Arc::new(MemorySettlements::new(clock, 60 * SECOND, 64));
     let service = EnvoyRateLimitService::new(
-        decider,
+        decider.clone(),
         EnvoyOptions {
             headers: style,
             ..EnvoyOptions::default()
         },
         metrics,
-    );
-    let descriptors = request.descriptors.len();
-    match block_on(service.should_rate_limit(tonic::Request::new(request))) {
-        Err(status) => assert_clean_refusal(&status, &store),
-        Ok(response) => {
+    )
+    .with_settlements(settlements.clone());
+    let ask = |request: RateLimitRequest| {
+        let descriptors = request.descriptors.len();
+        let answer = block_on(service.should_rate_limit(tonic::Request::new(request)));
+        answer.map(|response| {
             let response = response.into_inner().into_response();
             assert_eq!(response.statuses.len(), descriptors);
-            let over = response.overall_code == Code::OverLimit as i32;
-            assert!(over || response.overall_code == Code::Ok as i32);
-            assert_eq!(
-                over,
-                response
-                    .statuses
-                    .iter()
-                    .any(|s| s.code == Code::OverLimit as i32),
-                "the overall code disagrees with the statuses"
-            );
-            if over {
-                assert_eq!(store.live_buckets(), 0, "a denied batch spent");
+            response
+        })
+    };
+    let mut settle = request.clone();
+    let response = match ask(request) {
+        Err(status) => {
+            assert_clean_refusal(&status, &store);
+            assert!(settlements.is_empty(), "a refused request kept a hold");
+            return;
+        }
+        Ok(response) => response,
+    };
+    let over = response.overall_code == Code::OverLimit as i32;
+    assert!(over || response.overall_code == Code::Ok as i32);
+    assert_eq!(
+        over,
+        response
+            .statuses
+            .iter()
+            .any(|s| s.code == Code::OverLimit as i32),
+        "the overall code disagrees with the statuses"
+    );
+    if over {
+        assert_eq!(store.live_buckets(), 0, "a denied batch spent");
+        assert!(settlements.is_empty(), "a denied request kept a hold");
+    }
+    assert!(
+        settlements.len() <= 1,
+        "one request kept more than one hold"
+    );
+    if settlements.len() == 1 && !settle.descriptors.iter().all(|d| d.is_negative_hits) {
+        for d in &mut settle.descriptors {
+            d.is_negative_hits = true;
+        }
+        // The hold's bucket: the rule's limit, keyed by its first entry (the tenant).
+        let tenant = settle.descriptors[0].entries[0].value.clone();
+        let spec = crate::service::ItemSpec::named("TokensPerTenant", &tenant);
+        let remaining = || {
+            let peeked = block_on(decider.inspect(std::slice::from_ref(&spec)));
+            peeked.expect("the held bucket peeks").items[0]
+                .decision
+                .remaining
+        };
+        let (buckets, held) = (store.live_buckets(), remaining());
+        for round in ["settled", "replayed"] {
+            match ask(settle.clone()) {
+                Ok(r) => assert_eq!(r.overall_code, Code::Ok as i32, "{round}: {r:?}"),
+                Err(status) => panic!("the hold's settlement ({round}) failed: {status:?}"),
             }
+            assert_eq!(
+                store.live_buckets(),
+                buckets,
+                "{round}: buckets made or lost"
+            );
+            // Settled at its own estimate: nothing to give back or take, once or twice.
+            assert_eq!(remaining(), held, "{round}: the balance moved");
         }
     }
 }

@@ -130,6 +130,19 @@ fn should_rate_limit_seeds() -> Vec<Vec<u8>> {
         }
         .encode_to_vec(),
     );
+    // The reservations example: a hold of 500 tokens, its settlement, and an estimate over
+    // the tenth of the budget one hold may take (denied, nothing held).
+    let tokens = |hits: u64, settle: bool| RateLimitRequest {
+        domain: "tokens".to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            is_negative_hits: settle,
+            ..descriptor(&[("tenant", "acme"), ("request", "req-1")], None)
+        }],
+        hits_addend: u32::try_from(hits).unwrap_or(u32::MAX),
+    };
+    for (hits, settle) in [(500, false), (500, true), (200_000, false)] {
+        seeds.push(tokens(hits, settle).encode_to_vec());
+    }
     seeds
 }
 
