@@ -74,41 +74,33 @@ const RESERVATIONS_CONFIG: [(&str, &str); 3] = [
 
 /// The example configuration with the reservations example's limit and rule (each file's
 /// text after the example's: their names, numbers and domain are distinct).
-pub fn example_table_with_reservations() -> Arc<LimitTable> {
+fn example_table_with_reservations() -> Arc<LimitTable> {
     static TABLE: OnceLock<Arc<LimitTable>> = OnceLock::new();
+    let files = EXAMPLE_CONFIG.iter().map(|(file, text)| {
+        let more = RESERVATIONS_CONFIG.iter().find(|(f, _)| f == file);
+        (*file, format!("{text}\n{}", more.map_or("", |(_, t)| t)))
+    });
     TABLE
-        .get_or_init(|| {
-            let files: Vec<(String, String)> = EXAMPLE_CONFIG
-                .iter()
-                .map(|(file, text)| {
-                    let more = RESERVATIONS_CONFIG.iter().find(|(f, _)| f == file);
-                    let more = more.map_or("", |(_, t)| t);
-                    (file.to_string(), format!("{text}\n{more}"))
-                })
-                .collect();
-            match LimitTable::from_files(&files) {
-                Ok(table) => Arc::new(table),
-                Err(e) => panic!("the example config with reservations does not load: {e}"),
-            }
-        })
+        .get_or_init(|| loaded(files, "the example config with reservations"))
         .clone()
 }
 
 /// The example configuration as a table.
 pub fn example_table() -> Arc<LimitTable> {
     static TABLE: OnceLock<Arc<LimitTable>> = OnceLock::new();
+    let files = EXAMPLE_CONFIG.iter().map(|(f, t)| (*f, t.to_string()));
     TABLE
-        .get_or_init(|| {
-            let files: Vec<(String, String)> = EXAMPLE_CONFIG
-                .iter()
-                .map(|(f, t)| (f.to_string(), t.to_string()))
-                .collect();
-            match LimitTable::from_files(&files) {
-                Ok(table) => Arc::new(table),
-                Err(e) => panic!("the example config does not load: {e}"),
-            }
-        })
+        .get_or_init(|| loaded(files, "the example config"))
         .clone()
+}
+
+/// The table of `files`, which are the project's own and must load.
+fn loaded<'a>(files: impl Iterator<Item = (&'a str, String)>, what: &str) -> Arc<LimitTable> {
+    let files: Vec<(String, String)> = files.map(|(f, t)| (f.to_string(), t)).collect();
+    match LimitTable::from_files(&files) {
+        Ok(table) => Arc::new(table),
+        Err(e) => panic!("{what} does not load: {e}"),
+    }
 }
 
 /// Every id format, in selector order.
