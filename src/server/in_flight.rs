@@ -16,7 +16,7 @@ use std::task::{ready, Context, Poll};
 /// checked by [`OneMessage`].
 #[derive(Clone)]
 pub struct InFlightLayer {
-    permits: Arc<Slots>,
+    slots: Arc<Slots>,
     /// While this holds true (the first xDS update not yet in force), every request but
     /// gRPC health's is answered UNAVAILABLE at once: connections are answered, never left
     /// hanging, and probes learn NOT_SERVING.
@@ -26,7 +26,7 @@ pub struct InFlightLayer {
 impl InFlightLayer {
     pub fn new(max_in_flight: usize) -> InFlightLayer {
         InFlightLayer {
-            permits: Arc::new(Slots {
+            slots: Arc::new(Slots {
                 taken: AtomicUsize::new(0),
                 max: max_in_flight.max(1),
             }),
@@ -47,7 +47,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
     fn layer(&self, inner: S) -> InFlight<S> {
         InFlight {
             inner,
-            permits: self.permits.clone(),
+            slots: self.slots.clone(),
             waiting: self.waiting.clone(),
         }
     }
@@ -57,7 +57,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
 #[derive(Clone)]
 pub struct InFlight<S> {
     inner: S,
-    permits: Arc<Slots>,
+    slots: Arc<Slots>,
     waiting: Option<Arc<AtomicBool>>,
 }
 
@@ -95,7 +95,7 @@ where
                 response: Some(status.into_http()),
             };
         }
-        match Slots::take(&self.permits) {
+        match Slots::take(&self.slots) {
             Some(slot) => InFlightFuture::Admitted {
                 inner: self.inner.call(OneMessage::wrap(request)),
                 _slot: slot,
@@ -123,13 +123,13 @@ pub struct Slots {
 impl Slots {
     /// A slot, if one is free: held until the [`Slot`] is dropped.
     fn take(slots: &Arc<Slots>) -> Option<Slot> {
-        // Relaxed is enough: the count orders nothing else, and every taker sees every
-        // other's increment (one atomic variable's modifications are totally ordered).
-        let before = slots.taken.fetch_add(1, Ordering::Relaxed);
-        if before >= slots.max {
-            slots.taken.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
+        // Raised only while under the bound (never over it and back, which would refuse a
+        // caller while a flood of refusals is under way, with a slot free). Relaxed is
+        // enough: the count orders nothing else.
+        let under = |taken: usize| (taken < slots.max).then_some(taken + 1);
+        (slots.taken)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, under)
+            .ok()?;
         Some(Slot(slots.clone()))
     }
 }
@@ -144,7 +144,7 @@ impl Drop for Slot {
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`InFlight`]: the inner call holding its permit, or a refusal.
+    /// The future of [`InFlight`]: the inner call holding its slot, or a refusal.
     #[project = InFlightProj]
     pub enum InFlightFuture<F> {
         Admitted { #[pin] inner: F, _slot: Slot },
@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn slots_are_bounded_and_given_back_when_dropped() {
-        let slots = InFlightLayer::new(2).permits;
+        let slots = InFlightLayer::new(2).slots;
         let (a, b) = (Slots::take(&slots), Slots::take(&slots));
         assert!(a.is_some() && b.is_some());
         assert!(Slots::take(&slots).is_none(), "a third over a bound of 2");
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn many_threads_never_hold_more_than_the_bound() {
-        let slots = InFlightLayer::new(3).permits;
+        let slots = InFlightLayer::new(3).slots;
         // Holders counted apart from the bound's own count (which a refused taker
         // raises for an instant).
         let (holding, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -318,6 +318,9 @@ mod tests {
                 let (slots, holding, most) = (slots.clone(), holding.clone(), most.clone());
                 std::thread::spawn(move || {
                     for _ in 0..20_000 {
+                        // The count itself never goes over the bound, not even for an
+                        // instant (a refused taker leaves it as it was).
+                        assert!(slots.taken.load(Ordering::Relaxed) <= 3, "count over");
                         if let Some(slot) = Slots::take(&slots) {
                             let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                             most.fetch_max(now, Ordering::SeqCst);
