@@ -83,7 +83,9 @@ impl EnvoyRateLimitService {
                 self.decide_items(&table, &request, &batch).await?
             }
             Some(reservation) => {
-                let results = self.reserve(&request.domain, reservation).await?;
+                // Boxed: the reservation's states would otherwise widen every request's
+                // future, which is moved whole into its box (BENCHMARKS.md, #52).
+                let results = Box::pin(self.reserve(&request.domain, reservation)).await?;
                 batch.owner = vec![reservation.d; results.len()];
                 results
             }
@@ -234,7 +236,8 @@ impl EnvoyRateLimitService {
             self.check(table, &request.domain, &batch.items, &batch.owner)
                 .await
         } else {
-            self.decide_batch(table, request, batch).await
+            // Boxed, as the rare path: see `decide`.
+            Box::pin(self.decide_batch(table, request, batch)).await
         }
     }
 
