@@ -11,6 +11,9 @@ use cellrate::limits::config::LimitTable;
 use cellrate::proto::v1 as pb;
 use cellrate::server::listener::ConnectionLimits;
 use cellrate::server::{ServerLimits, Settings};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -515,6 +518,100 @@ async fn a_second_message_in_a_unary_call_is_refused() {
 }
 
 #[tokio::test]
+async fn should_rate_limit_bodies_are_checked_from_their_framing_and_spend_nothing() {
+    // ShouldRateLimit reads its one message itself (src/service/envoy/wire.rs): each
+    // malformed body is refused with tonic's status for it, and spends nothing.
+    let mut s = serve(ServerLimits::default()).await;
+    let mut client = h2_client(s.decisions_addr).await;
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let ask = RateLimitRequest {
+        domain: "edge".to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".to_string(),
+                value: "framing".to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let body = grpc_frame(&ask);
+    let mut compressed = body.clone();
+    compressed[0] = 1;
+    let mut flagged = body.clone();
+    flagged[0] = 7;
+    let mut twice = body.clone();
+    twice.extend(&body);
+    let garbage = [0, 0, 0, 0, 3, 0xff, 0xff, 0xff];
+    // (case, headers added, body chunks, grpc-status, what grpc-message says)
+    type Case<'a> = (
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        Vec<&'a [u8]>,
+        &'a str,
+        &'a str,
+    );
+    let cases: [Case<'_>; 7] = [
+        (
+            "gzip",
+            &[("grpc-encoding", "gzip")],
+            vec![&body],
+            "12",
+            "gzip",
+        ),
+        (
+            "compressed flag",
+            &[],
+            vec![&compressed],
+            "13",
+            "compressed-flag",
+        ),
+        ("unknown flag", &[], vec![&flagged], "13", "flag: 7"),
+        ("cut short", &[], vec![&body[..body.len() - 1]], "13", "EOF"),
+        ("empty", &[], vec![&[]], "13", "Missing"),
+        ("two messages", &[], vec![&twice], "3", "second"),
+        ("not protobuf", &[], vec![&garbage], "13", ""),
+    ];
+    for (case, headers, chunks, code, says) in cases {
+        let (status, message) =
+            call_with(&mut client, s.decisions_addr, path, headers, &chunks, true).await;
+        let message = percent_decoded(&message.unwrap_or_default());
+        assert_eq!(status.as_deref(), Some(code), "{case}: {message:?}");
+        assert!(message.contains(says), "{case}: {message:?}");
+    }
+    // A prefix over the size bound is refused from the prefix, the rest never sent: the
+    // server does not wait for it.
+    let (status, message) = tokio::time::timeout(
+        Duration::from_secs(10),
+        call_with(
+            &mut client,
+            s.decisions_addr,
+            path,
+            &[],
+            &[&[0, 0xff, 0xff, 0xff, 0xff]],
+            false,
+        ),
+    )
+    .await
+    .expect("answered without the body");
+    assert_eq!(status.as_deref(), Some("11"), "OUT_OF_RANGE: {message:?}");
+    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "framing").await, 10);
+    // The message split across three data frames at awkward places is answered, and spends.
+    let (status, message) = call_with(
+        &mut client,
+        s.decisions_addr,
+        path,
+        &[("grpc-encoding", "identity")],
+        &[&body[..2], &body[2..9], &body[9..]],
+        true,
+    )
+    .await;
+    assert_eq!(status.as_deref(), Some("0"), "{message:?}");
+    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "framing").await, 9);
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
     // The decision RPCs skip tonic's router (src/shortcut.rs); paths that only look like
     // theirs must still fall to the router and be refused, as before.
@@ -555,6 +652,22 @@ async fn paths_next_to_the_decision_rpcs_are_unimplemented_and_spend_nothing() {
     s.stop().await;
 }
 
+/// A grpc-message as written, %XX escapes decoded.
+fn percent_decoded(message: &str) -> String {
+    let mut out = Vec::new();
+    let mut bytes = message.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
+                out.push(u8::from_str_radix(&hex, 16).unwrap());
+            }
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
 /// A Check sent as `chunks` of body on an h2 connection: its grpc-status and grpc-message,
 /// from the headers (trailers-only) or the trailers.
 async fn unary_call(
@@ -572,15 +685,34 @@ async fn call_path(
     path: &str,
     chunks: &[&[u8]],
 ) -> (Option<String>, Option<String>) {
-    let request = http::Request::post(format!("http://{addr}{path}"))
+    call_with(client, addr, path, &[], chunks, true).await
+}
+
+/// A call to `path` with `headers` added, as `chunks` of body, the last one ending the
+/// request when `end`: its grpc-status and grpc-message.
+async fn call_with(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    chunks: &[&[u8]],
+    end: bool,
+) -> (Option<String>, Option<String>) {
+    let mut request = http::Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), false)
         .unwrap();
-    let (response, mut send) = client.send_request(request, false).unwrap();
     for (i, chunk) in chunks.iter().enumerate() {
-        send.send_data(bytes::Bytes::copy_from_slice(chunk), i + 1 == chunks.len())
-            .unwrap();
+        send.send_data(
+            bytes::Bytes::copy_from_slice(chunk),
+            end && i + 1 == chunks.len(),
+        )
+        .unwrap();
     }
     let response = response.await.unwrap();
     let field =

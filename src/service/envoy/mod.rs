@@ -39,7 +39,7 @@ use crate::service::{trace, Decider};
 use crate::store::shared::Settlements;
 
 pub use reserve::ENVOY_REQUEST_IDS;
-pub use wire::{Answer, RlsCodec, RlsServer};
+pub use wire::{Answer, RlsServer, SHOULD_RATE_LIMIT};
 
 /// Which rate-limit headers go into `response_headers_to_add` (`--rate-limit-headers`),
 /// how `duration_until_reset` is given, the names of envoyproxy/ratelimit's three.
