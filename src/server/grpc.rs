@@ -32,7 +32,7 @@ use crate::observe::top::DenialTracker;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::envoy::{EnvoyRateLimitService, RlsServer};
-use crate::service::native::{AdminService, RateLimiterService};
+use crate::service::native::{AdminService, NativeServer, RateLimiterService};
 use crate::service::rlqs::RlqsService;
 use crate::service::{Decider, MAX_MESSAGE_BYTES};
 
@@ -258,7 +258,7 @@ impl Stacks<'_> {
         if let Some(settlements) = &self.settlements {
             service = service.with_settlements(settlements.clone());
         }
-        let native = RateLimiterServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let native = NativeServer::new(service, MAX_MESSAGE_BYTES);
         let mut rls = EnvoyRateLimitService::new(
             self.decider.clone(),
             self.settings.envoy.clone(),

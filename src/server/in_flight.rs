@@ -173,9 +173,9 @@ pin_project_lite::pin_project! {
     /// A request body that fails with INVALID_ARGUMENT when a unary call carries a second
     /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
     /// byte, a 4-byte length, the message) across data frames without buffering.
-    /// Streaming calls (server reflection, RLQS) pass through unchecked, and so does
-    /// ShouldRateLimit, whose server reads its one message itself and refuses a second
-    /// the same way (`service::envoy`'s `wire.rs`).
+    /// Streaming calls (server reflection, RLQS) pass through unchecked, and so do
+    /// ShouldRateLimit and the native Check, whose servers read their one message
+    /// themselves and refuse a second the same way (`service::unary`).
     pub struct OneMessage<B> {
         #[pin]
         inner: B,
@@ -194,7 +194,8 @@ impl<B> OneMessage<B> {
         let path = request.uri().path();
         let unary = !path.starts_with("/grpc.reflection.")
             && !path.starts_with("/envoy.service.rate_limit_quota.")
-            && path != crate::service::envoy::SHOULD_RATE_LIMIT;
+            && path != crate::service::envoy::SHOULD_RATE_LIMIT
+            && path != crate::service::native::CHECK;
         request.map(|inner| OneMessage {
             inner,
             unary,

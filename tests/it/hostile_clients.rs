@@ -518,12 +518,12 @@ async fn a_second_message_in_a_unary_call_is_refused() {
 }
 
 #[tokio::test]
-async fn should_rate_limit_bodies_are_checked_from_their_framing_and_spend_nothing() {
-    // ShouldRateLimit reads its one message itself (src/service/envoy/wire.rs): each
-    // malformed body is refused with tonic's status for it, and spends nothing.
+async fn decision_bodies_are_checked_from_their_framing_and_spend_nothing() {
+    // ShouldRateLimit and the native Check read their one message themselves
+    // (src/service/unary.rs): each malformed body is refused with tonic's status for it,
+    // and spends nothing.
     let mut s = serve(ServerLimits::default()).await;
     let mut client = h2_client(s.decisions_addr).await;
-    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
     let ask = RateLimitRequest {
         domain: "edge".to_string(),
         descriptors: vec![RateLimitDescriptor {
@@ -535,13 +535,42 @@ async fn should_rate_limit_bodies_are_checked_from_their_framing_and_spend_nothi
         }],
         hits_addend: 0,
     };
-    let body = grpc_frame(&ask);
-    let mut compressed = body.clone();
+    let check = pb::CheckRequest {
+        items: vec![item("ApiRequestsPerKey", "framing-native", None)],
+        ..Default::default()
+    };
+    let rpcs = [
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            grpc_frame(&ask),
+            "framing",
+        ),
+        (
+            "/cellrate.v1.RateLimiter/Check",
+            grpc_frame(&check),
+            "framing-native",
+        ),
+    ];
+    for (path, body, id) in rpcs {
+        framing_is_checked(&mut s, &mut client, path, &body, id).await;
+    }
+    s.stop().await;
+}
+
+/// Sends `path` every malformed variant of `body` (a request that spends one on
+/// ApiRequestsPerKey `id`), then `body` itself split across frames.
+async fn framing_is_checked(
+    s: &mut Served,
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    body: &[u8],
+    id: &str,
+) {
+    let mut compressed = body.to_vec();
     compressed[0] = 1;
-    let mut flagged = body.clone();
+    let mut flagged = body.to_vec();
     flagged[0] = 7;
-    let mut twice = body.clone();
-    twice.extend(&body);
+    let twice = [body, body].concat();
     let garbage = [0, 0, 0, 0, 3, 0xff, 0xff, 0xff];
     // (case, headers added, body chunks, grpc-status, what grpc-message says)
     type Case<'a> = (
@@ -555,7 +584,7 @@ async fn should_rate_limit_bodies_are_checked_from_their_framing_and_spend_nothi
         (
             "gzip",
             &[("grpc-encoding", "gzip")],
-            vec![&body],
+            vec![body],
             "12",
             "gzip",
         ),
@@ -574,41 +603,29 @@ async fn should_rate_limit_bodies_are_checked_from_their_framing_and_spend_nothi
     ];
     for (case, headers, chunks, code, says) in cases {
         let (status, message) =
-            call_with(&mut client, s.decisions_addr, path, headers, &chunks, true).await;
+            call_with(client, s.decisions_addr, path, headers, &chunks, true).await;
         let message = percent_decoded(&message.unwrap_or_default());
-        assert_eq!(status.as_deref(), Some(code), "{case}: {message:?}");
-        assert!(message.contains(says), "{case}: {message:?}");
+        assert_eq!(status.as_deref(), Some(code), "{path} {case}: {message:?}");
+        assert!(message.contains(says), "{path} {case}: {message:?}");
     }
     // A prefix over the size bound is refused from the prefix, the rest never sent: the
     // server does not wait for it.
+    let over = [0, 0xff, 0xff, 0xff, 0xff];
     let (status, message) = tokio::time::timeout(
         Duration::from_secs(10),
-        call_with(
-            &mut client,
-            s.decisions_addr,
-            path,
-            &[],
-            &[&[0, 0xff, 0xff, 0xff, 0xff]],
-            false,
-        ),
+        call_with(client, s.decisions_addr, path, &[], &[&over], false),
     )
     .await
     .expect("answered without the body");
-    assert_eq!(status.as_deref(), Some("11"), "OUT_OF_RANGE: {message:?}");
-    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "framing").await, 10);
+    assert_eq!(status.as_deref(), Some("11"), "{path}: {message:?}");
+    assert_eq!(remaining(s, "ApiRequestsPerKey", id).await, 10, "{path}");
     // The message split across three data frames at awkward places is answered, and spends.
-    let (status, message) = call_with(
-        &mut client,
-        s.decisions_addr,
-        path,
-        &[("grpc-encoding", "identity")],
-        &[&body[..2], &body[2..9], &body[9..]],
-        true,
-    )
-    .await;
-    assert_eq!(status.as_deref(), Some("0"), "{message:?}");
-    assert_eq!(remaining(&mut s, "ApiRequestsPerKey", "framing").await, 9);
-    s.stop().await;
+    let split: [&[u8]; 3] = [&body[..2], &body[2..9], &body[9..]];
+    let identity = [("grpc-encoding", "identity")];
+    let (status, message) =
+        call_with(client, s.decisions_addr, path, &identity, &split, true).await;
+    assert_eq!(status.as_deref(), Some("0"), "{path}: {message:?}");
+    assert_eq!(remaining(s, "ApiRequestsPerKey", id).await, 9, "{path}");
 }
 
 #[tokio::test]

@@ -10,14 +10,10 @@
 //! [`encode`] writes the response's fields in field order with the bytes in field 6's
 //! place, so a client reads exactly the message prost would have written.
 //!
-//! The call itself is served here too, not by tonic's unary handling (a streaming
-//! decoder and an encoding body, two boxed futures, about 1 800 bytes moved into the
-//! first): [`read_one`] reads the one message, the answer leaves as one data frame and
-//! the OK trailers. What a client sees is the generated server's: the same path, the same
-//! UNIMPLEMENTED for another method and for a compressed request (none is enabled), the
-//! same bound on a request's size checked from the message's prefix before the rest is
-//! read, the same INTERNAL for a body cut short or not protobuf (`tests/it/
-//! hostile_clients.rs` sends each), requests decoded by prost.
+//! The call itself is served by [`crate::service::unary`], not by tonic's unary handling:
+//! one small future, the one message read by its prefix, the answer one data frame and the
+//! OK trailers, and what a client sees the generated server's (the same path, the same
+//! UNIMPLEMENTED for another method, the same statuses for a malformed body).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,12 +22,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf as pbw;
-use http::{HeaderName, HeaderValue};
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
-use tonic::metadata::MetadataValue;
 use tonic::Status;
 
 use super::EnvoyRateLimitService;
@@ -95,9 +89,6 @@ pub fn encode(answer: Answer, dst: &mut impl BufMut) {
 /// The served path of ShouldRateLimit.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// A gRPC message's prefix: a compression flag and the message's length (big-endian).
-const PREFIX: usize = 5;
-
 /// Envoy's `RateLimitService` as a tower service a tonic server mounts.
 #[derive(Clone)]
 pub struct RlsServer {
@@ -143,209 +134,10 @@ where
         }
         let (inner, max) = (self.inner.clone(), self.max_decoding);
         Box::pin(async move {
-            Ok(match unary(&inner, request, max).await {
-                Ok(response) => response,
-                Err(status) => status.into_http(),
-            })
+            let call = |request| inner.should_rate_limit(request);
+            let write = |answer, framed: &mut BytesMut| encode(answer, framed);
+            Ok(crate::service::unary::serve(request, max, call, write).await)
         })
-    }
-}
-
-/// One ShouldRateLimit call, as tonic's unary handling serves it with no compression
-/// enabled (the same statuses, in the same cases), in one future: tonic's is a streaming
-/// decoder and an encoding body, about 1 800 bytes moved into their box and some 2 000
-/// instructions a request (BENCHMARKS.md, #52).
-async fn unary<B>(
-    inner: &EnvoyRateLimitService,
-    request: http::Request<B>,
-    max: usize,
-) -> Result<http::Response<tonic::body::Body>, Status>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    if let Some(encoding) = (request.headers().get(ENCODING)).filter(|e| *e != "identity") {
-        let mut status = Status::unimplemented(format!(
-            "Content is compressed with `{}` which isn't supported",
-            String::from_utf8_lossy(encoding.as_bytes())
-        ));
-        (status.metadata_mut()).insert(ACCEPT_ENCODING, MetadataValue::from_static("identity"));
-        return Err(status);
-    }
-    let (mut parts, body) = request.into_parts();
-    let (message, trailers) = read_one(body, max).await?;
-    if let Some(trailers) = trailers {
-        parts.headers.extend(trailers);
-    }
-    let message = RateLimitRequest::decode(message).map_err(|e| Status::internal(e.to_string()))?;
-    let request = tonic::Request::from_http(http::Request::from_parts(parts, message));
-    let (metadata, answer, extensions) = inner.should_rate_limit(request).await?.into_parts();
-    let mut framed = BytesMut::with_capacity(256);
-    framed.put_bytes(0, PREFIX);
-    encode(answer, &mut framed);
-    let length = u32::try_from(framed.len() - PREFIX)
-        .map_err(|_| Status::internal("the answer is over 4 GiB"))?;
-    framed[1..PREFIX].copy_from_slice(&length.to_be_bytes());
-    let mut response = http::Response::new(tonic::body::Body::new(Unary {
-        message: Some(framed.freeze()),
-        trailers: true,
-    }));
-    *response.version_mut() = http::Version::HTTP_2;
-    *response.headers_mut() = metadata.into_headers();
-    (response.headers_mut()).insert(http::header::CONTENT_TYPE, GRPC);
-    *response.extensions_mut() = extensions;
-    Ok(response)
-}
-
-/// `grpc-encoding`, `grpc-accept-encoding`, and gRPC's content type.
-const ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
-const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
-const GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
-
-/// The body so far: one frame's bytes as they came, or several joined.
-enum Received {
-    One(Bytes),
-    Joined(BytesMut),
-}
-
-impl Received {
-    fn push(&mut self, data: Bytes) {
-        match self {
-            Received::One(first) if first.is_empty() => *first = data,
-            Received::One(first) => {
-                let mut joined = BytesMut::with_capacity(first.len() + data.len());
-                joined.extend_from_slice(first);
-                joined.extend_from_slice(&data);
-                *self = Received::Joined(joined);
-            }
-            Received::Joined(joined) => joined.extend_from_slice(&data),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Received::One(b) => b,
-            Received::Joined(b) => b,
-        }
-    }
-}
-
-/// A unary request's one message and its trailers, read to the body's end. Refused as
-/// tonic refuses them: a compressed or oversized message (checked from its prefix, before
-/// the rest is read), a body that ends within a message, a body without one; and, as the
-/// decisions listener refuses it, a second message (so what is held is at most one
-/// message and one frame).
-async fn read_one<B>(body: B, max: usize) -> Result<(Bytes, Option<http::HeaderMap>), Status>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut received = Received::One(Bytes::new());
-    let mut trailers: Option<http::HeaderMap> = None;
-    let mut length: Option<usize> = None;
-    loop {
-        let frame = match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
-                let status = Status::from_error(e.into());
-                // A cancelled request body ends the message, as in tonic.
-                if status.code() == tonic::Code::Cancelled {
-                    break;
-                }
-                return Err(status);
-            }
-        };
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let Ok(more) = frame.into_trailers() {
-                    trailers.get_or_insert_with(Default::default).extend(more);
-                }
-                continue;
-            }
-        };
-        received.push(data);
-        let bytes = received.bytes();
-        if length.is_none() && bytes.len() >= PREFIX {
-            length = Some(prefix(&bytes[..PREFIX], max)?);
-        }
-        if length.is_some_and(|n| bytes.len() > PREFIX + n) {
-            return Err(Status::invalid_argument(
-                "request: a unary call carries exactly one message; a second one followed",
-            ));
-        }
-    }
-    let bytes = received.bytes();
-    match length {
-        _ if bytes.is_empty() => Err(Status::internal("Missing request message.")),
-        Some(n) if bytes.len() == PREFIX + n => {
-            let message = match received {
-                Received::One(b) => b,
-                Received::Joined(b) => b.freeze(),
-            };
-            Ok((message.slice(PREFIX..), trailers))
-        }
-        _ => Err(Status::internal("Unexpected EOF decoding stream.")),
-    }
-}
-
-/// A message's length from its prefix, refused as tonic refuses it when compressed (none
-/// is enabled) or over `max`.
-fn prefix(prefix: &[u8], max: usize) -> Result<usize, Status> {
-    match prefix[0] {
-        0 => {}
-        1 => {
-            return Err(Status::internal(
-                "protocol error: received message with compressed-flag but no grpc-encoding \
-                 was specified",
-            ))
-        }
-        flag => {
-            return Err(Status::internal(format!(
-                "protocol error: received message with invalid compression flag: {flag} \
-                 (valid flags are 0 and 1), while sending request"
-            )))
-        }
-    }
-    let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-    if length > max {
-        return Err(Status::out_of_range(format!(
-            "Error, decoded message length too large: found {length} bytes, the limit is: \
-             {max} bytes"
-        )));
-    }
-    Ok(length)
-}
-
-/// A unary answer's body: the framed message, then the OK status in trailers.
-struct Unary {
-    message: Option<Bytes>,
-    trailers: bool,
-}
-
-impl http_body::Body for Unary {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        if let Some(message) = self.message.take() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
-        }
-        if std::mem::take(&mut self.trailers) {
-            let mut trailers = http::HeaderMap::with_capacity(1);
-            trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
-            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.message.is_none() && !self.trailers
     }
 }
 

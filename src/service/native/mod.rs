@@ -7,6 +7,7 @@ mod holds;
 mod in_flight;
 pub mod release;
 pub mod settle;
+mod wire;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub use convert::duration;
 use convert::{check_headers, header_style};
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
+pub use wire::{NativeServer, CHECK};
 
 use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
