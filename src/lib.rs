@@ -33,13 +33,15 @@
 //!                caller limits, rules, costs), native/ (cellrate.v1: the services,
 //!                convert.rs, settle.rs: Checks kept for Settle, facts.rs: what one
 //!                spent, holds.rs: reservation policies at Check, release.rs: holds
-//!                not settled in time, in_flight.rs: Top of leases held), envoy/ (RLS
+//!                not settled in time, in_flight.rs: Top of leases held, wire.rs: Check
+//!                served by unary.rs, the other methods by tonic), envoy/ (RLS
 //!                v3: decide, respond, reserve.rs: reservations held and settled by the
 //!                native Settler, wire.rs: the RPC served, its metadata encoded
 //!                once), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
-//!                overrides.rs (temporary overrides), token.rs, trace.rs;
+//!                overrides.rs (temporary overrides), token.rs, trace.rs, unary.rs (a
+//!                unary call served by hand, for ShouldRateLimit and Check);
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
 //!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,
 //!                gcra.rs: Redis 8.8's GCRA command)

@@ -27,27 +27,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const PREFIX: usize = 5;
 
 /// Serves one unary call: its message decoded as `M` (at most `max` bytes), answered by
-/// `call`, the answer written by `encode`; a refusal as its status.
+/// `call`, the answer written by `encode`; a refusal is the error, for the caller to send
+/// as its status (`Status::into_http`). Awaited directly by the server's own future:
+/// every async layer between them would move this future's whole state once more.
 pub async fn serve<B, M, R, C, F>(
-    request: http::Request<B>,
-    max: usize,
-    call: C,
-    encode: fn(R, &mut BytesMut),
-) -> http::Response<tonic::body::Body>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-    M: prost::Message + Default,
-    C: FnOnce(tonic::Request<M>) -> F,
-    F: Future<Output = Result<tonic::Response<R>, Status>>,
-{
-    match answer(request, max, call, encode).await {
-        Ok(response) => response,
-        Err(status) => status.into_http(),
-    }
-}
-
-async fn answer<B, M, R, C, F>(
     request: http::Request<B>,
     max: usize,
     call: C,
@@ -69,7 +52,26 @@ where
         return Err(status);
     }
     let (mut parts, body) = request.into_parts();
-    let (message, trailers) = read_one(body, max).await?;
+    // Read here, not in an async fn of its own, whose future would be built and moved
+    // into this one's on every call.
+    let (message, trailers) = {
+        let mut body = std::pin::pin!(body);
+        let mut reading = Reading::new(max);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            match frame {
+                Ok(frame) => reading.frame(frame)?,
+                Err(e) => {
+                    let status = Status::from_error(e.into());
+                    // A cancelled request body ends the message, as in tonic.
+                    if status.code() == tonic::Code::Cancelled {
+                        break;
+                    }
+                    return Err(status);
+                }
+            }
+        }
+        reading.finish()?
+    };
     if let Some(trailers) = trailers {
         parts.headers.extend(trailers);
     }
@@ -98,92 +100,89 @@ const ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
 const GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 
+/// A unary request's body as it is read: its one message and its trailers. Refused as
+/// tonic refuses them: a compressed or oversized message (checked from its prefix, before
+/// the rest is read), a body that ends within a message, a body without one; and, as the
+/// decisions listener refuses it, a second message (so what is held is at most one
+/// message and one frame).
+struct Reading {
+    received: Received,
+    trailers: Option<http::HeaderMap>,
+    /// The message's length, once its prefix is in.
+    length: Option<usize>,
+    max: usize,
+}
+
 /// The body so far: one frame's bytes as they came, or several joined.
 enum Received {
     One(Bytes),
     Joined(BytesMut),
 }
 
-impl Received {
-    fn push(&mut self, data: Bytes) {
-        match self {
+impl Reading {
+    fn new(max: usize) -> Reading {
+        Reading {
+            received: Received::One(Bytes::new()),
+            trailers: None,
+            length: None,
+            max,
+        }
+    }
+
+    fn frame(&mut self, frame: http_body::Frame<Bytes>) -> Result<(), Status> {
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    (self.trailers.get_or_insert_with(Default::default)).extend(more);
+                }
+                return Ok(());
+            }
+        };
+        match &mut self.received {
             Received::One(first) if first.is_empty() => *first = data,
             Received::One(first) => {
                 let mut joined = BytesMut::with_capacity(first.len() + data.len());
                 joined.extend_from_slice(first);
                 joined.extend_from_slice(&data);
-                *self = Received::Joined(joined);
+                self.received = Received::Joined(joined);
             }
             Received::Joined(joined) => joined.extend_from_slice(&data),
         }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Received::One(b) => b,
-            Received::Joined(b) => b,
+        let bytes = self.bytes();
+        let (seen, prefixed) = (bytes.len(), bytes.get(..PREFIX));
+        if let (None, Some(bytes)) = (self.length, prefixed) {
+            self.length = Some(prefix(bytes, self.max)?);
         }
-    }
-}
-
-/// A unary request's one message and its trailers, read to the body's end. Refused as
-/// tonic refuses them: a compressed or oversized message (checked from its prefix, before
-/// the rest is read), a body that ends within a message, a body without one; and, as the
-/// decisions listener refuses it, a second message (so what is held is at most one
-/// message and one frame).
-async fn read_one<B>(body: B, max: usize) -> Result<(Bytes, Option<http::HeaderMap>), Status>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut received = Received::One(Bytes::new());
-    let mut trailers: Option<http::HeaderMap> = None;
-    let mut length: Option<usize> = None;
-    loop {
-        let frame = match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
-                let status = Status::from_error(e.into());
-                // A cancelled request body ends the message, as in tonic.
-                if status.code() == tonic::Code::Cancelled {
-                    break;
-                }
-                return Err(status);
-            }
-        };
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let Ok(more) = frame.into_trailers() {
-                    trailers.get_or_insert_with(Default::default).extend(more);
-                }
-                continue;
-            }
-        };
-        received.push(data);
-        let bytes = received.bytes();
-        if length.is_none() && bytes.len() >= PREFIX {
-            length = Some(prefix(&bytes[..PREFIX], max)?);
-        }
-        if length.is_some_and(|n| bytes.len() > PREFIX + n) {
+        if self.length.is_some_and(|n| seen > PREFIX + n) {
             return Err(Status::invalid_argument(
                 "request: a unary call carries exactly one message; a second one followed",
             ));
         }
+        Ok(())
     }
-    let bytes = received.bytes();
-    match length {
-        _ if bytes.is_empty() => Err(Status::internal("Missing request message.")),
-        Some(n) if bytes.len() == PREFIX + n => {
-            let message = match received {
-                Received::One(b) => b,
-                Received::Joined(b) => b.freeze(),
-            };
-            Ok((message.slice(PREFIX..), trailers))
+
+    fn bytes(&self) -> &[u8] {
+        match &self.received {
+            Received::One(b) => b,
+            Received::Joined(b) => b,
         }
-        _ => Err(Status::internal("Unexpected EOF decoding stream.")),
+    }
+
+    /// The message and the trailers, once the body has ended.
+    fn finish(self) -> Result<(Bytes, Option<http::HeaderMap>), Status> {
+        let seen = self.bytes().len();
+        match self.length {
+            _ if seen == 0 => Err(Status::internal("Missing request message.")),
+            Some(n) if seen == PREFIX + n => {
+                let message = match self.received {
+                    Received::One(b) => b,
+                    Received::Joined(b) => b.freeze(),
+                };
+                Ok((message.slice(PREFIX..), self.trailers))
+            }
+            _ => Err(Status::internal("Unexpected EOF decoding stream.")),
+        }
     }
 }
 

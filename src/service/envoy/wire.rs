@@ -136,7 +136,8 @@ where
         Box::pin(async move {
             let call = |request| inner.should_rate_limit(request);
             let write = |answer, framed: &mut BytesMut| encode(answer, framed);
-            Ok(crate::service::unary::serve(request, max, call, write).await)
+            let answer = crate::service::unary::serve(request, max, call, write).await;
+            Ok(answer.unwrap_or_else(Status::into_http))
         })
     }
 }

@@ -71,7 +71,8 @@ where
             let call = |request| RateLimiter::check(&*inner, request);
             let write =
                 |response: pb::CheckResponse, framed: &mut BytesMut| response.encode_raw(framed);
-            Ok(crate::service::unary::serve(request, max, call, write).await)
+            let answer = crate::service::unary::serve(request, max, call, write).await;
+            Ok(answer.unwrap_or_else(tonic::Status::into_http))
         })
     }
 }
