@@ -12,19 +12,128 @@
 //! decisions listener's in-flight layer answers it for the other unary calls
 //! (`tests/it/hostile_clients.rs` sends each malformed body).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
 use tonic::metadata::MetadataValue;
+use tonic::server::NamedService;
 use tonic::Status;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// What a server of a tonic router answers.
+pub type Answered = http::Response<tonic::body::Body>;
+/// A server's boxed future, as tonic's generated servers have it.
+pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Answered, Infallible>> + Send + 'static>>;
+
+/// A unary RPC answered by hand.
+pub trait Decision: Send + Sync + 'static {
+    /// The gRPC service's name, and the served path (`/<service>/<method>`).
+    const SERVICE: &'static str;
+    const PATH: &'static str;
+    type Message: prost::Message + Default + Send + 'static;
+    type Answer;
+    fn decide(
+        &self,
+        request: tonic::Request<Self::Message>,
+    ) -> impl Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send;
+    /// Writes the answer's message (its fields; the prefix is written before it).
+    fn encode(answer: Self::Answer, framed: &mut BytesMut);
+}
+
+/// A service's server: `D`'s path answered by [`serve`], every other path by `other`
+/// (tonic's generated server of the rest of the service).
+pub struct Server<D, O> {
+    decision: Arc<D>,
+    other: O,
+    max_decoding: usize,
+}
+
+impl<D, O: Clone> Clone for Server<D, O> {
+    fn clone(&self) -> Self {
+        Server {
+            decision: self.decision.clone(),
+            other: self.other.clone(),
+            max_decoding: self.max_decoding,
+        }
+    }
+}
+
+impl<D, O> Server<D, O> {
+    /// Serves `decision` with requests over `max_decoding` bytes refused before decoding
+    /// (OUT_OF_RANGE), and the rest with `other`.
+    pub fn with(decision: Arc<D>, other: O, max_decoding: usize) -> Server<D, O> {
+        Server {
+            decision,
+            other,
+            max_decoding,
+        }
+    }
+}
+
+impl<D: Decision, O> NamedService for Server<D, O> {
+    const NAME: &'static str = D::SERVICE;
+}
+
+impl<D, O, B> tower_service::Service<http::Request<B>> for Server<D, O>
+where
+    D: Decision,
+    O: tower_service::Service<
+        http::Request<B>,
+        Response = Answered,
+        Error = Infallible,
+        Future = BoxFuture,
+    >,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send + 'static,
+{
+    type Response = Answered;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    /// `other`'s readiness (tonic's generated servers are always ready).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.other.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> BoxFuture {
+        if request.uri().path() != D::PATH {
+            return self.other.call(request);
+        }
+        let (decision, max) = (self.decision.clone(), self.max_decoding);
+        Box::pin(async move {
+            let call = |request| decision.decide(request);
+            let answer = serve(request, max, call, D::encode).await;
+            Ok(answer.unwrap_or_else(Status::into_http))
+        })
+    }
+}
 
 /// A gRPC message's prefix: a compression flag and the message's length (big-endian).
 const PREFIX: usize = 5;
+
+/// The other methods of a service that has none: UNIMPLEMENTED, as a generated server
+/// answers an unknown method.
+#[derive(Clone, Copy)]
+pub struct Unimplemented;
+
+impl<B> tower_service::Service<http::Request<B>> for Unimplemented {
+    type Response = Answered;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<B>) -> BoxFuture {
+        Box::pin(async { Ok(Status::unimplemented("").into_http()) })
+    }
+}
 
 /// Serves one unary call: its message decoded as `M` (at most `max` bytes), answered by
 /// `call`, the answer written by `encode`; a refusal is the error, for the caller to send

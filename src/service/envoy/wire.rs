@@ -15,22 +15,18 @@
 //! OK trailers, and what a client sees the generated server's (the same path, the same
 //! UNIMPLEMENTED for another method, the same statuses for a malformed body).
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf as pbw;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 use tonic::Status;
 
 use super::EnvoyRateLimitService;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::service::unary::{Decision, Server, Unimplemented};
 
 /// `RateLimitResponse.dynamic_metadata`'s field number.
 const METADATA_FIELD: u32 = 6;
@@ -89,56 +85,34 @@ pub fn encode(answer: Answer, dst: &mut impl BufMut) {
 /// The served path of ShouldRateLimit.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// Envoy's `RateLimitService` as a tower service a tonic server mounts.
-#[derive(Clone)]
-pub struct RlsServer {
-    inner: Arc<EnvoyRateLimitService>,
-    max_decoding: usize,
-}
+/// Envoy's `RateLimitService` as a tower service a tonic server mounts: ShouldRateLimit,
+/// its one method; another is UNIMPLEMENTED, as the generated server answers it.
+pub type RlsServer = Server<EnvoyRateLimitService, Unimplemented>;
 
 impl RlsServer {
     /// Serves `inner`, refusing requests over `max_decoding` bytes before decoding them
     /// (OUT_OF_RANGE, as the generated server's `max_decoding_message_size`;
     /// `tests/it/input_limits.rs` plays the client that sends one).
     pub fn new(inner: EnvoyRateLimitService, max_decoding: usize) -> RlsServer {
-        RlsServer {
-            inner: Arc::new(inner),
-            max_decoding,
-        }
+        Server::with(Arc::new(inner), Unimplemented, max_decoding)
     }
 }
 
-impl tonic::server::NamedService for RlsServer {
-    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
-}
+impl Decision for EnvoyRateLimitService {
+    const SERVICE: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+    const PATH: &'static str = SHOULD_RATE_LIMIT;
+    type Message = RateLimitRequest;
+    type Answer = Answer;
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
-
-impl<B> tower_service::Service<http::Request<B>> for RlsServer
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    fn decide(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> impl Future<Output = Result<tonic::Response<Answer>, Status>> + Send {
+        self.should_rate_limit(request)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            // Another method of this service: as the generated server answers it.
-            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
-        }
-        let (inner, max) = (self.inner.clone(), self.max_decoding);
-        Box::pin(async move {
-            let call = |request| inner.should_rate_limit(request);
-            let write = |answer, framed: &mut BytesMut| encode(answer, framed);
-            let answer = crate::service::unary::serve(request, max, call, write).await;
-            Ok(answer.unwrap_or_else(Status::into_http))
-        })
+    fn encode(answer: Answer, framed: &mut BytesMut) {
+        encode(answer, framed)
     }
 }
 
