@@ -272,7 +272,7 @@ where
                     data,
                 ) {
                     return Poll::Ready(Some(Err(Box::new(tonic::Status::invalid_argument(
-                        "request: a unary call carries exactly one message; a second one followed",
+                        crate::service::unary::SECOND_MESSAGE,
                     )))));
                 }
             }

@@ -116,6 +116,11 @@ where
 /// A gRPC message's prefix: a compression flag and the message's length (big-endian).
 const PREFIX: usize = 5;
 
+/// What a unary call with a second message is told (INVALID_ARGUMENT), here and by the
+/// in-flight layer for the other unary calls.
+pub const SECOND_MESSAGE: &str =
+    "request: a unary call carries exactly one message; a second one followed";
+
 /// The other methods of a service that has none: UNIMPLEMENTED, as a generated server
 /// answers an unknown method.
 #[derive(Clone, Copy)]
@@ -144,7 +149,7 @@ pub async fn serve<B, M, R, C, F>(
     max: usize,
     call: C,
     encode: fn(R, &mut BytesMut),
-) -> Result<http::Response<tonic::body::Body>, Status>
+) -> Result<Answered, Status>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -264,9 +269,7 @@ impl Reading {
             self.length = Some(prefix(bytes, self.max)?);
         }
         if self.length.is_some_and(|n| seen > PREFIX + n) {
-            return Err(Status::invalid_argument(
-                "request: a unary call carries exactly one message; a second one followed",
-            ));
+            return Err(Status::invalid_argument(SECOND_MESSAGE));
         }
         Ok(())
     }

@@ -599,7 +599,7 @@ async fn framing_is_checked(
         ("cut short", &[], vec![&body[..body.len() - 1]], "13", "EOF"),
         ("empty", &[], vec![&[]], "13", "Missing"),
         ("two messages", &[], vec![&twice], "3", "second"),
-        ("not protobuf", &[], vec![&garbage], "13", ""),
+        ("not protobuf", &[], vec![&garbage], "13", "decode"),
     ];
     for (case, headers, chunks, code, says) in cases {
         let (status, message) =
