@@ -40,6 +40,10 @@ pub enum Target<'a> {
         every_hit: bool,
         caller_given: bool,
     },
+    /// An Envoy descriptor that cannot be decided as it came (malformed by its client),
+    /// under the `deny` policy for invalid ids: decided as an invalid id of the limit
+    /// `name` (empty when none is known), which denies the batch and spends nothing.
+    Malformed { name: Arc<str> },
 }
 
 /// One item of a request, before resolution.

@@ -118,6 +118,13 @@ impl Decider {
         // A caller-given limit outside the bounds: an error, or for Envoy a denial.
         let mut refused = false;
         let bucket = match &item.target {
+            Target::Malformed { name } => {
+                // A configured name's visibility, else none to hide.
+                let found = table.names().get(name);
+                let key = BucketKey::new(found.map_or(0, |f| f.number), "");
+                let headers = found.map_or_else(Headers::default, |f| table.headers(f));
+                return Ok(invalid_id(key, name.clone(), headers, item, options));
+            }
             Target::Named { name, id } => match self.named(table, i, name, id, item, options)? {
                 Ok(bucket) => bucket,
                 Err(invalid_id) => return Ok(invalid_id),
@@ -234,24 +241,15 @@ impl Decider {
                 ))
             }
             Err(_) => {
-                return Ok(Err(Resolved {
-                    key: BucketKey::new(found.number, ""),
-                    name: found.text.clone(),
-                    rule: Rule::InvalidId {
-                        deny: options.invalid_ids == InvalidIds::Deny,
-                    },
-                    cost: 0,
-                    mode: if options.shadow_all {
-                        Mode::SpendOnly
-                    } else {
-                        item.mode
-                    },
-                    shadow: options.shadow_all,
-                    oversize: false,
-                    headers: table.headers(found),
-                    lease: None,
-                    merged_into: None,
-                }))
+                let key = BucketKey::new(found.number, "");
+                let headers = table.headers(found);
+                return Ok(Err(invalid_id(
+                    key,
+                    found.text.clone(),
+                    headers,
+                    item,
+                    options,
+                )));
             }
         };
         let policy = self.policy(table, found, &canonical);
@@ -303,6 +301,35 @@ impl Decider {
             Some(reason) => Err(invalid(i, ".inline", reason)),
             None => Ok(false),
         }
+    }
+}
+
+/// The resolved item of an id that does not fit its name's format (or of a descriptor
+/// that cannot be decided as it came): no bucket, denied under [`InvalidIds::Deny`].
+fn invalid_id(
+    key: BucketKey,
+    name: Arc<str>,
+    headers: Headers,
+    item: &ItemSpec<'_>,
+    options: CheckOptions,
+) -> Resolved {
+    Resolved {
+        key,
+        name,
+        rule: Rule::InvalidId {
+            deny: options.invalid_ids == InvalidIds::Deny,
+        },
+        cost: 0,
+        mode: if options.shadow_all {
+            Mode::SpendOnly
+        } else {
+            item.mode
+        },
+        shadow: options.shadow_all,
+        oversize: false,
+        headers,
+        lease: None,
+        merged_into: None,
     }
 }
 

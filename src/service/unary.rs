@@ -43,6 +43,10 @@ pub trait Decision: Send + Sync + 'static {
     ) -> impl Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send;
     /// Writes the answer's message (its fields; the prefix is written before it).
     fn encode(answer: Self::Answer, framed: &mut BytesMut);
+    /// Reads the message (prost's decoding, unless the service reads more leniently).
+    fn decode(message: Bytes) -> Result<Self::Message, prost::DecodeError> {
+        prost::Message::decode(message)
+    }
 }
 
 /// A service's server: `D`'s path answered by [`serve`], every other path by `other`
@@ -107,7 +111,7 @@ where
         let (decision, max) = (self.decision.clone(), self.max_decoding);
         Box::pin(async move {
             let call = |request| decision.decide(request);
-            let answer = serve(request, max, call, D::encode).await;
+            let answer = serve(request, max, call, D::decode, D::encode).await;
             Ok(answer.unwrap_or_else(Status::into_http))
         })
     }
@@ -140,7 +144,7 @@ impl<B> tower_service::Service<http::Request<B>> for Unimplemented {
     }
 }
 
-/// Serves one unary call: its message decoded as `M` (at most `max` bytes), answered by
+/// Serves one unary call: its message (at most `max` bytes) read by `decode`, answered by
 /// `call`, the answer written by `encode`; a refusal is the error, for the caller to send
 /// as its status (`Status::into_http`). Awaited directly by the server's own future:
 /// every async layer between them would move this future's whole state once more.
@@ -148,12 +152,12 @@ pub async fn serve<B, M, R, C, F>(
     request: http::Request<B>,
     max: usize,
     call: C,
+    decode: fn(Bytes) -> Result<M, prost::DecodeError>,
     encode: fn(R, &mut BytesMut),
 ) -> Result<Answered, Status>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
-    M: prost::Message + Default,
     C: FnOnce(tonic::Request<M>) -> F,
     F: Future<Output = Result<tonic::Response<R>, Status>>,
 {
@@ -189,7 +193,7 @@ where
     if let Some(trailers) = trailers {
         parts.headers.extend(trailers);
     }
-    let message = M::decode(message).map_err(|e| Status::internal(e.to_string()))?;
+    let message = decode(message).map_err(|e| Status::internal(e.to_string()))?;
     let request = tonic::Request::from_http(http::Request::from_parts(parts, message));
     let (metadata, answer, extensions) = call(request).await?.into_parts();
     let mut framed = BytesMut::with_capacity(256);

@@ -49,6 +49,33 @@ fn with_a_rate() -> LimitTable {
     LimitTable::from_files(&files).expect("the limits load")
 }
 
+/// [`with_a_rate`] with the `inflight` domain's `invalid_id` policy set to `policy`.
+fn with_a_rate_and_policy(policy: &str) -> LimitTable {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let descriptors = format!(
+        "inflight:\n  invalid_id: {policy}\n  rules:\n\
+         \x20   - match: [{{key: tenant}}, {{key: lease}}]\n      limits: [InFlightPerTenant]\n\
+         \x20     id: \"{{tenant}}\"\n      lease: lease\n\
+         \x20   - match: [{{key: requests}}, {{key: tenant}}]\n      limits: [RequestsPerTenant]\n\
+         \x20     id: \"{{tenant}}\"\n"
+    );
+    let files = [
+        (
+            "names.yaml",
+            read("names.yaml") + "RequestsPerTenant: {number: 111, format: string}\n",
+        ),
+        (
+            "defaults.yaml",
+            read("defaults.yaml") + "RequestsPerTenant: {burst: 2, count: 2, period: 1s}\n",
+        ),
+        ("overrides.yaml", read("overrides.yaml")),
+        ("descriptors.yaml", descriptors),
+    ];
+    let files: Vec<(String, String)> = files.into_iter().map(|(f, t)| (f.to_string(), t)).collect();
+    LimitTable::from_files(&files).expect("the limits load")
+}
+
 /// The descriptor Envoy builds from the example's actions.
 fn lease(tenant: &str, id: &str) -> RateLimitDescriptor {
     descriptor(&[("tenant", tenant), ("lease", id)])
@@ -273,11 +300,14 @@ async fn stray_releases_of_denied_requests_free_no_slot() {
     s.stop().await;
 }
 
-/// Bad shapes are INVALID_ARGUMENT naming the descriptor and the entry or field, and change
-/// nothing (no lease taken, the request's other descriptors not spent).
+/// A lease descriptor whose shape its rule cannot take (no lease entry, hits other than
+/// 1, a limit of its own) is decided by the domain's `invalid_id` policy, never refused
+/// (Envoy would let the request through with its other descriptors skipped): by default
+/// it is denied, so the request is OVER_LIMIT and nothing changes (no lease taken, the
+/// other descriptors not spent); under `invalid_id: reject` it is INVALID_ARGUMENT naming
+/// the descriptor and field, as the operator asked.
 #[tokio::test]
-async fn bad_lease_descriptors_are_refused_and_change_nothing() {
-    let mut s = Served::with_limits(with_a_rate()).await;
+async fn bad_lease_descriptors_are_denied_by_default_and_change_nothing() {
     let rate = descriptor(&[("requests", "1"), ("tenant", "acme")]);
     let hits = |value| RateLimitDescriptor {
         hits_addend: Some(UInt64Value { value }),
@@ -289,28 +319,16 @@ async fn bad_lease_descriptors_are_refused_and_change_nothing() {
             "descriptors[1].entries: no lease entry \"lease\"",
         ),
         (
-            lease("acme", &"x".repeat(129)),
-            "descriptors[1].entries[1].value: a lease id of 129 bytes, 1 to 128",
-        ),
-        (
-            lease("acme", ""),
-            "descriptors[1].entries[1].value: a lease id of 0 bytes",
-        ),
-        (
-            lease("acme", "a b"),
-            "descriptors[1].entries[1].value: a lease id is printable ASCII",
-        ),
-        (
-            lease("acme", "caf\u{e9}"),
-            "descriptors[1].entries[1].value: a lease id is printable ASCII",
-        ),
-        (
             hits(2),
             "descriptors[1].hits_addend: 2: a lease is one slot",
         ),
         (
             hits(0),
             "descriptors[1].hits_addend: 0: a lease is one slot",
+        ),
+        (
+            hits(u64::MAX - 7),
+            "descriptors[1].hits_addend: 18446744073709551608: a lease is one slot",
         ),
         (
             RateLimitDescriptor {
@@ -330,6 +348,29 @@ async fn bad_lease_descriptors_are_refused_and_change_nothing() {
             "descriptors[1].limit: a concurrency limit takes no limit",
         ),
     ];
+    let mut s = Served::with_limits(with_a_rate()).await;
+    for (bad, _) in &cases {
+        let r = ask(&mut s, vec![rate.clone(), bad.clone()]).await;
+        assert_eq!(r.overall_code, OVER, "{bad:?}");
+        assert_eq!(r.statuses[1].code, OVER, "{bad:?}: the malformed one");
+        assert_eq!(header(&r, "retry-after"), None, "no wait would help");
+    }
+    // The request-wide hits_addend.
+    let r = (s.envoy)
+        .should_rate_limit(RateLimitRequest {
+            domain: "inflight".to_string(),
+            descriptors: vec![rate.clone(), lease("acme", "w")],
+            hits_addend: 3,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
+    assert_eq!(remaining(&mut s, "RequestsPerTenant", "acme").await, 2);
+    s.stop().await;
+
+    let mut s = Served::with_limits(with_a_rate_and_policy("reject")).await;
     for (bad, says) in cases {
         let e = try_ask(&mut s, vec![rate.clone(), bad.clone()])
             .await
@@ -337,31 +378,51 @@ async fn bad_lease_descriptors_are_refused_and_change_nothing() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");
         assert!(e.message().starts_with(says), "{bad:?}: {}", e.message());
     }
-    // The request-wide hits_addend.
-    let e = s
-        .envoy
-        .should_rate_limit(RateLimitRequest {
-            domain: "inflight".to_string(),
-            descriptors: vec![lease("acme", "w")],
-            hits_addend: 3,
-        })
-        .await
-        .unwrap_err();
-    assert!(
-        e.message()
-            .starts_with("hits_addend (for descriptors[0]): 3: a lease is one slot"),
-        "{}",
-        e.message()
-    );
     assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
     assert_eq!(remaining(&mut s, "RequestsPerTenant", "acme").await, 2);
+    s.stop().await;
+
+    // `ignore`: the malformed descriptor is unmatched, the rest decided as usual.
+    let mut s = Served::with_limits(with_a_rate_and_policy("ignore")).await;
+    let r = ask(&mut s, vec![rate.clone(), hits(2)]).await;
+    assert_eq!((r.overall_code, r.statuses[1].code), (OK, OK));
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
+    assert_eq!(remaining(&mut s, "RequestsPerTenant", "acme").await, 1);
+    s.stop().await;
+}
+
+/// A lease id that is not 1 to 128 printable ASCII bytes (a client's header as it came)
+/// stands for itself as `sha256:` and its digest's hex: acquired as any other id, and
+/// released by the same bytes; never an error.
+#[tokio::test]
+async fn lease_ids_out_of_shape_stand_for_themselves() {
+    let mut s = Served::with_limits(with_a_rate()).await;
+    let odd = [
+        "x".repeat(129),
+        String::new(),
+        "a b".to_string(),
+        "caf\u{e9}".to_string(),
+    ];
+    for id in &odd {
+        let r = ask(&mut s, vec![lease("acme", id)]).await;
+        assert_eq!(r.overall_code, OK, "{id:?}");
+    }
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 4);
+    // A retried acquire of the same bytes takes no second slot.
+    ask(&mut s, vec![lease("acme", &odd[0])]).await;
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 4);
+    for id in &odd {
+        let r = ask(&mut s, vec![release("acme", id)]).await;
+        assert_eq!(r.overall_code, OK, "{id:?}");
+    }
+    assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
     s.stop().await;
 }
 
 /// A concurrency limit is reached through Envoy only by a rule with a lease entry, and a
 /// rule with one maps only to concurrency limits: anything else is refused at load, naming
-/// the rule. The convention (a descriptor whose one key is the limit's name) is refused per
-/// request, naming the descriptor; RLQS buckets take no lease.
+/// the rule. The convention (a descriptor whose one key is the limit's name) is denied per
+/// request, as a descriptor that cannot be decided as it came; RLQS buckets take no lease.
 #[tokio::test]
 async fn lease_rules_must_fit_their_limits() {
     let files = |descriptors: &str, quota: Option<&str>| {
@@ -412,7 +473,8 @@ async fn lease_rules_must_fit_their_limits() {
         .unwrap(),
     )
     .await;
-    let e = s
+    // Denied (the domain's default policy), never an error that Envoy would let through.
+    let r = s
         .envoy
         .should_rate_limit(RateLimitRequest {
             domain: "d".to_string(),
@@ -420,19 +482,9 @@ async fn lease_rules_must_fit_their_limits() {
             hits_addend: 0,
         })
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(
-        e.message()
-            .starts_with("descriptors[0]: InFlight is a concurrency limit"),
-        "{}",
-        e.message()
-    );
-    assert!(
-        e.message().contains("names its lease entry"),
-        "{}",
-        e.message()
-    );
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].code), (OVER, OVER));
     assert_eq!(remaining(&mut s, "InFlight", "acme").await, 3);
     s.stop().await;
 }

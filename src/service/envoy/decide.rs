@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -12,39 +13,76 @@ use tonic::Status;
 use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
 use super::reserve::reservation_of;
+use super::values::stand_in_long_values;
 use super::wire::Answer;
 use super::{
-    invalid, override_limit, EnvoyRateLimitService, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES,
-    MAX_ENTRY_KEY, MAX_ENTRY_VALUE,
+    invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_DESCRIPTORS,
+    MAX_DOMAIN, MAX_ENTRIES, MAX_ENTRY_KEY,
 };
 use crate::gcra::Mode;
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::service::{
-    count_decisions, store_unavailable, trace, CheckOptions, DecideError, ItemResult, ItemSpec,
-    Rule, Target, MAX_LEASE_ID,
+    count_decisions, store_unavailable, trace, CheckOptions, DecideError, InvalidIds, ItemResult,
+    ItemSpec, Rule, Target, MAX_LEASE_ID,
 };
 
 impl EnvoyRateLimitService {
+    /// Decides `request`. A descriptor that cannot be decided as it came is decided by its
+    /// domain's `invalid_id` policy, and the request again without it (at most once per
+    /// descriptor); only the request's own bounds and a store failure are errors.
     pub(super) async fn decide(
         &self,
-        request: RateLimitRequest,
+        mut request: RateLimitRequest,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<Answer, Status> {
         check_request(&request)?;
+        stand_in_long_values(&mut request);
         // One snapshot for mapping and deciding: a reload never splits a request.
         let table = self.decider.limits();
+        let mut malformed: Vec<(usize, Arc<str>)> = Vec::new();
+        loop {
+            let refusal = match self.decide_as(&table, &request, metadata, &malformed).await {
+                Ok(answer) => return Ok(answer),
+                Err(refusal) => refusal,
+            };
+            match refusal {
+                Refusal::Request(status) => return Err(status),
+                Refusal::Descriptor { d, name, message } => {
+                    let policy = table.descriptors().invalid_ids(&request.domain);
+                    if policy == InvalidIds::Reject || malformed.iter().any(|&(m, _)| m == d) {
+                        return Err(invalid(message));
+                    }
+                    malformed.push((d, name));
+                }
+            }
+        }
+    }
+
+    /// Decides `request` with the descriptors in `malformed` decided by the domain's
+    /// `invalid_id` policy: denied as an invalid id (which denies the request and spends
+    /// nothing) or left unmatched.
+    async fn decide_as(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        metadata: &tonic::metadata::MetadataMap,
+        malformed: &[(usize, Arc<str>)],
+    ) -> Result<Answer, Refusal> {
         // hits_addend 0 means 1.
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut batch = Batch::default();
+        let skip = |d: usize| malformed.iter().any(|&(m, _)| m == d);
         // One lookup per request, none when no file is in that format.
         let ratelimit = table.ratelimit();
         if !ratelimit.is_empty() && ratelimit.has_domain(&request.domain) {
             // A domain in envoyproxy/ratelimit's file format: matched as it matches.
             for (d, descriptor) in request.descriptors.iter().enumerate() {
-                check_descriptor(d, descriptor)?;
+                if !skip(d) {
+                    check_descriptor(d, descriptor)?;
+                }
             }
-            self.add_ratelimit(&table, &request, request_cost, &mut batch)?;
+            self.add_ratelimit(table, request, request_cost, &mut batch, malformed)?;
             if self.options.quota_mode {
                 // As upstream: every descriptor but an unlimited one, matched or not.
                 let n = request.descriptors.len();
@@ -52,8 +90,11 @@ impl EnvoyRateLimitService {
             }
         } else {
             for (d, descriptor) in request.descriptors.iter().enumerate() {
+                if skip(d) {
+                    continue;
+                }
                 self.add_descriptor(
-                    &table,
+                    table,
                     &request.domain,
                     request_cost,
                     d,
@@ -62,6 +103,7 @@ impl EnvoyRateLimitService {
                 )?;
             }
         }
+        add_malformed(table, &request.domain, malformed, &mut batch);
         // A hold is kept as one native Check: decided alone, so that its settlement
         // adjusts exactly what it held.
         if let Some(r) = batch
@@ -69,18 +111,22 @@ impl EnvoyRateLimitService {
             .as_ref()
             .filter(|_| request.descriptors.len() > 1)
         {
-            return Err(invalid(format!(
-                "descriptors[{}]: a reservation is decided alone, and this request has {} \
-                 descriptors (send the others from a second rate limit filter)",
-                r.d,
-                request.descriptors.len()
-            )));
+            return Err(Refusal::Descriptor {
+                d: r.d,
+                name: r.names.first().cloned().unwrap_or_else(|| Arc::from("")),
+                message: format!(
+                    "descriptors[{}]: a reservation is decided alone, and this request has {} \
+                     descriptors (send the others from a second rate limit filter)",
+                    r.d,
+                    request.descriptors.len()
+                ),
+            });
         }
         let mut results = match &batch.reservation {
             None => {
                 // Descriptors that name one bucket are decided with it, their hits summed
                 // (`CheckOptions::merge_duplicates`), each answering that one decision.
-                self.decide_items(&table, &request, &batch).await?
+                self.decide_items(table, request, &batch).await?
             }
             Some(reservation) => {
                 // Boxed: the reservation's states would otherwise widen every request's
@@ -93,7 +139,7 @@ impl EnvoyRateLimitService {
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
-        self.log_invalid_ids(&request, &batch.owner, &results);
+        self.log_invalid_ids(request, &batch.owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
         trace::log_denied("envoy", metadata, &results);
         if batch.releases {
@@ -120,7 +166,7 @@ impl EnvoyRateLimitService {
             .filter(|(item, _)| item.headers.hidden)
             .map(|(_, &d)| d)
             .collect();
-        self.upstream_answer(&request, &batch, &hidden, &mut answer.response);
+        self.upstream_answer(request, &batch, &hidden, &mut answer.response);
         Ok(answer)
     }
 
@@ -134,14 +180,14 @@ impl EnvoyRateLimitService {
         d: usize,
         descriptor: &'a RateLimitDescriptor,
         batch: &mut Batch<'a>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Refusal> {
         check_descriptor(d, descriptor)?;
         let given = descriptor
             .limit
             .as_ref()
             .map(override_limit)
             .transpose()
-            .map_err(|e| invalid(format!("descriptors[{d}].limit: {e}")))?
+            .map_err(|e| malformed(d, format!("descriptors[{d}].limit: {e}")))?
             // Caller-given limits turned off: the field is ignored.
             .filter(|_| self.decider.caller_limits().enabled);
         let cost = descriptor
@@ -176,7 +222,7 @@ impl EnvoyRateLimitService {
                 lease,
                 lease_key,
             } => {
-                let lease = lease_of(d, descriptor, cost, lease, lease_key)?;
+                let lease = lease_of(d, descriptor, cost, lease, lease_key, names)?;
                 let mode = match descriptor.is_negative_hits {
                     true => Mode::Release,
                     false => Mode::Acquire,
@@ -190,7 +236,7 @@ impl EnvoyRateLimitService {
                         cost: Some(1),
                         mode,
                         limit: None,
-                        lease: Some(Cow::Borrowed(lease)),
+                        lease: Some(lease.clone()),
                     });
                     batch.owner.push(d);
                 }
@@ -231,7 +277,7 @@ impl EnvoyRateLimitService {
         table: &LimitTable,
         request: &RateLimitRequest,
         batch: &Batch<'_>,
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         if self.plain(request, batch) {
             self.check(table, &request.domain, &batch.items, &batch.owner)
                 .await
@@ -277,10 +323,13 @@ impl EnvoyRateLimitService {
         table: &LimitTable,
         request: &RateLimitRequest,
         batch: &Batch<'_>,
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         // A release is decided with the rest (never refused, it counts toward nothing).
+        // A malformed descriptor is denied, given back or not: it denies the request.
         let negative = |i: usize| {
-            request.descriptors[batch.owner[i]].is_negative_hits && !batch.items[i].mode.is_lease()
+            request.descriptors[batch.owner[i]].is_negative_hits
+                && !batch.items[i].mode.is_lease()
+                && !matches!(batch.items[i].target, Target::Malformed { .. })
         };
         let n = batch.items.len();
         if !(0..n).any(negative) {
@@ -316,7 +365,7 @@ impl EnvoyRateLimitService {
         };
         let given = match self.decider.refund_with(table, &items, options).await {
             Ok(result) => result.items,
-            Err(e) => return Err(envoy_error(e, &owner)),
+            Err(e) => return Err(envoy_error(e, &items, &owner)),
         };
         for (&i, mut r) in give.iter().zip(given) {
             // A refund is never a denial, whether or not the bucket changed.
@@ -337,7 +386,7 @@ impl EnvoyRateLimitService {
         domain: &str,
         items: &[ItemSpec<'_>],
         owner: &[usize],
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         if !self.counts_in_two_steps(items) {
             return self.check(table, domain, items, owner).await;
         }
@@ -375,7 +424,7 @@ impl EnvoyRateLimitService {
         domain: &str,
         items: &[ItemSpec<'_>],
         owner: &[usize],
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         let options = CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(domain),
             oversize_denies: true,
@@ -385,7 +434,7 @@ impl EnvoyRateLimitService {
         };
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),
-            Err(e) => Err(envoy_error(e, owner)),
+            Err(e) => Err(envoy_error(e, items, owner)),
         }
     }
 
@@ -430,83 +479,118 @@ impl EnvoyRateLimitService {
     }
 }
 
-/// A decision's error in Envoy's terms: an invalid item named by its descriptor (an id
-/// is built from the descriptor's entries), a store failure UNAVAILABLE.
-fn envoy_error(e: DecideError, owner: &[usize]) -> Status {
+/// A decision's error in Envoy's terms: an invalid item makes its descriptor malformed
+/// (an id is built from the descriptor's entries), named in the message as the field it
+/// came from; a store failure is UNAVAILABLE.
+fn envoy_error(e: DecideError, items: &[ItemSpec<'_>], owner: &[usize]) -> Refusal {
     match e {
-        DecideError::Invalid(e) => {
-            let message = match e.item {
-                Some(i) => format!(
-                    "descriptors[{}]{}: {}",
-                    owner[i],
-                    match e.field {
-                        ".id" | ".lease_id" => ".entries",
-                        ".cost" => ".hits_addend",
-                        // A concurrency limit reached without a lease entry, or the reverse.
-                        ".mode" => "",
-                        field => field,
-                    },
-                    match e.field {
-                        ".mode" => format!(
-                            "{} (map a concurrency limit by a descriptors.yaml rule that names \
-                             its lease entry)",
-                            e.message
-                        ),
-                        _ => e.message,
-                    }
-                ),
-                None => format!("descriptors: {}", e.message),
-            };
-            invalid(message)
-        }
-        DecideError::Store(e) => store_unavailable(&e),
+        DecideError::Invalid(e) => match e.item {
+            Some(i) => {
+                let field = match e.field {
+                    ".id" | ".lease_id" => ".entries",
+                    ".cost" => ".hits_addend",
+                    // A concurrency limit reached without a lease entry, or the reverse.
+                    ".mode" => "",
+                    field => field,
+                };
+                let message = match e.field {
+                    ".mode" => format!(
+                        "{} (map a concurrency limit by a descriptors.yaml rule that names \
+                         its lease entry)",
+                        e.message
+                    ),
+                    _ => e.message,
+                };
+                let name = match items.get(i).map(|item| &item.target) {
+                    Some(Target::Named { name, .. }) => Arc::from(name.as_ref()),
+                    Some(Target::Ratelimit { name, .. }) => name.clone(),
+                    _ => Arc::from(""),
+                };
+                Refusal::Descriptor {
+                    d: owner[i],
+                    name,
+                    message: format!("descriptors[{}]{field}: {message}", owner[i]),
+                }
+            }
+            None => Refusal::Request(invalid(format!("descriptors: {}", e.message))),
+        },
+        DecideError::Store(e) => Refusal::Request(store_unavailable(&e)),
     }
 }
 
-/// The lease id of descriptor `d` (mapped to concurrency limits), checked: its lease entry
-/// (`lease`: its index and value) present, 1 to [`MAX_LEASE_ID`] printable ASCII bytes, a
-/// hit of 1 (`cost`), no limit of its own. Each refusal names the descriptor and field.
+/// Adds an item for each descriptor in `malformed` under the domain's `invalid_id`
+/// policy: `deny`, an invalid id of the limit it maps to (the request denied, nothing
+/// spent); `ignore`, nothing (unmatched). `reject` never gets here: it refuses the request.
+fn add_malformed(
+    table: &LimitTable,
+    domain: &str,
+    malformed: &[(usize, Arc<str>)],
+    batch: &mut Batch<'_>,
+) {
+    if malformed.is_empty() {
+        return;
+    }
+    let deny = table.descriptors().invalid_ids(domain) == InvalidIds::Deny;
+    for (d, name) in malformed {
+        if !deny {
+            batch.unmatched += 1;
+            continue;
+        }
+        batch.items.push(ItemSpec {
+            target: Target::Malformed { name: name.clone() },
+            cost: Some(1),
+            mode: Mode::CheckAndSpend,
+            limit: None,
+            lease: None,
+        });
+        batch.owner.push(*d);
+    }
+}
+
+/// The lease id of descriptor `d` (mapped to concurrency limits `names`), checked: its
+/// lease entry (`lease`: its index and value) present, a hit of 1 (`cost`), no limit of
+/// its own; each refusal names the descriptor and field. An id that is not 1 to
+/// [`MAX_LEASE_ID`] printable ASCII bytes stands for itself (`sha256:` and its digest's
+/// hex), so that its release names the same lease.
 fn lease_of<'e>(
     d: usize,
     descriptor: &RateLimitDescriptor,
     cost: u64,
     lease: Option<(usize, &'e str)>,
     key: &str,
-) -> Result<&'e str, Status> {
-    let Some((e, id)) = lease else {
-        return Err(invalid(format!(
+    names: &[Arc<str>],
+) -> Result<Cow<'e, str>, Refusal> {
+    let refused = |message: String| Refusal::Descriptor {
+        d,
+        name: names.first().cloned().unwrap_or_else(|| Arc::from("")),
+        message,
+    };
+    let Some((_, id)) = lease else {
+        return Err(refused(format!(
             "descriptors[{d}].entries: no lease entry {:?} (its rule maps it to a \
              concurrency limit, whose leases are named by the request's id)",
             short(key)
         )));
     };
-    let at = format!("descriptors[{d}].entries[{e}].value");
-    if id.is_empty() || id.len() > MAX_LEASE_ID {
-        return Err(invalid(format!(
-            "{at}: a lease id of {} bytes, 1 to {MAX_LEASE_ID}",
-            id.len()
-        )));
-    }
-    if !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(invalid(format!(
-            "{at}: a lease id is printable ASCII (0x21-0x7e)"
-        )));
-    }
     if cost != 1 {
         let field = match descriptor.hits_addend {
             Some(_) => format!("descriptors[{d}].hits_addend"),
             None => format!("hits_addend (for descriptors[{d}])"),
         };
-        return Err(invalid(format!(
+        return Err(refused(format!(
             "{field}: {cost}: a lease is one slot (hits 1 or unset)"
         )));
     }
     if descriptor.limit.is_some() {
-        return Err(invalid(format!(
+        return Err(refused(format!(
             "descriptors[{d}].limit: a concurrency limit takes no limit from the descriptor"
         )));
     }
-    Ok(id)
+    if !id.is_empty() && id.len() <= MAX_LEASE_ID && id.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(Cow::Borrowed(id))
+    } else {
+        Ok(Cow::Owned(stand_in(id.as_bytes())))
+    }
 }
 
 /// At most 64 characters of a caller's text, for a log line.
@@ -534,31 +618,32 @@ fn check_request(request: &RateLimitRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// A descriptor's bounds: entries, keys and values.
-fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), Status> {
+/// A descriptor's bounds: entries and keys (values over their bound stand for themselves,
+/// [`stand_in_long_values`]).
+fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), Refusal> {
     if descriptor.entries.is_empty() {
-        return Err(invalid(format!("descriptors[{d}].entries: empty")));
+        return Err(malformed(d, format!("descriptors[{d}].entries: empty")));
     }
     if descriptor.entries.len() > MAX_ENTRIES {
-        return Err(invalid(format!(
-            "descriptors[{d}].entries: {} entries, at most {MAX_ENTRIES}",
-            descriptor.entries.len()
-        )));
+        return Err(malformed(
+            d,
+            format!(
+                "descriptors[{d}].entries: {} entries, at most {MAX_ENTRIES}",
+                descriptor.entries.len()
+            ),
+        ));
     }
     if let Some(e) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
-        return Err(invalid(format!("descriptors[{d}].entries[{e}].key: empty")));
+        return Err(malformed(
+            d,
+            format!("descriptors[{d}].entries[{e}].key: empty"),
+        ));
     }
-    for (e, entry) in descriptor.entries.iter().enumerate() {
-        if entry.key.len() > MAX_ENTRY_KEY {
-            return Err(invalid(format!(
-                "descriptors[{d}].entries[{e}].key: longer than {MAX_ENTRY_KEY} bytes"
-            )));
-        }
-        if entry.value.len() > MAX_ENTRY_VALUE {
-            return Err(invalid(format!(
-                "descriptors[{d}].entries[{e}].value: longer than {MAX_ENTRY_VALUE} bytes"
-            )));
-        }
+    if let Some(e) = (descriptor.entries.iter()).position(|e| e.key.len() > MAX_ENTRY_KEY) {
+        return Err(malformed(
+            d,
+            format!("descriptors[{d}].entries[{e}].key: longer than {MAX_ENTRY_KEY} bytes"),
+        ));
     }
     Ok(())
 }

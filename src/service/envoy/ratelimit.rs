@@ -8,10 +8,9 @@
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tonic::Status;
 
 use super::batch::{descriptor_digest, mode_of, Batch};
-use super::{invalid, EnvoyRateLimitService, RatelimitCounting, MAX_ENTRIES};
+use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
 use crate::clock::SECOND;
 use crate::gcra::{Limit, Mode};
 use crate::limits::config::LimitTable;
@@ -24,14 +23,15 @@ const DESCRIPTOR_LIMIT: &str = "descriptor_limit";
 
 impl EnvoyRateLimitService {
     /// Adds every descriptor of `request` (a domain in envoyproxy/ratelimit's format) to
-    /// `batch`.
+    /// `batch`, but those in `skip` (decided as malformed).
     pub(super) fn add_ratelimit<'a>(
         &self,
         table: &'a LimitTable,
         request: &'a RateLimitRequest,
         request_cost: u64,
         batch: &mut Batch<'a>,
-    ) -> Result<(), Status> {
+        skip: &[(usize, std::sync::Arc<str>)],
+    ) -> Result<(), Refusal> {
         let domains = table.ratelimit();
         let entries: Vec<Vec<(&str, &str)>> = request
             .descriptors
@@ -56,16 +56,22 @@ impl EnvoyRateLimitService {
                 .any(|f| f.limit.replaces.iter().any(|r| r == name))
         };
         for (d, descriptor) in request.descriptors.iter().enumerate() {
+            if skip.iter().any(|&(m, _)| m == d) {
+                continue;
+            }
             let cost = descriptor
                 .hits_addend
                 .map_or(request_cost, |explicit| explicit.value);
             let given = match &descriptor.limit {
                 Some(o) if self.decider.caller_limits().enabled => {
                     let unit = Unit::from_envoy(o.unit).ok_or_else(|| {
-                        invalid(format!(
-                            "descriptors[{d}].limit: unit {} is not a known time unit",
-                            o.unit
-                        ))
+                        malformed(
+                            d,
+                            format!(
+                                "descriptors[{d}].limit: unit {} is not a known time unit",
+                                o.unit
+                            ),
+                        )
                     })?;
                     Some((o.requests_per_unit, unit))
                 }

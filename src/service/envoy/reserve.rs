@@ -15,10 +15,10 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tonic::{Code, Status};
 
-use super::{invalid, EnvoyRateLimitService};
+use super::{EnvoyRateLimitService, Refusal};
 use crate::gcra::Mode;
 use crate::proto::v1 as pb;
-use crate::service::native::settle::{Settler, MAX_REQUEST_ID};
+use crate::service::native::settle::Settler;
 pub use crate::service::native::ENVOY_REQUEST_IDS;
 use crate::service::{ItemResult, ItemSpec, Target};
 
@@ -71,8 +71,8 @@ impl Reservation<'_> {
 }
 
 /// The reservation of descriptor `d` (mapped by a `reserve` rule), checked: its request
-/// entry (`request`: its index and value) present and 1 to [`MAX_REQUEST_ID`] printable
-/// ASCII bytes, no limit of its own. Each refusal names the descriptor and field.
+/// entry (`request`: its index and value) present (any value: it is kept under a digest),
+/// no limit of its own. Each refusal names the descriptor and field.
 pub(super) fn reservation_of<'a>(
     d: usize,
     descriptor: &'a RateLimitDescriptor,
@@ -81,26 +81,23 @@ pub(super) fn reservation_of<'a>(
     request: Option<(usize, &'a str)>,
     key: &str,
     cost: u64,
-) -> Result<Reservation<'a>, Status> {
-    let Some((e, request_id)) = request else {
-        return Err(invalid(format!(
+) -> Result<Reservation<'a>, Refusal> {
+    let refused = |message: String| Refusal::Descriptor {
+        d,
+        name: names.first().cloned().unwrap_or_else(|| Arc::from("")),
+        message,
+    };
+    let Some((_, request_id)) = request else {
+        return Err(refused(format!(
             "descriptors[{d}].entries: no request entry {:?} (its rule reserves under the \
              request's id)",
             crate::text::first_chars(key, 64)
         )));
     };
-    if request_id.is_empty()
-        || request_id.len() > MAX_REQUEST_ID
-        || !request_id.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(invalid(format!(
-            "descriptors[{d}].entries[{e}].value: a request id is 1 to {MAX_REQUEST_ID} \
-             bytes of printable ASCII (0x21-0x7e), {} given",
-            request_id.len()
-        )));
-    }
+    // Any bytes: the id is kept under a digest of it ([`Reservation::kept_id`]), so a
+    // client's header is never a reason to refuse the request.
     if descriptor.limit.is_some() {
-        return Err(invalid(format!(
+        return Err(refused(format!(
             "descriptors[{d}].limit: a reservation takes no limit from the descriptor"
         )));
     }
@@ -124,7 +121,7 @@ impl EnvoyRateLimitService {
         &self,
         domain: &str,
         reservation: &Reservation<'_>,
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         let settler = self.settler()?;
         let check = reservation.check(domain);
         if reservation.settle {
@@ -138,7 +135,7 @@ impl EnvoyRateLimitService {
                 Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
                     Ok(Vec::new())
                 }
-                Err(e) => Err(in_descriptor(reservation.d, e)),
+                Err(e) => Err(in_descriptor(reservation, e)),
             };
         }
         let specs: Vec<ItemSpec<'_>> = (reservation.names.iter())
@@ -157,7 +154,7 @@ impl EnvoyRateLimitService {
         // an error is `failure_mode_deny`'s to decide, and Envoy's default lets the
         // request through with nothing held (and its stream end then finds nothing).
         let largest = (settler.largest_holds(&self.decider, &specs))
-            .map_err(|e| in_descriptor(reservation.d, e))?;
+            .map_err(|e| in_descriptor(reservation, e))?;
         if largest.iter().any(|&cap| reservation.cost > cap) {
             return self.denied(reservation, &specs).await;
         }
@@ -170,7 +167,7 @@ impl EnvoyRateLimitService {
             // The table is full of live holds: denied too, for the same reason as an
             // estimate too large (an error may let the request through with nothing held).
             Err(e) if e.code() == Code::ResourceExhausted => self.denied(reservation, &specs).await,
-            Err(e) => Err(in_descriptor(reservation.d, e)),
+            Err(e) => Err(in_descriptor(reservation, e)),
         }
     }
 
@@ -179,9 +176,9 @@ impl EnvoyRateLimitService {
         &self,
         reservation: &Reservation<'_>,
         specs: &[ItemSpec<'_>],
-    ) -> Result<Vec<ItemResult>, Status> {
+    ) -> Result<Vec<ItemResult>, Refusal> {
         let mut peeked = (self.decider.inspect(specs).await)
-            .map_err(|e| in_descriptor(reservation.d, e.into()))?;
+            .map_err(|e| in_descriptor(reservation, e.into()))?;
         for item in &mut peeked.items {
             item.decision.allowed = false;
         }
@@ -197,11 +194,25 @@ impl EnvoyRateLimitService {
     }
 }
 
-/// A Check's or Settle's error, said of descriptor `d` (their fields are the native
-/// call's: `items[i]`, `request_id`, `costs`).
-fn in_descriptor(d: usize, e: Status) -> Status {
-    Status::new(
-        e.code(),
-        format!("descriptors[{d}] (a reservation): {}", e.message()),
-    )
+/// A Check's or Settle's error, said of the reservation's descriptor (their fields are
+/// the native call's: `items[i]`, `request_id`, `costs`): what the request brought (an id,
+/// a cost) makes the descriptor malformed, decided by the domain's `invalid_id` policy; a
+/// failure of the server or its store is the request's.
+fn in_descriptor(reservation: &Reservation<'_>, e: Status) -> Refusal {
+    let d = reservation.d;
+    let message = format!("descriptors[{d}] (a reservation): {}", e.message());
+    match e.code() {
+        Code::InvalidArgument
+        | Code::OutOfRange
+        | Code::FailedPrecondition
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::ResourceExhausted
+        | Code::PermissionDenied => Refusal::Descriptor {
+            d,
+            name: (reservation.names.first().cloned()).unwrap_or_else(|| Arc::from("")),
+            message,
+        },
+        code => Refusal::Request(Status::new(code, message)),
+    }
 }

@@ -114,6 +114,12 @@ impl Decision for EnvoyRateLimitService {
     fn encode(answer: Answer, framed: &mut BytesMut) {
         encode(answer, framed)
     }
+
+    /// A value that is not UTF-8 (Envoy copies a header's bytes as they came) stands for
+    /// itself ([`super::values`]): refusing the message would let the request through.
+    fn decode(message: Bytes) -> Result<RateLimitRequest, prost::DecodeError> {
+        super::values::decode_request(message)
+    }
 }
 
 #[cfg(test)]
