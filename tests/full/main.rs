@@ -15,6 +15,7 @@ mod calendar;
 mod concurrency_envoy;
 mod deploy;
 mod envoy_e2e;
+mod fail_open;
 mod faults;
 mod grpcurl;
 mod header_visibility;

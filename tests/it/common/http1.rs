@@ -68,16 +68,22 @@ impl Http1 {
 
     /// GET `path` with `headers`; the connection stays open for the next request.
     pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut request = format!("GET {path} HTTP/1.1\r\nhost: {}\r\n", self.host);
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+        self.get_bytes(path, &headers).await
+    }
+
+    /// GET `path` with headers whose values are any bytes (not always UTF-8), as a client
+    /// may send them.
+    pub async fn get_bytes(&mut self, path: &str, headers: &[(&str, &[u8])]) -> Reply {
+        let mut request = format!("GET {path} HTTP/1.1\r\nhost: {}\r\n", self.host).into_bytes();
         for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
+            request.extend_from_slice(name.as_bytes());
+            request.extend_from_slice(b": ");
+            request.extend_from_slice(value);
+            request.extend_from_slice(b"\r\n");
         }
-        request.push_str("\r\n");
-        self.stream
-            .get_mut()
-            .write_all(request.as_bytes())
-            .await
-            .unwrap();
+        request.extend_from_slice(b"\r\n");
+        self.stream.get_mut().write_all(&request).await.unwrap();
         tokio::time::timeout(READ_TIMEOUT, read_reply(&mut self.stream))
             .await
             .unwrap_or_else(|_| panic!("no answer to GET {path} within {READ_TIMEOUT:?}"))
