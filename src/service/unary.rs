@@ -47,6 +47,12 @@ pub trait Decision: Send + Sync + 'static {
     fn decode(message: Bytes) -> Result<Self::Message, prost::DecodeError> {
         prost::Message::decode(message)
     }
+    /// The answer to a message of `length` bytes, over the size bound, if the service
+    /// answers one rather than refusing it (OUT_OF_RANGE), its body left unread.
+    fn oversized(&self, length: usize) -> Option<Self::Answer> {
+        let _ = length;
+        None
+    }
 }
 
 /// A service's server: `D`'s path answered by [`serve`], every other path by `other`
@@ -111,7 +117,8 @@ where
         let (decision, max) = (self.decision.clone(), self.max_decoding);
         Box::pin(async move {
             let call = |request| decision.decide(request);
-            let answer = serve(request, max, call, D::decode, D::encode).await;
+            let oversized = |length| decision.oversized(length);
+            let answer = serve(request, max, (call, oversized), D::decode, D::encode).await;
             Ok(answer.unwrap_or_else(Status::into_http))
         })
     }
@@ -145,13 +152,14 @@ impl<B> tower_service::Service<http::Request<B>> for Unimplemented {
 }
 
 /// Serves one unary call: its message (at most `max` bytes) read by `decode`, answered by
-/// `call`, the answer written by `encode`; a refusal is the error, for the caller to send
+/// `call` (a message over `max`: by `oversized`, if it answers), the answer written by
+/// `encode`; a refusal is the error, for the caller to send
 /// as its status (`Status::into_http`). Awaited directly by the server's own future:
 /// every async layer between them would move this future's whole state once more.
-pub async fn serve<B, M, R, C, F>(
+pub async fn serve<B, M, R, C, F, O>(
     request: http::Request<B>,
     max: usize,
-    call: C,
+    (call, oversized): (C, O),
     decode: fn(Bytes) -> Result<M, prost::DecodeError>,
     encode: fn(R, &mut BytesMut),
 ) -> Result<Answered, Status>
@@ -160,6 +168,7 @@ where
     B::Error: Into<BoxError>,
     C: FnOnce(tonic::Request<M>) -> F,
     F: Future<Output = Result<tonic::Response<R>, Status>>,
+    O: FnOnce(usize) -> Option<R>,
 {
     if let Some(encoding) = (request.headers().get(ENCODING)).filter(|e| *e != "identity") {
         let mut status = Status::unimplemented(format!(
@@ -177,7 +186,15 @@ where
         let mut reading = Reading::new(max);
         while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             match frame {
-                Ok(frame) => reading.frame(frame)?,
+                Ok(frame) => {
+                    if let Err(status) = reading.frame(frame) {
+                        let length = reading.oversized.take();
+                        if let Some(answer) = length.and_then(oversized) {
+                            return answered(tonic::metadata::MetadataMap::new(), answer, encode);
+                        }
+                        return Err(status);
+                    }
+                }
                 Err(e) => {
                     let status = Status::from_error(e.into());
                     // A cancelled request body ends the message, as in tonic.
@@ -196,6 +213,18 @@ where
     let message = decode(message).map_err(|e| Status::internal(e.to_string()))?;
     let request = tonic::Request::from_http(http::Request::from_parts(parts, message));
     let (metadata, answer, extensions) = call(request).await?.into_parts();
+    let mut response = answered(metadata, answer, encode)?;
+    *response.extensions_mut() = extensions;
+    Ok(response)
+}
+
+/// The response of a unary call that answered `answer`, written by `encode`, with
+/// `metadata` as its headers.
+fn answered<R>(
+    metadata: tonic::metadata::MetadataMap,
+    answer: R,
+    encode: fn(R, &mut BytesMut),
+) -> Result<Answered, Status> {
     let mut framed = BytesMut::with_capacity(256);
     framed.put_bytes(0, PREFIX);
     encode(answer, &mut framed);
@@ -209,7 +238,6 @@ where
     *response.version_mut() = http::Version::HTTP_2;
     *response.headers_mut() = metadata.into_headers();
     (response.headers_mut()).insert(http::header::CONTENT_TYPE, GRPC);
-    *response.extensions_mut() = extensions;
     Ok(response)
 }
 
@@ -229,6 +257,8 @@ struct Reading {
     /// The message's length, once its prefix is in.
     length: Option<usize>,
     max: usize,
+    /// The length of a message refused as over `max`.
+    oversized: Option<usize>,
 }
 
 /// The body so far: one frame's bytes as they came, or several joined.
@@ -244,6 +274,7 @@ impl Reading {
             trailers: None,
             length: None,
             max,
+            oversized: None,
         }
     }
 
@@ -270,7 +301,15 @@ impl Reading {
         let bytes = self.bytes();
         let (seen, prefixed) = (bytes.len(), bytes.get(..PREFIX));
         if let (None, Some(bytes)) = (self.length, prefixed) {
-            self.length = Some(prefix(bytes, self.max)?);
+            match prefix(bytes, self.max) {
+                Ok(length) => self.length = Some(length),
+                Err(status) => {
+                    let length = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+                    let oversized = status.code() == tonic::Code::OutOfRange;
+                    self.oversized = oversized.then_some(length as usize);
+                    return Err(status);
+                }
+            }
         }
         if self.length.is_some_and(|n| seen > PREFIX + n) {
             return Err(Status::invalid_argument(SECOND_MESSAGE));

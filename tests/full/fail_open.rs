@@ -3,10 +3,8 @@
 //! client controls may make cellrate answer an error: here a real Envoy 1.40 at that
 //! default sends a generated set of hostile headers (values over 1 024 bytes, bytes that
 //! are not UTF-8, empty values, lease ids out of shape, hits that would wrap or are no
-//! number) beside a per-address limit the client cannot touch, and no request over that
-//! limit passes.
-
-use std::path::Path;
+//! number, a header copied into two descriptors past the message bound) beside a
+//! per-address limit the client cannot touch, and no request over that limit passes.
 
 use cellrate::limits::config::LimitTable;
 use serde_yaml_ng::Value;
@@ -14,6 +12,9 @@ use serde_yaml_ng::Value;
 use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
 use crate::common::http1::Http1;
 use crate::common::{remaining, Served};
+
+/// A request's headers: names and values of any bytes.
+type Headers = Vec<(&'static str, Vec<u8>)>;
 
 /// The per-address limit: 5 an hour (the served clock is frozen: exact counts).
 const PER_ADDRESS: i64 = 5;
@@ -66,6 +67,20 @@ fn fail_open(config: &mut Value) {
     let filter = rate_limit_filter(config);
     filter.insert("failure_mode_deny".into(), Value::Bool(false));
     filter.insert("domain".into(), "hostile".into());
+    // A header copied into two descriptors: a large one makes a message over the bound.
+    let twice = yaml(
+        r#"
+match: { prefix: "/twice" }
+route: { cluster: backend }
+typed_per_filter_config:
+  envoy.filters.http.ratelimit:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+    rate_limits:
+      - actions: [{generic_key: {descriptor_value: signup}}, {remote_address: {}}]
+      - actions: [{request_headers: {header_name: x-big, descriptor_key: key}}]
+      - actions: [{request_headers: {header_name: x-big, descriptor_key: key}}, {generic_key: {descriptor_value: again}}]
+"#,
+    );
     let route = yaml(
         r#"
 match: { prefix: "/" }
@@ -84,9 +99,11 @@ typed_per_filter_config:
           - request_headers: {header_name: x-lease, descriptor_key: lease}
 "#,
     );
-    let listeners = config["static_resources"]["listeners"].as_sequence_mut().unwrap();
+    let listeners = config["static_resources"]["listeners"]
+        .as_sequence_mut()
+        .unwrap();
     let manager = &mut listeners[0]["filter_chains"][0]["filters"][0]["typed_config"];
-    manager["route_config"]["virtual_hosts"][0]["routes"] = Value::Sequence(vec![route]);
+    manager["route_config"]["virtual_hosts"][0]["routes"] = Value::Sequence(vec![twice, route]);
 }
 
 /// Values a client may put in a header: over the value bound, not UTF-8, empty, spaced,
@@ -128,7 +145,7 @@ async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
     let envoy = Envoy::example(s.decisions_addr, fail_open).await;
     let mut client = envoy.client().await;
     let values = hostile_values();
-    let mut requests: Vec<Vec<(&str, Vec<u8>)>> = Vec::new();
+    let mut requests: Vec<Headers> = Vec::new();
     for value in &values {
         for header in ["x-key", "x-account", "x-lease", "x-hits"] {
             let mut headers = vec![(header, value.clone())];
@@ -151,11 +168,17 @@ async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
     }
     // Then plain requests, so that the limit is certainly reached.
     requests.extend((0..10).map(|_| Vec::new()));
+    // A header of 40 000 bytes in two descriptors: about 80 KiB, over the 64 KiB bound.
+    let big = b"d".repeat(40_000);
+    let twice = (0..3).map(|_| vec![("x-big", big.clone())]);
+    let requests: Vec<(&str, Headers)> = (twice.map(|h| ("/twice", h)))
+        .chain(requests.into_iter().map(|h| ("/", h)))
+        .collect();
     let mut admitted = 0;
     let mut statuses = std::collections::BTreeMap::new();
-    for headers in &requests {
+    for (path, headers) in &requests {
         let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, &v[..])).collect();
-        let reply = client.get_bytes("/", &headers).await;
+        let reply = client.get_bytes(path, &headers).await;
         *statuses.entry(reply.status).or_insert(0) += 1;
         if reply.status == 200 {
             admitted += 1;
@@ -185,8 +208,8 @@ async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
     s.stop().await;
 }
 
-/// The same Envoy, with the limits of `config/` in a domain of their own: a sanity check
-/// that the route asks cellrate at all (a plain request is counted on the address).
+/// The same Envoy: a sanity check that the route asks cellrate at all (a plain request is
+/// counted on the address).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hostile_route_counts_plain_requests_on_the_address() {
     let mut s = Served::with_limits(limits()).await;
@@ -199,6 +222,5 @@ async fn the_hostile_route_counts_plain_requests_on_the_address() {
         remaining(&mut s, "PerAddress", "127.0.0.1").await,
         PER_ADDRESS - 2
     );
-    let _ = Path::new("");
     s.stop().await;
 }

@@ -539,32 +539,77 @@ async fn decision_bodies_are_checked_from_their_framing_and_spend_nothing() {
         items: vec![item("ApiRequestsPerKey", "framing-native", None)],
         ..Default::default()
     };
+    // (path, body, the bucket it spends, the status of a message over the size bound:
+    // OUT_OF_RANGE, but for Envoy an answer, OVER_LIMIT: an error would let it through)
     let rpcs = [
         (
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
             grpc_frame(&ask),
             "framing",
+            "0",
         ),
         (
             "/cellrate.v1.RateLimiter/Check",
             grpc_frame(&check),
             "framing-native",
+            "11",
         ),
     ];
-    for (path, body, id) in rpcs {
-        framing_is_checked(&mut s, &mut client, path, &body, id).await;
+    for (path, body, id, oversized) in rpcs {
+        framing_is_checked(&mut s, &mut client, path, &body, id, oversized).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_should_rate_limit_value_that_is_not_utf8_is_decided_as_its_stand_in() {
+    // Envoy copies a header's bytes as they came; prost refuses a string that is not
+    // UTF-8, and that error let the request through (Envoy's failure_mode_deny: false).
+    let mut s = serve(ServerLimits::default()).await;
+    let mut client = h2_client(s.decisions_addr).await;
+    let marker = "\u{1}marker\u{1}";
+    let raw: &[u8] = b"bad\xff\xfe\x01!!";
+    assert_eq!(raw.len(), marker.len());
+    let ask = RateLimitRequest {
+        domain: "edge".to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".to_string(),
+                value: marker.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let mut body = grpc_frame(&ask);
+    let at = (body.windows(marker.len()))
+        .position(|w| w == marker.as_bytes())
+        .unwrap();
+    body[at..at + raw.len()].copy_from_slice(raw);
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    for spent in 1..=3 {
+        let (status, message) =
+            call_with(&mut client, s.decisions_addr, path, &[], &[&body], true).await;
+        assert_eq!(status.as_deref(), Some("0"), "{message:?}");
+        let id = cellrate::service::envoy::stand_in(raw);
+        assert_eq!(
+            remaining(&mut s, "ApiRequestsPerKey", &id).await,
+            10 - spent
+        );
     }
     s.stop().await;
 }
 
 /// Sends `path` every malformed variant of `body` (a request that spends one on
-/// ApiRequestsPerKey `id`), then `body` itself split across frames.
+/// ApiRequestsPerKey `id`; a message over the size bound answered with status
+/// `oversized`), then `body` itself split across frames.
 async fn framing_is_checked(
     s: &mut Served,
     client: &mut h2::client::SendRequest<bytes::Bytes>,
     path: &str,
     body: &[u8],
     id: &str,
+    oversized: &str,
 ) {
     let mut compressed = body.to_vec();
     compressed[0] = 1;
@@ -617,7 +662,7 @@ async fn framing_is_checked(
     )
     .await
     .expect("answered without the body");
-    assert_eq!(status.as_deref(), Some("11"), "{path}: {message:?}");
+    assert_eq!(status.as_deref(), Some(oversized), "{path}: {message:?}");
     assert_eq!(remaining(s, "ApiRequestsPerKey", id).await, 10, "{path}");
     // The message split across three data frames at awkward places is answered, and spends.
     let split: [&[u8]; 3] = [&body[..2], &body[2..9], &body[9..]];

@@ -27,6 +27,7 @@ use tonic::Status;
 
 use super::EnvoyRateLimitService;
 use crate::service::unary::{Decision, Server, Unimplemented};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// `RateLimitResponse.dynamic_metadata`'s field number.
 const METADATA_FIELD: u32 = 6;
@@ -119,6 +120,18 @@ impl Decision for EnvoyRateLimitService {
     /// itself ([`super::values`]): refusing the message would let the request through.
     fn decode(message: Bytes) -> Result<RateLimitRequest, prost::DecodeError> {
         super::values::decode_request(message)
+    }
+
+    /// A message over the size bound cannot be read, so it cannot be decided; refusing it
+    /// would let the request through (Envoy's default), and a client makes it so by
+    /// sending a large header that Envoy copies into several descriptors. It is denied:
+    /// OVER_LIMIT with no descriptor's status (none was read), counted as `oversized`.
+    fn oversized(&self, _length: usize) -> Option<Answer> {
+        self.metrics.decision("envoy", "", "oversized");
+        Some(Answer::from(RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            ..RateLimitResponse::default()
+        }))
     }
 }
 
