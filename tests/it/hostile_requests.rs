@@ -389,3 +389,84 @@ async fn negative_hits_give_back_and_the_rest_of_the_request_still_counts() {
     assert_eq!(stat("total_negative_hits"), Some(10.0));
     s.stop().await;
 }
+
+/// Hardening round 4 (#58): a hit count is the client's (Envoy's `hits_addend` format takes
+/// it from a header). Whatever its size, on every kind of limit (GCRA, an overdraw budget,
+/// a calendar window, envoyproxy/ratelimit's fixed windows and cellrate's GCRA for them),
+/// spent or given back: answered, never an error that Envoy would let through, and the
+/// bucket is not wrapped: the next request of one hit is decided as if the huge one had
+/// been denied (spend) or had given back at most to full (refund).
+#[tokio::test]
+async fn hit_counts_of_any_size_are_decided_and_never_wrap_a_bucket() {
+    let dir = directory(&[
+        (
+            "names.yaml",
+            "Gcra: {number: 100, format: string}\n\
+             Budget: {number: 101, format: string}\n\
+             Daily: {number: 102, format: string}\n",
+        ),
+        (
+            "defaults.yaml",
+            "Gcra: {burst: 5, count: 5, period: 1h}\n\
+             Budget: {burst: 5, count: 5, period: 1h, overdraw: true}\n\
+             Daily: {window: calendar, count: 5, period: 1d}\n",
+        ),
+        (
+            "descriptors.yaml",
+            "d:\n  - match: [{key: g}]\n    limits: [Gcra]\n    id: \"{g}\"\n\
+             \x20 - match: [{key: b}]\n    limits: [Budget]\n    id: \"{b}\"\n\
+             \x20 - match: [{key: c}]\n    limits: [Daily]\n    id: \"{c}\"\n",
+        ),
+        ("rl.yaml", RL),
+    ]);
+    let huge = [
+        u64::MAX,
+        u64::MAX - 7,
+        1 << 63,
+        (1 << 63) - 1,
+        (1 << 53) + 1,
+        u64::from(u32::MAX) + 1,
+    ];
+    for counting in [RatelimitCounting::FixedWindow, RatelimitCounting::Gcra] {
+        let settings = Settings {
+            envoy: EnvoyOptions {
+                ratelimit_counting: counting,
+                ..EnvoyOptions::default()
+            },
+            ..Settings::default()
+        };
+        let mut s = served(dir.path(), settings).await;
+        for (domain, key) in [("d", "g"), ("d", "b"), ("d", "c"), ("rl", "user")] {
+            for (n, &hits) in huge.iter().enumerate() {
+                let id = format!("{key}-{n}");
+                for negative in [false, true] {
+                    let d = RateLimitDescriptor {
+                        hits_addend: Some(UInt64Value { value: hits }),
+                        is_negative_hits: negative,
+                        ..descriptor(&[(key, &id)])
+                    };
+                    let r = s.envoy.should_rate_limit(RateLimitRequest {
+                        domain: domain.to_string(),
+                        descriptors: vec![d],
+                        hits_addend: 0,
+                    });
+                    let r = r.await;
+                    assert!(
+                        r.is_ok(),
+                        "{counting:?} {domain} {key} {hits} {negative}: {r:?}"
+                    );
+                }
+                // One hit after the huge ones: the bucket is as a client of one hit
+                // expects it (the limit's first hit; the budget's too, since a huge
+                // charge past its debt bound is denied).
+                let one = ask(&mut s, domain, vec![descriptor(&[(key, &id)])]).await;
+                assert_eq!(
+                    (one.overall_code, one.statuses[0].limit_remaining),
+                    (OK, if key == "user" { 2 } else { 4 }),
+                    "{counting:?} {domain} {key} after {hits}: {one:?}"
+                );
+            }
+        }
+        s.stop().await;
+    }
+}
