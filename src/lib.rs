@@ -37,7 +37,8 @@
 //!                served by unary.rs, the other methods by tonic), envoy/ (RLS
 //!                v3: decide, respond, reserve.rs: reservations held and settled by the
 //!                native Settler, wire.rs: the RPC served, its metadata encoded
-//!                once), headers/ (the rate-limit headers both
+//!                once, values.rs: a client's bytes made decidable, refusal.rs: what
+//!                cannot be decided as it came, by the invalid_id policy), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
 //!                overrides.rs (temporary overrides), token.rs, trace.rs, unary.rs (a

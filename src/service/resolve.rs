@@ -118,13 +118,7 @@ impl Decider {
         // A caller-given limit outside the bounds: an error, or for Envoy a denial.
         let mut refused = false;
         let bucket = match &item.target {
-            Target::Malformed { name } => {
-                // A configured name's visibility, else none to hide.
-                let found = table.names().get(name);
-                let key = BucketKey::new(found.map_or(0, |f| f.number), "");
-                let headers = found.map_or_else(Headers::default, |f| table.headers(f));
-                return Ok(invalid_id(key, name.clone(), headers, item, options));
-            }
+            Target::Malformed { name } => return Ok(malformed(table, name, item, options)),
             Target::Named { name, id } => match self.named(table, i, name, id, item, options)? {
                 Ok(bucket) => bucket,
                 Err(invalid_id) => return Ok(invalid_id),
@@ -331,6 +325,20 @@ fn invalid_id(
         lease: None,
         merged_into: None,
     }
+}
+
+/// The resolved item of an Envoy descriptor that cannot be decided as it came: an invalid
+/// id of the limit `name` (with a configured name's visibility, else none to hide).
+fn malformed(
+    table: &LimitTable,
+    name: &Arc<str>,
+    item: &ItemSpec<'_>,
+    options: CheckOptions,
+) -> Resolved {
+    let found = table.names().get(name);
+    let key = BucketKey::new(found.map_or(0, |f| f.number), "");
+    let headers = found.map_or_else(Headers::default, |f| table.headers(f));
+    invalid_id(key, name.clone(), headers, item, options)
 }
 
 /// The most bytes of a lease id.

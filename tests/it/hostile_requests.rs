@@ -470,3 +470,29 @@ async fn hit_counts_of_any_size_are_decided_and_never_wrap_a_bucket() {
         s.stop().await;
     }
 }
+
+/// Hardening round 4 (#58): descriptors that a client's headers add, each mapped to two
+/// limits, past the 64 items a batch takes: the descriptor past the bound is decided by
+/// the domain's policy (denied), never INVALID_ARGUMENT, which Envoy lets through; and
+/// nothing is spent.
+#[tokio::test]
+async fn descriptors_past_the_batch_bound_deny_and_spend_nothing() {
+    let mut s = Served::start(None).await;
+    // `api_key` maps to ApiRequestsPerKey and ApiRequestsPerKeyDaily: 33 of them are 66.
+    let many: Vec<RateLimitDescriptor> = (0..33)
+        .map(|i| descriptor(&[("api_key", &format!("k{i}"))]))
+        .collect();
+    let r = ask(&mut s, "edge", many).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(
+        crate::common::remaining(&mut s, "ApiRequestsPerKey", "k0").await,
+        10,
+        "nothing spent"
+    );
+    // 32 (64 items) are decided as usual.
+    let fewer: Vec<RateLimitDescriptor> = (0..32)
+        .map(|i| descriptor(&[("api_key", &format!("k{i}"))]))
+        .collect();
+    assert_eq!(ask(&mut s, "edge", fewer).await.overall_code, OK);
+    s.stop().await;
+}

@@ -1,6 +1,6 @@
-//! ShouldRateLimit's request: its bounds checked (each a clear INVALID_ARGUMENT naming
-//! the field), its descriptors mapped to limit names and ids (or to a descriptor's own
-//! limit), and the whole decided as one all-or-nothing batch.
+//! ShouldRateLimit's request: its bounds checked, its descriptors mapped to limit names
+//! and ids (or to a descriptor's own limit; one that cannot be decided as it came by its
+//! domain's policy, `refusal.rs`), and the whole decided as one all-or-nothing batch.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -12,19 +12,19 @@ use tonic::Status;
 
 use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
+use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error};
 use super::reserve::reservation_of;
 use super::values::stand_in_long_values;
 use super::wire::Answer;
 use super::{
-    invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_DESCRIPTORS,
-    MAX_DOMAIN, MAX_ENTRIES, MAX_ENTRY_KEY,
+    invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_ENTRIES,
 };
 use crate::gcra::Mode;
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::service::{
-    count_decisions, store_unavailable, trace, CheckOptions, DecideError, InvalidIds, ItemResult,
-    ItemSpec, Rule, Target, MAX_LEASE_ID,
+    count_decisions, trace, CheckOptions, InvalidIds, ItemResult, ItemSpec, Rule, Target,
+    MAX_LEASE_ID,
 };
 
 impl EnvoyRateLimitService {
@@ -69,6 +69,63 @@ impl EnvoyRateLimitService {
         metadata: &tonic::metadata::MetadataMap,
         malformed: &[(usize, Arc<str>)],
     ) -> Result<Answer, Refusal> {
+        let mut batch = self.batch_of(table, request, malformed)?;
+        let mut results = match &batch.reservation {
+            None => {
+                // Descriptors that name one bucket are decided with it, their hits summed
+                // (`CheckOptions::merge_duplicates`), each answering that one decision.
+                self.decide_items(table, request, &batch).await?
+            }
+            Some(reservation) => {
+                // Boxed: the reservation's states would otherwise widen every request's
+                // future, which is moved whole into its box (BENCHMARKS.md, #52).
+                let results = Box::pin(self.reserve(&request.domain, reservation)).await?;
+                batch.owner = vec![reservation.d; results.len()];
+                results
+            }
+        };
+        for _ in 0..batch.unmatched {
+            self.metrics.decision("envoy", "", "unmatched");
+        }
+        self.log_invalid_ids(request, &batch.owner, &results);
+        count_decisions(&self.metrics, "envoy", &results);
+        trace::log_denied("envoy", metadata, &results);
+        if batch.releases {
+            // A release answers OK, whether it freed a lease or found none held.
+            let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
+            released.for_each(|r| r.decision.allowed = true);
+        }
+        if !batch.stats.is_empty() {
+            self.count_ratelimit(&batch, &results);
+        }
+        let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
+        if !batch.quota.is_empty() {
+            quota_mode(&mut answer.response, &batch.quota);
+        }
+        for &d in &batch.unlimited {
+            if let Some(status) = answer.response.statuses.get_mut(d) {
+                status.limit_remaining = u32::MAX;
+            }
+        }
+        // Descriptors that map to a `headers: hidden` limit: left out of what names them.
+        let hidden: Vec<usize> = results
+            .iter()
+            .zip(&batch.owner)
+            .filter(|(item, _)| item.headers.hidden)
+            .map(|(_, &d)| d)
+            .collect();
+        self.upstream_answer(request, &batch, &hidden, &mut answer.response);
+        Ok(answer)
+    }
+
+    /// `request`'s descriptors mapped to one batch, those in `malformed` by the domain's
+    /// `invalid_id` policy.
+    fn batch_of<'a>(
+        &self,
+        table: &'a LimitTable,
+        request: &'a RateLimitRequest,
+        malformed: &[(usize, Arc<str>)],
+    ) -> Result<Batch<'a>, Refusal> {
         // hits_addend 0 means 1.
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut batch = Batch::default();
@@ -122,52 +179,7 @@ impl EnvoyRateLimitService {
                 ),
             });
         }
-        let mut results = match &batch.reservation {
-            None => {
-                // Descriptors that name one bucket are decided with it, their hits summed
-                // (`CheckOptions::merge_duplicates`), each answering that one decision.
-                self.decide_items(table, request, &batch).await?
-            }
-            Some(reservation) => {
-                // Boxed: the reservation's states would otherwise widen every request's
-                // future, which is moved whole into its box (BENCHMARKS.md, #52).
-                let results = Box::pin(self.reserve(&request.domain, reservation)).await?;
-                batch.owner = vec![reservation.d; results.len()];
-                results
-            }
-        };
-        for _ in 0..batch.unmatched {
-            self.metrics.decision("envoy", "", "unmatched");
-        }
-        self.log_invalid_ids(request, &batch.owner, &results);
-        count_decisions(&self.metrics, "envoy", &results);
-        trace::log_denied("envoy", metadata, &results);
-        if batch.releases {
-            // A release answers OK, whether it freed a lease or found none held.
-            let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
-            released.for_each(|r| r.decision.allowed = true);
-        }
-        if !batch.stats.is_empty() {
-            self.count_ratelimit(&batch, &results);
-        }
-        let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
-        if !batch.quota.is_empty() {
-            quota_mode(&mut answer.response, &batch.quota);
-        }
-        for &d in &batch.unlimited {
-            if let Some(status) = answer.response.statuses.get_mut(d) {
-                status.limit_remaining = u32::MAX;
-            }
-        }
-        // Descriptors that map to a `headers: hidden` limit: left out of what names them.
-        let hidden: Vec<usize> = results
-            .iter()
-            .zip(&batch.owner)
-            .filter(|(item, _)| item.headers.hidden)
-            .map(|(_, &d)| d)
-            .collect();
-        self.upstream_answer(request, &batch, &hidden, &mut answer.response);
-        Ok(answer)
+        Ok(batch)
     }
 
     /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its
@@ -479,74 +491,6 @@ impl EnvoyRateLimitService {
     }
 }
 
-/// A decision's error in Envoy's terms: an invalid item makes its descriptor malformed
-/// (an id is built from the descriptor's entries), named in the message as the field it
-/// came from; a store failure is UNAVAILABLE.
-fn envoy_error(e: DecideError, items: &[ItemSpec<'_>], owner: &[usize]) -> Refusal {
-    match e {
-        DecideError::Invalid(e) => match e.item {
-            Some(i) => {
-                let field = match e.field {
-                    ".id" | ".lease_id" => ".entries",
-                    ".cost" => ".hits_addend",
-                    // A concurrency limit reached without a lease entry, or the reverse.
-                    ".mode" => "",
-                    field => field,
-                };
-                let message = match e.field {
-                    ".mode" => format!(
-                        "{} (map a concurrency limit by a descriptors.yaml rule that names \
-                         its lease entry)",
-                        e.message
-                    ),
-                    _ => e.message,
-                };
-                let name = match items.get(i).map(|item| &item.target) {
-                    Some(Target::Named { name, .. }) => Arc::from(name.as_ref()),
-                    Some(Target::Ratelimit { name, .. }) => name.clone(),
-                    _ => Arc::from(""),
-                };
-                Refusal::Descriptor {
-                    d: owner[i],
-                    name,
-                    message: format!("descriptors[{}]{field}: {message}", owner[i]),
-                }
-            }
-            None => Refusal::Request(invalid(format!("descriptors: {}", e.message))),
-        },
-        DecideError::Store(e) => Refusal::Request(store_unavailable(&e)),
-    }
-}
-
-/// Adds an item for each descriptor in `malformed` under the domain's `invalid_id`
-/// policy: `deny`, an invalid id of the limit it maps to (the request denied, nothing
-/// spent); `ignore`, nothing (unmatched). `reject` never gets here: it refuses the request.
-fn add_malformed(
-    table: &LimitTable,
-    domain: &str,
-    malformed: &[(usize, Arc<str>)],
-    batch: &mut Batch<'_>,
-) {
-    if malformed.is_empty() {
-        return;
-    }
-    let deny = table.descriptors().invalid_ids(domain) == InvalidIds::Deny;
-    for (d, name) in malformed {
-        if !deny {
-            batch.unmatched += 1;
-            continue;
-        }
-        batch.items.push(ItemSpec {
-            target: Target::Malformed { name: name.clone() },
-            cost: Some(1),
-            mode: Mode::CheckAndSpend,
-            limit: None,
-            lease: None,
-        });
-        batch.owner.push(*d);
-    }
-}
-
 /// The lease id of descriptor `d` (mapped to concurrency limits `names`), checked: its
 /// lease entry (`lease`: its index and value) present, a hit of 1 (`cost`), no limit of
 /// its own; each refusal names the descriptor and field. An id that is not 1 to
@@ -596,54 +540,4 @@ fn lease_of<'e>(
 /// At most 64 characters of a caller's text, for a log line.
 fn short(text: &str) -> &str {
     crate::text::first_chars(text, 64)
-}
-
-/// The request's own bounds: a domain, at least one descriptor, and not too many.
-fn check_request(request: &RateLimitRequest) -> Result<(), Status> {
-    if request.domain.is_empty() {
-        return Err(invalid("domain: empty".to_string()));
-    }
-    if request.descriptors.is_empty() {
-        return Err(invalid("descriptors: empty".to_string()));
-    }
-    if request.domain.len() > MAX_DOMAIN {
-        return Err(invalid(format!("domain: longer than {MAX_DOMAIN} bytes")));
-    }
-    if request.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(invalid(format!(
-            "descriptors: {} descriptors, at most {MAX_DESCRIPTORS}",
-            request.descriptors.len()
-        )));
-    }
-    Ok(())
-}
-
-/// A descriptor's bounds: entries and keys (values over their bound stand for themselves,
-/// [`stand_in_long_values`]).
-fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Result<(), Refusal> {
-    if descriptor.entries.is_empty() {
-        return Err(malformed(d, format!("descriptors[{d}].entries: empty")));
-    }
-    if descriptor.entries.len() > MAX_ENTRIES {
-        return Err(malformed(
-            d,
-            format!(
-                "descriptors[{d}].entries: {} entries, at most {MAX_ENTRIES}",
-                descriptor.entries.len()
-            ),
-        ));
-    }
-    if let Some(e) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
-        return Err(malformed(
-            d,
-            format!("descriptors[{d}].entries[{e}].key: empty"),
-        ));
-    }
-    if let Some(e) = (descriptor.entries.iter()).position(|e| e.key.len() > MAX_ENTRY_KEY) {
-        return Err(malformed(
-            d,
-            format!("descriptors[{d}].entries[{e}].key: longer than {MAX_ENTRY_KEY} bytes"),
-        ));
-    }
-    Ok(())
 }

@@ -17,6 +17,7 @@
 mod batch;
 mod decide;
 mod ratelimit;
+mod refusal;
 mod reserve;
 mod respond;
 mod upstream;
@@ -39,6 +40,7 @@ use crate::service::native::settle::Settler;
 use crate::service::{trace, Decider};
 use crate::store::shared::Settlements;
 
+use refusal::{malformed, Refusal};
 pub use reserve::ENVOY_REQUEST_IDS;
 pub use values::{decode_request, stand_in, STAND_IN_PREFIX};
 pub use wire::{Answer, RlsServer, SHOULD_RATE_LIMIT};
@@ -214,39 +216,6 @@ fn override_limit(o: &RateLimitOverride) -> Result<Limit, String> {
 
 fn invalid(message: String) -> Status {
     Status::invalid_argument(message)
-}
-
-/// Why a request was not decided as it came.
-#[derive(Debug)]
-pub(super) enum Refusal {
-    /// Descriptor `d` cannot be decided as it came (an entry, a lease or request id, a
-    /// cost or a `limit` its limit cannot take; `name`: the limit it maps to, if known).
-    /// Decided by the domain's `invalid_id` policy: denied (the default), unmatched, or
-    /// INVALID_ARGUMENT with `message` (`reject`) - never an error unless asked for, since
-    /// Envoy's default lets an errored request through with every descriptor skipped.
-    Descriptor {
-        d: usize,
-        name: Arc<str>,
-        message: String,
-    },
-    /// The request as a whole: its bounds (the operator's configuration sets them), or a
-    /// store failure.
-    Request(Status),
-}
-
-impl From<Status> for Refusal {
-    fn from(status: Status) -> Refusal {
-        Refusal::Request(status)
-    }
-}
-
-/// Descriptor `d` cannot be decided as it came (an unnamed limit): `message` names where.
-fn malformed(d: usize, message: String) -> Refusal {
-    Refusal::Descriptor {
-        d,
-        name: Arc::from(""),
-        message,
-    }
 }
 
 impl EnvoyRateLimitService {

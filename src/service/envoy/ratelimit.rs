@@ -6,6 +6,7 @@
 //! aligned to the unit with every hit counted, as there; with `--ratelimit-counting gcra`
 //! by cellrate's GCRA, all-or-nothing.
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
@@ -62,21 +63,7 @@ impl EnvoyRateLimitService {
             let cost = descriptor
                 .hits_addend
                 .map_or(request_cost, |explicit| explicit.value);
-            let given = match &descriptor.limit {
-                Some(o) if self.decider.caller_limits().enabled => {
-                    let unit = Unit::from_envoy(o.unit).ok_or_else(|| {
-                        malformed(
-                            d,
-                            format!(
-                                "descriptors[{d}].limit: unit {} is not a known time unit",
-                                o.unit
-                            ),
-                        )
-                    })?;
-                    Some((o.requests_per_unit, unit))
-                }
-                _ => None,
-            };
+            let given = self.given_limit(d, descriptor)?;
             let (numbers, name, shadow, shared) = match (given, &found[d]) {
                 (Some(numbers), _) => (numbers, DESCRIPTOR_LIMIT.into(), false, &[][..]),
                 (None, Some(f)) => match f.limit.limit {
@@ -133,6 +120,30 @@ impl EnvoyRateLimitService {
 }
 
 impl EnvoyRateLimitService {
+    /// Descriptor `d`'s own `limit`, when caller-given limits are on; a unit it does not
+    /// know makes the descriptor malformed.
+    fn given_limit(
+        &self,
+        d: usize,
+        descriptor: &RateLimitDescriptor,
+    ) -> Result<Option<(u32, Unit)>, Refusal> {
+        match &descriptor.limit {
+            Some(o) if self.decider.caller_limits().enabled => {
+                let unit = Unit::from_envoy(o.unit).ok_or_else(|| {
+                    malformed(
+                        d,
+                        format!(
+                            "descriptors[{d}].limit: unit {} is not a known time unit",
+                            o.unit
+                        ),
+                    )
+                })?;
+                Ok(Some((o.requests_per_unit, unit)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// What names the bucket of `entries` (as counted) in `domain`: a digest, or for the
     /// memcache store envoyproxy/ratelimit's key text.
     fn bucket_text(&self, domain: &str, entries: &[(&str, &str)]) -> String {
