@@ -427,6 +427,16 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 
+    /// Bound on leases of concurrency limits held in the memory store; an acquire beyond
+    /// it is denied.
+    #[arg(long, env = "CELLRATE_MAX_LEASES", default_value_t = crate::store::memory::DEFAULT_MAX_LEASES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_leases: usize,
+
+    /// Percent of --max-leases that the leases of one limit name may hold (caller-given
+    /// concurrency limits count as one name); an acquire beyond it is denied.
+    #[arg(long, env = "CELLRATE_LEASE_NAME_SHARE", default_value_t = crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub lease_name_share: u8,
+
     /// The memory store's snapshot file: its buckets are restored from it at start (a
     /// missing or unusable file: one warning, an empty store) and written to it at graceful
     /// shutdown, so that a restart does not refill every bucket.

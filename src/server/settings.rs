@@ -22,6 +22,10 @@ pub struct Settings {
     pub max_buckets: usize,
     /// Percent of `max_buckets` that buckets under caller-given limits may hold.
     pub caller_bucket_share: usize,
+    /// Bound on leases of concurrency limits in the memory store, and the percent of it
+    /// that the leases of one limit name may hold.
+    pub max_leases: usize,
+    pub lease_name_share: usize,
     /// Bounds on limits that callers give (or none at all).
     pub caller: CallerLimits,
     /// Temporary overrides: at most this many in force, each for at most this long.
@@ -191,6 +195,8 @@ impl Default for Settings {
         Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            max_leases: crate::store::memory::DEFAULT_MAX_LEASES,
+            lease_name_share: crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
             caller: CallerLimits::default(),
             max_runtime_overrides: 10_000,
             max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
