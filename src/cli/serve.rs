@@ -229,6 +229,12 @@ impl ServeArgs {
             resp: connections(self.resp_max_connections),
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
+            max_in_flight_per_address: self.max_in_flight_per_address,
+            body_timeout: Duration::from_millis(
+                self.request_body_timeout_ms
+                    .min(self.request_timeout_ms)
+                    .max(1),
+            ),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
             max_connection_age: self.grpc_max_connection_age.map(|age| MaxConnectionAge {
                 age: nanos(age),

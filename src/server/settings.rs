@@ -94,6 +94,11 @@ pub struct ServerLimits {
     pub max_streams_per_connection: u32,
     /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
     pub max_in_flight: usize,
+    /// Of those, at most this many from one client address (IPv6: its /64); 0: no share;
+    /// `None`: a quarter of `max_in_flight` ([`ServerLimits::in_flight_per_address`]).
+    pub max_in_flight_per_address: Option<usize>,
+    /// Longest a unary request's body may take to arrive, from the first wait for it.
+    pub body_timeout: Duration,
     /// Longest time a gRPC request may take, body included (a caller's shorter
     /// `grpc-timeout` wins).
     pub request_timeout: Duration,
@@ -120,11 +125,17 @@ impl Default for ServerLimits {
             },
             max_streams_per_connection: 100,
             max_in_flight: 4096,
+            max_in_flight_per_address: None,
+            body_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
             max_connection_age: None,
         }
     }
 }
+
+/// By default one client address may hold this part of `max_in_flight`: a quarter, as of
+/// a listener's connections.
+pub const IN_FLIGHT_SHARE_DIVISOR: usize = 4;
 
 /// The longest the metrics listener keeps an idle connection, whatever
 /// `--idle-timeout-seconds` says: HTTP/1 scrapes and probes come and go.
@@ -160,6 +171,15 @@ impl ServerLimits {
         self.metrics.max_connections = fitted[2];
         self.resp.max_connections = fitted[3];
         self
+    }
+
+    /// The requests in flight one client address may hold: as set (at most
+    /// `max_in_flight`), else a quarter of `max_in_flight` (at least 1); 0: no share.
+    pub fn in_flight_per_address(&self) -> usize {
+        match self.max_in_flight_per_address {
+            Some(n) => n.min(self.max_in_flight),
+            None => (self.max_in_flight / IN_FLIGHT_SHARE_DIVISOR).max(1),
+        }
     }
 
     /// A gRPC server builder with the HTTP/2 limits.
