@@ -2,7 +2,9 @@
 //! - the memory store at 10^3, 10^6, 10^7 and 10^8 live buckets: memory per live bucket (RSS
 //!   growth per bucket, everything included), check latency on random live keys, and the
 //!   sweeper's pause per shard; the time to write its snapshot file and to restore it;
-//! - the time to load and swap in a limits directory with 100 000 overrides.
+//! - the time to load and swap in a limits directory with 100 000 overrides;
+//! - the memory store full of leases (keys of one lease each, ids of 16 and 256 bytes):
+//!   memory per lease.
 //!
 //! Each memory figure comes from a fresh child process, so that memory freed by one run
 //! cannot hide the next one's growth. Run: `cargo bench --bench capacity`.
@@ -195,8 +197,59 @@ fn overrides_load_and_swap(ids: usize) {
     );
 }
 
+/// Memory per lease of a concurrency limit in the memory store when it is full of keys of
+/// one lease each (what a flood of fresh ids makes), with key ids of `id_len` bytes: RSS
+/// growth over `n` leases, everything included (the key map, each key's list and text).
+fn memory_per_lease(n: usize, id_len: usize) {
+    let clock = FakeClock::new(1_700_000_000 * SECOND);
+    let store = MemoryStore::with_capacity(
+        Arc::new(clock),
+        MemoryStore::shards_for(cellrate::store::memory::DEFAULT_MAX_BUCKETS),
+        cellrate::store::memory::DEFAULT_MAX_BUCKETS,
+    )
+    .with_lease_bounds(n, 100);
+    let limit = Limit::concurrency(8, 30 * SECOND).unwrap();
+    let lease: Arc<str> = Arc::from("0f8fad5b-d9cb-469f-a165-70867728950e");
+    let item = |i: usize| {
+        let id = format!("{i:0>id_len$}");
+        StoreItem {
+            key: BucketKey::windowed(100, &id, limit.window()),
+            limit,
+            cost: 1,
+            mode: Mode::Acquire,
+            lease: Some(lease.clone()),
+        }
+    };
+    let before = rss();
+    for i in 0..n {
+        assert!(
+            store
+                .spend_now(std::slice::from_ref(&item(i)))
+                .unwrap()
+                .allowed
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1_500));
+    for i in 0..200_000 {
+        std::hint::black_box(Vec::<u8>::with_capacity(64 + i % 4096));
+    }
+    let grown = rss().saturating_sub(before) as f64;
+    assert_eq!(store.live_leases(), n);
+    println!(
+        "memory_store leases={n} id_bytes={id_len} key_bytes={} rss_growth_mib={:.0} bytes_per_lease={:.1}",
+        item(0).key.as_str().len(),
+        grown / (1 << 20) as f64,
+        grown / n as f64
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "leases") {
+        let n = args[at + 1].parse().unwrap();
+        memory_per_lease(n, args[at + 2].parse().unwrap());
+        return;
+    }
     if let Some(n) = args
         .iter()
         .position(|a| a == "memory")
@@ -213,6 +266,15 @@ fn main() {
     for n in sizes.split(',') {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["memory", n])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    // CAPACITY_LEASES="1000000" (the default table) with ids of 16 and 256 bytes.
+    let leases = std::env::var("CAPACITY_LEASES").unwrap_or_else(|_| "1000000".into());
+    for id_len in ["16", "256"] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["leases", &leases, id_len])
             .status()
             .unwrap();
         assert!(status.success());

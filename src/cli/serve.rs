@@ -146,6 +146,8 @@ impl ServeArgs {
         Settings {
             max_buckets: self.max_buckets,
             caller_bucket_share: usize::from(self.caller_limit_bucket_share),
+            max_leases: self.max_leases,
+            lease_name_share: usize::from(self.lease_name_share),
             caller: CallerLimits {
                 enabled: self.caller_limits,
                 max_period: self.caller_limit_max_period,
@@ -227,6 +229,12 @@ impl ServeArgs {
             resp: connections(self.resp_max_connections),
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
+            max_in_flight_per_address: self.max_in_flight_per_address,
+            body_timeout: Duration::from_millis(
+                self.request_body_timeout_ms
+                    .min(self.request_timeout_ms)
+                    .max(1),
+            ),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
             max_connection_age: self.grpc_max_connection_age.map(|age| MaxConnectionAge {
                 age: nanos(age),

@@ -218,6 +218,19 @@ pub fn peek(limit: &Limit, now: Nanos, leases: &[Lease]) -> Decision {
     answer_of(limit, now, free, leases)
 }
 
+/// An acquire that a slot of the key would allow but that the store cannot record (its
+/// table of leases, or the share of it the limit's name may take, is full): denied, with
+/// no slot offered (`remaining` 0) and a retry after the limit's hold, by which every
+/// lease taken under it until now has expired or been released. `reset_in` is the key's.
+pub fn refused(limit: &Limit, now: Nanos, leases: &[Lease]) -> Decision {
+    Decision {
+        allowed: false,
+        remaining: 0,
+        retry_in: limit.period,
+        ..answer_of(limit, now, false, leases)
+    }
+}
+
 /// Applies `write` to a key's leases, dropping the expired ones; returns the change in the
 /// number of leases held (negative when expired ones were dropped).
 pub fn apply(leases: &mut Vec<Lease>, now: Nanos, write: Option<LeaseWrite>) -> i64 {

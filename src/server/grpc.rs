@@ -210,6 +210,13 @@ impl Stacks<'_> {
         super::tls::incoming(listener, tls, timeout)
     }
 
+    /// The in-flight bound of a gRPC server: in all, per client address, and on bodies.
+    fn in_flight(&self) -> InFlightLayer {
+        InFlightLayer::new(self.limits.max_in_flight)
+            .with_per_address(self.limits.in_flight_per_address())
+            .with_body_timeout(self.limits.body_timeout)
+    }
+
     /// `router` served on `incoming` until [`Self::stop`]: by one server, or with a
     /// connection age by one server per connection (`connection_age.rs`).
     fn serve<L, ResBody>(&self, router: Router<L>, incoming: Incoming) -> Serving
@@ -272,7 +279,7 @@ impl Stacks<'_> {
             .limits
             .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
-            .layer(InFlightLayer::new(self.limits.max_in_flight).with_gate(self.waiting.clone()))
+            .layer(self.in_flight().with_gate(self.waiting.clone()))
             // Innermost: the decision RPCs skip the router (and are mounted in it too).
             .layer(ShortcutLayer::new(envoy.clone(), native.clone()))
             .add_service(self.health.service.clone());
@@ -306,7 +313,7 @@ impl Stacks<'_> {
             .limits
             .grpc_server()
             .layer(RpcMetricsLayer::new(self.metrics.clone()))
-            .layer(InFlightLayer::new(self.limits.max_in_flight))
+            .layer(self.in_flight())
             .add_service(self.health.service.clone());
         let router = with_reflection(router, &services)?.add_service(
             tonic::service::interceptor::InterceptedService::new(

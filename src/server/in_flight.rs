@@ -6,17 +6,28 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use super::listener::ConnectionInfo;
+use super::per_address::InFlightCount;
 
 /// A bound on the requests one gRPC server handles at once, over all its connections.
 ///
 /// Streams per connection are bounded by HTTP/2 (`max_concurrent_streams`), but a request
 /// waiting for its body holds memory until the request timeout, and connections are many:
 /// this bound keeps the total finite. A request over it is answered at once with
-/// UNAVAILABLE ("overloaded"), without reading its body. Admitted requests' bodies are
-/// checked by [`OneMessage`].
+/// UNAVAILABLE ("overloaded"), without reading its body. One client address (an IPv6
+/// address by its /64, as connections are counted) holds at most its share of the bound
+/// (`--max-in-flight-per-address`, a quarter by default): beyond it that address's new
+/// requests are refused the same way while other addresses still find slots, so stalled
+/// streams on many connections from one address cannot take every slot. Admitted
+/// requests' bodies are checked by [`OneMessage`], and must arrive within the body timeout.
 #[derive(Clone)]
 pub struct InFlightLayer {
     slots: Arc<Slots>,
+    /// The longest a unary request's body may take to arrive, from the first time its
+    /// server waits for it (`None`: only the request timeout).
+    body_timeout: Option<Duration>,
     /// While this holds true (the first xDS update not yet in force), every request but
     /// gRPC health's is answered UNAVAILABLE at once: connections are answered, never left
     /// hanging, and probes learn NOT_SERVING.
@@ -29,9 +40,28 @@ impl InFlightLayer {
             slots: Arc::new(Slots {
                 taken: AtomicUsize::new(0),
                 max: max_in_flight.max(1),
+                per_address: 0,
             }),
+            body_timeout: None,
             waiting: None,
         }
+    }
+
+    /// At most `n` requests in flight from one client address (0: no such share).
+    pub fn with_per_address(mut self, n: usize) -> InFlightLayer {
+        self.slots = Arc::new(Slots {
+            taken: AtomicUsize::new(0),
+            max: self.slots.max,
+            per_address: n,
+        });
+        self
+    }
+
+    /// A unary request whose body has not arrived within `timeout` of the first wait for
+    /// it ends with DEADLINE_EXCEEDED, giving its slot back.
+    pub fn with_body_timeout(mut self, timeout: Duration) -> InFlightLayer {
+        self.body_timeout = Some(timeout);
+        self
     }
 
     /// Refuses every request but gRPC health's (UNAVAILABLE) while `waiting` holds true.
@@ -48,6 +78,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
         InFlight {
             inner,
             slots: self.slots.clone(),
+            body_timeout: self.body_timeout,
             waiting: self.waiting.clone(),
         }
     }
@@ -58,6 +89,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
 pub struct InFlight<S> {
     inner: S,
     slots: Arc<Slots>,
+    body_timeout: Option<Duration>,
     waiting: Option<Arc<AtomicBool>>,
 }
 
@@ -95,51 +127,89 @@ where
                 response: Some(status.into_http()),
             };
         }
-        match Slots::take(&self.slots) {
-            Some(slot) => InFlightFuture::Admitted {
-                inner: self.inner.call(OneMessage::wrap(request)),
+        let address = match self.slots.per_address {
+            0 => None,
+            _ => request
+                .extensions()
+                .get::<ConnectionInfo>()
+                .and_then(|c| c.address_in_flight.clone()),
+        };
+        match Slots::take(&self.slots, address) {
+            Ok(slot) => InFlightFuture::Admitted {
+                inner: self
+                    .inner
+                    .call(OneMessage::wrap(request, self.body_timeout)),
                 _slot: slot,
             },
-            None => InFlightFuture::Refused {
-                response: Some(
-                    tonic::Status::unavailable(
-                        "overloaded: too many requests in flight; retry with backoff",
-                    )
-                    .into_http(),
-                ),
+            Err(refusal) => InFlightFuture::Refused {
+                response: Some(tonic::Status::unavailable(refusal).into_http()),
             },
         }
     }
 }
 
-/// The count of requests in flight, and its bound. Requests over it are refused, never
-/// queued, so a counter is all it takes (a semaphore's release takes its waiters' lock on
-/// every request: about 200 instructions of a request's 50 000).
+/// The count of requests in flight, and its bound, in all and per client address (the
+/// address's count comes with its connection: no lookup per request). Requests over it are
+/// refused, never queued, so a counter is all it takes (a semaphore's release takes its
+/// waiters' lock on every request: about 200 instructions of a request's 50 000).
 pub struct Slots {
     taken: AtomicUsize,
     max: usize,
+    /// The most one address may hold (0: no share).
+    per_address: usize,
 }
 
+/// Why a request was refused a slot.
+const OVERLOADED: &str = "overloaded: too many requests in flight; retry with backoff";
+const ADDRESS_OVERLOADED: &str =
+    "overloaded: too many requests in flight from this client address; retry with backoff";
+
 impl Slots {
-    /// A slot, if one is free: held until the [`Slot`] is dropped.
-    fn take(slots: &Arc<Slots>) -> Option<Slot> {
+    /// A slot, if one is free and `address` (the count of its client address's requests,
+    /// if known) is under its share: held until the [`Slot`] is dropped.
+    fn take(slots: &Arc<Slots>, address: Option<InFlightCount>) -> Result<Slot, &'static str> {
         // Raised only while under the bound (never over it and back, which would refuse a
         // caller while a flood of refusals is under way, with a slot free). Relaxed is
-        // enough: the count orders nothing else.
-        let under = |taken: usize| (taken < slots.max).then_some(taken + 1);
+        // enough: the counts order nothing else.
+        let under = |max: usize| move |taken: usize| (taken < max).then_some(taken + 1);
+        if let Some(count) = &address {
+            (count.fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                under(slots.per_address),
+            ))
+            .map_err(|_| ADDRESS_OVERLOADED)?;
+        }
+        // Made now, so that a refusal below gives the address's place back.
+        let mut slot = Slot {
+            slots: slots.clone(),
+            address,
+            counted: false,
+        };
         (slots.taken)
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, under)
-            .ok()?;
-        Some(Slot(slots.clone()))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, under(slots.max))
+            .map_err(|_| OVERLOADED)?;
+        slot.counted = true;
+        Ok(slot)
     }
 }
 
-/// One request's place under [`Slots`]' bound, given back when dropped.
-pub struct Slot(Arc<Slots>);
+/// One request's place under [`Slots`]' bounds, given back when dropped.
+pub struct Slot {
+    slots: Arc<Slots>,
+    address: Option<InFlightCount>,
+    /// Whether it holds a place in the whole count (else only its address's).
+    counted: bool,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.taken.fetch_sub(1, Ordering::Relaxed);
+        if self.counted {
+            self.slots.taken.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(count) = &self.address {
+            count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -185,15 +255,24 @@ pin_project_lite::pin_project! {
         header: [u8; 5],
         payload_left: u64,
         messages: u32,
+        // The body timeout (`None`: a streaming call, or none set), and its deadline, armed
+        // the first time the body is waited for (a body that came with its headers arms
+        // no timer).
+        body_timeout: Option<Duration>,
+        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 }
 
 impl<B> OneMessage<B> {
-    fn wrap(request: http::Request<B>) -> http::Request<OneMessage<B>> {
+    fn wrap(
+        request: http::Request<B>,
+        body_timeout: Option<Duration>,
+    ) -> http::Request<OneMessage<B>> {
         // Every cellrate and Envoy RPC is unary in its request; reflection and RLQS stream.
         let path = request.uri().path();
-        let unary = !path.starts_with("/grpc.reflection.")
-            && !path.starts_with("/envoy.service.rate_limit_quota.")
+        let streaming = path.starts_with("/grpc.reflection.")
+            || path.starts_with("/envoy.service.rate_limit_quota.");
+        let unary = !streaming
             && path != crate::service::envoy::SHOULD_RATE_LIMIT
             && path != crate::service::native::CHECK;
         request.map(|inner| OneMessage {
@@ -203,6 +282,8 @@ impl<B> OneMessage<B> {
             header: [0; 5],
             payload_left: 0,
             messages: 0,
+            body_timeout: body_timeout.filter(|_| !streaming),
+            deadline: None,
         })
     }
 }
@@ -257,7 +338,21 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
         let this = self.project();
-        let frame = match ready!(this.inner.poll_frame(cx)) {
+        let polled = this.inner.poll_frame(cx);
+        if let (Poll::Pending, Some(timeout)) = (&polled, *this.body_timeout) {
+            let deadline = this
+                .deadline
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(Err(Box::new(tonic::Status::deadline_exceeded(
+                    format!(
+                        "the request body did not arrive within {} ms of the first wait for it",
+                        timeout.as_millis()
+                    ),
+                )))));
+            }
+        }
+        let frame = match ready!(polled) {
             Some(Ok(frame)) => frame,
             Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
             None => return Poll::Ready(None),
@@ -296,18 +391,45 @@ mod tests {
     #[test]
     fn slots_are_bounded_and_given_back_when_dropped() {
         let slots = InFlightLayer::new(2).slots;
-        let (a, b) = (Slots::take(&slots), Slots::take(&slots));
-        assert!(a.is_some() && b.is_some());
-        assert!(Slots::take(&slots).is_none(), "a third over a bound of 2");
+        let (a, b) = (Slots::take(&slots, None), Slots::take(&slots, None));
+        assert!(a.is_ok() && b.is_ok());
+        assert!(
+            Slots::take(&slots, None).is_err(),
+            "a third over a bound of 2"
+        );
         assert_eq!(
             slots.taken.load(Ordering::Relaxed),
             2,
             "a refusal holds nothing"
         );
         drop(a);
-        let c = Slots::take(&slots);
-        assert!(c.is_some(), "the dropped slot is free again");
+        let c = Slots::take(&slots, None);
+        assert!(c.is_ok(), "the dropped slot is free again");
         drop((b, c));
+        assert_eq!(slots.taken.load(Ordering::Relaxed), 0);
+    }
+
+    /// One address holds at most its share; another still takes slots up to the bound; a
+    /// refusal by the whole bound gives the address's place back.
+    #[test]
+    fn an_address_holds_at_most_its_share() {
+        let slots = InFlightLayer::new(4).with_per_address(2).slots;
+        let (a, b) = (InFlightCount::default(), InFlightCount::default());
+        let held: Vec<Slot> = (0..2)
+            .map(|_| Slots::take(&slots, Some(a.clone())).unwrap())
+            .collect();
+        assert_eq!(
+            Slots::take(&slots, Some(a.clone())).err(),
+            Some(ADDRESS_OVERLOADED)
+        );
+        let others: Vec<Slot> = (0..2)
+            .map(|_| Slots::take(&slots, Some(b.clone())).unwrap())
+            .collect();
+        let c = InFlightCount::default();
+        assert_eq!(Slots::take(&slots, Some(c.clone())).err(), Some(OVERLOADED));
+        assert_eq!(c.load(Ordering::Relaxed), 0, "given back");
+        drop((held, others));
+        assert_eq!(a.load(Ordering::Relaxed) + b.load(Ordering::Relaxed), 0);
         assert_eq!(slots.taken.load(Ordering::Relaxed), 0);
     }
 
@@ -325,7 +447,7 @@ mod tests {
                         // The count itself never goes over the bound, not even for an
                         // instant (a refused taker leaves it as it was).
                         assert!(slots.taken.load(Ordering::Relaxed) <= 3, "count over");
-                        if let Some(slot) = Slots::take(&slots) {
+                        if let Ok(slot) = Slots::take(&slots, None) {
                             let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                             most.fetch_max(now, Ordering::SeqCst);
                             holding.fetch_sub(1, Ordering::SeqCst);

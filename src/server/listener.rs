@@ -128,8 +128,8 @@ pub struct GuardedListener {
     name: &'static str,
     /// Bytes a connection must send within the handshake timeout.
     handshake_bytes: usize,
-    /// Connections by client address, when bounded.
-    per_address: Option<Arc<super::per_address::PerAddress>>,
+    /// Connections (and requests in flight) by client address.
+    per_address: Arc<super::per_address::PerAddress>,
 }
 
 /// What a connection must send within the handshake timeout: as long as an HTTP/1 request
@@ -149,10 +149,11 @@ impl GuardedListener {
             backoff: FIRST_BACKOFF,
             name,
             handshake_bytes: HANDSHAKE_BYTES,
-            per_address: match limits.per_address_bound() {
-                0 => None,
-                bound => Some(super::per_address::PerAddress::new(bound)),
-            },
+            // Kept without a bound too: requests in flight are counted per address.
+            per_address: super::per_address::PerAddress::new(match limits.per_address_bound() {
+                0 => usize::MAX,
+                bound => bound,
+            }),
         }
     }
 
@@ -183,8 +184,8 @@ impl GuardedListener {
             match accepted {
                 Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
-                    let slot = match (&self.per_address, peer) {
-                        (Some(table), Some(peer)) => match table.take(peer.ip()) {
+                    let slot = match peer {
+                        Some(peer) => match self.per_address.take(peer.ip()) {
                             Some(slot) => Some(slot),
                             None => {
                                 // Closed at once: this address holds its share already.
@@ -257,7 +258,7 @@ fn configure(stream: &TcpStream, limits: &ConnectionLimits) {
 pub struct GuardedStream {
     stream: Io,
     _permit: OwnedSemaphorePermit,
-    /// Its place in its address's count, when bounded.
+    /// Its place in its address's count (`None` on a Unix socket).
     _address: Option<super::per_address::AddressSlot>,
     remote: Option<SocketAddr>,
     /// Fires at the end of the current read window.
@@ -477,16 +478,28 @@ impl AsyncWrite for GuardedStream {
     }
 }
 
+/// What a request knows of its connection (tonic puts it in every request's extensions):
+/// the addresses, and the count of requests in flight from the client's address, which the
+/// in-flight bound keeps a share of (`None` on a Unix socket: every peer is local).
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub tcp: tonic::transport::server::TcpConnectInfo,
+    pub address_in_flight: Option<super::per_address::InFlightCount>,
+}
+
 impl tonic::transport::server::Connected for GuardedStream {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        tonic::transport::server::TcpConnectInfo {
-            local_addr: match &self.stream {
-                Io::Tcp(stream) => stream.local_addr().ok(),
-                Io::Unix(_) => None,
+        ConnectionInfo {
+            tcp: tonic::transport::server::TcpConnectInfo {
+                local_addr: match &self.stream {
+                    Io::Tcp(stream) => stream.local_addr().ok(),
+                    Io::Unix(_) => None,
+                },
+                remote_addr: self.remote,
             },
-            remote_addr: self.remote,
+            address_in_flight: self._address.as_ref().map(|a| a.in_flight().clone()),
         }
     }
 }

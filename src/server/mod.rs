@@ -32,7 +32,8 @@ pub mod unix_socket;
 pub mod xds;
 
 pub use settings::{
-    Listeners, ServerLimits, Settings, SnapshotSettings, StoreSettings, METRICS_MAX_IDLE,
+    Listeners, ServerLimits, Settings, SnapshotSettings, StoreSettings, IN_FLIGHT_SHARE_DIVISOR,
+    METRICS_MAX_IDLE,
 };
 pub use store::no_redis;
 

@@ -4,28 +4,38 @@
 //! closed as soon as it is accepted. Only addresses with open connections are tracked, so
 //! the table never holds more entries than the listener has connections.
 //!
+//! Each address also has a count of its requests in flight, which its connections hand to
+//! their requests ([`AddressSlot::in_flight`]), so that the in-flight bound can keep a
+//! share per address (`in_flight.rs`) without a lookup per request.
+//!
 //! [`ConnectionLimits::per_address_bound`]: super::listener::ConnectionLimits::per_address_bound
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::resp::lockout::source_of;
 
-/// Open connections by client address, for one listener.
+/// Open connections by client address, for one listener, and each address's requests in
+/// flight.
 pub struct PerAddress {
     max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<IpAddr, (usize, InFlightCount)>>,
 }
+
+/// The requests in flight from one client address (over its connections to one listener).
+pub type InFlightCount = Arc<AtomicUsize>;
 
 /// One connection's place in its address's count; given back when dropped.
 pub struct AddressSlot {
     table: Arc<PerAddress>,
     source: IpAddr,
+    in_flight: InFlightCount,
 }
 
 impl PerAddress {
-    /// A table allowing `max` (at least 1) connections per address.
+    /// A table allowing `max` (at least 1; `usize::MAX`: no bound) connections per address.
     pub fn new(max: usize) -> Arc<PerAddress> {
         Arc::new(PerAddress {
             max: max.max(1),
@@ -37,7 +47,7 @@ impl PerAddress {
     pub fn take(self: &Arc<Self>, peer: IpAddr) -> Option<AddressSlot> {
         let source = source_of(peer);
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = open.entry(source).or_insert(0);
+        let (count, in_flight) = open.entry(source).or_default();
         if *count >= self.max {
             return None;
         }
@@ -45,6 +55,7 @@ impl PerAddress {
         Some(AddressSlot {
             table: self.clone(),
             source,
+            in_flight: in_flight.clone(),
         })
     }
 
@@ -57,6 +68,13 @@ impl PerAddress {
     }
 }
 
+impl AddressSlot {
+    /// The count of requests in flight from this connection's address.
+    pub fn in_flight(&self) -> &InFlightCount {
+        &self.in_flight
+    }
+}
+
 impl Drop for AddressSlot {
     fn drop(&mut self) {
         let mut open = self
@@ -64,7 +82,7 @@ impl Drop for AddressSlot {
             .open
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = open.get_mut(&self.source) {
+        if let Some((count, _)) = open.get_mut(&self.source) {
             *count -= 1;
             if *count == 0 {
                 open.remove(&self.source);
@@ -94,6 +112,10 @@ mod tests {
         let _y = table.take(v6("2001:db8::ffff:2")).unwrap();
         assert!(table.take(v6("2001:db8::3")).is_none());
         assert!(table.take(v6("2001:db8:0:1::3")).is_some());
+        // One address's connections share one count of requests in flight.
+        let other = table.take(b).unwrap();
+        assert!(Arc::ptr_eq(_other.in_flight(), other.in_flight()));
+        assert!(!Arc::ptr_eq(_other.in_flight(), _second.in_flight()));
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct Settings {
     pub max_buckets: usize,
     /// Percent of `max_buckets` that buckets under caller-given limits may hold.
     pub caller_bucket_share: usize,
+    /// Bound on leases of concurrency limits in the memory store, and the percent of it
+    /// that the leases of one limit name may hold.
+    pub max_leases: usize,
+    pub lease_name_share: usize,
     /// Bounds on limits that callers give (or none at all).
     pub caller: CallerLimits,
     /// Temporary overrides: at most this many in force, each for at most this long.
@@ -90,6 +94,11 @@ pub struct ServerLimits {
     pub max_streams_per_connection: u32,
     /// Requests handled at once by each gRPC server; more are refused (UNAVAILABLE).
     pub max_in_flight: usize,
+    /// Of those, at most this many from one client address (IPv6: its /64); 0: no share;
+    /// `None`: a quarter of `max_in_flight` ([`ServerLimits::in_flight_per_address`]).
+    pub max_in_flight_per_address: Option<usize>,
+    /// Longest a unary request's body may take to arrive, from the first wait for it.
+    pub body_timeout: Duration,
     /// Longest time a gRPC request may take, body included (a caller's shorter
     /// `grpc-timeout` wins).
     pub request_timeout: Duration,
@@ -116,11 +125,17 @@ impl Default for ServerLimits {
             },
             max_streams_per_connection: 100,
             max_in_flight: 4096,
+            max_in_flight_per_address: None,
+            body_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
             max_connection_age: None,
         }
     }
 }
+
+/// By default one client address may hold this part of `max_in_flight`: a quarter, as of
+/// a listener's connections.
+pub const IN_FLIGHT_SHARE_DIVISOR: usize = 4;
 
 /// The longest the metrics listener keeps an idle connection, whatever
 /// `--idle-timeout-seconds` says: HTTP/1 scrapes and probes come and go.
@@ -158,6 +173,15 @@ impl ServerLimits {
         self
     }
 
+    /// The requests in flight one client address may hold: as set (at most
+    /// `max_in_flight`), else a quarter of `max_in_flight` (at least 1); 0: no share.
+    pub fn in_flight_per_address(&self) -> usize {
+        match self.max_in_flight_per_address {
+            Some(n) => n.min(self.max_in_flight),
+            None => (self.max_in_flight / IN_FLIGHT_SHARE_DIVISOR).max(1),
+        }
+    }
+
     /// A gRPC server builder with the HTTP/2 limits.
     pub(super) fn grpc_server(&self) -> Server {
         Server::builder()
@@ -191,6 +215,8 @@ impl Default for Settings {
         Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            max_leases: crate::store::memory::DEFAULT_MAX_LEASES,
+            lease_name_share: crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
             caller: CallerLimits::default(),
             max_runtime_overrides: 10_000,
             max_override_ttl: 7 * 86_400 * crate::clock::SECOND,

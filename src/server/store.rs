@@ -74,7 +74,8 @@ impl Stores {
                     MemoryStore::shards_for(settings.max_buckets),
                     settings.max_buckets,
                     settings.caller_bucket_share,
-                );
+                )
+                .with_lease_bounds(settings.max_leases, settings.lease_name_share);
                 if let Some(snapshot) = &settings.snapshot {
                     restore(&mut store, &snapshot.path, metrics);
                     if let Err(e) = MemoryStore::check_writable(&snapshot.path) {

@@ -40,6 +40,7 @@ pub async fn sweep(
             now.acquired.saturating_sub(leases.acquired),
             now.released.saturating_sub(leases.released),
             now.expired.saturating_sub(leases.expired),
+            now.refused.saturating_sub(leases.refused),
         ]);
         leases = now;
         metrics.store.swept_buckets.inc_by(dropped as u64);

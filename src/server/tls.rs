@@ -464,7 +464,7 @@ impl AsyncWrite for Conn {
 }
 
 impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = super::listener::ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {

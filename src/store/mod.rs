@@ -284,17 +284,20 @@ impl StoreObserver for NoObserver {
 }
 
 /// Leases of concurrency limits a store counted since it started: taken, freed by their
-/// release, and dropped unreleased after their hold (leaked: their caller never released).
+/// release, and dropped unreleased after their hold (leaked: their caller never released);
+/// and acquires refused because the store's table of leases, or its name's share of it,
+/// was full (the memory store's bounds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LeaseEvents {
     pub acquired: u64,
     pub released: u64,
     pub expired: u64,
+    pub refused: u64,
 }
 
 /// The counters behind [`LeaseEvents`], kept by a store.
 #[derive(Debug, Default)]
-pub struct LeaseCounters([std::sync::atomic::AtomicU64; 3]);
+pub struct LeaseCounters([std::sync::atomic::AtomicU64; 4]);
 
 impl LeaseCounters {
     /// Counts leases taken, released and found expired.
@@ -306,13 +309,19 @@ impl LeaseCounters {
         }
     }
 
+    /// Counts an acquire refused for a full table or share.
+    pub fn refused(&self) {
+        self.0[3].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn get(&self) -> LeaseEvents {
-        let [a, r, e] = &self.0;
+        let [a, r, e, f] = &self.0;
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         LeaseEvents {
             acquired: load(a),
             released: load(r),
             expired: load(e),
+            refused: load(f),
         }
     }
 }

@@ -488,3 +488,98 @@ async fn lease_rules_must_fit_their_limits() {
     assert_eq!(remaining(&mut s, "InFlight", "acme").await, 3);
     s.stop().await;
 }
+
+/// Issue #58, defect 3: a caller sending fresh tenant ids fills the memory store's table of
+/// leases (before: 1 000 000 one-lease keys in about 11 s, then every acquire of every
+/// concurrency limit UNAVAILABLE, which Envoy's default `failure_mode_deny: false` lets
+/// through). Now one name holds at most its share (`--lease-name-share`) of the table
+/// (`--max-leases`; here 200 and 25 %: 50 leases), and an acquire beyond either bound is
+/// OVER_LIMIT, never an error; another name's tenants still take leases, and the native
+/// API answers the same acquire denied.
+#[tokio::test]
+async fn a_flood_of_fresh_tenants_is_denied_within_its_names_share() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let files = [
+        (
+            "names.yaml",
+            read("names.yaml") + "InFlightPerUser: {number: 112, format: string}\n",
+        ),
+        (
+            "defaults.yaml",
+            read("defaults.yaml")
+                + "InFlightPerUser: {window: concurrency, count: 8, period: 35s}\n",
+        ),
+        ("overrides.yaml", read("overrides.yaml")),
+        (
+            "descriptors.yaml",
+            read("descriptors.yaml")
+                + "  - match: [{key: user}, {key: lease}]\n    \
+                   limits: [InFlightPerUser]\n    id: \"{user}\"\n    lease: lease\n",
+        ),
+    ];
+    let files: Vec<(String, String)> = files.into_iter().map(|(f, t)| (f.to_string(), t)).collect();
+    let limits = LimitTable::from_files(&files).expect("the limits load");
+    let settings = cellrate::server::Settings {
+        max_leases: 200,
+        lease_name_share: 25,
+        ..crate::common::harness_settings()
+    };
+    let mut s = Served::with_settings(limits, settings).await;
+    let (mut ok, mut over) = (0, 0);
+    for i in 0..300 {
+        let r = try_ask(&mut s, vec![lease(&format!("fresh-{i}"), "r")])
+            .await
+            .unwrap_or_else(|e| panic!("acquire {i}: an error is a bypass through Envoy: {e}"));
+        match r.overall_code {
+            OK => ok += 1,
+            OVER => {
+                assert_eq!(r.statuses[0].limit_remaining, 0);
+                over += 1;
+            }
+            code => panic!("acquire {i}: code {code}"),
+        }
+    }
+    assert_eq!(
+        (ok, over),
+        (50, 250),
+        "the flooded name's share, then denials"
+    );
+    // A tenant of the flooded name that holds nothing yet is denied too (its name's share
+    // is full), while another name's users take leases as before.
+    let user = |u: &str, id: &str| descriptor(&[("user", u), ("lease", id)]);
+    for i in 0..8 {
+        let r = ask(&mut s, vec![user("alice", &format!("a{i}"))]).await;
+        assert_eq!(r.overall_code, OK, "another name's lease {i}");
+    }
+    assert_eq!(
+        ask(&mut s, vec![user("alice", "a8")]).await.overall_code,
+        OVER,
+        "and its own count still holds"
+    );
+    // The native API: the same acquire is a denial, not an error.
+    let item = cellrate::proto::v1::Item {
+        name: "InFlightPerTenant".to_string(),
+        id: "native-fresh".to_string(),
+        mode: cellrate::proto::v1::Mode::Acquire as i32,
+        lease_id: "n1".to_string(),
+        ..Default::default()
+    };
+    let answer = crate::common::check(&mut s, vec![item])
+        .await
+        .expect("a denial");
+    assert!(!answer.overall.expect("an overall decision").allowed);
+    // A release frees a slot of the share for the next fresh tenant.
+    assert_eq!(
+        ask(&mut s, vec![release("fresh-0", "r")])
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, vec![lease("fresh-new", "r")])
+            .await
+            .overall_code,
+        OK
+    );
+}

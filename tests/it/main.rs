@@ -31,6 +31,7 @@ mod grpc_native;
 mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
+mod in_flight_share;
 mod input_limits;
 mod leases;
 mod memcache_store;

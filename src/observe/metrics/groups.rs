@@ -46,7 +46,7 @@ pub struct StoreMetrics {
 }
 
 /// What happened to leases: the label values of `cellrate_leases_total`.
-pub const LEASE_EVENTS: [&str; 3] = ["acquired", "released", "expired"];
+pub const LEASE_EVENTS: [&str; 4] = ["acquired", "released", "expired", "refused"];
 
 /// Why a snapshot file was not used at start: the label values of
 /// `cellrate_snapshot_ignored_total`.
@@ -257,7 +257,8 @@ impl StoreMetrics {
         let leases = reg.counters_from_zero(
             "cellrate_leases_total",
             "Leases of concurrency limits, by event: acquired (a lease taken), released (freed \
-             by its release), expired (dropped unreleased after its hold: leaked).",
+             by its release), expired (dropped unreleased after its hold: leaked), refused (an acquire denied \
+             because the memory store's leases, or its name's share of them, were full).",
             "event",
             &LEASE_EVENTS,
         );

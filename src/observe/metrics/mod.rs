@@ -416,8 +416,8 @@ impl Metrics {
         self.store.fallbacks.with_label_values(&[policy]).inc();
     }
 
-    /// Leases acquired, released and expired since the last call (the sweeper's).
-    pub fn leases_counted(&self, counts: [u64; 3]) {
+    /// Leases acquired, released, expired and refused since the last call (the sweeper's).
+    pub fn leases_counted(&self, counts: [u64; 4]) {
         for (event, n) in groups::LEASE_EVENTS.iter().zip(counts) {
             if n > 0 {
                 self.store.leases.with_label_values(&[event]).inc_by(n);

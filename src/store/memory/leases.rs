@@ -5,10 +5,13 @@
 //! it stays atomic and all-or-nothing: the acquires are decided first, and the rate items
 //! are spent only if every acquire is allowed (and the other way round).
 //!
-//! **Bound.** At most `lease_bound` leases in all (expired ones count until dropped), besides
-//! the buckets' bound; at most `count` a key by the arithmetic. A batch that would take
-//! leases beyond the bound first drops the expired leases of the shards it holds, then
-//! fails with "lease capacity reached" and writes nothing; leases held are never pushed out.
+//! **Bounds.** At most `lease_bound` leases in all (expired ones count until dropped), besides
+//! the buckets' bound; at most a share of that per name number ([`NameShares`]), so that
+//! a client choosing fresh ids of one limit cannot fill the table for every other limit;
+//! at most `count` a key by the arithmetic. A batch that would take leases beyond a bound
+//! first drops the expired leases of the shards it holds, then is denied (its acquires
+//! [`lease::refused`], nothing written; counted as `refused`): never an error, which
+//! Envoy's `failure_mode_deny: false` would let through. Leases held are never pushed out.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::{Entry, RandomState};
@@ -17,6 +20,7 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
+use super::lease_shares::Share;
 use super::{Fingerprint, MemoryStore, Space, Tables};
 use crate::clock::Nanos;
 use crate::gcra::lease::{self, Lease, LeaseWrite};
@@ -84,12 +88,14 @@ impl LeaseIdHasher {
     }
 }
 
-/// A key's leases, with the key itself (the request's own `Arc`, kept: no allocation) and
-/// the count of the limit its latest lease was taken under, for admin `Top` in flight.
+/// A key's leases, with the key itself (the request's own `Arc`, kept: no allocation), the
+/// count of the limit its latest lease was taken under, for admin `Top` in flight, and the
+/// count of its name's leases, which its own are part of.
 #[derive(Debug)]
 pub(super) struct Held {
     key: BucketKey,
     count: u32,
+    pub(super) share: Share,
     pub(super) leases: Vec<Lease>,
 }
 
@@ -138,17 +144,33 @@ fn keep_spare(spare: &mut Vec<Lease>, mut emptied: Vec<Lease>) {
     }
 }
 
-/// Drops a shard's expired leases; returns how many.
+/// The list for a key's first lease: the shard's spare, else room for exactly one (a
+/// `Vec`'s first push makes room for four: 48 bytes that a key of one lease never uses).
+fn first_list(spare: &mut Vec<Lease>, lease: Lease) -> Vec<Lease> {
+    let mut leases = std::mem::take(spare);
+    leases.reserve_exact(1);
+    leases.push(lease);
+    leases
+}
+
+/// Drops a shard's expired leases (and from their names' counts); returns how many.
 pub(super) fn sweep(leases: &mut LeaseMap, now: Nanos) -> usize {
     let mut dropped = 0;
     leases.retain(|_, held| {
         let before = held.leases.len();
         held.leases.retain(|l| l.expires > now);
-        dropped += before - held.leases.len();
+        let gone = before - held.leases.len();
+        if gone > 0 {
+            held.share.fetch_sub(gone, Ordering::AcqRel);
+        }
+        dropped += gone;
         !held.leases.is_empty()
     });
     dropped
 }
+
+/// A batch's lease decisions: per item, for lease items, the decision and the write.
+type Leased = Vec<Option<(Decision, Option<LeaseWrite>)>>;
 
 impl MemoryStore {
     /// Decides a batch that holds lease items (the lease-aware core of `spend_now`).
@@ -158,7 +180,7 @@ impl MemoryStore {
         let (mut guards, positions) = self.lock_all(&prints);
         let now = self.clock.now();
         // The leases first: whether every acquire may take its lease.
-        let mut leased: Vec<Option<(Decision, Option<LeaseWrite>)>> = items
+        let mut leased: Leased = items
             .iter()
             .zip(&prints)
             .zip(&positions)
@@ -187,28 +209,27 @@ impl MemoryStore {
                 mode: items[i].mode,
             })
             .collect();
-        let out = gcra::spend_batch_with(now, &batch, &tats, acquired);
+        let mut out = gcra::spend_batch_with(now, &batch, &tats, acquired);
         // An acquire of a denied batch takes nothing: it reports the key as it stands.
-        for (i, decided) in leased.iter_mut().enumerate() {
-            if let Some((decision, write)) = decided {
-                if items[i].mode == Mode::Acquire && !out.allowed {
-                    let (print, _) = prints[i];
-                    let held = held_by(&guards[positions[i]], print);
-                    *decision = lease::peek(&items[i].limit, now, held);
-                    *write = None;
-                }
-            }
+        if !out.allowed {
+            self.acquire_nothing(items, &prints, &positions, &guards, &mut leased, now, false);
         }
-        let adds = leased
-            .iter()
-            .filter(|d| matches!(d, Some((_, Some(LeaseWrite::Add(_))))))
-            .count();
-        self.reserve_leases(&mut guards, adds, now)?;
+        // The new leases, counted against the bounds: a batch that they do not fit is
+        // denied as a full key would deny it (nothing written; never an error, which
+        // Envoy's default would let through).
+        let reserved = self.reserve_leases(&mut guards, items, &prints, &positions, &leased, now);
+        let shares = reserved.unwrap_or_else(|| {
+            out = gcra::spend_batch_with(now, &batch, &tats, false);
+            self.acquire_nothing(items, &prints, &positions, &guards, &mut leased, now, true);
+            Vec::new()
+        });
         let rate_prints: Vec<(Fingerprint, Space)> = rates.iter().map(|&i| prints[i]).collect();
         let reserved = match self.make_room(&mut guards, &rate_prints, &tats, &out.writes, now) {
             Ok(reserved) => reserved,
             Err(e) => {
-                self.leases_dropped(adds);
+                for share in shares.iter().flatten() {
+                    self.leases_dropped(share, 1);
+                }
                 return Err(e);
             }
         };
@@ -224,38 +245,94 @@ impl MemoryStore {
         for space in [Space::Configured, Space::CallerGiven] {
             self.swept(space, reserved[space as usize] - added[space as usize]);
         }
-        // The lease writes, and the decisions in order.
+        Ok(self.finish(
+            items,
+            &prints,
+            &positions,
+            &mut guards,
+            leased,
+            out,
+            &shares,
+            now,
+        ))
+    }
+
+    /// Turns a batch's acquires into reports of their keys, taking nothing: as they stand
+    /// (a denied batch), or `refused` (the leases do not fit the bounds) for those that
+    /// would have taken a lease.
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_nothing(
+        &self,
+        items: &[StoreItem],
+        prints: &[(Fingerprint, Space)],
+        positions: &[usize],
+        guards: &[MutexGuard<'_, Tables>],
+        leased: &mut Leased,
+        now: Nanos,
+        refused: bool,
+    ) {
+        for (i, decided) in leased.iter_mut().enumerate() {
+            if let Some((decision, write)) = decided {
+                if items[i].mode == Mode::Acquire {
+                    let held = held_by(&guards[positions[i]], prints[i].0);
+                    *decision = match (refused, &write) {
+                        (true, Some(LeaseWrite::Add(_))) => {
+                            lease::refused(&items[i].limit, now, held)
+                        }
+                        _ => lease::peek(&items[i].limit, now, held),
+                    };
+                    *write = None;
+                }
+            }
+        }
+        if refused {
+            self.lease_events.refused();
+        }
+    }
+
+    /// Writes a decided batch's leases (`shares`: per item, the name count its new lease
+    /// was reserved in) and returns its outcome, the decisions in order.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        items: &[StoreItem],
+        prints: &[(Fingerprint, Space)],
+        positions: &[usize],
+        guards: &mut [MutexGuard<'_, Tables>],
+        leased: Leased,
+        out: gcra::BatchOutcome,
+        shares: &[Option<Share>],
+        now: Nanos,
+    ) -> Outcome {
         let mut rate_decisions = out.decisions.into_iter();
         let mut decisions = Vec::with_capacity(items.len());
-        let mut change = 0i64;
-        let mut released = 0i64;
+        let (mut adds, mut change, mut released) = (0i64, 0i64, 0i64);
         for (i, decided) in leased.into_iter().enumerate() {
             match decided {
                 Some((decision, write)) => {
                     let (print, _) = prints[i];
+                    adds += i64::from(matches!(write, Some(LeaseWrite::Add(_))));
                     released += i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
                     let tables = &mut guards[positions[i]];
-                    change += self.write_lease(tables, print, &items[i], now, write);
+                    let share = shares.get(i).cloned().flatten();
+                    change += self.write_lease(tables, print, &items[i], now, write, share);
                     decisions.push(decision);
                 }
                 None => decisions.push(rate_decisions.next().unwrap_or(DENIED)),
             }
         }
-        // `adds` were counted when reserved; the rest of the change is releases and expired
-        // leases dropped.
-        self.leases_dropped((adds as i64 - change).max(0) as usize);
-        let expired = (adds as i64 - released - change).max(0);
+        let expired = (adds - released - change).max(0);
         self.lease_events
             .add(adds as u64, released as u64, expired as u64);
-        Ok(Outcome {
+        Outcome {
             allowed: out.allowed,
             decisions,
-        })
+        }
     }
 
     /// A request of one lease item (most are): one shard lock, one lookup of the key's
     /// leases, no bookkeeping vectors; the same decision as
-    /// [`MemoryStore::spend_with_leases`] would make (which it leaves to that when the
+    /// [`MemoryStore::spend_with_leases`] would make (which it leaves to that when a
     /// lease bound is reached: the expired leases are dropped there).
     pub(super) fn spend_one_lease(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
         let (print, space) = self.fingerprint(&item.key);
@@ -264,42 +341,46 @@ impl MemoryStore {
         let id = item.lease.as_deref().map(|id| self.lease_ids.hash(id));
         let tables: &mut Tables = &mut guard;
         let entry = tables.1.entry(print);
-        let held = match &entry {
-            Entry::Occupied(e) => e.get().leases.as_slice(),
-            Entry::Vacant(_) => &[],
+        let (held, share) = match &entry {
+            Entry::Occupied(e) => (e.get().leases.as_slice(), Some(&e.get().share)),
+            Entry::Vacant(_) => (&[][..], None),
         };
         let (decision, write) = decide(item, now, held, id);
         let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
-        if adds > 0 && !self.reserve_lease_room(1) {
+        let share = match (adds, share) {
+            (0, _) => None,
+            (_, Some(share)) => Some(share.clone()),
+            (_, None) => Some(self.lease_names.of(item.key.parts().0)),
+        };
+        if share.as_ref().is_some_and(|s| !self.reserve_lease_room(s)) {
             drop(guard);
             return self.spend_with_leases(std::slice::from_ref(item));
         }
-        let change = match (entry, write) {
-            (Entry::Occupied(mut e), write) => {
+        let change = match (entry, write, share) {
+            (Entry::Occupied(mut e), write, _) => {
                 let held = e.get_mut();
                 if adds > 0 {
                     held.count = count_of(item);
                 }
                 let change = lease::apply(&mut held.leases, now, write);
+                self.leases_dropped(&held.share, (adds - change).max(0) as usize);
                 if held.leases.is_empty() {
                     keep_spare(&mut tables.2, e.remove().leases);
                 }
                 change
             }
-            (Entry::Vacant(v), Some(LeaseWrite::Add(lease))) => {
-                let mut leases = std::mem::take(&mut tables.2);
-                leases.push(lease);
+            (Entry::Vacant(v), Some(LeaseWrite::Add(lease)), Some(share)) => {
                 v.insert(Held {
                     key: item.key.clone(),
                     count: count_of(item),
-                    leases,
+                    share,
+                    leases: first_list(&mut tables.2, lease),
                 });
                 1
             }
-            (Entry::Vacant(_), _) => 0,
+            (Entry::Vacant(_), _, _) => 0,
         };
         let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
-        self.leases_dropped((adds - change).max(0) as usize);
         let expired = (adds - released - change).max(0);
         self.lease_events
             .add(adds as u64, released as u64, expired as u64);
@@ -323,8 +404,9 @@ impl MemoryStore {
         decide(item, now, held_by(tables, print), id)
     }
 
-    /// Applies `item`'s write to its key's leases (dropping its expired ones); returns
-    /// the change in leases held.
+    /// Applies `item`'s write to its key's leases (dropping its expired ones, from the
+    /// counts too); returns the change in leases held. `share`: where an added lease was
+    /// counted.
     fn write_lease(
         &self,
         tables: &mut Tables,
@@ -332,14 +414,17 @@ impl MemoryStore {
         item: &StoreItem,
         now: Nanos,
         write: Option<LeaseWrite>,
+        share: Option<Share>,
     ) -> i64 {
-        let Some(held) = (match write {
-            Some(LeaseWrite::Add(_)) => {
+        let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
+        let Some(held) = (match (write, share) {
+            (Some(LeaseWrite::Add(_)), Some(share)) => {
                 let count = count_of(item);
                 let held = tables.1.entry(print).or_insert_with(|| Held {
                     key: item.key.clone(),
                     count,
-                    leases: Vec::new(),
+                    share,
+                    leases: Vec::with_capacity(1),
                 });
                 held.count = count;
                 Some(held)
@@ -349,56 +434,48 @@ impl MemoryStore {
             return 0;
         };
         let change = lease::apply(&mut held.leases, now, write);
+        self.leases_dropped(&held.share, (adds - change).max(0) as usize);
         if held.leases.is_empty() {
             tables.1.remove(&print);
         }
         change
     }
 
-    /// Counts `n` new leases against the bound, dropping the expired leases of the held
-    /// shards if they do not fit; fails (counting nothing) if they still do not.
+    /// Counts a batch's new leases against the bounds (the whole table's and each one's
+    /// name's), dropping the expired leases of the held shards if they do not fit; returns
+    /// per item the count its new lease is in, or `None` (counting nothing) if they still
+    /// do not fit.
     fn reserve_leases(
         &self,
         guards: &mut [MutexGuard<'_, Tables>],
-        n: usize,
+        items: &[StoreItem],
+        prints: &[(Fingerprint, Space)],
+        positions: &[usize],
+        leased: &Leased,
         now: Nanos,
-    ) -> Result<(), StoreError> {
-        if n == 0 || self.reserve_lease_room(n) {
-            return Ok(());
+    ) -> Option<Vec<Option<Share>>> {
+        let shares: Vec<Option<Share>> = leased
+            .iter()
+            .enumerate()
+            .map(|(i, decided)| match decided {
+                Some((_, Some(LeaseWrite::Add(_)))) => {
+                    Some(match guards[positions[i]].1.get(&prints[i].0) {
+                        Some(held) => held.share.clone(),
+                        None => self.lease_names.of(items[i].key.parts().0),
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        if self.reserve_all(&shares) {
+            return Some(shares);
         }
         for guard in guards.iter_mut() {
             let dropped = sweep(&mut guard.1, now);
-            self.leases_dropped(dropped);
+            self.leases_held.fetch_sub(dropped, Ordering::AcqRel);
             self.lease_events.add(0, 0, dropped as u64);
         }
-        if self.reserve_lease_room(n) {
-            return Ok(());
-        }
-        Err(StoreError::Capacity(format!(
-            "lease capacity reached ({} live leases of concurrency limits)",
-            self.lease_bound
-        )))
-    }
-
-    fn reserve_lease_room(&self, n: usize) -> bool {
-        let bound = self.lease_bound;
-        self.leases_held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(n).filter(|&after| after <= bound)
-            })
-            .is_ok()
-    }
-
-    pub(super) fn leases_dropped(&self, n: usize) {
-        if n > 0 {
-            self.leases_held.fetch_sub(n, Ordering::AcqRel);
-        }
-    }
-
-    /// This store with at most `n` leases held in all.
-    pub fn with_lease_bound(mut self, n: usize) -> MemoryStore {
-        self.lease_bound = n;
-        self
+        self.reserve_all(&shares).then_some(shares)
     }
 
     /// Leases held, including expired ones not yet dropped.
@@ -611,12 +688,13 @@ mod tests {
         assert_eq!(store.live_leases(), 0);
     }
 
-    /// Fresh ids on one key never pass its count; fresh keys stop at the store's bound
-    /// (UNAVAILABLE, nothing written) without pushing out the leases already held.
+    /// Fresh ids on one key never pass its count; fresh keys stop at the store's bound,
+    /// denied (never an error: Envoy would let an error through), nothing written, without
+    /// pushing out the leases already held; a refused acquire of a batch spends nothing.
     #[test]
     fn a_flood_of_fresh_ids_is_bounded_per_key_and_in_all() {
         let clock = FakeClock::new(T0);
-        let store = store(&clock).with_lease_bound(50);
+        let store = store(&clock).with_lease_bounds(50, 100);
         assert!(one(&store, lease("victim", 5, Mode::Acquire, "v1")).allowed);
         let allowed = (0..1_000)
             .filter(|i| {
@@ -630,17 +708,68 @@ mod tests {
         assert_eq!(allowed, 5);
         let mut refused = 0;
         for i in 0..1_000 {
-            match store.spend_now(&[lease(&format!("k{i}"), 5, Mode::Acquire, "x")]) {
-                Ok(out) => assert!(out.allowed),
-                Err(e) => {
-                    assert!(e.to_string().contains("lease capacity reached"), "{e}");
-                    refused += 1;
-                }
+            let out = store.spend_now(&[lease(&format!("k{i}"), 5, Mode::Acquire, "x")]);
+            let out = out.expect("a full table denies, never fails");
+            if !out.allowed {
+                let d = out.decisions[0];
+                assert_eq!((d.remaining, d.retry_in), (0, HOLD), "no slot offered");
+                refused += 1;
             }
         }
         assert_eq!((store.live_leases(), refused), (50, 1_000 - 44));
+        assert_eq!(crate::store::Store::lease_events(&store).refused, 956);
+        // In a batch: the acquire is refused and the rate beside it not spent.
+        let rate = StoreItem {
+            key: BucketKey::new(101, "r"),
+            limit: Limit::new(5, 5, SECOND).unwrap(),
+            cost: 1,
+            mode: Mode::CheckAndSpend,
+            lease: None,
+        };
+        let out = store
+            .spend_now(&[lease("fresh", 5, Mode::Acquire, "x"), rate.clone()])
+            .unwrap();
+        assert!(!out.allowed && !out.decisions[0].allowed);
+        assert_eq!(store.tat(&rate.key), None, "nothing spent");
         let victim = one(&store, lease("victim", 5, Mode::Release, "v1"));
         assert!(victim.allowed, "the victim's lease was not pushed out");
+        // Its slot is free for another key, in a batch too.
+        let out = store
+            .spend_now(&[lease("fresh", 5, Mode::Acquire, "x"), rate.clone()])
+            .unwrap();
+        assert!(out.allowed);
+        assert_eq!(store.live_leases(), 50);
+    }
+
+    /// One name's fresh keys fill its share of the table (a quarter), not the table: the
+    /// other names' keys still take leases (each up to its own share), while the flooded
+    /// name's keys are denied until its leases go (expired ones dropped when the share is
+    /// full, in the shards the request holds, and by the sweeper).
+    #[test]
+    fn one_names_flood_takes_only_its_share() {
+        let clock = FakeClock::new(T0);
+        let store = store(&clock).with_lease_bounds(400, 25);
+        let named = |number: u32, key: &str, id: &str| {
+            let mut item = lease(key, 5, Mode::Acquire, id);
+            item.key = BucketKey::windowed(number, key, item.limit.window());
+            item
+        };
+        let fill = |number: u32, tries: usize| {
+            (0..tries)
+                .filter(|i| one(&store, named(number, &format!("k{i}"), "x")).allowed)
+                .count()
+        };
+        assert_eq!(fill(100, 1_000), 100, "the attacker's name: its share");
+        assert_eq!(fill(101, 50), 50, "another name, untouched");
+        assert_eq!(fill(102, 200), 100, "a third, up to its own share");
+        assert_eq!(store.live_leases(), 250);
+        assert_eq!((store.name_leases(100), store.name_leases(101)), (100, 50));
+        // The attacker's leases expire: its share is free again.
+        clock.advance(HOLD);
+        assert!(one(&store, named(100, "next", "x")).allowed);
+        store.sweep();
+        assert_eq!((store.live_leases(), store.name_leases(100)), (1, 1));
+        assert_eq!(store.name_leases(101), 0);
     }
 
     /// `in_flight` ranks keys by live leases (ties by key), per name, at most N a name;
@@ -771,7 +900,9 @@ mod tests {
             }
             let now = clock.now();
             store.sweep();
-            prop_assert_eq!(store.live_leases(), model.values().filter(|&&e| e > now).count());
+            let live = model.values().filter(|&&e| e > now).count();
+            prop_assert_eq!(store.live_leases(), live);
+            prop_assert_eq!(store.name_leases(100), live, "the name's count agrees");
         }
     }
 }

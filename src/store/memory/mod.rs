@@ -37,8 +37,10 @@ use crate::limits::names::BucketKey;
 use crate::store::table::{TatTable, MIN_PRINT};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
 
+mod lease_shares;
 mod leases;
 mod snapshot;
+pub use lease_shares::DEFAULT_LEASE_NAME_SHARE_PERCENT;
 use leases::LeaseMap;
 pub use leases::DEFAULT_MAX_LEASES;
 pub use snapshot::{Ignored, Restored, Written};
@@ -141,6 +143,8 @@ pub struct MemoryStore {
     /// Bound on leases of concurrency limits, and leases held (expired ones included).
     lease_bound: usize,
     leases_held: AtomicUsize,
+    /// Leases held per name number, and the bound on each.
+    lease_names: lease_shares::NameShares,
     /// Leases taken, released and dropped expired (for the metrics).
     lease_events: crate::store::LeaseCounters,
     /// The hasher of lease ids (`leases.rs`).
@@ -193,6 +197,10 @@ impl MemoryStore {
             held: [AtomicUsize::new(0), AtomicUsize::new(0)],
             lease_bound: DEFAULT_MAX_LEASES,
             leases_held: AtomicUsize::new(0),
+            lease_names: lease_shares::NameShares::new(
+                DEFAULT_MAX_LEASES,
+                DEFAULT_LEASE_NAME_SHARE_PERCENT,
+            ),
             lease_events: Default::default(),
             lease_ids: leases::LeaseIdHasher::random(),
         }
@@ -433,9 +441,13 @@ impl MemoryStore {
                     self.swept(space, 1);
                 }
                 // A concurrency limit's key: its leases are freed.
-                let leases = guards[p].1.remove(&print).map(|h| h.leases);
-                let leases = leases.unwrap_or_default();
-                self.leases_dropped(leases.len());
+                let leases = match guards[p].1.remove(&print) {
+                    Some(held) => {
+                        self.leases_dropped(&held.share, held.leases.len());
+                        held.leases
+                    }
+                    None => Vec::new(),
+                };
                 removed.is_some_and(|tat| tat > now) || leases.iter().any(|l| l.expires > now)
             })
             .count() as u32
@@ -467,7 +479,7 @@ impl MemoryStore {
     /// Drops a shard's expired leases; returns how many.
     fn sweep_leases(&self, tables: &mut Tables, now: Nanos) -> usize {
         let dropped = leases::sweep(&mut tables.1, now);
-        self.leases_dropped(dropped);
+        self.leases_held.fetch_sub(dropped, Ordering::AcqRel);
         self.lease_events.add(0, 0, dropped as u64);
         dropped
     }

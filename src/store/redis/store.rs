@@ -436,6 +436,7 @@ impl Store for RedisStore {
             events.acquired += theirs.acquired;
             events.released += theirs.released;
             events.expired += theirs.expired;
+            events.refused += theirs.refused;
         }
         events
     }
