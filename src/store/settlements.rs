@@ -6,7 +6,9 @@
 //! key's live holds are counted as they enter and leave `holds`, so one key's share of
 //! the table is exact.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
@@ -19,6 +21,9 @@ pub struct MemorySettlements {
     window: Nanos,
     max: usize,
     max_per_key: usize,
+    /// Keys the hashes of bucket keys (random per process, so that no caller can make two
+    /// keys share a count).
+    hasher: RandomState,
     ledger: Mutex<Ledger>,
 }
 
@@ -32,8 +37,9 @@ struct Ledger {
     order: BTreeSet<(Nanos, u64, Box<str>)>,
     /// Live holds, by due (then age).
     holds: BTreeSet<(Nanos, u64, Box<str>)>,
-    /// Live holds per bucket key they count against (a key with none is not there).
-    per_key: HashMap<Box<str>, usize>,
+    /// Live holds per bucket key they count against, by the key's 64-bit keyed hash (a
+    /// key with none is not there).
+    per_key: HashMap<u64, usize>,
     /// Records opened so far: each record's number, its age.
     opened: u64,
 }
@@ -44,8 +50,8 @@ struct Record {
     seq: u64,
     /// When its hold ends (a hold's record).
     due: Option<Nanos>,
-    /// The bucket keys a hold counts against.
-    keys: Box<[Box<str>]>,
+    /// The bucket keys a hold counts against (their keyed hashes).
+    keys: Box<[u64]>,
     check: Vec<u8>,
     opened: Nanos,
     state: State,
@@ -77,10 +83,10 @@ impl Record {
 }
 
 /// Counts a live hold against each of `keys` (`up`), or stops counting it.
-fn count(per_key: &mut HashMap<Box<str>, usize>, keys: &[Box<str>], up: bool) {
+fn count(per_key: &mut HashMap<u64, usize>, keys: &[u64], up: bool) {
     for key in keys {
         if up {
-            *per_key.entry(key.clone()).or_default() += 1;
+            *per_key.entry(*key).or_default() += 1;
         } else if let Some(n) = per_key.get_mut(key) {
             *n -= 1;
             if *n == 0 {
@@ -105,9 +111,9 @@ impl Ledger {
     }
 
     /// The first of `keys` that holds `max` live holds already.
-    fn crowded(&self, keys: &[String], max: usize) -> Option<usize> {
+    fn crowded(&self, keys: &[u64], max: usize) -> Option<usize> {
         keys.iter()
-            .position(|key| self.per_key.get(key.as_str()).is_some_and(|&n| n >= max))
+            .position(|key| self.per_key.get(key).is_some_and(|&n| n >= max))
     }
 
     /// Drops the first record of `order`; whether there was one.
@@ -170,6 +176,7 @@ impl MemorySettlements {
             window,
             max: max.max(1),
             max_per_key: DEFAULT_MAX_HOLDS_PER_KEY,
+            hasher: RandomState::new(),
             ledger: Mutex::new(Ledger::default()),
         }
     }
@@ -222,8 +229,11 @@ impl Settlements for MemorySettlements {
         // An expired record of the same id (a hold's, waiting for its claim, is never
         // expired: kept one window past its due) goes.
         ledger.remove(id);
-        let keys = if hold.is_some() { keys } else { &[] };
-        if let Some(at) = ledger.crowded(keys, self.max_per_key) {
+        let keys: Box<[u64]> = match hold {
+            Some(_) => keys.iter().map(|k| self.hasher.hash_one(k)).collect(),
+            None => Box::new([]),
+        };
+        if let Some(at) = ledger.crowded(&keys, self.max_per_key) {
             return refused(false, Some(at));
         }
         if ledger.holds.len() >= self.max {
@@ -237,7 +247,6 @@ impl Settlements for MemorySettlements {
         let expires = due.unwrap_or(now).saturating_add(self.window);
         ledger.opened += 1;
         let seq = ledger.opened;
-        let keys: Box<[Box<str>]> = keys.iter().map(|k| Box::from(k.as_str())).collect();
         if due.is_some() {
             count(&mut ledger.per_key, &keys, true);
         }
@@ -521,7 +530,10 @@ mod tests {
         let hold = Some(10 * SECOND);
         let (a, b) = (vec!["1:a".to_string()], vec!["1:b".to_string()]);
         let both = vec!["1:a".to_string(), "1:b".to_string()];
-        let per = |key: &str| table.ledger().per_key.get(key).copied().unwrap_or(0);
+        let per = |key: &str| {
+            let key = table.hasher.hash_one(key.to_string());
+            table.ledger().per_key.get(&key).copied().unwrap_or(0)
+        };
         for id in ["a1", "a2"] {
             assert!(block(table.open(id, b"H", hold, &a)).written);
             assert!(block(table.decide(id, b"F")));

@@ -9,20 +9,22 @@
 --          f  what the Check spent (once decided), k the costs it was settled at (settled;
 --             "" when it was claimed at its due, for its release)
 --          u  a hold's due (ms of Redis TIME)
---          b  a hold's bucket keys, one a line (the keys its live hold counts against)
+--          b  the names of a hold's bucket keys (digests), one a line: those its live
+--             hold counts against
 --          A record that is no hash (kept by an older version) is unknown to claim.
 -- KEYS[3]: the live holds, a sorted set of record keys by due (ms): holds opened and not
 --          settled. They are never pushed out; the key of each expires one window past
 --          its due.
--- KEYS[4]: the prefix of the live holds per bucket key: KEYS[4] .. <bucket key> is a sorted
---          set of the record keys of its live holds, by when each record's key expires
---          (ms), so that one whose key expired unclaimed drops out by itself. Every site
+-- KEYS[4]: the prefix of the live holds per bucket key: KEYS[4] .. <its name> is a sorted
+--          set of its live holds (the SHA-1 of each record's key: short enough for Redis to
+--          keep the set compact), by when each record's key expires (ms), so that one whose
+--          key expired unclaimed drops out by itself. Every site
 --          that adds a record to KEYS[3] or takes it out adds or takes it here too.
 --
 -- ARGV[1]: the operation.
 -- open    ARGV[2] check, ARGV[3] window in ms, ARGV[4] most records, ARGV[5] hold in ms
---         ("0": no hold), ARGV[6] most live holds per bucket key, ARGV[7..] the hold's
---         bucket keys. Drops the expired from the index; unless the id is kept already,
+--         ("0": no hold), ARGV[6] most live holds per bucket key, ARGV[7..] the names of
+--         the hold's bucket keys. Drops the expired from the index; unless the id is kept already,
 --         refuses a hold when one of its keys has the most live holds ({"3", "0", its
 --         place in ARGV[7..], from 1}), or when the live holds are the most ({"2", "0"}),
 --         else pushes out the oldest records of the index while both hold the most, and
@@ -79,7 +81,7 @@ local function count(k)
   if left <= 0 then return end
   for _, b in ipairs(keys_of(k)) do
     local z = KEYS[4] .. b
-    redis.call('ZADD', z, now + left, k)
+    redis.call('ZADD', z, now + left, redis.sha1hex(k))
     if redis.call('PTTL', z) < left then
       redis.call('PEXPIRE', z, left)
     end
@@ -89,7 +91,7 @@ end
 -- Stops counting record `k` (no longer a live hold).
 local function uncount(k)
   for _, b in ipairs(keys_of(k)) do
-    redis.call('ZREM', KEYS[4] .. b, k)
+    redis.call('ZREM', KEYS[4] .. b, redis.sha1hex(k))
   end
 end
 

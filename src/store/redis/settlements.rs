@@ -88,6 +88,14 @@ impl RedisSettlements {
     }
 }
 
+/// The name a bucket key's live holds are counted under: the first 16 bytes of its
+/// SHA-256, in hex (a bucket key takes up to about 270 bytes, and a hold counts against
+/// each of its keys, in its record and in each key's set).
+fn share_of(bucket_key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(bucket_key.as_bytes())[..16])
+}
+
 fn flag(reply: &[Vec<u8>]) -> Option<&[u8]> {
     reply.first().map(Vec::as_slice)
 }
@@ -132,7 +140,10 @@ impl Settlements for RedisSettlements {
         Box::pin(async move {
             let hold_ms = hold.map_or(0, |h| (h / (1_000 * MICROSECOND)).max(1));
             let hold_ms = hold_ms.to_string();
-            let keys = if hold.is_some() { keys } else { &[] };
+            let keys: Vec<String> = match hold {
+                Some(_) => keys.iter().map(|k| share_of(k)).collect(),
+                None => Vec::new(),
+            };
             let mut args: Vec<&[u8]> = vec![
                 check,
                 self.window_ms.as_bytes(),
