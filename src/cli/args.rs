@@ -476,6 +476,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value_t = Settings::default().settle_max_records, value_parser = parse_settle_max)]
     pub settle_max_records: usize,
 
+    /// Live holds (reservations not yet settled) per bucket key at most; a further hold of that key is refused.
+    #[arg(long, env = "CELLRATE_SETTLE_MAX_HOLDS_PER_KEY", default_value_t = Settings::default().settle_max_holds_per_key, value_parser = parse_settle_max)]
+    pub settle_max_holds_per_key: usize,
+
     /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
     #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = RlqsSettings::default().max_streams)]
     pub rlqs_max_streams: usize,

@@ -17,7 +17,7 @@ pub(super) fn parse_auth_addresses(text: &str) -> Result<usize, String> {
     }
 }
 
-/// `--settle-max-records`: 1 to 10 000 000.
+/// `--settle-max-records`, `--settle-max-holds-per-key`: 1 to 10 000 000.
 pub(super) fn parse_settle_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),

@@ -157,6 +157,7 @@ impl ServeArgs {
             max_override_ttl: self.max_override_ttl,
             settle_window: self.settle_window,
             settle_max_records: self.settle_max_records,
+            settle_max_holds_per_key: self.settle_max_holds_per_key,
             rlqs: RlqsSettings {
                 max_streams: self.rlqs_max_streams,
                 max_buckets: self.rlqs_max_buckets,

@@ -34,6 +34,8 @@ pub struct Settings {
     /// Checks kept for `Settle`: each for this long, at most this many.
     pub settle_window: crate::clock::Nanos,
     pub settle_max_records: usize,
+    /// Live holds (reservations) counted against one bucket key at most.
+    pub settle_max_holds_per_key: usize,
     /// Envoy's RLQS on the decision listener: bounds and timings.
     pub rlqs: crate::service::rlqs::RlqsSettings,
     /// How often expired buckets are swept from the memory store.
@@ -222,6 +224,7 @@ impl Default for Settings {
             max_override_ttl: 7 * 86_400 * crate::clock::SECOND,
             settle_window: 3_600 * crate::clock::SECOND,
             settle_max_records: 100_000,
+            settle_max_holds_per_key: crate::store::shared::DEFAULT_MAX_HOLDS_PER_KEY,
             rlqs: crate::service::rlqs::RlqsSettings::default(),
             sweep_interval: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,

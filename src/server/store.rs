@@ -49,11 +49,14 @@ impl Stores {
     /// With Checks kept for `Settle` in this process.
     pub fn settling_here(self, settings: &Settings, clock: &Arc<dyn Clock>) -> Stores {
         Stores {
-            settlements: Some(Arc::new(MemorySettlements::new(
-                clock.clone(),
-                settings.settle_window,
-                settings.settle_max_records,
-            ))),
+            settlements: Some(Arc::new(
+                MemorySettlements::new(
+                    clock.clone(),
+                    settings.settle_window,
+                    settings.settle_max_records,
+                )
+                .with_max_holds_per_key(settings.settle_max_holds_per_key),
+            )),
             ..self
         }
     }
@@ -114,11 +117,14 @@ impl Stores {
                     store,
                     shared_overrides: Some(Arc::new(RedisOverrides::new(redis)?)),
                     shared_demand: Some(Arc::new(RedisDemand::new(redis, 3 * settings.rlqs.sync)?)),
-                    settlements: Some(Arc::new(RedisSettlements::new(
-                        redis,
-                        settings.settle_window,
-                        settings.settle_max_records,
-                    )?)),
+                    settlements: Some(Arc::new(
+                        RedisSettlements::new(
+                            redis,
+                            settings.settle_window,
+                            settings.settle_max_records,
+                        )?
+                        .with_max_holds_per_key(settings.settle_max_holds_per_key),
+                    )),
                     snapshot: None,
                 })
             }

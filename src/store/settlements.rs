@@ -2,13 +2,17 @@
 //! process, bounded in number of records and in how long each is kept. With the Redis
 //! store, the table is in Redis (`store::redis::settlements`), shared by the replicas.
 //! Every change of a record's state (pending, decided, settled) is made under the one
-//! lock, so it is atomic; so is the claim of due holds (see [`Settlements`]).
+//! lock, so it is atomic; so is the claim of due holds (see [`Settlements`]). Each bucket
+//! key's live holds are counted as they enter and leave `holds`, so one key's share of
+//! the table is exact.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::store::shared::{Claim, Kept, Opened, Settlements};
+use crate::store::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
 use crate::store::StoreFuture;
 
 /// Checks kept for settling, in memory.
@@ -16,6 +20,10 @@ pub struct MemorySettlements {
     clock: Arc<dyn Clock>,
     window: Nanos,
     max: usize,
+    max_per_key: usize,
+    /// Keys the hashes of bucket keys (random per process, so that no caller can make two
+    /// keys share a count).
+    hasher: RandomState,
     ledger: Mutex<Ledger>,
 }
 
@@ -29,6 +37,9 @@ struct Ledger {
     order: BTreeSet<(Nanos, u64, Box<str>)>,
     /// Live holds, by due (then age).
     holds: BTreeSet<(Nanos, u64, Box<str>)>,
+    /// Live holds per bucket key they count against, by the key's 64-bit keyed hash (a
+    /// key with none is not there).
+    per_key: HashMap<u64, usize>,
     /// Records opened so far: each record's number, its age.
     opened: u64,
 }
@@ -39,6 +50,8 @@ struct Record {
     seq: u64,
     /// When its hold ends (a hold's record).
     due: Option<Nanos>,
+    /// The bucket keys a hold counts against (their keyed hashes).
+    keys: Box<[u64]>,
     check: Vec<u8>,
     opened: Nanos,
     state: State,
@@ -69,16 +82,38 @@ impl Record {
     }
 }
 
+/// Counts a live hold against each of `keys` (`up`), or stops counting it.
+fn count(per_key: &mut HashMap<u64, usize>, keys: &[u64], up: bool) {
+    for key in keys {
+        if up {
+            *per_key.entry(*key).or_default() += 1;
+        } else if let Some(n) = per_key.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                per_key.remove(key);
+            }
+        }
+    }
+}
+
 impl Ledger {
     /// Drops the record of `id`, wherever it is indexed.
     fn remove(&mut self, id: &str) {
         if let Some(r) = self.records.remove(id) {
             if !self.order.remove(&(r.expires, r.seq, Box::from(id))) {
                 if let Some(due) = r.due {
-                    self.holds.remove(&(due, r.seq, Box::from(id)));
+                    if self.holds.remove(&(due, r.seq, Box::from(id))) {
+                        count(&mut self.per_key, &r.keys, false);
+                    }
                 }
             }
         }
+    }
+
+    /// The first of `keys` that holds `max` live holds already.
+    fn crowded(&self, keys: &[u64], max: usize) -> Option<usize> {
+        keys.iter()
+            .position(|key| self.per_key.get(key).is_some_and(|&n| n >= max))
     }
 
     /// Drops the first record of `order`; whether there was one.
@@ -112,6 +147,7 @@ impl Ledger {
             if let Some(due) = r.due {
                 if self.holds.remove(&(due, r.seq, Box::from(id))) {
                     self.order.insert((r.expires, r.seq, Box::from(id)));
+                    count(&mut self.per_key, &r.keys, false);
                 }
             }
         }
@@ -123,6 +159,7 @@ impl Ledger {
             if let Some(due) = r.due {
                 if self.order.remove(&(r.expires, r.seq, Box::from(id))) {
                     self.holds.insert((due, r.seq, Box::from(id)));
+                    count(&mut self.per_key, &r.keys, true);
                 }
             }
         }
@@ -131,13 +168,24 @@ impl Ledger {
 
 impl MemorySettlements {
     /// Keeps each record for `window` (a hold, one window past its due), at most `max`
-    /// of them.
+    /// of them, and at most [`DEFAULT_MAX_HOLDS_PER_KEY`] live holds per bucket key
+    /// ([`MemorySettlements::with_max_holds_per_key`]).
     pub fn new(clock: Arc<dyn Clock>, window: Nanos, max: usize) -> MemorySettlements {
         MemorySettlements {
             clock,
             window,
             max: max.max(1),
+            max_per_key: DEFAULT_MAX_HOLDS_PER_KEY,
+            hasher: RandomState::new(),
             ledger: Mutex::new(Ledger::default()),
+        }
+    }
+
+    /// At most `max` live holds counted against any one bucket key.
+    pub fn with_max_holds_per_key(self, max: usize) -> MemorySettlements {
+        MemorySettlements {
+            max_per_key: max.max(1),
+            ..self
         }
     }
 
@@ -162,25 +210,34 @@ impl Settlements for MemorySettlements {
         id: &'a str,
         check: &'a [u8],
         hold: Option<Nanos>,
+        keys: &'a [String],
     ) -> StoreFuture<'a, Opened> {
         let now = self.clock.now();
         let mut ledger = self.ledger();
         ledger.purge(now);
-        let refused = |full| {
+        let refused = |full, crowded| {
             Box::pin(std::future::ready(Ok(Opened {
                 written: false,
                 evicted: 0,
                 full,
+                crowded,
             })))
         };
         if ledger.live(id, now).is_some() {
-            return refused(false);
+            return refused(false, None);
         }
         // An expired record of the same id (a hold's, waiting for its claim, is never
         // expired: kept one window past its due) goes.
         ledger.remove(id);
+        let keys: Box<[u64]> = match hold {
+            Some(_) => keys.iter().map(|k| self.hasher.hash_one(k)).collect(),
+            None => Box::new([]),
+        };
+        if let Some(at) = ledger.crowded(&keys, self.max_per_key) {
+            return refused(false, Some(at));
+        }
         if ledger.holds.len() >= self.max {
-            return refused(true);
+            return refused(true, None);
         }
         let mut evicted = 0;
         while ledger.records.len() >= self.max && ledger.pop_front() {
@@ -190,12 +247,16 @@ impl Settlements for MemorySettlements {
         let expires = due.unwrap_or(now).saturating_add(self.window);
         ledger.opened += 1;
         let seq = ledger.opened;
+        if due.is_some() {
+            count(&mut ledger.per_key, &keys, true);
+        }
         ledger.records.insert(
             Box::from(id),
             Record {
                 expires,
                 seq,
                 due,
+                keys,
                 check: check.to_vec(),
                 opened: now,
                 state: State::Pending,
@@ -209,6 +270,7 @@ impl Settlements for MemorySettlements {
             written: true,
             evicted,
             full: false,
+            crowded: None,
         })))
     }
 
@@ -282,6 +344,7 @@ impl Settlements for MemorySettlements {
             records,
             order,
             holds,
+            per_key,
             ..
         } = &mut *ledger;
         let mut claimed = Vec::new();
@@ -293,6 +356,7 @@ impl Settlements for MemorySettlements {
                 continue;
             };
             order.insert((r.expires, r.seq, id.clone()));
+            count(per_key, &r.keys, false);
             if let State::Decided { at, facts } = &r.state {
                 let kept = r.kept(*at, facts, now);
                 r.state = State::Settled {
@@ -335,9 +399,9 @@ mod tests {
         let t = 1_000 * SECOND;
         let clock = FakeClock::new(t);
         let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
-        assert!(block(table.open("a", b"A", None)).written);
+        assert!(block(table.open("a", b"A", None, &[])).written);
         assert!(
-            !block(table.open("a", b"other", None)).written,
+            !block(table.open("a", b"other", None, &[])).written,
             "an id is kept once"
         );
         assert_eq!(block(table.claim("nope", b"1")), Claim::Unknown);
@@ -358,10 +422,10 @@ mod tests {
         assert_eq!(block(table.claim("a", b"6")), claimed(b"A", b"F2", t, t));
 
         // Full: the oldest is pushed out.
-        block(table.open("b", b"B", None));
-        block(table.open("c", b"C", None));
+        block(table.open("b", b"B", None, &[]));
+        block(table.open("c", b"C", None, &[]));
         block(table.decide("c", b"F"));
-        let opened = block(table.open("d", b"D", None));
+        let opened = block(table.open("d", b"D", None, &[]));
         assert_eq!((opened.written, opened.evicted), (true, 1));
         assert_eq!(block(table.claim("a", b"1")), Claim::Unknown);
         assert_eq!(table.len(), 3);
@@ -375,7 +439,7 @@ mod tests {
         clock.advance(1);
         assert_eq!(block(table.claim("d", b"1")), Claim::Unknown);
         // An expired id may be used again; the stale order pair does not drop it.
-        assert!(block(table.open("c", b"C2", None)).written);
+        assert!(block(table.open("c", b"C2", None, &[])).written);
         assert_eq!(table.len(), 1);
         assert!(block(table.decide("c", b"F")));
         assert_eq!(
@@ -388,11 +452,11 @@ mod tests {
     fn a_flood_of_denied_checks_leaves_nothing_behind() {
         let clock = FakeClock::new(1_000 * SECOND);
         let table = MemorySettlements::new(Arc::new(clock), 60 * SECOND, 10);
-        block(table.open("kept", b"K", None));
+        block(table.open("kept", b"K", None, &[]));
         block(table.decide("kept", b"F"));
         for i in 0..1_000 {
             let id = format!("denied-{i}");
-            block(table.open(&id, b"D", None));
+            block(table.open(&id, b"D", None, &[]));
             block(table.forget(&id));
         }
         let order = table.ledger().order.len();
@@ -411,20 +475,20 @@ mod tests {
         let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 3);
         let hold = Some(10 * SECOND);
         for id in ["h1", "h2"] {
-            assert!(block(table.open(id, b"H", hold)).written);
+            assert!(block(table.open(id, b"H", hold, &[])).written);
             assert!(block(table.decide(id, b"F")));
         }
         // A plain record is pushed out for a new one; the holds never are.
-        block(table.open("p1", b"P", None));
-        let opened = block(table.open("p2", b"P", None));
+        block(table.open("p1", b"P", None, &[]));
+        let opened = block(table.open("p2", b"P", None, &[]));
         assert_eq!(
             (opened.written, opened.evicted, opened.full),
             (true, 1, false)
         );
         assert_eq!(block(table.claim("p1", b"1")), Claim::Unknown);
-        let opened = block(table.open("h3", b"H", hold));
+        let opened = block(table.open("h3", b"H", hold, &[]));
         assert_eq!((opened.written, opened.evicted), (true, 1), "p2 pushed out");
-        let refused = block(table.open("h4", b"H", hold));
+        let refused = block(table.open("h4", b"H", hold, &[]));
         assert_eq!((refused.written, refused.full), (false, true));
         assert_eq!(table.len(), 3);
 
@@ -452,6 +516,59 @@ mod tests {
         assert_eq!(block(table.claim("h2", b"5")), Claim::Expired);
         clock.advance(1);
         assert_eq!(block(table.claim("h2", b"5")), Claim::Unknown);
-        assert!(block(table.open("h4", b"H", hold)).written);
+        assert!(block(table.open("h4", b"H", hold, &[])).written);
+    }
+
+    /// Every site that opens or closes a hold counts it exactly once against its keys:
+    /// open, forget, claim (settled), reopen, due (claimed or let go).
+    #[test]
+    fn each_key_has_a_share_of_live_holds_counted_exactly() {
+        let t = 1_000 * SECOND;
+        let clock = FakeClock::new(t);
+        let table = MemorySettlements::new(Arc::new(clock.clone()), 60 * SECOND, 100)
+            .with_max_holds_per_key(2);
+        let hold = Some(10 * SECOND);
+        let (a, b) = (vec!["1:a".to_string()], vec!["1:b".to_string()]);
+        let both = vec!["1:a".to_string(), "1:b".to_string()];
+        let per = |key: &str| {
+            let key = table.hasher.hash_one(key.to_string());
+            table.ledger().per_key.get(&key).copied().unwrap_or(0)
+        };
+        for id in ["a1", "a2"] {
+            assert!(block(table.open(id, b"H", hold, &a)).written);
+            assert!(block(table.decide(id, b"F")));
+        }
+        let crowded = block(table.open("a3", b"H", hold, &a));
+        assert_eq!((crowded.written, crowded.crowded), (false, Some(0)));
+        let crowded = block(table.open("ab", b"H", hold, &both));
+        assert_eq!(crowded.crowded, Some(0), "the first full key is named");
+        // Another key, and records that hold nothing, are not refused.
+        assert!(block(table.open("b1", b"H", hold, &b)).written);
+        assert!(block(table.open("p1", b"P", None, &a)).written);
+        assert_eq!((per("1:a"), per("1:b")), (2, 1));
+
+        // Settled: no longer counted; reopened: counted again.
+        assert!(matches!(block(table.claim("a1", b"5")), Claim::Claimed(_)));
+        assert_eq!(per("1:a"), 1);
+        block(table.reopen("a1", b"F2"));
+        assert_eq!(per("1:a"), 2);
+        assert!(matches!(block(table.claim("a1", b"5")), Claim::Claimed(_)));
+        // Dropped (a denied Check): no longer counted.
+        assert!(block(table.open("ab", b"H", hold, &both)).written);
+        assert_eq!((per("1:a"), per("1:b")), (2, 2));
+        block(table.forget("ab"));
+        assert_eq!((per("1:a"), per("1:b")), (1, 1));
+        block(table.forget("ab"));
+        assert_eq!((per("1:a"), per("1:b")), (1, 1), "forgotten once");
+
+        // Due: a2 claimed, b1 (pending) let go; neither counted.
+        clock.advance(10 * SECOND);
+        assert_eq!(block(table.due(10)).len(), 1);
+        assert!(table.ledger().per_key.is_empty());
+        block(table.reopen("a2", b"F3"));
+        assert_eq!(per("1:a"), 1, "a failed release holds again");
+        assert_eq!(block(table.due(10)).len(), 1);
+        assert!(table.ledger().per_key.is_empty());
+        assert!(block(table.open("a4", b"H", hold, &a)).written);
     }
 }

@@ -90,6 +90,13 @@ pub trait SharedDemand: Send + Sync + 'static {
 /// claim finds it [`Claim::Expired`], and [`Settlements::due`] claims it, once, for its
 /// release.
 ///
+/// **A share per key.** A hold counts against the bucket keys it holds tokens of (`keys`
+/// of [`Settlements::open`]): while any of them has the table's most live holds per key
+/// (`--settle-max-holds-per-key`), a new hold of it is refused ([`Opened::crowded`]), so
+/// one tenant cannot fill the table with holds and refuse every other's. A hold is
+/// counted from its opening until it is no longer live (settled, dropped, claimed at its
+/// due, or let go), and again while it is reopened; exactly, in the table's one atomic step.
+///
 /// A record goes through three states, each change atomic in the table:
 /// - **pending** ([`Settlements::open`]): its Check is being decided; it cannot be claimed;
 /// - **decided** ([`Settlements::decide`]): it holds what the Check actually spent, and
@@ -100,12 +107,14 @@ pub trait SharedDemand: Send + Sync + 'static {
 pub trait Settlements: Send + Sync + 'static {
     /// Keeps `check` pending under `id` unless `id` is kept already, pushing out the
     /// oldest records when the table is full.
-    /// `hold`: the record is a hold, due that long after now.
+    /// `hold`: the record is a hold, due that long after now, counted against each of
+    /// `keys` (bucket keys, distinct; ignored without a hold).
     fn open<'a>(
         &'a self,
         id: &'a str,
         check: &'a [u8],
         hold: Option<Nanos>,
+        keys: &'a [String],
     ) -> StoreFuture<'a, Opened>;
     /// Makes the pending record of `id` decided, with `facts` (what its Check spent).
     /// Whether it was pending (`false`: gone, e.g. pushed out).
@@ -133,7 +142,13 @@ pub struct Opened {
     pub evicted: u64,
     /// Nothing written: the table holds its most records, every one a live hold.
     pub full: bool,
+    /// Nothing written: the key at this index of `keys` has its most live holds.
+    pub crowded: Option<usize>,
 }
+
+/// Live holds per bucket key at most, by default (`--settle-max-holds-per-key`): 1% of
+/// the table's default 100 000 records, so at least a hundred tenants fill it.
+pub const DEFAULT_MAX_HOLDS_PER_KEY: usize = 1_000;
 
 /// A decided record, as a claim finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -209,3 +209,96 @@ async fn on_redis_a_kept_hold_stands_and_a_flood_cannot_push_out_a_hold() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Two replicas over `settings` (`node` keeps the holds): one tenant's flood of holds, made
+/// on both, gets exactly its share of the shared table (`--settle-max-holds-per-key`, the
+/// default 1 000; the count lives in Redis beside the records), then RESOURCE_EXHAUSTED;
+/// another tenant's hold is still taken; free holds (cost 0) hold nothing; a hold settled
+/// on one replica, or released at its end, makes room on the other.
+async fn one_tenant_gets_its_share_across_replicas(settings: Settings, node: &RedisServer) {
+    let dir = limits();
+    let settings = Settings {
+        sweep_interval: Duration::from_millis(20),
+        settle_max_records: 1_100,
+        ..settings
+    };
+    let table = || LimitTable::load_dir(dir.path()).unwrap();
+    let mut a = Served::with_settings(table(), settings.clone()).await;
+    let mut b = Served::with_settings(table(), settings).await;
+    let (mut taken, mut crowded) = (0, 0);
+    for i in 0..1_100 {
+        let s = if i % 2 == 0 { &mut a } else { &mut b };
+        match hold(s, &format!("flood-{i}"), "Released", "attacker", 1).await {
+            Ok(allowed) => {
+                assert!(allowed);
+                taken += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+                assert!(
+                    e.message().contains("--settle-max-holds-per-key"),
+                    "{}",
+                    e.message()
+                );
+                crowded += 1;
+            }
+        }
+    }
+    let victim = hold(&mut b, "victim", "Released", "victim", 2_000).await;
+    assert!(victim.unwrap_or_else(|e| panic!("the victim's hold refused: {e:?}")));
+    assert_eq!((taken, crowded), (1_000, 100));
+    for i in 0..10 {
+        assert!(hold(&mut a, &format!("free-{i}"), "Released", "victim", 0)
+            .await
+            .unwrap());
+    }
+    // Counted in Redis under the first 16 bytes of the bucket key's SHA-256.
+    let count = |tenant: &str| {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("100:{tenant}").as_bytes());
+        let key = format!("cellrate:{{settle}}:k:{}", hex::encode(&digest[..16]));
+        node.cli(&["ZCARD", &key]).unwrap().trim().to_string()
+    };
+    assert_eq!(count("attacker"), "1000");
+    assert_eq!(count("victim"), "1", "free holds are not counted");
+
+    settle(&mut b.decisions.clone(), "flood-0", &[1])
+        .await
+        .unwrap();
+    assert!(check(&mut a, "more-1", "attacker", 1).await);
+    let refused = hold(&mut b, "more-2", "Released", "attacker", 1).await;
+    assert_eq!(refused.unwrap_err().code(), Code::ResourceExhausted);
+    make_due(node, "flood-1");
+    eventually("the due hold released", async || {
+        let released = held(&a, "released").await + held(&b, "released").await;
+        (released >= 1.0).then_some(())
+    })
+    .await;
+    assert!(check(&mut b, "more-3", "attacker", 1).await);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn on_redis_one_tenant_gets_its_share_of_holds_across_replicas() {
+    let redis = RedisServer::start();
+    one_tenant_gets_its_share_across_replicas(redis.settings(), &redis).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_one_tenant_gets_its_share_of_holds_across_replicas() {
+    let cluster = RedisCluster::start();
+    let settings = Settings {
+        store: StoreSettings::Redis {
+            settings: Box::new(RedisSettings {
+                cluster_nodes: cluster.urls(),
+                timeout: Duration::from_millis(500),
+                ..RedisSettings::default()
+            }),
+            required_for_ready: false,
+        },
+        ..Settings::default()
+    };
+    let node = &cluster.nodes[cluster.node_of_slot(cellrate::store::redis::slot(HOLDS))];
+    one_tenant_gets_its_share_across_replicas(settings, node).await;
+}

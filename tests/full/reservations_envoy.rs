@@ -498,8 +498,13 @@ async fn checked_then_charged_the_same_load_overshoots_the_budget() {
 
 /// A request with `headers` through Envoy, on a connection of its own: its status.
 async fn post(ingress: SocketAddr, headers: &str) -> u16 {
+    post_as(ingress, TENANT, headers.to_string()).await
+}
+
+/// [`post`] for `tenant`.
+async fn post_as(ingress: SocketAddr, tenant: &str, headers: String) -> u16 {
     let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: model\r\nx-tenant: {TENANT}\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: model\r\nx-tenant: {tenant}\r\n\
          {headers}content-length: 0\r\nconnection: close\r\n\r\n"
     );
     let exchange = async {
@@ -599,6 +604,47 @@ async fn a_client_cannot_share_one_hold_among_its_requests() {
         "the client's id, held once"
     );
     drop(trusting);
+    s.stop().await;
+}
+
+/// The attacker: one tenant's requests held at the model take its share of the table of
+/// kept `Check`s (`--settle-max-holds-per-key`, 3 here), and its next request is 429 with
+/// nothing held, while another tenant's request still reaches the model; once the streams
+/// end, the tenant's share is free again. (On 3ebe882 there was no share: one tenant's
+/// holds filled the whole table and every other tenant was 429 with its budget full, as
+/// the fast tier's `one_tenants_holds_cannot_deny_another_tenants_hold` shows.)
+#[tokio::test]
+async fn one_tenants_requests_in_flight_cannot_deny_another_tenants() {
+    let (model_addr, model) = model().await;
+    let settings = Settings {
+        settle_max_holds_per_key: 3,
+        ..Settings::default()
+    };
+    let mut s = Served::with_settings(limits(None), settings).await;
+    let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
+    let headers = |n: usize| format!("x-max-tokens: 1000\r\nx-test-cost: 10\r\nx-test-id: {n}\r\n");
+    let held: Vec<_> = (0..3)
+        .map(|n| tokio::spawn(post_as(proxy.ingress, TENANT, headers(n))))
+        .collect();
+    poll_until(WAIT, async || model.arrivals(), |&n| n == 3).await;
+    assert_eq!(post_as(proxy.ingress, TENANT, headers(3)).await, 429);
+    let other = tokio::spawn(post_as(proxy.ingress, "globex", headers(4)));
+    poll_until(WAIT, async || model.arrivals(), |&n| n == 4).await;
+    assert_eq!(remaining(&mut s, NAME, TENANT).await, BUDGET as i64 - 3_000);
+    model.open_gate();
+    for request in held {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    assert_eq!(other.await.unwrap(), 200);
+    let balance = poll_until(
+        WAIT,
+        async || remaining(&mut s, NAME, TENANT).await,
+        |&b| b == BUDGET as i64 - 30,
+    )
+    .await;
+    assert_eq!(balance, BUDGET as i64 - 30, "settled at the streams' ends");
+    assert_eq!(post_as(proxy.ingress, TENANT, headers(5)).await, 200);
+    drop(proxy);
     s.stop().await;
 }
 

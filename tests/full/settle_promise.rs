@@ -51,9 +51,10 @@ impl Settlements for FaultySettlements {
         id: &'a str,
         check: &'a [u8],
         hold: Option<i64>,
+        keys: &'a [String],
     ) -> StoreFuture<'a, Opened> {
         Box::pin(faulted(self.faults.next(), "open", move || {
-            self.inner.open(id, check, hold)
+            self.inner.open(id, check, hold, keys)
         }))
     }
 

@@ -440,3 +440,50 @@ async fn a_table_full_of_holds_denies_the_next_hold() {
     assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 1_010);
     s.stop().await;
 }
+
+/// The attacker (one tenant, through the example's Envoy rule: 1 token a hold) takes its
+/// share of the table of kept `Check`s (`--settle-max-holds-per-key`, 1 000) and then is
+/// OVER_LIMIT, holding nothing (a denial, not an error Envoy's default would let through),
+/// while another tenant's hold is still taken. On 3ebe882 the attacker's 1 100 holds were
+/// all taken and the other tenant was OVER_LIMIT with its budget full.
+#[tokio::test]
+async fn one_tenants_holds_cannot_deny_another_tenants_hold() {
+    let settings = cellrate::server::Settings {
+        settle_max_records: 1_100,
+        ..Default::default()
+    };
+    let mut s = Served::with_settings(example(), settings).await;
+    let mut over = 0;
+    for i in 0..1_100 {
+        let id = format!("r{i}");
+        match ask(&mut s, "tokens", vec![hold("acme", &id, 1)]).await {
+            OK => {}
+            code => {
+                assert_eq!(code, OVER);
+                over += 1;
+            }
+        }
+    }
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("globex", "g1", 1_000)]).await,
+        OK,
+        "another tenant's hold"
+    );
+    assert_eq!(over, 100);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, BUDGET - 1_000);
+    assert_eq!(remaining(&mut s, NAME, "globex").await, BUDGET - 1_000);
+    // A stream end settles one of acme's holds: its share has room for one more.
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "r0", 1)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r-more", 1)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "r-over", 1)]).await,
+        OVER
+    );
+    s.stop().await;
+}

@@ -95,7 +95,7 @@ pub struct Metrics {
     denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
     decisions: counters::DecisionCounters,
     /// `cellrate_settlements_total{result}`: settled, retried, pending, unknown, conflict,
-    /// expired, pushed_out, full.
+    /// expired, pushed_out, full, crowded.
     pub settlements: IntCounterVec,
     /// `cellrate_holds_total{event}`: reservations settled, released, kept.
     pub holds: IntCounterVec,
@@ -138,7 +138,8 @@ impl Metrics {
              the same costs), pending (its Check still being decided: nothing settled), \
              unknown (no such request id), conflict (settled at other \
              costs), expired (its hold had ended: nothing settled), pushed_out (a kept \
-             Check dropped to make room), full (a Check refused: the table full of holds).",
+             Check dropped to make room), full (a Check refused: the table full of holds), \
+             crowded (a Check refused: its bucket key has its most holds).",
             "result",
             &[
                 "settled",
@@ -149,6 +150,7 @@ impl Metrics {
                 "expired",
                 "pushed_out",
                 "full",
+                "crowded",
             ],
         );
         let holds = reg.counters_from_zero(

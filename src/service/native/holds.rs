@@ -3,6 +3,12 @@
 //! policy's `hold` (a record with several items: the earliest among them); one estimate
 //! may take at most `max_share` of the limit's burst. What becomes of a hold not settled
 //! in time: `release.rs`.
+//!
+//! Only an item that spends holds something: one at cost 0 or `MODE_CHECK_ONLY` holds
+//! nothing, so a `Check` whose items all are such is no hold (it is kept as a `Check`
+//! on a limit with no reservation is, and may be pushed out); and each live hold counts
+//! against the bucket keys of the items that hold (`--settle-max-holds-per-key`), so
+//! that a hold costs its tenant at least a token and its share of the table.
 
 use tonic::Status;
 
@@ -11,13 +17,23 @@ use crate::limits::config::{LimitTable, Reservation};
 use crate::service::{CheckOptions, Decider, ItemSpec, Rule};
 use crate::text::{cut_bytes, printable};
 
+/// An item of a limit with a reservation policy.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) reservation: Reservation,
+    /// Its bucket key, which the hold counts against when the item holds tokens.
+    pub(super) key: String,
+    /// Whether it holds tokens: it spends an estimate above 0.
+    pub(super) holds: bool,
+}
+
 /// Each item's reservation policy (`None`: its limit has none), or INVALID_ARGUMENT for
 /// an estimate over its limit's share.
 pub(super) fn reservations(
     decider: &Decider,
     table: &LimitTable,
     items: &[ItemSpec<'_>],
-) -> Result<Vec<Option<Reservation>>, Status> {
+) -> Result<Vec<Option<Held>>, Status> {
     let resolved = decider.resolve(table, items, CheckOptions::default())?;
     let mut holds = Vec::with_capacity(resolved.len());
     for (i, r) in resolved.iter().enumerate() {
@@ -42,7 +58,11 @@ pub(super) fn reservations(
                 limit.burst()
             )));
         }
-        holds.push(Some(reservation));
+        holds.push(Some(Held {
+            reservation,
+            key: r.key.as_str().to_string(),
+            holds: spends && r.cost > 0,
+        }));
     }
     Ok(holds)
 }

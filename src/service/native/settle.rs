@@ -40,6 +40,7 @@ use crate::proto::v1 as pb;
 use crate::service::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
 use crate::store::shared::{Claim, Kept, Settlements};
 use crate::store::StoreError;
+use crate::text::{cut_bytes, printable};
 
 /// The longest request id (bytes).
 pub const MAX_REQUEST_ID: usize = 128;
@@ -202,15 +203,24 @@ impl Settler {
         checked_id("request_id", &request.request_id)?;
         let table = decider.limits();
         let holds = super::holds::reservations(decider, &table, items)?;
-        let hold = holds.iter().flatten().map(|r| r.hold).min();
-        let id = self.open(request, hold).await?;
+        // Only the items that hold tokens make a hold, and count it against their keys.
+        let holding = || holds.iter().flatten().filter(|h| h.holds);
+        let hold = holding().map(|h| h.reservation.hold).min();
+        // Each key once, with the first item of it.
+        let mut keys: Vec<(&str, usize)> = (holds.iter().enumerate())
+            .filter_map(|(i, h)| Some((h.as_ref().filter(|h| h.holds)?.key.as_str(), i)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup_by(|a, b| a.0 == b.0);
+        let id = self.open(request, hold, &keys).await?;
         let result = decider
             .check_with(&table, items, CheckOptions::default())
             .await;
         match &result {
             Ok(r) if r.overall.allowed => {
-                let releases: Vec<Option<bool>> =
-                    holds.iter().map(|h| h.map(|h| h.release)).collect();
+                let releases: Vec<Option<bool>> = (holds.iter())
+                    .map(|h| h.as_ref().map(|h| h.reservation.release))
+                    .collect();
                 let facts = facts_bytes(&spent_by(&request.items, r, &releases));
                 match self.table.decide(id, &facts).await {
                     Ok(_) => {}
@@ -232,6 +242,7 @@ impl Settler {
         &self,
         request: &'r pb::CheckRequest,
         hold: Option<Nanos>,
+        held: &[(&str, usize)],
     ) -> Result<&'r str, Status> {
         let id = request.request_id.as_str();
         checked_id("request_id", id)?;
@@ -246,11 +257,25 @@ impl Settler {
                 record.len()
             )));
         }
+        let keys: Vec<String> = held.iter().map(|&(key, _)| key.to_string()).collect();
         let opened = self
             .table
-            .open(id, &record, hold)
+            .open(id, &record, hold, &keys)
             .await
             .map_err(store_failed)?;
+        if let Some(at) = opened.crowded {
+            counted(&self.metrics, "crowded");
+            let i = held.get(at).map_or(0, |&(_, i)| i);
+            let item = request.items.get(i).cloned().unwrap_or_default();
+            return Err(Status::resource_exhausted(format!(
+                "request_id {id:?}: items[{i}] ({} {}) has as many holds not yet settled as \
+                 one bucket may keep, its share of the table of kept Checks \
+                 (--settle-max-holds-per-key); nothing was spent: retry once some of them \
+                 are settled or their hold ends",
+                printable(cut_bytes(&item.name, 128)),
+                printable(cut_bytes(&item.id, 128)),
+            )));
+        }
         if opened.full {
             counted(&self.metrics, "full");
             return Err(Status::resource_exhausted(format!(

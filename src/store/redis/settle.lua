@@ -9,17 +9,26 @@
 --          f  what the Check spent (once decided), k the costs it was settled at (settled;
 --             "" when it was claimed at its due, for its release)
 --          u  a hold's due (ms of Redis TIME)
+--          b  the names of a hold's bucket keys (digests), one a line: those its live
+--             hold counts against
 --          A record that is no hash (kept by an older version) is unknown to claim.
 -- KEYS[3]: the live holds, a sorted set of record keys by due (ms): holds opened and not
 --          settled. They are never pushed out; the key of each expires one window past
 --          its due.
+-- KEYS[4]: the prefix of the live holds per bucket key: KEYS[4] .. <its name> is a sorted
+--          set of its live holds (the SHA-1 of each record's key: short enough for Redis to
+--          keep the set compact), by when each record's key expires (ms), so that one whose
+--          key expired unclaimed drops out by itself. Every site
+--          that adds a record to KEYS[3] or takes it out adds or takes it here too.
 --
 -- ARGV[1]: the operation.
 -- open    ARGV[2] check, ARGV[3] window in ms, ARGV[4] most records, ARGV[5] hold in ms
---         ("0": no hold). Drops the expired from the index; unless the id is kept already,
---         refuses when the live holds are the most ({"2", "0"}), else pushes out the
---         oldest records of the index while both hold the most, and keeps the check
---         pending. Returns {written, evicted}.
+--         ("0": no hold), ARGV[6] most live holds per bucket key, ARGV[7..] the names of
+--         the hold's bucket keys. Drops the expired from the index; unless the id is kept already,
+--         refuses a hold when one of its keys has the most live holds ({"3", "0", its
+--         place in ARGV[7..], from 1}), or when the live holds are the most ({"2", "0"}),
+--         else pushes out the oldest records of the index while both hold the most, and
+--         keeps the check pending. Returns {written, evicted}.
 -- decide  ARGV[2] facts. A pending record becomes decided. Returns {"1"} if it was
 --         pending, else {"0"}.
 -- forget  Drops the record. Returns {"1"}.
@@ -52,9 +61,56 @@ local function state()
   return state_of(key)
 end
 
+-- The bucket keys record `k` counts against while it is a live hold.
+local function keys_of(k)
+  local out = {}
+  if redis.call('TYPE', k).ok == 'hash' then
+    local b = redis.call('HGET', k, 'b')
+    if b then
+      for part in string.gmatch(b, '[^\n]+') do
+        table.insert(out, part)
+      end
+    end
+  end
+  return out
+end
+
+-- Counts record `k` (a live hold) against its keys, until its key expires.
+local function count(k)
+  local left = redis.call('PTTL', k)
+  if left <= 0 then return end
+  for _, b in ipairs(keys_of(k)) do
+    local z = KEYS[4] .. b
+    redis.call('ZADD', z, now + left, redis.sha1hex(k))
+    if redis.call('PTTL', z) < left then
+      redis.call('PEXPIRE', z, left)
+    end
+  end
+end
+
+-- Stops counting record `k` (no longer a live hold).
+local function uncount(k)
+  for _, b in ipairs(keys_of(k)) do
+    redis.call('ZREM', KEYS[4] .. b, redis.sha1hex(k))
+  end
+end
+
+-- The place (from 1) of the first of the hold's keys with `most` live holds, if any.
+local function crowded(most)
+  for i = 7, #ARGV do
+    local z = KEYS[4] .. ARGV[i]
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+    if redis.call('ZCARD', z) >= most then
+      return i - 6
+    end
+  end
+  return nil
+end
+
 -- Moves record `k` from the live holds to the index, by when its key expires.
 local function unhold(k)
   if redis.call('ZREM', holds, k) == 1 then
+    uncount(k)
     local left = redis.call('PTTL', k)
     if left > 0 then
       redis.call('ZADD', index, now + left, k)
@@ -68,6 +124,13 @@ if op == 'open' then
     return {'0', '0'}
   end
   redis.call('ZREM', holds, key)
+  local hold = tonumber(ARGV[5])
+  if hold > 0 then
+    local at = crowded(tonumber(ARGV[6]))
+    if at then
+      return {'3', '0', tostring(at)}
+    end
+  end
   local max = tonumber(ARGV[4])
   if redis.call('ZCARD', holds) >= max then
     return {'2', '0'}
@@ -79,12 +142,19 @@ if op == 'open' then
     evicted = evicted + redis.call('DEL', oldest[1])
   end
   local window = tonumber(ARGV[3])
-  local hold = tonumber(ARGV[5])
   redis.call('HSET', key, 's', 'p', 'c', ARGV[2], 'o', now_us)
   if hold > 0 then
     redis.call('HSET', key, 'u', now + hold)
+    if #ARGV >= 7 then
+      local keys = {}
+      for i = 7, #ARGV do
+        table.insert(keys, ARGV[i])
+      end
+      redis.call('HSET', key, 'b', table.concat(keys, '\n'))
+    end
     redis.call('PEXPIRE', key, hold + window)
     redis.call('ZADD', holds, now + hold, key)
+    count(key)
   else
     redis.call('PEXPIRE', key, window)
     redis.call('ZADD', index, now + window, key)
@@ -97,6 +167,9 @@ elseif op == 'decide' then
   redis.call('HSET', key, 's', 'd', 'f', ARGV[2], 't', now_us)
   return {'1'}
 elseif op == 'forget' then
+  if redis.call('ZREM', holds, key) == 1 then
+    uncount(key)
+  end
   redis.call('DEL', key)
   redis.call('ZREM', index, key)
   redis.call('ZREM', holds, key)
@@ -128,6 +201,7 @@ elseif op == 'reopen' then
     local due = redis.call('HGET', key, 'u')
     if due and redis.call('ZREM', index, key) == 1 then
       redis.call('ZADD', holds, due, key)
+      count(key)
     end
   end
   return {'1'}

@@ -2,7 +2,8 @@
 //! once whichever replica it reaches: one record key per request id and an index by
 //! expiry, all tagged `{settle}` (one slot), over a connection of its own with a deadline
 //! of at least 1 s. Live holds are indexed by due too, so that any replica can claim
-//! the due ones, once (`due`). Each change of a record's state is one script call, so atomic; its
+//! the due ones, once (`due`), and by bucket key, so that each key's live holds are
+//! counted exactly across replicas (`--settle-max-holds-per-key`). Each change of a record's state is one script call, so atomic; its
 //! times are Redis's (the buckets' clock, on one server; on a cluster, the clock of the
 //! node that holds `{settle}`).
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use super::connection::Connection;
 use super::RedisSettings;
 use crate::clock::{Nanos, MICROSECOND};
-use crate::store::shared::{Claim, Kept, Opened, Settlements};
+use crate::store::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
 use crate::store::{StoreError, StoreFuture};
 
 const SCRIPT: &str = include_str!("settle.lua");
@@ -24,11 +25,14 @@ pub struct RedisSettlements {
     prefix: String,
     window_ms: String,
     max: String,
+    max_per_key: String,
     timeout: Duration,
 }
 
 impl RedisSettlements {
-    /// Records under `<prefix>{settle}:`, each kept `window`, at most `max`.
+    /// Records under `<prefix>{settle}:`, each kept `window`, at most `max`, and at most
+    /// [`DEFAULT_MAX_HOLDS_PER_KEY`] live holds per bucket key
+    /// ([`RedisSettlements::with_max_holds_per_key`]).
     pub fn new(
         settings: &RedisSettings,
         window: Nanos,
@@ -41,8 +45,17 @@ impl RedisSettlements {
             prefix: format!("{}{{settle}}:", settings.prefix),
             window_ms: (window / (1_000 * MICROSECOND)).max(1).to_string(),
             max: max.max(1).to_string(),
+            max_per_key: DEFAULT_MAX_HOLDS_PER_KEY.to_string(),
             timeout,
         })
+    }
+
+    /// At most `max` live holds counted against any one bucket key.
+    pub fn with_max_holds_per_key(self, max: usize) -> RedisSettlements {
+        RedisSettlements {
+            max_per_key: max.max(1).to_string(),
+            ..self
+        }
     }
 
     /// The key of `id`'s record.
@@ -61,6 +74,7 @@ impl RedisSettlements {
             .key(format!("{}index", self.prefix))
             .key(self.key(id))
             .key(format!("{}holds", self.prefix))
+            .key(format!("{}k:", self.prefix))
             .arg(op);
         for arg in args {
             invocation.arg(*arg);
@@ -72,6 +86,14 @@ impl RedisSettlements {
                 timeout: self.timeout,
             }))
     }
+}
+
+/// The name a bucket key's live holds are counted under: the first 16 bytes of its
+/// SHA-256, in hex (a bucket key takes up to about 270 bytes, and a hold counts against
+/// each of its keys, in its record and in each key's set).
+fn share_of(bucket_key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(bucket_key.as_bytes())[..16])
 }
 
 fn flag(reply: &[Vec<u8>]) -> Option<&[u8]> {
@@ -113,25 +135,45 @@ impl Settlements for RedisSettlements {
         id: &'a str,
         check: &'a [u8],
         hold: Option<Nanos>,
+        keys: &'a [String],
     ) -> StoreFuture<'a, Opened> {
         Box::pin(async move {
             let hold_ms = hold.map_or(0, |h| (h / (1_000 * MICROSECOND)).max(1));
             let hold_ms = hold_ms.to_string();
-            let args: [&[u8]; 4] = [
+            let keys: Vec<String> = match hold {
+                Some(_) => keys.iter().map(|k| share_of(k)).collect(),
+                None => Vec::new(),
+            };
+            let mut args: Vec<&[u8]> = vec![
                 check,
                 self.window_ms.as_bytes(),
                 self.max.as_bytes(),
                 hold_ms.as_bytes(),
+                self.max_per_key.as_bytes(),
             ];
+            args.extend(keys.iter().map(|k| k.as_bytes()));
             let reply = self.call("open", id, &args).await?;
-            let evicted = reply
-                .get(1)
-                .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
-                .ok_or(StoreError::MalformedReply)?;
+            let number = |i: usize| -> Result<u64, StoreError> {
+                reply
+                    .get(i)
+                    .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+                    .ok_or(StoreError::MalformedReply)
+            };
+            let evicted = number(1)?;
+            let crowded = match flag(&reply) {
+                Some(b"3") => Some(
+                    (number(2)? as usize)
+                        .checked_sub(1)
+                        .filter(|&at| at < keys.len())
+                        .ok_or(StoreError::MalformedReply)?,
+                ),
+                _ => None,
+            };
             Ok(Opened {
                 written: flag(&reply) == Some(b"1"),
                 evicted,
                 full: flag(&reply) == Some(b"2"),
+                crowded,
             })
         })
     }
