@@ -43,6 +43,7 @@ mod ratelimit_format;
 mod ratelimit_ports;
 mod ratelimit_vars;
 mod readme;
+mod release_sweep;
 mod reservations;
 mod resp;
 mod resp_gcra;

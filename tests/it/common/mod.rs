@@ -478,6 +478,7 @@ pub mod pki;
 pub mod ratelimit_answers;
 pub mod ratelimit_format;
 pub mod readme;
+pub mod release_sweep;
 pub mod redis_cell;
 pub mod redis_server;
 pub mod reservations;
