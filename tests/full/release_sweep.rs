@@ -92,7 +92,12 @@ async fn on_redis_holds_of_a_removed_limit_starve_no_other_hold() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(held(&s, "given_up").await, 300.0, "given up once each");
     let lines = log.lines_with("hold");
-    assert!(lines.len() <= 2, "{} lines: {:?}", lines.len(), lines.first());
+    assert!(
+        lines.len() <= 2,
+        "{} lines: {:?}",
+        lines.len(),
+        lines.first()
+    );
     s.stop().await;
 }
 
@@ -144,7 +149,11 @@ async fn slow_spend_replies(upstream: String, delay: Duration) -> String {
 #[tokio::test]
 async fn on_redis_a_check_cut_short_by_its_callers_deadline_is_released_at_its_end() {
     let redis = RedisServer::start();
-    let slow = slow_spend_replies(redis.url().replace("redis://", ""), Duration::from_millis(300)).await;
+    let slow = slow_spend_replies(
+        redis.url().replace("redis://", ""),
+        Duration::from_millis(300),
+    )
+    .await;
     let dir = crate::common::reservations::limits();
     let settings = Settings {
         sweep_interval: Duration::from_millis(20),
@@ -167,7 +176,11 @@ async fn on_redis_a_check_cut_short_by_its_callers_deadline_is_released_at_its_e
     request.set_timeout(Duration::from_millis(20));
     let cut = s.decisions.check(request).await;
     assert!(cut.is_err(), "answered within 20 ms: {cut:?}");
-    let state = || redis.cli(&["HGET", &record("cut-short"), "s"]).unwrap_or_default();
+    let state = || {
+        redis
+            .cli(&["HGET", &record("cut-short"), "s"])
+            .unwrap_or_default()
+    };
     eventually("the cut-short Check's record decided", async || {
         (state().trim() == "d").then_some(())
     })

@@ -83,7 +83,11 @@ async fn holds_of_a_removed_limit_are_given_up_once_and_starve_no_other_hold() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let page = metrics(&s).await;
     assert_eq!(given_up, ORPHANS as f64);
-    assert_eq!(holds(&page, "given_up"), ORPHANS as f64, "given up once each");
+    assert_eq!(
+        holds(&page, "given_up"),
+        ORPHANS as f64,
+        "given up once each"
+    );
     assert_eq!(holds(&page, "released"), 1.0);
     let lines = log.lines_with("hold");
     assert!(
@@ -93,7 +97,9 @@ async fn holds_of_a_removed_limit_are_given_up_once_and_starve_no_other_hold() {
         lines.first()
     );
     assert!(
-        lines.iter().any(|l| l.contains("given up") && l.contains("300")),
+        lines
+            .iter()
+            .any(|l| l.contains("given up") && l.contains("300")),
         "{lines:?}"
     );
     s.stop().await;

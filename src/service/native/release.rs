@@ -59,7 +59,8 @@ struct FirstOf(Option<(String, String)>);
 
 impl FirstOf {
     fn note(&mut self, id: &str, error: &str) {
-        self.0.get_or_insert_with(|| (id.to_string(), error.to_string()));
+        self.0
+            .get_or_insert_with(|| (id.to_string(), error.to_string()));
     }
 }
 

@@ -219,7 +219,9 @@ impl Settler {
             let result = decider
                 .check_with(&table, &items, CheckOptions::default())
                 .await;
-            settler.decided(id, &request.items, &releases, &result).await;
+            settler
+                .decided(id, &request.items, &releases, &result)
+                .await;
             Ok::<_, Status>(result?)
         });
         checked
