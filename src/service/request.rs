@@ -74,6 +74,44 @@ impl<'a> ItemSpec<'a> {
             lease: None,
         }
     }
+
+    /// The item with every string owned, for a task that outlives its request.
+    pub fn into_owned(self) -> ItemSpec<'static> {
+        let own = |c: Cow<'_, str>| Cow::Owned(c.into_owned());
+        ItemSpec {
+            target: match self.target {
+                Target::Named { name, id } => Target::Named {
+                    name: own(name),
+                    id: own(id),
+                },
+                Target::Inline { key, limit } => Target::Inline {
+                    key: own(key),
+                    limit,
+                },
+                Target::Descriptor { digest, limit } => Target::Descriptor { digest, limit },
+                Target::Malformed { name } => Target::Malformed { name },
+                Target::Ratelimit {
+                    digest,
+                    limit,
+                    name,
+                    shadow,
+                    every_hit,
+                    caller_given,
+                } => Target::Ratelimit {
+                    digest,
+                    limit,
+                    name,
+                    shadow,
+                    every_hit,
+                    caller_given,
+                },
+            },
+            cost: self.cost,
+            mode: self.mode,
+            limit: self.limit,
+            lease: self.lease.map(own),
+        }
+    }
 }
 
 /// The `result` label of a decided item, for `cellrate_decisions_total`.

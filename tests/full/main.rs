@@ -35,6 +35,8 @@ mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;
 #[cfg(feature = "redis")]
+mod release_sweep;
+#[cfg(feature = "redis")]
 mod reservations;
 mod reservations_envoy;
 mod resp_clients;

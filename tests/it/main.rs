@@ -44,6 +44,7 @@ mod ratelimit_format;
 mod ratelimit_ports;
 mod ratelimit_vars;
 mod readme;
+mod release_sweep;
 mod reservation_shares;
 mod reservations;
 mod resp;

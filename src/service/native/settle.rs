@@ -54,6 +54,7 @@ pub const MAX_RECORD: usize = 1024;
 pub const REFUND_MARGIN: Nanos = SECOND;
 
 /// What settles: the table, and the metrics that count it.
+#[derive(Clone)]
 pub struct Settler {
     pub(super) table: Arc<dyn Settlements>,
     pub(super) metrics: Arc<Metrics>,
@@ -194,9 +195,15 @@ impl Settler {
     /// A `Check` with a request id: kept pending under its id before it is decided (an id
     /// kept already is ALREADY_EXISTS, and nothing is decided), then decided with what it
     /// spent if it was allowed, or dropped.
+    ///
+    /// The Check runs to its end (kept, decided, its record decided or dropped) in a task
+    /// of its own, whether or not its caller still waits: a caller's deadline shorter
+    /// than the store's (Envoy's 20 ms RLS timeout under `--redis-timeout-ms`) would
+    /// otherwise drop it between its spend and its record's decision, leaving the record
+    /// pending for good and its estimate spent, never settled nor released.
     pub async fn check(
         &self,
-        decider: &Decider,
+        decider: &Arc<Decider>,
         request: &pb::CheckRequest,
         items: &[ItemSpec<'_>],
     ) -> Result<BatchResult, Status> {
@@ -207,21 +214,47 @@ impl Settler {
         let holding = || holds.iter().flatten().filter(|h| h.holds);
         let hold = holding().map(|h| h.reservation.hold).min();
         // Each key once, with the first item of it.
-        let mut keys: Vec<(&str, usize)> = (holds.iter().enumerate())
-            .filter_map(|(i, h)| Some((h.as_ref().filter(|h| h.holds)?.key.as_str(), i)))
+        let mut keys: Vec<(String, usize)> = (holds.iter().enumerate())
+            .filter_map(|(i, h)| {
+                Some((h.as_ref().filter(|h| h.holds)?.key.as_str().to_string(), i))
+            })
             .collect();
         keys.sort_unstable();
         keys.dedup_by(|a, b| a.0 == b.0);
-        let id = self.open(request, hold, &keys).await?;
-        let result = decider
-            .check_with(&table, items, CheckOptions::default())
-            .await;
-        match &result {
+        let releases: Vec<Option<bool>> = (holds.iter())
+            .map(|h| h.as_ref().map(|h| h.reservation.release))
+            .collect();
+        let items: Vec<ItemSpec<'static>> =
+            items.iter().cloned().map(ItemSpec::into_owned).collect();
+        let (settler, decider, request) = (self.clone(), decider.clone(), request.clone());
+        let checked = tokio::spawn(async move {
+            let held: Vec<(&str, usize)> = keys.iter().map(|(k, i)| (k.as_str(), *i)).collect();
+            let id = settler.open(&request, hold, &held).await?;
+            let result = decider
+                .check_with(&table, &items, CheckOptions::default())
+                .await;
+            settler
+                .decided(id, &request.items, &releases, &result)
+                .await;
+            Ok::<_, Status>(result?)
+        });
+        checked
+            .await
+            .unwrap_or_else(|e| Err(Status::internal(format!("the Check's task ended: {e}"))))
+    }
+
+    /// Decides the kept record of `id` by its Check's `result`: with what it spent if it
+    /// was allowed, else dropped.
+    async fn decided(
+        &self,
+        id: &str,
+        items: &[pb::Item],
+        releases: &[Option<bool>],
+        result: &Result<BatchResult, DecideError>,
+    ) {
+        match result {
             Ok(r) if r.overall.allowed => {
-                let releases: Vec<Option<bool>> = (holds.iter())
-                    .map(|h| h.as_ref().map(|h| h.reservation.release))
-                    .collect();
-                let facts = facts_bytes(&spent_by(&request.items, r, &releases));
+                let facts = facts_bytes(&spent_by(items, r, releases));
                 match self.table.decide(id, &facts).await {
                     Ok(_) => {}
                     // Left pending: it expires unsettled, and the estimate stands.
@@ -235,7 +268,6 @@ impl Settler {
                 }
             }
         }
-        Ok(result?)
     }
 
     async fn open<'r>(
@@ -363,9 +395,16 @@ impl Settler {
                 answer
             }
             Claim::Claimed(kept) => {
-                let items = self
-                    .adjust(decider, id, &kept, &request.costs, true)
-                    .await?;
+                let adjusted = self.adjust(decider, id, &kept, &request.costs, true).await;
+                let items = match adjusted {
+                    Ok(items) => items,
+                    Err(undone) => {
+                        if let Some(facts) = &undone.reopen {
+                            self.reopen(id, facts).await;
+                        }
+                        return Err(undone.status);
+                    }
+                };
                 counted(&self.metrics, "settled");
                 if is_hold(&kept) {
                     self.metrics.holds.with_label_values(&["settled"]).inc();
@@ -376,7 +415,8 @@ impl Settler {
     }
 
     /// Applies a claimed record's adjustment, charges first, then refunds; its items.
-    /// `settling`: for a `Settle` (else for a hold's release).
+    /// `settling`: for a `Settle` (else for a hold's release). On a failure the record
+    /// stays settled: the caller reopens it with [`Undone::reopen`]'s facts, if any.
     pub(super) async fn adjust(
         &self,
         decider: &Decider,
@@ -384,37 +424,31 @@ impl Settler {
         kept: &Kept,
         costs: &[u64],
         settling: bool,
-    ) -> Result<Vec<pb::Item>, Status> {
+    ) -> Result<Vec<pb::Item>, Undone> {
+        // Nothing applied: the right costs (or limits) may still settle it.
+        let lasting = |status: Status| Undone {
+            status,
+            reopen: Some(kept.facts.clone()),
+            lasting: true,
+        };
         let (items, spent) = match read(kept) {
             Ok(read) if read.0.len() == costs.len() => read,
-            other => {
-                // Nothing applied: the right costs may still settle it.
-                self.reopen(id, &kept.facts).await;
-                return Err(match other {
-                    Ok((items, _)) => Status::invalid_argument(format!(
-                        "costs: {} given, the Check had {} items",
-                        costs.len(),
-                        items.len()
-                    )),
-                    Err(e) => e,
-                });
+            Ok((items, _)) => {
+                return Err(lasting(Status::invalid_argument(format!(
+                    "costs: {} given, the Check had {} items",
+                    costs.len(),
+                    items.len()
+                ))))
             }
+            Err(e) => return Err(lasting(e)),
         };
         let plan = Plan::new(items, spent, costs, kept);
         let specs = item_specs(&plan.charges, Use::Check)
             .and_then(|charges| Ok((charges, item_specs(&plan.refunds, Use::Refund)?)));
-        let (charges, mut refunds) = match specs {
-            Ok(specs) => specs,
-            Err(e) => {
-                self.reopen(id, &kept.facts).await;
-                return Err(e);
-            }
-        };
+        let (charges, mut refunds) = specs.map_err(lasting)?;
         if !charges.is_empty() {
             if let Err(e) = decider.check(&charges).await {
-                return Err(self
-                    .failed(id, e, &facts_bytes(&plan.spent), settling)
-                    .await);
+                return Err(self.failed(id, e, &facts_bytes(&plan.spent), settling));
             }
         }
         if !refunds.is_empty() {
@@ -423,36 +457,54 @@ impl Settler {
                 Err(e) => Err(e),
             };
             if let Err(e) = refunded {
-                return Err(self
-                    .failed(id, e, &facts_bytes(&plan.charged), settling)
-                    .await);
+                return Err(self.failed(id, e, &facts_bytes(&plan.charged), settling));
             }
         }
         Ok(plan.items)
     }
 
-    /// A step failed: reopens the record with `facts` if the failure surely applied
-    /// nothing, else leaves it settled for good.
+    /// A step failed: the record may be reopened with `facts` if the failure surely
+    /// applied nothing, else it stays settled for good.
     /// `settling`: a `Settle`'s (counted as settled), not a release's.
-    async fn failed(&self, id: &str, e: DecideError, facts: &[u8], settling: bool) -> Status {
+    fn failed(&self, id: &str, e: DecideError, facts: &[u8], settling: bool) -> Undone {
         if surely_not_applied(&e) {
-            self.reopen(id, facts).await;
-            return e.into();
+            return Undone {
+                lasting: matches!(e, DecideError::Invalid(_)),
+                reopen: Some(facts.to_vec()),
+                status: e.into(),
+            };
         }
         if settling {
             counted(&self.metrics, "settled");
         }
-        Status::unavailable(format!(
-            "{e}; request_id {id:?} is settled: its adjustment may have been made, in part or \
-             whole, and will not be made again"
-        ))
+        Undone {
+            status: Status::unavailable(format!(
+                "{e}; request_id {id:?} is settled: its adjustment may have been made, in \
+                 part or whole, and will not be made again"
+            )),
+            reopen: None,
+            lasting: false,
+        }
     }
 
-    async fn reopen(&self, id: &str, facts: &[u8]) {
+    pub(super) async fn reopen(&self, id: &str, facts: &[u8]) {
         if let Err(e) = self.table.reopen(id, facts).await {
             tracing::warn!(error = %e, "a settlement not applied could not be reopened");
         }
     }
+}
+
+/// An adjustment not made (see [`Settler::adjust`]).
+pub(super) struct Undone {
+    /// Why, as the caller answers it.
+    pub status: Status,
+    /// The facts to make the record decided again with (what was surely applied before
+    /// the failure folded in); `None`: the failure may have been applied, and the record
+    /// stays settled for good.
+    pub reopen: Option<Vec<u8>>,
+    /// The failure is the record's or the limits' (it cannot be read, a cost or an item
+    /// is refused, the limit is gone), not the store's: the same adjustment fails again.
+    pub lasting: bool,
 }
 
 /// A record's items and what each spent.

@@ -480,6 +480,7 @@ pub mod ratelimit_format;
 pub mod readme;
 pub mod redis_cell;
 pub mod redis_server;
+pub mod release_sweep;
 pub mod reservations;
 pub mod resp_client;
 pub mod rlqs;
