@@ -14,6 +14,7 @@
 //! ```text
 //! main.rs        parse flags, init tracing, dispatch to server / cli          (top)
 //! cli/           the command line: args.rs (clap flags with env fallbacks; no logic;
+//!                shares.rs: the shared tables' per-tenant shares;
 //!                flag_values.rs checks the values clap cannot),
 //!                client/ (check, refund, admin ...: transport, decide, admin,
 //!                overrides, render), simulate.rs (a scripted timeline on a fake clock)

@@ -427,13 +427,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 
-    /// Leases of concurrency limits held at most in the memory store (more are denied).
-    #[arg(long, env = "CELLRATE_MAX_LEASES", default_value_t = crate::store::memory::DEFAULT_MAX_LEASES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub max_leases: usize,
-
-    /// Percent of --max-leases that one limit name's leases may hold (more are denied).
-    #[arg(long, env = "CELLRATE_LEASE_NAME_SHARE", default_value_t = crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(1..=100))]
-    pub lease_name_share: u8,
+    #[command(flatten)]
+    pub shares: super::shares::ShareArgs,
 
     /// The memory store's snapshot file: its buckets are restored from it at start (a
     /// missing or unusable file: one warning, an empty store) and written to it at graceful
@@ -475,10 +470,6 @@ pub struct ServeArgs {
     /// Checks kept for Settle at most (each at most 1 KiB); beyond, the oldest that are no live holds are pushed out.
     #[arg(long, env = "CELLRATE_SETTLE_MAX_RECORDS", default_value_t = Settings::default().settle_max_records, value_parser = parse_settle_max)]
     pub settle_max_records: usize,
-
-    /// Live holds (reservations not yet settled) per bucket key at most; a further hold of that key is refused.
-    #[arg(long, env = "CELLRATE_SETTLE_MAX_HOLDS_PER_KEY", default_value_t = Settings::default().settle_max_holds_per_key, value_parser = parse_settle_max)]
-    pub settle_max_holds_per_key: usize,
 
     /// Envoy RLQS streams open at once, at most (more are RESOURCE_EXHAUSTED).
     #[arg(long, env = "CELLRATE_RLQS_MAX_STREAMS", default_value_t = RlqsSettings::default().max_streams)]
@@ -553,11 +544,6 @@ pub struct ServeArgs {
     /// Requests handled at once per gRPC listener; more get UNAVAILABLE at once.
     #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = ServerLimits::default().max_in_flight)]
     pub max_in_flight: usize,
-
-    /// Requests in flight from one client address (IPv6: its /64) per gRPC listener; more
-    /// get UNAVAILABLE at once. Default: a quarter of --max-in-flight. 0: no such share.
-    #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT_PER_ADDRESS")]
-    pub max_in_flight_per_address: Option<usize>,
 
     /// Longest a unary gRPC request's body may take once the server waits for it, in ms.
     #[arg(long, env = "CELLRATE_REQUEST_BODY_TIMEOUT_MS", default_value_t = ServerLimits::default().body_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]

@@ -15,5 +15,6 @@ mod ratelimit_memcache;
 mod ratelimit_warned;
 pub mod redis_args;
 mod serve;
+mod shares;
 pub mod simulate;
 pub mod xds_args;

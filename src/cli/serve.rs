@@ -146,8 +146,8 @@ impl ServeArgs {
         Settings {
             max_buckets: self.max_buckets,
             caller_bucket_share: usize::from(self.caller_limit_bucket_share),
-            max_leases: self.max_leases,
-            lease_name_share: usize::from(self.lease_name_share),
+            max_leases: self.shares.max_leases,
+            lease_name_share: usize::from(self.shares.lease_name_share),
             caller: CallerLimits {
                 enabled: self.caller_limits,
                 max_period: self.caller_limit_max_period,
@@ -157,7 +157,7 @@ impl ServeArgs {
             max_override_ttl: self.max_override_ttl,
             settle_window: self.settle_window,
             settle_max_records: self.settle_max_records,
-            settle_max_holds_per_key: self.settle_max_holds_per_key,
+            settle_max_holds_per_key: self.shares.settle_max_holds_per_key,
             rlqs: RlqsSettings {
                 max_streams: self.rlqs_max_streams,
                 max_buckets: self.rlqs_max_buckets,
@@ -230,7 +230,7 @@ impl ServeArgs {
             resp: connections(self.resp_max_connections),
             max_streams_per_connection: self.max_streams_per_connection.max(1),
             max_in_flight: self.max_in_flight.max(1),
-            max_in_flight_per_address: self.max_in_flight_per_address,
+            max_in_flight_per_address: self.shares.max_in_flight_per_address,
             body_timeout: Duration::from_millis(
                 self.request_body_timeout_ms
                     .min(self.request_timeout_ms)
