@@ -68,42 +68,44 @@ fn fail_open(config: &mut Value) {
     filter.insert("failure_mode_deny".into(), Value::Bool(false));
     filter.insert("domain".into(), "hostile".into());
     // A header copied into two descriptors: a large one makes a message over the bound.
-    let twice = yaml(
-        r#"
-match: { prefix: "/twice" }
-route: { cluster: backend }
-typed_per_filter_config:
-  envoy.filters.http.ratelimit:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-    rate_limits:
-      - actions: [{generic_key: {descriptor_value: signup}}, {remote_address: {}}]
+    let twice = route(
+        "/twice",
+        "
       - actions: [{request_headers: {header_name: x-big, descriptor_key: key}}]
-      - actions: [{request_headers: {header_name: x-big, descriptor_key: key}}, {generic_key: {descriptor_value: again}}]
-"#,
+      - actions: [{request_headers: {header_name: x-big, descriptor_key: key}}, {generic_key: {descriptor_value: again}}]",
     );
-    let route = yaml(
+    let every = route(
+        "/",
         r#"
-match: { prefix: "/" }
-route: { cluster: backend }
-typed_per_filter_config:
-  envoy.filters.http.ratelimit:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-    rate_limits:
-      - actions: [{generic_key: {descriptor_value: signup}}, {remote_address: {}}]
       - actions: [{request_headers: {header_name: x-key, descriptor_key: key}}]
       - actions: [{request_headers: {header_name: x-costly, descriptor_key: key}}]
         hits_addend: { format: "%REQ(x-hits)%" }
       - actions: [{request_headers: {header_name: x-account, descriptor_key: account}}]
       - actions:
           - request_headers: {header_name: x-tenant, descriptor_key: tenant}
-          - request_headers: {header_name: x-lease, descriptor_key: lease}
-"#,
+          - request_headers: {header_name: x-lease, descriptor_key: lease}"#,
     );
     let listeners = config["static_resources"]["listeners"]
         .as_sequence_mut()
         .unwrap();
     let manager = &mut listeners[0]["filter_chains"][0]["filters"][0]["typed_config"];
-    manager["route_config"]["virtual_hosts"][0]["routes"] = Value::Sequence(vec![twice, route]);
+    manager["route_config"]["virtual_hosts"][0]["routes"] = Value::Sequence(vec![twice, every]);
+}
+
+/// A route to the backend at `prefix` whose descriptors are the per-address one and
+/// `rate_limits` (YAML list items), in the filter's per-route configuration.
+fn route(prefix: &str, rate_limits: &str) -> Value {
+    yaml(&format!(
+        r#"
+match: {{ prefix: "{prefix}" }}
+route: {{ cluster: backend }}
+typed_per_filter_config:
+  envoy.filters.http.ratelimit:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+    rate_limits:
+      - actions: [{{generic_key: {{descriptor_value: signup}}}}, {{remote_address: {{}}}}]{rate_limits}
+"#
+    ))
 }
 
 /// Values a client may put in a header: over the value bound, not UTF-8, empty, spaced,

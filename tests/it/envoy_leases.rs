@@ -26,40 +26,24 @@ fn example() -> LimitTable {
 /// The example's limits plus a rate (`RequestsPerTenant`, 2 a second on `requests`), to
 /// check all-or-nothing across descriptors.
 fn with_a_rate() -> LimitTable {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
-    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
-    let files = [
-        (
-            "names.yaml",
-            read("names.yaml") + "RequestsPerTenant: {number: 111, format: string}\n",
-        ),
-        (
-            "defaults.yaml",
-            read("defaults.yaml") + "RequestsPerTenant: {burst: 2, count: 2, period: 1s}\n",
-        ),
-        ("overrides.yaml", read("overrides.yaml")),
-        (
-            "descriptors.yaml",
-            read("descriptors.yaml")
-                + "  - match: [{key: requests}, {key: tenant}]\n    \
-                   limits: [RequestsPerTenant]\n    id: \"{tenant}\"\n",
-        ),
-    ];
-    let files: Vec<(String, String)> = files.into_iter().map(|(f, t)| (f.to_string(), t)).collect();
-    LimitTable::from_files(&files).expect("the limits load")
+    with_a_rate_and_policy(None)
 }
 
-/// [`with_a_rate`] with the `inflight` domain's `invalid_id` policy set to `policy`.
-fn with_a_rate_and_policy(policy: &str) -> LimitTable {
+/// [`with_a_rate`], the `inflight` domain's `invalid_id` policy set to `policy` if given.
+fn with_a_rate_and_policy(policy: Option<&str>) -> LimitTable {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
-    let descriptors = format!(
-        "inflight:\n  invalid_id: {policy}\n  rules:\n\
-         \x20   - match: [{{key: tenant}}, {{key: lease}}]\n      limits: [InFlightPerTenant]\n\
-         \x20     id: \"{{tenant}}\"\n      lease: lease\n\
-         \x20   - match: [{{key: requests}}, {{key: tenant}}]\n      limits: [RequestsPerTenant]\n\
-         \x20     id: \"{{tenant}}\"\n"
-    );
+    let rate = "  - match: [{key: requests}, {key: tenant}]\n    \
+                limits: [RequestsPerTenant]\n    id: \"{tenant}\"\n";
+    let descriptors = read("descriptors.yaml") + rate;
+    let descriptors = match policy {
+        // The domain as a map: its policy, and its rules indented under `rules`.
+        Some(policy) => descriptors.replace(
+            "inflight:\n",
+            &format!("inflight:\n  invalid_id: {policy}\n  rules:\n"),
+        ),
+        None => descriptors,
+    };
     let files = [
         (
             "names.yaml",
@@ -370,7 +354,7 @@ async fn bad_lease_descriptors_are_denied_by_default_and_change_nothing() {
     assert_eq!(remaining(&mut s, "RequestsPerTenant", "acme").await, 2);
     s.stop().await;
 
-    let mut s = Served::with_limits(with_a_rate_and_policy("reject")).await;
+    let mut s = Served::with_limits(with_a_rate_and_policy(Some("reject"))).await;
     for (bad, says) in cases {
         let e = try_ask(&mut s, vec![rate.clone(), bad.clone()])
             .await
@@ -383,7 +367,7 @@ async fn bad_lease_descriptors_are_denied_by_default_and_change_nothing() {
     s.stop().await;
 
     // `ignore`: the malformed descriptor is unmatched, the rest decided as usual.
-    let mut s = Served::with_limits(with_a_rate_and_policy("ignore")).await;
+    let mut s = Served::with_limits(with_a_rate_and_policy(Some("ignore"))).await;
     let r = ask(&mut s, vec![rate.clone(), hits(2)]).await;
     assert_eq!((r.overall_code, r.statuses[1].code), (OK, OK));
     assert_eq!(remaining(&mut s, "InFlightPerTenant", "acme").await, 8);
