@@ -197,6 +197,7 @@ impl ServeArgs {
             server: self.server_limits(),
             envoy: crate::service::envoy::EnvoyOptions {
                 upstream_keys,
+                exact_upstream_keys: upstream_keys && self.memcache.memcache_exact_upstream_keys,
                 ..self.envoy.options()
             },
             metrics_path: self.metrics_path.clone(),
