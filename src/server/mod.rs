@@ -28,6 +28,7 @@ pub mod shutdown;
 pub mod store;
 pub mod tasks;
 pub mod tls;
+mod uds_authority;
 pub mod unix_socket;
 pub mod xds;
 

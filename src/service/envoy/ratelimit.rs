@@ -317,14 +317,20 @@ mod tests {
     fn a_value_cannot_hold_the_separator_unless_keys_are_exact() {
         let one = [("user", "alice_plan_pro")];
         let two = [("user", "alice"), ("plan", "pro")];
-        assert_eq!(upstream_key_text("d", &two, false), "d_user_alice_plan_pro_");
+        assert_eq!(
+            upstream_key_text("d", &two, false),
+            "d_user_alice_plan_pro_"
+        );
         assert_eq!(
             upstream_key_text("d", &one, false),
             "d_user_alice%5Fplan%5Fpro_"
         );
         // The escape escaped: `%5F` as a value is not `_`.
         assert_eq!(upstream_key_text("d", &[("k", "%5F")], false), "d_k_%255F_");
-        assert_eq!(upstream_key_text("d", &[("k", "1.2.3.4")], false), "d_k_1.2.3.4_");
+        assert_eq!(
+            upstream_key_text("d", &[("k", "1.2.3.4")], false),
+            "d_k_1.2.3.4_"
+        );
         // envoyproxy/ratelimit's own, ambiguous as there.
         assert_eq!(
             upstream_key_text("d", &one, true),

@@ -160,7 +160,8 @@ impl MemcacheStore {
                 let key = counters[i].key.as_str();
                 match adds_to(&items[i], &counters[i]) {
                     true => {
-                        plan.adds.push((key, items[i].cost, self.exptime(&counters[i], now)));
+                        plan.adds
+                            .push((key, items[i].cost, self.exptime(&counters[i], now)));
                         adds.push(i);
                     }
                     false => {
