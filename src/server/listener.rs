@@ -188,7 +188,7 @@ impl GuardedListener {
                 Bound::Tcp(listener) => listener.accept().await.map(|(s, p)| (Io::Tcp(s), Some(p))),
                 Bound::Unix(listener, _) => listener.accept().await.map(|(s, _)| {
                     let fixed = super::uds_authority::AuthorityFix::new(s, self.fix_authority);
-                    (Io::Unix(fixed), None)
+                    (Io::Unix(Box::new(fixed)), None)
                 }),
             };
             match accepted {
@@ -393,7 +393,7 @@ impl GuardedStream {
 enum Io {
     Tcp(TcpStream),
     /// With its `:authority` made acceptable to h2 (`uds_authority.rs`).
-    Unix(super::uds_authority::AuthorityFix<UnixStream>),
+    Unix(Box<super::uds_authority::AuthorityFix<UnixStream>>),
 }
 
 impl AsyncRead for Io {

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod connection_age;
 mod grpc;
+mod hpack;
 pub mod http;
 pub mod in_flight;
 pub mod listener;
