@@ -11,8 +11,9 @@ use std::sync::OnceLock;
 const TABLE_MAX: usize = 4_096;
 
 /// The most bytes of one decoded header list, counted as HPACK counts them (each field's
-/// name and value plus 32).
-pub const MAX_LIST: usize = 64 * 1024;
+/// name and value plus 32): h2's own bound on the decision listener
+/// (`http2_max_header_list_size`), beyond which it would refuse the request anyway.
+pub const MAX_LIST: usize = 16 * 1024;
 
 fn broken(what: &str) -> io::Error {
     io::Error::new(

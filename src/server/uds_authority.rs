@@ -11,9 +11,9 @@
 //! client's dynamic table kept here), the `:authority` replaced when h2 would refuse it,
 //! and written again as literals that touch no table (h2's dynamic table stays empty), in
 //! frames of at most 16 384 bytes (the size every HTTP/2 peer accepts). Bounded: a header
-//! block of at most [`MAX_BLOCK`] bytes as sent and [`MAX_BLOCK`] decoded (h2 itself
-//! refuses header lists over 16 KiB with its own answer); beyond, or anything HPACK or
-//! HTTP/2 forbids, the connection fails (h2 would close it too). With TLS on the socket
+//! block of at most [`MAX_BLOCK`] bytes as sent and as decoded (h2's own bound on a
+//! header list, beyond which it refuses the request); beyond, or anything HPACK or HTTP/2
+//! forbids, the connection fails (h2 would close it for the latter too). With TLS on the socket
 //! the bytes are TLS records, and pass as they are (such a client is not helped).
 
 use std::io;
@@ -27,6 +27,9 @@ use super::hpack::{write_integer, Table};
 /// The most bytes of one header block, as sent and as decoded (each field's name and
 /// value plus 32, as HPACK counts them).
 pub const MAX_BLOCK: usize = super::hpack::MAX_LIST;
+
+/// The buffers' room kept between header blocks.
+const IDLE_ROOM: usize = 4 * 1024;
 
 /// What stands for an authority h2 would refuse.
 const LOCAL: &[u8] = b"localhost";
@@ -263,6 +266,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 if this.given == this.output.len() {
                     this.output.clear();
                     this.given = 0;
+                    // An idle connection keeps no block's room.
+                    if this.output.capacity() > IDLE_ROOM {
+                        this.output = Vec::new();
+                    }
+                    if this.input.is_empty() && this.input.capacity() > IDLE_ROOM {
+                        this.input = Vec::new();
+                    }
                 }
                 return Poll::Ready(Ok(()));
             }
