@@ -29,7 +29,7 @@ pub mod shutdown;
 pub mod store;
 pub mod tasks;
 pub mod tls;
-mod uds_authority;
+pub(crate) mod uds_authority;
 pub mod unix_socket;
 pub mod xds;
 

@@ -325,6 +325,57 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
     }
 }
 
+/// The fuzz harness's property (`crate::fuzzing::uds_authority`): `data` as frames after
+/// the preface never panics; as one header block, it is refused, or passed as frames of
+/// at most 16 384 bytes whose block decodes, touching no table, to the same fields in the
+/// same order, the authority alone changed, and only when h2 would refuse it.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz(data: &[u8]) {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut raw = AuthorityFix::new((), true);
+    raw.input = [PREFACE, data].concat();
+    let _ = raw.process();
+    let mut fix = AuthorityFix::new((), true);
+    fix.input = PREFACE.to_vec();
+    fix.input
+        .extend_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+    fix.input
+        .extend_from_slice(&[HEADERS, END_HEADERS, 0, 0, 0, 1]);
+    fix.input.extend_from_slice(data);
+    if data.len() >= 1 << 24 || fix.process().is_err() {
+        return;
+    }
+    let sent = Table::default().decode(data).expect("decoded once already");
+    assert_eq!(&fix.output[..PREFACE.len()], PREFACE);
+    let (mut out, mut block, mut first) = (&fix.output[PREFACE.len()..], Vec::new(), true);
+    loop {
+        let len = usize::from(out[0]) << 16 | usize::from(out[1]) << 8 | usize::from(out[2]);
+        assert!(len <= FRAME_MAX);
+        assert_eq!(out[3], if first { HEADERS } else { CONTINUATION });
+        block.extend_from_slice(&out[9..9 + len]);
+        let last = out[4] & END_HEADERS != 0;
+        out = &out[9 + len..];
+        if last {
+            break;
+        }
+        first = false;
+    }
+    assert!(out.is_empty(), "nothing after the block");
+    let mut table = Table::default();
+    let passed = table.decode(&block).expect("the rewritten block decodes");
+    assert!(
+        table.entries.is_empty() && table.size == 0,
+        "no table touched"
+    );
+    assert_eq!(passed.len(), sent.len());
+    for ((name, value), (sent_name, sent_value)) in passed.iter().zip(&sent) {
+        assert_eq!(name, sent_name);
+        let refused = name.as_slice() == b":authority"
+            && http::uri::Authority::try_from(sent_value.as_slice()).is_err();
+        assert_eq!(value.as_slice(), if refused { LOCAL } else { sent_value });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
