@@ -157,7 +157,8 @@ impl<S> AuthorityFix<S> {
         }
         if flags & END_HEADERS != 0 {
             let block = self.block.take().expect("gathered");
-            let fields = self.table.decode(&block.fragment)?;
+            let mut fields = self.table.decode(&block.fragment)?;
+            acceptable(&mut fields)?;
             write_block(&mut self.output, &block, &fields);
         }
         Ok(true)
@@ -190,19 +191,31 @@ fn headers(flags: u8, stream: [u8; 4], payload: &[u8]) -> io::Result<Block> {
     })
 }
 
-/// The fields again, as literals without indexing (the authority replaced when h2 would
-/// refuse it), in a HEADERS frame and as many CONTINUATIONs as needed.
+/// Each `:authority` h2 would refuse made `localhost`; the list, so changed, still within
+/// the bound (the replacement is longer than an empty authority).
+fn acceptable(fields: &mut [(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    let mut total = 0;
+    for (name, value) in fields.iter_mut() {
+        if name.as_slice() == b":authority"
+            && http::uri::Authority::try_from(value.as_slice()).is_err()
+        {
+            *value = LOCAL.to_vec();
+        }
+        total += name.len() + value.len() + 32;
+    }
+    match total > MAX_BLOCK {
+        true => Err(broken("a header list over the bound")),
+        false => Ok(()),
+    }
+}
+
+/// The fields again, as literals without indexing, in a HEADERS frame and as many
+/// CONTINUATIONs as needed.
 fn write_block(out: &mut Vec<u8>, block: &Block, fields: &[(Vec<u8>, Vec<u8>)]) {
     let mut encoded = Vec::new();
     for (name, value) in fields {
-        let value: &[u8] = match name.as_slice() == b":authority"
-            && http::uri::Authority::try_from(value.as_slice()).is_err()
-        {
-            true => LOCAL,
-            false => value,
-        };
         encoded.push(0);
-        for text in [name.as_slice(), value] {
+        for text in [name.as_slice(), value.as_slice()] {
             write_integer(&mut encoded, text.len(), 7, 0);
             encoded.extend_from_slice(text);
         }
