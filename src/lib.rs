@@ -23,7 +23,8 @@
 //!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
 //!                listener.rs (every listener's bounds and timeouts; the HTTP/1
 //!                server), connection_age.rs (GOAWAY at a jittered age),
-//!                unix_socket.rs (--grpc-uds: the socket file), tls.rs (handshakes,
+//!                unix_socket.rs (--grpc-uds: the socket file), uds_authority.rs and
+//!                hpack.rs (a socket path as `:authority` read as localhost), tls.rs (handshakes,
 //!                certificates re-read when their files change), rpc_metrics.rs and
 //!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs
 //!                (watch, debounce, swap), xds/ (the ADS client that feeds it; wire.rs

@@ -105,6 +105,7 @@ impl EnvoyArgs {
             metadata: self.envoy_metadata,
             stop_increment_when_over_limit: self.stop_increment_when_over_limit,
             upstream_keys: false,
+            exact_upstream_keys: false,
             quota_mode: self.quota_mode,
             near_limit_ratio: self.near_limit_ratio,
         }

@@ -29,6 +29,13 @@ pub struct MemcacheArgs {
     /// seconds below this (0: none), as envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS.
     #[arg(long, env = "CELLRATE_MEMCACHE_EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub memcache_expiration_jitter_max_seconds: u64,
+
+    /// Write each descriptor value into its memcached key exactly as envoyproxy/ratelimit
+    /// does, for a migration that shares memcached with its replicas; a value holding
+    /// `_<key>_` then counts on another descriptor's counter, as there. Off: `%` and `_` in
+    /// a value are written `%25` and `%5F`.
+    #[arg(long, env = "CELLRATE_MEMCACHE_EXACT_UPSTREAM_KEYS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub memcache_exact_upstream_keys: bool,
 }
 
 impl MemcacheArgs {

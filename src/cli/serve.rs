@@ -73,26 +73,26 @@ impl ServeArgs {
     /// The statsd mapping `--ratelimit-stats-mapping` names, read and checked (a file of
     /// more than [`statsd_mapping::MAX_FILE_BYTES`] is refused unread).
     pub fn stats_mapping(&self) -> anyhow::Result<Option<Arc<StatsdMapping>>> {
-        use std::io::Read;
         let Some(source) = self.ratelimit_stats_mapping.as_deref() else {
             return Ok(None);
         };
         let text = match source {
             "ratelimit" => statsd_mapping::RATELIMIT_DEFAULT.to_string(),
             path => {
-                let mut text = String::new();
-                std::fs::File::open(path)
-                    .and_then(|f| {
-                        let most = statsd_mapping::MAX_FILE_BYTES as u64 + 1;
-                        f.take(most).read_to_string(&mut text)
+                // A regular file only, opened without waiting (a FIFO would hang startup).
+                let most = statsd_mapping::MAX_FILE_BYTES as u64;
+                crate::server::tls::read_regular(std::path::Path::new(path), most)
+                    .and_then(|bytes| {
+                        String::from_utf8(bytes).map_err(|e| {
+                            std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error())
+                        })
                     })
                     .with_context(|| {
                         format!(
                             "statistics mapping {path} (--ratelimit-stats-mapping; \
                              PROMETHEUS_MAPPER_YAML as ratelimit): reading"
                         )
-                    })?;
-                text
+                    })?
             }
         };
         let mapping = StatsdMapping::parse(&text).map_err(|e| {
@@ -200,6 +200,7 @@ impl ServeArgs {
             server: self.server_limits(),
             envoy: crate::service::envoy::EnvoyOptions {
                 upstream_keys,
+                exact_upstream_keys: upstream_keys && self.memcache.memcache_exact_upstream_keys,
                 ..self.envoy.options()
             },
             metrics_path: self.metrics_path.clone(),

@@ -14,6 +14,7 @@
 //! |                         | settlements too: the reservations example)      |
 //! | [`check`]               | an encoded `cellrate.v1.CheckRequest` (also run |
 //! |                         | as a `RefundRequest`: the same field numbers)   |
+//! | [`uds_authority`]       | an HPACK header block (then as raw frames)      |
 
 use std::sync::{Arc, OnceLock};
 
@@ -479,11 +480,18 @@ pub fn check(data: &[u8]) {
 /// A harness: bytes in, panics when a property breaks.
 pub type Harness = fn(&[u8]);
 
+/// An HTTP/2 header block through the Unix socket's `:authority` rewriting
+/// (`server/uds_authority.rs`): never a panic; what passes decodes to the same fields.
+pub fn uds_authority(data: &[u8]) {
+    crate::server::uds_authority::fuzz(data);
+}
+
 /// The harnesses by target name (the `fuzz/` targets and seed directories use these names).
-pub const TARGETS: [(&str, Harness); 5] = [
+pub const TARGETS: [(&str, Harness); 6] = [
     ("limits_config", limits_config),
     ("id_canonicalisation", id_canonicalisation),
     ("descriptor_mapping", descriptor_mapping),
     ("should_rate_limit", should_rate_limit),
     ("check", check),
+    ("uds_authority", uds_authority),
 ];

@@ -30,6 +30,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             .collect(),
         "should_rate_limit" => should_rate_limit_seeds(),
         "check" => check_seeds(),
+        "uds_authority" => uds_authority_seeds(),
         _ => Vec::new(),
     }
 }
@@ -228,4 +229,35 @@ fn check_seeds() -> Vec<Vec<u8>> {
             .encode_to_vec()
         })
         .collect()
+}
+
+/// Header blocks: RFC 7541's first request (literal, then Huffman-coded), its second
+/// (indexing the first's authority), and gRPC requests naming a socket as grpcio and
+/// grpcurl do.
+fn uds_authority_seeds() -> Vec<Vec<u8>> {
+    let hex = |text: &str| -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+            .collect()
+    };
+    let mut first = hex("828684410f7777772e6578616d706c652e636f6d");
+    first.extend(hex("828684be58086e6f2d6361636865"));
+    let grpc = |authority: &[u8]| {
+        let mut block = vec![0x83, 0x86, 0x44, 0x1c];
+        block.extend_from_slice(b"/grpc.health.v1.Health/Check");
+        block.extend_from_slice(&[0x41, authority.len() as u8]);
+        block.extend_from_slice(authority);
+        block.extend_from_slice(&[0x5f, 0x10]);
+        block.extend_from_slice(b"application/grpc");
+        block
+    };
+    vec![
+        hex("828684410f7777772e6578616d706c652e636f6d"),
+        hex("828684418cf1e3c2e5f23a6ba0ab90f4ff"),
+        first,
+        grpc(b"tmp%2Fx.sock"),
+        grpc(b"/tmp/x.sock"),
+        grpc(b"localhost"),
+    ]
 }

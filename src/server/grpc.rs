@@ -259,7 +259,8 @@ impl Stacks<'_> {
             REFLECTION_V1,
             REFLECTION_V1ALPHA,
         ];
-        let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions");
+        let incoming = GuardedListener::new(listener, self.limits.decisions, "decisions")
+            .with_authority_fix(self.tls.is_none());
         let incoming = self.incoming(incoming, false);
         let mut service = RateLimiterService::new(self.decider.clone(), self.metrics.clone());
         if let Some(settlements) = &self.settlements {

@@ -130,6 +130,8 @@ pub struct GuardedListener {
     handshake_bytes: usize,
     /// Connections (and requests in flight) by client address.
     per_address: Arc<super::per_address::PerAddress>,
+    /// On a Unix socket, whether HTTP/2 header blocks pass `uds_authority.rs`.
+    fix_authority: bool,
 }
 
 /// What a connection must send within the handshake timeout: as long as an HTTP/1 request
@@ -154,7 +156,15 @@ impl GuardedListener {
                 0 => usize::MAX,
                 bound => bound,
             }),
+            fix_authority: false,
         }
+    }
+
+    /// On a Unix socket, an `:authority` h2 would refuse (a socket path) is read as
+    /// `localhost` (`uds_authority.rs`): for gRPC in cleartext only.
+    pub fn with_authority_fix(mut self, on: bool) -> Self {
+        self.fix_authority = on;
+        self
     }
 
     /// Requires only `bytes` (at least 1) within the handshake timeout instead of
@@ -177,9 +187,10 @@ impl GuardedListener {
             };
             let accepted = match &self.listener {
                 Bound::Tcp(listener) => listener.accept().await.map(|(s, p)| (Io::Tcp(s), Some(p))),
-                Bound::Unix(listener, _) => {
-                    listener.accept().await.map(|(s, _)| (Io::Unix(s), None))
-                }
+                Bound::Unix(listener, _) => listener.accept().await.map(|(s, _)| {
+                    let fixed = super::uds_authority::AuthorityFix::new(s, self.fix_authority);
+                    (Io::Unix(Box::new(fixed)), None)
+                }),
             };
             match accepted {
                 Ok((stream, peer)) => {
@@ -382,7 +393,8 @@ impl GuardedStream {
 /// An accepted connection's socket.
 enum Io {
     Tcp(TcpStream),
-    Unix(UnixStream),
+    /// With its `:authority` made acceptable to h2 (`uds_authority.rs`).
+    Unix(Box<super::uds_authority::AuthorityFix<UnixStream>>),
 }
 
 impl AsyncRead for Io {

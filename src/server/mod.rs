@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod connection_age;
 mod grpc;
+mod hpack;
 pub mod http;
 pub mod in_flight;
 pub mod listener;
@@ -28,6 +29,7 @@ pub mod shutdown;
 pub mod store;
 pub mod tasks;
 pub mod tls;
+pub(crate) mod uds_authority;
 pub mod unix_socket;
 pub mod xds;
 

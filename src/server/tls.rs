@@ -89,13 +89,8 @@ impl TlsFiles {
 
 /// `path`'s bytes, refused beyond [`MAX_TLS_FILE_BYTES`] (read no further).
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
     let failed = |e: io::Error| format!("{}: {e}", path.display());
-    let file = std::fs::File::open(path).map_err(failed)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_TLS_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(failed)?;
+    let bytes = read_regular(path, MAX_TLS_FILE_BYTES).map_err(failed)?;
     if bytes.len() as u64 > MAX_TLS_FILE_BYTES {
         return Err(format!(
             "{}: over {MAX_TLS_FILE_BYTES} bytes",
@@ -103,6 +98,44 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(bytes)
+}
+
+/// At most `most + 1` bytes of the regular file at `path` (through symlinks), or an error
+/// that says what else it is. Never waits: a FIFO is refused before it is opened (opening
+/// one waits for a writer, reading one waits for its data, and either would stop
+/// rotation and shutdown for good), the file is opened without blocking, and looked at
+/// again through the open file (what is read is what was checked).
+pub fn read_regular(path: &Path, most: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let regular = |meta: std::fs::Metadata| match meta.is_file() {
+        true => Ok(()),
+        false => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file (a {})", file_kind(&meta)),
+        )),
+    };
+    regular(std::fs::metadata(path)?)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    regular(file.metadata()?)?;
+    let mut bytes = Vec::new();
+    file.take(most + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = meta.file_type();
+    match () {
+        _ if kind.is_dir() => "directory",
+        _ if kind.is_fifo() => "FIFO",
+        _ if kind.is_socket() => "socket",
+        _ if kind.is_block_device() || kind.is_char_device() => "device",
+        _ => "special file",
+    }
 }
 
 /// A rustls server configuration: `cert`'s chain and `key` (which must match), client

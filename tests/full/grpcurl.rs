@@ -292,3 +292,43 @@ fn envoys_rate_limit_service_is_described_by_reflection() {
         "hits_addend 2 of 5: {answer}"
     );
 }
+
+/// `--grpc-uds` serves the clients that name the socket as `:authority`: grpcurl (the
+/// path, `/tmp/.../x.sock`) and gRPC C-core (grpcio: `tmp%2F...%2Fx.sock`), which h2 reset
+/// with PROTOCOL_ERROR before any service saw the call (grpcurl: "stream terminated by
+/// RST_STREAM with error code: PROTOCOL_ERROR"; grpcio: INTERNAL "Received RST_STREAM
+/// with error code 1"). Both are answered now, as envoyproxy/ratelimit answers them.
+#[test]
+fn clients_that_send_the_socket_path_as_authority_are_served_over_the_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ratelimit.sock");
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let _server = crate::common::serve_with(config, &["--grpc-uds", path.to_str().unwrap()]);
+    let socket = path.to_str().unwrap();
+    let services = ok(&["-unix", socket, "list"]);
+    assert!(services.contains("cellrate.v1.RateLimiter"), "{services}");
+    let health = ok(&["-unix", socket, "grpc.health.v1.Health/Check"]);
+    assert!(health.contains("SERVING"), "{health}");
+    // grpcio, C-core's HTTP/2: the Health service's Check, its messages as raw bytes.
+    let python = std::env::var("CELLRATE_TEST_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python").to_string()
+    });
+    let script = "import grpc, sys\n\
+        channel = grpc.insecure_channel('unix:' + sys.argv[1])\n\
+        check = channel.unary_unary('/grpc.health.v1.Health/Check',\n\
+            request_serializer=lambda b: b, response_deserializer=lambda b: b)\n\
+        try:\n    print('answered', check(b'', timeout=10).hex())\n\
+        except grpc.RpcError as e:\n    print('failed', e.code(), e.details())\n";
+    let out = Command::new(&python)
+        .args(["-c", script, socket])
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e} (scripts/test.sh installs grpcio there)"));
+    let said = String::from_utf8_lossy(&out.stdout);
+    // HealthCheckResponse { status: SERVING (1) }.
+    assert_eq!(
+        said.trim(),
+        "answered 0801",
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -305,3 +305,96 @@ async fn concurrent_requests_get_exactly_the_limit() {
     assert_eq!(memcached.counter(&key), Some(60));
     drop(child);
 }
+
+/// A `hits_addend` of 2^64 - 8 (a u64 the caller chooses) on a window that holds 11 of 20:
+/// over the limit for that descriptor and not added, so the shared counter stays 11 and
+/// the next 9 hits are all it has left. (Added as it was, memcached's `incr` wrapped the
+/// counter round to 3, answered OK, and let the next 17 through.)
+#[tokio::test]
+async fn a_hit_count_that_would_wrap_the_counter_is_over_the_limit_and_not_added() {
+    let memcached = Memcached::start();
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let address = memcached.address();
+    let vars = [
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", address.as_str()),
+    ];
+    let (child, listen) = start(root.path(), &vars);
+    let mut c = client(&listen).await;
+    clear_of_a_minute_end();
+    let value = format!("wrap-{}", unix_seconds());
+    for _ in 0..11 {
+        ask_key2(&mut c, &value).await.unwrap();
+    }
+    let key = format!("another_key2_{value}_{}", unix_seconds() / 60 * 60);
+    assert_eq!(memcached.counter(&key), Some(11));
+    for hits in [u64::MAX - 7, u64::MAX, 21] {
+        let mut r = request("another", &[&[("key2", &value)]]);
+        r.descriptors[0].hits_addend = Some(pbw::UInt64Value { value: hits });
+        let answer = c.should_rate_limit(r).await.unwrap().into_inner();
+        assert_eq!(answer.overall_code, Code::OverLimit as i32, "{hits} hits");
+        assert_eq!(answer.statuses[0].limit_remaining, 9, "{hits} hits");
+        assert_eq!(memcached.counter(&key), Some(11), "{hits} hits not added");
+    }
+    let mut codes = Vec::new();
+    for _ in 0..12 {
+        codes.push(ask_key2(&mut c, &value).await.unwrap().overall_code);
+    }
+    let allowed = codes.iter().filter(|&&c| c == Code::Ok as i32).count();
+    assert_eq!(allowed, 9, "the window's last 9 hits, no more: {codes:?}");
+    drop(child);
+}
+
+/// A value cannot name another descriptor's counter: `user: alice_plan_pro` is
+/// envoyproxy/ratelimit's key of `user: alice, plan: pro` (`amb_user_alice_plan_pro_`),
+/// so there 5 of the attacker's requests spend alice's 2 a minute on her plan. Here the
+/// value's `_` is written `%5F` and the attacker counts on a counter of its own; with
+/// CELLRATE_MEMCACHE_EXACT_UPSTREAM_KEYS=true (a migration sharing memcached with
+/// upstream's replicas) the key is upstream's exactly, ambiguity included.
+#[tokio::test]
+async fn a_value_cannot_name_another_descriptors_counter() {
+    let memcached = Memcached::start();
+    let plans = "
+domain: amb
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    descriptors:
+      - key: plan
+        rate_limit: {unit: minute, requests_per_unit: 2}
+";
+    let root = runtime(&[("amb.yaml", plans)]);
+    let address = memcached.address();
+    for exact in ["false", "true"] {
+        let vars = [
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_HOST_PORT", address.as_str()),
+            ("CELLRATE_MEMCACHE_EXACT_UPSTREAM_KEYS", exact),
+        ];
+        let (child, listen) = start(root.path(), &vars);
+        let mut c = client(&listen).await;
+        clear_of_a_minute_end();
+        let alice = format!("alice{exact}{}", unix_seconds());
+        let hers = [("user", alice.as_str()), ("plan", "pro")];
+        let first = ask(&mut c, request("amb", &[&hers]), &[60]).await;
+        assert_eq!(first.overall_code, Code::Ok as i32);
+        let forged = format!("{alice}_plan_pro");
+        for _ in 0..5 {
+            let r = ask(&mut c, request("amb", &[&[("user", &forged)]]), &[60]).await;
+            assert_eq!(r.overall_code, Code::Ok as i32, "within its own 100");
+        }
+        let start = unix_seconds() / 60 * 60;
+        let key = format!("amb_user_{alice}_plan_pro_{start}");
+        let second = ask(&mut c, request("amb", &[&hers]), &[60]).await;
+        if exact == "true" {
+            assert_eq!(memcached.counter(&key), Some(7), "upstream's key, shared");
+            assert_eq!(second.overall_code, Code::OverLimit as i32);
+        } else {
+            assert_eq!(memcached.counter(&key), Some(2), "only alice's own hits");
+            let own = format!("amb_user_{alice}%5Fplan%5Fpro_{start}");
+            assert_eq!(memcached.counter(&own), Some(5), "the attacker's own");
+            assert_eq!(second.overall_code, Code::Ok as i32, "alice's second of 2");
+        }
+        drop(child);
+    }
+}

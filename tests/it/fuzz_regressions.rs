@@ -154,3 +154,8 @@ fn should_rate_limit_holds() {
 fn check_holds() {
     holds_for_random_and_mutated_inputs("check", 256);
 }
+
+#[test]
+fn uds_authority_holds() {
+    holds_for_random_and_mutated_inputs("uds_authority", 256);
+}

@@ -537,3 +537,63 @@ fn a_bad_statsd_mapping_stops_startup_naming_the_file() {
         assert!(!stderr.contains("cellrate serving"), "{stderr}");
     }
 }
+
+/// Statsd mappings within the file's bounds that were not bounded in memory, each now
+/// refused at start naming the bound (before: served): 500 regular expressions of 20
+/// word characters (42 KB of file, 1 MiB compiled each: about 1 GB resident at start), a
+/// label template of 2 048 `$0` (each new statistics key's series about 50 MB), and a
+/// FIFO at the path (startup waited on it for ever).
+#[test]
+fn a_mapping_that_would_take_a_gigabyte_or_hang_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules: String = (0..500)
+        .map(|i| format!("  - {{match: '(\\w{{20}})x{i}', match_type: regex, name: m{i}}}\n"))
+        .collect();
+    let heavy = dir.path().join("heavy.yaml");
+    std::fs::write(&heavy, format!("mappings:\n{rules}")).unwrap();
+    let repeated = dir.path().join("repeated.yaml");
+    let template = "$0".repeat(2_048);
+    let rule =
+        format!("mappings:\n  - {{match: 'ratelimit.*', name: r, labels: {{l: '{template}'}}}}\n");
+    std::fs::write(&repeated, rule).unwrap();
+    let fifo = dir.path().join("fifo.yaml");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let cases = [
+        (heavy, "for the whole file"),
+        (repeated, "at most 16 `$`"),
+        (fifo, "FIFO"),
+    ];
+    for (path, says) in cases {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--metrics-listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .arg("--ratelimit-stats-mapping")
+            .arg(&path)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = crate::common::stderr_lines(&mut child);
+        let mut said = String::new();
+        while let Ok(line) = lines.recv_timeout(std::time::Duration::from_secs(30)) {
+            if line.contains("cellrate serving") {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{}: served, the mapping accepted", path.display());
+            }
+            said.push_str(&line);
+        }
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "{}: {status}", path.display());
+        assert!(said.contains(says), "{}: {says}: {said}", path.display());
+    }
+}

@@ -180,3 +180,112 @@ async fn a_swapped_certificate_serves_new_connections_and_a_bad_one_is_refused()
     assert_eq!(reloads(&process, "success"), 1.0);
     assert!(check(&mut old).await);
 }
+
+/// A FIFO where a TLS file should be: opening it waited for a writer for ever, so at start
+/// the process hung before serving, and in a rotation the re-read hung (no failure
+/// counted, no later rotation) and SIGTERM no longer ended the process. Now the FIFO is
+/// refused without opening it: startup stops naming it (here), a rotation to it is a
+/// rejected reload (the certificate in force stays), and SIGTERM ends the process (below).
+#[tokio::test]
+async fn a_fifo_at_a_tls_path_is_refused_without_waiting_for_a_writer() {
+    let a = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = d.join("fifo.key");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success(), "mkfifo");
+    let cert = d.join("plain.crt");
+    std::fs::write(&cert, &a.server_cert).unwrap();
+    let config = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+
+    // At start: --tls-key, then --client-ca, a FIFO.
+    let key = d.join("plain.key");
+    std::fs::write(&key, &a.server_key).unwrap();
+    let (c, f, k) = (
+        cert.to_str().unwrap(),
+        fifo.to_str().unwrap(),
+        key.to_str().unwrap(),
+    );
+    let starts: [&[&str]; 2] = [
+        &["--tls-cert", c, "--tls-key", f],
+        &["--tls-cert", c, "--tls-key", k, "--client-ca", f],
+    ];
+    for flags in starts {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cellrate"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--metrics-listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .args(flags)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{flags:?}: still starting after 20 s (waiting on the FIFO)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(!status.success(), "{flags:?}: {status}");
+        assert!(stderr.contains("FIFO"), "{flags:?}: {stderr}");
+    }
+}
+
+/// The rotation half of the above: the key swapped for a FIFO is a rejected reload, and
+/// SIGTERM still ends the process.
+#[tokio::test]
+async fn a_fifo_swapped_in_for_a_tls_key_is_a_rejected_reload() {
+    let a = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = d.join("fifo.key");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success(), "mkfifo");
+    let config = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let (ac, ak) = (a.server_cert.as_bytes(), a.server_key.as_bytes());
+    swap(d, "..a", &[("tls.crt", ac), ("tls.key", ak)]);
+    for name in ["tls.crt", "tls.key"] {
+        std::os::unix::fs::symlink(Path::new("..data").join(name), d.join(name)).unwrap();
+    }
+    let (cert, key) = (d.join("tls.crt"), d.join("tls.key"));
+    let flags = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--reload-interval-seconds",
+        "3600",
+    ];
+    let process = serve_with(config, &flags);
+    let addr = process.listen.clone();
+    assert_eq!(peer_cert(&addr, &[&a.ca]).await, der(&a.server_cert));
+    std::fs::create_dir(d.join("..fifo")).unwrap();
+    std::fs::write(d.join("..fifo/tls.crt"), ac).unwrap();
+    std::fs::rename(&fifo, d.join("..fifo/tls.key")).unwrap();
+    let tmp = d.join("..data_tmp");
+    std::os::unix::fs::symlink("..fifo", &tmp).unwrap();
+    std::fs::rename(&tmp, d.join("..data")).unwrap();
+    within_10s("the FIFO rejected", async || {
+        reloads(&process, "failure") == 1.0
+    })
+    .await;
+    let line = rejection_logged(&process);
+    assert!(line.contains("FIFO"), "{line}");
+    assert_eq!(peer_cert(&addr, &[&a.ca]).await, der(&a.server_cert));
+    tokio::task::spawn_blocking(move || crate::process_ops::terminate(process))
+        .await
+        .unwrap();
+}

@@ -13,10 +13,18 @@
 //! the statistic's statsd name, `ratelimit.service.rate_limit.<key>.<stat>`, with `<key>`
 //! already bounded and escaped (`ratelimit_keys`), so that the mapped series are
 //! never more than the keys that have series of their own.
+//!
+//! Bounded in memory, not only in bytes: a few bytes of pattern can compile to a
+//! megabyte (`\w{20}` is about 1 MiB), so each rule's compiled expression is at most
+//! [`MAX_REGEX_BYTES`] and the file's together at most [`MAX_TOTAL_REGEX_BYTES`] (as the
+//! engine measures it), each rule's search cache at most [`SEARCH_CACHE_BYTES`] a thread;
+//! a label template names at most [`MAX_REFERENCES`] captures and its value is cut at
+//! [`MAX_LABEL_VALUE_BYTES`].
 
 use std::collections::BTreeMap;
 
 use regex::Regex;
+use regex_automata::meta::Regex as Automaton;
 use serde::Deserialize;
 
 /// The largest mapping file, in bytes.
@@ -28,7 +36,16 @@ pub const MAX_LABELS: usize = 16;
 /// The longest `match`, name, label name or label value template, in bytes.
 const MAX_TEXT_BYTES: usize = 4_096;
 /// The most memory one compiled regular expression may take.
-const MAX_REGEX_BYTES: usize = 1 << 20;
+pub const MAX_REGEX_BYTES: usize = 1 << 20;
+/// The most memory the file's compiled expressions may take together.
+pub const MAX_TOTAL_REGEX_BYTES: usize = 8 << 20;
+/// Each rule's lazy DFA cache, per thread that searches with it (beyond, the search goes
+/// on without it, slower).
+pub const SEARCH_CACHE_BYTES: usize = 64 << 10;
+/// The most `$` references in one label template (`$0$0...` would repeat the name).
+pub const MAX_REFERENCES: usize = 16;
+/// The longest label value a template gives; cut beyond (at a character's boundary).
+pub const MAX_LABEL_VALUE_BYTES: usize = 1_024;
 
 /// upstream's own mapping, used when `USE_PROMETHEUS` is set without a mapping file.
 pub const RATELIMIT_DEFAULT: &str = include_str!("ratelimit_mapping.yaml");
@@ -60,7 +77,7 @@ pub struct StatsdMapping {
 
 #[derive(Debug)]
 struct Rule {
-    regex: Regex,
+    regex: Automaton,
     /// Whether the rule may match a counter (`match_metric_type` unset or `counter`).
     counters: bool,
     /// `None`: `action: drop`; else the family and (label index in it, template).
@@ -158,13 +175,22 @@ impl StatsdMapping {
             families: Vec::new(),
         };
         let mut checked = Vec::new();
+        let mut compiled = 0;
         for (i, rule) in raw.mappings.iter().enumerate() {
-            let checked_rule = mapping.rule(rule, default_regex).map_err(|e| {
+            let at = |e: String| {
                 format!(
                     "mappings[{i}] (match {:?}): {e}",
                     crate::text::printable(crate::text::first_chars(&rule.pattern, 80))
                 )
-            })?;
+            };
+            let checked_rule = mapping.rule(rule, default_regex).map_err(at)?;
+            compiled += checked_rule.1.regex.memory_usage();
+            if compiled > MAX_TOTAL_REGEX_BYTES {
+                return Err(at(format!(
+                    "the expressions so far take {compiled} bytes compiled: at most \
+                     {MAX_TOTAL_REGEX_BYTES} for the whole file"
+                )));
+            }
             checked.push(checked_rule);
         }
         // statsd_exporter tries the globs first, then the regular expressions.
@@ -181,16 +207,19 @@ impl StatsdMapping {
     /// What the statistic `name` becomes: `None` when no rule matches it (it is not
     /// exported under a mapped name) or the rule that does drops it.
     pub fn map(&self, name: &str) -> Option<Mapped> {
-        let rule = self
-            .rules
-            .iter()
-            .filter(|r| r.counters)
-            .find_map(|r| r.regex.captures(name).map(|c| (r, c)));
+        let rule = self.rules.iter().filter(|r| r.counters).find_map(|r| {
+            let mut captures = r.regex.create_captures();
+            r.regex.captures(name, &mut captures);
+            captures.is_match().then_some((r, captures))
+        });
         let (rule, captures) = rule?;
         let (family, labels) = rule.to.as_ref()?;
         let mut values = vec![String::new(); self.families[*family].labels.len()];
         for (index, template) in labels {
-            captures.expand(template, &mut values[*index]);
+            let value = &mut values[*index];
+            captures.interpolate_string_into(name, template, value);
+            let cut = crate::text::cut_bytes(value, MAX_LABEL_VALUE_BYTES).len();
+            value.truncate(cut);
         }
         Some(Mapped {
             family: *family,
@@ -222,9 +251,14 @@ impl StatsdMapping {
             true => raw.pattern.clone(),
             false => glob(&raw.pattern)?,
         };
-        let regex = regex::RegexBuilder::new(&expression)
-            .size_limit(MAX_REGEX_BYTES)
-            .build()
+        let config = Automaton::config()
+            .nfa_size_limit(Some(MAX_REGEX_BYTES))
+            .onepass_size_limit(Some(SEARCH_CACHE_BYTES))
+            .dfa_size_limit(Some(SEARCH_CACHE_BYTES))
+            .hybrid_cache_capacity(SEARCH_CACHE_BYTES);
+        let regex = Automaton::builder()
+            .configure(config)
+            .build(&expression)
             .map_err(|e| format!("not a regular expression: {e}"))?;
         let to = match raw.action.as_deref() {
             Some("drop") => None,
@@ -265,6 +299,11 @@ impl StatsdMapping {
             }
             if template.len() > MAX_TEXT_BYTES {
                 return Err(format!("label {label}: at most {MAX_TEXT_BYTES} bytes"));
+            }
+            if template.matches('$').count() > MAX_REFERENCES {
+                return Err(format!(
+                    "label {label}: at most {MAX_REFERENCES} `$` (references to the match)"
+                ));
             }
         }
         let family = match self.families.iter().position(|f| f.name == name) {
@@ -566,5 +605,34 @@ mod tests {
         let huge = "mappings:\n  - {match: '(\\w{100}){100}', match_type: regex, name: x}";
         let error = StatsdMapping::parse(huge).unwrap_err();
         assert!(error.contains("not a regular expression"), "{error}");
+    }
+
+    #[test]
+    fn a_mapping_is_bounded_in_memory_compiled_and_expanded() {
+        // Each `\w{20}` compiles to about 1.1 MB: the eighth is over the file's 8 MiB.
+        let rules: String = (0..500)
+            .map(|i| format!("  - {{match: '(\\w{{20}})x{i}', match_type: regex, name: m{i}}}\n"))
+            .collect();
+        let error = StatsdMapping::parse(&format!("mappings:\n{rules}")).unwrap_err();
+        assert!(error.starts_with("mappings[7]"), "{error}");
+        assert!(error.contains("for the whole file"), "{error}");
+        // Envoy Gateway's file takes a small part of it.
+        let eg = StatsdMapping::parse(ENVOY_GATEWAY).unwrap();
+        let used: usize = eg.rules.iter().map(|r| r.regex.memory_usage()).sum();
+        assert!(used < MAX_TOTAL_REGEX_BYTES / 8, "{used}");
+        // A template of more than 16 references is refused; 16 are cut at 1 024 bytes.
+        let template = |n: usize| {
+            format!(
+                "mappings:\n  - {{match: 'ratelimit.*', match_type: regex, name: r, labels: {{l: '{}'}}}}",
+                "$0".repeat(n)
+            )
+        };
+        let error = StatsdMapping::parse(&template(17)).unwrap_err();
+        assert!(error.contains("at most 16 `$`"), "{error}");
+        let sixteen = StatsdMapping::parse(&template(16)).unwrap();
+        let name = statsd_name(&"k".repeat(256), "total_hits");
+        let value = &sixteen.map(&name).unwrap().values[0];
+        assert_eq!(value.len(), MAX_LABEL_VALUE_BYTES);
+        assert!(name.starts_with(&value[..name.len()]));
     }
 }

@@ -123,6 +123,10 @@ pub struct EnvoyOptions {
     /// (`<domain>_<key>_<value>_...`) instead of a digest: for the memcache store, whose
     /// keys are envoyproxy/ratelimit's.
     pub upstream_keys: bool,
+    /// With `upstream_keys`: each value as it is, exactly envoyproxy/ratelimit's key (a
+    /// value holding `_<key>_` then names another descriptor's counter, as there);
+    /// otherwise `%` and `_` in a value are written `%25` and `%5F`, so that no value can.
+    pub exact_upstream_keys: bool,
     /// envoyproxy/ratelimit's global QUOTA_MODE: every descriptor of a domain in its
     /// format that is not unlimited is in quota mode, as if each limit said `quota_mode`.
     pub quota_mode: bool,
@@ -144,6 +148,7 @@ impl Default for EnvoyOptions {
             metadata: MetadataStyle::Cellrate,
             stop_increment_when_over_limit: false,
             upstream_keys: false,
+            exact_upstream_keys: false,
             quota_mode: false,
             near_limit_ratio: 0.8,
         }

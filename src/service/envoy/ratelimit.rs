@@ -148,7 +148,7 @@ impl EnvoyRateLimitService {
     /// memcache store envoyproxy/ratelimit's key text.
     fn bucket_text(&self, domain: &str, entries: &[(&str, &str)]) -> String {
         match self.options.upstream_keys {
-            true => upstream_key_text(domain, entries),
+            true => upstream_key_text(domain, entries, self.options.exact_upstream_keys),
             false => descriptor_digest(domain, entries),
         }
     }
@@ -224,15 +224,30 @@ fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) 
 }
 
 /// envoyproxy/ratelimit's cache key before its window start: `<domain>_<key>_<value>_...`
-/// (each entry's key and value followed by `_`), as its cache-key generator writes it.
-fn upstream_key_text(domain: &str, entries: &[(&str, &str)]) -> String {
+/// (each entry's key and value followed by `_`), as its cache-key generator writes it;
+/// unless `exact`, with `%` and `_` in each value (a caller's text) written `%25` and
+/// `%5F`, so that a value cannot hold the separator and name another descriptor's counter
+/// (`user: alice_plan_pro` is `user: alice, plan: pro` there). The domain and the keys
+/// come from the configuration and are written as they are.
+fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: bool) -> String {
     let mut key = String::with_capacity(domain.len() + 1 + 16 * entries.len());
     key.push_str(domain);
     key.push('_');
     for (k, v) in entries {
         key.push_str(k);
         key.push('_');
-        key.push_str(v);
+        match exact {
+            true => key.push_str(v),
+            false => {
+                for c in v.chars() {
+                    match c {
+                        '%' => key.push_str("%25"),
+                        '_' => key.push_str("%5F"),
+                        c => key.push(c),
+                    }
+                }
+            }
+        }
         key.push('_');
     }
     key
@@ -308,5 +323,35 @@ impl EnvoyRateLimitService {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upstream_key_text;
+
+    #[test]
+    fn a_value_cannot_hold_the_separator_unless_keys_are_exact() {
+        let one = [("user", "alice_plan_pro")];
+        let two = [("user", "alice"), ("plan", "pro")];
+        assert_eq!(
+            upstream_key_text("d", &two, false),
+            "d_user_alice_plan_pro_"
+        );
+        assert_eq!(
+            upstream_key_text("d", &one, false),
+            "d_user_alice%5Fplan%5Fpro_"
+        );
+        // The escape escaped: `%5F` as a value is not `_`.
+        assert_eq!(upstream_key_text("d", &[("k", "%5F")], false), "d_k_%255F_");
+        assert_eq!(
+            upstream_key_text("d", &[("k", "1.2.3.4")], false),
+            "d_k_1.2.3.4_"
+        );
+        // envoyproxy/ratelimit's own, ambiguous as there.
+        assert_eq!(
+            upstream_key_text("d", &one, true),
+            upstream_key_text("d", &two, true)
+        );
     }
 }

@@ -2,14 +2,17 @@
 //! envoyproxy/ratelimit counts them there (`BACKEND_TYPE=memcache`, `--store memcache`).
 //!
 //! Each descriptor's limit is one counter per window, under envoyproxy/ratelimit's key
-//! (`<CACHE_KEY_PREFIX><domain>_<key>_<value>_..._<window start, Unix seconds>`), created
+//! (`<CACHE_KEY_PREFIX><domain>_<key>_<value>_..._<window start, Unix seconds>`; a value's
+//! `%` and `_` written `%25` and `%5F` unless `--memcache-exact-upstream-keys`, so that
+//! a value cannot name another descriptor's counter), created
 //! by `add` with an expiry of the window's length plus a jitter below
 //! `--memcache-expiration-jitter-max-seconds` (EXPIRATION_JITTER_MAX_SECONDS), and spread
 //! over the servers as its client spreads keys. Every hit is counted with `incr` (`add`
 //! when the counter is missing, `incr` again when another call added it first): the
 //! decision is the counter's value after the increment, so the answer for a sequence of
 //! requests is envoyproxy/ratelimit's, and concurrent requests cannot all take the last
-//! hit (envoyproxy/ratelimit reads first and increments after answering).
+//! hit (envoyproxy/ratelimit reads first and increments after answering). A hit count
+//! above the limit is over it and not counted: `incr` adds modulo 2^64.
 //!
 //! What memcached cannot give, this store does not pretend to: no all-or-nothing across
 //! keys (a GCRA limit, `--ratelimit-counting gcra`, a lease or any other limit is refused,

@@ -158,12 +158,13 @@ impl MemcacheStore {
             let (mut reads, mut adds) = (Vec::new(), Vec::new());
             for &i in &at {
                 let key = counters[i].key.as_str();
-                match (items[i].mode, items[i].cost) {
-                    (Mode::Charge | Mode::SpendOnly, cost) if cost > 0 => {
-                        plan.adds.push((key, cost, self.exptime(&counters[i], now)));
+                match adds_to(&items[i], &counters[i]) {
+                    true => {
+                        plan.adds
+                            .push((key, items[i].cost, self.exptime(&counters[i], now)));
                         adds.push(i);
                     }
-                    _ => {
+                    false => {
                         plan.reads.push(key);
                         reads.push(i);
                     }
@@ -180,7 +181,9 @@ impl MemcacheStore {
                 after[i] = v.unwrap_or(0);
             }
             for (i, v) in adds.into_iter().zip(added) {
-                after[i] = v;
+                // memcached's `incr` wraps at 2^64: a counter below what was just added
+                // to it went round, and is read as full (saturated), never as nearly empty.
+                after[i] = if v < items[i].cost { u64::MAX } else { v };
             }
         }
         let decisions: Vec<Decision> = items
@@ -289,11 +292,22 @@ impl MemcacheStore {
     }
 }
 
+/// Whether `item` adds its cost to its counter: a spend of at least one hit and at most
+/// the limit's count. A cost above the count can never be within the limit: it is read,
+/// decided over the limit, and not added, so that no hit count (Envoy's `hits_addend` is
+/// a u64 the caller chooses: 2^64 - 8 would wrap memcached's counter round to nearly 0)
+/// can empty a window that others share.
+fn adds_to(item: &StoreItem, c: &Counter) -> bool {
+    matches!(item.mode, Mode::Charge | Mode::SpendOnly)
+        && item.cost > 0
+        && item.cost <= c.count.max(0) as u64
+}
+
 /// The decision of a counter that holds `after` once the item's cost is counted (for a
 /// read, what it holds): allowed while within the count, the remaining as the counter
 /// says (below 0 when over, as envoyproxy/ratelimit's statistics count it).
 fn decision(item: &StoreItem, c: &Counter, after: u64, now: Nanos) -> Decision {
-    let reads_only = !matches!(item.mode, Mode::Charge | Mode::SpendOnly) || item.cost == 0;
+    let reads_only = !adds_to(item, c);
     let cost = i64::try_from(item.cost).unwrap_or(i64::MAX);
     let after = i64::try_from(after).unwrap_or(i64::MAX);
     // A read decides what the cost would get.
