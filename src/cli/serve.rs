@@ -146,6 +146,7 @@ impl ServeArgs {
         Settings {
             max_buckets: self.max_buckets,
             caller_bucket_share: usize::from(self.caller_limit_bucket_share),
+            bucket_name_share: usize::from(self.bucket_name_share),
             max_leases: self.max_leases,
             lease_name_share: usize::from(self.lease_name_share),
             caller: CallerLimits {
