@@ -120,7 +120,13 @@ impl Space {
 /// A shard's tables, one per [`Space`], and its leases (`leases.rs`), with a spare list of
 /// leases (empty, at most a few leases of room) for the next key that takes one.
 #[derive(Default)]
-struct Tables([TatTable; 2], LeaseMap, Vec<gcra::lease::Lease>);
+struct Tables(
+    [TatTable; 2],
+    LeaseMap,
+    Vec<gcra::lease::Lease>,
+    /// When a spend last swept this shard for room (`shares.rs`): at most once a second.
+    Nanos,
+);
 
 impl Tables {
     fn get(&self, (print, space): (Fingerprint, Space)) -> Option<Nanos> {
@@ -342,8 +348,7 @@ impl MemoryStore {
                 if let Some(tat) = write {
                     let tag = shares::tag_of(&item.key);
                     let mut room = self.reserve(space, tag, 1);
-                    if room.is_err() {
-                        self.sweep_table(shard, space, now);
+                    if room.is_err() && self.sweep_for_room(&mut tables, now) {
                         room = self.reserve(space, tag, 1);
                     }
                     if let Err(full) = room {
@@ -359,7 +364,7 @@ impl MemoryStore {
                             decisions: vec![decision],
                         });
                     }
-                    shard.insert(print, tat, tag);
+                    tables.table(space).insert(print, tat, tag);
                 }
                 (allowed, decision)
             }

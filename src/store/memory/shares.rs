@@ -26,6 +26,10 @@ use crate::store::table::{Tag, TatTable};
 /// (`--bucket-name-share`).
 pub const DEFAULT_BUCKET_NAME_SHARE_PERCENT: usize = 25;
 
+/// The least time between two sweeps of a shard by spends that found no room (the
+/// sweeper's own rounds are apart from it).
+const SWEEP_GAP: Nanos = crate::clock::SECOND;
+
 /// Counts one more `n` in `count` if it stays within `bound`.
 pub(super) fn take(count: &AtomicUsize, n: usize, bound: usize) -> bool {
     count
@@ -182,6 +186,21 @@ impl MemoryStore {
         dropped
     }
 
+    /// Drops the expired buckets of a shard's tables for a spend that found no room, unless
+    /// a spend did so less than [`SWEEP_GAP`] ago (a flood of new ids on a full name
+    /// would otherwise sweep a shard, some 20 000 buckets, on every request); whether it
+    /// swept.
+    pub(super) fn sweep_for_room(&self, tables: &mut Tables, now: Nanos) -> bool {
+        if tables.3 != 0 && now.saturating_sub(tables.3) < SWEEP_GAP {
+            return false;
+        }
+        tables.3 = now;
+        for space in [Space::Configured, Space::CallerGiven] {
+            self.sweep_table(tables.table(space), space, now);
+        }
+        true
+    }
+
     /// Counts the buckets a decided batch (`out`) would add against the bounds, sweeping
     /// the shards it holds once if one does not fit. An item refused room is not written;
     /// if it counts, the batch is denied (decided again as denied, nothing new written)
@@ -213,12 +232,13 @@ impl MemoryStore {
             let mut room = self.reserve(space, tag, 1);
             if room.is_err() && !swept {
                 swept = true;
+                let mut any = false;
                 for guard in guards.iter_mut() {
-                    for space in [Space::Configured, Space::CallerGiven] {
-                        self.sweep_table(guard.table(space), space, now);
-                    }
+                    any |= self.sweep_for_room(guard, now);
                 }
-                room = self.reserve(space, tag, 1);
+                if any {
+                    room = self.reserve(space, tag, 1);
+                }
             }
             rooms[k] = Some(room.map(|()| tag));
         }
@@ -374,6 +394,38 @@ mod tests {
             .spend_now(&[daily(100, "new", Mode::SpendOnly)])
             .unwrap();
         assert!(alone.allowed && store.tat(&best_effort[1].key).is_none());
+    }
+
+    /// A flood on a full name sweeps its shard for room at most once a second (each sweep
+    /// visits the whole shard under its lock): buckets that expired meanwhile make room
+    /// only at the next allowed sweep, or the sweeper's.
+    #[test]
+    fn spends_that_find_no_room_sweep_a_shard_at_most_once_a_second() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), 1, 100, 0)
+            .with_bucket_name_share(10);
+        // Buckets that refill in half a second.
+        let brief = |id: &str| StoreItem {
+            limit: Limit::new(1, 2, SECOND).unwrap(),
+            ..daily(100, id, Mode::CheckAndSpend)
+        };
+        for n in 0..10 {
+            assert!(store.spend_now(&[brief(&n.to_string())]).unwrap().allowed);
+        }
+        let new = |n: u32| {
+            store
+                .spend_now(&[brief(&format!("new-{n}"))])
+                .unwrap()
+                .allowed
+        };
+        clock.advance(SECOND * 4 / 10);
+        assert!(!new(0), "nothing has refilled: swept, no room");
+        clock.advance(SECOND * 2 / 10);
+        assert!(!new(1), "refilled, but swept 0.2 s ago: not swept again");
+        assert_eq!(store.name_buckets(100), 10);
+        clock.advance(SECOND * 8 / 10);
+        assert!(new(2), "a second since the last sweep: swept, room");
+        assert_eq!(store.name_buckets(100), 1);
     }
 
     /// The table's own bound still holds beside the shares: four names at 25 % fill it,
