@@ -20,7 +20,7 @@
 //! a share of the configured limits' part (`--bucket-name-share`, `shares.rs`), so that
 //! one name whose ids a client chooses cannot crowd out the other names. A batch that
 //! would create buckets beyond a bound first sweeps the expired buckets of the shards it
-//! holds; if that frees too little, the spend that needs the new bucket is **denied**
+//! holds (each at most once a second); if that frees too little, the spend that needs the new bucket is **denied**
 //! ([`gcra::no_room`]: not allowed, `remaining` 0; the batch all-or-nothing as ever, so
 //! nothing of it is written) and counted by bound ([`Full`]). Never an error: Envoy's
 //! default (`failure_mode_deny: false`) lets an errored request through with every
