@@ -35,17 +35,19 @@ fn rss() -> u64 {
     pages * 4096
 }
 
-fn memory_per_bucket(n: usize) {
+fn memory_per_bucket(n: usize, id_len: usize) {
     let clock = FakeClock::new(1_700_000_000 * SECOND);
     // Room for every key, none of it set aside for caller-given limits; the shard count
     // `serve --max-buckets n` chooses.
     let max = (n + n / 5).max(1_000_000);
     let shards = MemoryStore::shards_for(n);
-    let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0);
+    // All under one name: no name share, so that one name may fill the table.
+    let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0)
+        .with_bucket_name_share(100);
     // Burst and count so large that no probe below is ever denied: every spend writes.
     let limit = Limit::new(1 << 40, 1 << 40, 3_600 * SECOND).unwrap();
     let item = |i: usize| StoreItem {
-        key: BucketKey::new(100, &format!("user-{i:09}")),
+        key: BucketKey::new(100, &format!("user-{i:0>width$}", width = id_len - 5)),
         limit,
         cost: 1,
         mode: Mode::CheckAndSpend,
@@ -124,7 +126,8 @@ fn memory_per_bucket(n: usize) {
     let path = dir.path().join("buckets.snapshot");
     let written = store.write_snapshot(&path).unwrap();
     let restore = Instant::now();
-    let mut restored = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0);
+    let mut restored = MemoryStore::with_caller_share(Arc::new(clock.clone()), shards, max, 0)
+        .with_bucket_name_share(100);
     let got = restored.restore_snapshot(&path).unwrap();
     let restore = restore.elapsed();
     assert_eq!(got.buckets, n);
@@ -255,7 +258,8 @@ fn main() {
         .position(|a| a == "memory")
         .and_then(|i| args.get(i + 1))
     {
-        memory_per_bucket(n.parse().unwrap());
+        let id_len = args.iter().position(|a| a == "memory").unwrap() + 2;
+        memory_per_bucket(n.parse().unwrap(), args[id_len].parse().unwrap());
         return;
     }
     overrides_load_and_swap(100_000);
@@ -263,12 +267,17 @@ fn main() {
     // or two to fill).
     let sizes = std::env::var("CAPACITY_BUCKETS")
         .unwrap_or_else(|_| "1000,1000000,10000000,100000000".into());
-    for n in sizes.split(',') {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["memory", n])
-            .status()
-            .unwrap();
-        assert!(status.success());
+    // CAPACITY_BUCKET_IDS="14,256": the ids' lengths (a bucket keeps a hash of its key,
+    // whatever the id's length: the figures should agree).
+    let ids = std::env::var("CAPACITY_BUCKET_IDS").unwrap_or_else(|_| "14".into());
+    for id_len in ids.split(',') {
+        for n in sizes.split(',') {
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["memory", n, id_len])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
     }
     // CAPACITY_LEASES="1000000" (the default table) with ids of 16 and 256 bytes.
     let leases = std::env::var("CAPACITY_LEASES").unwrap_or_else(|_| "1000000".into());

@@ -50,8 +50,9 @@
 //!                gcra.rs: Redis 8.8's GCRA command)
 //! store/         Store trait, StoreError, StoreObserver; memory/ over table.rs
 //!                (sharded, all-or-nothing; leases.rs: concurrency limits' leases,
-//!                lease_shares.rs: their bounds in all and per name,
-//!                snapshot.rs), measured.rs (timing; the observer for
+//!                lease_shares.rs: their bounds in all and per name, shares.rs: the
+//!                buckets' bounds per name and the denial when full, snapshot.rs),
+//!                measured.rs (timing; the observer for
 //!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
 //!                demand, settlements; settlements.rs keeps them in memory), redis/
 //!                (script calls, cluster, breaker, deny cache, failure policy and

@@ -502,9 +502,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_RLQS_SYNC_MS", default_value_t = RlqsSettings::default().sync.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub rlqs_sync_ms: u64,
 
-    /// Percent of --max-buckets that buckets under caller-given limits may hold.
-    #[arg(long, env = "CELLRATE_CALLER_LIMIT_BUCKET_SHARE", default_value_t = crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub caller_limit_bucket_share: u8,
+    #[command(flatten)]
+    pub buckets: super::bucket_args::BucketArgs,
 
     #[command(flatten)]
     pub envoy: super::envoy_args::EnvoyArgs,

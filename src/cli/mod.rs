@@ -3,6 +3,7 @@
 //! what `cellrate serve`'s flags mean for the server (`serve.rs`: settings, listeners).
 
 mod args;
+pub mod bucket_args;
 pub mod envoy_args;
 mod flag_values;
 pub use args::*;

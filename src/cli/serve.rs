@@ -145,7 +145,8 @@ impl ServeArgs {
         let upstream_keys = matches!(store, StoreSettings::Memcache(_));
         Settings {
             max_buckets: self.max_buckets,
-            caller_bucket_share: usize::from(self.caller_limit_bucket_share),
+            caller_bucket_share: usize::from(self.buckets.caller_limit_bucket_share),
+            bucket_name_share: usize::from(self.buckets.bucket_name_share),
             max_leases: self.shares.max_leases,
             lease_name_share: usize::from(self.shares.lease_name_share),
             caller: CallerLimits {

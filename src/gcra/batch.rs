@@ -142,6 +142,28 @@ fn settle_item(
     }
 }
 
+/// A spend that needs a new bucket the store has no room for (its table, or the share of
+/// it the limit's name may take, is full): denied, with no token offered (`remaining` 0)
+/// and a retry after the time a bucket emptied now takes to refill (a GCRA limit's burst
+/// offset, a calendar window's end), by which every bucket written under the limit until
+/// now has refilled and can be dropped. `reset_in` is 0: there is no bucket, so it is full.
+///
+/// ```
+/// use cellrate::gcra::{no_room, Limit};
+/// let limit = Limit::new(10, 10, 1_000_000_000).unwrap();
+/// let d = no_room(&limit, 0);
+/// assert!(!d.allowed);
+/// assert_eq!((d.remaining, d.retry_in, d.reset_in), (0, 1_000_000_000, 0));
+/// ```
+pub fn no_room(limit: &Limit, now: Nanos) -> Decision {
+    Decision {
+        allowed: false,
+        remaining: 0,
+        retry_in: spend(limit, now, None, limit.burst()).0.reset_in,
+        reset_in: 0,
+    }
+}
+
 /// The overall decision of a batch: the strictest of `decisions`, or `None` if empty.
 pub fn strictest<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Option<Decision> {
     decisions.into_iter().fold(None, |acc, d| match acc {

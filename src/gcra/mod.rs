@@ -27,7 +27,9 @@ use crate::clock::{CalendarPeriod, Nanos};
 mod batch;
 mod calendar;
 pub mod lease;
-pub use batch::{spend_alone, spend_batch, spend_batch_with, strictest, BatchItem, BatchOutcome};
+pub use batch::{
+    no_room, spend_alone, spend_batch, spend_batch_with, strictest, BatchItem, BatchOutcome,
+};
 use calendar::{window_refund, window_spend};
 
 /// Why a limit cannot be built.

@@ -22,6 +22,8 @@ pub struct Settings {
     pub max_buckets: usize,
     /// Percent of `max_buckets` that buckets under caller-given limits may hold.
     pub caller_bucket_share: usize,
+    /// Percent of the configured limits' buckets one limit name may hold (100: no share).
+    pub bucket_name_share: usize,
     /// Bound on leases of concurrency limits in the memory store, and the percent of it
     /// that the leases of one limit name may hold.
     pub max_leases: usize,
@@ -217,6 +219,7 @@ impl Default for Settings {
         Settings {
             max_buckets: crate::store::memory::DEFAULT_MAX_BUCKETS,
             caller_bucket_share: crate::store::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            bucket_name_share: crate::store::memory::DEFAULT_BUCKET_NAME_SHARE_PERCENT,
             max_leases: crate::store::memory::DEFAULT_MAX_LEASES,
             lease_name_share: crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
             caller: CallerLimits::default(),

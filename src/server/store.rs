@@ -78,6 +78,7 @@ impl Stores {
                     settings.max_buckets,
                     settings.caller_bucket_share,
                 )
+                .with_bucket_name_share(settings.bucket_name_share)
                 .with_lease_bounds(settings.max_leases, settings.lease_name_share);
                 if let Some(snapshot) = &settings.snapshot {
                     restore(&mut store, &snapshot.path, metrics);

@@ -28,6 +28,7 @@ pub async fn sweep(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut leases = store.lease_events();
+    let mut refused = store.bucket_refusals();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -43,6 +44,11 @@ pub async fn sweep(
             now.refused.saturating_sub(leases.refused),
         ]);
         leases = now;
+        let refused_now = store.bucket_refusals();
+        metrics.buckets_refused(std::array::from_fn(|i| {
+            refused_now[i].saturating_sub(refused[i])
+        }));
+        refused = refused_now;
         metrics.store.swept_buckets.inc_by(dropped as u64);
         if let Some(live) = store.live_buckets() {
             metrics.store.live_buckets.set(live as i64);

@@ -73,6 +73,10 @@ impl Store for MeasuredStore {
         self.inner.live_buckets()
     }
 
+    fn bucket_refusals(&self) -> [u64; 3] {
+        self.inner.bucket_refusals()
+    }
+
     fn lease_events(&self) -> crate::store::LeaseEvents {
         self.inner.lease_events()
     }

@@ -382,6 +382,13 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Spends denied since the store started because a new bucket had no room, by the
+    /// bound that was full: the table, a limit name's share, caller-given limits' share
+    /// (the memory store's bounds; `cellrate_buckets_refused_total`).
+    fn bucket_refusals(&self) -> [u64; 3] {
+        [0; 3]
+    }
+
     /// Leases counted since the store started (see [`LeaseEvents`]).
     fn lease_events(&self) -> LeaseEvents {
         LeaseEvents::default()

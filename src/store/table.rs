@@ -1,12 +1,14 @@
 //! The memory store's table: TATs by 64-bit fingerprint, open addressing with linear
 //! probing, 16 bytes a slot (the fingerprint and the TAT side by side, four to a cache
-//! line), and no allocation per bucket.
+//! line), and no allocation per bucket. Beside the slots, in an array of their own that
+//! lookups never touch, each bucket's 2-byte [`Tag`] (its limit name's, for the name's
+//! share of the store): 18 bytes a slot in all.
 //!
 //! Why not `hashbrown`: its control bytes live apart from the entries, so a lookup in a table
 //! far larger than the caches misses twice (control group, then entry) where this one misses
 //! once; and it doubles when it grows, so a table just past a doubling is 7/16 full, which at
 //! 17 bytes a slot is 39 bytes a bucket. Here a table is rebuilt to 55 % full whenever live
-//! and removed slots reach 80 %: between 20 and 29 bytes a bucket whatever the count
+//! and removed slots reach 80 %: between 22.5 and 33 bytes a bucket whatever the count
 //! (capacity any integer, the home slot found by multiply-shift on the fingerprint's high
 //! bits).
 //!
@@ -45,6 +47,10 @@ impl Slot {
 /// The least fingerprint of a bucket: 0 and 1 mark free slots.
 pub const MIN_PRINT: u64 = 2;
 
+/// What a bucket is counted under besides the table (its limit name's share, see
+/// `memory/bucket_shares.rs`): kept per slot, read only when a bucket is dropped.
+pub type Tag = u16;
+
 /// Live and removed slots at most this share of the table (in 1/1000): linear probing's
 /// probes stay short (about 3 slots to find a key, 13 to find a free slot, at 80 %).
 const MAX_LOAD: usize = 800;
@@ -56,6 +62,8 @@ const MIN_SLOTS: usize = 16;
 #[derive(Default)]
 pub struct TatTable {
     slots: Vec<Slot>,
+    /// Each slot's [`Tag`] (meaningful for buckets only).
+    tags: Vec<Tag>,
     live: usize,
     dead: usize,
 }
@@ -74,6 +82,7 @@ impl TatTable {
         let mut table = TatTable::default();
         if n > 0 {
             table.slots = vec![Slot::EMPTY; slots_for(n)];
+            table.tags = vec![0; table.slots.len()];
         }
         table
     }
@@ -135,8 +144,9 @@ impl TatTable {
         }
     }
 
-    /// Sets the TAT of `print`, adding the bucket if it is not held; true if it was added.
-    pub fn insert(&mut self, print: u64, tat: Nanos) -> bool {
+    /// Sets the TAT of `print`, adding the bucket under `tag` if it is not held (a held
+    /// bucket keeps its tag); true if it was added.
+    pub fn insert(&mut self, print: u64, tat: Nanos, tag: Tag) -> bool {
         let at = match self.probe(print) {
             Probe::Found(i) => {
                 self.slots[i].tat = tat;
@@ -153,6 +163,7 @@ impl TatTable {
             }
         };
         self.slots[at] = Slot { print, tat };
+        self.tags[at] = tag;
         self.live += 1;
         true
     }
@@ -176,36 +187,38 @@ impl TatTable {
             })
     }
 
-    /// Every bucket held: fingerprint and TAT.
-    pub fn entries(&self) -> impl Iterator<Item = (u64, Nanos)> + '_ {
+    /// Every bucket held: fingerprint, TAT and tag.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, Nanos, Tag)> + '_ {
         self.slots
             .iter()
-            .filter(|slot| slot.is_bucket())
-            .map(|slot| (slot.print, slot.tat))
+            .zip(&self.tags)
+            .filter(|(slot, _)| slot.is_bucket())
+            .map(|(slot, &tag)| (slot.print, slot.tat, tag))
     }
 
-    /// Removes `print`; returns its TAT if it was held.
-    pub fn remove(&mut self, print: u64) -> Option<Nanos> {
+    /// Removes `print`; returns its TAT and tag if it was held.
+    pub fn remove(&mut self, print: u64) -> Option<(Nanos, Tag)> {
         match self.probe(print) {
             Probe::Found(i) => {
                 let tat = self.slots[i].tat;
                 self.slots[i] = Slot::TOMBSTONE;
                 self.live -= 1;
                 self.dead += 1;
-                Some(tat)
+                Some((tat, self.tags[i]))
             }
             Probe::Absent(_) => None,
         }
     }
 
-    /// Drops every bucket whose TAT is at or before `now` (a full bucket); returns how
-    /// many. Rebuilds when tombstones take more than an eighth of the slots or the table is
-    /// under a quarter full.
-    pub fn sweep(&mut self, now: Nanos) -> usize {
+    /// Drops every bucket whose TAT is at or before `now` (a full bucket), telling
+    /// `dropped_tag` each one's tag; returns how many. Rebuilds when tombstones take more
+    /// than an eighth of the slots or the table is under a quarter full.
+    pub fn sweep(&mut self, now: Nanos, mut dropped_tag: impl FnMut(Tag)) -> usize {
         let mut dropped = 0;
-        for slot in &mut self.slots {
+        for (slot, &tag) in self.slots.iter_mut().zip(&self.tags) {
             if slot.is_bucket() && slot.tat <= now {
                 *slot = Slot::TOMBSTONE;
+                dropped_tag(tag);
                 dropped += 1;
             }
         }
@@ -221,11 +234,13 @@ impl TatTable {
     /// Moves the live buckets to a table sized for `room` of them (no table when 0).
     fn rebuild(&mut self, room: usize) {
         let old = std::mem::take(&mut self.slots);
+        let tags = std::mem::take(&mut self.tags);
         let live = self.live;
         *self = TatTable::with_capacity(room.max(live));
-        for slot in old.into_iter().filter(Slot::is_bucket) {
+        for (slot, tag) in old.into_iter().zip(tags).filter(|(s, _)| s.is_bucket()) {
             let i = self.free_slot(slot.print);
             self.slots[i] = slot;
+            self.tags[i] = tag;
         }
         self.live = live;
     }
@@ -253,13 +268,18 @@ mod tests {
         }
     }
 
-    /// Checks the table against the model: every held print and its TAT, the count, and
-    /// that live and removed slots stay within the load bound.
-    fn agrees(table: &TatTable, model: &HashMap<u64, Nanos>, absent: &[u64]) {
+    /// Checks the table against the model: every held print, its TAT and tag, the count,
+    /// and that live and removed slots stay within the load bound.
+    fn agrees(table: &TatTable, model: &HashMap<u64, (Nanos, Tag)>, absent: &[u64]) {
         assert_eq!(table.len(), model.len());
-        for (&print, &tat) in model {
+        for (&print, &(tat, _)) in model {
             assert_eq!(table.get(print), Some(tat), "print {print:#x}");
         }
+        let tags: HashMap<u64, (Nanos, Tag)> = table
+            .entries()
+            .map(|(p, tat, tag)| (p, (tat, tag)))
+            .collect();
+        assert_eq!(&tags, model);
         for &print in absent.iter().filter(|p| !model.contains_key(p)) {
             assert_eq!(table.get(print), None, "print {print:#x}");
         }
@@ -283,13 +303,15 @@ mod tests {
             match rng.next() % 10 {
                 0..=5 => {
                     let tat = now + (rng.next() % 1_000) as Nanos;
-                    table.insert(print, tat);
-                    model.insert(print, tat);
+                    // A held bucket keeps the tag it was added under.
+                    let tag = (rng.next() % 5) as Tag;
+                    assert_eq!(table.insert(print, tat, tag), !model.contains_key(&print));
+                    model.entry(print).or_insert((tat, tag)).0 = tat;
                 }
                 6 => {
                     if let Some(tat) = table.get_mut(print) {
                         *tat += 1;
-                        *model.get_mut(&print).unwrap() += 1;
+                        model.get_mut(&print).unwrap().0 += 1;
                     } else {
                         assert!(!model.contains_key(&print));
                     }
@@ -297,9 +319,14 @@ mod tests {
                 7 | 8 => assert_eq!(table.remove(print), model.remove(&print)),
                 _ => {
                     now += (rng.next() % 400) as Nanos;
-                    let before = model.len();
-                    model.retain(|_, tat| *tat > now);
-                    assert_eq!(table.sweep(now), before - model.len());
+                    let mut gone = [0usize; 5];
+                    model.retain(|_, (tat, tag)| {
+                        gone[*tag as usize] += usize::from(*tat <= now);
+                        *tat > now
+                    });
+                    let mut told = [0usize; 5];
+                    let dropped = table.sweep(now, |tag| told[tag as usize] += 1);
+                    assert_eq!((dropped, told), (gone.iter().sum(), gone));
                 }
             }
             if step % 1_000 == 0 {
@@ -308,7 +335,7 @@ mod tests {
         }
         agrees(&table, &model, &universe);
         // Everything expired: the table lets its memory go.
-        table.sweep(Nanos::MAX);
+        table.sweep(Nanos::MAX, |_| {});
         assert_eq!((table.len(), table.slots()), (0, 0));
     }
 
@@ -334,7 +361,7 @@ mod tests {
         // 80 %: 20-29 bytes a bucket.
         let mut table = TatTable::default();
         for n in 1..=200_000u64 {
-            table.insert(n.wrapping_mul(0x9e37_79b9_7f4a_7c15).max(MIN_PRINT), 1);
+            table.insert(n.wrapping_mul(0x9e37_79b9_7f4a_7c15).max(MIN_PRINT), 1, 0);
             let (live, slots) = (table.len(), table.slots());
             assert!(live * 1000 <= MAX_LOAD * slots, "{live} in {slots}");
             assert!(slots <= MIN_SLOTS || live * 1000 >= REBUILT_LOAD * slots - 1000);

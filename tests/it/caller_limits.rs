@@ -254,19 +254,19 @@ async fn configured_limits_keep_working_when_the_caller_share_is_full() {
     let mut s = Served::with_settings(config(), settings).await;
     let mut full = None;
     for i in 0..10_000 {
-        if let Err(e) = check(
+        let r = check(
             &mut s,
             vec![inline(&format!("fill-{i}"), 1, 1, 365 * 86_400, None)],
         )
         .await
-        {
-            full = Some(e);
+        .expect("a full share is a denial, not an error");
+        if !r.overall.as_ref().expect("overall").allowed {
+            full = Some(r);
             break;
         }
     }
-    let e = full.expect("the caller share fills up");
-    assert_eq!(e.code(), Grpc::Unavailable, "{e:?}");
-    assert!(e.message().contains("caller-given"), "{e:?}");
+    let denied = full.expect("the caller share fills up").overall.unwrap();
+    assert_eq!(denied.remaining, 0, "{denied:?}");
     // New configured buckets are still created and decided.
     for id in 0..5 {
         let r = check(

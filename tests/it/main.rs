@@ -10,6 +10,7 @@
 
 mod common;
 
+mod bucket_shares;
 mod budgets;
 mod calendar;
 mod caller_limits;

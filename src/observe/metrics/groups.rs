@@ -41,12 +41,18 @@ pub struct StoreMetrics {
     pub(super) deny_cache_hits: IntCounter,
     /// Leases of concurrency limits, by [`LEASE_EVENTS`].
     pub(super) leases: IntCounterVec,
+    /// Spends denied for want of room for a new bucket, by [`BUCKET_BOUNDS`].
+    pub(super) buckets_refused: IntCounterVec,
     /// The memory store's snapshot file.
     pub snapshot: SnapshotMetrics,
 }
 
 /// What happened to leases: the label values of `cellrate_leases_total`.
 pub const LEASE_EVENTS: [&str; 4] = ["acquired", "released", "expired", "refused"];
+
+/// Which bound left no room for a new bucket: the label values of
+/// `cellrate_buckets_refused_total`, in the order of `store::memory::Full`.
+pub const BUCKET_BOUNDS: [&str; 3] = ["table", "name", "caller_given"];
 
 /// Why a snapshot file was not used at start: the label values of
 /// `cellrate_snapshot_ignored_total`.
@@ -262,8 +268,17 @@ impl StoreMetrics {
             "event",
             &LEASE_EVENTS,
         );
+        let buckets_refused = reg.counters_from_zero(
+            "cellrate_buckets_refused_total",
+            "Spends the memory store denied because they needed a new bucket and a bound \
+             was full, by bound: table (--max-buckets), name (a limit name's share, \
+             --bucket-name-share), caller_given (--caller-limit-bucket-share).",
+            "bound",
+            &BUCKET_BOUNDS,
+        );
         StoreMetrics {
             leases,
+            buckets_refused,
             snapshot: SnapshotMetrics::new(reg),
             series: STORE_OPS
                 .iter()

@@ -427,6 +427,19 @@ impl Metrics {
         }
     }
 
+    /// Spends denied for want of room, by bound ([`groups::BUCKET_BOUNDS`]), since the
+    /// last call.
+    pub fn buckets_refused(&self, counts: [u64; 3]) {
+        for (bound, n) in groups::BUCKET_BOUNDS.iter().zip(counts) {
+            if n > 0 {
+                self.store
+                    .buckets_refused
+                    .with_label_values(&[bound])
+                    .inc_by(n);
+            }
+        }
+    }
+
     pub fn store_compensation(&self) {
         self.store.compensations.inc();
     }

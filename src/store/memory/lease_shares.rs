@@ -71,24 +71,8 @@ impl MemoryStore {
 
     /// Counts one more lease in all and in its name's `share`, if both bounds allow it.
     pub(super) fn reserve_lease_room(&self, share: &AtomicUsize) -> bool {
-        let one_more =
-            |bound: usize| move |held: usize| held.checked_add(1).filter(|&after| after <= bound);
-        let name = self.lease_names.bound;
-        if share
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, one_more(name))
-            .is_err()
-        {
-            return false;
-        }
-        let all = self.leases_held.fetch_update(
-            Ordering::AcqRel,
-            Ordering::Acquire,
-            one_more(self.lease_bound),
-        );
-        if all.is_err() {
-            share.fetch_sub(1, Ordering::AcqRel);
-        }
-        all.is_ok()
+        let name = (share, self.lease_names.bound);
+        super::shares::take_both(name, (&self.leases_held, self.lease_bound), 1).is_ok()
     }
 
     /// Counts `n` leases dropped, in all and from their name's `share`.

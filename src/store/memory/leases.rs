@@ -224,26 +224,26 @@ impl MemoryStore {
             Vec::new()
         });
         let rate_prints: Vec<(Fingerprint, Space)> = rates.iter().map(|&i| prints[i]).collect();
-        let reserved = match self.make_room(&mut guards, &rate_prints, &tats, &out.writes, now) {
-            Ok(reserved) => reserved,
-            Err(e) => {
+        let key = |k: usize| &items[rates[k]].key;
+        let was_allowed = out.allowed;
+        let rooms = self.make_room(&mut guards, key, &rate_prints, &batch, &tats, &mut out, now);
+        // A rate refused room denies the batch: its acquires take nothing either.
+        let shares = match (was_allowed, out.allowed) {
+            (true, false) => {
                 for share in shares.iter().flatten() {
                     self.leases_dropped(share, 1);
                 }
-                return Err(e);
+                self.acquire_nothing(items, &prints, &positions, &guards, &mut leased, now, false);
+                Vec::new()
             }
+            _ => shares,
         };
-        let mut added = [0usize; 2];
         for (k, &i) in rates.iter().enumerate() {
             if let Some(tat) = out.writes[k] {
                 let (print, space) = prints[i];
-                if guards[positions[i]].table(space).insert(print, tat) {
-                    added[space as usize] += 1;
-                }
+                let table = guards[positions[i]].table(space);
+                self.write(table, (print, space), tat, rooms[k]);
             }
-        }
-        for space in [Space::Configured, Space::CallerGiven] {
-            self.swept(space, reserved[space as usize] - added[space as usize]);
         }
         Ok(self.finish(
             items,

@@ -7,13 +7,13 @@
 //! | bytes | what |
 //! |---|---|
 //! | 8 | `cellrate` |
-//! | 4 | format version, [`VERSION`] |
+//! | 4 | format version, [`VERSION`] (2; a file of version 1 is read too) |
 //! | 4 | 0 (reserved) |
 //! | 16 | the fingerprints' SipHash keys ([`super::BucketHasher`]) |
 //! | 8 | when it was written, Unix nanoseconds |
 //! | 8, 8 | n, m: the buckets that follow, of configured and of caller-given limits |
-//! | 16 × n | the configured limits' buckets: fingerprint, TAT |
-//! | 16 × m | the caller-given limits' buckets: fingerprint, TAT |
+//! | 18 × n | the configured limits' buckets: fingerprint, TAT, tag (the limit name's number, 65 535 for higher ones) |
+//! | 18 × m | the caller-given limits' buckets: fingerprint, TAT, tag |
 //! | 8 | CRC-64/XZ of the buckets, then of the header |
 //!
 //! Written to a temporary file beside the target (mode 0600: the hash keys let whoever reads
@@ -31,26 +31,36 @@
 //! Restored buckets are fingerprints of `"<number>:<id>"` keys with their TATs, so they
 //! meet the limits in force now exactly as a reload's do: a limit that changed since
 //! applies to the old TAT, a name or window that changed makes another key (a fresh
-//! bucket), and a TAT that has passed is a full bucket, not restored. A TAT further ahead
+//! bucket), and a TAT that has passed is a full bucket, not restored. Each bucket is
+//! counted against the bounds as a new one would be, its name's share included
+//! (`--bucket-name-share`): what does not fit is left out (`over_bound`), so a file written
+//! while one name flooded the table gives that name no more than its share. (A file of
+//! format 1, written before buckets carried their name, restores its buckets under no
+//! name's share, bounded by the table alone.) A TAT further ahead
 //! than any accepted limit can put one ([`HORIZON`]) is not restored either: only a forged
 //! file has one, and restored it would deny its key for centuries.
 
 use std::fs::{File, Metadata};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::{BucketHasher, MemoryStore, Space};
 use crate::clock::Nanos;
 use crate::gcra::MAX_BURST_OFFSET;
+use crate::store::table::Tag;
 
 const MAGIC: &[u8; 8] = b"cellrate";
-/// The format's version; a file of another is ignored.
-pub const VERSION: u32 = 1;
+/// The format's version; a file of another (but 1, [`UNTAGGED`]) is ignored.
+pub const VERSION: u32 = 2;
+/// The format before buckets carried their tag: 16-byte entries.
+const UNTAGGED: u32 = 1;
 const HEADER: u64 = 8 + 4 + 4 + 16 + 8 + 16;
 const TRAILER: u64 = 8;
-const ENTRY: u64 = 16;
+const ENTRY: u64 = 18;
+/// The tag a format-1 file's buckets are restored under: one with no name share (the
+/// number of envoyproxy/ratelimit-format limits, which has none).
+const NO_SHARE: Tag = crate::limits::names::RATELIMIT_NUMBER as Tag;
 const BUFFER: usize = 1 << 20;
 /// How far past now a restored TAT may lie: twice the longest burst offset a limit may have
 /// (20 years). A charge in debt puts a TAT at most two burst offsets ahead, a calendar
@@ -178,10 +188,11 @@ impl MemoryStore {
             for shard in 0..self.shards.len() {
                 copy.clear();
                 copy.extend(self.lock(shard).table(space).entries());
-                for (print, tat) in &copy {
+                for (print, tat, tag) in &copy {
                     let mut entry = [0u8; ENTRY as usize];
                     entry[..8].copy_from_slice(&print.to_le_bytes());
-                    entry[8..].copy_from_slice(&tat.to_le_bytes());
+                    entry[8..16].copy_from_slice(&tat.to_le_bytes());
+                    entry[16..].copy_from_slice(&tag.to_le_bytes());
                     digest.update(&entry);
                     out.write_all(&entry)?;
                 }
@@ -252,19 +263,24 @@ impl MemoryStore {
             }
         }
         let mut entry = [0u8; ENTRY as usize];
+        let entry = &mut entry[..header.entry as usize];
         for (space, count) in [
             (Space::Configured, header.counts[0]),
             (Space::CallerGiven, header.counts[1]),
         ] {
             for _ in 0..count {
-                input.read_exact(&mut entry).map_err(Ignored::Unreadable)?;
+                input.read_exact(entry).map_err(Ignored::Unreadable)?;
                 let print = u64::from_le_bytes(entry[..8].try_into().unwrap_or_default());
-                let tat = Nanos::from_le_bytes(entry[8..].try_into().unwrap_or_default());
+                let tat = Nanos::from_le_bytes(entry[8..16].try_into().unwrap_or_default());
+                let tag = match entry.get(16..18) {
+                    Some(tag) => Tag::from_le_bytes(tag.try_into().unwrap_or_default()),
+                    None => NO_SHARE,
+                };
                 if tat <= now || print < crate::store::table::MIN_PRINT {
                     restored.expired += 1;
                 } else if tat > horizon {
                     restored.too_far += 1;
-                } else if !self.reserve(space, 1) {
+                } else if self.reserve(space, tag, 1).is_err() {
                     restored.over_bound += 1;
                 } else {
                     let shard = self.shard_of((print, space));
@@ -273,12 +289,12 @@ impl MemoryStore {
                         .get_mut()
                         .unwrap_or_else(|p| p.into_inner())
                         .table(space)
-                        .insert(print, tat);
+                        .insert(print, tat, tag);
                     if added {
                         restored.buckets += 1;
                     } else {
                         // The same fingerprint twice: only a damaged file has that.
-                        self.held[space as usize].fetch_sub(1, Ordering::AcqRel);
+                        self.dropped(space, tag, 1);
                     }
                 }
             }
@@ -294,6 +310,8 @@ impl MemoryStore {
 struct Header {
     keys: (u64, u64),
     counts: [u64; 2],
+    /// Bytes an entry takes in its format.
+    entry: u64,
 }
 
 /// Opens the snapshot at `path` for reading if it is a regular file this process's user
@@ -426,9 +444,11 @@ fn check(file: &File, most: u64) -> Result<Header, Ignored> {
         return Err(Ignored::Truncated(size, HEADER + TRAILER));
     }
     let version = u32::from_le_bytes(start[8..12].try_into().unwrap_or_default());
-    if version != VERSION {
-        return Err(Ignored::Version(version));
-    }
+    let entry = match version {
+        VERSION => ENTRY,
+        UNTAGGED => ENTRY - 2,
+        _ => return Err(Ignored::Version(version)),
+    };
     if start.len() < HEADER as usize {
         return Err(Ignored::Truncated(size, HEADER + TRAILER));
     }
@@ -437,7 +457,7 @@ fn check(file: &File, most: u64) -> Result<Header, Ignored> {
     let (keys, counts) = ((word(16), word(24)), [word(40), word(48)]);
     let needed = counts[0]
         .checked_add(counts[1])
-        .and_then(|n| n.checked_mul(ENTRY))
+        .and_then(|n| n.checked_mul(entry))
         .and_then(|n| n.checked_add(HEADER + TRAILER));
     if needed != Some(size) {
         return Err(Ignored::Truncated(size, needed.unwrap_or(u64::MAX)));
@@ -459,7 +479,11 @@ fn check(file: &File, most: u64) -> Result<Header, Ignored> {
     if digest.finalize() != u64::from_le_bytes(sum) {
         return Err(Ignored::Corrupt);
     }
-    Ok(Header { keys, counts })
+    Ok(Header {
+        keys,
+        counts,
+        entry,
+    })
 }
 
 /// A new file at `path` (what was there is removed first) that only its owner may read: it
@@ -525,8 +549,10 @@ mod tests {
         }
     }
 
+    /// A store with no name share (the bound's own tests).
     fn store(clock: &FakeClock, max: usize) -> MemoryStore {
         MemoryStore::with_caller_share(Arc::new(clock.clone()), 16, max, 10)
+            .with_bucket_name_share(100)
     }
 
     /// A store with three buckets, written: the clock, the directory and the file.
@@ -621,6 +647,73 @@ mod tests {
         let e = smaller.restore_snapshot(&path).unwrap_err();
         assert_eq!(e.reason(), "too_large", "{e}");
         assert_eq!(smaller.live_buckets(), 0);
+    }
+
+    /// A file written while one name flooded the table (900 of its ids, 10 of another
+    /// name's) gives that name no more than its share at the next start: 225 of 900 (25 %
+    /// of 900 configured), the other name's 10 all. A format-1 file (no tags) restores
+    /// under no name's share, bounded by the table (900 of 910). On 3ebe882 there was no
+    /// name share: 900 restored, the table full at start.
+    #[test]
+    fn a_restore_respects_the_name_shares() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let flooded = store(&clock, 2_000);
+        let of = |number: u32, id: String| StoreItem {
+            key: BucketKey::new(number, &id),
+            ..item("")
+        };
+        for n in 0..900 {
+            assert!(
+                flooded
+                    .spend_now(&[of(100, format!("k{n}"))])
+                    .unwrap()
+                    .allowed
+            );
+        }
+        for n in 0..10 {
+            assert!(
+                flooded
+                    .spend_now(&[of(101, format!("ip{n}"))])
+                    .unwrap()
+                    .allowed
+            );
+        }
+        flooded.write_snapshot(&path).unwrap();
+        let shared = || MemoryStore::with_caller_share(Arc::new(clock.clone()), 16, 1_000, 10);
+        let mut restarted = shared();
+        let restored = restarted.restore_snapshot(&path).unwrap();
+        assert_eq!((restored.buckets, restored.over_bound), (235, 675));
+        assert_eq!(
+            (restarted.name_buckets(100), restarted.name_buckets(101)),
+            (225, 10)
+        );
+        assert!(
+            !restarted
+                .spend_now(&[of(100, "new".into())])
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            restarted
+                .spend_now(&[of(101, "new".into())])
+                .unwrap()
+                .allowed
+        );
+        // The same buckets in format 1: entries of 16 bytes, no tag.
+        let v2 = std::fs::read(&path).unwrap();
+        let mut v1 = v2[..HEADER as usize].to_vec();
+        v1[8..12].copy_from_slice(&UNTAGGED.to_le_bytes());
+        for entry in v2[HEADER as usize..v2.len() - TRAILER as usize].chunks(ENTRY as usize) {
+            v1.extend_from_slice(&entry[..16]);
+        }
+        v1.extend_from_slice(&[0; TRAILER as usize]);
+        std::fs::write(&path, resealed(v1)).unwrap();
+        let mut old_format = shared();
+        let restored = old_format.restore_snapshot(&path).unwrap();
+        let counts = (restored.buckets, restored.over_bound);
+        assert_eq!((counts, old_format.name_buckets(100)), ((900, 10), 0));
     }
 
     /// The header of a snapshot claiming `counts` buckets.
@@ -828,7 +921,7 @@ mod tests {
         assert_eq!(try_bytes(b"REDIS0011\xfa\x09redis-ver"), "foreign");
         assert_eq!(try_bytes(&[0xffu8; 4096]), "foreign");
         let mut other = good.clone();
-        other[8] = 2;
+        other[8] = 3;
         assert_eq!(try_bytes(&other), "version");
         for cut in [3, 8, 12, 40, 56, 57, good.len() - 17, good.len() - 1] {
             assert_eq!(try_bytes(&good[..cut]), "truncated", "cut at {cut}");

@@ -429,6 +429,13 @@ impl Store for RedisStore {
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
     }
 
+    fn bucket_refusals(&self) -> [u64; 3] {
+        // Only the local fallback has bounds of its own; Redis has maxmemory.
+        self.fallback
+            .as_ref()
+            .map_or([0; 3], MemoryStore::bucket_refusals)
+    }
+
     fn lease_events(&self) -> LeaseEvents {
         let mut events = self.lease_events.get();
         if let Some(local) = &self.fallback {
