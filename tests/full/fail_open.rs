@@ -192,6 +192,14 @@ async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
     }
     println!("{} requests: {statuses:?}", requests.len());
     let counters = envoy.counters("ratelimit").await;
+    // The counters are where the next two assertions look (their absence there means
+    // something only if the denials are counted beside them).
+    assert!(
+        counters
+            .get("cluster.backend.ratelimit.over_limit")
+            .is_some_and(|&n| n > 0),
+        "Envoy counts the denials under cluster.backend.ratelimit ({counters:?})"
+    );
     assert_eq!(
         counters.get("cluster.backend.ratelimit.failure_mode_allowed"),
         None,

@@ -496,3 +496,25 @@ async fn descriptors_past_the_batch_bound_deny_and_spend_nothing() {
     assert_eq!(ask(&mut s, "edge", fewer).await.overall_code, OK);
     s.stop().await;
 }
+
+/// A request that spends and gives back at once, whose give-back part cannot be decided
+/// (here past the batch bound: 33 descriptors of two limits each) after its spend was made:
+/// the spend is answered as made (allowed, spent once), the give-back gives back nothing;
+/// the request is not decided again as denied with its spend standing.
+#[tokio::test]
+async fn a_give_back_that_cannot_be_decided_after_a_spend_leaves_the_spend_answered() {
+    let mut s = Served::start(None).await;
+    let mut descriptors = vec![descriptor(&[
+        ("generic_key", "signup"),
+        ("remote_address", "10.9.9.9"),
+    ])];
+    descriptors.extend((0..33).map(|i| negative(&[("api_key", &format!("g{i}"))], 1)));
+    let r = ask(&mut s, "edge", descriptors).await;
+    assert_eq!(r.overall_code, OK, "{r:?}");
+    assert_eq!(
+        crate::common::remaining(&mut s, "NewRegistrationsPerIPAddress", "10.9.9.9").await,
+        19,
+        "spent once"
+    );
+    s.stop().await;
+}

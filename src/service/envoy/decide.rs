@@ -12,7 +12,7 @@ use tonic::Status;
 
 use super::batch::{descriptor_digest, mode_of, Batch};
 use super::ratelimit::quota_mode;
-use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error};
+use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error, target_name};
 use super::reserve::reservation_of;
 use super::values::stand_in_long_values;
 use super::wire::Answer;
@@ -23,8 +23,8 @@ use crate::gcra::Mode;
 use crate::limits::config::LimitTable;
 use crate::limits::descriptors::Mapping;
 use crate::service::{
-    count_decisions, trace, CheckOptions, InvalidIds, ItemResult, ItemSpec, Rule, Target,
-    MAX_LEASE_ID,
+    count_decisions, trace, CheckOptions, DecideError, InvalidIds, ItemResult, ItemSpec, Rule,
+    Target, MAX_LEASE_ID,
 };
 
 impl EnvoyRateLimitService {
@@ -377,6 +377,11 @@ impl EnvoyRateLimitService {
         };
         let given = match self.decider.refund_with(table, &items, options).await {
             Ok(result) => result.items,
+            // The rest of the request has spent already, so it is not decided again (as a
+            // refusal would have it): what is given back gives back nothing, as malformed.
+            Err(DecideError::Invalid(_)) if !take.is_empty() => {
+                Box::pin(self.gave_nothing(table, &request.domain, &items, &owner)).await?
+            }
             Err(e) => return Err(envoy_error(e, &items, &owner)),
         };
         for (&i, mut r) in give.iter().zip(given) {
@@ -385,6 +390,39 @@ impl EnvoyRateLimitService {
             results[i] = Some(r);
         }
         Ok(results.into_iter().flatten().collect())
+    }
+
+    /// The answers of give-back `items` (from descriptors `owner`) that cannot be decided
+    /// as they came: each descriptor decided as malformed (one item each), giving back
+    /// nothing; an item answers its descriptor's decision.
+    async fn gave_nothing(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        let mut descriptors: Vec<usize> = owner.to_vec();
+        descriptors.dedup();
+        let malformed: Vec<ItemSpec<'_>> = (descriptors.iter())
+            .map(|&d| {
+                let first = owner.iter().position(|&o| o == d).unwrap_or(0);
+                ItemSpec {
+                    target: Target::Malformed {
+                        name: target_name(&items[first]),
+                    },
+                    cost: Some(1),
+                    mode: Mode::CheckAndSpend,
+                    limit: None,
+                    lease: None,
+                }
+            })
+            .collect();
+        let decided = self.check(table, domain, &malformed, &descriptors).await?;
+        Ok((owner.iter())
+            .filter_map(|d| descriptors.iter().position(|x| x == d))
+            .filter_map(|at| decided.get(at).cloned())
+            .collect())
     }
 
     /// [`Self::check`], with envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT

@@ -73,11 +73,7 @@ pub(super) fn envoy_error(e: DecideError, items: &[ItemSpec<'_>], owner: &[usize
                     ),
                     _ => e.message,
                 };
-                let name = match items.get(i).map(|item| &item.target) {
-                    Some(Target::Named { name, .. }) => Arc::from(name.as_ref()),
-                    Some(Target::Ratelimit { name, .. }) => name.clone(),
-                    _ => Arc::from(""),
-                };
+                let name = items.get(i).map_or_else(|| Arc::from(""), target_name);
                 Refusal::Descriptor {
                     d: owner[i],
                     name,
@@ -182,4 +178,13 @@ pub(super) fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Re
         ));
     }
     Ok(())
+}
+
+/// The limit an item names, for a malformed descriptor's answer (empty when none).
+pub(super) fn target_name(item: &ItemSpec<'_>) -> Arc<str> {
+    match &item.target {
+        Target::Named { name, .. } => Arc::from(name.as_ref()),
+        Target::Ratelimit { name, .. } | Target::Malformed { name } => name.clone(),
+        _ => Arc::from(""),
+    }
 }
