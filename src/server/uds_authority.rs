@@ -31,6 +31,10 @@ pub const MAX_BLOCK: usize = super::hpack::MAX_LIST;
 /// The buffers' room kept between header blocks.
 const IDLE_ROOM: usize = 4 * 1024;
 
+/// Bytes made ready for h2 after which the frames still read wait until it has taken them:
+/// what one read can make is at most this and one header block.
+const MAX_OUTPUT: usize = 64 * 1024;
+
 /// What stands for an authority h2 would refuse.
 const LOCAL: &[u8] = b"localhost";
 
@@ -110,6 +114,9 @@ impl<S> AuthorityFix<S> {
                     }
                     self.stage = Stage::Frames;
                 }
+                // Past the bound, the rest waits for h2 to read what is ready: small frames
+                // that name a large table entry decode to far more than they take to send.
+                Stage::Frames if self.output.len() >= MAX_OUTPUT => return Ok(()),
                 Stage::Frames => {
                     if !self.frame()? {
                         return Ok(());
@@ -461,5 +468,33 @@ mod tests {
         bomb.extend(std::iter::repeat_n(b'v', 4000));
         bomb.extend(std::iter::repeat_n(0xbe, 1000));
         assert!(through(&connection(&bomb, END_HEADERS)).is_err());
+    }
+
+    #[test]
+    fn frames_that_decode_to_far_more_than_they_take_wait_for_h2() {
+        // A 4 000-byte entry put in the table, then 600 frames of 3 references to it:
+        // 12 bytes each, 12 KB decoded each (within the list's bound).
+        let mut first = vec![0x40, 1, b'x', 0x7f, 0xa1, 0x1e];
+        first.extend(std::iter::repeat_n(b'v', 4000));
+        let mut bytes = connection(&first, END_HEADERS);
+        for stream in 0..600u32 {
+            bytes.extend_from_slice(&[0, 0, 3, HEADERS, END_HEADERS]);
+            bytes.extend_from_slice(&(2 * stream + 3).to_be_bytes());
+            bytes.extend_from_slice(&[0xbe, 0xbe, 0xbe]);
+        }
+        let mut fix = AuthorityFix::new((), true);
+        fix.input = bytes;
+        fix.process().unwrap();
+        assert!(
+            fix.output.len() <= MAX_OUTPUT + 2 * MAX_BLOCK,
+            "{} bytes made ready from one read",
+            fix.output.len()
+        );
+        assert!(!fix.input.is_empty(), "the rest waits");
+        // Once h2 has taken them, the next frames are made ready.
+        let (before, ready) = (fix.input.len(), fix.output.len());
+        fix.output.clear();
+        fix.process().unwrap();
+        assert!(fix.input.len() < before && fix.output.len() <= ready + 2 * MAX_BLOCK);
     }
 }
