@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each tool uses its part
 
 /// utime + stime of `pid`, in clock ticks.
-pub fn cpu_ticks(pid: u32) -> u64 {
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
@@ -17,12 +17,12 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     get(14) + get(15)
 }
 
-pub fn rss_kib(pid: u32) -> u64 {
+pub(crate) fn rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:")
 }
 
 /// The highest resident memory of `pid` since it started (VmHWM), in KiB.
-pub fn peak_rss_kib(pid: u32) -> u64 {
+pub(crate) fn peak_rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmHWM:")
 }
 

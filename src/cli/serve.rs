@@ -297,7 +297,7 @@ fn nanos(n: i64) -> Duration {
 
 /// `--metrics-path`: a path no route of the HTTP listener has, in characters a route takes
 /// literally.
-pub fn parse_metrics_path(text: &str) -> Result<String, String> {
+pub(super) fn parse_metrics_path(text: &str) -> Result<String, String> {
     let literal = |c: char| c.is_ascii_alphanumeric() || "/_.~-".contains(c);
     if !text.starts_with('/') || text.len() > 256 || !text.chars().all(literal) {
         return Err(format!(

@@ -13,9 +13,10 @@
 //! the process), so that [`super::CalendarPeriod`] stays `Copy`; there are at most a few
 //! tens of thousands of them (the zones times the units and anchors).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use jiff::tz::TimeZone;
 
@@ -135,10 +136,7 @@ impl Zoned {
             text.push('@');
             text.push_str(name);
         }
-        let mut interned = INTERNED
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut interned = INTERNED.get_or_init(Mutex::default).lock();
         if let Some(found) = interned.get(text.as_str()) {
             return Ok(found);
         }

@@ -3,8 +3,9 @@
 //! required store fails). The routes that serve them, and `/metrics`, are
 //! `crate::server::http`.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// Health and readiness state, shared by the reloader, the shutdown path and the routes.
 #[derive(Default)]
@@ -27,8 +28,8 @@ pub struct Health {
     changed: tokio::sync::Notify,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    m.lock()
 }
 
 impl Health {

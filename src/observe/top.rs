@@ -17,10 +17,11 @@
 //! bounds above hold), when it is full, when the minute turns, and whenever `top` is asked:
 //! answers are as exact as if every denial had gone to the rings at once.
 
+use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
 use crate::clock::{Clock, Nanos, SECOND};
 
@@ -100,8 +101,8 @@ thread_local! {
 /// tracker could reuse).
 static SERIAL: AtomicU64 = AtomicU64::new(0);
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(mutex: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    mutex.lock()
 }
 
 /// The ring of one name.
@@ -232,13 +233,13 @@ impl DenialTracker {
             slot.add(id, count);
         };
         {
-            let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
+            let names = self.names.read();
             if let Some(ring) = names.get(name) {
                 record(ring);
                 return;
             }
         }
-        let mut names = self.names.write().unwrap_or_else(PoisonError::into_inner);
+        let mut names = self.names.write();
         if names.len() >= MAX_NAMES && !names.contains_key(name) {
             return;
         }
@@ -255,7 +256,7 @@ impl DenialTracker {
             self.flush(&mut lock(pending));
         }
         let now = self.minute();
-        let names = self.names.read().unwrap_or_else(PoisonError::into_inner);
+        let names = self.names.read();
         let mut out = Vec::new();
         for (name, ring) in names.iter() {
             if only.is_some_and(|only| only != &**name) {
@@ -392,8 +393,8 @@ mod tests {
             first.denials >= 1_000 && first.denials - first.error <= 1_000,
             "{first:?}"
         );
-        let names = t.names.read().unwrap();
-        let ring = names.get(&name).unwrap().lock().unwrap();
+        let names = t.names.read();
+        let ring = names.get(&name).unwrap().lock();
         assert!(ring.slots.iter().all(|s| s.entries.len() <= TOP_K));
         // Long ids are cut.
         drop(ring);

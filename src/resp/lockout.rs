@@ -14,9 +14,10 @@
 //! failures of untracked addresses share one bucket, so that spraying addresses does not
 //! lift the bound on guesses (at the cost of locking out those addresses together).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, Nanos, SystemClock};
@@ -102,7 +103,7 @@ impl AuthLockout {
     /// Whether `address` may have a token compared now: `Err` with the time until it may.
     pub fn check(&self, address: IpAddr) -> Result<(), Duration> {
         let now = self.now();
-        let buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let buckets = self.buckets.lock();
         let source = Source::Address(source_of(address));
         let tat = match buckets.get(&source) {
             Some(tat) => Some(*tat),
@@ -121,7 +122,7 @@ impl AuthLockout {
     /// Counts a wrong token from `address`.
     pub fn failed(&self, address: IpAddr) {
         let now = self.now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buckets = self.buckets.lock();
         let mut source = Source::Address(source_of(address));
         if !buckets.contains_key(&source) && buckets.len() >= self.max_addresses {
             // Full buckets hold nothing worth keeping.
@@ -179,7 +180,7 @@ mod tests {
         assert!(wait > Duration::from_secs(1_700), "{wait:?}");
         // A second address finds the table full: it counts with the untracked ones.
         lockout.failed(v4(2));
-        assert_eq!(lockout.buckets.lock().unwrap().len(), 2);
+        assert_eq!(lockout.buckets.lock().len(), 2);
     }
 
     #[test]
@@ -241,6 +242,6 @@ mod tests {
         assert!(lockout.check(sprayed(1_000)).is_err());
         // A tracked address keeps its own bucket.
         assert!(lockout.check(IpAddr::from([10, 0, 0, 1])).is_ok());
-        assert!(lockout.buckets.lock().unwrap().len() <= MAX_ADDRESSES + 1);
+        assert!(lockout.buckets.lock().len() <= MAX_ADDRESSES + 1);
     }
 }

@@ -81,7 +81,7 @@ fn with_reflection<L>(
 
 /// The health service's name for the whole rate-limit service, as envoyproxy/ratelimit
 /// registers it (Kubernetes gRPC probes and Envoy Gateway ask for it).
-pub const RATELIMIT_HEALTH: &str = "ratelimit";
+pub(super) const RATELIMIT_HEALTH: &str = "ratelimit";
 
 /// How often the `ratelimit` status looks at readiness unprompted (a store's health
 /// changes without telling [`Health`]).

@@ -13,7 +13,7 @@ const TABLE_MAX: usize = 4_096;
 /// The most bytes of one decoded header list, counted as HPACK counts them (each field's
 /// name and value plus 32): h2's own bound on the decision listener
 /// (`http2_max_header_list_size`), beyond which it would refuse the request anyway.
-pub const MAX_LIST: usize = 16 * 1024;
+pub(super) const MAX_LIST: usize = 16 * 1024;
 
 fn broken(what: &str) -> io::Error {
     io::Error::new(
@@ -23,7 +23,7 @@ fn broken(what: &str) -> io::Error {
 }
 
 /// HPACK's integer with an `n`-bit prefix, after `high` (the bits above the prefix).
-pub fn write_integer(out: &mut Vec<u8>, value: usize, n: u32, high: u8) {
+pub(super) fn write_integer(out: &mut Vec<u8>, value: usize, n: u32, high: u8) {
     let max = (1usize << n) - 1;
     if value < max {
         out.push(high | value as u8);
@@ -40,7 +40,7 @@ pub fn write_integer(out: &mut Vec<u8>, value: usize, n: u32, high: u8) {
 
 /// The client's HPACK dynamic table, newest first, and its size as HPACK counts it.
 #[derive(Default)]
-pub struct Table {
+pub(super) struct Table {
     pub(super) entries: VecDeque<(Vec<u8>, Vec<u8>)>,
     pub(super) size: usize,
     max: Option<usize>,
@@ -80,7 +80,7 @@ impl Table {
     }
 
     /// The fields of one header block, in order.
-    pub fn decode(&mut self, mut block: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub(super) fn decode(&mut self, mut block: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut fields = Vec::new();
         let mut total = 0usize;
         while let Some(&first) = block.first() {

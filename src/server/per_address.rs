@@ -10,10 +10,11 @@
 //!
 //! [`ConnectionLimits::per_address_bound`]: super::listener::ConnectionLimits::per_address_bound
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use crate::resp::lockout::source_of;
 
@@ -46,7 +47,7 @@ impl PerAddress {
     /// A place for one more connection from `peer`, unless its address has `max` open.
     pub fn take(self: &Arc<Self>, peer: IpAddr) -> Option<AddressSlot> {
         let source = source_of(peer);
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.open.lock();
         let (count, in_flight) = open.entry(source).or_default();
         if *count >= self.max {
             return None;
@@ -61,10 +62,7 @@ impl PerAddress {
 
     /// Addresses with open connections (tests).
     pub fn addresses(&self) -> usize {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.open.lock().len()
     }
 }
 
@@ -77,11 +75,7 @@ impl AddressSlot {
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut open = self
-            .table
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.table.open.lock();
         if let Some((count, _)) = open.get_mut(&self.source) {
             *count -= 1;
             if *count == 0 {

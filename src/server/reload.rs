@@ -10,8 +10,9 @@
 //! different. On any error the old limits stay, and the error is logged, counted and shown
 //! by `/healthz`. Buckets are untouched: the new limits read the old TATs.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode};
@@ -95,8 +96,8 @@ pub struct Reloader {
     last_failure: Mutex<Option<String>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    m.lock()
 }
 
 impl Reloader {

@@ -15,10 +15,11 @@
 //! Handshakes run side by side (each within the handshake timeout), as tonic runs them:
 //! one client that stalls its handshake holds up nobody else's.
 
+use parking_lot::Mutex;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -271,10 +272,7 @@ impl LiveTls {
     /// Re-reads `files`; a change is swapped in if valid, else logged and counted.
     pub fn recheck(&self, files: &TlsFiles, metrics: &Metrics) {
         let built = files.read().and_then(|pem| {
-            if same(
-                &pem,
-                &self.in_force.lock().unwrap_or_else(PoisonError::into_inner),
-            ) {
+            if same(&pem, &self.in_force.lock()) {
                 return Ok(None);
             }
             let decisions =
@@ -282,13 +280,13 @@ impl LiveTls {
             let admin = server_config(&pem, pem.admin_client_ca.as_deref(), None)?;
             Ok(Some((pem, decisions, admin)))
         });
-        let mut rejected = self.rejected.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rejected = self.rejected.lock();
         match built {
             Ok(None) => *rejected = None,
             Ok(Some((pem, decisions, admin))) => {
                 self.decisions.store(Arc::new(decisions));
                 self.admin.store(Arc::new(admin));
-                *self.in_force.lock().unwrap_or_else(PoisonError::into_inner) = pem;
+                *self.in_force.lock() = pem;
                 *rejected = None;
                 metrics.tls_reload("success");
                 tracing::info!(cert = %files.cert.display(), "new TLS certificate in force for new connections");

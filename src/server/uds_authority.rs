@@ -26,7 +26,7 @@ use super::hpack::{write_integer, Table};
 
 /// The most bytes of one header block, as sent and as decoded (each field's name and
 /// value plus 32, as HPACK counts them).
-pub const MAX_BLOCK: usize = super::hpack::MAX_LIST;
+pub(crate) const MAX_BLOCK: usize = super::hpack::MAX_LIST;
 
 /// The buffers' room kept between header blocks.
 const IDLE_ROOM: usize = 4 * 1024;
@@ -49,7 +49,7 @@ const PRIORITY: u8 = 0x20;
 const FRAME_MAX: usize = 16_384;
 
 /// The read side of a Unix-socket connection with its `:authority` made acceptable.
-pub struct AuthorityFix<S> {
+pub(crate) struct AuthorityFix<S> {
     inner: S,
     /// Off: every byte passes as it is (TLS on the socket: the bytes here are records).
     on: bool,
@@ -84,7 +84,7 @@ struct Block {
 
 impl<S> AuthorityFix<S> {
     /// `inner`'s reads, with header blocks rewritten when `on`.
-    pub fn new(inner: S, on: bool) -> AuthorityFix<S> {
+    pub(crate) fn new(inner: S, on: bool) -> AuthorityFix<S> {
         AuthorityFix {
             inner,
             on,

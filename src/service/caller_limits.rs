@@ -28,7 +28,7 @@ pub struct CallerLimits {
 /// and redis-cell's `N N <a year>` quotas for every N (a full burst of N + 1 takes at most
 /// two years to come back). What bounds a flood of long-lived buckets is the caller share
 /// of the store (`--caller-limit-bucket-share`), not the period.
-pub const DEFAULT_MAX_PERIOD: Nanos = 732 * 86_400 * crate::clock::SECOND;
+pub(super) const DEFAULT_MAX_PERIOD: Nanos = 732 * 86_400 * crate::clock::SECOND;
 
 impl Default for CallerLimits {
     fn default() -> CallerLimits {

@@ -8,9 +8,10 @@
 //! copies the shared table into its memory at each [`RuntimeOverrides::sync`] (the server
 //! syncs every `--override-sync-interval`), so decisions never wait for Redis to find one.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -110,7 +111,7 @@ pub struct RuntimeOverrides {
     syncing: tokio::sync::Mutex<String>,
     /// The shared table as this replica last saw it (field -> record, local expiry), to put
     /// back should the store lose it. Changed only under `syncing`.
-    copy: std::sync::Mutex<HashMap<String, (String, Nanos)>>,
+    copy: parking_lot::Mutex<HashMap<String, (String, Nanos)>>,
     /// Overrides put back and not yet reported ([`RuntimeOverrides::take_restored`]): a
     /// sync for an admin `ListOverrides` may be the one that puts them back.
     restored: AtomicUsize,
@@ -170,7 +171,7 @@ impl RuntimeOverrides {
             held: AtomicUsize::new(0),
             shared: None,
             syncing: tokio::sync::Mutex::new(String::new()),
-            copy: std::sync::Mutex::new(HashMap::new()),
+            copy: parking_lot::Mutex::new(HashMap::new()),
             restored: AtomicUsize::new(0),
         }
     }
@@ -192,7 +193,7 @@ impl RuntimeOverrides {
             return None;
         }
         let id = name.format.override_id(canonical_id);
-        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let entries = self.entries.read();
         let found = entries.get(&name.number)?.get(id)?;
         (found.expires_at > self.clock.now()).then(|| found.clone())
     }
@@ -236,7 +237,7 @@ impl RuntimeOverrides {
             return Err(OverrideError::Full { held });
         }
         let now = self.clock.now();
-        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.write();
         let held = purge(&mut entries, now);
         let replacing = entries
             .get(&name.number)
@@ -278,7 +279,7 @@ impl RuntimeOverrides {
             }
         };
         let now = self.clock.now();
-        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.write();
         let removed = entries
             .get_mut(&name.number)
             .and_then(|ids| ids.remove(id))
@@ -297,7 +298,7 @@ impl RuntimeOverrides {
     ) -> Result<Vec<RuntimeOverride>, OverrideError> {
         self.sync(names).await?;
         let now = self.clock.now();
-        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let entries = self.entries.read();
         let mut list: Vec<RuntimeOverride> = entries
             .iter()
             .filter(|(number, _)| only.is_none_or(|o| o == **number))
@@ -364,7 +365,7 @@ impl RuntimeOverrides {
             }
         }
         drop(copy);
-        let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.write();
         *entries = applied;
         self.held.store(synced.applied, Ordering::Relaxed);
         *version = fetched;
@@ -377,8 +378,8 @@ impl RuntimeOverrides {
     }
 
     /// The shared table as this replica last saw it.
-    fn copy(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Nanos)>> {
-        self.copy.lock().unwrap_or_else(PoisonError::into_inner)
+    fn copy(&self) -> parking_lot::MutexGuard<'_, HashMap<String, (String, Nanos)>> {
+        self.copy.lock()
     }
 
     /// When the shared table is gone although this replica copied version `known` of it

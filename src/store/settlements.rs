@@ -6,10 +6,11 @@
 //! key's live holds are counted as they enter and leave `holds`, so one key's share of
 //! the table is exact.
 
+use parking_lot::Mutex;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use crate::clock::{Clock, Nanos};
 use crate::store::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
@@ -189,8 +190,8 @@ impl MemorySettlements {
         }
     }
 
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    fn ledger(&self) -> parking_lot::MutexGuard<'_, Ledger> {
+        self.ledger.lock()
     }
 
     /// Records kept now (expired ones included until the next change).

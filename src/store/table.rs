@@ -45,11 +45,11 @@ impl Slot {
 }
 
 /// The least fingerprint of a bucket: 0 and 1 mark free slots.
-pub const MIN_PRINT: u64 = 2;
+pub(super) const MIN_PRINT: u64 = 2;
 
 /// What a bucket is counted under besides the table (its limit name's share, see
 /// `memory/bucket_shares.rs`): kept per slot, read only when a bucket is dropped.
-pub type Tag = u16;
+pub(super) type Tag = u16;
 
 /// Live and removed slots at most this share of the table (in 1/1000): linear probing's
 /// probes stay short (about 3 slots to find a key, 13 to find a free slot, at 80 %).
@@ -60,7 +60,7 @@ const MIN_SLOTS: usize = 16;
 
 /// TATs by fingerprint. See the module docs.
 #[derive(Default)]
-pub struct TatTable {
+pub(super) struct TatTable {
     slots: Vec<Slot>,
     /// Each slot's [`Tag`] (meaningful for buckets only).
     tags: Vec<Tag>,
@@ -78,7 +78,7 @@ enum Probe {
 
 impl TatTable {
     /// A table sized for `n` buckets (55 % of its slots; it rebuilds at 80 %).
-    pub fn with_capacity(n: usize) -> TatTable {
+    pub(super) fn with_capacity(n: usize) -> TatTable {
         let mut table = TatTable::default();
         if n > 0 {
             table.slots = vec![Slot::EMPTY; slots_for(n)];
@@ -89,13 +89,13 @@ impl TatTable {
 
     /// Buckets held.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.live
     }
 
     /// Slots allocated, 16 bytes each.
     #[cfg(test)]
-    pub fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.slots.len()
     }
 
@@ -129,7 +129,7 @@ impl TatTable {
     }
 
     /// The TAT of `print`.
-    pub fn get(&self, print: u64) -> Option<Nanos> {
+    pub(super) fn get(&self, print: u64) -> Option<Nanos> {
         match self.probe(print) {
             Probe::Found(i) => Some(self.slots[i].tat),
             Probe::Absent(_) => None,
@@ -137,7 +137,7 @@ impl TatTable {
     }
 
     /// The TAT of `print`, to change in place.
-    pub fn get_mut(&mut self, print: u64) -> Option<&mut Nanos> {
+    pub(super) fn get_mut(&mut self, print: u64) -> Option<&mut Nanos> {
         match self.probe(print) {
             Probe::Found(i) => Some(&mut self.slots[i].tat),
             Probe::Absent(_) => None,
@@ -146,7 +146,7 @@ impl TatTable {
 
     /// Sets the TAT of `print`, adding the bucket under `tag` if it is not held (a held
     /// bucket keeps its tag); true if it was added.
-    pub fn insert(&mut self, print: u64, tat: Nanos, tag: Tag) -> bool {
+    pub(super) fn insert(&mut self, print: u64, tat: Nanos, tag: Tag) -> bool {
         let at = match self.probe(print) {
             Probe::Found(i) => {
                 self.slots[i].tat = tat;
@@ -188,7 +188,7 @@ impl TatTable {
     }
 
     /// Every bucket held: fingerprint, TAT and tag.
-    pub fn entries(&self) -> impl Iterator<Item = (u64, Nanos, Tag)> + '_ {
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u64, Nanos, Tag)> + '_ {
         self.slots
             .iter()
             .zip(&self.tags)
@@ -197,7 +197,7 @@ impl TatTable {
     }
 
     /// Removes `print`; returns its TAT and tag if it was held.
-    pub fn remove(&mut self, print: u64) -> Option<(Nanos, Tag)> {
+    pub(super) fn remove(&mut self, print: u64) -> Option<(Nanos, Tag)> {
         match self.probe(print) {
             Probe::Found(i) => {
                 let tat = self.slots[i].tat;
@@ -213,7 +213,7 @@ impl TatTable {
     /// Drops every bucket whose TAT is at or before `now` (a full bucket), telling
     /// `dropped_tag` each one's tag; returns how many. Rebuilds when tombstones take more
     /// than an eighth of the slots or the table is under a quarter full.
-    pub fn sweep(&mut self, now: Nanos, mut dropped_tag: impl FnMut(Tag)) -> usize {
+    pub(super) fn sweep(&mut self, now: Nanos, mut dropped_tag: impl FnMut(Tag)) -> usize {
         let mut dropped = 0;
         for (slot, &tag) in self.slots.iter_mut().zip(&self.tags) {
             if slot.is_bucket() && slot.tat <= now {

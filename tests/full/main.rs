@@ -3,6 +3,8 @@
 //! skips, when what it needs is missing (`scripts/test.sh` installs it all). The fast tier,
 //! `tests/it/`, holds the rest, and the harness both use (`common`).
 
+// A test binary has no API: `pub` here only shares helpers between its modules.
+#![allow(unreachable_pub)]
 // A test bounds its own waits in real time: `.clippy.toml` keeps the OS clock out of the
 // crate, not out of its tests.
 #![allow(clippy::disallowed_methods)]

@@ -4,6 +4,8 @@
 //! need redis-server, Valkey, Envoy, Helm, Prometheus, grpcurl, Python or redis-cell are the
 //! full tier, `tests/full/` (`scripts/test.sh` runs both). `common` is their harness.
 
+// A test binary has no API: `pub` here only shares helpers between its modules.
+#![allow(unreachable_pub)]
 // A test bounds its own waits in real time: `.clippy.toml` keeps the OS clock out of the
 // crate, not out of its tests.
 #![allow(clippy::disallowed_methods)]

@@ -38,13 +38,13 @@ thread_local! {
 }
 
 /// `cellrate_decisions_total{api, limit, result}`.
-pub struct DecisionCounters {
+pub(super) struct DecisionCounters {
     vec: IntCounterVec,
     serial: u64,
 }
 
 impl DecisionCounters {
-    pub fn new(vec: IntCounterVec) -> DecisionCounters {
+    pub(super) fn new(vec: IntCounterVec) -> DecisionCounters {
         DecisionCounters {
             vec,
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
@@ -52,12 +52,12 @@ impl DecisionCounters {
     }
 
     /// The series of `labels`, looked up.
-    pub fn series(&self, labels: &[&str; 3]) -> IntCounter {
+    pub(super) fn series(&self, labels: &[&str; 3]) -> IntCounter {
         self.vec.with_label_values(labels)
     }
 
     /// Counts one decision of `name`.
-    pub fn inc(&self, api: &'static str, name: &Arc<str>, result: &'static str) {
+    pub(super) fn inc(&self, api: &'static str, name: &Arc<str>, result: &'static str) {
         LOCAL.with(|local| {
             let mut local = local.borrow_mut();
             let same = |k: &&Kept| {

@@ -4,9 +4,9 @@
 use prometheus::proto::{LabelPair, MetricFamily};
 
 /// The most labels.
-pub const MAX_LABELS: usize = 16;
+pub(super) const MAX_LABELS: usize = 16;
 /// The longest label value, in bytes.
-pub const MAX_VALUE_BYTES: usize = 256;
+pub(super) const MAX_VALUE_BYTES: usize = 256;
 
 /// Labels added to every series, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

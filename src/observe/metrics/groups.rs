@@ -48,11 +48,11 @@ pub struct StoreMetrics {
 }
 
 /// What happened to leases: the label values of `cellrate_leases_total`.
-pub const LEASE_EVENTS: [&str; 4] = ["acquired", "released", "expired", "refused"];
+pub(super) const LEASE_EVENTS: [&str; 4] = ["acquired", "released", "expired", "refused"];
 
 /// Which bound left no room for a new bucket: the label values of
 /// `cellrate_buckets_refused_total`, in the order of `store::memory::Full`.
-pub const BUCKET_BOUNDS: [&str; 3] = ["table", "name", "caller_given"];
+pub(super) const BUCKET_BOUNDS: [&str; 3] = ["table", "name", "caller_given"];
 
 /// Why a snapshot file was not used at start: the label values of
 /// `cellrate_snapshot_ignored_total`.

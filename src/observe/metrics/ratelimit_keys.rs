@@ -9,9 +9,10 @@
 //! are at most [`MAX_KEYS`] and [`MAX_KEYS_BYTES`] bytes; beyond them, hits count under
 //! `key="overflow"`.
 
+use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus::IntCounter;
 
@@ -28,7 +29,7 @@ pub const MAX_KEY_BYTES: usize = 256;
 pub const MAX_KEYS_BYTES: usize = 1 << 20;
 
 /// The key every hit counts under once the key space is full.
-pub const OVERFLOW: &str = "overflow";
+pub(super) const OVERFLOW: &str = "overflow";
 
 /// The series a key's statistics also count in under a statsd mapping
 /// ([`super::statsd_mapping`]), by stat in [`super::RATELIMIT_STATS`]' order; `None`
@@ -50,10 +51,7 @@ impl KeySpace {
         key: &str,
         map: impl FnOnce(&str) -> MappedSeries,
     ) -> Option<MappedSeries> {
-        let mut guard = self
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut guard = self.keys.lock();
         let (keys, bytes) = &mut *guard;
         if let Some(mapped) = keys.get(key) {
             return Some(mapped.clone());
@@ -72,7 +70,7 @@ impl KeySpace {
 /// longer than [`MAX_KEY_BYTES`] cut at a character boundary and ended with `~` and 16 hex
 /// digits of the whole key's SHA-256 (two long keys that share a beginning stay apart).
 /// Unchanged, and not copied, when it is short and printable.
-pub fn shown(key: &str) -> Cow<'_, str> {
+pub(super) fn shown(key: &str) -> Cow<'_, str> {
     let printable = crate::text::printable(key);
     if printable.len() <= MAX_KEY_BYTES {
         return printable;

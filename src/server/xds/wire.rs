@@ -30,7 +30,7 @@ pub const MAX_ELEMENTS: usize = MAX_DESCRIPTORS;
 
 /// `envoy.service.discovery.v3.DiscoveryResponse`, with the fields read here.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Response {
+pub(super) struct Response {
     #[prost(string, tag = "1")]
     pub version_info: String,
     #[prost(message, repeated, tag = "2")]
@@ -52,7 +52,7 @@ struct Envelope {
 
 /// A response as received.
 #[derive(Debug)]
-pub enum Received {
+pub(super) enum Received {
     /// Within the bounds, decoded.
     Response(Response),
     /// Beyond a bound or malformed inside a resource: not decoded; to be NACKed.
@@ -200,10 +200,10 @@ fn receive(bytes: &[u8]) -> Result<Received, Status> {
 
 /// The ADS stream's codec: requests encoded with prost, responses checked then decoded.
 #[derive(Default)]
-pub struct XdsCodec;
+pub(super) struct XdsCodec;
 
-pub struct RequestEncoder;
-pub struct ResponseDecoder;
+pub(super) struct RequestEncoder;
+pub(super) struct ResponseDecoder;
 
 impl Codec for XdsCodec {
     type Encode = DiscoveryRequest;

@@ -66,7 +66,7 @@ impl From<RateLimitResponse> for Answer {
 }
 
 /// Writes `answer` as the `RateLimitResponse` it stands for, fields in order.
-pub fn encode(answer: Answer, dst: &mut impl BufMut) {
+pub(super) fn encode(answer: Answer, dst: &mut impl BufMut) {
     let Answer {
         mut response,
         metadata,

@@ -17,7 +17,7 @@ use crate::service::Decider;
 use crate::store::InFlightName;
 
 /// The name under which leases of caller-given (inline) concurrency limits are listed.
-pub const INLINE: &str = "(inline)";
+pub(super) const INLINE: &str = "(inline)";
 
 /// Answers a `Top` request with `in_flight` set: `limit` ids per name (1 to 32, 0 means
 /// 10, as for denials), of `name` only if not empty.

@@ -30,9 +30,10 @@ mod stream;
 
 use stream::{push, serve_stream, Budget};
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
@@ -196,11 +197,7 @@ async fn share_demand(shared: Arc<Shared>, demand: Arc<dyn SharedDemand>) {
             _ = tick.tick() => {}
             _ = shared.stop.cancelled() => return,
         }
-        let mine = shared
-            .book
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .aggregates();
+        let mine = shared.book.lock().aggregates();
         let remote = match demand.exchange(&mine).await {
             Ok(theirs) => {
                 if failing {
@@ -222,12 +219,7 @@ async fn share_demand(shared: Arc<Shared>, demand: Arc<dyn SharedDemand>) {
                 None
             }
         };
-        let pushes = shared
-            .book
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_remote(remote)
-            .0;
+        let pushes = shared.book.lock().set_remote(remote).0;
         push(&shared, pushes);
     }
 }
@@ -260,7 +252,6 @@ impl RateLimitQuotaService for RlqsService {
         self.shared
             .senders
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .insert(id, (tx.clone(), undelivered.clone()));
         self.shared.metrics.rlqs.streams.inc();
         tokio::spawn(serve_stream(
@@ -347,11 +338,7 @@ mod tests {
         let (tx, _rx) = mpsc::channel(1);
         tx.try_send(Ok(RateLimitQuotaResponse::default())).unwrap();
         let undelivered = CancellationToken::new();
-        shared
-            .senders
-            .lock()
-            .unwrap()
-            .insert(7, (tx, undelivered.clone()));
+        shared.senders.lock().insert(7, (tx, undelivered.clone()));
         let share = Strategy::TokenBucket {
             max_tokens: 5,
             tokens_per_fill: 50,
@@ -365,7 +352,7 @@ mod tests {
         // A stream with room gets the push, rebuilt into its bucket id.
         let (tx, mut rx) = mpsc::channel(1);
         let open = CancellationToken::new();
-        shared.senders.lock().unwrap().insert(8, (tx, open.clone()));
+        shared.senders.lock().insert(8, (tx, open.clone()));
         push(shared, vec![(8, Arc::from("name\u{0}api\u{0}"), share)]);
         assert!(!open.is_cancelled());
         let pushed = rx.try_recv().unwrap().unwrap();

@@ -3,7 +3,7 @@
 //! that hold them.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
@@ -84,30 +84,18 @@ pub(super) async fn serve_stream(
         // The work done is paid for before the next message is read.
         let now = Instant::now();
         let own = budget.spend(work, now);
-        let all = shared
-            .work
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .spend(work, now);
+        let all = shared.work.lock().spend(work, now);
         if let Some(wait) = own.max(all) {
             tokio::time::sleep(wait).await;
         }
     }
-    shared
-        .senders
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&id);
+    shared.senders.lock().remove(&id);
     let (pushes, work, tracked) = {
-        let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut book = shared.book.lock();
         let (pushes, work) = book.end_stream(id, shared.book_now());
         (pushes, work, (book.tracked(), book.bytes()))
     };
-    let _ = shared
-        .work
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .spend(work as u64, Instant::now());
+    let _ = shared.work.lock().spend(work as u64, Instant::now());
     push(&shared, pushes);
     shared.metrics.rlqs.buckets.set(tracked.0 as i64);
     shared.metrics.rlqs.bucket_bytes.set(tracked.1 as i64);
@@ -201,7 +189,7 @@ pub(super) fn answer(
     let mut pushes = Vec::new();
     let mut work = usages.len() as u64;
     {
-        let mut book = shared.book.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut book = shared.book.lock();
         for usage in &usages {
             let (resolution, names) = resolve(&shared.decider, &table, domain, &usage.entries);
             for name in names {
@@ -250,10 +238,7 @@ pub(super) fn push(shared: &Shared, pushes: Vec<(u64, Arc<str>, Strategy)>) {
             by_stream.entry(stream).or_default().push(action);
         }
     }
-    let senders = shared
-        .senders
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let senders = shared.senders.lock();
     for (stream, actions) in by_stream {
         if let Some((tx, undelivered)) = senders.get(&stream) {
             let answer = Ok(RateLimitQuotaResponse {

@@ -9,7 +9,8 @@
 //! restarted memcached is reached again without anything to do). An idle connection the
 //! server closed is seen before it is reused.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -24,7 +25,7 @@ pub const MAX_OPEN: usize = 128;
 /// What one server is asked in one call, on one connection: counters to read, to add to
 /// (created with their expiry when missing), to take from (never below 0), and to delete.
 #[derive(Debug, Default)]
-pub struct Plan<'k> {
+pub(super) struct Plan<'k> {
     pub reads: Vec<&'k str>,
     /// Key, amount, expiry in seconds (memcached's exptime) if created.
     pub adds: Vec<(&'k str, u64, u64)>,
@@ -34,7 +35,7 @@ pub struct Plan<'k> {
 
 /// What the call got, in the plan's order.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Got {
+pub(super) struct Got {
     pub reads: Vec<Option<u64>>,
     /// Each counter after the addition.
     pub adds: Vec<u64>,
@@ -55,7 +56,7 @@ struct Server {
 }
 
 /// The servers and their pools.
-pub struct Client {
+pub(super) struct Client {
     servers: Vec<Server>,
     timeout: Duration,
     max_idle: usize,
@@ -63,7 +64,7 @@ pub struct Client {
 
 impl Client {
     /// A client of `servers` (`host:port`, in order); nothing is connected yet.
-    pub fn new(servers: &[String], timeout: Duration, max_idle: usize) -> Client {
+    pub(super) fn new(servers: &[String], timeout: Duration, max_idle: usize) -> Client {
         Client {
             servers: servers
                 .iter()
@@ -80,7 +81,7 @@ impl Client {
 
     /// The server `key` lives on: gomemcache's choice (CRC-32/IEEE of the key, modulo the
     /// number of servers).
-    pub fn server_of(&self, key: &str) -> usize {
+    pub(super) fn server_of(&self, key: &str) -> usize {
         const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
         match self.servers.len() {
             0 | 1 => 0,
@@ -89,7 +90,7 @@ impl Client {
     }
 
     /// Runs `plan` on server `s` within the deadline.
-    pub async fn run(
+    pub(super) async fn run(
         &self,
         s: usize,
         op: &'static str,
@@ -116,7 +117,7 @@ impl Client {
     /// An idle connection that is still usable, else a new one (waiting for room).
     async fn checkout(&self, server: &Server) -> Result<Pooled, StoreError> {
         loop {
-            let idle = server.idle.lock().map(|mut i| i.pop()).unwrap_or(None);
+            let idle = server.idle.lock().pop();
             match idle {
                 Some(pooled) if pooled.conn.is_usable() => return Ok(pooled),
                 Some(_) => continue,
@@ -140,10 +141,9 @@ impl Client {
     }
 
     fn checkin(&self, server: &Server, pooled: Pooled) {
-        if let Ok(mut idle) = server.idle.lock() {
-            if idle.len() < self.max_idle {
-                idle.push(pooled);
-            }
+        let mut idle = server.idle.lock();
+        if idle.len() < self.max_idle {
+            idle.push(pooled);
         }
     }
 }

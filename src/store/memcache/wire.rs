@@ -16,7 +16,7 @@ pub const MAX_VALUE: usize = 32;
 
 /// Why a call on a connection failed.
 #[derive(Debug, thiserror::Error)]
-pub enum WireError {
+pub(super) enum WireError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     /// The server closed the connection.
@@ -32,7 +32,7 @@ pub enum WireError {
 
 /// What one `incr`, `decr` or `add` got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
+pub(super) enum Reply {
     /// `incr` / `decr`: the counter's new value.
     Value(u64),
     /// `incr` / `decr` / `delete` of a key that is not there.
@@ -44,13 +44,13 @@ pub enum Reply {
 }
 
 /// One connection: the stream and what was read past the last reply line.
-pub struct Conn {
+pub(super) struct Conn {
     stream: TcpStream,
     buffer: Vec<u8>,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream) -> Conn {
+    pub(super) fn new(stream: TcpStream) -> Conn {
         Conn {
             stream,
             buffer: Vec::with_capacity(MAX_LINE),
@@ -59,7 +59,7 @@ impl Conn {
 
     /// Whether the connection may still be used: the server has not closed it and sent
     /// nothing unasked (checked without waiting before an idle connection is reused).
-    pub fn is_usable(&self) -> bool {
+    pub(super) fn is_usable(&self) -> bool {
         let mut probe = [0u8; 1];
         matches!(
             self.stream.try_read(&mut probe),
@@ -68,7 +68,7 @@ impl Conn {
     }
 
     /// Sends `commands` (already encoded) in one write.
-    pub async fn send(&mut self, commands: &[u8]) -> Result<(), WireError> {
+    pub(super) async fn send(&mut self, commands: &[u8]) -> Result<(), WireError> {
         self.stream.write_all(commands).await?;
         Ok(())
     }
@@ -117,7 +117,7 @@ impl Conn {
 
     /// Reads the reply of a `get` of `keys`: each key's counter, `None` when it is not
     /// there.
-    pub async fn values(&mut self, keys: &[&str]) -> Result<Vec<Option<u64>>, WireError> {
+    pub(super) async fn values(&mut self, keys: &[&str]) -> Result<Vec<Option<u64>>, WireError> {
         let mut found: Vec<Option<u64>> = vec![None; keys.len()];
         let mut seen = vec![false; keys.len()];
         loop {
@@ -150,7 +150,7 @@ impl Conn {
     }
 
     /// Reads the reply of one `incr`, `decr`, `add` or `delete`.
-    pub async fn reply(&mut self) -> Result<Reply, WireError> {
+    pub(super) async fn reply(&mut self) -> Result<Reply, WireError> {
         let line = self.line().await?;
         match &line[..] {
             b"NOT_FOUND" => Ok(Reply::NotFound),
@@ -185,7 +185,7 @@ fn error_or_malformed(line: &str) -> WireError {
 }
 
 /// `get k1 k2 ...`.
-pub fn get(keys: &[&str]) -> Vec<u8> {
+pub(super) fn get(keys: &[&str]) -> Vec<u8> {
     let mut out = b"get".to_vec();
     for key in keys {
         out.push(b' ');
@@ -196,12 +196,12 @@ pub fn get(keys: &[&str]) -> Vec<u8> {
 }
 
 /// `incr <key> <n>` or `decr <key> <n>`.
-pub fn arithmetic(out: &mut Vec<u8>, verb: &str, key: &str, n: u64) {
+pub(super) fn arithmetic(out: &mut Vec<u8>, verb: &str, key: &str, n: u64) {
     out.extend_from_slice(format!("{verb} {key} {n}\r\n").as_bytes());
 }
 
 /// `add <key> 0 <exptime> <bytes>` and the value.
-pub fn add(out: &mut Vec<u8>, key: &str, value: u64, exptime: u64) {
+pub(super) fn add(out: &mut Vec<u8>, key: &str, value: u64, exptime: u64) {
     let value = value.to_string();
     out.extend_from_slice(
         format!("add {key} 0 {exptime} {}\r\n{value}\r\n", value.len()).as_bytes(),
@@ -209,6 +209,6 @@ pub fn add(out: &mut Vec<u8>, key: &str, value: u64, exptime: u64) {
 }
 
 /// `delete <key>`.
-pub fn delete(out: &mut Vec<u8>, key: &str) {
+pub(super) fn delete(out: &mut Vec<u8>, key: &str) {
     out.extend_from_slice(format!("delete {key}\r\n").as_bytes());
 }

@@ -3,9 +3,10 @@
 //! (`--lease-name-share`), each counted exactly (expired leases until dropped). A key keeps
 //! its name's count ([`Share`]), so only a key's first lease looks the name up.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use super::MemoryStore;
 
@@ -38,18 +39,18 @@ impl NameShares {
 
     /// The count of name `number`'s leases.
     pub(super) fn of(&self, number: u32) -> Share {
-        let read = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        let read = self.held.read();
         if let Some(share) = read.get(&number) {
             return share.clone();
         }
         drop(read);
-        let mut write = self.held.write().unwrap_or_else(PoisonError::into_inner);
+        let mut write = self.held.write();
         write.entry(number).or_default().clone()
     }
 
     /// Leases a name holds now (tests and `Top`), expired ones until dropped.
     pub(super) fn held(&self, number: u32) -> usize {
-        let read = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        let read = self.held.read();
         read.get(&number).map_or(0, |s| s.load(Ordering::Acquire))
     }
 }

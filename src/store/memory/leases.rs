@@ -13,12 +13,12 @@
 //! [`lease::refused`], nothing written; counted as `refused`): never an error, which
 //! Envoy's `failure_mode_deny: false` would let through. Leases held are never pushed out.
 
+use parking_lot::MutexGuard;
 use std::cmp::Reverse;
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 use super::lease_shares::Share;
 use super::{Fingerprint, MemoryStore, Space, Tables};

@@ -30,10 +30,11 @@
 //! **Snapshots** (`snapshot.rs`): the live buckets written to a file and read back at the
 //! next start, so that a restart does not hand every client a full burst.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, BatchItem, Decision};
@@ -240,10 +241,7 @@ impl MemoryStore {
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Tables> {
         // A panic while holding a shard cannot leave a TAT half-written: keep going.
-        self.shards[shard]
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard].0.lock()
     }
 
     /// Locks the shards of `keys` in ascending order; returns each key's shard position

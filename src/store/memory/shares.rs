@@ -13,8 +13,8 @@
 //! of caller-given limits (0, bounded by their own share) and of envoyproxy/ratelimit-
 //! format limits (99, every such limit under one number) have no name share.
 
+use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::MutexGuard;
 
 use super::{Fingerprint, MemoryStore, Space, Tables};
 use crate::clock::Nanos;

@@ -52,7 +52,7 @@ use crate::store::table::Tag;
 
 const MAGIC: &[u8; 8] = b"cellrate";
 /// The format's version; a file of another (but 1, [`UNTAGGED`]) is ignored.
-pub const VERSION: u32 = 2;
+pub(super) const VERSION: u32 = 2;
 /// The format before buckets carried their tag: 16-byte entries.
 const UNTAGGED: u32 = 1;
 const HEADER: u64 = 8 + 4 + 4 + 16 + 8 + 16;
@@ -66,7 +66,7 @@ const BUFFER: usize = 1 << 20;
 /// (20 years). A charge in debt puts a TAT at most two burst offsets ahead, a calendar
 /// window's value at most its end (a year) plus twice its count in nanoseconds (104 days):
 /// nothing an accepted limit wrote lies further.
-pub const HORIZON: Nanos = 2 * MAX_BURST_OFFSET;
+pub(super) const HORIZON: Nanos = 2 * MAX_BURST_OFFSET;
 const CRC: crc::Crc<u64, crc::Table<16>> = crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
 
 /// A snapshot written.
@@ -258,7 +258,7 @@ impl MemoryStore {
             let kept = count.min(self.bound[space as usize] as u64);
             let each = (kept / shards + kept / shards / 8 + 16) as usize;
             for shard in self.shards.iter_mut() {
-                let tables = shard.0.get_mut().unwrap_or_else(|p| p.into_inner());
+                let tables = shard.0.get_mut();
                 *tables.table(space) = crate::store::table::TatTable::with_capacity(each);
             }
         }
@@ -287,7 +287,6 @@ impl MemoryStore {
                     let added = self.shards[shard]
                         .0
                         .get_mut()
-                        .unwrap_or_else(|p| p.into_inner())
                         .table(space)
                         .insert(print, tat, tag);
                     if added {
@@ -388,6 +387,7 @@ fn trusted(_: &Metadata) -> Result<(), Ignored> {
 }
 
 #[cfg(unix)]
+#[allow(unsafe_code)]
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
     unsafe { libc::geteuid() }

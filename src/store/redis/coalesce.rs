@@ -15,8 +15,9 @@
 //! it waited is never sent. The calls are bounded (items, bytes), and so is each lane's
 //! queue: beyond it a request fails at once and the failure policy answers.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -50,9 +51,7 @@ impl Lanes {
     }
 
     fn lock(&self, slot: usize) -> MutexGuard<'_, Lane> {
-        self.0[slot % self.0.len()]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.0[slot % self.0.len()].lock()
     }
 }
 

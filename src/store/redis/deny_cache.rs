@@ -18,7 +18,7 @@ use crate::store::{Outcome, StoreEvent, StoreItem};
 /// reports are computed at the estimated time, so they may differ from Redis's by the
 /// round-trip time.
 pub(super) struct DenyCache {
-    pub(super) entries: std::sync::Mutex<DenyEntries>,
+    pub(super) entries: parking_lot::Mutex<DenyEntries>,
     pub(super) capacity: usize,
 }
 
@@ -78,10 +78,8 @@ pub(super) struct DenyEntry {
 }
 
 impl DenyCache {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, DenyEntries> {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, DenyEntries> {
+        self.entries.lock()
     }
 }
 

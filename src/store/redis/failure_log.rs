@@ -4,7 +4,7 @@
 //! the store's address (never its password) and the flag that governs that kind; at start,
 //! one line says whether the store answered.
 
-use std::sync::{Mutex, PoisonError};
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -147,9 +147,7 @@ impl FailureLog {
     /// Whether a line of `topic` may be written at `now`, and if so how many were left out
     /// since the last.
     fn admit(&self, topic: usize, now: Instant) -> Option<u64> {
-        let mut window = self.windows[topic]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut window = self.windows[topic].lock();
         if window
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < LINE_INTERVAL)

@@ -10,8 +10,9 @@
 //! meanwhile fail within their deadline and the failure policy answers them, as during any
 //! Redis outage.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -174,7 +175,7 @@ impl SentinelLink {
     /// Starts a lookup in a task of its own, unless one runs or one ran just now.
     fn look_up(self: &Arc<Self>) {
         {
-            let mut last = self.last_lookup.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.last_lookup.lock();
             if last.is_some_and(|at| at.elapsed() < LOOKUP_INTERVAL) {
                 return;
             }

@@ -46,7 +46,7 @@ pub struct RedisStore {
     /// Recent denials, by Redis key (see [`DenyCache`]).
     pub(super) deny_cache: Option<DenyCache>,
     /// Data errors already logged, so that a bad bucket logs once, not per request.
-    pub(super) data_errors_logged: std::sync::Mutex<std::collections::HashSet<String>>,
+    pub(super) data_errors_logged: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Spend calls in flight and the batches waiting for the next (see [`super::coalesce`]).
     pub(super) lanes: Lanes,
     /// This store, for the tasks that send waiting batches.
@@ -91,7 +91,7 @@ impl RedisStore {
             used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
-                entries: std::sync::Mutex::new(DenyEntries::default()),
+                entries: parking_lot::Mutex::new(DenyEntries::default()),
                 capacity: deny_cache,
             }),
         }))
@@ -349,10 +349,7 @@ impl RedisStore {
 
     /// Logs a data error the first time its message is seen (a bounded set of them).
     pub(super) fn log_data_error_once(&self, message: &str) {
-        let mut seen = self
-            .data_errors_logged
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = self.data_errors_logged.lock();
         if seen.len() < 1024 && seen.insert(message.to_string()) {
             tracing::error!(
                 error = message,
