@@ -8,76 +8,182 @@
 //! # Layout
 //!
 //! This map is the one description of the code's shape (README and `docs/architecture.md`
-//! link here). Imports point down the floors, never up; `tests/it/structure.rs` checks it
-//! (and that no file is over 600 lines before its tests, no function over 100):
+//! link here): every file, by room, the rooms from the top floor down. Imports point down
+//! the floors, never up; `tests/it/structure.rs` checks it, that this map names every file
+//! and no other (and that no file is over 600 lines before its tests, no function over 100):
 //!
 //! ```text
-//! main.rs        parse flags, init tracing, dispatch to server / cli          (top)
-//! cli/           the command line: args.rs (clap flags with env fallbacks; no logic;
-//!                shares.rs: the shared tables' per-tenant shares;
-//!                flag_values.rs checks the values clap cannot),
-//!                client/ (check, refund, admin ...: transport, decide, admin,
-//!                overrides, render), simulate.rs (a scripted timeline on a fake clock)
-//! server/        the process, the composition root: mod.rs (run, serve, drain),
-//!                settings.rs, store.rs (the store --store names), grpc.rs (the two
-//!                gRPC stacks), tasks.rs (sweeper, override copy, RESP accept loop),
-//!                listener.rs (every listener's bounds and timeouts; the HTTP/1
-//!                server), connection_age.rs (GOAWAY at a jittered age),
-//!                unix_socket.rs (--grpc-uds: the socket file), uds_authority.rs and
-//!                hpack.rs (a socket path as `:authority` read as localhost), tls.rs (handshakes,
-//!                certificates re-read when their files change), rpc_metrics.rs and
-//!                shortcut.rs (tower layers), admin.rs (bearer token, TLS), reload.rs
-//!                (watch, debounce, swap), xds/ (the ADS client that feeds it; wire.rs
-//!                bounds updates before decoding),
-//!                http.rs (/metrics, /healthz, /readyz), shutdown.rs (SIGINT | SIGTERM)
-//! service/       the APIs over one Decider: request.rs (items, options, answers),
-//! resp/          decider.rs (one store call per batch), resolve.rs (names, ids,
-//!                caller limits, rules, costs), native/ (cellrate.v1: the services,
-//!                convert.rs, settle.rs: Checks kept for Settle, facts.rs: what one
-//!                spent, holds.rs: reservation policies at Check, release.rs: holds
-//!                not settled in time, in_flight.rs: Top of leases held, wire.rs: Check
-//!                served by unary.rs, the other methods by tonic), envoy/ (RLS
-//!                v3: decide, respond, reserve.rs: reservations held and settled by the
-//!                native Settler, wire.rs: the RPC served, its metadata encoded
-//!                once, values.rs: a client's bytes made decidable, refusal.rs: what
-//!                cannot be decided as it came, by the invalid_id policy), headers/ (the rate-limit headers both
-//!                answer: styles, openai.rs, trio.rs: descriptor statuses and
-//!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
-//!                overrides.rs (temporary overrides), token.rs, trace.rs, unary.rs (a
-//!                unary call served by hand, for ShouldRateLimit and Check);
-//!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
-//!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,
-//!                gcra.rs: Redis 8.8's GCRA command)
-//! store/         Store trait, StoreError, StoreObserver; memory/ over table.rs
-//!                (sharded, all-or-nothing; leases.rs: concurrency limits' leases,
-//!                lease_shares.rs: their bounds in all and per name, shares.rs: the
-//!                buckets' bounds per name and the denial when full, snapshot.rs),
-//!                measured.rs (timing; the observer for
-//!                Metrics), shared.rs (ports the services use: shared overrides, RLQS
-//!                demand, settlements; settlements.rs keeps them in memory), redis/
-//!                (script calls, cluster, breaker, deny cache, failure policy and
-//!                failure log, coalescing, leases.rs: leases as the script reads them,
-//!                shared tables), memcache/ (envoyproxy/ratelimit's fixed windows in
-//!                memcached: store.rs, client.rs, wire.rs)
-//! limits/        pure configuration: names.rs (names, bucket keys), ids.rs (id formats,
-//!                canonical ids), config/ (YAML -> validated, immutable LimitTable:
-//!                build, files, raw, reservation), descriptors.rs (Envoy descriptors -> names and
-//!                ids), ratelimit_format/ (envoyproxy/ratelimit's files and xDS resources:
-//!                read, xds, matching),
-//!                duration.rs, hash.rs
-//! observe/       leaves: metrics/ (Prometheus series only), health.rs (/healthz,
-//!                /readyz state), top.rs (who is being limited)
-//! gcra/          pure arithmetic: Limit (GCRA, a calendar window or a concurrency
-//!                limit), spend, charge (debt), refund; batch.rs: batches (all or
-//!                nothing), strictest; calendar.rs: windows; lease.rs: acquire,
-//!                release                                                  (core)
-//! clock.rs       Nanos, Clock (wall and monotonic), SystemClock, FakeClock (the only
-//!                OS clock read: .clippy.toml bans it elsewhere); the UTC calendar's
-//!                window boundaries (CalendarPeriod); clock/zoned.rs: days, ISO weeks,
-//!                months, years in an IANA zone, from an anchor day
-//! text.rs        caller text cut for logs and errors, an error's causes      (core)
-//! fuzzing/       fuzz harnesses for fuzz/ and the tests (feature `fuzzing`); seeds.rs:
-//!                their starting inputs, built from the examples
+//! main.rs                          the binary: flags parsed, tracing started, a command run  (top)
+//!
+//! cli/                             the command line
+//! cli/mod.rs                       the commands and their flags, each with an environment fallback
+//! cli/args.rs                      clap flags with env fallbacks; no logic
+//! cli/bucket_args.rs               serve: the memory store's bucket table shares
+//! cli/envoy_args.rs                serve: Envoy's ShouldRateLimit answers
+//! cli/flag_values.rs               the checks of flag values clap cannot parse
+//! cli/memcache_args.rs             serve: --store memcache
+//! cli/redis_args.rs                serve: Redis standalone, Sentinel, Cluster
+//! cli/xds_args.rs                  serve: limits from an xDS control plane
+//! cli/shares.rs                    serve: the shared tables' per-tenant shares
+//! cli/serve.rs                     serve's flags turned into the server's settings
+//! cli/ratelimit_env.rs             `cellrate ratelimit`: envoyproxy/ratelimit's environment
+//! cli/ratelimit_behaviour.rs       its behaviour and statistics variables translated
+//! cli/ratelimit_memcache.rs        its BACKEND_TYPE=memcache and MEMCACHE_* variables
+//! cli/ratelimit_warned.rs          its variables accepted with a warning
+//! cli/simulate.rs                  `cellrate simulate`: a scripted timeline on a fake clock
+//! cli/client/mod.rs                the client commands: check, refund, admin ...
+//! cli/client/transport.rs          reaching the server: channel, TLS, deadline
+//! cli/client/decide.rs             check and refund
+//! cli/client/admin.rs              admin inspect, reset, top
+//! cli/client/overrides.rs          admin override set, clear, list
+//! cli/client/render.rs             answers as aligned tables or JSON
+//!
+//! server/                          the process, the composition root
+//! server/mod.rs                    run, serve, drain: the store, decider and reloader assembled
+//! server/settings.rs               the server's settings and their defaults
+//! server/store.rs                  the store --store names
+//! server/grpc.rs                   the two gRPC stacks
+//! server/shortcut.rs               the decision RPCs' way past tonic's router
+//! server/rpc_metrics.rs            every gRPC request timed and counted (a tower layer)
+//! server/in_flight.rs              the bound on requests in flight, in all and per address
+//! server/per_address.rs            connections counted per client address
+//! server/listener.rs               every listener's bounds and timeouts; the HTTP/1 server
+//! server/connection_age.rs         GOAWAY at a jittered age
+//! server/unix_socket.rs            --grpc-uds: the socket file
+//! server/uds_authority.rs          a socket path as :authority read as localhost
+//! server/hpack.rs                  HPACK decoding, as uds_authority.rs needs it
+//! server/tls.rs                    handshakes; certificates re-read when their files change
+//! server/admin.rs                  the admin API's bearer token and TLS
+//! server/reload.rs                 the limits directory watched, debounced, swapped
+//! server/xds/mod.rs                the ADS client that feeds reloads
+//! server/xds/wire.rs               xDS updates bounded before they are decoded
+//! server/http.rs                   /metrics, /healthz, /readyz
+//! server/tasks.rs                  background tasks: sweeper, override copy, RESP accept loop
+//! server/shutdown.rs               SIGINT or SIGTERM, as a future
+//!
+//! service/                         the APIs over one Decider
+//! service/mod.rs                   requests in domain terms -> one store batch -> decisions
+//! service/request.rs               items, options, answers, whichever API they came through
+//! service/decider.rs               the Decider: one store call per batch
+//! service/resolve.rs               names, ids, caller limits, rules, costs -> buckets
+//! service/caller_limits.rs         bounds on caller-given limits
+//! service/errors.rs                why a request was not decided, mapped to gRPC statuses
+//! service/overrides.rs             temporary overrides
+//! service/token.rs                 secrets callers present (admin token, RESP AUTH)
+//! service/trace.rs                 W3C trace context into the logs
+//! service/unary.rs                 a unary gRPC call served by hand (ShouldRateLimit, Check)
+//! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
+//! service/native/wire.rs           Check served by unary.rs, the other methods by tonic
+//! service/native/convert.rs        its messages to and from ItemSpecs
+//! service/native/settle.rs         Checks kept for Settle
+//! service/native/facts.rs          what a kept Check spent, per item
+//! service/native/holds.rs          reservation policies at Check
+//! service/native/release.rs        holds not settled in time released
+//! service/native/in_flight.rs      admin Top of the leases held
+//! service/envoy/mod.rs             Envoy RLS v3
+//! service/envoy/wire.rs            ShouldRateLimit served, its metadata encoded once
+//! service/envoy/decide.rs          a request's bounds checked, descriptors mapped, decided
+//! service/envoy/batch.rs           descriptors as one batch of items
+//! service/envoy/values.rs          a client's bytes made decidable
+//! service/envoy/refusal.rs         what cannot be decided as it came, by the invalid_id policy
+//! service/envoy/reserve.rs         reservations held and settled by the native Settler
+//! service/envoy/respond.rs         the answer: overall code, statuses, headers
+//! service/envoy/ratelimit.rs       domains in envoyproxy/ratelimit's file format
+//! service/envoy/upstream.rs        envoyproxy/ratelimit's shape of an answer
+//! service/headers/mod.rs           the rate-limit headers both answers carry, in styles
+//! service/headers/openai.rs        OpenAI's headers
+//! service/headers/trio.rs          descriptor statuses and envoyproxy/ratelimit's three headers
+//! service/rlqs/mod.rs              Envoy RLQS
+//! service/rlqs/stream.rs           one RLQS stream within its work budgets
+//! service/rlqs/resolve.rs          a report's domain and bucket ids checked
+//! service/quota_book.rs            RLQS's arithmetic: who reports demand for what
+//! service/quota_strategy.rs        what an RLQS bucket is told to do
+//!
+//! resp/                            the Redis protocol (beside service/)
+//! resp/mod.rs                      CL.THROTTLE, GCRA, RL.THROTTLE over RESP
+//! resp/protocol.rs                 RESP framing in and out
+//! resp/server.rs                   one connection of --resp-listen
+//! resp/command.rs                  the commands known (names, arities, flags)
+//! resp/commands.rs                 their dispatch
+//! resp/auth.rs                     HELLO and AUTH
+//! resp/lockout.rs                  wrong AUTH tokens counted per address
+//! resp/throttle.rs                 redis-cell's numbers
+//! resp/gcra.rs                     Redis 8.8's GCRA command
+//!
+//! store/                           where buckets live
+//! store/mod.rs                     the Store trait, StoreError, StoreObserver
+//! store/measured.rs                timing; the observer for Metrics
+//! store/shared.rs                  ports for shared overrides, RLQS demand, settlements
+//! store/settlements.rs             settlements kept in memory
+//! store/table.rs                   the memory store's open-addressing TAT table
+//! store/memory/mod.rs              sharded, all-or-nothing
+//! store/memory/shares.rs           the buckets' bounds per name and the denial when full
+//! store/memory/leases.rs           concurrency limits' leases
+//! store/memory/lease_shares.rs     their bounds in all and per name
+//! store/memory/snapshot.rs         the snapshot file
+//! store/redis/mod.rs               the Redis store
+//! store/redis/store.rs             its state and the batches of every operation
+//! store/redis/settings.rs          how to reach Redis (compiled without the feature too)
+//! store/redis/connection.rs        the connection and the one script call
+//! store/redis/wire.rs              the vocabulary of a script call
+//! store/redis/cluster.rs           hash slots and groups of keys
+//! store/redis/sentinel.rs          failover followed
+//! store/redis/tls.rs               TLS to a single Redis
+//! store/redis/breaker.rs           circuit breakers per slot
+//! store/redis/errors.rs            Redis errors classified
+//! store/redis/failure.rs           the failure policy
+//! store/redis/failure_log.rs       store failures in the log, once per kind
+//! store/redis/coalesce.rs          batches coalesced per lane
+//! store/redis/deny_cache.rs        the local deny cache
+//! store/redis/leases.rs            leases as the script reads them
+//! store/redis/settlements.rs       settlements in Redis
+//! store/redis/overrides.rs         the overrides' shared table
+//! store/redis/demand.rs            RLQS demand shared between replicas
+//! store/memcache/mod.rs            envoyproxy/ratelimit's fixed windows in memcached
+//! store/memcache/store.rs          the MemcacheStore
+//! store/memcache/client.rs         its pool of connections
+//! store/memcache/wire.rs           memcached's text protocol
+//!
+//! limits/                          pure configuration
+//! limits/mod.rs                    names, ids, the validated configuration
+//! limits/names.rs                  limit names and bucket keys
+//! limits/ids.rs                    id formats and canonical ids
+//! limits/descriptors.rs            Envoy descriptors -> names and ids
+//! limits/duration.rs               durations as written (1s, 1h30m, 7d)
+//! limits/hash.rs                   the maps' hasher
+//! limits/config/mod.rs             YAML -> validated, immutable LimitTable
+//! limits/config/build.rs           the table assembled
+//! limits/config/files.rs           the directory read, bounded
+//! limits/config/raw.rs             the files as written
+//! limits/config/reservation.rs     a limit's reservation policy
+//! limits/ratelimit_format/mod.rs   envoyproxy/ratelimit's file format
+//! limits/ratelimit_format/read.rs  its YAML read
+//! limits/ratelimit_format/xds.rs   its xDS resources
+//! limits/ratelimit_format/wildcards.rs  its wildcard entries
+//!
+//! observe/                         leaves: what the process tells its operators
+//! observe/mod.rs                   metrics, health, top
+//! observe/health.rs                /healthz and /readyz state
+//! observe/top.rs                   who is being limited
+//! observe/metrics/mod.rs           every Prometheus series, and nothing else
+//! observe/metrics/groups.rs        the series by what they watch
+//! observe/metrics/counters.rs      decisions counted without a lookup
+//! observe/metrics/extra_labels.rs  labels on every series (EXTRA_TAGS)
+//! observe/metrics/ratelimit_keys.rs    envoyproxy/ratelimit's statistics keys
+//! observe/metrics/statsd_mapping.rs    a statsd_exporter mapping file
+//!
+//! gcra/                            pure arithmetic                            (core)
+//! gcra/mod.rs                      Limit (GCRA, calendar, concurrency), spend, charge, refund
+//! gcra/batch.rs                    batches, all or nothing; the strictest
+//! gcra/calendar.rs                 calendar windows
+//! gcra/lease.rs                    leases: acquire, release
+//! clock.rs                         Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
+//! clock/zoned.rs                   days, weeks, months, years in an IANA zone
+//! text.rs                          caller text cut for logs and errors        (core)
+//!
+//! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
+//! fuzzing/seeds.rs                 their starting inputs, from the examples
+//! lib.rs                           this map
 //! ```
 //!
 //! A request flows: tower layers (RPC metrics, in-flight bound, [`server::shortcut`]) -> tonic

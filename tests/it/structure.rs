@@ -473,3 +473,51 @@ fn the_fast_tier_starts_no_tool() {
         "move these tests to tests/full/: {found:#?}"
     );
 }
+
+/// The files `src/lib.rs`'s map names: the first word of each line of its `text` block
+/// that is not a room's heading (a word ending in `/`).
+fn files_the_map_names(lib: &str) -> Vec<String> {
+    let block = lib
+        .split("//! ```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("//! ```\n").next())
+        .expect("src/lib.rs has a ```text map");
+    let mut named: Vec<String> = block
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!")?.split_whitespace().next())
+        .filter(|word| !word.ends_with('/'))
+        .map(str::to_string)
+        .collect();
+    named.sort();
+    named
+}
+
+/// The map in `src/lib.rs` is the one description of the code's shape: it names every
+/// source file, and no file that is not there (a renamed file cannot leave a stale name).
+#[test]
+fn the_map_in_lib_rs_names_every_file_and_no_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = fs::read_to_string(root.join("lib.rs")).unwrap();
+    let named = files_the_map_names(&lib);
+    let mut files: Vec<String> = sources()
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    files.sort();
+    let missing: Vec<_> = files.iter().filter(|f| !named.contains(f)).collect();
+    let stale: Vec<_> = named.iter().filter(|n| !files.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "files the map does not name: {missing:?}"
+    );
+    assert!(stale.is_empty(), "names in the map with no file: {stale:?}");
+    let mut once = named.clone();
+    once.dedup();
+    assert_eq!(once, named, "the map names a file twice");
+}
+
+#[test]
+fn the_map_reader_skips_headings_and_reads_first_words() {
+    let lib = "//! intro\n//! ```text\n//! a/          room\n//! a/b.rs      one\n//!\n//! c.rs x\n//! ```\n//! after.rs\n";
+    assert_eq!(files_the_map_names(lib), ["a/b.rs", "c.rs"]);
+}
