@@ -1,6 +1,51 @@
 //! Text that reaches a log line, an error or a peer: caller text cut to a bound (at a
-//! character boundary), and an error with its causes on one line. Every layer uses these;
-//! they use nothing.
+//! character boundary), an error with its causes on one line, and how often a kind of
+//! line may be written ([`LogEvery`]). Every layer uses these; they use nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Which lines of one kind reach the log, so that a client repeating a fault cannot flood
+/// it: the first, then at most one per interval, each told how many were left out since
+/// the line before. Lock-free: of callers racing for a due line, one writes it and the
+/// others are counted as left out.
+#[derive(Debug)]
+pub struct LogEvery {
+    every: u64,
+    /// The `now` (plus one; 0 before any line) of the last line written.
+    last: AtomicU64,
+    /// Events counted since the last line, the admitted call's own included until taken.
+    pending: AtomicU64,
+}
+
+impl LogEvery {
+    pub const fn new(every: Duration) -> LogEvery {
+        LogEvery {
+            every: every.as_nanos() as u64,
+            last: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `events` at `now` (any monotonic time, as a duration since an origin of the
+    /// caller's): `Some(events left out since the last line)`, this call's not counted,
+    /// when this call is to write its line; `None` when it is only counted.
+    pub fn admit(&self, now: Duration, events: u64) -> Option<u64> {
+        let pending = self.pending.fetch_add(events, Ordering::Relaxed) + events;
+        let stamp = (now.as_nanos() as u64).saturating_add(1);
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || stamp >= last.saturating_add(self.every);
+        if due
+            && (self.last)
+                .compare_exchange(last, stamp, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.pending.fetch_sub(pending, Ordering::Relaxed);
+            return Some(pending - events);
+        }
+        None
+    }
+}
 
 /// `text` cut to at most `max` bytes, at a character boundary.
 pub fn cut_bytes(text: &str, max: usize) -> &str {
@@ -111,6 +156,42 @@ mod tests {
         assert_eq!(first_unprintable("fine"), None);
         // C1 controls (0x9B is a one-byte CSI on some terminals).
         assert!(unprintable('\u{9B}'));
+    }
+
+    #[test]
+    fn a_kind_of_line_is_written_once_per_interval_with_what_was_left_out() {
+        let log = LogEvery::new(Duration::from_secs(10));
+        let at = |ms: u64| Duration::from_millis(ms);
+        assert_eq!(log.admit(at(0), 1), Some(0), "the first is written");
+        let within: Vec<_> = (1..=1000).map(|i| log.admit(at(i * 9), 1)).collect();
+        assert!(within.iter().all(Option::is_none), "{within:?}");
+        assert_eq!(
+            log.admit(at(10_000), 3),
+            Some(1000),
+            "due again, with the 1 000"
+        );
+        assert_eq!(log.admit(at(10_001), 1), None);
+        assert_eq!(log.admit(at(60_000), 1), Some(1));
+        assert_eq!(LogEvery::new(Duration::ZERO).admit(at(5), 2), Some(0));
+    }
+
+    #[test]
+    fn racing_callers_write_one_line_and_lose_no_count() {
+        let log = LogEvery::new(Duration::from_secs(3600));
+        let written: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..1000)
+                            .filter(|_| log.admit(Duration::ZERO, 1).is_some())
+                            .count() as u64
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(written, 1);
+        assert_eq!(log.admit(Duration::from_secs(3600), 1), Some(3999));
     }
 
     #[test]

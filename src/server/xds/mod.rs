@@ -30,7 +30,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use super::reload::Reloader;
 use crate::limits::ratelimit_format::{RateLimitConfig, TYPE_URL};
 use crate::observe::metrics::Metrics;
-use crate::text::{cut_bytes as cut, error_chain};
+use crate::text::{cut_bytes as cut, error_chain, LogEvery};
 use wire::{Received, Response, XdsCodec};
 pub use wire::{MAX_ELEMENTS, MAX_RESOURCES};
 
@@ -196,26 +196,24 @@ impl Backoff {
     }
 }
 
-/// Which rejections get a log line: the first, then at most one per
-/// [`REJECTION_LOG_INTERVAL`], each saying how many went unlogged since the line before.
-#[derive(Debug, Default)]
+/// Which rejections get a log line ([`LogEvery`] at [`REJECTION_LOG_INTERVAL`]), kept
+/// across streams: reconnecting does not reset the throttle.
 struct RejectionLog {
-    last_line: Option<Instant>,
-    unlogged: u64,
+    origin: Instant,
+    lines: LogEvery,
 }
 
 impl RejectionLog {
-    /// Counts a rejection at `now`: `Some(rejections unlogged before it)` when it is to be
-    /// logged, `None` when it is only counted.
-    fn note(&mut self, now: Instant) -> Option<u64> {
-        if let Some(last) = self.last_line {
-            if now.saturating_duration_since(last) < REJECTION_LOG_INTERVAL {
-                self.unlogged += 1;
-                return None;
-            }
+    fn new() -> RejectionLog {
+        RejectionLog {
+            origin: Instant::now(),
+            lines: LogEvery::new(REJECTION_LOG_INTERVAL),
         }
-        self.last_line = Some(now);
-        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    /// Counts a rejection now: `Some(rejections unlogged before it)` when it is logged.
+    fn note(&self) -> Option<u64> {
+        self.lines.admit(self.origin.elapsed(), 1)
     }
 }
 
@@ -234,11 +232,10 @@ impl XdsClient {
         let mut backoff = Backoff::new(self.settings.backoff_initial, self.settings.backoff_max);
         // The last version ACKed: a new stream starts from it.
         let mut acked = String::new();
-        // Kept across streams: reconnecting does not reset the log's throttle.
-        let mut rejections = RejectionLog::default();
+        let rejections = RejectionLog::new();
         loop {
             let outcome = tokio::select! {
-                outcome = self.session(&mut acked, &mut backoff, &mut rejections) => outcome,
+                outcome = self.session(&mut acked, &mut backoff, &rejections) => outcome,
                 _ = stop.cancelled() => return,
             };
             self.metrics.config.xds_connected.set(0);
@@ -256,7 +253,7 @@ impl XdsClient {
         &self,
         acked: &mut String,
         backoff: &mut Backoff,
-        rejections: &mut RejectionLog,
+        rejections: &RejectionLog,
     ) -> String {
         let channel = match self.settings.endpoint() {
             Ok(endpoint) => match endpoint.connect().await {
@@ -314,7 +311,7 @@ impl XdsClient {
         &self,
         received: Received,
         acked: &mut String,
-        rejections: &mut RejectionLog,
+        rejections: &RejectionLog,
     ) -> DiscoveryRequest {
         let (version, nonce, outcome) = match received {
             Received::Refused {
@@ -335,7 +332,7 @@ impl XdsClient {
                 self.request(acked, &nonce, None)
             }
             Err(reason) => {
-                if let Some(unlogged) = rejections.note(Instant::now()) {
+                if let Some(unlogged) = rejections.note() {
                     tracing::error!(version = %shown(&version, 200), error = %shown(&reason, MAX_NACK_MESSAGE), rejected_unlogged_before = unlogged, "xDS update rejected (NACK); the limits in force stay; further rejections within 10 s are only counted");
                 }
                 self.metrics
@@ -425,23 +422,6 @@ mod tests {
         }
         b.reset();
         assert!(b.wait() <= Duration::from_secs(1));
-    }
-
-    #[test]
-    fn rejections_are_logged_first_then_once_an_interval_with_the_unlogged_count() {
-        let start = Instant::now();
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        let mut log = RejectionLog::default();
-        assert_eq!(log.note(at(0)), Some(0), "the first is logged");
-        let within: Vec<_> = (1..=1000).map(|i| log.note(at(i * 9))).collect();
-        assert!(within.iter().all(Option::is_none), "1000 within 10 s");
-        assert_eq!(
-            log.note(at(10_000)),
-            Some(1000),
-            "then one line, with the count"
-        );
-        assert_eq!(log.note(at(10_001)), None);
-        assert_eq!(log.note(at(60_000)), Some(1));
     }
 
     #[test]

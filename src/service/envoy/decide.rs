@@ -3,7 +3,6 @@
 //! domain's policy, `refusal.rs`), and the whole decided as one all-or-nothing batch.
 
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -501,17 +500,8 @@ impl EnvoyRateLimitService {
             .iter()
             .filter(|r| matches!(r.rule, Rule::InvalidId { .. }))
             .count() as u64;
-        let pending = self.invalid_unlogged.fetch_add(count, Ordering::Relaxed) + count;
-        // Seconds since start, plus one, so that the first line is written at once.
-        let now = self.started.elapsed().as_secs() + 1;
-        let last = self.invalid_logged_at.load(Ordering::Relaxed);
-        if now > last
-            && self
-                .invalid_logged_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.invalid_unlogged.fetch_sub(pending, Ordering::Relaxed);
+        if let Some(left_out) = self.invalid_ids.admit(self.started.elapsed(), count) {
+            let pending = left_out + count;
             let descriptor = &request.descriptors[owner[i]];
             let entries: Vec<String> = descriptor
                 .entries

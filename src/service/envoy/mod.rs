@@ -24,8 +24,8 @@ mod upstream;
 mod values;
 mod wire;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -39,6 +39,7 @@ use crate::observe::metrics::Metrics;
 use crate::service::native::settle::Settler;
 use crate::service::{trace, Decider};
 use crate::store::shared::Settlements;
+use crate::text::LogEvery;
 
 use refusal::{malformed, Refusal};
 pub use reserve::ENVOY_REQUEST_IDS;
@@ -160,9 +161,8 @@ pub struct EnvoyRateLimitService {
     decider: Arc<Decider>,
     options: EnvoyOptions,
     metrics: Arc<Metrics>,
-    /// Invalid-id descriptors not yet logged, and the second (since start) of the last line.
-    invalid_unlogged: AtomicU64,
-    invalid_logged_at: AtomicU64,
+    /// The invalid-id lines: at most one a second, timed from `started`.
+    invalid_ids: LogEvery,
     started: Instant,
     /// Where reservations (`reserve` rules) are kept for their settlement (none: a
     /// reservation is UNIMPLEMENTED).
@@ -179,8 +179,7 @@ impl EnvoyRateLimitService {
             decider,
             options,
             metrics,
-            invalid_unlogged: AtomicU64::new(0),
-            invalid_logged_at: AtomicU64::new(0),
+            invalid_ids: LogEvery::new(Duration::from_secs(1)),
             started: Instant::now(),
             settler: None,
         }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::client::{Client, Plan};
 use super::{MemcacheSettings, MAX_KEY_BYTES};
@@ -10,6 +11,7 @@ use crate::clock::{Clock, Nanos, SECOND};
 use crate::gcra::{Decision, Mode, Window};
 use crate::limits::names::{BucketKey, RATELIMIT_NUMBER};
 use crate::store::{Outcome, Store, StoreError, StoreFuture, StoreItem};
+use crate::text::LogEvery;
 
 /// memcached reads an expiry above 30 days as a Unix time, not a number of seconds.
 const RELATIVE_EXPIRY_MAX: u64 = 30 * 86_400;
@@ -23,13 +25,12 @@ pub struct MemcacheStore {
     jitter_max_seconds: u64,
     /// The jitter's pseudo-random state (xorshift64*).
     jitter: AtomicU64,
-    /// Failures not logged yet, and when (monotonic) the last line was written, plus one.
-    unlogged: AtomicU64,
-    logged_at: AtomicU64,
+    /// The failure lines: at most one in [`LOG_EVERY`].
+    failures: LogEvery,
 }
 
 /// At most one failure line in this long (a memcached that is down fails every request).
-const LOG_EVERY: Nanos = 10 * SECOND;
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// One item as memcached sees it.
 struct Counter {
@@ -55,8 +56,7 @@ impl MemcacheStore {
             prefix: settings.prefix.clone(),
             jitter_max_seconds: settings.jitter_max_seconds,
             jitter: AtomicU64::new(seed | 1),
-            unlogged: AtomicU64::new(0),
-            logged_at: AtomicU64::new(0),
+            failures: LogEvery::new(LOG_EVERY),
         })
     }
 
@@ -132,17 +132,9 @@ impl MemcacheStore {
         let Err(e) = &result else {
             return result;
         };
-        let failed = self.unlogged.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = self.clock.monotonic().max(0) as u64 + 1;
-        let last = self.logged_at.load(Ordering::Relaxed);
-        let due = last == 0 || now >= last + LOG_EVERY as u64;
-        if due
-            && self
-                .logged_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.unlogged.fetch_sub(failed, Ordering::Relaxed);
+        let now = Duration::from_nanos(self.clock.monotonic().max(0) as u64);
+        if let Some(left_out) = self.failures.admit(now, 1) {
+            let failed = left_out + 1;
             tracing::warn!(error = %e, failed, "memcache store: not answered");
         }
         result

@@ -4,13 +4,13 @@
 //! the store's address (never its password) and the flag that governs that kind; at start,
 //! one line says whether the store answered.
 
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{FailurePolicy, RedisSettings};
 use crate::store::{FailureKind, StoreError};
+use crate::text::LogEvery;
 
 /// The shortest time between two lines of one kind: an outage is a few lines a minute,
 /// not one per request.
@@ -27,13 +27,6 @@ const TIMEOUT_FLAG: &str = "--redis-timeout-ms";
 /// while it is open is the failure policy.
 const BREAKER_FLAG: &str = "--redis-failure-policy";
 
-/// When a kind's last line was written and how many of that kind were left out since.
-#[derive(Default)]
-struct Window {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
 /// The store's failure lines (see the module docs).
 pub(super) struct FailureLog {
     /// Where the store is, as the operator gave it, without passwords.
@@ -44,7 +37,9 @@ pub(super) struct FailureLog {
     policy: &'static str,
     breaker_threshold: u32,
     breaker_cooldown: Duration,
-    windows: [Mutex<Window>; TOPICS],
+    /// The start of `windows`' time.
+    origin: Instant,
+    windows: [LogEvery; TOPICS],
 }
 
 impl FailureLog {
@@ -57,7 +52,8 @@ impl FailureLog {
             policy: policy_name(settings.failure),
             breaker_threshold: settings.breaker_threshold,
             breaker_cooldown: settings.breaker_cooldown,
-            windows: Default::default(),
+            origin: Instant::now(),
+            windows: std::array::from_fn(|_| LogEvery::new(LINE_INTERVAL)),
         }
     }
 
@@ -147,16 +143,7 @@ impl FailureLog {
     /// Whether a line of `topic` may be written at `now`, and if so how many were left out
     /// since the last.
     fn admit(&self, topic: usize, now: Instant) -> Option<u64> {
-        let mut window = self.windows[topic].lock();
-        if window
-            .last
-            .is_some_and(|last| now.saturating_duration_since(last) < LINE_INTERVAL)
-        {
-            window.suppressed += 1;
-            return None;
-        }
-        window.last = Some(now);
-        Some(std::mem::take(&mut window.suppressed))
+        self.windows[topic].admit(now.saturating_duration_since(self.origin), 1)
     }
 }
 
