@@ -37,6 +37,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_util::either::Either;
 
 use super::unix_socket::Bound;
 
@@ -186,10 +187,13 @@ impl GuardedListener {
                 continue;
             };
             let accepted = match &self.listener {
-                Bound::Tcp(listener) => listener.accept().await.map(|(s, p)| (Io::Tcp(s), Some(p))),
+                Bound::Tcp(listener) => listener
+                    .accept()
+                    .await
+                    .map(|(s, p)| (Either::Left(s), Some(p))),
                 Bound::Unix(listener, _) => listener.accept().await.map(|(s, _)| {
                     let fixed = super::uds_authority::AuthorityFix::new(s, self.fix_authority);
-                    (Io::Unix(Box::new(fixed)), None)
+                    (Either::Right(Box::new(fixed)), None)
                 }),
             };
             match accepted {
@@ -207,7 +211,7 @@ impl GuardedListener {
                         // Every peer of a Unix socket is local: its file's mode decides.
                         _ => None,
                     };
-                    if let Io::Tcp(stream) = &stream {
+                    if let Either::Left(stream) = &stream {
                         configure(stream, &self.limits);
                     }
                     let mut stream = GuardedStream::new(stream, permit, &self.limits);
@@ -289,8 +293,8 @@ impl GuardedStream {
     fn new(stream: Io, permit: OwnedSemaphorePermit, limits: &ConnectionLimits) -> Self {
         GuardedStream {
             remote: match &stream {
-                Io::Tcp(stream) => stream.peer_addr().ok(),
-                Io::Unix(_) => None,
+                Either::Left(stream) => stream.peer_addr().ok(),
+                Either::Right(_) => None,
             },
             stream,
             _permit: permit,
@@ -390,70 +394,9 @@ impl GuardedStream {
     }
 }
 
-/// An accepted connection's socket.
-enum Io {
-    Tcp(TcpStream),
-    /// With its `:authority` made acceptable to h2 (`uds_authority.rs`).
-    Unix(Box<super::uds_authority::AuthorityFix<UnixStream>>),
-}
-
-impl AsyncRead for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Io::Tcp(s) => s.is_write_vectored(),
-            Io::Unix(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Io::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
+/// An accepted connection's socket: TCP, or a Unix socket with its `:authority` made
+/// acceptable to h2 (`uds_authority.rs`).
+type Io = Either<TcpStream, Box<super::uds_authority::AuthorityFix<UnixStream>>>;
 
 /// Why a connection cut off at its deadline fails.
 const CUT_OFF: &str = "the connection's age and grace are over";
@@ -506,8 +449,8 @@ impl tonic::transport::server::Connected for GuardedStream {
         ConnectionInfo {
             tcp: tonic::transport::server::TcpConnectInfo {
                 local_addr: match &self.stream {
-                    Io::Tcp(stream) => stream.local_addr().ok(),
-                    Io::Unix(_) => None,
+                    Either::Left(stream) => stream.local_addr().ok(),
+                    Either::Right(_) => None,
                 },
                 remote_addr: self.remote,
             },

@@ -36,6 +36,7 @@ use rustls::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
 
 use super::admin::TlsPem;
 use super::listener::{GuardedListener, GuardedStream};
@@ -377,19 +378,21 @@ fn watch_dirs(dirs: &[PathBuf], tx: tokio::sync::mpsc::Sender<()>) -> Option<Wat
     Some(watcher)
 }
 
-/// An accepted gRPC connection: plain, or TLS over it.
-pub enum Conn {
-    Plain(GuardedStream),
-    Tls(Box<TlsStream<GuardedStream>>),
-}
+/// An accepted gRPC connection: plain, or TLS over it (a type of ours only so that it
+/// can say its peer to tonic: `Connected`).
+pub struct Conn(Either<GuardedStream, Box<TlsStream<GuardedStream>>>);
 
 impl Conn {
     /// The connection under any TLS.
     pub fn guarded_mut(&mut self) -> &mut GuardedStream {
-        match self {
-            Conn::Plain(stream) => stream,
-            Conn::Tls(stream) => stream.get_mut().0,
+        match &mut self.0 {
+            Either::Left(stream) => stream,
+            Either::Right(stream) => stream.get_mut().0,
         }
+    }
+
+    fn io(self: Pin<&mut Self>) -> Pin<&mut Either<GuardedStream, Box<TlsStream<GuardedStream>>>> {
+        Pin::new(&mut self.get_mut().0)
     }
 }
 
@@ -408,7 +411,7 @@ pub fn incoming(
             listener,
             |mut listener| async move {
                 let (stream, _) = listener.accept().await;
-                Some((Ok(Conn::Plain(stream)), listener))
+                Some((Ok(Conn(Either::Left(stream))), listener))
             },
         ));
     };
@@ -425,7 +428,7 @@ pub fn incoming(
                             handshakes.push(tokio::time::timeout(handshake_timeout, accept));
                         }
                         Some(done) = handshakes.next(), if !handshakes.is_empty() => match done {
-                            Ok(Ok(stream)) => return Some((Ok(Conn::Tls(Box::new(stream))), (l, handshakes))),
+                            Ok(Ok(stream)) => return Some((Ok(Conn(Either::Right(Box::new(stream)))), (l, handshakes))),
                             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!("TLS handshake not done within the handshake timeout"),
                         },
@@ -442,10 +445,7 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        self.io().poll_read(cx, buf)
     }
 }
 
@@ -455,10 +455,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        self.io().poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -466,31 +463,19 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        self.io().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(s) => s.is_write_vectored(),
-            Conn::Tls(s) => s.is_write_vectored(),
-        }
+        self.0.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        self.io().poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        self.io().poll_shutdown(cx)
     }
 }
 
@@ -498,9 +483,9 @@ impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = super::listener::ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Conn::Plain(s) => s.connect_info(),
-            Conn::Tls(s) => s.get_ref().0.connect_info(),
+        match &self.0 {
+            Either::Left(s) => s.connect_info(),
+            Either::Right(s) => s.get_ref().0.connect_info(),
         }
     }
 }
