@@ -754,7 +754,7 @@ async fn one_callers_fresh_lease_keys_take_only_their_names_share() {
     for i in 0..2_000 {
         let item = named(100, &format!("fresh-{i}"), Mode::Acquire, &format!("x{i}"));
         let out = store
-            .spend(&[item.clone()])
+            .spend(std::slice::from_ref(&item))
             .await
             .expect("a denial, never an error");
         allowed += usize::from(out.allowed);

@@ -291,11 +291,10 @@ pub(super) fn refuse(
         for (n, &i) in members.iter().enumerate() {
             let item = &items[i];
             let Some(seen) = read.lease(n) else { continue };
-            if item.mode == Mode::Acquire && lease_id(item).is_some() && !seen.held {
-                if free(item, seen.before) {
-                    shut_out |= refused[i];
-                    adds.push((i, read.now, seen.before));
-                }
+            let acquire = item.mode == Mode::Acquire && lease_id(item).is_some();
+            if acquire && !seen.held && free(item, seen.before) {
+                shut_out |= refused[i];
+                adds.push((i, read.now, seen.before));
             }
         }
         // The group as it would have gone with its acquires counted.
