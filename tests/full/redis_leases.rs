@@ -889,3 +889,48 @@ fn count_all_lease_keys(server: &RedisServer) -> usize {
     let out = server.cli(&["KEYS", "*@lease:*"]).unwrap();
     out.split_whitespace().count()
 }
+
+/// On a Redis Cluster, a request whose acquire is refused for its name's share of lease
+/// keys, beside a rate in another slot: denied whole, the rate's spend taken back (a
+/// compensation), and answered as a refusal (no slot offered, a retry after the hold).
+#[tokio::test]
+async fn on_a_cluster_a_refused_acquire_spends_nothing_in_other_slots() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(T0);
+    let settings = RedisSettings {
+        url: None,
+        cluster_nodes: cluster.urls(),
+        max_lease_keys: 4,
+        lease_name_share: 50,
+        ..settings("unused")
+    };
+    let (store, _) = redis(settings, &clock);
+    for i in 0..2 {
+        assert!(
+            one(&*store, lease(&format!("k{i}"), 2, Mode::Acquire, "a"))
+                .await
+                .allowed
+        );
+    }
+    let (fresh, payer) = (key("fresh"), BucketKey::new(101, "payer"));
+    let slot = |k: &BucketKey| cellrate::store::redis::slot(&store.redis_key(k));
+    assert_ne!(slot(&fresh), slot(&payer));
+    let out = store
+        .spend(&[lease("fresh", 2, Mode::Acquire, "a"), rate("payer", 2)])
+        .await
+        .expect("a denial, never an error");
+    assert!(!out.allowed);
+    let d = out.decisions[0];
+    assert_eq!((d.allowed, d.remaining, d.retry_in), (false, 0, HOLD));
+    assert_eq!(
+        one(&*store, rate("payer", 2)).await.remaining,
+        1,
+        "nothing spent"
+    );
+    assert!(
+        one(&*store, lease("k0", 2, Mode::Acquire, "b"))
+            .await
+            .allowed,
+        "a counted key"
+    );
+}

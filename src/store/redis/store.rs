@@ -182,7 +182,11 @@ impl RedisStore {
         }
         let sent = self.mono();
         let now = self.clock.now();
-        let seq = self.lease_keys.seq();
+        // Only a request with a lease item touches the lease keys' lock.
+        let seq = match items.iter().any(leases::is_lease) {
+            true => self.lease_keys.seq(),
+            false => 0,
+        };
         let claims = leases::claim(&self.lease_keys, items, &keys, now);
         let refused = leases::refusals(&claims);
         let groups = self.groups(&keys);
