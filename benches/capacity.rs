@@ -4,7 +4,9 @@
 //!   sweeper's pause per shard; the time to write its snapshot file and to restore it;
 //! - the time to load and swap in a limits directory with 100 000 overrides;
 //! - the memory store full of leases (keys of one lease each, ids of 16 and 256 bytes):
-//!   memory per lease.
+//!   memory per lease;
+//! - the Redis store's count of lease keys (`LeaseKeys`) full: memory per key a replica
+//!   counts.
 //!
 //! Each memory figure comes from a fresh child process, so that memory freed by one run
 //! cannot hide the next one's growth. Run: `cargo bench --bench capacity`.
@@ -246,8 +248,41 @@ fn memory_per_lease(n: usize, id_len: usize) {
     );
 }
 
+/// Memory per lease key that a Redis store's replica counts ([`LeaseKeys`], one name
+/// holding them all, as one caller's flood of fresh tenant ids makes): RSS growth over `n`
+/// keys claimed and settled as taken, each until its own expiry.
+#[cfg(feature = "redis")]
+fn memory_per_lease_key(n: usize) {
+    use cellrate::store::redis::{LeaseKeys, Settled};
+    let keys = LeaseKeys::new(n, 100);
+    let t0 = 1_700_000_000 * SECOND;
+    let before = rss();
+    for i in 0..n {
+        let key = format!("cellrate:110@lease:tenant-{i:0>12}");
+        let until = t0 + 30 * SECOND + i as i64;
+        let claim = keys.claim(110, &key, t0, until);
+        keys.settle(110, &key, claim, Settled::Taken(until));
+    }
+    std::thread::sleep(Duration::from_millis(1_500));
+    for i in 0..200_000 {
+        std::hint::black_box(Vec::<u8>::with_capacity(64 + i % 4096));
+    }
+    let grown = rss().saturating_sub(before) as f64;
+    assert_eq!(keys.len(), n);
+    println!(
+        "redis_store lease_keys={n} rss_growth_mib={:.1} bytes_per_key={:.1}",
+        grown / (1 << 20) as f64,
+        grown / n as f64
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    #[cfg(feature = "redis")]
+    if let Some(at) = args.iter().position(|a| a == "lease-keys") {
+        memory_per_lease_key(args[at + 1].parse().unwrap());
+        return;
+    }
     if let Some(at) = args.iter().position(|a| a == "leases") {
         let n = args[at + 1].parse().unwrap();
         memory_per_lease(n, args[at + 2].parse().unwrap());
@@ -284,6 +319,19 @@ fn main() {
     for id_len in ["16", "256"] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["leases", &leases, id_len])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    // CAPACITY_LEASE_KEYS="250000,1000000": a Redis replica's count of lease keys, at one
+    // name's default share and at the default --max-leases.
+    #[cfg(feature = "redis")]
+    for n in std::env::var("CAPACITY_LEASE_KEYS")
+        .unwrap_or_else(|_| "250000,1000000".into())
+        .split(',')
+    {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["lease-keys", n])
             .status()
             .unwrap();
         assert!(status.success());

@@ -7,11 +7,13 @@ use crate::server::Settings;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ShareArgs {
-    /// Leases of concurrency limits held at most in the memory store (more are denied).
+    /// Leases of concurrency limits held at most in the memory store; on the Redis store,
+    /// lease keys each replica counts at most (more are denied).
     #[arg(long, env = "CELLRATE_MAX_LEASES", default_value_t = crate::store::memory::DEFAULT_MAX_LEASES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_leases: usize,
 
-    /// Percent of --max-leases that one limit name's leases may hold (more are denied).
+    /// Percent of --max-leases that one limit name's leases (on Redis: lease keys) may
+    /// hold (more are denied).
     #[arg(long, env = "CELLRATE_LEASE_NAME_SHARE", default_value_t = crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT as u8, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub lease_name_share: u8,
 

@@ -108,7 +108,13 @@ impl Stores {
                 settings: redis,
                 required_for_ready,
             } => {
-                let store = RedisStore::new((**redis).clone(), clock.clone(), metrics.clone())?;
+                // The lease keys' bounds are the memory store's flags (docs/redis-store.md).
+                let leases = crate::store::redis::RedisSettings {
+                    max_lease_keys: settings.max_leases,
+                    lease_name_share: settings.lease_name_share,
+                    ..(**redis).clone()
+                };
+                let store = RedisStore::new(leases, clock.clone(), metrics.clone())?;
                 if *required_for_ready {
                     health.require_store_health(store.healthy());
                 }

@@ -695,3 +695,242 @@ async fn top_in_flight_on_redis_says_it_cannot_list_leases() {
     let inspect = s.admin.inspect(request).await.unwrap().into_inner();
     assert_eq!(inspect.items[0].remaining, 2);
 }
+
+/// `INFO memory`'s `used_memory` of `server`, in bytes.
+fn used_memory(server: &RedisServer) -> i64 {
+    let info = server.cli(&["INFO", "memory"]).unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("used_memory:"))
+        .unwrap();
+    line["used_memory:".len()..].trim().parse().unwrap()
+}
+
+/// The lease keys of name `number` in Redis (`SCAN`, bounded).
+fn lease_keys(server: &RedisServer, number: u32) -> usize {
+    let pattern = format!("l:{number}@lease:*");
+    let (mut cursor, mut found) = ("0".to_string(), 0);
+    for _ in 0..100_000 {
+        let out = server
+            .cli(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"])
+            .unwrap();
+        let mut lines = out.lines();
+        cursor = lines.next().unwrap().trim().to_string();
+        found += lines.filter(|l| !l.trim().is_empty()).count();
+        if cursor == "0" {
+            return found;
+        }
+    }
+    panic!("SCAN did not finish");
+}
+
+/// Issue #58 on Redis: one caller floods acquires over fresh keys of one concurrency limit
+/// name (a tenant id it chooses). Before, every acquire made a lease key in Redis (about
+/// 150 bytes and more), without bound until `maxmemory`, when every tenant's writes fail.
+/// Now each replica counts the lease keys it has taken leases in, per name: a name holds
+/// at most its share (`--lease-name-share` of `--max-leases`; here 25 % of 400, 100 keys)
+/// per replica, and an acquire beyond is denied as the memory store denies it (the same
+/// answers for the same flood), never an error; acquires into counted keys, releases and
+/// another name's acquires proceed; a release that empties a key frees its place; a second
+/// replica adds its own share, no more.
+#[tokio::test]
+async fn one_callers_fresh_lease_keys_take_only_their_names_share() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let bounded = |url: &str| RedisSettings {
+        max_lease_keys: 400,
+        lease_name_share: 25,
+        ..settings(url)
+    };
+    let (store, metrics) = redis(bounded(&server.url()), &clock);
+    let memory = MemoryStore::new(Arc::new(clock.clone())).with_lease_bounds(400, 25);
+    let named = |number: u32, key: &str, mode: Mode, id: &str| StoreItem {
+        key: BucketKey::windowed(number, key, Window::Concurrency),
+        ..lease(key, 5, mode, id)
+    };
+    one(&*store, rate("warm", 5)).await; // loads the script
+    let before = used_memory(&server);
+    let (mut allowed, mut answers) = (0, Vec::new());
+    for i in 0..2_000 {
+        let item = named(100, &format!("fresh-{i}"), Mode::Acquire, &format!("x{i}"));
+        let out = store
+            .spend(std::slice::from_ref(&item))
+            .await
+            .expect("a denial, never an error");
+        allowed += usize::from(out.allowed);
+        answers.push((item, out));
+    }
+    let flooded = used_memory(&server);
+    let keys = lease_keys(&server, 100);
+    let one_key = store.redis_key(&BucketKey::windowed(100, "fresh-0", Window::Concurrency));
+    let usage = server.cli(&["MEMORY", "USAGE", &one_key]).unwrap();
+    eprintln!(
+        "2 000 acquires over fresh keys: {allowed} allowed, {keys} lease keys in Redis, \
+         used_memory {before} -> {flooded} bytes (+{} a key), MEMORY USAGE of one: {}",
+        (flooded - before) / keys.max(1) as i64,
+        usage.trim()
+    );
+    assert_eq!(
+        (allowed, keys),
+        (100, 100),
+        "the name's share, then denials"
+    );
+    for (item, out) in answers {
+        let alike = memory.spend(std::slice::from_ref(&item)).await.unwrap();
+        assert_eq!(alike, out, "memory and redis differ on {item:?}");
+        let d = out.decisions[0];
+        if !out.allowed {
+            assert_eq!((d.remaining, d.retry_in), (0, HOLD), "no slot offered");
+        }
+    }
+    assert_eq!(store.lease_events().refused, 1_900);
+    assert!(metrics.render().contains("cellrate_leases_total"));
+    // A refused acquire in a batch spends nothing beside it.
+    let out = both(
+        &memory,
+        &store,
+        &[named(100, "new", Mode::Acquire, "y"), rate("r", 3)],
+    )
+    .await;
+    assert!(!out.allowed && !out.decisions[0].allowed);
+    assert_eq!(
+        one(&*store, rate("r", 3)).await.remaining,
+        2,
+        "the rate was not spent"
+    );
+    // Another tenant's name takes leases as before.
+    for i in 0..50 {
+        let item = named(102, &format!("other-{i}"), Mode::Acquire, "o");
+        assert!(one(&*store, item).await.allowed, "another name's key {i}");
+    }
+    // A counted key takes more leases (up to its count); a retry of a lease proceeds.
+    let counted = |id: &str| named(100, "fresh-7", Mode::Acquire, id);
+    assert!(one(&*store, counted("second")).await.allowed);
+    assert!(one(&*store, counted("x7")).await.allowed, "a retry");
+    // A release that empties a key frees its place for a fresh key.
+    assert!(
+        one(&*store, named(100, "fresh-3", Mode::Release, "x3"))
+            .await
+            .allowed
+    );
+    assert!(
+        one(&*store, named(100, "new-a", Mode::Acquire, "y"))
+            .await
+            .allowed
+    );
+    assert!(
+        !one(&*store, named(100, "new-b", Mode::Acquire, "y"))
+            .await
+            .allowed
+    );
+    assert_eq!(lease_keys(&server, 100), 100);
+    // Expired keys leave the count: after the hold the name takes its share again.
+    clock.advance(HOLD);
+    assert!(
+        one(&*store, named(100, "later", Mode::Acquire, "z"))
+            .await
+            .allowed
+    );
+    // A second replica has a share of its own: Redis holds at most replicas x share.
+    let (other, _) = redis(bounded(&server.url()), &clock);
+    let mut taken = 0;
+    for i in 0..500 {
+        let item = named(100, &format!("second-{i}"), Mode::Acquire, "s");
+        taken += usize::from(one(&*other, item).await.allowed);
+    }
+    assert_eq!(taken, 100);
+}
+
+/// Through `ShouldRateLimit` on the Redis store (Envoy's path, `failure_mode_deny: false`
+/// by default): a flood of fresh tenants is OVER_LIMIT beyond its name's share, never an
+/// error (which Envoy would let through), and Redis holds the share's keys, no more.
+#[tokio::test]
+async fn a_flood_of_fresh_tenants_on_redis_is_over_limit_beyond_its_share() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let server = RedisServer::start();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
+    let limits = LimitTable::load_dir(&dir).expect("the limits load");
+    let settings = cellrate::server::Settings {
+        max_leases: 200,
+        lease_name_share: 25,
+        ..server.settings()
+    };
+    let s = Served::with_settings(limits, settings).await;
+    let ask = |tenant: String| {
+        let mut envoy = s.envoy.clone();
+        async move {
+            let request = RateLimitRequest {
+                domain: "inflight".to_string(),
+                descriptors: vec![crate::common::descriptor(&[
+                    ("tenant", &tenant),
+                    ("lease", "r"),
+                ])],
+                hits_addend: 0,
+            };
+            let answer = envoy.should_rate_limit(request).await;
+            answer.unwrap_or_else(|e| panic!("{tenant}: an error is a bypass: {e}"))
+        }
+    };
+    let (mut ok, mut over) = (0, 0);
+    for i in 0..300 {
+        match ask(format!("fresh-{i}")).await.into_inner().overall_code {
+            c if c == Code::Ok as i32 => ok += 1,
+            c if c == Code::OverLimit as i32 => over += 1,
+            c => panic!("code {c}"),
+        }
+    }
+    assert_eq!((ok, over), (50, 250));
+    assert_eq!(count_all_lease_keys(&server), 50);
+}
+
+/// Every lease key in Redis, whatever its name.
+fn count_all_lease_keys(server: &RedisServer) -> usize {
+    let out = server.cli(&["KEYS", "*@lease:*"]).unwrap();
+    out.split_whitespace().count()
+}
+
+/// On a Redis Cluster, a request whose acquire is refused for its name's share of lease
+/// keys, beside a rate in another slot: denied whole, the rate's spend taken back (a
+/// compensation), and answered as a refusal (no slot offered, a retry after the hold).
+#[tokio::test]
+async fn on_a_cluster_a_refused_acquire_spends_nothing_in_other_slots() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(T0);
+    let settings = RedisSettings {
+        url: None,
+        cluster_nodes: cluster.urls(),
+        max_lease_keys: 4,
+        lease_name_share: 50,
+        ..settings("unused")
+    };
+    let (store, _) = redis(settings, &clock);
+    for i in 0..2 {
+        assert!(
+            one(&*store, lease(&format!("k{i}"), 2, Mode::Acquire, "a"))
+                .await
+                .allowed
+        );
+    }
+    let (fresh, payer) = (key("fresh"), BucketKey::new(101, "payer"));
+    let slot = |k: &BucketKey| cellrate::store::redis::slot(&store.redis_key(k));
+    assert_ne!(slot(&fresh), slot(&payer));
+    let out = store
+        .spend(&[lease("fresh", 2, Mode::Acquire, "a"), rate("payer", 2)])
+        .await
+        .expect("a denial, never an error");
+    assert!(!out.allowed);
+    let d = out.decisions[0];
+    assert_eq!((d.allowed, d.remaining, d.retry_in), (false, 0, HOLD));
+    assert_eq!(
+        one(&*store, rate("payer", 2)).await.remaining,
+        1,
+        "nothing spent"
+    );
+    assert!(
+        one(&*store, lease("k0", 2, Mode::Acquire, "b"))
+            .await
+            .allowed,
+        "a counted key"
+    );
+}

@@ -8,6 +8,7 @@
 //! Lease ids are stored as given (printable, checked before the store), never hashed with
 //! a per-process key: every replica must find the lease another one took.
 
+use super::lease_keys::{Claim, LeaseKeys, Settled};
 use super::wire::{LeaseRead, Read};
 use crate::clock::Nanos;
 use crate::gcra::lease::{self, Held};
@@ -50,12 +51,14 @@ pub(super) fn check_ids(items: &[StoreItem]) -> Result<(), StoreError> {
 /// Replays one slot group's decision as the script made it. `denied`: the request was
 /// denied as a whole (another group denied, or failed): nothing stays spent but charges,
 /// an acquire reports its key as it stands, a release as it left it (releases are applied
-/// whatever the batch decides).
+/// whatever the batch decides). `refused`, per item: an acquire sent with a count of 0
+/// (its key not counted and its name's share full, [`LeaseKeys`]): it takes no lease.
 pub(super) fn replay(
     items: &[StoreItem],
     members: &[usize],
     read: &Read,
     denied: bool,
+    refused: &[bool],
 ) -> Result<BatchOutcome, StoreError> {
     let mode = |item: &StoreItem| match item.mode {
         Mode::Charge => Mode::Charge,
@@ -81,7 +84,7 @@ pub(super) fn replay(
         if is_lease(item) {
             let seen = read.lease(n).ok_or(StoreError::MalformedReply)?;
             if item.mode == Mode::Acquire && lease_id(item).is_some() {
-                acquired &= seen.held || free(item, seen.before);
+                acquired &= seen.held || (!refused[i] && free(item, seen.before));
             }
         } else {
             rates.push(BatchItem {
@@ -191,4 +194,129 @@ pub(super) fn fixed(item: &StoreItem, allowed: bool) -> Decision {
         retry_in: 0,
         reset_in: 0,
     }
+}
+
+/// Per item, the claim of an acquire that sends an id on its key ([`LeaseKeys::claim`]),
+/// `None` for any other item; `redis_keys` the items' Redis keys.
+pub(super) fn claim(
+    keys: &LeaseKeys,
+    items: &[StoreItem],
+    redis_keys: &[String],
+    now: Nanos,
+) -> Vec<Option<Claim>> {
+    items
+        .iter()
+        .zip(redis_keys)
+        .map(|(item, key)| {
+            (item.mode == Mode::Acquire && lease_id(item).is_some()).then(|| {
+                let until = now.saturating_add(item.limit.period());
+                keys.claim(item.key.parts().0, key, now, until)
+            })
+        })
+        .collect()
+}
+
+/// Whether each item's claim was refused.
+pub(super) fn refusals(claims: &[Option<Claim>]) -> Vec<bool> {
+    claims.iter().map(|c| *c == Some(Claim::Refused)).collect()
+}
+
+/// Settles a request's claims from what each group's call did (`None`: it failed), and
+/// lets go of the keys its releases emptied (`seq`: [`LeaseKeys::seq`] before the calls).
+/// `allowed`: the request as a whole (when not, a lease a group took was taken back by a
+/// compensation, which can fail: its key stays counted for the hold).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn settle(
+    keys: &LeaseKeys,
+    items: &[StoreItem],
+    redis_keys: &[String],
+    groups: &[(usize, Vec<usize>)],
+    outcomes: &[Option<(Read, BatchOutcome)>],
+    claims: &[Option<Claim>],
+    seq: u64,
+    allowed: bool,
+) {
+    for ((_, members), outcome) in groups.iter().zip(outcomes) {
+        for (n, &i) in members.iter().enumerate() {
+            let item = &items[i];
+            let number = item.key.parts().0;
+            let seen = outcome.as_ref().and_then(|(read, out)| {
+                read.lease(n).map(|seen| {
+                    (
+                        seen,
+                        out.allowed,
+                        read.now.saturating_add(item.limit.period()),
+                    )
+                })
+            });
+            if let Some(claim) = claims[i] {
+                let settled = match seen {
+                    None => Settled::Unknown,
+                    Some((seen, true, _)) if !seen.held && !allowed => Settled::Unknown,
+                    Some((seen, true, expires)) if !seen.held => Settled::Taken(expires),
+                    Some(_) => Settled::NotTaken,
+                };
+                keys.settle(number, &redis_keys[i], claim, settled);
+            } else if let (Mode::Release, Some((seen, _, _))) = (item.mode, seen) {
+                if seen.after.count == 0 && lease_id(item).is_some() {
+                    keys.emptied(number, &redis_keys[i], seq);
+                }
+            }
+        }
+    }
+}
+
+/// A request with an acquire refused for its name's share of lease keys, that would have
+/// been allowed but for it: answered as the memory store answers a full share (every
+/// acquire that would have taken a lease [`lease::refused`]-like: denied, `remaining` 0, a
+/// retry after the hold; nothing taken). Overwrites `decisions` and returns true then;
+/// else (nothing refused, a group failed, or the request was denied anyway) false.
+pub(super) fn refuse(
+    items: &[StoreItem],
+    groups: &[(usize, Vec<usize>)],
+    outcomes: &[Option<(Read, BatchOutcome)>],
+    refused: &[bool],
+    decisions: &mut [Decision],
+) -> bool {
+    if !refused.contains(&true) {
+        return false;
+    }
+    let none = vec![false; items.len()];
+    let mut adds = Vec::new();
+    for ((_, members), outcome) in groups.iter().zip(outcomes) {
+        let Some((read, out)) = outcome else {
+            return false;
+        };
+        let mut shut_out = false;
+        for (n, &i) in members.iter().enumerate() {
+            let item = &items[i];
+            let Some(seen) = read.lease(n) else { continue };
+            let acquire = item.mode == Mode::Acquire && lease_id(item).is_some();
+            if acquire && !seen.held && free(item, seen.before) {
+                shut_out |= refused[i];
+                adds.push((i, read.now, seen.before));
+            }
+        }
+        // The group as it would have gone with its acquires counted.
+        let would = match shut_out {
+            true => replay(items, members, read, false, &none).is_ok_and(|o| o.allowed),
+            false => out.allowed,
+        };
+        if !would {
+            return false;
+        }
+    }
+    if !adds.iter().any(|&(i, _, _)| refused[i]) {
+        return false;
+    }
+    for (i, now, before) in adds {
+        let limit = &items[i].limit;
+        decisions[i] = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_in: limit.period(),
+            ..lease::answer(limit, now, false, before)
+        };
+    }
+    true
 }

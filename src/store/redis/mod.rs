@@ -66,6 +66,8 @@ mod failure;
 #[cfg(feature = "redis")]
 mod failure_log;
 #[cfg(feature = "redis")]
+mod lease_keys;
+#[cfg(feature = "redis")]
 mod leases;
 #[cfg(feature = "redis")]
 mod overrides;
@@ -84,6 +86,8 @@ mod wire;
 pub use cluster::slot;
 #[cfg(feature = "redis")]
 pub use demand::RedisDemand;
+#[cfg(feature = "redis")]
+pub use lease_keys::{Claim, LeaseKeys, Settled};
 #[cfg(feature = "redis")]
 pub use overrides::RedisOverrides;
 #[cfg(feature = "redis")]

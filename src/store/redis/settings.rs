@@ -63,6 +63,11 @@ pub struct RedisSettings {
     /// Certificates for `rediss://` beyond the defaults (a private CA, a client
     /// certificate).
     pub tls: RedisTls,
+    /// Lease keys this replica counts at most (`--max-leases`), and the percent of them one
+    /// limit name's keys may take (`--lease-name-share`): an acquire that needs a key beyond
+    /// is denied (docs/redis-store.md, "Leases").
+    pub max_lease_keys: usize,
+    pub lease_name_share: usize,
 }
 
 /// Why custom certificates are refused with Sentinel: redis-rs's Sentinel checks a
@@ -122,6 +127,8 @@ impl Default for RedisSettings {
             override_sync: Duration::from_secs(1),
             coalescing: Coalescing::default(),
             tls: RedisTls::default(),
+            max_lease_keys: crate::store::memory::DEFAULT_MAX_LEASES,
+            lease_name_share: crate::store::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
         }
     }
 }

@@ -10,6 +10,7 @@ use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
+use super::lease_keys::LeaseKeys;
 use super::leases;
 use super::wire::{Op, Read, Wire, WireMode, WireWindow};
 use super::{FailurePolicy, RedisSettings};
@@ -53,6 +54,8 @@ pub struct RedisStore {
     pub(super) me: Weak<RedisStore>,
     /// Leases taken, released and found expired (for the metrics).
     pub(super) lease_events: LeaseCounters,
+    /// The lease keys this replica counts, per name (`--lease-name-share`).
+    pub(super) lease_keys: LeaseKeys,
 }
 
 impl RedisStore {
@@ -73,6 +76,7 @@ impl RedisStore {
         let fallback =
             (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
         let failure_log = FailureLog::new(&settings);
+        let lease_keys = LeaseKeys::new(settings.max_lease_keys, settings.lease_name_share);
         Ok(Arc::new_cyclic(|me| RedisStore {
             me: me.clone(),
             failure_log,
@@ -88,6 +92,7 @@ impl RedisStore {
             healthy: Arc::new(AtomicBool::new(true)),
             failing_slots: AtomicUsize::new(0),
             lease_events: LeaseCounters::default(),
+            lease_keys,
             used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
@@ -127,6 +132,49 @@ impl RedisStore {
         self.started.elapsed().as_nanos() as i64
     }
 
+    /// The script's items for one slot group (`refused`: per item, an acquire sent with a
+    /// count of 0, see [`super::lease_keys`]).
+    fn wire(
+        &self,
+        items: &[StoreItem],
+        keys: &[String],
+        members: &[usize],
+        now: Nanos,
+        refused: &[bool],
+    ) -> Vec<Wire> {
+        members
+            .iter()
+            .map(|&i| {
+                let item = &items[i];
+                // A calendar item carries its cost and count in tokens, and its
+                // window in the mode (see batch.lua).
+                // A lease key carries its hold and count.
+                let (increment, burst_offset) = match item.limit.window() {
+                    Window::Gcra => (increment_nanos(item), item.limit.burst_offset()),
+                    Window::Calendar(_) => (
+                        i64::try_from(item.cost).unwrap_or(i64::MAX),
+                        item.limit.burst() as i64,
+                    ),
+                    Window::Concurrency if refused[i] => (item.limit.period(), 0),
+                    Window::Concurrency => (item.limit.period(), item.limit.count() as i64),
+                };
+                let lease = leases::lease_id(item).cloned();
+                // Without an id an acquire or release only reads its key.
+                let mode = match lease {
+                    None if leases::is_lease(item) => Mode::Probe,
+                    _ => item.mode,
+                };
+                Wire {
+                    key: keys[i].clone(),
+                    increment,
+                    burst_offset,
+                    mode: WireMode::new(mode, item.limit.window(), now),
+                    lease,
+                }
+            })
+            .collect()
+    }
+
     async fn spend_redis(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
         if let Some(outcome) = keys.first().and_then(|key| self.cached_denial(items, key)) {
@@ -134,39 +182,16 @@ impl RedisStore {
         }
         let sent = self.mono();
         let now = self.clock.now();
+        // Only a request with a lease item touches the lease keys' lock.
+        let seq = match items.iter().any(leases::is_lease) {
+            true => self.lease_keys.seq(),
+            false => 0,
+        };
+        let claims = leases::claim(&self.lease_keys, items, &keys, now);
+        let refused = leases::refusals(&claims);
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|(slot, members)| {
-            let batch = members
-                .iter()
-                .map(|&i| {
-                    let item = &items[i];
-                    // A calendar item carries its cost and count in tokens, and its
-                    // window in the mode (see batch.lua).
-                    // A lease key carries its hold and count.
-                    let (increment, burst_offset) = match item.limit.window() {
-                        Window::Gcra => (increment_nanos(item), item.limit.burst_offset()),
-                        Window::Calendar(_) => (
-                            i64::try_from(item.cost).unwrap_or(i64::MAX),
-                            item.limit.burst() as i64,
-                        ),
-                        Window::Concurrency => (item.limit.period(), item.limit.count() as i64),
-                    };
-                    let lease = leases::lease_id(item).cloned();
-                    // Without an id an acquire or release only reads its key.
-                    let mode = match lease {
-                        None if leases::is_lease(item) => Mode::Probe,
-                        _ => item.mode,
-                    };
-                    Wire {
-                        key: keys[i].clone(),
-                        increment,
-                        burst_offset,
-                        mode: WireMode::new(mode, item.limit.window(), now),
-                        lease,
-                    }
-                })
-                .collect();
-            self.spend_group(*slot, batch)
+            self.spend_group(*slot, self.wire(items, &keys, members, now, &refused))
         });
         let reads = futures_util::future::join_all(calls).await;
 
@@ -174,7 +199,13 @@ impl RedisStore {
         let mut outcomes = Vec::with_capacity(groups.len());
         let mut failure = None;
         for ((_, members), read) in groups.iter().zip(reads) {
-            match read.and_then(|read| Ok((leases::replay(items, members, &read, false)?, read))) {
+            let replayed = read.and_then(|read| {
+                Ok((
+                    leases::replay(items, members, &read, false, &refused)?,
+                    read,
+                ))
+            });
+            match replayed {
                 Ok((out, read)) => outcomes.push(Some((read, out))),
                 Err(e) => {
                     failure = Some(e);
@@ -189,6 +220,17 @@ impl RedisStore {
         if !all_allowed {
             self.compensate(items, &keys, &groups, &outcomes).await;
         }
+        let (lease_keys, claims) = (&self.lease_keys, &claims);
+        leases::settle(
+            lease_keys,
+            items,
+            &keys,
+            &groups,
+            &outcomes,
+            claims,
+            seq,
+            all_allowed,
+        );
         let reads = outcomes.iter().map(|o| o.as_ref().map(|(read, _)| read));
         leases::count(&self.lease_events, items, &groups, reads, all_allowed);
         if let Some(e) = failure {
@@ -208,11 +250,14 @@ impl RedisStore {
             } else {
                 // Nothing stays spent but the charges (and releases): report each other
                 // bucket as it stands, and each charged one as its charge left it.
-                leases::replay(items, members, read, true)?.decisions
+                leases::replay(items, members, read, true, &refused)?.decisions
             };
             for (&i, d) in members.iter().zip(group_decisions) {
                 decisions[i] = d;
             }
+        }
+        if leases::refuse(items, &groups, &outcomes, &refused, &mut decisions) {
+            self.lease_events.refused();
         }
         Ok(Outcome {
             allowed: all_allowed,
@@ -422,7 +467,9 @@ impl Store for RedisStore {
     }
 
     fn sweep(&self) -> usize {
-        // Redis expires keys at their TAT; only the local fallback needs sweeping.
+        // Redis expires keys at their TAT; only the local fallback needs sweeping, and the
+        // lease keys this replica counts.
+        self.lease_keys.sweep(self.clock.now());
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
     }
 
