@@ -136,6 +136,7 @@
 //! store/redis/coalesce.rs          batches coalesced per lane
 //! store/redis/deny_cache.rs        the local deny cache
 //! store/redis/leases.rs            leases as the script reads them
+//! store/redis/lease_keys.rs        lease keys counted per name: this replica's share
 //! store/redis/settlements.rs       settlements in Redis
 //! store/redis/overrides.rs         the overrides' shared table
 //! store/redis/demand.rs            RLQS demand shared between replicas

@@ -17,10 +17,10 @@
 //! process (callers cannot aim two keys at one entry), beside its expiry: its memory is
 //! measured in docs/operations.md's budget table.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::clock::Nanos;
 
@@ -128,7 +128,7 @@ impl LeaseKeys {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     fn print(&self, key: &str) -> u64 {
