@@ -68,6 +68,8 @@ mod failure_log;
 #[cfg(feature = "redis")]
 mod leases;
 #[cfg(feature = "redis")]
+mod once;
+#[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]
 mod sentinel;
