@@ -135,9 +135,7 @@ pub trait Settlements: Send + Sync + 'static {
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>>;
 
     /// How long a record is kept past its hold (`--settle-window`).
-    fn window(&self) -> Nanos {
-        3_600 * crate::clock::SECOND
-    }
+    fn window(&self) -> Nanos;
 }
 
 /// What [`Settlements::open`] did.

@@ -307,7 +307,8 @@ impl Settler {
             )));
         }
         // The spend's token, for its resolution (see `unknown.rs`).
-        record.request_id = once.map(super::unknown::token_text).unwrap_or_default();
+        // (32 hex digits, as `unknown.rs` reads it).
+        record.request_id = once.map_or_else(String::new, |o| format!("{:032x}", o.token));
         let record = record.encode_to_vec();
         let keys: Vec<String> = held.iter().map(|&(key, _)| key.to_string()).collect();
         let opened = self

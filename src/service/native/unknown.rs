@@ -47,17 +47,13 @@ fn fresh_token() -> u128 {
     (half() << 64) | half()
 }
 
-/// The token a record carries (in its Check's `request_id` field), if any.
+/// The token a record carries (in its Check's `request_id` field, 32 hex digits, as
+/// `settle.rs` writes it), if any.
 pub(super) fn token_of(check: &pb::CheckRequest) -> Option<u128> {
     let text = check.request_id.as_str();
     (text.len() == 32)
         .then(|| u128::from_str_radix(text, 16).ok())
         .flatten()
-}
-
-/// The token as a record carries it.
-pub(super) fn token_text(once: &Once) -> String {
-    format!("{:032x}", once.token)
 }
 
 /// Why a spend was not resolved; `lasting`: it never will be (its limit is gone, its

@@ -57,7 +57,7 @@
 --
 -- Once under a token (a kept Check's spend, docs/concurrency.md "A Check cut short"): the
 -- last key is the token's marker (in the batch's slot), and ARGV[1] is "once:<ttl ms>"
--- (a spend of one batch), "resolve:<ttl ms>" (no other key, no other argument) or
+-- (a spend of one batch), "resolve:<ttl ms>" (sent as once is; its buckets unread) or
 -- "undo:<ttl ms>" (a refund). A marker holds "void" (nothing spent, nothing will be) or
 -- the reply of the spend that wrote under it, lines of text. once: a marker found is
 -- answered ({"void"}, or the reply it holds) and nothing is spent; else the batch is
