@@ -79,6 +79,7 @@
 //! service/native/facts.rs          what a kept Check spent, per item
 //! service/native/holds.rs          reservation policies at Check
 //! service/native/release.rs        holds not settled in time released
+//! service/native/unknown.rs        kept Checks whose spend is unknown, resolved
 //! service/native/in_flight.rs      admin Top of the leases held
 //! service/envoy/mod.rs             Envoy RLS v3
 //! service/envoy/wire.rs            ShouldRateLimit served, its metadata encoded once
@@ -138,6 +139,7 @@
 //! store/redis/leases.rs            leases as the script reads them
 //! store/redis/lease_keys.rs        lease keys counted per name: this replica's share
 //! store/redis/settlements.rs       settlements in Redis
+//! store/redis/once.rs              a kept Check's spend under a token, resolved once
 //! store/redis/overrides.rs         the overrides' shared table
 //! store/redis/demand.rs            RLQS demand shared between replicas
 //! store/memcache/mod.rs            envoyproxy/ratelimit's fixed windows in memcached

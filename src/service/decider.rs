@@ -114,6 +114,12 @@ impl Decider {
         });
         let store_decisions = if store_items.is_empty() {
             Vec::new()
+        } else if let Some(once) = &options.once {
+            match once.resolve {
+                true => self.store.resolve_once(&store_items, &once.once).await?,
+                false => self.store.spend_once(&store_items, &once.once).await?,
+            }
+            .decisions
         } else if let Some(outcome) = self.store.try_spend_now(&store_items) {
             outcome?.decisions
         } else {

@@ -30,7 +30,8 @@ pub use caller_limits::CallerLimits;
 pub use decider::Decider;
 pub use errors::{store_unavailable, DecideError, Invalid};
 pub use request::{
-    count_decisions, outcome, BatchResult, CheckOptions, ItemResult, ItemSpec, Rule, Target,
+    count_decisions, outcome, BatchResult, CheckOptions, ItemResult, ItemSpec, OnceSpend, Rule,
+    Target,
 };
 pub use resolve::MAX_LEASE_ID;
 

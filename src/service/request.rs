@@ -162,6 +162,17 @@ pub struct CheckOptions {
     /// descriptors, which the caller does not choose one by one and whose error Envoy
     /// lets through by default.
     pub merge_duplicates: bool,
+    /// A kept Check's spend, made once under its token ([`crate::store::Store::spend_once`]),
+    /// or with `resolve` only resolved ([`crate::store::Store::resolve_once`]).
+    pub once: Option<OnceSpend>,
+}
+
+/// A spend under a token (see [`CheckOptions::once`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnceSpend {
+    pub once: crate::store::Once,
+    /// Only learn what the spend did (and make sure that a late one spends nothing).
+    pub resolve: bool,
 }
 
 /// Which rule decided an item.

@@ -36,6 +36,36 @@ impl Store for MeasuredStore {
         })
     }
 
+    fn keeps_tokens(&self) -> bool {
+        self.inner.keeps_tokens()
+    }
+
+    fn spend_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a crate::store::Once,
+    ) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = self.inner.spend_once(items, once).await;
+            self.observe("spend", start, &result);
+            result
+        })
+    }
+
+    fn resolve_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a crate::store::Once,
+    ) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = self.inner.resolve_once(items, once).await;
+            self.observe("spend", start, &result);
+            result
+        })
+    }
+
     fn try_spend_now(&self, items: &[StoreItem]) -> Option<Result<Outcome, StoreError>> {
         let start = Instant::now();
         let result = self.inner.try_spend_now(items)?;

@@ -346,10 +346,54 @@ pub struct InFlightName {
     pub keys: Vec<InFlightKey>,
 }
 
+/// A spend made at most once under a token (a kept Check's, docs/concurrency.md "A Check
+/// cut short"): a store that keeps tokens ([`Store::keeps_tokens`]) writes a marker with
+/// it, so that when the spend's outcome is not known (its call missed its deadline or
+/// lost its connection) [`Store::resolve_once`] can learn it, and make sure that a spend
+/// still on its way spends nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Once {
+    /// Random, one per kept Check.
+    pub token: u128,
+    /// How long the marker is kept: at least as long as its record may be resolved.
+    pub ttl: crate::clock::Nanos,
+}
+
 /// A place to keep TATs and decide batches atomically.
 pub trait Store: Send + Sync + 'static {
     /// Decides `items` all-or-nothing and writes the spends if allowed.
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome>;
+
+    /// Whether [`Store::spend_once`] writes markers that [`Store::resolve_once`] reads.
+    fn keeps_tokens(&self) -> bool {
+        false
+    }
+
+    /// [`Store::spend`] under `once`'s token: a spend already resolved under it
+    /// spends nothing (an error, never applied). Without tokens: [`Store::spend`].
+    fn spend_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a Once,
+    ) -> StoreFuture<'a, Outcome> {
+        let _ = once;
+        self.spend(items)
+    }
+
+    /// What the spend of `items` under `once`'s token did, for good: the outcome it had
+    /// (replayed) when it spent, all of it; else (it never ran, was denied, or only part
+    /// of a cross-slot batch spent, which is then given back) not allowed, nothing
+    /// spent, and no spend under the token will ever spend.
+    fn resolve_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a Once,
+    ) -> StoreFuture<'a, Outcome> {
+        let _ = (items, once);
+        Box::pin(std::future::ready(Err(StoreError::Config(
+            "this store keeps no spend tokens".into(),
+        ))))
+    }
 
     /// [`Store::spend`] at once, for a store that never waits (the memory store); `None`
     /// means "await `spend`". Saves the request path a boxed future per decorator.

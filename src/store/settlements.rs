@@ -338,6 +338,10 @@ impl Settlements for MemorySettlements {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn window(&self) -> Nanos {
+        self.window
+    }
+
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {
         let now = self.clock.now();
         let mut ledger = self.ledger();

@@ -129,8 +129,13 @@ pub trait Settlements: Send + Sync + 'static {
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()>;
     /// Claims at most `max` decided holds that are due, each settled from then on (a
     /// claim finds it [`Claim::Expired`]): their ids and records, for their release. A
-    /// hold still pending at its due is let go (its estimate stands).
+    /// hold still pending at its due is let go (its estimate stands), or, by a table that
+    /// can (Redis's), handed out with empty facts for its spend's resolution and due
+    /// again a little later, until it is decided or forgotten, or expires.
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>>;
+
+    /// How long a record is kept past its hold (`--settle-window`).
+    fn window(&self) -> Nanos;
 }
 
 /// What [`Settlements::open`] did.

@@ -54,6 +54,8 @@ mod settle_promise;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 #[cfg(feature = "redis")]
+mod spend_once;
+#[cfg(feature = "redis")]
 mod store_differential;
 #[cfg(feature = "redis")]
 mod store_log;

@@ -82,6 +82,10 @@ impl Settlements for FaultySettlements {
         }))
     }
 
+    fn window(&self) -> cellrate::clock::Nanos {
+        self.inner.window()
+    }
+
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {
         Box::pin(faulted(self.faults.next(), "due", move || {
             self.inner.due(max)

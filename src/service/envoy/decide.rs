@@ -480,6 +480,7 @@ impl EnvoyRateLimitService {
             honour_shadow: true,
             shadow_all: self.options.shadow,
             merge_duplicates: true,
+            once: None,
         };
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),

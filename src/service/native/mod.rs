@@ -7,6 +7,7 @@ mod holds;
 mod in_flight;
 pub mod release;
 pub mod settle;
+mod unknown;
 mod wire;
 
 use std::sync::Arc;

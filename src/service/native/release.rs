@@ -41,6 +41,11 @@ pub struct Released {
     /// Holds whose release can never be made (a limit of theirs is gone, or the record
     /// cannot be read): their estimates stand, and they are not claimed again.
     pub given_up: u64,
+    /// Pending records whose Check's spend was resolved (docs/concurrency.md, "A Check
+    /// cut short"): decided with what it spent, released at a later sweep, or dropped.
+    pub resolved: u64,
+    /// Pending records whose resolution failed (tried again a little later).
+    pub unresolved: u64,
 }
 
 /// What became of one due hold.
@@ -51,6 +56,9 @@ enum Outcome {
     /// been applied, not made again).
     Failed(String, Option<Vec<u8>>),
     GivenUp(String),
+    /// A pending record (its Check's spend not known to be made): resolved, or to be
+    /// resolved at a later sweep (with why not).
+    Resolved(Option<String>),
 }
 
 /// The first of a kind of failure in a sweep (logged once, with how many there were).
@@ -95,6 +103,11 @@ impl Settler {
                         done.given_up += 1;
                         given_up.note(&id, &error);
                     }
+                    Outcome::Resolved(None) => done.resolved += 1,
+                    Outcome::Resolved(Some(error)) => {
+                        done.unresolved += 1;
+                        failed.note(&id, &error);
+                    }
                     Outcome::Failed(error, reopen) => {
                         done.failed += 1;
                         failed.note(&id, &error);
@@ -128,8 +141,9 @@ impl Settler {
                 retried = retry.len(),
                 first = %id,
                 %error,
-                "due holds' releases failed; those surely not applied are claimed again at \
-                 the next sweep"
+                unresolved = done.unresolved,
+                "due holds' releases (or resolutions of spends not known to be made) \
+                 failed; those surely not applied are claimed again at the next sweep"
             );
         }
         let event = |name: &str, n: u64| {
@@ -148,6 +162,12 @@ impl Settler {
 
     /// Releases (or keeps) one claimed hold.
     async fn release_one(&self, decider: &Decider, id: &str, kept: &Kept) -> Outcome {
+        if kept.facts.is_empty() {
+            return match self.resolve_due(decider, id, kept).await {
+                Ok(()) => Outcome::Resolved(None),
+                Err(u) => Outcome::Resolved(Some(u.status.message().into())),
+            };
+        }
         let Some(spent) = facts_of(&kept.facts) else {
             return Outcome::GivenUp("its record cannot be read".into());
         };

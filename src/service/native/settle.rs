@@ -37,9 +37,11 @@ use crate::clock::{CalendarPeriod, Nanos, SECOND};
 use crate::gcra::{Mode, Window};
 use crate::observe::metrics::Metrics;
 use crate::proto::v1 as pb;
-use crate::service::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
+use crate::service::{
+    BatchResult, CheckOptions, DecideError, Decider, ItemSpec, OnceSpend, Rule, MAX_BATCH,
+};
 use crate::store::shared::{Claim, Kept, Settlements};
-use crate::store::StoreError;
+use crate::store::{Once, StoreError};
 use crate::text::{cut_bytes, printable};
 
 /// The longest request id (bytes).
@@ -226,16 +228,31 @@ impl Settler {
             .collect();
         let items: Vec<ItemSpec<'static>> =
             items.iter().cloned().map(ItemSpec::into_owned).collect();
+        let once = self.once_for(decider, hold);
         let (settler, decider, request) = (self.clone(), decider.clone(), request.clone());
         let checked = tokio::spawn(async move {
             let held: Vec<(&str, usize)> = keys.iter().map(|(k, i)| (k.as_str(), *i)).collect();
-            let id = settler.open(&request, hold, &held).await?;
-            let result = decider
-                .check_with(&table, &items, CheckOptions::default())
-                .await;
-            settler
-                .decided(id, &request.items, &releases, &result)
-                .await;
+            let id = settler.open(&request, hold, &held, once.as_ref()).await?;
+            let options = CheckOptions {
+                once: once.map(|once| OnceSpend {
+                    once,
+                    resolve: false,
+                }),
+                ..CheckOptions::default()
+            };
+            let result = decider.check_with(&table, &items, options).await;
+            match (&result, once) {
+                // Not known whether it spent: kept pending, and resolved.
+                (Err(e @ DecideError::Store(store)), Some(once)) if store.may_have_applied() => {
+                    let items = request.items.clone();
+                    return Err(settler.unknown(decider, id, items, once, e));
+                }
+                _ => {
+                    settler
+                        .decided(id, &request.items, &releases, &result)
+                        .await
+                }
+            }
             Ok::<_, Status>(result?)
         });
         checked
@@ -245,7 +262,7 @@ impl Settler {
 
     /// Decides the kept record of `id` by its Check's `result`: with what it spent if it
     /// was allowed, else dropped.
-    async fn decided(
+    pub(super) async fn decided(
         &self,
         id: &str,
         items: &[pb::Item],
@@ -275,20 +292,24 @@ impl Settler {
         request: &'r pb::CheckRequest,
         hold: Option<Nanos>,
         held: &[(&str, usize)],
+        once: Option<&Once>,
     ) -> Result<&'r str, Status> {
         let id = request.request_id.as_str();
         checked_id("request_id", id)?;
-        let record = pb::CheckRequest {
+        let mut record = pb::CheckRequest {
             items: request.items.clone(),
             ..Default::default()
-        }
-        .encode_to_vec();
-        if record.len() > MAX_RECORD {
+        };
+        let size = record.encoded_len();
+        if size > MAX_RECORD {
             return Err(Status::invalid_argument(format!(
-                "request_id: the items take {} bytes, more than the {MAX_RECORD} a kept Check may",
-                record.len()
+                "request_id: the items take {size} bytes, more than the {MAX_RECORD} a kept Check may"
             )));
         }
+        // The spend's token, for its resolution (see `unknown.rs`).
+        // (32 hex digits, as `unknown.rs` reads it).
+        record.request_id = once.map_or_else(String::new, |o| format!("{:032x}", o.token));
+        let record = record.encode_to_vec();
         let keys: Vec<String> = held.iter().map(|&(key, _)| key.to_string()).collect();
         let opened = self
             .table

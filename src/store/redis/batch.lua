@@ -54,6 +54,17 @@
 --   Both return {now, tat_1, ..., tat_n}, each TAT the stored value before its item (after
 --   the items before it) or "".
 -- A written TAT expires when it is reached: PX is the time until it, rounded up.
+--
+-- Once under a token (a kept Check's spend, docs/concurrency.md "A Check cut short"): the
+-- last key is the token's marker (in the batch's slot), and ARGV[1] is "once:<ttl ms>"
+-- (a spend of one batch), "resolve:<ttl ms>" (sent as once is; its buckets unread) or
+-- "undo:<ttl ms>" (a refund). A marker holds "void" (nothing spent, nothing will be) or
+-- the reply of the spend that wrote under it, lines of text. once: a marker found is
+-- answered ({"void"}, or the reply it holds) and nothing is spent; else the batch is
+-- decided as a spend, and when it wrote anything its reply is kept in the marker.
+-- resolve: no marker becomes "void"; answers as once does. undo: a marker holding a
+-- reply becomes "void" and its buckets are refunded (as refund); any other refunds
+-- nothing ({"void"}). Every marker expires after its ttl.
 
 -- Globals are table lookups: the ones used per item are made locals.
 local tonumber, string_sub, string_format, string_find = tonumber, string.sub, string.format, string.find
@@ -218,6 +229,42 @@ local function window_value(ws, used)
 end
 
 local op = ARGV[1]
+-- Under a token (see above): its marker and ttl, the marker out of KEYS.
+local marker, marker_ttl
+if op ~= 'spend' and op ~= 'refund' and op ~= 'reset' then
+  local colon = string_find(op, ':', 1, true)
+  if colon then
+    marker, marker_ttl, op = KEYS[#KEYS], string_sub(op, colon + 1), string_sub(op, 1, colon - 1)
+    KEYS = {unpack(KEYS, 1, #KEYS - 1)}
+    local found = redis.call('GET', marker)
+    if op == 'undo' then
+      if not found or found == 'void' then
+        if not found then
+          redis.call('SET', marker, 'void', 'PX', marker_ttl)
+        end
+        return {'void'}
+      end
+      redis.call('SET', marker, 'void', 'PX', marker_ttl)
+      op = 'refund'
+    elseif found then
+      if found == 'void' then
+        return {'void'}
+      end
+      local reply = {}
+      for line in string.gmatch(found, '([^\n]*)\n') do
+        reply[#reply + 1] = line
+      end
+      return reply
+    elseif op == 'resolve' then
+      redis.call('SET', marker, 'void', 'PX', marker_ttl)
+      return {'void'}
+    elseif op == 'once' then
+      op = 'spend'
+    else
+      return redis.error_reply('cellrate: unknown op ' .. tostring(ARGV[1]))
+    end
+  end
+end
 local nows, nown
 if ARGV[2] == '' then
   local time = redis.call('TIME')
@@ -316,6 +363,7 @@ end
 
 -- Applies a decided lease item: an acquire when its batch is allowed, a release whatever
 -- the batch decides (neither when it cannot be decided); returns its reply.
+local leases_wrote = false
 local function lease_write(k, mode, hold, id, d, decidable, allowed)
   local wrote = false
   if not decidable then
@@ -333,6 +381,7 @@ local function lease_write(k, mode, hold, id, d, decidable, allowed)
   end
   local after = d.before
   if wrote then
+    leases_wrote = true
     after = lease_summary(k, d.base, d.rel, true)
   end
   local reply = 'L' .. (d.held and '1,' or '0,') .. d.before .. ',' .. after
@@ -502,11 +551,17 @@ if op == 'spend' then
     end
     at, first = at + n, first + n
   end
+  local wrote = leases_wrote
   for k in pairs(dirty) do
     local v = text[k] or format(curs[k], curn[k])
     redis.call('SET', k, v, 'PX', ttl_ms(curs[k], curn[k], nows, nown))
+    wrote = true
   end
   out[1] = format(nows, nown)
+  if marker and wrote then
+    -- Each line ended by a newline (a reply's values hold none: digits, or a lease's).
+    redis.call('SET', marker, table.concat(out, '\n') .. '\n', 'PX', marker_ttl)
+  end
   return out
 end
 

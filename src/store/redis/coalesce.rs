@@ -111,7 +111,7 @@ impl RedisStore {
         let answer = match turn {
             Turn::Now(batch) => {
                 let _release = Release { store: self, slot };
-                let mut reads = self.call_spend(slot, &[&batch]).await?.into_iter();
+                let mut reads = self.call_spend(slot, &[&batch], None).await?.into_iter();
                 return reads.next().unwrap_or(Err(StoreError::MalformedReply));
             }
             Turn::Wait(answer) => answer,
@@ -160,7 +160,7 @@ impl RedisStore {
                 return;
             }
             let batches: Vec<&[Wire]> = taken.iter().map(|w| w.batch.as_slice()).collect();
-            match self.call_spend(slot, &batches).await {
+            match self.call_spend(slot, &batches, None).await {
                 Ok(reads) => {
                     for (waiting, read) in taken.into_iter().zip(reads) {
                         // The request may have given up meanwhile; nothing to tell it.

@@ -183,11 +183,13 @@ impl RedisStore {
 
     /// One spend call over `batches` (all in one slot), decided in order by one script
     /// run: per batch what it read, or that batch's own data error; an error of the whole
-    /// call fails them all.
+    /// call fails them all. `once`: the marker and op of a spend under a token (one
+    /// batch, see `once.rs`); no reads when it found or made its marker "void".
     pub(super) async fn call_spend(
         &self,
         slot: usize,
         batches: &[&[Wire]],
+        once: Option<(&str, &str)>,
     ) -> Result<Vec<Result<Read, StoreError>>, StoreError> {
         // Each item names its key (the script keeps a bucket's state by name, so a hot
         // key's later batches decide from what earlier ones wrote) and the number of its
@@ -201,8 +203,15 @@ impl RedisStore {
             invocation.key(wire.key.as_str());
             numbers.push(shapes.index((wire.increment, wire.burst_offset, wire.mode)));
         }
+        let op = match once {
+            Some((marker, op)) => {
+                invocation.key(marker);
+                op
+            }
+            None => Op::Spend.name(),
+        };
         invocation
-            .arg(Op::Spend.name())
+            .arg(op)
             .arg(self.now_arg())
             .arg(shapes.order.len());
         for (increment, burst_offset, mode) in &shapes.order {
@@ -232,6 +241,10 @@ impl RedisStore {
         self.observer.event(StoreEvent::SpendCall {
             batches: batches.len(),
         });
+        if once.is_some() && values.len() == 1 && values[0] == "void" {
+            self.note(slot, true);
+            return Ok(Vec::new());
+        }
         if values.len() != items + 1 {
             self.note(slot, false);
             return Err(StoreError::MalformedReply);
@@ -284,7 +297,7 @@ impl RedisStore {
     }
 
     /// `now` for the script: empty for Redis `TIME`, else cellrate's clock.
-    fn now_arg(&self) -> String {
+    pub(super) fn now_arg(&self) -> String {
         match self.settings.clock {
             RedisClock::Redis => String::new(),
             RedisClock::Local => self.clock.now().to_string(),
@@ -293,7 +306,7 @@ impl RedisStore {
 
     /// Runs a prepared script call through the breaker, within the deadline. A failed
     /// call counts toward the breaker here; the caller tells it of an answer.
-    async fn run(
+    pub(super) async fn run(
         &self,
         op: Op,
         slot: usize,

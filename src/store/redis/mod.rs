@@ -70,6 +70,8 @@ mod lease_keys;
 #[cfg(feature = "redis")]
 mod leases;
 #[cfg(feature = "redis")]
+mod once;
+#[cfg(feature = "redis")]
 mod overrides;
 #[cfg(feature = "redis")]
 mod sentinel;

@@ -38,11 +38,15 @@
 --         costs, check, facts, opened, decided, now} for a settled one.
 -- reopen  ARGV[2] facts. A settled record becomes decided again, with these facts (a hold
 --         is live again). Returns {"1"}.
--- due     ARGV[2] most. Claims decided holds whose due has come (settled at ""), lets go
---         of pending ones. Returns {now, then per claimed: key, check, facts, opened,
---         decided}.
+-- due     ARGV[2] most. Claims decided holds whose due has come (settled at ""); hands
+--         out pending ones (their Check's spend not known to be made: cut short, or its
+--         replica gone) with facts "" and decided = opened, for their resolution, and
+--         makes them due again RESOLVE_AGAIN_MS later (until they are decided or
+--         forgotten, or their key expires). Returns {now, then per claimed or handed out:
+--         key, check, facts, opened, decided}.
 
 local index, key, holds = KEYS[1], KEYS[2], KEYS[3]
+local RESOLVE_AGAIN_MS = 1000
 local op = ARGV[1]
 
 local t = redis.call('TIME')
@@ -210,8 +214,18 @@ elseif op == 'due' then
   local ready = redis.call('ZRANGEBYSCORE', holds, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
   for _, k in ipairs(ready) do
     local s = state_of(k)
-    unhold(k)
-    redis.call('ZREM', holds, k)
+    if s == 'p' then
+      redis.call('ZADD', holds, now + RESOLVE_AGAIN_MS, k)
+      local r = redis.call('HMGET', k, 'c', 'o')
+      table.insert(out, k)
+      table.insert(out, r[1])
+      table.insert(out, '')
+      table.insert(out, r[2])
+      table.insert(out, r[2])
+    else
+      unhold(k)
+      redis.call('ZREM', holds, k)
+    end
     if s == 'd' then
       redis.call('HSET', k, 's', 's', 'k', '')
       local r = redis.call('HMGET', k, 'c', 'f', 'o', 't')

@@ -24,6 +24,7 @@ pub struct RedisSettlements {
     script: redis::Script,
     prefix: String,
     window_ms: String,
+    window: Nanos,
     max: String,
     max_per_key: String,
     timeout: Duration,
@@ -44,6 +45,7 @@ impl RedisSettlements {
             script: redis::Script::new(SCRIPT),
             prefix: format!("{}{{settle}}:", settings.prefix),
             window_ms: (window / (1_000 * MICROSECOND)).max(1).to_string(),
+            window,
             max: max.max(1).to_string(),
             max_per_key: DEFAULT_MAX_HOLDS_PER_KEY.to_string(),
             timeout,
@@ -212,6 +214,10 @@ impl Settlements for RedisSettlements {
 
     fn reopen<'a>(&'a self, id: &'a str, facts: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.call("reopen", id, &[facts]).await.map(|_| ()) })
+    }
+
+    fn window(&self) -> Nanos {
+        self.window
     }
 
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>> {

@@ -12,6 +12,7 @@ use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
 use super::lease_keys::LeaseKeys;
 use super::leases;
+use super::once::{voided, Under};
 use super::wire::{Op, Read, Wire, WireMode, WireWindow};
 use super::{FailurePolicy, RedisSettings};
 
@@ -19,8 +20,8 @@ use crate::clock::{Clock, Nanos};
 use crate::gcra::{self, Decision, Mode, Window};
 use crate::limits::names::BucketKey;
 use crate::store::{
-    LeaseCounters, LeaseEvents, MemoryStore, Outcome, Store, StoreError, StoreEvent, StoreFuture,
-    StoreItem, StoreObserver,
+    LeaseCounters, LeaseEvents, MemoryStore, Once, Outcome, Store, StoreError, StoreEvent,
+    StoreFuture, StoreItem, StoreObserver,
 };
 
 /// The script, compiled into the binary.
@@ -132,9 +133,9 @@ impl RedisStore {
         self.started.elapsed().as_nanos() as i64
     }
 
-    /// The script's items for one slot group (`refused`: per item, an acquire sent with a
-    /// count of 0, see [`super::lease_keys`]).
-    fn wire(
+    /// One slot group's items as the script reads them (`refused`: per item, an acquire
+    /// sent with a count of 0, see [`super::lease_keys`]).
+    fn wires(
         &self,
         items: &[StoreItem],
         keys: &[String],
@@ -175,38 +176,56 @@ impl RedisStore {
             .collect()
     }
 
-    async fn spend_redis(&self, items: &[StoreItem]) -> Result<Outcome, StoreError> {
+    /// Spends `items`, under a token (or only resolves it) when `under` says so: see
+    /// `once.rs`.
+    pub(super) async fn spend_redis(
+        &self,
+        items: &[StoreItem],
+        under: Option<Under<'_>>,
+    ) -> Result<Outcome, StoreError> {
         let keys: Vec<String> = items.iter().map(|i| self.redis_key(&i.key)).collect();
-        if let Some(outcome) = keys.first().and_then(|key| self.cached_denial(items, key)) {
-            return Ok(outcome);
+        let resolving = under.is_some_and(|u| u.resolve);
+        if !resolving {
+            if let Some(outcome) = keys.first().and_then(|key| self.cached_denial(items, key)) {
+                return Ok(outcome);
+            }
         }
         let sent = self.mono();
         let now = self.clock.now();
-        // Only a request with a lease item touches the lease keys' lock.
-        let seq = match items.iter().any(leases::is_lease) {
-            true => self.lease_keys.seq(),
-            false => 0,
+        // Only a request with a lease item touches the lease keys' lock; a resolution
+        // only reads what an earlier call did, so it claims no key.
+        let leasing = !resolving && items.iter().any(leases::is_lease);
+        let seq = if leasing { self.lease_keys.seq() } else { 0 };
+        let claims = match leasing {
+            true => leases::claim(&self.lease_keys, items, &keys, now),
+            false => vec![None; items.len()],
         };
-        let claims = leases::claim(&self.lease_keys, items, &keys, now);
         let refused = leases::refusals(&claims);
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|(slot, members)| {
-            self.spend_group(*slot, self.wire(items, &keys, members, now, &refused))
+            let wires = self.wires(items, &keys, members, now, &refused);
+            self.group_call(*slot, wires, under)
         });
         let reads = futures_util::future::join_all(calls).await;
 
-        // Replay each group's decision exactly as the script made it.
+        // Replay each group's decision exactly as the script made it (`None`: a group
+        // resolved as not spent).
         let mut outcomes = Vec::with_capacity(groups.len());
-        let mut failure = None;
+        let (mut failure, mut void) = (None, false);
         for ((_, members), read) in groups.iter().zip(reads) {
-            let replayed = read.and_then(|read| {
-                Ok((
+            let replayed = read.and_then(|read| match read {
+                Some(read) => Ok(Some((
                     leases::replay(items, members, &read, false, &refused)?,
                     read,
-                ))
+                ))),
+                None => Ok(None),
             });
             match replayed {
-                Ok((out, read)) => outcomes.push(Some((read, out))),
+                Ok(Some((out, read))) => outcomes.push(Some((read, out))),
+                Ok(None) => {
+                    void = true;
+                    outcomes.push(None);
+                }
                 Err(e) => {
                     failure = Some(e);
                     outcomes.push(None);
@@ -214,30 +233,37 @@ impl RedisStore {
             }
         }
         let all_allowed = failure.is_none()
+            && !void
             && outcomes
                 .iter()
                 .all(|o| o.as_ref().is_some_and(|(_, out)| out.allowed));
         if !all_allowed {
-            self.compensate(items, &keys, &groups, &outcomes).await;
+            self.compensate(items, &keys, &groups, &outcomes, under.map(|u| u.once))
+                .await;
         }
-        let (lease_keys, claims) = (&self.lease_keys, &claims);
-        leases::settle(
-            lease_keys,
-            items,
-            &keys,
-            &groups,
-            &outcomes,
-            claims,
-            seq,
-            all_allowed,
-        );
-        let reads = outcomes.iter().map(|o| o.as_ref().map(|(read, _)| read));
-        leases::count(&self.lease_events, items, &groups, reads, all_allowed);
+        if !resolving {
+            let reads = outcomes.iter().map(|o| o.as_ref().map(|(read, _)| read));
+            leases::count(&self.lease_events, items, &groups, reads, all_allowed);
+        }
+        if leasing {
+            let (lease_keys, claims) = (&self.lease_keys, &claims);
+            leases::settle(
+                lease_keys,
+                items,
+                &keys,
+                &groups,
+                &outcomes,
+                claims,
+                seq,
+                all_allowed,
+            );
+        }
         if let Some(e) = failure {
             return Err(e);
         }
-
-        if let (Some(key), Some(Some((read, _)))) = (keys.first(), outcomes.first()) {
+        if let (Some(key), Some(Some((read, _))), false) =
+            (keys.first(), outcomes.first(), resolving)
+        {
             self.learn(items, key, sent, read, all_allowed);
         }
         let mut decisions = vec![UNDECIDED; items.len()];
@@ -272,6 +298,7 @@ impl RedisStore {
         keys: &[String],
         groups: &[(usize, Vec<usize>)],
         outcomes: &[Option<(Read, gcra::BatchOutcome)>],
+        once: Option<&Once>,
     ) {
         let mut counted = false;
         for ((slot, members), outcome) in groups.iter().zip(outcomes) {
@@ -305,7 +332,16 @@ impl RedisStore {
             }
             let group_keys: Vec<String> = spent.iter().map(|(i, _)| keys[*i].clone()).collect();
             let args: Vec<String> = spent.into_iter().map(|(_, arg)| arg).collect();
-            if let Err(e) = self.call(Op::Refund, *slot, &group_keys, &args).await {
+            let given_back = match once {
+                // Under the group's marker, so that it is given back once, however many
+                // resolutions see it.
+                Some(once) => self.undo(*slot, once, &group_keys, &args).await,
+                None => self
+                    .call(Op::Refund, *slot, &group_keys, &args)
+                    .await
+                    .map(|_| ()),
+            };
+            if let Err(e) = given_back {
                 tracing::warn!(error = %e, "could not refund a partly spent cross-slot batch");
             }
         }
@@ -444,10 +480,50 @@ impl Store for RedisStore {
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
         Box::pin(async move {
             leases::check_ids(items)?;
-            match self.spend_redis(items).await {
+            match self.spend_redis(items, None).await {
                 Ok(outcome) => Ok(outcome),
                 Err(e) => self.on_failure(items, e),
             }
+        })
+    }
+
+    fn keeps_tokens(&self) -> bool {
+        true
+    }
+
+    fn spend_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a Once,
+    ) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            leases::check_ids(items)?;
+            let under = Under {
+                once,
+                resolve: false,
+            };
+            match self.spend_redis(items, Some(under)).await {
+                Ok(outcome) => Ok(outcome),
+                // Not known, or resolved as not made: resolution, not the failure
+                // policy, says what it did (a policy's answer would misstate the record).
+                Err(e) if e.may_have_applied() || voided(&e) => Err(e),
+                Err(e) => self.on_failure(items, e),
+            }
+        })
+    }
+
+    fn resolve_once<'a>(
+        &'a self,
+        items: &'a [StoreItem],
+        once: &'a Once,
+    ) -> StoreFuture<'a, Outcome> {
+        Box::pin(async move {
+            leases::check_ids(items)?;
+            let under = Under {
+                once,
+                resolve: true,
+            };
+            self.spend_redis(items, Some(under)).await
         })
     }
 
