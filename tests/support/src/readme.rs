@@ -47,9 +47,9 @@ pub fn sh(command: &str) -> std::process::Output {
     Command::new("sh")
         .arg("-c")
         .arg(command.replace("\\\n", " "))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(crate::ROOT)
         .output()
         .unwrap()
 }
 
-pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+pub use crate::ROOT;

@@ -32,7 +32,7 @@ pub fn limits() -> tempfile::TempDir {
 
 /// `cellrate_holds_total{event}` in a `/metrics` page (0 when absent).
 pub fn holds(metrics: &str, event: &str) -> f64 {
-    crate::common::sample(
+    crate::sample(
         metrics,
         &format!("cellrate_holds_total{{event=\"{event}\"}}"),
     )
