@@ -110,7 +110,7 @@ fn store(address: String) -> MemcacheStore {
 }
 
 /// A descriptor's counter of 10 a minute, spending `cost` (0: a read, `get`).
-fn item(cost: u64) -> StoreItem {
+fn minute_counter(cost: u64) -> StoreItem {
     StoreItem {
         key: BucketKey::windowed(
             RATELIMIT_NUMBER,
@@ -129,7 +129,7 @@ async fn refused(how: Hostile, cost: u64) -> (StoreError, Duration, u64) {
     let (address, sent) = hostile(how).await;
     let store = store(address);
     let started = Instant::now();
-    let e = store.spend(&[item(cost)]).await.unwrap_err();
+    let e = store.spend(&[minute_counter(cost)]).await.unwrap_err();
     (e, started.elapsed(), sent.load(Ordering::Relaxed))
 }
 
@@ -206,7 +206,7 @@ async fn a_connection_the_server_dropped_is_not_reused() {
     });
     let store = store(address);
     for n in 1..=3 {
-        let outcome = store.spend(&[item(1)]).await.unwrap();
+        let outcome = store.spend(&[minute_counter(1)]).await.unwrap();
         assert_eq!(outcome.decisions[0].remaining, 10 - n, "call {n}");
         // Let the close reach this side before the next call looks at the connection.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -319,7 +319,7 @@ async fn a_lost_add_race_is_counted_by_incr_again() {
         seen
     });
     let store = store(address);
-    let outcome = store.spend(&[item(1)]).await.unwrap();
+    let outcome = store.spend(&[minute_counter(1)]).await.unwrap();
     assert_eq!(outcome.decisions[0].remaining, 3, "10 a minute, 7 counted");
     let start = T0 / cellrate::clock::SECOND / 60 * 60;
     let key = format!("d_k_v_{start}");
@@ -364,7 +364,7 @@ async fn connections_to_a_slow_server_are_bounded() {
     let store = Arc::new(store(address));
     let calls = (0..300).map(|_| {
         let store = store.clone();
-        tokio::spawn(async move { store.spend(&[item(1)]).await.map(|o| o.allowed) })
+        tokio::spawn(async move { store.spend(&[minute_counter(1)]).await.map(|o| o.allowed) })
     });
     for call in futures_util::future::join_all(calls).await {
         assert_eq!(call.unwrap(), Ok(true));

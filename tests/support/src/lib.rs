@@ -195,6 +195,11 @@ impl Served {
     }
 }
 
+/// The limits of the repository's example configuration, `config/`.
+pub fn example_limits() -> LimitTable {
+    LimitTable::load_dir(&Path::new(ROOT).join("config")).expect("config/ loads")
+}
+
 /// The settings a served test runs with unless it says otherwise: `Settings::default()`,
 /// which `defaults::the_harness_runs_with_what_serve_runs_with_by_default` holds to what
 /// `cellrate serve` runs with when given no flags.
