@@ -10,22 +10,22 @@
 
 use cellrate_test_support as common;
 
-mod budgets;
-mod calendar;
+mod budgets_envoy;
 mod concurrency_envoy;
 mod deploy;
+mod doc_pictures;
 mod envoy_e2e;
 mod fail_open;
 mod faults;
 mod grpcurl;
-mod header_visibility;
+mod header_visibility_envoy;
 mod istio_e2e;
 mod memcache;
 mod observability;
 mod python_envoy;
 mod ratelimit_dashboard;
-mod ratelimit_format;
-mod readme;
+mod ratelimit_example;
+mod readme_tools;
 #[cfg(feature = "redis")]
 mod redis_coalescing;
 #[cfg(feature = "redis")]
@@ -35,20 +35,20 @@ mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;
 #[cfg(feature = "redis")]
-mod release_sweep;
-#[cfg(feature = "redis")]
-mod reservations;
+mod release_sweep_redis;
 mod reservations_envoy;
+#[cfg(feature = "redis")]
+mod reservations_redis;
 mod resp_clients;
 mod resp_differential;
 #[cfg(feature = "redis")]
-mod resp_gcra;
-#[cfg(feature = "redis")]
-mod rlqs;
+mod resp_gcra_redis;
 mod rlqs_e2e;
-mod settle;
-mod settle_attacks;
+#[cfg(feature = "redis")]
+mod rlqs_redis;
+mod settle_attacks_redis;
 mod settle_promise;
+mod settle_redis;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 #[cfg(feature = "redis")]

@@ -36,7 +36,6 @@ mod hostile_requests;
 mod in_flight_share;
 mod input_limits;
 mod leases;
-mod memcache_store;
 mod native_headers;
 mod operations;
 mod process_ops;

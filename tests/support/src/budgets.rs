@@ -1,5 +1,5 @@
 //! Helpers of `budgets`'s tests that both tiers use (`tests/it/budgets.rs`,
-//! `tests/full/budgets.rs`).
+//! `tests/full/budgets_envoy.rs`).
 
 use crate::Served;
 use cellrate::limits::config::LimitTable;

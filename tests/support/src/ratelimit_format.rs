@@ -1,5 +1,5 @@
 //! Helpers of `ratelimit_format`'s tests that both tiers use
-//! (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_format.rs`).
+//! (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_example.rs`).
 
 use crate::Served;
 use cellrate::limits::config::LimitTable;

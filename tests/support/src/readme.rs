@@ -1,5 +1,5 @@
 //! Helpers of `readme`'s tests that both tiers use (`tests/it/readme.rs`,
-//! `tests/full/readme.rs`).
+//! `tests/full/readme_tools.rs`).
 
 use std::process::Command;
 

@@ -1,5 +1,5 @@
 //! Helpers of the reservations tests that both tiers use (`tests/it/reservations.rs`,
-//! `tests/full/reservations.rs`).
+//! `tests/full/reservations_redis.rs`).
 
 use std::time::Duration;
 

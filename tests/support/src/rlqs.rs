@@ -1,5 +1,5 @@
 //! Helpers of `rlqs`'s tests that both tiers use (`tests/it/rlqs.rs`,
-//! `tests/full/rlqs.rs`).
+//! `tests/full/rlqs_redis.rs`).
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Helpers of `settle`'s tests that both tiers use (`tests/it/settle.rs`,
-//! `tests/full/settle.rs`).
+//! `tests/full/settle_redis.rs`).
 
 use crate::item;
 use cellrate::proto::v1 as pb;

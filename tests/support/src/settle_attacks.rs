@@ -1,5 +1,5 @@
 //! Helpers of `settle_attacks`'s tests that both tiers use (`tests/it/settle_attacks.rs`,
-//! `tests/full/settle_attacks.rs`).
+//! `tests/full/settle_attacks_redis.rs`).
 
 use crate::settle::Client;
 use cellrate::proto::v1 as pb;
