@@ -31,28 +31,8 @@ use tokio::net::TcpStream;
 mod proc_stats;
 use proc_stats::rss_kib;
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// HPACK literal fields without indexing (every length below 127).
-fn headers(fields: &[(&str, &str)]) -> Vec<u8> {
-    let mut block = Vec::new();
-    for (name, value) in fields {
-        block.push(0x00);
-        block.push(name.len() as u8);
-        block.extend_from_slice(name.as_bytes());
-        block.push(value.len() as u8);
-        block.extend_from_slice(value.as_bytes());
-    }
-    block
-}
+// The raw HTTP/2 frames of the hostile-client tests (tests/support/, a dev-dependency).
+use cellrate_test_support::h2_raw::{frame, header_block as headers, PREFACE};
 
 /// Opens a connection with the client preface and an empty SETTINGS frame.
 async fn h2_open(addr: &str) -> Option<TcpStream> {

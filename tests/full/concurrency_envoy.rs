@@ -246,7 +246,7 @@ async fn envoy(rls: &[SocketAddr], backend: SocketAddr, edit: impl FnOnce(&mut V
     .await
 }
 
-fn example_limits() -> LimitTable {
+fn concurrency_example_limits() -> LimitTable {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
     LimitTable::load_dir(&dir).expect("the example loads")
 }
@@ -278,7 +278,7 @@ async fn decided(s: &Served, result: &str) -> f64 {
 
 #[tokio::test]
 async fn a_real_envoy_holds_each_tenant_to_n_in_flight_and_heals_after_a_kill() {
-    let s = Served::with_limits(example_limits()).await;
+    let s = Served::with_limits(concurrency_example_limits()).await;
     holds_to_n_and_heals_after_a_kill(vec![s]).await;
 }
 
@@ -311,8 +311,8 @@ async fn replicas_on(server: &crate::common::redis_server::RedisServer) -> Vec<S
         settings.clock = cellrate::store::redis::RedisClock::Local;
         settings.timeout = Duration::from_secs(5);
     }
-    let a = Served::with_settings(example_limits(), settings.clone()).await;
-    let b = Served::with_settings(example_limits(), settings).await;
+    let a = Served::with_settings(concurrency_example_limits(), settings.clone()).await;
+    let b = Served::with_settings(concurrency_example_limits(), settings).await;
     vec![a, b]
 }
 
@@ -416,7 +416,7 @@ fn the_example_is_valid_as_written() {
 #[tokio::test]
 async fn a_client_cannot_share_one_lease_among_its_requests() {
     let (backend_addr, counts) = backend().await;
-    let mut s = Served::with_limits(example_limits()).await;
+    let mut s = Served::with_limits(concurrency_example_limits()).await;
     let proxy = envoy(&[s.decisions_addr], backend_addr, |_| {}).await;
     let answered = statuses(burst_as(proxy.ingress, &["acme"], PRESSURE, Some("same"))).await;
     let peak = counts.take_peaks()["acme"];

@@ -22,7 +22,7 @@ use crate::common::envoy::{rate_limit_filter, yaml, Envoy};
 use crate::common::http1::{Http1, Reply};
 use cellrate::clock::SECOND;
 
-use crate::common::{poll_until, remaining, Served};
+use crate::common::{example_limits, poll_until, remaining, Served};
 
 /// Envoy's rate-limit counters live under the route's upstream cluster (`backend`), not under
 /// the rate-limit service's cluster.
@@ -103,10 +103,6 @@ async fn concurrently(
         }
     }
     total
-}
-
-pub fn example_limits() -> LimitTable {
-    LimitTable::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
 }
 
 fn with_headers(style: HeaderStyle) -> Settings {

@@ -19,7 +19,7 @@ type Headers = Vec<(&'static str, Vec<u8>)>;
 /// The per-address limit: 5 an hour (the served clock is frozen: exact counts).
 const PER_ADDRESS: i64 = 5;
 
-fn limits() -> LimitTable {
+fn fail_open_limits() -> LimitTable {
     let files = [
         (
             "names.yaml",
@@ -143,7 +143,7 @@ fn hostile_values() -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(fail_open_limits()).await;
     let envoy = Envoy::example(s.decisions_addr, fail_open).await;
     let mut client = envoy.client().await;
     let values = hostile_values();
@@ -222,7 +222,7 @@ async fn no_header_a_client_sends_gets_it_past_a_limit_it_cannot_touch() {
 /// counted on the address).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hostile_route_counts_plain_requests_on_the_address() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(fail_open_limits()).await;
     let envoy = Envoy::example(s.decisions_addr, fail_open).await;
     let mut client = Http1::connect(envoy.ingress).await;
     for _ in 0..2 {

@@ -1,7 +1,8 @@
 //! The full tier: the integration tests that need more than Rust: a real redis-server,
 //! Valkey, Envoy, Helm, Prometheus, grpcurl, Python clients or redis-cell. Each fails, never
 //! skips, when what it needs is missing (`scripts/test.sh` installs it all). The fast tier,
-//! `tests/it/`, holds the rest, and the harness both use (`common`).
+//! `tests/it/`, holds the rest. `common` is the harness both share, the crate
+//! `cellrate-test-support` (`tests/support/`).
 
 // A test binary has no API: `pub` here only shares helpers between its modules.
 #![allow(unreachable_pub)]
@@ -9,25 +10,24 @@
 // crate, not out of its tests.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "../it/common/mod.rs"]
-mod common;
+use cellrate_test_support as common;
 
-mod budgets;
-mod calendar;
+mod budgets_envoy;
 mod concurrency_envoy;
 mod deploy;
+mod doc_pictures;
 mod envoy_e2e;
 mod fail_open;
 mod faults;
 mod grpcurl;
-mod header_visibility;
+mod header_visibility_envoy;
 mod istio_e2e;
 mod memcache;
 mod observability;
 mod python_envoy;
 mod ratelimit_dashboard;
-mod ratelimit_format;
-mod readme;
+mod ratelimit_example;
+mod readme_tools;
 #[cfg(feature = "redis")]
 mod redis_coalescing;
 #[cfg(feature = "redis")]
@@ -37,20 +37,20 @@ mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;
 #[cfg(feature = "redis")]
-mod release_sweep;
-#[cfg(feature = "redis")]
-mod reservations;
+mod release_sweep_redis;
 mod reservations_envoy;
+#[cfg(feature = "redis")]
+mod reservations_redis;
 mod resp_clients;
 mod resp_differential;
 #[cfg(feature = "redis")]
-mod resp_gcra;
-#[cfg(feature = "redis")]
-mod rlqs;
+mod resp_gcra_redis;
 mod rlqs_e2e;
-mod settle;
-mod settle_attacks;
+#[cfg(feature = "redis")]
+mod rlqs_redis;
+mod settle_attacks_redis;
 mod settle_promise;
+mod settle_redis;
 #[cfg(feature = "redis")]
 mod shared_overrides;
 #[cfg(feature = "redis")]
@@ -60,65 +60,6 @@ mod store_differential;
 #[cfg(feature = "redis")]
 mod store_log;
 #[cfg(feature = "redis")]
-mod upstream_suite;
-
-/// `store_scenarios.rs`'s tests on Redis and Valkey, standalone and clustered: one test
-/// per scenario and store, `store_scenarios::<store>::<scenario>`, each on a server or
-/// cluster of its own (the fast tier runs the same scenarios on the memory store).
-#[cfg(feature = "redis")]
-macro_rules! on_every_store {
-    ($($scenario:ident),* $(,)?) => {
-        #[cfg(feature = "redis")]
-        mod redis_standalone {
-            use super::RedisServer;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let server = RedisServer::start();
-                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod valkey_standalone {
-            use super::RedisServer;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let server = RedisServer::start_valkey();
-                    super::$scenario(&super::redis(Some(server.url()), vec![], "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod valkey_cluster {
-            use super::RedisCluster;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    let cluster = RedisCluster::start_valkey();
-                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod redis_cluster {
-            use super::RedisCluster;
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    // The all-or-nothing scenario checks slots with the prefix "t:".
-                    let cluster = RedisCluster::start();
-                    super::$scenario(&super::redis(None, cluster.urls(), "t:")).await;
-                }
-            )*
-        }
-    };
-}
-#[cfg(feature = "redis")]
-#[allow(dead_code, unused_imports)] // the memory store's part is the fast tier's
-#[path = "../it/store_scenarios.rs"]
 mod store_scenarios;
+#[cfg(feature = "redis")]
+mod upstream_suite;

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::redis_server::RedisServer;
+use crate::common::spend_item;
 use cellrate::clock::{FakeClock, Nanos, SECOND};
-use cellrate::gcra::{Limit, Mode};
+use cellrate::gcra::Limit;
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{Coalescing, RedisClock, RedisSettings, RedisStore};
@@ -57,16 +58,6 @@ fn ten() -> Limit {
     Limit::new(10, 10, 600 * SECOND).unwrap()
 }
 
-fn item(id: &str, limit: Limit) -> StoreItem {
-    StoreItem {
-        key: BucketKey::new(100, id),
-        limit,
-        cost: 1,
-        mode: Mode::CheckAndSpend,
-        lease: None,
-    }
-}
-
 /// Spends `items` in a task of its own, and returns once the request has gone as far as
 /// it goes without waiting (its call sent, or its batch queued in its lane): the order of
 /// `ask`s is then the order of arrival.
@@ -101,7 +92,7 @@ fn script_calls(server: &RedisServer) -> u64 {
 
 /// Loads the script (the first call's NOSCRIPT round trip) and zeroes Redis's counts.
 async fn warm(server: &RedisServer, store: &RedisStore) {
-    store.spend(&[item("warm", ten())]).await.unwrap();
+    store.spend(&[spend_item("warm", ten(), 1)]).await.unwrap();
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap().trim(), "OK");
 }
 
@@ -139,7 +130,7 @@ async fn held(
     });
     warm(server, &store).await;
     pause(server, 1_000);
-    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let first = occupy(&store, |i| spend_item(&format!("first-{i}"), ten(), 1)).await;
     (store, first, metrics)
 }
 
@@ -149,19 +140,19 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
     let (store, metrics) = observed(settings(&server.url(), Duration::from_secs(10)));
     // "full" has no token left: a batch naming it is denied as a whole.
     let one = Limit::new(1, 1, 600 * SECOND).unwrap();
-    store.spend(&[item("full", one)]).await.unwrap();
+    store.spend(&[spend_item("full", one, 1)]).await.unwrap();
     warm(&server, &store).await;
 
     pause(&server, 1_500);
-    let first = occupy(&store, |_| item("hot", ten())).await;
+    let first = occupy(&store, |_| spend_item("hot", ten(), 1)).await;
     let mut waiting = Vec::new();
     for i in 1..=30 {
         let other = if i % 3 == 0 {
-            item("full", one)
+            spend_item("full", one, 1)
         } else {
-            item(&format!("own-{i}"), ten())
+            spend_item(&format!("own-{i}"), ten(), 1)
         };
-        waiting.push(ask(&store, vec![item("hot", ten()), other]).await);
+        waiting.push(ask(&store, vec![spend_item("hot", ten(), 1), other]).await);
     }
     // What an operator sees meanwhile: 30 batches of two items wait.
     assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(60.0));
@@ -195,9 +186,12 @@ async fn waiting_batches_go_in_one_call_in_arrival_order_each_all_or_nothing() {
     assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(0.0));
 
     // What Redis holds agrees: hot is empty, a batch denied by "full" spent nothing.
-    let hot = store.spend(&[item("hot", ten())]).await.unwrap();
+    let hot = store.spend(&[spend_item("hot", ten(), 1)]).await.unwrap();
     assert!(!hot.allowed);
-    let untouched = store.spend(&[item("own-13", ten())]).await.unwrap();
+    let untouched = store
+        .spend(&[spend_item("own-13", ten(), 1)])
+        .await
+        .unwrap();
     assert_eq!(untouched.decisions[0].remaining, 9);
 }
 
@@ -213,7 +207,10 @@ async fn calls_are_bounded_in_items() {
         tasks.push(
             ask(
                 &store,
-                vec![item("hot", ten()), item(&format!("k{i}"), ten())],
+                vec![
+                    spend_item("hot", ten(), 1),
+                    spend_item(&format!("k{i}"), ten(), 1),
+                ],
             )
             .await,
         );
@@ -239,9 +236,9 @@ async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_se
     let (store, first, metrics) = held(&server, Coalescing::default()).await;
     let mut kept = Vec::new();
     for i in 0..5 {
-        kept.push(ask(&store, vec![item(&format!("kept-{i}"), ten())]).await);
+        kept.push(ask(&store, vec![spend_item(&format!("kept-{i}"), ten(), 1)]).await);
     }
-    let abandoned = ask(&store, vec![item("abandoned", ten())]).await;
+    let abandoned = ask(&store, vec![spend_item("abandoned", ten(), 1)]).await;
     abandoned.abort();
     // Its task is gone (its waiting batch dropped) once its handle says so.
     assert!(abandoned.await.unwrap_err().is_cancelled());
@@ -262,7 +259,7 @@ async fn a_caller_that_goes_away_stalls_nobody_and_its_waiting_batch_is_never_se
     // The abandoned batch left the queue's gauge with the others.
     assert_eq!(series(&metrics, "cellrate_redis_queued_items"), Some(0.0));
     // The lane is idle again: a lone request goes straight out.
-    let out = store.spend(&[item("after", ten())]).await.unwrap();
+    let out = store.spend(&[spend_item("after", ten(), 1)]).await.unwrap();
     assert!(out.allowed);
 }
 
@@ -276,7 +273,7 @@ async fn every_waiting_request_keeps_its_own_deadline() {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..6 {
-        tasks.push(ask(&store, vec![item(&format!("d{i}"), ten())]).await);
+        tasks.push(ask(&store, vec![spend_item(&format!("d{i}"), ten(), 1)]).await);
     }
     for (i, task) in tasks.into_iter().enumerate() {
         let e = task.await.unwrap().unwrap_err();
@@ -305,12 +302,18 @@ async fn a_full_queue_refuses_at_once() {
     };
     let (store, mut tasks, _) = held(&server, coalescing).await;
     for i in 0..2 {
-        let items = vec![item(&format!("a{i}"), ten()), item(&format!("b{i}"), ten())];
+        let items = vec![
+            spend_item(&format!("a{i}"), ten(), 1),
+            spend_item(&format!("b{i}"), ten(), 1),
+        ];
         tasks.push(ask(&store, items).await);
     }
     // Four items wait: one more does not fit.
     let started = Instant::now();
-    let e = store.spend(&[item("late", ten())]).await.unwrap_err();
+    let e = store
+        .spend(&[spend_item("late", ten(), 1)])
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::Backlog { queued: 4 }), "{e}");
     assert!(
         started.elapsed() < Duration::from_millis(900),
@@ -330,12 +333,12 @@ async fn a_poisoned_bucket_fails_only_its_own_batch_in_a_shared_call() {
     server.cli(&["SET", &poisoned, "not a tat"]).unwrap();
 
     pause(&server, 1_000);
-    let first = occupy(&store, |i| item(&format!("first-{i}"), ten())).await;
+    let first = occupy(&store, |i| spend_item(&format!("first-{i}"), ten(), 1)).await;
     let batches = [
-        vec![item("poisoned", ten())],
-        vec![item("b", ten())],
-        vec![item("c", ten()), item("poisoned", ten())],
-        vec![item("c", ten())],
+        vec![spend_item("poisoned", ten(), 1)],
+        vec![spend_item("b", ten(), 1)],
+        vec![spend_item("c", ten(), 1), spend_item("poisoned", ten(), 1)],
+        vec![spend_item("c", ten(), 1)],
     ];
     let mut tasks = Vec::new();
     for batch in batches {

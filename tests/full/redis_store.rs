@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::redis_server::{RedisCluster, RedisServer};
+use crate::common::spend_item as spend;
 use cellrate::clock::{CalendarPeriod, FakeClock, Nanos, SECOND};
-use cellrate::gcra::{Limit, Mode, Window};
+use cellrate::gcra::{Limit, Window};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
 use cellrate::store::redis::{FailurePolicy, RedisClock, RedisSettings, RedisStore, RedisTls};
@@ -30,16 +31,6 @@ fn store(settings: RedisSettings, clock: &FakeClock) -> (Arc<RedisStore>, Arc<Me
         RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap(),
         metrics,
     )
-}
-
-fn spend(id: &str, limit: Limit, cost: u64) -> StoreItem {
-    StoreItem {
-        key: BucketKey::new(100, id),
-        limit,
-        cost,
-        mode: Mode::CheckAndSpend,
-        lease: None,
-    }
 }
 
 fn per_10s() -> Limit {

@@ -234,7 +234,7 @@ async fn send(
 /// fake one that starts at 22:13 UTC, and is moved at most ten minutes: nothing refills),
 /// with the example's reservation policy but no share cap, and the rule `descriptors`
 /// (the example's when `None`).
-fn limits(descriptors: Option<&str>) -> LimitTable {
+fn reservation_limits(descriptors: Option<&str>) -> LimitTable {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
     let files = [
@@ -361,7 +361,7 @@ async fn a_real_envoy_keeps_a_streaming_models_tokens_within_the_budget() {
         sweep_interval: Duration::from_millis(20),
         ..Settings::default()
     };
-    let mut s = Served::with_settings(limits(None), settings).await;
+    let mut s = Served::with_settings(reservation_limits(None), settings).await;
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
     let plan = plan();
     let outcomes = run(proxy.ingress, &model, &plan, LEAVING).await;
@@ -448,7 +448,7 @@ async fn a_real_envoy_keeps_a_streaming_models_tokens_within_the_budget() {
 async fn checked_then_charged_the_same_load_overshoots_the_budget() {
     let (model_addr, model) = model().await;
     let rules = "tokens:\n  - match: [{key: tenant}]\n    limits: [TokensPerTenant]\n";
-    let mut s = Served::with_limits(limits(Some(rules))).await;
+    let mut s = Served::with_limits(reservation_limits(Some(rules))).await;
     let proxy = envoy(s.decisions_addr, model_addr, |config| {
         let route = model_route(config);
         let entries = route["typed_per_filter_config"]["envoy.filters.http.ratelimit"]
@@ -528,7 +528,7 @@ async fn post_as(ingress: SocketAddr, tenant: &str, headers: String) -> u16 {
 async fn a_request_without_a_cap_does_not_reach_the_model() {
     let (model_addr, model) = model().await;
     model.open_gate();
-    let mut s = Served::with_limits(limits(None)).await;
+    let mut s = Served::with_limits(reservation_limits(None)).await;
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
     for headers in [
         "",
@@ -572,7 +572,7 @@ async fn a_request_without_a_cap_does_not_reach_the_model() {
 async fn a_client_cannot_share_one_hold_among_its_requests() {
     let (model_addr, model) = model().await;
     model.open_gate();
-    let mut s = Served::with_limits(limits(None)).await;
+    let mut s = Served::with_limits(reservation_limits(None)).await;
     let headers = "x-max-tokens: 1000\r\nx-test-cost: 10\r\nx-request-id: same\r\n";
     let mut statuses = Vec::new();
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
@@ -620,7 +620,7 @@ async fn one_tenants_requests_in_flight_cannot_deny_another_tenants() {
         settle_max_holds_per_key: 3,
         ..Settings::default()
     };
-    let mut s = Served::with_settings(limits(None), settings).await;
+    let mut s = Served::with_settings(reservation_limits(None), settings).await;
     let proxy = envoy(s.decisions_addr, model_addr, |_| {}).await;
     let headers = |n: usize| format!("x-max-tokens: 1000\r\nx-test-cost: 10\r\nx-test-id: {n}\r\n");
     let held: Vec<_> = (0..3)
@@ -662,7 +662,7 @@ fn the_example_is_valid_as_written() {
 #[tokio::test]
 async fn envoy_settles_from_response_headers_not_trailers() {
     let (model_addr, model) = model().await;
-    let mut s = Served::with_limits(limits(None)).await;
+    let mut s = Served::with_limits(reservation_limits(None)).await;
     let proxy = envoy(s.decisions_addr, model_addr, |config| {
         let clusters = config["static_resources"]["clusters"]
             .as_sequence_mut()

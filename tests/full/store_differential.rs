@@ -144,7 +144,7 @@ fn shape() -> impl Strategy<Value = Shape> {
     prop_oneof![3 => gcra, 2 => calendar, 2 => lease]
 }
 
-fn item() -> impl Strategy<Value = Item> {
+fn any_item() -> impl Strategy<Value = Item> {
     let cost = prop_oneof![
         2 => Just(0u64),
         6 => 1u64..=3,
@@ -181,8 +181,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (1i64..=400).prop_map(|days| days * DAY),
     ];
     prop_oneof![
-        6 => prop::collection::vec(item(), 1..=3).prop_map(Step::Spend),
-        2 => prop::collection::vec(item(), 1..=2).prop_map(Step::Refund),
+        6 => prop::collection::vec(any_item(), 1..=3).prop_map(Step::Spend),
+        2 => prop::collection::vec(any_item(), 1..=2).prop_map(Step::Refund),
         1 => prop::collection::vec((0..KEYS, 0..LIMITS), 1..=2).prop_map(Step::Reset),
         3 => wait.prop_map(Step::Wait),
         1 => (0..LIMITS, 0i64..=1).prop_map(|(limit, less)| Step::ToWindowEnd { limit, less }),

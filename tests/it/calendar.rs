@@ -24,13 +24,13 @@ const GCRA: &str = "CallsPerTenant: {burst: 3, count: 3, period: 1h}\n";
 const DESCRIPTORS: &str =
     "api:\n  - match: [{key: tenant}]\n    limits: [CallsPerTenant]\n    id: \"{tenant}\"\n";
 
-fn limits(defaults: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
-    write("names.yaml", NAMES);
-    write("defaults.yaml", defaults);
-    write("descriptors.yaml", DESCRIPTORS);
-    dir
+/// The calendar limits directory with `defaults`.
+fn calendar_limits(defaults: &str) -> tempfile::TempDir {
+    crate::common::directory(&[
+        ("names.yaml", NAMES),
+        ("defaults.yaml", defaults),
+        ("descriptors.yaml", DESCRIPTORS),
+    ])
 }
 
 async fn served(dir: &Path) -> Served {
@@ -50,7 +50,7 @@ fn secs(seconds: i64) -> Option<prost_types::Duration> {
 
 #[tokio::test]
 async fn a_calendar_quota_counts_per_utc_hour_natively_and_through_envoy() {
-    let dir = limits(HOURLY);
+    let dir = calendar_limits(HOURLY);
     let mut s = served(dir.path()).await;
     for left in [2, 1, 0] {
         let d = spend(&mut s, "acme").await;
@@ -129,7 +129,7 @@ async fn a_calendar_quota_counts_per_utc_hour_natively_and_through_envoy() {
 /// values mean different things); going back finds the old kind's bucket as it was.
 #[tokio::test]
 async fn a_reload_that_changes_the_kind_starts_a_fresh_bucket() {
-    let dir = limits(GCRA);
+    let dir = calendar_limits(GCRA);
     let settings = crate::common::watching(dir.path(), Duration::from_millis(50));
     let table = LimitTable::load_dir(dir.path()).unwrap();
     let mut s = Served::full(table, settings, None).await;
@@ -181,7 +181,7 @@ async fn a_reload_that_changes_the_kind_starts_a_fresh_bucket() {
 
 #[tokio::test]
 async fn temporary_overrides_of_a_calendar_limit_say_so_and_keep_the_window() {
-    let dir = limits(HOURLY);
+    let dir = calendar_limits(HOURLY);
     let mut s = served(dir.path()).await;
     assert!(spend(&mut s, "acme").await.allowed);
     let set = |calendar: &str, burst, count, period| pb::SetOverrideRequest {
@@ -324,7 +324,7 @@ async fn inline_calendar_limits_are_bounded_and_kept_apart() {
 #[tokio::test]
 async fn zoned_windows_answer_with_the_local_window_end() {
     const TO_NY_15TH: i64 = 24_400;
-    let dir = limits(
+    let dir = calendar_limits(
         "CallsPerTenant: {window: calendar, count: 3, period: 1mo, timezone: America/New_York, \
          anchor: 15}\n",
     );

@@ -2,8 +2,7 @@
 //! would use them: to poison configured buckets or other callers' buckets, to outlive
 //! every sweep, or to fill the store. Each bound is checked through a real gRPC client.
 
-use crate::common::{check, item, remaining, Served, MS};
-use cellrate::limits::config::LimitTable;
+use crate::common::{check, example_limits, item, remaining, Served, MS};
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;
 use cellrate::service::CallerLimits;
@@ -22,7 +21,7 @@ const DAY: i32 = 4;
 const MONTH: i32 = 5;
 const YEAR: i32 = 6;
 
-fn descriptor(entries: &[(&str, &str)], limit: Option<(u32, i32)>) -> RateLimitDescriptor {
+fn with_override(entries: &[(&str, &str)], limit: Option<(u32, i32)>) -> RateLimitDescriptor {
     RateLimitDescriptor {
         limit: limit.map(|(requests_per_unit, unit)| RateLimitOverride {
             requests_per_unit,
@@ -76,16 +75,16 @@ async fn a_descriptor_limit_never_touches_the_configured_bucket() {
         },
         ..Settings::default()
     };
-    let mut s = Served::with_settings(config(), settings).await;
+    let mut s = Served::with_settings(example_limits(), settings).await;
     // 1 per hour on account 42's descriptor: the caller's own bucket.
-    let one_per_hour = || descriptor(&[("NewOrdersPerAccount", "42")], Some((1, HOUR)));
+    let one_per_hour = || with_override(&[("NewOrdersPerAccount", "42")], Some((1, HOUR)));
     assert_eq!(ask(&mut s, "edge", one_per_hour()).await.overall_code, OK);
     let r = ask(&mut s, "edge", one_per_hour()).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
     // The configured bucket of account 42 (300 per 180 minutes) is untouched.
     assert_eq!(remaining(&mut s, "NewOrdersPerAccount", "42").await, 300);
     // Envoy without the override spends from the configured bucket as usual.
-    let plain = descriptor(&[("NewOrdersPerAccount", "42")], None);
+    let plain = with_override(&[("NewOrdersPerAccount", "42")], None);
     let r = ask(&mut s, "edge", plain).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 299));
 
@@ -94,7 +93,7 @@ async fn a_descriptor_limit_never_touches_the_configured_bucket() {
     let r = ask(
         &mut s,
         "edge",
-        descriptor(&[("NewOrdersPerAccount", "42")], Some((1, YEAR))),
+        with_override(&[("NewOrdersPerAccount", "42")], Some((1, YEAR))),
     )
     .await;
     assert_eq!(r.overall_code, OVER);
@@ -149,7 +148,7 @@ async fn caller_limits_beyond_the_server_bounds_are_refused() {
         },
         ..Settings::default()
     };
-    let mut s = Served::with_settings(config(), settings).await;
+    let mut s = Served::with_settings(example_limits(), settings).await;
     let cases = [
         (inline("k", 101, 1, 1, None), "burst 101"),
         (inline("k", 1, 1, 61, None), "period 61s"),
@@ -178,7 +177,7 @@ async fn caller_limits_can_be_turned_off() {
         },
         ..Settings::default()
     };
-    let mut s = Served::with_settings(config(), settings).await;
+    let mut s = Served::with_settings(example_limits(), settings).await;
     let e = check(&mut s, vec![inline("k", 5, 5, 1, None)])
         .await
         .unwrap_err();
@@ -188,7 +187,7 @@ async fn caller_limits_can_be_turned_off() {
     let r = ask(
         &mut s,
         "edge",
-        descriptor(&[("NewOrdersPerAccount", "7")], Some((1, HOUR))),
+        with_override(&[("NewOrdersPerAccount", "7")], Some((1, HOUR))),
     )
     .await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 299));
@@ -197,7 +196,7 @@ async fn caller_limits_can_be_turned_off() {
         let r = ask(
             &mut s,
             "edge",
-            descriptor(&[("path", "/x")], Some((1, HOUR))),
+            with_override(&[("path", "/x")], Some((1, HOUR))),
         )
         .await;
         assert_eq!(r.overall_code, OK);
@@ -216,7 +215,7 @@ async fn descriptor_buckets_are_unambiguous_and_take_long_values() {
         ("edge|a=b", vec![("c", "d")]),
     ];
     for (domain, entries) in &spellings {
-        let r = ask(&mut s, domain, descriptor(entries, one)).await;
+        let r = ask(&mut s, domain, with_override(entries, one)).await;
         assert_eq!(
             r.overall_code, OK,
             "{domain} {entries:?} found a spent bucket"
@@ -231,15 +230,11 @@ async fn descriptor_buckets_are_unambiguous_and_take_long_values() {
     );
     // A 1 000-byte value with a limit works (the key is a digest).
     let long = "v".repeat(1_000);
-    let r = ask(&mut s, "edge", descriptor(&[("path", &long)], one)).await;
+    let r = ask(&mut s, "edge", with_override(&[("path", &long)], one)).await;
     assert_eq!(r.overall_code, OK);
-    let r = ask(&mut s, "edge", descriptor(&[("path", &long)], one)).await;
+    let r = ask(&mut s, "edge", with_override(&[("path", &long)], one)).await;
     assert_eq!(r.overall_code, OVER);
     s.stop().await;
-}
-
-fn config() -> LimitTable {
-    LimitTable::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
 }
 
 #[tokio::test]
@@ -251,7 +246,7 @@ async fn configured_limits_keep_working_when_the_caller_share_is_full() {
         max_buckets: 1_280,
         ..Settings::default()
     };
-    let mut s = Served::with_settings(config(), settings).await;
+    let mut s = Served::with_settings(example_limits(), settings).await;
     let mut full = None;
     for i in 0..10_000 {
         let r = check(
@@ -282,11 +277,11 @@ async fn configured_limits_keep_working_when_the_caller_share_is_full() {
 
 #[tokio::test]
 async fn monthly_and_yearly_limits_work_with_the_default_bounds() {
-    let mut s = Served::with_settings(config(), Settings::default()).await;
+    let mut s = Served::with_settings(example_limits(), Settings::default()).await;
     // Envoy Gateway's per-tenant limits arrive as descriptor limits in any unit up to YEAR.
     for (unit, name) in [(DAY, "day"), (MONTH, "month"), (YEAR, "year")] {
         let tenant = format!("tenant-{name}");
-        let d = || descriptor(&[("tenant", tenant.as_str())], Some((1_000, unit)));
+        let d = || with_override(&[("tenant", tenant.as_str())], Some((1_000, unit)));
         let first = ask(&mut s, "budgets", d()).await;
         assert_eq!(first.overall_code, OK, "1 000 per {name}: {first:?}");
         assert_eq!(first.statuses[0].limit_remaining, 999, "1 000 per {name}");

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::common::store_item;
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
@@ -11,16 +12,6 @@ use cellrate::store::{MemoryStore, StoreItem};
 const T0: Nanos = 1_700_000_000 * SECOND;
 const THREADS: usize = 8;
 const ROUNDS: usize = 2_000;
-
-fn item(key: &BucketKey, limit: Limit) -> StoreItem {
-    StoreItem {
-        key: key.clone(),
-        limit,
-        cost: 1,
-        mode: Mode::CheckAndSpend,
-        lease: None,
-    }
-}
 
 #[test]
 fn overlapping_batches_are_atomic_and_bounded_on_a_still_clock() {
@@ -50,8 +41,10 @@ fn overlapping_batches_are_atomic_and_bounded_on_a_still_clock() {
                         3 => vec![2, 1, 0],
                         _ => vec![1, 2],
                     };
-                    let items: Vec<StoreItem> =
-                        pick.iter().map(|&k| item(&keys[k], limit)).collect();
+                    let items: Vec<StoreItem> = pick
+                        .iter()
+                        .map(|&k| store_item(&keys[k], limit, 1, Mode::CheckAndSpend))
+                        .collect();
                     let out = store.spend_now(&items).unwrap();
                     assert_eq!(out.allowed, out.decisions.iter().all(|d| d.allowed));
                     if out.allowed {
@@ -90,7 +83,11 @@ fn one_hot_bucket_with_time_moving_respects_burst_plus_elapsed() {
             let (store, key, admitted) = (store.clone(), key.clone(), admitted.clone());
             scope.spawn(move || {
                 for _ in 0..ROUNDS {
-                    if store.spend_now(&[item(&key, limit)]).unwrap().allowed {
+                    if store
+                        .spend_now(&[store_item(&key, limit, 1, Mode::CheckAndSpend)])
+                        .unwrap()
+                        .allowed
+                    {
                         admitted.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -9,18 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::h2_raw::{self, ACK, DATA, GOAWAY, PING};
-use crate::common::{item, Served};
-use cellrate::limits::config::LimitTable;
+use crate::common::{example_limits, item, Served};
 use cellrate::proto::v1 as pb;
 use cellrate::server::connection_age::MaxConnectionAge;
 use cellrate::server::{ServerLimits, Settings};
 use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-
-fn limits() -> LimitTable {
-    LimitTable::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
-}
 
 /// A server whose connections live `age` (±10 %), then `grace`; requests may take a
 /// minute, so that only the age and the grace end a held call.
@@ -35,7 +30,7 @@ async fn serve(age: Duration, grace: Option<Duration>, max_connections: usize) -
         server,
         ..Settings::default()
     };
-    Served::with_settings(limits(), settings).await
+    Served::with_settings(example_limits(), settings).await
 }
 
 fn one_item() -> Vec<pb::Item> {

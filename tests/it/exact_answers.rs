@@ -193,10 +193,6 @@ mod invalid_ids {
         (Served::start(Some(dir.path())).await, dir)
     }
 
-    fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
-        crate::common::descriptor(&[(key, value)])
-    }
-
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         RateLimitRequest {
             domain: domain.into(),
@@ -212,8 +208,8 @@ mod invalid_ids {
     #[tokio::test]
     async fn deny_by_default_ignore_and_reject_by_domain() {
         let (mut s, _dir) = serve().await;
-        let valid = || descriptor("NewOrdersPerAccount", "7");
-        let garbage = || descriptor("NewOrdersPerAccount", "abc");
+        let valid = || crate::common::descriptor(&[("NewOrdersPerAccount", "7")]);
+        let garbage = || crate::common::descriptor(&[("NewOrdersPerAccount", "abc")]);
 
         // deny (default): the bad descriptor is OVER_LIMIT without Retry-After, the batch
         // is denied as a whole (nothing spent on the good one): no bypass by bad headers.
@@ -253,7 +249,7 @@ mod invalid_ids {
         assert_eq!(orders_left(&mut s, "7").await, 299);
 
         // Counted as invalid; the rejected request's unmatched descriptor is not counted.
-        let unmatched = || descriptor("path", "/");
+        let unmatched = || crate::common::descriptor(&[("path", "/")]);
         let e = s
             .envoy
             .should_rate_limit(request("strict", vec![unmatched(), garbage()]))

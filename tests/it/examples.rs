@@ -21,7 +21,7 @@ fn header_value(name: &str) -> &'static str {
 }
 
 /// The descriptor Envoy builds from one `rate_limits` entry's actions.
-fn descriptor(actions: &Value) -> RateLimitDescriptor {
+fn descriptor_of_actions(actions: &Value) -> RateLimitDescriptor {
     let entries = actions
         .as_sequence()
         .expect("actions is a list")
@@ -110,7 +110,7 @@ async fn check_file(path: &str, expected: &[&str]) {
     for entry in &limits {
         let request = RateLimitRequest {
             domain: domain_names[0].clone(),
-            descriptors: vec![descriptor(&entry["actions"])],
+            descriptors: vec![descriptor_of_actions(&entry["actions"])],
             hits_addend: 0,
         };
         let r = s
@@ -201,7 +201,7 @@ async fn concurrency_example_acquires_and_releases_one_lease() {
     let (limits, mut s) = served_example("concurrency", "inflight").await;
     let mut remaining = Vec::new();
     for entry in &limits {
-        let mut d = descriptor(&entry["actions"]);
+        let mut d = descriptor_of_actions(&entry["actions"]);
         if let Some(hits) = entry.get("hits_addend") {
             d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value {
                 value: hits["number"].as_u64().unwrap(),
@@ -224,7 +224,7 @@ async fn reservations_example_holds_and_settles_one_request() {
     let (limits, mut s) = served_example("reservations", "tokens").await;
     let mut remaining = Vec::new();
     for entry in &limits {
-        let mut d = descriptor(&entry["actions"]);
+        let mut d = descriptor_of_actions(&entry["actions"]);
         let hits = &entry["hits_addend"];
         // What Envoy reads for these formats: the request's cap, the model's usage.
         let value = match hits["format"].as_str().unwrap() {

@@ -2,7 +2,7 @@
 //! `headers: hidden` denies without a word of it in the answer (statuses, headers,
 //! `Retry-After`, metadata), in every header style; visible limits show as OpenAI's
 //! `x-ratelimit-*-requests` and `-tokens`. Through a real tonic client on loopback (the
-//! full tier shows the same through a real Envoy 1.40).
+//! full tier shows the same through a real Envoy 1.40, `header_visibility_envoy.rs`).
 
 use cellrate::proto::v1 as pb;
 use cellrate::server::Settings;

@@ -6,8 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{http_get_async, item, poll_until, remaining, Served};
-use cellrate::limits::config::LimitTable;
+use crate::common::h2_raw::{
+    check_headers as stalled_check, connect as h2_connect, frame, header_block, read_frame,
+    END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS,
+};
+use crate::common::{example_limits, http_get_async, item, poll_until, remaining, Served};
 use cellrate::proto::v1 as pb;
 use cellrate::server::listener::ConnectionLimits;
 use cellrate::server::{ServerLimits, Settings};
@@ -18,71 +21,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// HPACK literal fields without indexing, no Huffman (every length below 127).
-fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
-    let mut block = Vec::new();
-    for (name, value) in fields {
-        block.push(0x00);
-        block.push(name.len() as u8);
-        block.extend_from_slice(name.as_bytes());
-        block.push(value.len() as u8);
-        block.extend_from_slice(value.as_bytes());
-    }
-    block
-}
-
-/// A gRPC Check whose body never comes: the stream stays open, waiting.
-fn stalled_check(stream: u32) -> Vec<u8> {
-    let block = header_block(&[
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/cellrate.v1.RateLimiter/Check"),
-        (":authority", "cellrate"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]);
-    frame(HEADERS, END_HEADERS, stream, &block)
-}
-
 /// A request without :path: the server resets the stream (a local error reset).
 fn malformed_request(stream: u32) -> Vec<u8> {
     let block = header_block(&[(":method", "GET")]);
     frame(HEADERS, END_HEADERS | END_STREAM, stream, &block)
-}
-
-/// Connects and sends the client preface and an empty SETTINGS frame.
-async fn h2_connect(addr: std::net::SocketAddr) -> TcpStream {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(PREFACE).await.unwrap();
-    stream.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
-    stream
-}
-
-/// Reads one frame: (type, flags, stream, payload); `None` at EOF or error.
-async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    stream.read_exact(&mut head).await.ok()?;
-    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-    let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0u8; len];
-    stream.read_exact(&mut payload).await.ok()?;
-    Some((head[3], head[4], id, payload))
 }
 
 /// The server's SETTINGS_MAX_CONCURRENT_STREAMS, from its first SETTINGS frame.
@@ -93,13 +35,9 @@ fn max_concurrent_streams(payload: &[u8]) -> Option<u32> {
     })
 }
 
-fn limits() -> LimitTable {
-    LimitTable::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config")).unwrap()
-}
-
 async fn serve(server: ServerLimits) -> Served {
     Served::with_settings(
-        limits(),
+        example_limits(),
         Settings {
             server,
             ..Settings::default()
@@ -325,7 +263,7 @@ async fn slow_and_idle_tls_clients_are_closed() {
         ..ConnectionLimits::default()
     };
     let s = Served::with_settings(
-        limits(),
+        example_limits(),
         Settings {
             server: ServerLimits {
                 decisions: quick,

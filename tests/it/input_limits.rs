@@ -13,7 +13,7 @@ use tonic::Code;
 const OK: i32 = Rls::Ok as i32;
 const OVER: i32 = Rls::OverLimit as i32;
 
-fn descriptor(entries: usize, key_len: usize, value_len: usize) -> RateLimitDescriptor {
+fn sized_descriptor(entries: usize, key_len: usize, value_len: usize) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: (0..entries)
             .map(|i| {
@@ -46,11 +46,11 @@ async fn envoy_request_limits() {
     let mut s = Served::start(None).await;
     let cases = [
         (
-            request(&"d".repeat(257), vec![descriptor(1, 4, 4)]),
+            request(&"d".repeat(257), vec![sized_descriptor(1, 4, 4)]),
             "domain: longer than 256 bytes",
         ),
         (
-            request("edge", (0..65).map(|_| descriptor(1, 4, 4)).collect()),
+            request("edge", (0..65).map(|_| sized_descriptor(1, 4, 4)).collect()),
             "descriptors: 65 descriptors, at most 64",
         ),
     ];
@@ -66,8 +66,8 @@ async fn envoy_request_limits() {
     // A descriptor over its bounds (entries, a key: Envoy's configuration sets them) is
     // denied by itself, never an error that Envoy would let through; nothing is spent.
     for r in [
-        request("edge", vec![descriptor(17, 4, 4)]),
-        request("edge", vec![descriptor(1, 257, 4)]),
+        request("edge", vec![sized_descriptor(17, 4, 4)]),
+        request("edge", vec![sized_descriptor(1, 257, 4)]),
     ] {
         let answer = s.envoy.should_rate_limit(r).await.unwrap().into_inner();
         assert_eq!(answer.overall_code, OVER);
@@ -76,7 +76,7 @@ async fn envoy_request_limits() {
     // A value over 1 024 bytes (a client's header) stands for itself: decided, OK here
     // (the descriptor matches no limit).
     let answer = (s.envoy)
-        .should_rate_limit(request("edge", vec![descriptor(1, 4, 1025)]))
+        .should_rate_limit(request("edge", vec![sized_descriptor(1, 4, 1025)]))
         .await
         .unwrap()
         .into_inner();
@@ -85,9 +85,9 @@ async fn envoy_request_limits() {
     for r in [
         request(
             &"d".repeat(256),
-            (0..64).map(|_| descriptor(1, 8, 8)).collect(),
+            (0..64).map(|_| sized_descriptor(1, 8, 8)).collect(),
         ),
-        request("edge", vec![descriptor(16, 256, 1024)]),
+        request("edge", vec![sized_descriptor(16, 256, 1024)]),
     ] {
         let ok = s.envoy.should_rate_limit(r).await;
         assert!(ok.is_ok(), "{ok:?}");
@@ -174,12 +174,15 @@ async fn an_oversized_should_rate_limit_is_denied_unread() {
     let mut s = Served::start(None).await;
     // 40 descriptors of 2 entries with 1 000-byte values: about 80 KiB, above the 64 KiB cap
     // (each part within its own bound, so only the size denies it).
-    let big = request("edge", (0..40).map(|_| descriptor(2, 4, 1_000)).collect());
+    let big = request(
+        "edge",
+        (0..40).map(|_| sized_descriptor(2, 4, 1_000)).collect(),
+    );
     let answer = s.envoy.should_rate_limit(big).await.unwrap().into_inner();
     assert_eq!(answer.overall_code, OVER);
     assert!(answer.statuses.is_empty(), "{answer:?}");
     // The same connection still answers a request within the bounds.
-    let small = request("edge", vec![descriptor(1, 4, 4)]);
+    let small = request("edge", vec![sized_descriptor(1, 4, 4)]);
     assert!(s.envoy.should_rate_limit(small).await.is_ok());
 }
 

@@ -13,7 +13,7 @@ use cellrate::store::MemoryStore;
 const HOLD: i64 = 30 * SECOND;
 
 /// InFlight: 3 leases a tenant, held at most 30 s; Requests: a rate of 2 a second.
-fn limits() -> LimitTable {
+fn lease_limits() -> LimitTable {
     let dir = tempfile::tempdir().unwrap();
     let write = |file: &str, text: &str| std::fs::write(dir.path().join(file), text).unwrap();
     write(
@@ -55,7 +55,7 @@ async fn one(s: &mut Served, item: pb::Item) -> (bool, i64) {
 /// unknown release nothing; a lease never released is back after the hold.
 #[tokio::test]
 async fn leases_are_taken_freed_and_expire_by_themselves() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(lease_limits()).await;
     for (i, id) in ["r1", "r2", "r3"].into_iter().enumerate() {
         assert_eq!(one(&mut s, acquire("acme", id)).await, (true, 2 - i as i64));
         s.clock.advance(SECOND);
@@ -116,7 +116,7 @@ async fn leases_are_taken_freed_and_expire_by_themselves() {
 /// full key spends no rate.
 #[tokio::test]
 async fn a_denied_request_takes_no_lease() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(lease_limits()).await;
     let rate = |cost| item("Requests", "acme", Some(cost));
     let out = check(&mut s, vec![acquire("acme", "a"), rate(2)])
         .await
@@ -161,7 +161,7 @@ async fn fresh_ids_and_stray_releases_cannot_exceed_the_count() {
     )
     .with_lease_bound(40);
     let store = Arc::new(store);
-    let mut s = Served::full(limits(), Settings::default(), Some(store.clone())).await;
+    let mut s = Served::full(lease_limits(), Settings::default(), Some(store.clone())).await;
     assert!(one(&mut s, acquire("victim", "v")).await.0);
     let mut admitted = 0;
     for i in 0..200 {
@@ -214,7 +214,7 @@ async fn fresh_ids_and_stray_releases_cannot_exceed_the_count() {
 /// Bad input is INVALID_ARGUMENT naming the item and field, and changes nothing.
 #[tokio::test]
 async fn bad_lease_items_are_refused_and_change_nothing() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(lease_limits()).await;
     let long = "x".repeat(129);
     let cases: Vec<(pb::Item, &str)> = vec![
         (
@@ -287,7 +287,7 @@ async fn lease_events_are_counted() {
         sweep_interval: std::time::Duration::from_millis(20),
         ..Settings::default()
     };
-    let mut s = Served::full(limits(), settings, None).await;
+    let mut s = Served::full(lease_limits(), settings, None).await;
     for id in ["r1", "r2", "r1"] {
         assert!(one(&mut s, acquire("acme", id)).await.0);
     }
@@ -336,7 +336,7 @@ async fn top_in_flight(s: &mut Served, limit: u32, name: &str) -> Result<InFligh
 /// leases drop out; bad requests are INVALID_ARGUMENT naming the field.
 #[tokio::test]
 async fn top_in_flight_lists_the_ids_holding_the_most_leases() {
-    let mut s = Served::with_limits(limits()).await;
+    let mut s = Served::with_limits(lease_limits()).await;
     for (tenant, n) in [("beta", 2), ("acme", 3), ("gamma", 1)] {
         for i in 0..n {
             assert!(
@@ -403,7 +403,7 @@ async fn top_in_flight_is_for_admins_only() {
         admin_token: Some("s3cret-token".into()),
         ..Settings::default()
     };
-    let mut s = Served::full(limits(), settings, None).await;
+    let mut s = Served::full(lease_limits(), settings, None).await;
     assert!(one(&mut s, acquire("acme", "a")).await.0);
     let request = |token: Option<&str>| {
         let mut r = tonic::Request::new(pb::TopRequest {

@@ -2,7 +2,8 @@
 //! the memory store, real gRPC and HTTP on loopback, the `cellrate` binary itself), as
 //! modules of one test binary: the crate is linked once, not once per file. The tests that
 //! need redis-server, Valkey, Envoy, Helm, Prometheus, grpcurl, Python or redis-cell are the
-//! full tier, `tests/full/` (`scripts/test.sh` runs both). `common` is their harness.
+//! full tier, `tests/full/` (`scripts/test.sh` runs both). `common` is the harness both
+//! share, the crate `cellrate-test-support` (`tests/support/`).
 
 // A test binary has no API: `pub` here only shares helpers between its modules.
 #![allow(unreachable_pub)]
@@ -10,7 +11,7 @@
 // crate, not out of its tests.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use cellrate_test_support as common;
 
 mod bucket_shares;
 mod budgets;
@@ -37,7 +38,6 @@ mod hostile_requests;
 mod in_flight_share;
 mod input_limits;
 mod leases;
-mod memcache_store;
 mod native_headers;
 mod operations;
 mod process_ops;
@@ -57,23 +57,25 @@ mod runtime_overrides;
 mod settle;
 mod settle_attacks;
 mod snapshot_file;
-/// `store_scenarios.rs`'s tests on this tier's store, the memory store: one test per
-/// scenario, `store_scenarios::memory_store::<scenario>`, each on a fresh store (the full
-/// tier runs the same scenarios on Redis and Valkey).
-macro_rules! on_every_store {
-    ($($scenario:ident),* $(,)?) => {
-        mod memory_store {
-            $(
-                #[tokio::test]
-                async fn $scenario() {
-                    super::$scenario(&super::memory()).await;
-                }
-            )*
-        }
-    };
+/// The store scenarios (`common::store_scenarios`) on this tier's store, the memory store:
+/// one test per scenario, `store_scenarios::memory_store::<scenario>`, each on a fresh store
+/// (the full tier runs the same scenarios on Redis and Valkey).
+mod store_scenarios {
+    macro_rules! memory_store {
+        ($($scenario:ident),* $(,)?) => {
+            mod memory_store {
+                use crate::common::store_scenarios::{self as scenarios, memory};
+                $(
+                    #[tokio::test]
+                    async fn $scenario() {
+                        scenarios::$scenario(&memory()).await;
+                    }
+                )*
+            }
+        };
+    }
+    crate::common::every_store_scenario!(memory_store);
 }
-#[allow(dead_code, unused_imports)] // the Redis stores' part is the full tier's
-mod store_scenarios;
 mod structure;
 mod tls_rotation;
 mod unix_socket;

@@ -14,7 +14,7 @@ use crate::common::{descriptor, item, Served};
 
 /// The API's request limit (10 a second), its token budget (1 000 a minute, `measures:
 /// tokens`) and a hidden abuse guard (3 a minute).
-fn limits() -> LimitTable {
+fn header_limits() -> LimitTable {
     let files = [
         (
             "names.yaml",
@@ -49,7 +49,7 @@ async fn served(style: HeaderStyle) -> Served {
         },
         ..Settings::default()
     };
-    Served::with_settings(limits(), settings).await
+    Served::with_settings(header_limits(), settings).await
 }
 
 const STYLES: [(HeaderStyle, pb::HeaderStyle); 5] = [

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 const T0: Nanos = 1_700_000_000_000_000_000;
 
 /// Limits from 1 token per 10s up to 1000 per ms, bursts 1..=100.
-fn limits() -> impl Strategy<Value = Limit> {
+fn any_limit() -> impl Strategy<Value = Limit> {
     (1u64..=100, 1u64..=1000, 1_000_000i64..=10_000_000_000)
         .prop_filter_map("valid limit", |(burst, count, period)| {
             Limit::new(burst, count, period).ok()
@@ -25,7 +25,7 @@ fn cost_of(limit: &Limit, pick: u8) -> u64 {
 
 proptest! {
     #[test]
-    fn denied_is_allowed_exactly_at_retry_in(limit in limits(), steps in timeline(), pick in any::<u8>()) {
+    fn denied_is_allowed_exactly_at_retry_in(limit in any_limit(), steps in timeline(), pick in any::<u8>()) {
         let mut now = T0;
         let mut tat = None;
         for (dt, c) in steps {
@@ -49,7 +49,7 @@ proptest! {
     }
 
     #[test]
-    fn admitted_cost_over_any_window_is_bounded(limit in limits(), steps in timeline()) {
+    fn admitted_cost_over_any_window_is_bounded(limit in any_limit(), steps in timeline()) {
         let mut now = T0;
         let mut tat = None;
         let mut admitted: Vec<(Nanos, u64)> = Vec::new();
@@ -76,7 +76,7 @@ proptest! {
 
     #[test]
     fn refund_never_makes_a_bucket_fuller_than_full(
-        limit in limits(),
+        limit in any_limit(),
         ops in prop::collection::vec((0i64..100_000_000, any::<u8>(), any::<bool>()), 1..80),
     ) {
         let mut now = T0;

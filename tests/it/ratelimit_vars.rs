@@ -51,7 +51,7 @@ fn serve_as_ratelimit(root: &Path, vars: &[(&str, &str)]) -> (Killed, serde_json
 }
 
 /// A limits directory `root/config` with `files`.
-fn limits(files: &[(&str, &str)]) -> tempfile::TempDir {
+fn config_root(files: &[(&str, &str)]) -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("config")).unwrap();
     for (name, text) in files {
@@ -65,7 +65,7 @@ const RL: &str = "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit:
 /// PROMETHEUS_PATH moves the metrics; EXTRA_TAGS labels every series.
 #[test]
 fn prometheus_path_moves_the_metrics_as_upstream() {
-    let root = limits(&[("rl.yaml", RL)]);
+    let root = config_root(&[("rl.yaml", RL)]);
     let vars = [
         ("USE_PROMETHEUS", "true"),
         ("PROMETHEUS_ADDR", "127.0.0.1:0"),
@@ -109,7 +109,7 @@ fn healthcheck_becomes(addr: &str, want: u16) -> u16 {
 /// Without the variable, an empty directory is healthy, as there.
 #[test]
 fn healthy_with_at_least_one_config_loaded_waits_for_a_domain() {
-    let root = limits(&[]);
+    let root = config_root(&[]);
     let (_plain, serving) = serve_as_ratelimit(root.path(), &[]);
     let plain = serving["metrics"].as_str().unwrap().to_string();
     assert_eq!(http_get(&plain, "/healthcheck").0, 200);
@@ -148,7 +148,7 @@ async fn ratelimit_health_becomes(listen: &str, want: ServingStatus) -> ServingS
 #[tokio::test]
 async fn grpc_health_answers_for_ratelimit_as_upstream() {
     let (serving, not_serving) = (ServingStatus::Serving, ServingStatus::NotServing);
-    let root = limits(&[("rl.yaml", RL)]);
+    let root = config_root(&[("rl.yaml", RL)]);
     let (_plain, fields) = serve_as_ratelimit(root.path(), &[]);
     let listen = fields["listen"].as_str().unwrap();
     assert_eq!(grpc_health(listen, "ratelimit").await, Ok(serving));
@@ -158,7 +158,7 @@ async fn grpc_health_answers_for_ratelimit_as_upstream() {
         assert_eq!(answer, Err(tonic::Code::NotFound), "{unknown}");
     }
 
-    let root = limits(&[]);
+    let root = config_root(&[]);
     let vars = [("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true")];
     let (_child, fields) = serve_as_ratelimit(root.path(), &vars);
     let listen = fields["listen"].as_str().unwrap();
@@ -290,7 +290,7 @@ async fn near_limit_ratio_and_disable_stats_shape_upstreams_statistics() {
         (Some(("DISABLE_STATS", "true")), None),
     ];
     for (var, near) in cases {
-        let root = limits(&[("rl.yaml", limit)]);
+        let root = config_root(&[("rl.yaml", limit)]);
         let vars: Vec<(&str, &str)> = var.into_iter().collect();
         let (_child, serving) = serve_as_ratelimit(root.path(), &vars);
         let mut c = client(serving["listen"].as_str().unwrap()).await;
@@ -317,7 +317,7 @@ async fn near_limit_ratio_and_disable_stats_shape_upstreams_statistics() {
 #[tokio::test]
 async fn hostile_values_cannot_grow_or_forge_the_mapped_series() {
     let limit = "domain: quota-domain\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
-    let root = limits(&[("rl.yaml", limit)]);
+    let root = config_root(&[("rl.yaml", limit)]);
     let vars = [
         ("USE_PROMETHEUS", "true"),
         ("PROMETHEUS_ADDR", "127.0.0.1:0"),

@@ -2,7 +2,7 @@
 //! reload removed can never be released; they must not be retried over and over in
 //! every sweep, flood the log, or keep other tenants' holds from being given back. The
 //! memory store over real gRPC, on the fake clock (the sweeper runs every 20 ms of real
-//! time; the holds end on the fake clock). Redis: `tests/full/release_sweep.rs`.
+//! time; the holds end on the fake clock). Redis: `tests/full/release_sweep_redis.rs`.
 
 use std::time::Duration;
 

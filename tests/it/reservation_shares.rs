@@ -2,7 +2,7 @@
 //! items hold no token (cost 0, `MODE_CHECK_ONLY`) is no hold, and each bucket key has at
 //! most `--settle-max-holds-per-key` live holds, so that one tenant cannot fill the table
 //! and have every other tenant's reserving `Check` refused. The memory store over real
-//! gRPC, on the fake clock; Redis and Redis Cluster: `tests/full/reservations.rs`; through
+//! gRPC, on the fake clock; Redis and Redis Cluster: `tests/full/reservations_redis.rs`; through
 //! Envoy's RLS: `tests/it/envoy_reservations.rs`.
 
 use std::path::Path;

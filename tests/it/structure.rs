@@ -422,8 +422,8 @@ fn the_path_reader_makes_paths_absolute() {
 
 /// The fast tier (`tests/it/`, target `it`) needs nothing but Rust: none of its modules
 /// starts what the full tier (`tests/full/`, target `full`) needs (redis-server, Valkey,
-/// Envoy, Helm, Prometheus, grpcurl, Python, redis-cell, memcached). `store_scenarios.rs`
-/// is both tiers' (each crate root says which stores run it); `common/` is the harness both share.
+/// Envoy, Helm, Prometheus, grpcurl, Python, redis-cell, memcached). The harness both share,
+/// `tests/support/` (`common`), is where those tools are started.
 #[test]
 fn the_fast_tier_starts_no_tool() {
     let tools = [
@@ -451,8 +451,8 @@ fn the_fast_tier_starts_no_tool() {
     let mut modules = 0;
     for entry in fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        // store_scenarios.rs is both tiers'; this file names the tools.
-        let exempt = ["store_scenarios.rs", "structure.rs"];
+        // This file names the tools.
+        let exempt = ["structure.rs"];
         let shared = path
             .file_name()
             .is_some_and(|n| exempt.iter().any(|e| n == *e));
@@ -520,4 +520,62 @@ fn the_map_in_lib_rs_names_every_file_and_no_other() {
 fn the_map_reader_skips_headings_and_reads_first_words() {
     let lib = "//! intro\n//! ```text\n//! a/          room\n//! a/b.rs      one\n//!\n//! c.rs x\n//! ```\n//! after.rs\n";
     assert_eq!(files_the_map_names(lib), ["a/b.rs", "c.rs"]);
+}
+
+/// The test files of a tier's directory (`tests/it`, `tests/full`), by name, sub-directories
+/// included (`upstream_suite/`).
+fn test_files(tier: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join(tier), &mut out);
+    out.sort();
+    out
+}
+
+/// A topic lives in one tier: no test file of the fast tier has the name of one of the full
+/// tier's (a topic's tests that need a real server are in a file named for what they add,
+/// e.g. `budgets_envoy.rs`, beside the fast tier's `budgets.rs`).
+#[test]
+fn a_topic_lives_in_one_tier() {
+    let names = |tier: &str| -> std::collections::BTreeSet<String> {
+        fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(tier))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".rs") && n != "main.rs")
+            .collect()
+    };
+    let (fast, full) = (names("tests/it"), names("tests/full"));
+    assert!(fast.len() > 20 && full.len() > 20, "{fast:?} {full:?}");
+    let both: Vec<_> = fast.intersection(&full).collect();
+    assert!(both.is_empty(), "topics in both tiers: {both:?}");
+}
+
+/// Each tier is its own crate root and includes no file of another by path: what both use
+/// is the support crate's (`tests/support/`).
+#[test]
+fn no_test_file_is_included_by_path() {
+    let mut found = Vec::new();
+    let mut files = 0;
+    for tier in ["tests/it", "tests/full", "tests/support"] {
+        for path in test_files(tier) {
+            files += 1;
+            let text = fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("#[path") {
+                    found.push(format!("{}:{}", relative(&path), n + 1));
+                }
+            }
+        }
+    }
+    assert!(files > 100, "the test files were read: {files}");
+    assert!(found.is_empty(), "files included by path: {found:#?}");
 }

@@ -1,7 +1,7 @@
 //! Upstream's xds_sotw_integration_test.go: TestXdsProviderBasicConfig (testBasicBaseConfig
 //! with its limits over xDS, state of the world) and TestXdsProviderBasicConfigReload
 //! (testConfigReload, the `reload` domain added by a second snapshot and taken away by a
-//! third), `tests/it/common/ads.rs` as the control plane, node `init-test-node`. The
+//! third), `tests/support/src/ads.rs` as the control plane, node `init-test-node`. The
 //! runtime directory holds upstream's files as there: in this mode none is read.
 
 use super::base::{base_config_on_each, four, start_all, upstream_runtime, Variant};

@@ -1,7 +1,7 @@
 //! Helpers of `settle`'s tests that both tiers use (`tests/it/settle.rs`,
-//! `tests/full/settle.rs`).
+//! `tests/full/settle_redis.rs`).
 
-use crate::common::item;
+use crate::item;
 use cellrate::proto::v1 as pb;
 use std::time::Duration;
 use tonic::Code;
@@ -55,7 +55,7 @@ pub fn limits() -> tempfile::TempDir {
     dir
 }
 
-pub(crate) async fn settle(
+pub async fn settle(
     client: &mut Client,
     request_id: &str,
     costs: &[u64],

@@ -1,5 +1,5 @@
 //! Helpers of the reservations tests that both tiers use (`tests/it/reservations.rs`,
-//! `tests/full/reservations.rs`).
+//! `tests/full/reservations_redis.rs`).
 
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub fn limits() -> tempfile::TempDir {
 
 /// `cellrate_holds_total{event}` in a `/metrics` page (0 when absent).
 pub fn holds(metrics: &str, event: &str) -> f64 {
-    crate::common::sample(
+    crate::sample(
         metrics,
         &format!("cellrate_holds_total{{event=\"{event}\"}}"),
     )

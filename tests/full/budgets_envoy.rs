@@ -1,5 +1,5 @@
-//! `budgets`'s tests that need a real Envoy; the rest are the fast tier's,
-//! `tests/it/budgets.rs`.
+//! Budgets through a real Envoy: the examples' Envoy charges what a response used at stream
+//! end (the budgets themselves, without Envoy, are the fast tier's `tests/it/budgets.rs`).
 use std::path::Path;
 
 use crate::common::budgets::served;

@@ -1,7 +1,7 @@
 //! Helpers of `budgets`'s tests that both tiers use (`tests/it/budgets.rs`,
-//! `tests/full/budgets.rs`).
+//! `tests/full/budgets_envoy.rs`).
 
-use crate::common::Served;
+use crate::Served;
 use cellrate::limits::config::LimitTable;
 use std::path::Path;
 

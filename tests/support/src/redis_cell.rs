@@ -30,7 +30,7 @@ pub fn module() -> PathBuf {
 }
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(crate::ROOT)
 }
 
 fn build() -> Result<PathBuf, String> {

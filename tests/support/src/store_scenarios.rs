@@ -1,81 +1,49 @@
 //! One scenario suite, every store: the memory store, Redis standalone and a 3-master
 //! Redis Cluster answer every GCRA and batch scenario identically (on a fake clock that
-//! the Redis store passes to its script). Without the feature `redis`, the memory store's.
-//! Both test targets compile this file; each runs it on the stores it has (see
-//! `on_every_store!` in their `main.rs`).
+//! the Redis store passes to its script). Each tier runs the scenarios on the stores it has,
+//! one test per scenario and store, `store_scenarios::<store>::<scenario>`, each on a fresh
+//! store: the fast tier on the memory store (its `main.rs`), the full tier on Redis and
+//! Valkey, standalone and clustered (`tests/full/store_scenarios.rs`); both take the list of
+//! scenarios from [`every_store_scenario!`](crate::every_store_scenario).
 
 use std::sync::Arc;
 
-#[cfg(feature = "redis")]
-use crate::common::redis_server::{RedisCluster, RedisServer};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
-#[cfg(feature = "redis")]
-use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};
 
-const T0: Nanos = 1_700_000_000 * SECOND;
+/// The fake clock's start.
+pub const T0: Nanos = 1_700_000_000 * SECOND;
 const MS: Nanos = 1_000_000;
 
 /// A store under test, its clock and metrics.
-struct Subject {
-    store: Arc<dyn Store>,
-    clock: FakeClock,
-    // Read by the Redis scenarios only.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    metrics: Arc<Metrics>,
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    cluster: bool,
+pub struct Subject {
+    pub store: Arc<dyn Store>,
+    pub clock: FakeClock,
+    /// Read by the Redis scenarios only.
+    pub metrics: Arc<Metrics>,
+    /// A Redis Cluster's key slot (`cellrate::store::redis::slot`), when the store is one.
+    pub cluster_slot: Option<fn(&str) -> usize>,
 }
 
-fn memory() -> Subject {
+/// The memory store on a fake clock at [`T0`].
+pub fn memory() -> Subject {
     let clock = FakeClock::new(T0);
     Subject {
         store: Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
         clock,
         metrics: Metrics::new(),
-        cluster: false,
-    }
-}
-
-#[cfg(feature = "redis")]
-fn redis(url: Option<String>, nodes: Vec<String>, prefix: &str) -> Subject {
-    let clock = FakeClock::new(T0);
-    let metrics = Metrics::new();
-    let cluster = !nodes.is_empty();
-    let settings = RedisSettings {
-        url,
-        cluster_nodes: nodes,
-        prefix: prefix.to_string(),
-        // Generous: debug builds on a shared 2-core machine. Deadlines are tested apart.
-        timeout: std::time::Duration::from_secs(2),
-        clock: RedisClock::Local,
-        ..RedisSettings::default()
-    };
-    let store = RedisStore::new(settings, Arc::new(clock.clone()), metrics.clone()).unwrap();
-    Subject {
-        store,
-        clock,
-        metrics,
-        cluster,
+        cluster_slot: None,
     }
 }
 
 fn item(key: &str, limit: Limit, cost: u64, mode: Mode) -> StoreItem {
-    StoreItem {
-        key: BucketKey::new(100, key),
-        limit,
-        cost,
-        mode,
-        lease: None,
-    }
+    crate::store_item(&BucketKey::new(100, key), limit, cost, mode)
 }
 
-fn spend(key: &str, limit: Limit, cost: u64) -> StoreItem {
-    item(key, limit, cost, Mode::CheckAndSpend)
-}
+use crate::spend_item as spend;
 
 fn d(allowed: bool, remaining: i64, retry_in: Nanos, reset_in: Nanos) -> Decision {
     Decision {
@@ -95,7 +63,7 @@ fn seed() -> Limit {
     Limit::new(20, 20, SECOND).unwrap()
 }
 
-async fn seed_000(s: &Subject) {
+pub async fn seed_000(s: &Subject) {
     for i in 1..=20 {
         let got = one(s, spend("seed", seed(), 1)).await;
         assert_eq!(
@@ -125,7 +93,7 @@ async fn seed_000(s: &Subject) {
     );
 }
 
-async fn peek_and_oversize(s: &Subject) {
+pub async fn peek_and_oversize(s: &Subject) {
     assert_eq!(one(s, spend("peek", seed(), 0)).await, d(true, 20, 0, 0));
     one(s, spend("peek", seed(), 3)).await;
     assert_eq!(
@@ -143,7 +111,7 @@ async fn peek_and_oversize(s: &Subject) {
     );
 }
 
-async fn all_or_nothing(s: &Subject) {
+pub async fn all_or_nothing(s: &Subject) {
     let tight = Limit::new(2, 2, SECOND).unwrap();
     // Ids chosen to fall in different cluster slots (checked below), so that the cluster
     // store has to compensate.
@@ -174,11 +142,10 @@ async fn all_or_nothing(s: &Subject) {
             d(true, 0, 500 * MS, SECOND)
         ]
     );
-    #[cfg(feature = "redis")]
-    if s.cluster {
+    if let Some(slot) = s.cluster_slot {
         let slots: Vec<usize> = [a, b, c]
             .iter()
-            .map(|id| cellrate::store::redis::slot(&format!("t:100:{id}")))
+            .map(|id| slot(&format!("t:100:{id}")))
             .collect();
         assert!(
             slots[0] != slots[2] && slots[1] != slots[2],
@@ -192,7 +159,7 @@ async fn all_or_nothing(s: &Subject) {
     }
 }
 
-async fn modes(s: &Subject) {
+pub async fn modes(s: &Subject) {
     // Check-only reports what the spend would leave, and writes nothing (twice the same).
     let check = item("m-check", seed(), 4, Mode::CheckOnly);
     for _ in 0..2 {
@@ -233,7 +200,7 @@ async fn modes(s: &Subject) {
 /// Charges: recorded whatever the bucket holds, into debt at most one burst deep; a bucket
 /// in debt denies until refill repays it; a charge counts even in a batch another item
 /// denies (across cluster slots too: compensation leaves it).
-async fn charges(s: &Subject) {
+pub async fn charges(s: &Subject) {
     let charge = |key, cost| item(key, seed(), cost, Mode::Charge);
     // 25 tokens from a bucket of 20 (one token per 50 ms): five in debt.
     assert_eq!(
@@ -292,7 +259,7 @@ async fn charges(s: &Subject) {
 
 /// Calendar windows: at most `count` per window, back when the next window starts (on the
 /// store's clock); all-or-nothing with GCRA items; charges into debt; refunds to the window.
-async fn calendar_windows(s: &Subject) {
+pub async fn calendar_windows(s: &Subject) {
     use cellrate::clock::CalendarPeriod;
     // T0 is 22:13:20: this minute's window ends 40 s later.
     let minute = Limit::calendar(3, CalendarPeriod::Minute).unwrap();
@@ -366,7 +333,7 @@ async fn calendar_windows(s: &Subject) {
 /// New York month and a Berlin week across the 2026 changes reset at local midnight of the
 /// right day, to the second, on both sides of each change; a month anchored on the 31st
 /// ends on the last day of February (2026 and the leap 2028) and of April.
-async fn zoned_windows(s: &Subject) {
+pub async fn zoned_windows(s: &Subject) {
     use cellrate::clock::CalendarPeriod;
     let cal = |text: &str| Limit::calendar(2, CalendarPeriod::parse(text).unwrap()).unwrap();
     // Unix seconds of local midnights (the first of each month; Mondays; UTC's 31sts).
@@ -431,7 +398,7 @@ async fn zoned_windows(s: &Subject) {
     }
 }
 
-async fn refunds(s: &Subject) {
+pub async fn refunds(s: &Subject) {
     one(s, spend("r", seed(), 5)).await;
     let refund = |key: &str, cost| vec![spend(key, seed(), cost)];
     assert_eq!(
@@ -462,7 +429,7 @@ async fn refunds(s: &Subject) {
 /// where Redis read every bucket once at the start and its last write won (a refund of 2
 /// and 1 gave back 1). The service refuses a bucket twice per request; the stores agree
 /// anyway.
-async fn named_twice(s: &Subject) {
+pub async fn named_twice(s: &Subject) {
     one(s, spend("twice", seed(), 5)).await;
     let back = s
         .store
@@ -504,7 +471,7 @@ async fn named_twice(s: &Subject) {
 /// end plus 0, which a reset counted as not full), and a denied cross-slot batch leaves no
 /// bucket of a window behind (found by `store_differential` on a Redis Cluster: after the
 /// compensation a reset counted 1 where the memory store counted 0).
-async fn calendar_refund_to_none(s: &Subject) {
+pub async fn calendar_refund_to_none(s: &Subject) {
     use cellrate::clock::CalendarPeriod;
     let minute = Limit::calendar(2, CalendarPeriod::Minute).unwrap();
     let windowed = |id: &str| StoreItem {
@@ -525,7 +492,7 @@ async fn calendar_refund_to_none(s: &Subject) {
     assert_eq!(reset, 0, "a denied batch left a bucket");
 }
 
-async fn resets(s: &Subject) {
+pub async fn resets(s: &Subject) {
     one(s, spend("x1", seed(), 20)).await;
     let keys = [BucketKey::new(100, "x1"), BucketKey::new(100, "x2")];
     assert_eq!(s.store.reset(&keys).await.unwrap(), 1);
@@ -533,7 +500,7 @@ async fn resets(s: &Subject) {
     assert_eq!(s.store.reset(&keys).await.unwrap(), 0);
 }
 
-async fn lowered_limit(s: &Subject) {
+pub async fn lowered_limit(s: &Subject) {
     let generous = Limit::new(100, 100, SECOND).unwrap();
     one(s, spend("low", generous, 100)).await;
     let strict = Limit::new(2, 4, SECOND).unwrap();
@@ -543,7 +510,7 @@ async fn lowered_limit(s: &Subject) {
     );
 }
 
-async fn past_tat_is_full(s: &Subject) {
+pub async fn past_tat_is_full(s: &Subject) {
     one(s, spend("past", seed(), 20)).await;
     s.clock.advance(2 * SECOND);
     assert_eq!(
@@ -552,21 +519,25 @@ async fn past_tat_is_full(s: &Subject) {
     );
 }
 
-// One test per scenario and store: `store_scenarios::<store>::<scenario>`, each on a fresh
-// store. The crate root defines `on_every_store!`: the fast tier (`it`) runs the scenarios
-// on the memory store, the full tier (`full`) on Redis and Valkey, standalone and clustered.
-on_every_store!(
-    seed_000,
-    peek_and_oversize,
-    all_or_nothing,
-    modes,
-    charges,
-    calendar_windows,
-    zoned_windows,
-    refunds,
-    named_twice,
-    calendar_refund_to_none,
-    resets,
-    lowered_limit,
-    past_tat_is_full,
-);
+/// Calls the macro `$run` with the name of every scenario above: a tier's `$run` makes one
+/// test per scenario on each of its stores.
+#[macro_export]
+macro_rules! every_store_scenario {
+    ($run:ident) => {
+        $run!(
+            seed_000,
+            peek_and_oversize,
+            all_or_nothing,
+            modes,
+            charges,
+            calendar_windows,
+            zoned_windows,
+            refunds,
+            named_twice,
+            calendar_refund_to_none,
+            resets,
+            lowered_limit,
+            past_tat_is_full,
+        );
+    };
+}

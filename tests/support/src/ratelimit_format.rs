@@ -1,7 +1,7 @@
 //! Helpers of `ratelimit_format`'s tests that both tiers use
-//! (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_format.rs`).
+//! (`tests/it/ratelimit_format.rs`, `tests/full/ratelimit_example.rs`).
 
-use crate::common::Served;
+use crate::Served;
 use cellrate::limits::config::LimitTable;
 use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, RatelimitCounting};
@@ -26,7 +26,7 @@ pub async fn served(dir: &Path, counting: RatelimitCounting) -> Served {
 
 /// The status codes of `times` GETs of `path` with `headers`, through Envoy.
 pub async fn statuses(
-    client: &mut crate::common::http1::Http1,
+    client: &mut crate::http1::Http1,
     headers: &[(&str, &str)],
     path: &str,
     times: usize,

@@ -1,5 +1,5 @@
 //! Helpers of the sweeper's tests that both tiers use (`tests/it/release_sweep.rs`,
-//! `tests/full/release_sweep.rs`): limits of which a reload removes one, and a log
+//! `tests/full/release_sweep_redis.rs`): limits of which a reload removes one, and a log
 //! captured from the tasks of an in-process server.
 
 use std::io::Write;

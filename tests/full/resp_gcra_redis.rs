@@ -1,5 +1,5 @@
-//! `resp_gcra`'s tests that need a real redis-server and Valkey; the rest are the fast
-//! tier's, `tests/it/resp_gcra.rs`.
+//! `GCRA` and `RL.THROTTLE` on the Redis-protocol listener with the Redis store, on a real
+//! redis-server and Valkey (the commands' answers are the fast tier's `tests/it/resp_gcra.rs`).
 
 use crate::common::resp_client::RespClient;
 

@@ -1,7 +1,7 @@
 //! Helpers of `settle_attacks`'s tests that both tiers use (`tests/it/settle_attacks.rs`,
-//! `tests/full/settle_attacks.rs`).
+//! `tests/full/settle_attacks_redis.rs`).
 
-use crate::common::settle::Client;
+use crate::settle::Client;
 use cellrate::proto::v1 as pb;
 
 /// A Check of one item; with a request id when `id` is not empty.

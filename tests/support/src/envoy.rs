@@ -24,7 +24,7 @@ pub fn binary() -> PathBuf {
     if let Ok(path) = std::env::var("CELLRATE_TEST_ENVOY") {
         return PathBuf::from(path);
     }
-    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/lib");
+    let lib = Path::new(crate::ROOT).join("target/test-venv/lib");
     let found = std::fs::read_dir(&lib).ok().and_then(|dirs| {
         dirs.flatten()
             .map(|d| d.path().join("site-packages/envoy/_bin/envoy"))
@@ -41,7 +41,7 @@ pub fn binary() -> PathBuf {
 
 /// Parses a YAML file of the repository.
 pub fn load_yaml(relative: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    let path = Path::new(crate::ROOT).join(relative);
     let text = std::fs::read_to_string(&path).unwrap();
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -1,5 +1,5 @@
 //! Helpers of `rlqs`'s tests that both tiers use (`tests/it/rlqs.rs`,
-//! `tests/full/rlqs.rs`).
+//! `tests/full/rlqs_redis.rs`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use tokio::sync::mpsc;
 use tonic::Streaming;
-use crate::common::Served;
+use crate::Served;
 
 /// One RLQS stream, as an Envoy opens it.
 pub struct Stream {

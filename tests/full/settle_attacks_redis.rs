@@ -1,5 +1,5 @@
-//! `settle_attacks`'s tests that need a real redis-server; the rest are the fast tier's,
-//! `tests/it/settle_attacks.rs`.
+//! Settlements played by an attacker on a real redis-server (on the memory store: the fast
+//! tier's `tests/it/settle_attacks.rs`).
 
 use crate::common::redis_server::RedisServer;
 use crate::common::settle::{connect, settle};

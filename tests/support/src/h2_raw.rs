@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
 pub const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
@@ -27,23 +28,30 @@ pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// The headers of a native `Check` (HPACK literals, no Huffman), its body still to come.
-pub fn check_headers(stream: u32) -> Vec<u8> {
+/// HPACK literal fields without indexing, no Huffman (every length below 127).
+pub fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut block = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/cellrate.v1.RateLimiter/Check"),
-        (":authority", "cellrate"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ] {
+    for (name, value) in fields {
         block.push(0x00);
         block.push(name.len() as u8);
         block.extend_from_slice(name.as_bytes());
         block.push(value.len() as u8);
         block.extend_from_slice(value.as_bytes());
     }
+    block
+}
+
+/// The headers of a native `Check` (HPACK literals, no Huffman), its body still to come:
+/// until it comes, the stream stays open, waiting.
+pub fn check_headers(stream: u32) -> Vec<u8> {
+    let block = header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/cellrate.v1.RateLimiter/Check"),
+        (":authority", "cellrate"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
     frame(HEADERS, END_HEADERS, stream, &block)
 }
 
@@ -64,6 +72,13 @@ pub fn check_body(stream: u32, items: Vec<pb::Item>) -> Vec<u8> {
 pub async fn start(stream: &mut (impl AsyncWrite + Unpin)) {
     stream.write_all(PREFACE).await.unwrap();
     stream.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+}
+
+/// Connects to `addr` and sends the client preface and an empty SETTINGS frame.
+pub async fn connect(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    start(&mut stream).await;
+    stream
 }
 
 /// One frame: (type, flags, stream, payload); `None` at EOF or on an error.

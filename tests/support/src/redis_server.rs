@@ -242,7 +242,7 @@ pub fn valkey() -> std::path::PathBuf {
     if let Ok(path) = std::env::var("CELLRATE_TEST_VALKEY") {
         return path.into();
     }
-    let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/lib");
+    let lib = std::path::Path::new(crate::ROOT).join("target/test-venv/lib");
     let found = std::fs::read_dir(&lib).ok().and_then(|dirs| {
         dirs.flatten()
             .map(|d| {

@@ -1,5 +1,5 @@
-//! `readme`'s tests that need grpcurl, redis-cli and Python, as the docs use them; the rest
-//! are the fast tier's, `tests/it/readme.rs`.
+//! The README's and docs' commands that need grpcurl, redis-cli and Python run as written
+//! (the rest of the README's checks are the fast tier's `tests/it/readme.rs`).
 use std::process::Command;
 
 use serde_json::Value;

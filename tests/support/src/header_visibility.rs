@@ -4,7 +4,7 @@ use cellrate::limits::config::LimitTable;
 use cellrate::server::Settings;
 use cellrate::service::envoy::{EnvoyOptions, HeaderStyle};
 
-use crate::common::Served;
+use crate::Served;
 
 /// An abuse guard (3 a minute, hidden; key `banned` on its deny list), the API's request
 /// limits (10 a second, 10 000 a day) and its token budget (1 000 a minute, `measures:

@@ -2,7 +2,7 @@
 //! (`tests/it/ratelimit_answers.rs`; in tests/full, the upstream suite and
 //! `memcache.rs`).
 
-use crate::common::{descriptor, stderr_lines};
+use crate::{descriptor, stderr_lines};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -55,7 +55,7 @@ pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
     let bin = root.join("ratelimit");
     if !bin.exists() {
         // Tests starting in parallel in one root: the first link made stands.
-        let _ = std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin);
+        let _ = std::os::unix::fs::symlink(crate::cellrate_bin(), &bin);
     }
     let mut command = Command::new(&bin);
     command

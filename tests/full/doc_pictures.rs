@@ -1,5 +1,5 @@
-//! `calendar`'s tests that need Python (the pictures drawn from `simulate`); the rest are
-//! the fast tier's, `tests/it/calendar.rs`.
+//! The docs' pictures drawn from `cellrate simulate` by Python scripts are current (the
+//! calendar windows they show are the fast tier's `tests/it/calendar.rs`).
 use std::path::Path;
 
 /// `docs/budgets.md`'s picture of GCRA against a calendar window is drawn from `cellrate

@@ -1,5 +1,5 @@
-//! `settle`'s tests that need a real redis-server (standalone and Cluster); the rest are
-//! the fast tier's, `tests/it/settle.rs`.
+//! Settlements on a real redis-server, standalone and Cluster, across replicas (on the
+//! memory store: the fast tier's `tests/it/settle.rs`).
 
 use crate::common::redis_server::RedisServer;
 use crate::common::serve_with;

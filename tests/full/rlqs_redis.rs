@@ -1,5 +1,5 @@
-//! `rlqs`'s tests that need a real redis-server shared by replicas; the rest are the fast
-//! tier's, `tests/it/rlqs.rs`.
+//! RLQS replicas sharing one real redis-server (one replica's RLQS is the fast tier's
+//! `tests/it/rlqs.rs`; through a real Envoy, `rlqs_e2e.rs`).
 use std::time::Duration;
 
 use cellrate::server::Settings;

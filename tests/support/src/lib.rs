@@ -1,5 +1,14 @@
-//! Test harness: a served cellrate on loopback with a fake clock, and its clients.
-#![allow(dead_code)] // each test binary uses a different part
+//! The harness both test tiers share (`tests/it`, the fast tier, and `tests/full`, the full
+//! tier): a served cellrate on loopback with a fake clock and its clients, the `cellrate`
+//! binary started on free ports, the real servers the full tier starts (redis-server, Valkey,
+//! memcached, Envoy), raw HTTP/2 and HTTP/1 clients, and the helpers of the topics whose tests
+//! need it. Each helper is defined here once; a tier's crate root names this crate `common`.
+//!
+//! A crate of its own (a dev-dependency of `cellrate`, never published) rather than a module
+//! each tier includes by path: one copy of each helper, compiled once for both tiers.
+// A test bounds its own waits in real time: `.clippy.toml` keeps the OS clock out of the
+// crate, not out of its tests.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,6 +27,24 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+
+/// The repository's root (this crate is `tests/support/` in it).
+pub const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// The `cellrate` binary of this build: the path Cargo gives the tests that run it
+/// (`CARGO_BIN_EXE_cellrate`, set when `cargo test` runs them), else the one beside the test
+/// binary's `deps/` directory (a test binary run by hand).
+pub fn cellrate_bin() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_cellrate") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in <target>/<profile>/deps/");
+    profile.join(format!("cellrate{}", std::env::consts::EXE_SUFFIX))
+}
 
 /// The fake clock's start in served tests.
 pub const T0: Nanos = 1_700_000_000 * SECOND;
@@ -43,10 +70,7 @@ pub struct Served {
 impl Served {
     /// Serves the limits in `dir` (the repository's `config/` when `None`).
     pub async fn start(dir: Option<&Path>) -> Served {
-        let dir = dir.map_or_else(
-            || Path::new(env!("CARGO_MANIFEST_DIR")).join("config"),
-            Path::to_path_buf,
-        );
+        let dir = dir.map_or_else(|| Path::new(ROOT).join("config"), Path::to_path_buf);
         let limits = LimitTable::load_dir(&dir).expect("test config loads");
         Served::with_limits(limits).await
     }
@@ -171,6 +195,11 @@ impl Served {
     }
 }
 
+/// The limits of the repository's example configuration, `config/`.
+pub fn example_limits() -> LimitTable {
+    LimitTable::load_dir(&Path::new(ROOT).join("config")).expect("config/ loads")
+}
+
 /// The settings a served test runs with unless it says otherwise: `Settings::default()`,
 /// which `defaults::the_harness_runs_with_what_serve_runs_with_by_default` holds to what
 /// `cellrate serve` runs with when given no flags.
@@ -257,6 +286,28 @@ pub fn item(name: &str, id: &str, cost: Option<u64>) -> pb::Item {
     }
 }
 
+/// A store item of `cost` on `key` in `mode`, without a lease.
+pub fn store_item(
+    key: &cellrate::limits::names::BucketKey,
+    limit: cellrate::gcra::Limit,
+    cost: u64,
+    mode: cellrate::gcra::Mode,
+) -> cellrate::store::StoreItem {
+    cellrate::store::StoreItem {
+        key: key.clone(),
+        limit,
+        cost,
+        mode,
+        lease: None,
+    }
+}
+
+/// A `CheckAndSpend` of `cost` on the bucket of `id` under name number 100.
+pub fn spend_item(id: &str, limit: cellrate::gcra::Limit, cost: u64) -> cellrate::store::StoreItem {
+    let key = cellrate::limits::names::BucketKey::new(100, id);
+    store_item(&key, limit, cost, cellrate::gcra::Mode::CheckAndSpend)
+}
+
 pub fn nanos(d: &Option<prost_types::Duration>) -> Nanos {
     let d = d.as_ref().expect("duration present");
     d.seconds * SECOND + i64::from(d.nanos)
@@ -286,21 +337,18 @@ impl Drop for Process {
 /// Starts `cellrate serve` (the example config) on loopback port 0 and reads the bound
 /// ports from its log.
 pub fn serve() -> Process {
-    serve_with(
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config")),
-        &[],
-    )
+    serve_with(&Path::new(ROOT).join("config"), &[])
 }
 
 /// Starts `cellrate serve` on `config` with `extra` flags, every listener on loopback
 /// port 0, and reads the bound ports from its log.
 pub fn serve_with(config: &Path, extra: &[&str]) -> Process {
-    serve_command(Command::new(env!("CARGO_BIN_EXE_cellrate")), config, extra)
+    serve_command(Command::new(cellrate_bin()), config, extra)
 }
 
 /// As [`serve_with`], with `RUST_LOG` set to `filter`.
 pub fn serve_logging(config: &Path, extra: &[&str], filter: &str) -> Process {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cellrate"));
+    let mut command = Command::new(cellrate_bin());
     command.env("RUST_LOG", filter);
     serve_command(command, config, extra)
 }
@@ -309,7 +357,7 @@ pub fn serve_logging(config: &Path, extra: &[&str], filter: &str) -> Process {
 #[cfg(unix)]
 pub fn serve_as(uid: u32, config: &Path, extra: &[&str]) -> Process {
     use std::os::unix::process::CommandExt;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cellrate"));
+    let mut command = Command::new(cellrate_bin());
     command.uid(uid).gid(uid);
     serve_command(command, config, extra)
 }
@@ -320,7 +368,7 @@ pub fn serve_with_nofile(config: &Path, extra: &[&str], nofile: u32) -> Process 
     command
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
-        .arg(env!("CARGO_BIN_EXE_cellrate"));
+        .arg(cellrate_bin());
     serve_command(command, config, extra)
 }
 
@@ -486,6 +534,7 @@ pub mod resp_client;
 pub mod rlqs;
 pub mod settle;
 pub mod settle_attacks;
+pub mod store_scenarios;
 
 /// Polls `probe` every 20 ms, for at most `within`, until `done` holds for what it
 /// returns; returns the last value either way, for the caller's assertion to report.
@@ -521,6 +570,8 @@ pub fn directory(files: &[(&str, &str)]) -> tempfile::TempDir {
 pub struct Rng(pub u64);
 
 impl Rng {
+    // Never ends, so not an `Iterator`: `next` as generators name it.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

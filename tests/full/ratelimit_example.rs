@@ -1,5 +1,6 @@
-//! `ratelimit_format`'s tests that need a real Envoy or redis-server; the rest are the fast
-//! tier's, `tests/it/ratelimit_format.rs`.
+//! envoyproxy/ratelimit's example (`examples/ratelimit/`) through a real Envoy, and its
+//! environment as Envoy Gateway sets it with a real redis-server (the file format itself is
+//! the fast tier's `tests/it/ratelimit_format.rs`).
 use std::path::Path;
 use std::process::Command;
 

@@ -1,5 +1,5 @@
 //! Helpers of `readme`'s tests that both tiers use (`tests/it/readme.rs`,
-//! `tests/full/readme.rs`).
+//! `tests/full/readme_tools.rs`).
 
 use std::process::Command;
 
@@ -47,9 +47,9 @@ pub fn sh(command: &str) -> std::process::Output {
     Command::new("sh")
         .arg("-c")
         .arg(command.replace("\\\n", " "))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(crate::ROOT)
         .output()
         .unwrap()
 }
 
-pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+pub use crate::ROOT;
