@@ -75,11 +75,6 @@
 //! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
 //! service/native/wire.rs           Check served by unary.rs, the other methods by tonic
 //! service/native/convert.rs        its messages to and from ItemSpecs
-//! service/native/settle.rs         Checks kept for Settle
-//! service/native/facts.rs          what a kept Check spent, per item
-//! service/native/holds.rs          reservation policies at Check
-//! service/native/release.rs        holds not settled in time released
-//! service/native/unknown.rs        kept Checks whose spend is unknown, resolved
 //! service/native/in_flight.rs      admin Top of the leases held
 //! service/envoy/mod.rs             Envoy RLS v3
 //! service/envoy/wire.rs            ShouldRateLimit served, its metadata encoded once
@@ -87,10 +82,17 @@
 //! service/envoy/batch.rs           descriptors as one batch of items
 //! service/envoy/values.rs          a client's bytes made decidable
 //! service/envoy/refusal.rs         what cannot be decided as it came, by the invalid_id policy
-//! service/envoy/reserve.rs         reservations held and settled by the native Settler
+//! service/envoy/reserve.rs         reservations held and settled by the Settler
 //! service/envoy/respond.rs         the answer: overall code, statuses, headers
 //! service/envoy/ratelimit.rs       domains in envoyproxy/ratelimit's file format
 //! service/envoy/upstream.rs        envoyproxy/ratelimit's shape of an answer
+//! service/settle/mod.rs            settlements, below the front ends: Checks kept, decided
+//! service/settle/adjust.rs         a settle: the record claimed once, charged or refunded
+//! service/settle/record.rs         a kept Check's versioned format (3ebe882's read too)
+//! service/settle/facts.rs          what a kept Check spent, per item
+//! service/settle/holds.rs          reservation policies at Check
+//! service/settle/release.rs        holds not settled in time released (the sweeper's work)
+//! service/settle/unknown.rs        kept Checks whose spend is unknown, resolved
 //! service/headers/mod.rs           the rate-limit headers both answers carry, in styles
 //! service/headers/openai.rs        OpenAI's headers
 //! service/headers/trio.rs          descriptor statuses and envoyproxy/ratelimit's three headers

@@ -12,8 +12,8 @@ use super::listener::GuardedListener;
 use crate::limits::config::LimitTable;
 use crate::observe::metrics::Metrics;
 use crate::resp::RespServer;
-use crate::service::native::settle::Settler;
 use crate::service::overrides::RuntimeOverrides;
+use crate::service::settle::Settler;
 use crate::service::Decider;
 use crate::store::{MemoryStore, Store};
 

@@ -21,6 +21,7 @@ mod quota_strategy;
 pub mod request;
 mod resolve;
 pub mod rlqs;
+pub mod settle;
 pub mod token;
 pub mod trace;
 pub mod unary;

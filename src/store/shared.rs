@@ -2,7 +2,7 @@
 //! implements them (the Redis store, `store::redis`): temporary overrides
 //! ([`SharedOverrides`], used by `crate::service::overrides`), RLQS demand
 //! ([`SharedDemand`], used by `crate::service::rlqs`) and settlements ([`Settlements`],
-//! used by `crate::service::native::settle`; the memory store's are in-process). They live here,
+//! used by `crate::service::settle`; the memory store's are in-process). They live here,
 //! below the services that use them, so that a store never imports a service.
 
 use std::sync::Arc;
@@ -78,7 +78,7 @@ pub trait SharedDemand: Send + Sync + 'static {
         -> StoreFuture<'a, Vec<Aggregate>>;
 }
 
-/// The table of Checks kept for settling (see `crate::service::native::settle`): request id ->
+/// The table of Checks kept for settling (see `crate::service::settle`): request id ->
 /// record, each for the table's window, at most the table's number of records (beyond it,
 /// the oldest are pushed out). The bytes are opaque to the table; the times are the
 /// table's own (its clock, or Redis's), which is also the store's.

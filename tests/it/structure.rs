@@ -392,6 +392,43 @@ fn no_two_modules_of_a_folder_import_each_other() {
     );
 }
 
+/// The front ends under `service/` (Envoy's RLS, the native API, RLQS) import no other
+/// front end (issue #59): what two of them share lives below them, in the decision
+/// service (`service::Decider`) or in a domain room such as `service::settle`, which in
+/// turn imports no front end.
+#[test]
+fn no_front_end_imports_another() {
+    const FRONT_ENDS: [&str; 3] = ["envoy", "native", "rlqs"];
+    let mut found = Vec::new();
+    let mut read = 0;
+    for path in sources() {
+        let own = module_path(&path);
+        let room = match own.as_slice() {
+            [service, room, ..] if service == "service" => room.clone(),
+            _ => continue,
+        };
+        if !FRONT_ENDS.contains(&room.as_str()) && room != "settle" {
+            continue;
+        }
+        read += 1;
+        let text = fs::read_to_string(&path).expect("read source");
+        for named in named_paths(&own, &production_lines(&text)) {
+            if let [service, other, ..] = named.as_slice() {
+                if service == "service" && *other != room && FRONT_ENDS.contains(&other.as_str()) {
+                    found.push(format!("{} imports service::{other}", relative(&path)));
+                }
+            }
+        }
+    }
+    assert!(read > 20, "the front ends' files were read: {read}");
+    found.dedup();
+    assert!(
+        found.is_empty(),
+        "front ends that import another:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_path_reader_makes_paths_absolute() {
     let own: Vec<String> = ["service", "envoy", "decide"].map(String::from).to_vec();

@@ -36,7 +36,7 @@ use tonic::{Request, Response, Status};
 use crate::clock::SECOND;
 use crate::gcra::Limit;
 use crate::observe::metrics::Metrics;
-use crate::service::native::settle::Settler;
+use crate::service::settle::Settler;
 use crate::service::{trace, Decider};
 use crate::store::shared::Settlements;
 use crate::text::LogEvery;

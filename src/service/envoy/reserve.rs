@@ -3,8 +3,9 @@
 //! `request_id` does; the same descriptor with `is_negative_hits` (sent when the stream
 //! ends) settles that hold to its hits (the actual cost), as `Settle` does, exactly once.
 //!
-//! Both go through the native [`Settler`], so a hold is kept, claimed and adjusted as a
-//! native one is (in memory, or in Redis for every replica). The id it is kept under is
+//! Both go through the [`Settler`] (`service::settle`), as the native API's do, so a hold
+//! is kept, claimed and adjusted as a native one is (in memory, or in Redis for every
+//! replica). The id it is kept under is
 //! [`ENVOY_REQUEST_IDS`] and a digest of the domain, the rule's names, the key's id and
 //! Envoy's request id: a native call cannot name it (the native API refuses that prefix),
 //! and a stream end of another domain, limit or key finds nothing to settle.
@@ -17,9 +18,8 @@ use tonic::{Code, Status};
 
 use super::{EnvoyRateLimitService, Refusal};
 use crate::gcra::Mode;
-use crate::proto::v1 as pb;
-use crate::service::native::settle::Settler;
-pub use crate::service::native::ENVOY_REQUEST_IDS;
+use crate::service::settle::Settler;
+pub use crate::service::settle::ENVOY_REQUEST_IDS;
 use crate::service::{ItemResult, ItemSpec, Target};
 
 /// A descriptor mapped by a `reserve` rule: what it holds or settles.
@@ -52,21 +52,20 @@ impl Reservation<'_> {
         format!("{ENVOY_REQUEST_IDS}{}", hex::encode(hash.finalize()))
     }
 
-    /// The hold as the native `Check` it is kept as: one item per name, at the estimate.
-    fn check(&self, domain: &str) -> pb::CheckRequest {
-        let items = (self.names.iter())
-            .map(|name| pb::Item {
-                name: name.to_string(),
-                id: self.id.to_string(),
+    /// The hold's items, as a Check keeps them: one per name, at the estimate.
+    fn items(&self) -> Vec<ItemSpec<'_>> {
+        (self.names.iter())
+            .map(|name| ItemSpec {
+                target: Target::Named {
+                    name: Cow::Borrowed(name),
+                    id: self.id.clone(),
+                },
                 cost: Some(self.cost),
-                ..Default::default()
+                mode: Mode::CheckAndSpend,
+                limit: None,
+                lease: None,
             })
-            .collect();
-        pb::CheckRequest {
-            items,
-            request_id: self.kept_id(domain),
-            ..Default::default()
-        }
+            .collect()
     }
 }
 
@@ -123,13 +122,11 @@ impl EnvoyRateLimitService {
         reservation: &Reservation<'_>,
     ) -> Result<Vec<ItemResult>, Refusal> {
         let settler = self.settler()?;
-        let check = reservation.check(domain);
+        let id = reservation.kept_id(domain);
+        let specs = reservation.items();
         if reservation.settle {
-            let settle = pb::SettleRequest {
-                costs: vec![reservation.cost; check.items.len()],
-                request_id: check.request_id,
-            };
-            return match settler.settle(&self.decider, &settle).await {
+            let costs = vec![reservation.cost; specs.len()];
+            return match settler.settle(&self.decider, &id, &costs).await {
                 Ok(_) => Ok(Vec::new()),
                 // Holds nothing (Envoy's own 429s, expired), or settled already.
                 Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
@@ -138,18 +135,6 @@ impl EnvoyRateLimitService {
                 Err(e) => Err(in_descriptor(reservation, e)),
             };
         }
-        let specs: Vec<ItemSpec<'_>> = (reservation.names.iter())
-            .map(|name| ItemSpec {
-                target: Target::Named {
-                    name: Cow::Borrowed(name),
-                    id: reservation.id.clone(),
-                },
-                cost: Some(reservation.cost),
-                mode: Mode::CheckAndSpend,
-                limit: None,
-                lease: None,
-            })
-            .collect();
         // An estimate larger than one hold may take is denied, not refused as malformed:
         // an error is `failure_mode_deny`'s to decide, and Envoy's default lets the
         // request through with nothing held (and its stream end then finds nothing).
@@ -158,7 +143,7 @@ impl EnvoyRateLimitService {
         if largest.iter().any(|&cap| reservation.cost > cap) {
             return self.denied(reservation, &specs).await;
         }
-        match settler.check(&self.decider, &check, &specs).await {
+        match settler.check(&self.decider, &id, &specs).await {
             Ok(result) => Ok(result.items),
             // Held already under this id: denied, and nothing more is held. Answering OK
             // would let requests that share an id (a client's own x-request-id that Envoy

@@ -1,13 +1,9 @@
 //! The native API (`cellrate.v1.RateLimiter` and `cellrate.v1.Admin`): protobuf <-> domain
-//! conversion only (`convert.rs`); deciding is the [`Decider`]'s.
+//! conversion only (`convert.rs`); deciding is the [`Decider`]'s, settling the
+//! [`Settler`]'s (`service::settle`).
 
 mod convert;
-mod facts;
-mod holds;
 mod in_flight;
-pub mod release;
-pub mod settle;
-mod unknown;
 mod wire;
 
 use std::sync::Arc;
@@ -28,13 +24,9 @@ pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
 pub use wire::{NativeServer, CHECK};
 
+use crate::service::settle::{Settler, ENVOY_REQUEST_IDS};
 use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
-use settle::Settler;
-
-/// The prefix of the request ids Envoy's reservations are kept under
-/// (`service::envoy`): a native `Check` or `Settle` with one is refused.
-pub const ENVOY_REQUEST_IDS: &str = "envoy:";
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
 pub struct RateLimiterService {
@@ -224,9 +216,8 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
                     }
                     not_envoys(&request.get_ref().request_id)?;
                     let settler = self.settler()?;
-                    settler
-                        .check(&self.decider, request.get_ref(), &items)
-                        .await?
+                    let id = &request.get_ref().request_id;
+                    settler.check(&self.decider, id, &items).await?
                 }
             };
             count_decisions(&self.metrics, "native", &result.items);
@@ -266,8 +257,14 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
         let answer = async {
             not_envoys(&request.get_ref().request_id)?;
             let settler = self.settler()?;
-            let response = settler.settle(&self.decider, request.get_ref()).await?;
-            Ok(Response::new(response))
+            let r = request.get_ref();
+            let settled = settler
+                .settle(&self.decider, &r.request_id, &r.costs)
+                .await?;
+            Ok(Response::new(pb::SettleResponse {
+                items: decisions(&settled.result).1,
+                already_settled: settled.already_settled,
+            }))
         }
         .await;
         trace::log_failed("native", request.metadata(), answer)

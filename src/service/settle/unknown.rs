@@ -16,14 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message;
 use tonic::Status;
 
-use super::convert::{item_specs, Use};
-use super::settle::Settler;
+use super::record::read_record;
+use super::Settler;
 use crate::clock::Nanos;
-use crate::proto::v1 as pb;
-use crate::service::{CheckOptions, DecideError, Decider, OnceSpend};
+use crate::service::{CheckOptions, DecideError, Decider, ItemSpec, OnceSpend};
 use crate::store::shared::Kept;
 use crate::store::Once;
 
@@ -45,15 +43,6 @@ fn fresh_token() -> u128 {
         u128::from(hasher.finish())
     };
     (half() << 64) | half()
-}
-
-/// The token a record carries (in its Check's `request_id` field, 32 hex digits, as
-/// `settle.rs` writes it), if any.
-pub(super) fn token_of(check: &pb::CheckRequest) -> Option<u128> {
-    let text = check.request_id.as_str();
-    (text.len() == 32)
-        .then(|| u128::from_str_radix(text, 16).ok())
-        .flatten()
 }
 
 /// Why a spend was not resolved; `lasting`: it never will be (its limit is gone, its
@@ -79,7 +68,7 @@ impl Settler {
         &self,
         decider: Arc<Decider>,
         id: &str,
-        items: Vec<pb::Item>,
+        items: Vec<ItemSpec<'static>>,
         once: Once,
         e: &DecideError,
     ) -> Status {
@@ -115,16 +104,15 @@ impl Settler {
         &self,
         decider: &Decider,
         id: &str,
-        items: &[pb::Item],
+        items: &[ItemSpec<'_>],
         once: Once,
     ) -> Result<(), Unresolved> {
         let lasting = |status: Status| Unresolved {
             status,
             lasting: true,
         };
-        let specs = item_specs(items, Use::Check).map_err(lasting)?;
         let table = decider.limits();
-        let holds = super::holds::reservations(decider, &table, &specs).map_err(lasting)?;
+        let holds = super::holds::reservations(decider, &table, items).map_err(lasting)?;
         let releases: Vec<Option<bool>> = (holds.iter())
             .map(|h| h.as_ref().map(|h| h.reservation.release))
             .collect();
@@ -135,7 +123,7 @@ impl Settler {
             }),
             ..CheckOptions::default()
         };
-        let result = decider.check_with(&table, &specs, options).await;
+        let result = decider.check_with(&table, items, options).await;
         if let Err(e) = &result {
             let lasting = matches!(e, DecideError::Invalid(_));
             return Err(Unresolved {
@@ -154,8 +142,8 @@ impl Settler {
         id: &str,
         kept: &Kept,
     ) -> Result<(), Unresolved> {
-        let check = pb::CheckRequest::decode(kept.check.as_slice()).ok();
-        let Some((check, token)) = check.and_then(|c| token_of(&c).map(|t| (c, t))) else {
+        let record = read_record(&kept.check);
+        let Some((record, token)) = record.and_then(|r| Some((r.items, r.token?))) else {
             // No token (kept by an older version): nothing can tell what it spent.
             self.give_up(id, &Status::internal("a pending record without a token"))
                 .await;
@@ -165,7 +153,7 @@ impl Settler {
             token,
             ttl: self.table.window(),
         };
-        match self.resolve(decider, id, &check.items, once).await {
+        match self.resolve(decider, id, &record, once).await {
             Err(u) if u.lasting => {
                 self.give_up(id, &u.status).await;
                 Err(u)

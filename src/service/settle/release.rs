@@ -13,7 +13,7 @@
 use futures_util::StreamExt;
 
 use super::facts::facts_of;
-use super::settle::Settler;
+use super::Settler;
 use crate::service::Decider;
 use crate::store::shared::Kept;
 use crate::store::StoreError;
