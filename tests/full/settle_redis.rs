@@ -95,3 +95,59 @@ async fn settlements_work_on_a_redis_cluster() {
     let left = settle(&mut on_b, "c-2", &[50]).await.unwrap().items[0].remaining;
     assert!((9_850..=9_851).contains(&left), "{left}");
 }
+
+/// After an upgrade on one Redis, a Check the previous release (3ebe882) kept there, in
+/// its format (an encoded `CheckRequest`, and the facts as they still are), is read and
+/// settled by a freshly started process of this one, once; not reported unknown.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_check_kept_in_redis_by_the_previous_release_is_settled_after_an_upgrade() {
+    use cellrate::clock::SECOND;
+    use cellrate::proto::v1 as pb;
+    use cellrate::store::redis::{RedisSettings, RedisSettlements};
+    use cellrate::store::shared::Settlements;
+    use prost::Message;
+
+    let redis = RedisServer::start();
+    let dir = limits();
+    let flags = ["--store", "redis", "--redis-url", &redis.url()];
+    // What the previous release kept under `cellrate:{settle}:`: the Check's items as an
+    // encoded CheckRequest, decided with what it spent (2 000 tokens, no window, no hold).
+    let settings = RedisSettings {
+        url: Some(redis.url()),
+        ..RedisSettings::default()
+    };
+    let table = RedisSettlements::new(&settings, 3_600 * SECOND, 100).unwrap();
+    let record = pb::CheckRequest {
+        items: vec![crate::common::item("TokensPerTenant", "acme", Some(2_000))],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    assert!(
+        table
+            .open("old-order", &record, None, &[])
+            .await
+            .unwrap()
+            .written
+    );
+    let mut facts = 2_000u64.to_le_bytes().to_vec();
+    facts.push(0);
+    assert!(table.decide("old-order", &facts).await.unwrap());
+
+    let process = serve_with(dir.path(), &flags);
+    let mut client = connect(&process.listen).await;
+    // Its estimate, spent as the previous release's Check spent it.
+    let spend = pb::CheckRequest {
+        items: vec![crate::common::item("TokensPerTenant", "acme", Some(2_000))],
+        ..Default::default()
+    };
+    client.check(spend).await.unwrap();
+    let settled = settle(&mut client, "old-order", &[500]).await;
+    let settled = settled.expect("read and settled, not unknown");
+    assert!(!settled.already_settled);
+    let after = settled.items[0].remaining;
+    assert!((9_500..=9_501).contains(&after), "1 500 refunded: {after}");
+    let retried = settle(&mut client, "old-order", &[500]).await.unwrap();
+    assert!(retried.already_settled);
+    assert!((after..=after + 1).contains(&retried.items[0].remaining));
+}

@@ -189,3 +189,100 @@ async fn hostile_settlements_are_bounded() {
     );
     s.stop().await;
 }
+
+/// The bytes 3ebe882 kept a Check as (`Settler::open` there): a `CheckRequest` holding
+/// only its items, protobuf-encoded.
+fn kept_by_3ebe882(items: Vec<pb::Item>) -> Vec<u8> {
+    use prost::Message;
+    pb::CheckRequest {
+        items,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// One item's facts as 3ebe882 (and this release) write them: the tokens spent, then
+/// the period's code with the hold's flags (0xC0: a hold released when unsettled).
+fn facts(tokens: u64, code: u8) -> Vec<u8> {
+    let mut facts = tokens.to_le_bytes().to_vec();
+    facts.push(code);
+    facts
+}
+
+/// After an upgrade, the Checks the previous release (3ebe882) kept are read, not
+/// reported unknown: one is settled (the difference refunded once, a retry counting
+/// nothing), and a hold past its end is released by the sweeper. On the memory store,
+/// the table filled as 3ebe882 filled it.
+#[tokio::test]
+async fn a_check_kept_by_the_previous_release_is_settled_and_its_hold_released() {
+    use std::sync::Arc;
+
+    use cellrate::clock::FakeClock;
+    use cellrate::observe::metrics::Metrics;
+    use cellrate::proto::v1::rate_limiter_server::RateLimiter;
+    use cellrate::service::native::RateLimiterService;
+    use cellrate::service::settle::Settler;
+    use cellrate::service::{Decider, ItemSpec};
+    use cellrate::store::settlements::MemorySettlements;
+    use cellrate::store::shared::Settlements;
+    use cellrate::store::MemoryStore;
+
+    let dir = crate::common::reservations::limits();
+    let limits = LimitTable::load_dir(dir.path()).unwrap();
+    let clock = Arc::new(FakeClock::new(crate::common::T0));
+    let decider = Arc::new(Decider::new(
+        Arc::new(arc_swap::ArcSwap::from_pointee(limits)),
+        Arc::new(MemoryStore::new(clock.clone())),
+    ));
+    let table = Arc::new(MemorySettlements::new(clock.clone(), 3_600 * SECOND, 100));
+    let service =
+        RateLimiterService::new(decider.clone(), Metrics::new()).with_settlements(table.clone());
+    let left = async |name: &str| {
+        let peek = decider.inspect(&[ItemSpec::named(name, "acme")]).await;
+        peek.unwrap().items[0].decision.remaining
+    };
+    // The previous release's Checks: their estimates spent, and kept as it kept them.
+    let spent = pb::CheckRequest {
+        items: vec![
+            item("Plain", "acme", Some(2_000)),
+            item("Released", "acme", Some(2_500)),
+        ],
+        ..Default::default()
+    };
+    service.check(tonic::Request::new(spent)).await.unwrap();
+    let plain = kept_by_3ebe882(vec![item("Plain", "acme", Some(2_000))]);
+    assert!(table.open("old", &plain, None, &[]).await.unwrap().written);
+    assert!(table.decide("old", &facts(2_000, 0)).await.unwrap());
+    let held = kept_by_3ebe882(vec![item("Released", "acme", Some(2_500))]);
+    let opened = table.open("old-hold", &held, Some(600 * SECOND), &[]).await;
+    assert!(opened.unwrap().written);
+    assert!(table.decide("old-hold", &facts(2_500, 0xC0)).await.unwrap());
+    assert_eq!(
+        (left("Plain").await, left("Released").await),
+        (8_000, 7_500)
+    );
+
+    let settle = |costs: Vec<u64>| pb::SettleRequest {
+        request_id: "old".into(),
+        costs,
+    };
+    let settled = service.settle(tonic::Request::new(settle(vec![500]))).await;
+    let settled = settled.expect("read and settled").into_inner();
+    assert!(!settled.already_settled);
+    assert_eq!(settled.items[0].remaining, 9_500, "1 500 refunded");
+    let again = service.settle(tonic::Request::new(settle(vec![500]))).await;
+    let again = again.unwrap().into_inner();
+    assert!(again.already_settled);
+    assert_eq!(again.items[0].remaining, 9_500, "once");
+    assert_eq!(left("Plain").await, 9_500);
+
+    // The hold past its end: released by the sweeper's call, once.
+    clock.advance(601 * SECOND);
+    let settler = Settler::new(table.clone(), Metrics::new());
+    let released = settler.release_due(&decider).await.unwrap();
+    assert_eq!((released.released, released.given_up), (1, 0));
+    assert_eq!(left("Released").await, 10_000, "the estimate given back");
+    let again = settler.release_due(&decider).await.unwrap();
+    assert_eq!(again.released, 0);
+    assert_eq!(left("Released").await, 10_000);
+}
