@@ -495,5 +495,20 @@ mod tests {
             let after = items_bytes(&new).unwrap().len();
             assert!(after <= before, "{after} > {before}");
         }
+        // A one-item hold's whole record, with its token (docs/operations.md's figure).
+        let token = Some(u128::MAX);
+        let old = pb::CheckRequest {
+            items: vec![pb::Item {
+                name: "Released".into(),
+                id: "tenant-00001".into(),
+                cost: Some(2_000),
+                ..Default::default()
+            }],
+            request_id: format!("{:032x}", u128::MAX),
+            ..Default::default()
+        };
+        let item = named("Released", "tenant-00001", Some(2_000), Mode::CheckAndSpend);
+        let new = record_bytes(1, &items_bytes(&[item]).unwrap(), token);
+        assert_eq!((old.encoded_len(), new.len()), (63, 45));
     }
 }
