@@ -177,14 +177,8 @@
 //! observe/metrics/ratelimit_keys.rs    envoyproxy/ratelimit's statistics keys
 //! observe/metrics/statsd_mapping.rs    a statsd_exporter mapping file
 //!
-//! gcra/                            pure arithmetic                            (core)
-//! gcra/mod.rs                      Limit (GCRA, calendar, concurrency), spend, charge, refund
-//! gcra/batch.rs                    batches, all or nothing; the strictest
-//! gcra/calendar.rs                 calendar windows
-//! gcra/lease.rs                    leases: acquire, release
-//! clock.rs                         Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
-//! clock/zoned.rs                   days, weeks, months, years in an IANA zone
-//! text.rs                          caller text cut for logs and errors        (core)
+//! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
+//!                                  re-exported here at the same paths
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/seeds.rs                 their starting inputs, from the examples
@@ -198,17 +192,17 @@
 //! [`gcra`] atomically over the batch's TATs.
 
 pub mod cli;
-pub mod clock;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod gcra;
 pub mod limits;
 pub mod observe;
 pub mod resp;
 pub mod server;
 pub mod service;
 pub mod store;
-pub mod text;
+
+/// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
+pub use cellrate_core::{clock, gcra, text};
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

