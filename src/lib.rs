@@ -36,18 +36,21 @@
 //!                convert.rs, settle.rs: Checks kept for Settle, facts.rs: what one
 //!                spent, holds.rs: reservation policies at Check, release.rs: holds
 //!                not settled in time, in_flight.rs: Top of leases held, wire.rs: Check
-//!                served by unary.rs, the other methods by tonic), envoy/ (RLS
+//!                served by grpc/unary.rs, the other methods by tonic), envoy/ (RLS
 //!                v3: decide, respond, reserve.rs: reservations held and settled by the
 //!                native Settler, wire.rs: the RPC served, its metadata encoded
 //!                once, values.rs: a client's bytes made decidable, refusal.rs: what
 //!                cannot be decided as it came, by the invalid_id policy), headers/ (the rate-limit headers both
 //!                answer: styles, openai.rs, trio.rs: descriptor statuses and
 //!                envoyproxy/ratelimit's three), rlqs/ over quota_book.rs (Envoy RLQS),
-//!                overrides.rs (temporary overrides), token.rs, trace.rs, unary.rs (a
-//!                unary call served by hand, for ShouldRateLimit and Check);
+//!                overrides.rs (temporary overrides), token.rs, trace.rs;
 //!                resp/: the Redis protocol (protocol.rs, server.rs: one connection,
 //!                commands.rs, auth.rs, lockout.rs, throttle.rs: redis-cell's numbers,
 //!                gcra.rs: Redis 8.8's GCRA command)
+//! grpc/          gRPC as served: mod.rs (every RPC's path, `rpc` label and kind, written
+//!                once: the route table the RPC histogram, the in-flight bound and both
+//!                stacks read; --grpc-unary), unary.rs (ShouldRateLimit and Check served
+//!                by hand, or by tonic's unary code)
 //! store/         Store trait, StoreError, StoreObserver; memory/ over table.rs
 //!                (sharded, all-or-nothing; leases.rs: concurrency limits' leases,
 //!                lease_shares.rs: their bounds in all and per name, shares.rs: the
@@ -91,6 +94,7 @@ pub mod clock;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod gcra;
+pub mod grpc;
 pub mod limits;
 pub mod observe;
 pub mod resp;

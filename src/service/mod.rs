@@ -23,7 +23,6 @@ mod resolve;
 pub mod rlqs;
 pub mod token;
 pub mod trace;
-pub mod unary;
 
 pub use crate::limits::descriptors::InvalidIds;
 pub use caller_limits::CallerLimits;

@@ -124,6 +124,7 @@ const FLOORS: &[&[&str]] = &[
     &["observe"],
     &["limits"],
     &["store"],
+    &["grpc"],
     &["service", "resp"],
     &["server"],
     &["cli"],

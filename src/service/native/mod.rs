@@ -25,7 +25,7 @@ pub use convert::duration;
 use convert::{check_headers, header_style};
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
-pub use wire::{NativeServer, CHECK};
+pub use wire::NativeServer;
 
 use crate::service::{count_decisions, trace, Decider};
 use crate::store::shared::Settlements;
