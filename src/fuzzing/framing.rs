@@ -5,7 +5,7 @@
 //! Input: a selector byte (the size bound, and a `grpc-encoding` header or none), a count
 //! of cuts and the cuts (where the body is split into data frames), then the body.
 //! Properties: never a panic; both servers answer the same headers, status, message and
-//! answer bytes; the hand-written server answers the same however the body is cut.
+//! answer bytes, with the body cut as given and whole.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -160,10 +160,12 @@ pub fn grpc_framing(data: &[u8]) {
     let count = usize::from(count).min(rest.len());
     let (cuts, body) = rest.split_at(count);
     let cuts: Vec<usize> = cuts.iter().map(|&c| usize::from(c)).collect();
-    let direct = answer(Unary::Direct, max, encoding, body, &cuts);
-    let tonic = answer(Unary::Tonic, max, encoding, body, &cuts);
-    let case = format!("body {body:?}, cuts {cuts:?}, max {max}, {encoding:?}");
-    assert_eq!(direct, tonic, "by hand and by tonic: {case}");
-    let whole = answer(Unary::Direct, max, encoding, body, &[]);
-    assert_eq!(direct, whole, "however the body is cut: {case}");
+    // What is refused first depends on where the frames end (tonic reads a frame's
+    // prefix before the next frame comes), so the same cuts on both, and then none.
+    for cuts in [&cuts[..], &[]] {
+        let direct = answer(Unary::Direct, max, encoding, body, cuts);
+        let tonic = answer(Unary::Tonic, max, encoding, body, cuts);
+        let case = format!("body {body:?}, cuts {cuts:?}, max {max}, {encoding:?}");
+        assert_eq!(direct, tonic, "by hand and by tonic: {case}");
+    }
 }

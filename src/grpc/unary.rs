@@ -278,9 +278,11 @@ where
     let (mut parts, body) = request.into_parts();
     // Read here, not in an async fn of its own, whose future would be built and moved
     // into this one's on every call.
-    let (message, trailers) = {
+    let mut message = None;
+    let trailers = {
         let mut body = std::pin::pin!(body);
         let mut reading = Reading::new(max);
+        let mut cancelled = false;
         while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             match frame {
                 Ok(frame) => {
@@ -291,23 +293,33 @@ where
                         }
                         return Err(status);
                     }
+                    // Decoded once whole, as tonic decodes it: a message that does not
+                    // decode is refused before the rest of the body is read.
+                    if let (None, Some(whole)) = (&message, reading.whole()) {
+                        message = Some(decode(whole).map_err(|e| Status::internal(e.to_string()))?);
+                    }
                 }
                 Err(e) => {
                     let status = Status::from_error(e.into());
-                    // A cancelled request body ends the message, as in tonic.
+                    // A cancelled request body ends the message, as in tonic (which then
+                    // looks no further at what it holds).
                     if status.code() == tonic::Code::Cancelled {
+                        cancelled = true;
                         break;
                     }
                     return Err(status);
                 }
             }
         }
-        reading.finish()?
+        match cancelled {
+            true => reading.trailers,
+            false => reading.finish()?,
+        }
     };
+    let message = message.ok_or_else(|| Status::internal("Missing request message."))?;
     if let Some(trailers) = trailers {
         parts.headers.extend(trailers);
     }
-    let message = decode(message).map_err(|e| Status::internal(e.to_string()))?;
     let request = tonic::Request::from_http(http::Request::from_parts(parts, message));
     let (metadata, answer, extensions) = call(request).await?.into_parts();
     let mut response = answered(metadata, answer, encode)?;
@@ -385,6 +397,9 @@ impl Reading {
                 return Ok(());
             }
         };
+        if data.is_empty() {
+            return Ok(());
+        }
         match &mut self.received {
             Received::One(first) if first.is_empty() => *first = data,
             Received::One(first) => {
@@ -426,18 +441,27 @@ impl Reading {
         }
     }
 
-    /// The message and the trailers, once the body has ended.
-    fn finish(self) -> Result<(Bytes, Option<http::HeaderMap>), Status> {
+    /// The message, once all of it is in (and until more comes).
+    fn whole(&mut self) -> Option<Bytes> {
+        let n = self.length?;
+        if self.bytes().len() != PREFIX + n {
+            return None;
+        }
+        if let Received::Joined(joined) = &mut self.received {
+            self.received = Received::One(std::mem::take(joined).freeze());
+        }
+        match &self.received {
+            Received::One(bytes) => Some(bytes.slice(PREFIX..)),
+            Received::Joined(_) => None,
+        }
+    }
+
+    /// The trailers, once the body has ended with its message whole.
+    fn finish(self) -> Result<Option<http::HeaderMap>, Status> {
         let seen = self.bytes().len();
         match self.length {
             _ if seen == 0 => Err(Status::internal("Missing request message.")),
-            Some(n) if seen == PREFIX + n => {
-                let message = match self.received {
-                    Received::One(b) => b,
-                    Received::Joined(b) => b.freeze(),
-                };
-                Ok((message.slice(PREFIX..), self.trailers))
-            }
+            Some(n) if seen == PREFIX + n => Ok(self.trailers),
             // tonic takes a prefix off its buffer once read: a body that ends right after
             // one leaves nothing over, so it says no message came (the fuzz target found it).
             Some(_) if seen == PREFIX => Err(Status::internal("Missing request message.")),

@@ -29,6 +29,7 @@ mod examples;
 #[cfg(feature = "fuzzing")]
 mod fuzz_regressions;
 mod grpc_native;
+mod grpc_parity;
 mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
