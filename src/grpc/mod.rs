@@ -5,8 +5,8 @@
 //! (`server/rpc_metrics.rs`), the in-flight bound's one-message check
 //! (`server/in_flight.rs`) and the two gRPC stacks (`server/grpc.rs`, and the servers'
 //! [`unary::Decision`] impls) read it; no path is written anywhere else.
-//! `tests/it/grpc_routes.rs` checks the table against the services' descriptors, so a new
-//! method cannot be served without a label.
+//! A test below holds the table against the services' descriptors, so that a method cannot
+//! be served without its row.
 //!
 //! [`unary`] serves the decision RPCs (ShouldRateLimit, the native Check) by hand, or
 //! through tonic's own unary handling with `--grpc-unary tonic` ([`Unary`]);
@@ -165,5 +165,73 @@ mod tests {
         assert_eq!(label("/cellrate.v1.Admin/Check"), UNKNOWN);
         assert_eq!(label("/attacker/chosen-text"), UNKNOWN);
         assert_eq!(label(""), UNKNOWN);
+    }
+
+    /// Every method of every service the listeners mount is a row, and every row such a
+    /// method; a row streams exactly when its client streams.
+    #[test]
+    fn the_table_is_every_method_the_listeners_serve() {
+        use prost::Message;
+        let sets = [
+            crate::proto::FILE_DESCRIPTOR_SET,
+            crate::proto::ENVOY_RLS_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        let services = [
+            ENVOY_RLS,
+            RATE_LIMITER,
+            ENVOY_RLQS,
+            ADMIN,
+            HEALTH,
+            REFLECTION_V1,
+            REFLECTION_V1ALPHA,
+        ];
+        let mut described = Vec::new();
+        for set in sets {
+            let set = prost_types::FileDescriptorSet::decode(set).unwrap();
+            for file in &set.file {
+                for service in &file.service {
+                    let name = format!("{}.{}", file.package(), service.name());
+                    for method in (services.contains(&name.as_str()).then_some(&service.method))
+                        .into_iter()
+                        .flatten()
+                    {
+                        let streams = method.client_streaming();
+                        described.push((name.clone(), method.name().to_string(), streams));
+                    }
+                }
+            }
+        }
+        described.sort();
+        described.dedup();
+        let mut rows: Vec<(String, String, bool)> = (ROUTES.iter())
+            .map(|r| (r.service.into(), r.method.into(), r.kind == Kind::Streaming))
+            .collect();
+        rows.sort();
+        assert_eq!(rows, described);
+    }
+
+    #[test]
+    fn the_generated_servers_are_named_as_the_table() {
+        use crate::proto::v1::{admin_server, rate_limiter_server};
+        use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server as rlqs;
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server as rls;
+        use tonic::server::NamedService;
+        assert_eq!(
+            <rate_limiter_server::RateLimiterServer<crate::service::native::RateLimiterService> as NamedService>::NAME,
+            RATE_LIMITER
+        );
+        assert_eq!(
+            <admin_server::AdminServer<crate::service::native::AdminService> as NamedService>::NAME,
+            ADMIN
+        );
+        assert_eq!(rls::SERVICE_NAME, ENVOY_RLS);
+        assert_eq!(rlqs::SERVICE_NAME, ENVOY_RLQS);
+        assert_eq!(
+            <tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService> as NamedService>::NAME,
+            HEALTH
+        );
     }
 }

@@ -231,6 +231,13 @@ async fn known_cases(pair: &mut Pair, path: &str, body: &[u8], refused: &[u8]) {
             Call::body(&[&prefix(0, 3)[..], &[0xff; 3]].concat()),
         ),
         (
+            "not protobuf, then a second message in a later frame",
+            Call {
+                chunks: vec![[&prefix(0, 3)[..], &[0xff; 3]].concat(), body.to_vec()],
+                ..Call::default()
+            },
+        ),
+        (
             "a wrong wire type",
             Call::body(&[&prefix(0, 2)[..], &[0x0d, 0x01]].concat()),
         ),

@@ -52,6 +52,7 @@ mod reservations;
 mod resp;
 mod resp_gcra;
 mod rlqs;
+mod rpc_labels;
 mod runtime_overrides;
 mod settle;
 mod settle_attacks;
