@@ -71,9 +71,8 @@
 //! service/overrides.rs             temporary overrides
 //! service/token.rs                 secrets callers present (admin token, RESP AUTH)
 //! service/trace.rs                 W3C trace context into the logs
-//! service/unary.rs                 a unary gRPC call served by hand (ShouldRateLimit, Check)
 //! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
-//! service/native/wire.rs           Check served by unary.rs, the other methods by tonic
+//! service/native/wire.rs           Check served by grpc/unary.rs, the other methods by tonic
 //! service/native/convert.rs        its messages to and from ItemSpecs
 //! service/native/in_flight.rs      admin Top of the leases held
 //! service/envoy/mod.rs             Envoy RLS v3
@@ -112,6 +111,12 @@
 //! resp/lockout.rs                  wrong AUTH tokens counted per address
 //! resp/throttle.rs                 redis-cell's numbers
 //! resp/gcra.rs                     Redis 8.8's GCRA command
+//!
+//! grpc/                            gRPC as served (beside service/)
+//! grpc/mod.rs                      the route table: every RPC's path, label and kind, once;
+//!                                  read by the RPC histogram, the in-flight bound and both stacks
+//! grpc/unary.rs                    ShouldRateLimit and Check served by hand, or by tonic's
+//!                                  unary code (--grpc-unary)
 //!
 //! store/                           where buckets live
 //! store/mod.rs                     the Store trait, StoreError, StoreObserver
@@ -181,6 +186,7 @@
 //!                                  re-exported here at the same paths
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
+//! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
 //! fuzzing/seeds.rs                 their starting inputs, from the examples
 //! lib.rs                           this map
 //! ```
@@ -194,6 +200,7 @@
 pub mod cli;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod grpc;
 pub mod limits;
 pub mod observe;
 pub mod resp;

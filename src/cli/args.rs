@@ -544,6 +544,15 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_MAX_IN_FLIGHT", default_value_t = ServerLimits::default().max_in_flight)]
     pub max_in_flight: usize,
 
+    /// How ShouldRateLimit and Check are served: by hand (direct) or by tonic's unary code.
+    #[arg(
+        long,
+        env = "CELLRATE_GRPC_UNARY",
+        value_enum,
+        default_value = "direct"
+    )]
+    pub grpc_unary: crate::grpc::Unary,
+
     /// Longest a unary gRPC request's body may take once the server waits for it, in ms.
     #[arg(long, env = "CELLRATE_REQUEST_BODY_TIMEOUT_MS", default_value_t = ServerLimits::default().body_timeout.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_body_timeout_ms: u64,

@@ -208,6 +208,7 @@ impl ServeArgs {
             ready_needs_limits: self.ready_needs_limits,
             metrics_labels: self.metrics_labels.clone(),
             ratelimit_stats: self.ratelimit_stats,
+            grpc_unary: self.grpc_unary,
             ..Default::default()
         }
     }

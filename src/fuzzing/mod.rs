@@ -15,6 +15,7 @@
 //! | [`check`]               | an encoded `cellrate.v1.CheckRequest` (also run |
 //! |                         | as a `RefundRequest`: the same field numbers)   |
 //! | [`uds_authority`]       | an HPACK header block (then as raw frames)      |
+//! | [`grpc_framing`]        | a size bound, cuts, then a unary call's body    |
 
 use std::sync::{Arc, OnceLock};
 
@@ -37,7 +38,9 @@ use crate::store::memory::MemoryStore;
 use crate::store::settlements::MemorySettlements;
 use crate::store::Store;
 
+mod framing;
 mod seeds;
+pub use framing::grpc_framing;
 pub use seeds::seeds;
 
 /// The example configuration (`config/`), which the decision harnesses decide against.
@@ -487,11 +490,12 @@ pub fn uds_authority(data: &[u8]) {
 }
 
 /// The harnesses by target name (the `fuzz/` targets and seed directories use these names).
-pub const TARGETS: [(&str, Harness); 6] = [
+pub const TARGETS: [(&str, Harness); 7] = [
     ("limits_config", limits_config),
     ("id_canonicalisation", id_canonicalisation),
     ("descriptor_mapping", descriptor_mapping),
     ("should_rate_limit", should_rate_limit),
     ("check", check),
     ("uds_authority", uds_authority),
+    ("grpc_framing", grpc_framing),
 ];

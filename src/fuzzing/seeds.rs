@@ -31,6 +31,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "should_rate_limit" => should_rate_limit_seeds(),
         "check" => check_seeds(),
         "uds_authority" => uds_authority_seeds(),
+        "grpc_framing" => framing_seeds(),
         _ => Vec::new(),
     }
 }
@@ -259,5 +260,45 @@ fn uds_authority_seeds() -> Vec<Vec<u8>> {
         grpc(b"tmp%2Fx.sock"),
         grpc(b"/tmp/x.sock"),
         grpc(b"localhost"),
+    ]
+}
+
+/// Unary bodies (a selector byte: the size bound 4096, or 16, or a `grpc-encoding`; a cut
+/// count and the cuts; the body): a `Duration` message whole and cut at awkward places,
+/// empty, compressed and unknown flags, cut short, two messages, trailing bytes, a
+/// prefix over the bound, and under `gzip`.
+fn framing_seeds() -> Vec<Vec<u8>> {
+    let message = prost_types::Duration {
+        seconds: 90,
+        nanos: 5,
+    }
+    .encode_to_vec();
+    let framed = |flag: u8, length: usize, payload: &[u8]| {
+        let mut body = vec![flag];
+        body.extend_from_slice(&(length as u32).to_be_bytes());
+        body.extend_from_slice(payload);
+        body
+    };
+    let one = framed(0, message.len(), &message);
+    let input = |selector: u8, cuts: &[u8], body: &[u8]| {
+        let mut input = vec![selector, cuts.len() as u8];
+        input.extend_from_slice(cuts);
+        input.extend_from_slice(body);
+        input
+    };
+    vec![
+        input(5, &[], &one),
+        input(5, &[2, 7], &one),
+        input(5, &[], &[]),
+        input(5, &[], &framed(0, 0, &[])),
+        input(5, &[], &framed(1, message.len(), &message)),
+        input(5, &[], &framed(7, message.len(), &message)),
+        input(5, &[], &one[..one.len() - 1]),
+        input(5, &[3], &[one.clone(), one.clone()].concat()),
+        input(5, &[], &[one.clone(), vec![0, 0]].concat()),
+        input(3, &[], &one),
+        input(5, &[], &[0, 0xff, 0xff, 0xff, 0xff]),
+        input(5, &[], &framed(0, 3, &[0xff, 0xff, 0xff])),
+        input(29, &[], &one),
     ]
 }

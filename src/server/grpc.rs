@@ -36,13 +36,9 @@ use crate::service::native::{AdminService, NativeServer, RateLimiterService};
 use crate::service::rlqs::RlqsService;
 use crate::service::{Decider, MAX_MESSAGE_BYTES};
 
-const RATE_LIMITER: &str = "cellrate.v1.RateLimiter";
-const ENVOY_RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
-const ENVOY_RLQS: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
-const ADMIN: &str = "cellrate.v1.Admin";
-const HEALTH: &str = "grpc.health.v1.Health";
-const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
-const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
+use crate::grpc::{
+    ADMIN, ENVOY_RLQS, ENVOY_RLS, HEALTH, RATE_LIMITER, REFLECTION_V1, REFLECTION_V1ALPHA,
+};
 
 /// A reflection builder listing exactly `services` (the descriptor set holds both of our
 /// services; each listener advertises only what it serves). Built as v1 and as v1alpha,
@@ -215,6 +211,7 @@ impl Stacks<'_> {
         InFlightLayer::new(self.limits.max_in_flight)
             .with_per_address(self.limits.in_flight_per_address())
             .with_body_timeout(self.limits.body_timeout)
+            .with_unary(self.settings.grpc_unary)
     }
 
     /// `router` served on `incoming` until [`Self::stop`]: by one server, or with a
@@ -266,7 +263,8 @@ impl Stacks<'_> {
         if let Some(settlements) = &self.settlements {
             service = service.with_settlements(settlements.clone());
         }
-        let native = NativeServer::new(service, MAX_MESSAGE_BYTES);
+        let unary = self.settings.grpc_unary;
+        let native = NativeServer::new(service, MAX_MESSAGE_BYTES).serving(unary);
         let mut rls = EnvoyRateLimitService::new(
             self.decider.clone(),
             self.settings.envoy.clone(),
@@ -275,7 +273,7 @@ impl Stacks<'_> {
         if let Some(settlements) = &self.settlements {
             rls = rls.with_settlements(settlements.clone());
         }
-        let envoy = RlsServer::new(rls, MAX_MESSAGE_BYTES);
+        let envoy = RlsServer::new(rls, MAX_MESSAGE_BYTES).serving(unary);
         let router = self
             .limits
             .grpc_server()

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::listener::ConnectionInfo;
 use super::per_address::InFlightCount;
+use crate::grpc::{Kind, Unary};
 
 /// A bound on the requests one gRPC server handles at once, over all its connections.
 ///
@@ -32,6 +33,8 @@ pub struct InFlightLayer {
     /// gRPC health's is answered UNAVAILABLE at once: connections are answered, never left
     /// hanging, and probes learn NOT_SERVING.
     waiting: Option<Arc<AtomicBool>>,
+    /// How the decision RPCs are served: by tonic, their bodies are checked here too.
+    unary: Unary,
 }
 
 impl InFlightLayer {
@@ -44,7 +47,14 @@ impl InFlightLayer {
             }),
             body_timeout: None,
             waiting: None,
+            unary: Unary::Direct,
         }
+    }
+
+    /// The decision RPCs served as `unary` says (by tonic: their bodies checked here).
+    pub fn with_unary(mut self, unary: Unary) -> InFlightLayer {
+        self.unary = unary;
+        self
     }
 
     /// At most `n` requests in flight from one client address (0: no such share).
@@ -80,6 +90,7 @@ impl<S> tower_layer::Layer<S> for InFlightLayer {
             slots: self.slots.clone(),
             body_timeout: self.body_timeout,
             waiting: self.waiting.clone(),
+            unary: self.unary,
         }
     }
 }
@@ -91,13 +102,10 @@ pub struct InFlight<S> {
     slots: Arc<Slots>,
     body_timeout: Option<Duration>,
     waiting: Option<Arc<AtomicBool>>,
+    unary: Unary,
 }
 
 type GrpcResponse = http::Response<tonic::body::Body>;
-
-/// gRPC health's methods, answered while the first xDS update is awaited (still under
-/// the in-flight bound).
-const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -118,7 +126,11 @@ where
             .waiting
             .as_ref()
             .is_some_and(|w| w.load(Ordering::Acquire))
-            && !request.uri().path().starts_with(HEALTH_PATH)
+            // gRPC health's methods are answered while the first xDS update is awaited
+            // (still under the in-flight bound).
+            && !(request.uri().path().strip_prefix('/'))
+                .and_then(|p| p.strip_prefix(crate::grpc::HEALTH))
+                .is_some_and(|p| p.starts_with('/'))
         {
             let status = tonic::Status::unavailable(
                 "waiting for the first xDS update: no limits in force yet; retry with backoff",
@@ -138,7 +150,7 @@ where
             Ok(slot) => InFlightFuture::Admitted {
                 inner: self
                     .inner
-                    .call(OneMessage::wrap(request, self.body_timeout)),
+                    .call(OneMessage::wrap(request, self.body_timeout, self.unary)),
                 _slot: slot,
             },
             Err(refusal) => InFlightFuture::Refused {
@@ -244,8 +256,8 @@ pin_project_lite::pin_project! {
     /// gRPC message (tonic would silently drop it). It follows the gRPC framing (a flag
     /// byte, a 4-byte length, the message) across data frames without buffering.
     /// Streaming calls (server reflection, RLQS) pass through unchecked, and so do
-    /// ShouldRateLimit and the native Check, whose servers read their one message
-    /// themselves and refuse a second the same way (`service::unary`).
+    /// ShouldRateLimit and the native Check when served by hand, whose server reads their
+    /// one message itself and refuses a second the same way (`grpc::unary`).
     pub struct OneMessage<B> {
         #[pin]
         inner: B,
@@ -264,17 +276,23 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> OneMessage<B> {
-    fn wrap(
+    /// `request`'s body, checked as its route says (`decisions`: how the decision RPCs
+    /// are served), within `body_timeout` unless it streams.
+    pub(crate) fn wrap(
         request: http::Request<B>,
         body_timeout: Option<Duration>,
+        decisions: Unary,
     ) -> http::Request<OneMessage<B>> {
-        // Every cellrate and Envoy RPC is unary in its request; reflection and RLQS stream.
-        let path = request.uri().path();
-        let streaming = path.starts_with("/grpc.reflection.")
-            || path.starts_with("/envoy.service.rate_limit_quota.");
-        let unary = !streaming
-            && path != crate::service::envoy::SHOULD_RATE_LIMIT
-            && path != crate::service::native::CHECK;
+        // The route table says which calls stream; a path that names no RPC (answered
+        // UNIMPLEMENTED) is checked as a unary call.
+        let kind = crate::grpc::route(request.uri().path()).map(|rpc| rpc.kind);
+        let streaming = kind == Some(Kind::Streaming);
+        let unary = match kind {
+            Some(Kind::Streaming) => false,
+            // Served by hand, a decision RPC reads its one message itself.
+            Some(Kind::Decision) => decisions == Unary::Tonic,
+            Some(Kind::Unary) | None => true,
+        };
         request.map(|inner| OneMessage {
             inner,
             unary,
@@ -367,7 +385,7 @@ where
                     data,
                 ) {
                     return Poll::Ready(Some(Err(Box::new(tonic::Status::invalid_argument(
-                        crate::service::unary::SECOND_MESSAGE,
+                        crate::grpc::unary::SECOND_MESSAGE,
                     )))));
                 }
             }

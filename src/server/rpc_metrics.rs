@@ -5,6 +5,9 @@
 //! The status is read from the response headers: a gRPC error answered at once is
 //! "trailers-only", with `grpc-status` in the headers; without it the call succeeded (a
 //! unary call's OK is in its trailers, which this layer does not wait for).
+//!
+//! The `rpc` label is the route table's ([`crate::grpc::ROUTES`]): every RPC its own, a
+//! path that names none `unknown` (a caller's text never becomes a label).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -44,21 +47,6 @@ pub struct RpcMetrics<S> {
     metrics: Arc<Metrics>,
 }
 
-/// The RPC of a request path. Only known names become labels: an unknown path is a
-/// caller's text.
-fn rpc_of(path: &str) -> &'static str {
-    match path {
-        "/cellrate.v1.RateLimiter/Check" => "Check",
-        "/cellrate.v1.RateLimiter/Refund" => "Refund",
-        "/cellrate.v1.Admin/Reset" => "Reset",
-        "/cellrate.v1.Admin/Inspect" => "Inspect",
-        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" => "ShouldRateLimit",
-        p if p.starts_with("/grpc.health.v1.Health/") => "Health",
-        p if p.starts_with("/grpc.reflection.") => "ServerReflectionInfo",
-        _ => "other",
-    }
-}
-
 impl<S, B, R> tower_service::Service<http::Request<B>> for RpcMetrics<S>
 where
     S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
@@ -73,7 +61,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         RpcMetricsFuture {
-            rpc: rpc_of(request.uri().path()),
+            rpc: crate::grpc::label(request.uri().path()),
             start: Instant::now(),
             metrics: self.metrics.clone(),
             inner: self.inner.call(request),
@@ -117,22 +105,5 @@ where
         this.metrics
             .rpc(this.rpc, code, this.start.elapsed().as_secs_f64());
         Poll::Ready(result)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rpc_of;
-
-    #[test]
-    fn only_known_rpcs_become_labels() {
-        assert_eq!(rpc_of("/cellrate.v1.RateLimiter/Check"), "Check");
-        assert_eq!(
-            rpc_of("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
-            "ShouldRateLimit"
-        );
-        assert_eq!(rpc_of("/grpc.health.v1.Health/Check"), "Health");
-        assert_eq!(rpc_of("/cellrate.v1.Admin/Check"), "other");
-        assert_eq!(rpc_of("/attacker/chosen-text"), "other");
     }
 }

@@ -77,6 +77,8 @@ pub struct Settings {
     pub metrics_labels: crate::observe::metrics::ExtraLabels,
     /// envoyproxy/ratelimit's per-descriptor statistics are kept (`--ratelimit-stats`).
     pub ratelimit_stats: bool,
+    /// How the decision RPCs' unary calls are served (`--grpc-unary`).
+    pub grpc_unary: crate::grpc::Unary,
 }
 
 /// The memory store's snapshot file.
@@ -247,6 +249,7 @@ impl Default for Settings {
             ready_needs_limits: false,
             metrics_labels: Default::default(),
             ratelimit_stats: true,
+            grpc_unary: crate::grpc::Unary::Direct,
         }
     }
 }

@@ -24,7 +24,6 @@ pub mod rlqs;
 pub mod settle;
 pub mod token;
 pub mod trace;
-pub mod unary;
 
 pub use crate::limits::descriptors::InvalidIds;
 pub use caller_limits::CallerLimits;

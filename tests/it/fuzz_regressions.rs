@@ -159,3 +159,8 @@ fn check_holds() {
 fn uds_authority_holds() {
     holds_for_random_and_mutated_inputs("uds_authority", 256);
 }
+
+#[test]
+fn grpc_framing_holds() {
+    holds_for_random_and_mutated_inputs("grpc_framing", 256);
+}

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::h2_raw::{
-    check_headers as stalled_check, connect as h2_connect, frame, header_block, read_frame,
-    END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS,
+    check_headers as stalled_check, connect as h2_connect, exchange, frame, grpc_frame, h2_client,
+    header_block, read_frame, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM,
+    SETTINGS,
 };
 use crate::common::{example_limits, http_get_async, item, poll_until, remaining, Served};
 use cellrate::proto::v1 as pb;
@@ -407,23 +408,6 @@ async fn the_connection_bound_holds_and_health_still_answers() {
     s.stop().await;
 }
 
-/// One gRPC message frame: flag 0, big-endian length, the message.
-fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
-    let body = message.encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    framed.extend(body);
-    framed
-}
-
-/// A raw HTTP/2 client on `addr`, its connection driven by a task of its own.
-async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 #[tokio::test]
 async fn a_second_message_in_a_unary_call_is_refused() {
     let mut s = serve(ServerLimits::default()).await;
@@ -458,7 +442,7 @@ async fn a_second_message_in_a_unary_call_is_refused() {
 #[tokio::test]
 async fn decision_bodies_are_checked_from_their_framing_and_spend_nothing() {
     // ShouldRateLimit and the native Check read their one message themselves
-    // (src/service/unary.rs): each malformed body is refused with tonic's status for it,
+    // (src/grpc/unary.rs): each malformed body is refused with tonic's status for it,
     // and spends nothing.
     let mut s = serve(ServerLimits::default()).await;
     let mut client = h2_client(s.decisions_addr).await;
@@ -698,38 +682,8 @@ async fn call_with(
     chunks: &[&[u8]],
     end: bool,
 ) -> (Option<String>, Option<String>) {
-    let mut request = http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let (response, mut send) = client
-        .send_request(request.body(()).unwrap(), false)
-        .unwrap();
-    for (i, chunk) in chunks.iter().enumerate() {
-        send.send_data(
-            bytes::Bytes::copy_from_slice(chunk),
-            end && i + 1 == chunks.len(),
-        )
-        .unwrap();
-    }
-    let response = response.await.unwrap();
-    let field =
-        |map: &http::HeaderMap, name: &str| map.get(name).map(|v| v.to_str().unwrap().to_string());
-    let (mut status, mut message) = (
-        field(response.headers(), "grpc-status"),
-        field(response.headers(), "grpc-message"),
-    );
-    let mut recv = response.into_body();
-    while let Some(chunk) = recv.data().await {
-        chunk.unwrap();
-    }
-    if let Some(trailers) = recv.trailers().await.unwrap() {
-        status = status.or(field(&trailers, "grpc-status"));
-        message = message.or(field(&trailers, "grpc-message"));
-    }
-    (status, message)
+    let seen = exchange(client, addr, path, headers, chunks, end, &[]).await;
+    (seen.status, seen.message)
 }
 
 /// utime + stime of `pid`, in clock ticks (100 a second on Linux).

@@ -32,6 +32,7 @@ mod examples;
 #[cfg(feature = "fuzzing")]
 mod fuzz_regressions;
 mod grpc_native;
+mod grpc_parity;
 mod header_visibility;
 mod hostile_clients;
 mod hostile_requests;
@@ -53,6 +54,7 @@ mod reservations;
 mod resp;
 mod resp_gcra;
 mod rlqs;
+mod rpc_labels;
 mod runtime_overrides;
 mod settle;
 mod settle_attacks;

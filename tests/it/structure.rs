@@ -152,6 +152,7 @@ const FLOORS: &[&[&str]] = &[
     &["observe"],
     &["limits"],
     &["store"],
+    &["grpc"],
     &["service", "resp"],
     &["server"],
     &["cli"],

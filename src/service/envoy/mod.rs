@@ -44,7 +44,7 @@ use crate::text::LogEvery;
 use refusal::{malformed, Refusal};
 pub use reserve::ENVOY_REQUEST_IDS;
 pub use values::{decode_request, stand_in, STAND_IN_PREFIX};
-pub use wire::{Answer, RlsServer, SHOULD_RATE_LIMIT};
+pub use wire::{Answer, RlsServer};
 
 /// Which rate-limit headers go into `response_headers_to_add` (`--rate-limit-headers`),
 /// how `duration_until_reset` is given, the names of envoyproxy/ratelimit's three.

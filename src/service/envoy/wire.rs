@@ -10,7 +10,7 @@
 //! [`encode`] writes the response's fields in field order with the bytes in field 6's
 //! place, so a client reads exactly the message prost would have written.
 //!
-//! The call itself is served by [`crate::service::unary`], not by tonic's unary handling:
+//! The call itself is served by [`crate::grpc::unary`], not by tonic's unary handling:
 //! one small future, the one message read by its prefix, the answer one data frame and the
 //! OK trailers, and what a client sees the generated server's (the same path, the same
 //! UNIMPLEMENTED for another method, the same statuses for a malformed body).
@@ -26,7 +26,7 @@ use prost::Message;
 use tonic::Status;
 
 use super::EnvoyRateLimitService;
-use crate::service::unary::{Decision, Server, Unimplemented};
+use crate::grpc::unary::{Decision, Server, Unimplemented};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// `RateLimitResponse.dynamic_metadata`'s field number.
@@ -83,9 +83,6 @@ pub(super) fn encode(answer: Answer, dst: &mut impl BufMut) {
     }
 }
 
-/// The served path of ShouldRateLimit.
-pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
 /// Envoy's `RateLimitService` as a tower service a tonic server mounts: ShouldRateLimit,
 /// its one method; another is UNIMPLEMENTED, as the generated server answers it.
 pub type RlsServer = Server<EnvoyRateLimitService, Unimplemented>;
@@ -100,8 +97,8 @@ impl RlsServer {
 }
 
 impl Decision for EnvoyRateLimitService {
-    const SERVICE: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
-    const PATH: &'static str = SHOULD_RATE_LIMIT;
+    const SERVICE: &'static str = crate::grpc::ENVOY_RLS;
+    const PATH: &'static str = crate::grpc::SHOULD_RATE_LIMIT.path;
     type Message = RateLimitRequest;
     type Answer = Answer;
 

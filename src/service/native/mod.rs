@@ -22,7 +22,7 @@ pub use convert::duration;
 use convert::{check_headers, header_style};
 pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
-pub use wire::{NativeServer, CHECK};
+pub use wire::NativeServer;
 
 use crate::service::settle::{Settler, ENVOY_REQUEST_IDS};
 use crate::service::{count_decisions, trace, Decider};

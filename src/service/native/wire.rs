@@ -1,5 +1,5 @@
 //! The native `RateLimiter`'s server: `Check`, the decision every caller pays for, served
-//! by [`crate::service::unary`] (one small future, tonic's answers for every malformed
+//! by [`crate::grpc::unary`] (one small future, tonic's answers for every malformed
 //! body); its other methods by tonic's generated server, as before.
 
 use std::future::Future;
@@ -7,16 +7,12 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use prost::Message;
-use tonic::server::NamedService;
 use tonic::Status;
 
 use super::RateLimiterService;
+use crate::grpc::unary::{Decision, Server};
 use crate::proto::v1 as pb;
-use crate::service::unary::{Decision, Server};
 use pb::rate_limiter_server::{RateLimiter, RateLimiterServer};
-
-/// The served path of the native `Check`.
-pub const CHECK: &str = "/cellrate.v1.RateLimiter/Check";
 
 /// `cellrate.v1.RateLimiter`, as a tower service a tonic server mounts.
 pub type NativeServer = Server<RateLimiterService, RateLimiterServer<RateLimiterService>>;
@@ -33,8 +29,8 @@ impl NativeServer {
 }
 
 impl Decision for RateLimiterService {
-    const SERVICE: &'static str = <RateLimiterServer<RateLimiterService> as NamedService>::NAME;
-    const PATH: &'static str = CHECK;
+    const SERVICE: &'static str = crate::grpc::RATE_LIMITER;
+    const PATH: &'static str = crate::grpc::CHECK.path;
     type Message = pb::CheckRequest;
     type Answer = pb::CheckResponse;
 

@@ -110,3 +110,93 @@ pub async fn read_until(
     .await
     .unwrap_or_else(|_| panic!("no frame of type {kind} nor EOF within {within:?}"))
 }
+
+/// One gRPC message frame: flag 0, big-endian length, the message.
+pub fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend(body);
+    framed
+}
+
+/// A raw HTTP/2 client on `addr`, its connection driven by a task of its own.
+pub async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// What a client saw of a call: the response's headers (but `date`, which tells the
+/// second), its grpc-status and grpc-message (trailers-only, or in the trailers), and its
+/// data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    pub headers: Vec<(String, String)>,
+    pub status: Option<String>,
+    pub message: Option<String>,
+    pub data: Vec<u8>,
+}
+
+/// A call to `path` with `headers` added, as `chunks` of body (none: the headers end the
+/// request), then `trailers` if any, the request ending there when `end`.
+pub async fn exchange(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    chunks: &[&[u8]],
+    end: bool,
+    trailers: &[(&str, &str)],
+) -> Exchange {
+    let mut request = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let only_headers = end && chunks.is_empty() && trailers.is_empty();
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), only_headers)
+        .unwrap();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let last = end && trailers.is_empty() && i + 1 == chunks.len();
+        send.send_data(bytes::Bytes::copy_from_slice(chunk), last)
+            .unwrap();
+    }
+    if end && !trailers.is_empty() {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in trailers {
+            map.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        send.send_trailers(map).unwrap();
+    }
+    let response = response.await.unwrap();
+    let text = |v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let field = |map: &http::HeaderMap, name: &str| map.get(name).map(text);
+    let mut seen = Exchange {
+        headers: (response.headers().iter())
+            .filter(|(name, _)| *name != "date")
+            .map(|(name, value)| (name.to_string(), text(value)))
+            .collect(),
+        status: field(response.headers(), "grpc-status"),
+        message: field(response.headers(), "grpc-message"),
+        data: Vec::new(),
+    };
+    seen.headers.sort();
+    let mut recv = response.into_body();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.unwrap();
+        seen.data.extend_from_slice(&chunk);
+        let _ = recv.flow_control().release_capacity(chunk.len());
+    }
+    if let Some(trailers) = recv.trailers().await.unwrap() {
+        seen.status = seen.status.or(field(&trailers, "grpc-status"));
+        seen.message = seen.message.or(field(&trailers, "grpc-message"));
+    }
+    seen
+}

@@ -11,6 +11,13 @@
 //! one data frame and the OK trailers. A second message is INVALID_ARGUMENT, as the
 //! decisions listener's in-flight layer answers it for the other unary calls
 //! (`tests/it/hostile_clients.rs` sends each malformed body).
+//!
+//! With `--grpc-unary tonic` ([`super::Unary::Tonic`]) the same RPCs are served by
+//! tonic's `Grpc::unary`, as its generated servers serve them, with the service's own
+//! decoding and encoding ([`Codec`]). `tests/it/grpc_parity.rs` sends both settings the
+//! same bodies and requires the same status, message and answer, byte for byte, but for
+//! what is listed there: ShouldRateLimit's message over the size bound is answered
+//! OVER_LIMIT here ([`Decision::oversized`]) and refused OUT_OF_RANGE by tonic.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,6 +31,8 @@ use tonic::metadata::MetadataValue;
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::Unary;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What a server of a tonic router answers.
 pub type Answered = http::Response<tonic::body::Body>;
@@ -36,7 +45,7 @@ pub trait Decision: Send + Sync + 'static {
     const SERVICE: &'static str;
     const PATH: &'static str;
     type Message: prost::Message + Default + Send + 'static;
-    type Answer;
+    type Answer: Send + 'static;
     fn decide(
         &self,
         request: tonic::Request<Self::Message>,
@@ -55,12 +64,13 @@ pub trait Decision: Send + Sync + 'static {
     }
 }
 
-/// A service's server: `D`'s path answered by [`serve`], every other path by `other`
-/// (tonic's generated server of the rest of the service).
+/// A service's server: `D`'s path answered by [`serve`] (or by tonic, as `unary` says),
+/// every other path by `other` (tonic's generated server of the rest of the service).
 pub struct Server<D, O> {
     decision: Arc<D>,
     other: O,
     max_decoding: usize,
+    unary: Unary,
 }
 
 impl<D, O: Clone> Clone for Server<D, O> {
@@ -69,6 +79,7 @@ impl<D, O: Clone> Clone for Server<D, O> {
             decision: self.decision.clone(),
             other: self.other.clone(),
             max_decoding: self.max_decoding,
+            unary: self.unary,
         }
     }
 }
@@ -81,7 +92,14 @@ impl<D, O> Server<D, O> {
             decision,
             other,
             max_decoding,
+            unary: Unary::Direct,
         }
+    }
+
+    /// The decision's calls served as `unary` says.
+    pub fn serving(mut self, unary: Unary) -> Server<D, O> {
+        self.unary = unary;
+        self
     }
 }
 
@@ -115,12 +133,91 @@ where
             return self.other.call(request);
         }
         let (decision, max) = (self.decision.clone(), self.max_decoding);
+        if self.unary == Unary::Tonic {
+            return Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(Codec::<D>(std::marker::PhantomData))
+                    .apply_max_message_size_config(Some(max), None);
+                Ok(grpc.unary(Handler(decision), request).await)
+            });
+        }
         Box::pin(async move {
             let call = |request| decision.decide(request);
             let oversized = |length| decision.oversized(length);
             let answer = serve(request, max, (call, oversized), D::decode, D::encode).await;
             Ok(answer.unwrap_or_else(Status::into_http))
         })
+    }
+}
+
+/// `D`'s calls as tonic's `Grpc::unary` calls a service.
+struct Handler<D>(Arc<D>);
+
+impl<D: Decision> tower_service::Service<tonic::Request<D::Message>> for Handler<D> {
+    type Response = tonic::Response<D::Answer>;
+    type Error = Status;
+    type Future = BoxAnswer<D::Answer>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: tonic::Request<D::Message>) -> Self::Future {
+        let decision = self.0.clone();
+        Box::pin(async move { decision.decide(request).await })
+    }
+}
+
+/// A decision's boxed future, as the generated servers box their services' calls.
+type BoxAnswer<A> = Pin<Box<dyn Future<Output = Result<tonic::Response<A>, Status>> + Send>>;
+
+/// `D`'s message and answer as tonic reads and writes them: [`Decision::decode`] and
+/// [`Decision::encode`], refusals in tonic-prost's words.
+pub struct Codec<D>(std::marker::PhantomData<fn() -> D>);
+
+impl<D: Decision> tonic::codec::Codec for Codec<D>
+where
+    D::Answer: Send + 'static,
+{
+    type Encode = D::Answer;
+    type Decode = D::Message;
+    type Encoder = Codec<D>;
+    type Decoder = Codec<D>;
+
+    fn encoder(&mut self) -> Codec<D> {
+        Codec(std::marker::PhantomData)
+    }
+
+    fn decoder(&mut self) -> Codec<D> {
+        Codec(std::marker::PhantomData)
+    }
+}
+
+impl<D: Decision> tonic::codec::Encoder for Codec<D> {
+    type Item = D::Answer;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        answer: D::Answer,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        let mut framed = BytesMut::new();
+        D::encode(answer, &mut framed);
+        dst.put_slice(&framed);
+        Ok(())
+    }
+}
+
+impl<D: Decision> tonic::codec::Decoder for Codec<D> {
+    type Item = D::Message;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<D::Message>, Status> {
+        let message = bytes::Buf::copy_to_bytes(src, bytes::Buf::remaining(src));
+        (D::decode(message).map(Some)).map_err(|e| Status::internal(e.to_string()))
     }
 }
 
@@ -181,9 +278,11 @@ where
     let (mut parts, body) = request.into_parts();
     // Read here, not in an async fn of its own, whose future would be built and moved
     // into this one's on every call.
-    let (message, trailers) = {
+    let mut message = None;
+    let trailers = {
         let mut body = std::pin::pin!(body);
         let mut reading = Reading::new(max);
+        let mut cancelled = false;
         while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             match frame {
                 Ok(frame) => {
@@ -194,23 +293,33 @@ where
                         }
                         return Err(status);
                     }
+                    // Decoded once whole, as tonic decodes it: a message that does not
+                    // decode is refused before the rest of the body is read.
+                    if let (None, Some(whole)) = (&message, reading.whole()) {
+                        message = Some(decode(whole).map_err(|e| Status::internal(e.to_string()))?);
+                    }
                 }
                 Err(e) => {
                     let status = Status::from_error(e.into());
-                    // A cancelled request body ends the message, as in tonic.
+                    // A cancelled request body ends the message, as in tonic (which then
+                    // looks no further at what it holds).
                     if status.code() == tonic::Code::Cancelled {
+                        cancelled = true;
                         break;
                     }
                     return Err(status);
                 }
             }
         }
-        reading.finish()?
+        match cancelled {
+            true => reading.trailers,
+            false => reading.finish()?,
+        }
     };
+    let message = message.ok_or_else(|| Status::internal("Missing request message."))?;
     if let Some(trailers) = trailers {
         parts.headers.extend(trailers);
     }
-    let message = decode(message).map_err(|e| Status::internal(e.to_string()))?;
     let request = tonic::Request::from_http(http::Request::from_parts(parts, message));
     let (metadata, answer, extensions) = call(request).await?.into_parts();
     let mut response = answered(metadata, answer, encode)?;
@@ -231,7 +340,7 @@ fn answered<R>(
     let length = u32::try_from(framed.len() - PREFIX)
         .map_err(|_| Status::internal("the answer is over 4 GiB"))?;
     framed[1..PREFIX].copy_from_slice(&length.to_be_bytes());
-    let mut response = http::Response::new(tonic::body::Body::new(Unary {
+    let mut response = http::Response::new(tonic::body::Body::new(AnswerBody {
         message: Some(framed.freeze()),
         trailers: true,
     }));
@@ -288,6 +397,9 @@ impl Reading {
                 return Ok(());
             }
         };
+        if data.is_empty() {
+            return Ok(());
+        }
         match &mut self.received {
             Received::One(first) if first.is_empty() => *first = data,
             Received::One(first) => {
@@ -301,12 +413,17 @@ impl Reading {
         let bytes = self.bytes();
         let (seen, prefixed) = (bytes.len(), bytes.get(..PREFIX));
         if let (None, Some(bytes)) = (self.length, prefixed) {
+            // A second message that came with the prefix is refused before the prefix is
+            // read, as the in-flight layer refuses the frame before tonic reads it.
+            let declared = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+            if seen > PREFIX + declared as usize {
+                return Err(Status::invalid_argument(SECOND_MESSAGE));
+            }
             match prefix(bytes, self.max) {
                 Ok(length) => self.length = Some(length),
                 Err(status) => {
-                    let length = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
                     let oversized = status.code() == tonic::Code::OutOfRange;
-                    self.oversized = oversized.then_some(length as usize);
+                    self.oversized = oversized.then_some(declared as usize);
                     return Err(status);
                 }
             }
@@ -324,18 +441,30 @@ impl Reading {
         }
     }
 
-    /// The message and the trailers, once the body has ended.
-    fn finish(self) -> Result<(Bytes, Option<http::HeaderMap>), Status> {
+    /// The message, once all of it is in (and until more comes).
+    fn whole(&mut self) -> Option<Bytes> {
+        let n = self.length?;
+        if self.bytes().len() != PREFIX + n {
+            return None;
+        }
+        if let Received::Joined(joined) = &mut self.received {
+            self.received = Received::One(std::mem::take(joined).freeze());
+        }
+        match &self.received {
+            Received::One(bytes) => Some(bytes.slice(PREFIX..)),
+            Received::Joined(_) => None,
+        }
+    }
+
+    /// The trailers, once the body has ended with its message whole.
+    fn finish(self) -> Result<Option<http::HeaderMap>, Status> {
         let seen = self.bytes().len();
         match self.length {
             _ if seen == 0 => Err(Status::internal("Missing request message.")),
-            Some(n) if seen == PREFIX + n => {
-                let message = match self.received {
-                    Received::One(b) => b,
-                    Received::Joined(b) => b.freeze(),
-                };
-                Ok((message.slice(PREFIX..), self.trailers))
-            }
+            Some(n) if seen == PREFIX + n => Ok(self.trailers),
+            // tonic takes a prefix off its buffer once read: a body that ends right after
+            // one leaves nothing over, so it says no message came (the fuzz target found it).
+            Some(_) if seen == PREFIX => Err(Status::internal("Missing request message.")),
             _ => Err(Status::internal("Unexpected EOF decoding stream.")),
         }
     }
@@ -370,12 +499,12 @@ fn prefix(prefix: &[u8], max: usize) -> Result<usize, Status> {
 }
 
 /// A unary answer's body: the framed message, then the OK status in trailers.
-struct Unary {
+struct AnswerBody {
     message: Option<Bytes>,
     trailers: bool,
 }
 
-impl http_body::Body for Unary {
+impl http_body::Body for AnswerBody {
     type Data = Bytes;
     type Error = Status;
 
