@@ -48,6 +48,13 @@ impl LogEvery {
     }
 }
 
+/// Whether `id` is an id a caller may give for a lease, a kept Check or a reservation:
+/// 1 to `max` bytes of printable ASCII, no spaces (0x21 to 0x7e), so that it can be
+/// keyed, logged and shown as it is, and no id is empty or a space away from another.
+pub fn is_plain_id(id: &str, max: usize) -> bool {
+    !id.is_empty() && id.len() <= max && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// `text` cut to at most `max` bytes, at a character boundary.
 pub fn cut_bytes(text: &str, max: usize) -> &str {
     if text.len() <= max {
@@ -193,6 +200,16 @@ mod tests {
         });
         assert_eq!(written, 1);
         assert_eq!(log.admit(Duration::from_secs(3600), 1), Some(3999));
+    }
+
+    #[test]
+    fn plain_ids_are_printable_bounded_and_never_empty() {
+        assert!(is_plain_id("lease-1:a/b=c", 13));
+        assert!(!is_plain_id("lease-1:a/b=c", 12));
+        assert!(!is_plain_id("", 8));
+        assert!(!is_plain_id("a b", 8));
+        assert!(!is_plain_id("caf\u{e9}", 8));
+        assert!(!is_plain_id("a\x7f", 8));
     }
 
     #[test]

@@ -93,7 +93,7 @@ fn store_failed(e: StoreError) -> Status {
 /// A request id as given: 1 to [`MAX_REQUEST_ID`] bytes of printable ASCII (no spaces),
 /// so that it can be logged, keyed and shown as it is.
 fn checked_id(field: &str, id: &str) -> Result<(), Status> {
-    if id.is_empty() || id.len() > MAX_REQUEST_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
+    if !crate::text::is_plain_id(id, MAX_REQUEST_ID) {
         return Err(Status::invalid_argument(format!(
             "{field}: not 1 to {MAX_REQUEST_ID} bytes of printable ASCII"
         )));

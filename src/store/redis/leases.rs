@@ -34,10 +34,7 @@ pub(super) fn lease_id(item: &StoreItem) -> Option<&std::sync::Arc<str>> {
 pub(super) fn check_ids(items: &[StoreItem]) -> Result<(), StoreError> {
     for item in items {
         if let Some(id) = lease_id(item) {
-            if id.is_empty()
-                || id.len() > lease::MAX_ID_BYTES
-                || !id.bytes().all(|b| b.is_ascii_graphic())
-            {
+            if !crate::text::is_plain_id(id, lease::MAX_ID_BYTES) {
                 return Err(StoreError::Config(format!(
                     "lease id {:?} is not 1 to 128 printable ASCII bytes",
                     id.chars().take(40).collect::<String>()
