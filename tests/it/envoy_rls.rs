@@ -480,8 +480,14 @@ async fn malformed_requests_are_invalid_argument_and_malformed_descriptors_denie
             ),
             1,
         ),
+        // Before the others: its own status is the denial all the same.
+        (
+            request("edge", vec![descriptor(&[]), signup("10.0.0.1")]),
+            0,
+        ),
     ] {
         let r = ask(&mut s, r).await;
+        assert_eq!(r.statuses.len(), 2);
         assert_eq!((r.overall_code, r.statuses[d].code), (OVER, OVER));
     }
     let cases = [

@@ -119,14 +119,22 @@ pub(super) fn add_malformed(
             batch.unmatched += 1;
             continue;
         }
-        batch.items.push(ItemSpec {
+        // In descriptor order, as the answer reads each descriptor's run of items (a
+        // malformed descriptor before the others must answer its own denial), moving the
+        // statistics keys of the items after it.
+        let at = batch.owner.partition_point(|&o| o <= *d);
+        let item = ItemSpec {
             target: Target::Malformed { name: name.clone() },
             cost: Some(1),
             mode: Mode::CheckAndSpend,
             limit: None,
             lease: None,
-        });
-        batch.owner.push(*d);
+        };
+        batch.items.insert(at, item);
+        batch.owner.insert(at, *d);
+        for (i, _) in batch.stats.iter_mut().filter(|(i, _)| *i >= at) {
+            *i += 1;
+        }
     }
 }
 
