@@ -71,6 +71,12 @@ fn build() -> Result<PathBuf, String> {
         source.join("Cargo.lock"),
     )
     .map_err(|e| format!("copying the lock file: {e}"))?;
+    // A workspace of its own: the copy sits under cellrate's target/, inside cellrate's
+    // workspace, which cargo would otherwise take it for a member of.
+    let manifest = source.join("Cargo.toml");
+    let own = std::fs::read_to_string(&manifest).map_err(|e| format!("{manifest:?}: {e}"))?;
+    std::fs::write(&manifest, format!("{own}\n[workspace]\n"))
+        .map_err(|e| format!("{manifest:?}: {e}"))?;
     run(Command::new(&cargo)
         .args(["build", "--release", "--offline", "--manifest-path"])
         .arg(source.join("Cargo.toml"))
