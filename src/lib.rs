@@ -154,23 +154,6 @@
 //! store/memcache/client.rs         its pool of connections
 //! store/memcache/wire.rs           memcached's text protocol
 //!
-//! limits/                          pure configuration
-//! limits/mod.rs                    names, ids, the validated configuration
-//! limits/names.rs                  limit names and bucket keys
-//! limits/ids.rs                    id formats and canonical ids
-//! limits/descriptors.rs            Envoy descriptors -> names and ids
-//! limits/duration.rs               durations as written (1s, 1h30m, 7d)
-//! limits/hash.rs                   the maps' hasher
-//! limits/config/mod.rs             YAML -> validated, immutable LimitTable
-//! limits/config/build.rs           the table assembled
-//! limits/config/files.rs           the directory read, bounded
-//! limits/config/raw.rs             the files as written
-//! limits/config/reservation.rs     a limit's reservation policy
-//! limits/ratelimit_format/mod.rs   envoyproxy/ratelimit's file format
-//! limits/ratelimit_format/read.rs  its YAML read
-//! limits/ratelimit_format/xds.rs   its xDS resources
-//! limits/ratelimit_format/wildcards.rs  its wildcard entries
-//!
 //! observe/                         leaves: what the process tells its operators
 //! observe/mod.rs                   metrics, health, top
 //! observe/health.rs                /healthz and /readyz state
@@ -184,6 +167,8 @@
 //!
 //! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
 //!                                  re-exported here at the same paths
+//! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
+//!                                  pure configuration
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
@@ -201,7 +186,6 @@ pub mod cli;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod grpc;
-pub mod limits;
 pub mod observe;
 pub mod resp;
 pub mod server;
@@ -210,6 +194,7 @@ pub mod store;
 
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
 pub use cellrate_core::{clock, gcra, text};
+pub use cellrate_limits as limits;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

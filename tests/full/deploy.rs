@@ -443,6 +443,18 @@ fn the_dockerfile_stubs_every_declared_target() {
     }
     assert_eq!(copies[2 + members.len()], "crates ./crates");
     assert_eq!(copies[3 + members.len()], "src ./src");
+    // The real sources are older than the stubs' build: the last build touches each crate's
+    // root, or cargo would keep the empty stub libraries.
+    let last = dockerfile("RUN")
+        .into_iter()
+        .find(|run| run.contains("cp \"target/$PROFILE/cellrate\""))
+        .expect("the RUN that builds the binary");
+    for member in members.iter().filter(|m| m.starts_with("crates/")) {
+        assert!(
+            last.contains(&format!("{member}/src/lib.rs")),
+            "the last build touches {member}/src/lib.rs: {last}"
+        );
+    }
 }
 
 /// The workspace's members but the root package, as `Cargo.toml` lists them.

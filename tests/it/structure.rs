@@ -163,8 +163,25 @@ fn floor_of(module: &str) -> Option<usize> {
     FLOORS.iter().position(|floor| floor.contains(&module))
 }
 
-/// The top-level module a source file belongs to (`src/store/redis/x.rs` -> `store`).
+/// The floor a crate of `crates/` is, by its folder's name (`crates/limits/src/x.rs` ->
+/// `limits`), for every crate but the core, whose modules are floors of their own
+/// (`gcra`, `clock`, `text`, re-exported at the root of `cellrate` as they are).
+fn floor_crate(path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).ok()?;
+    let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy());
+    match (parts.next()?.as_ref(), parts.next()?.as_ref()) {
+        ("crates", "core") => None,
+        ("crates", name) => Some(name.to_string()),
+        _ => None,
+    }
+}
+
+/// The top-level module a source file belongs to (`src/store/redis/x.rs` -> `store`,
+/// `crates/limits/src/names.rs` -> `limits`).
 fn module_of(path: &Path) -> String {
+    if let Some(floor) = floor_crate(path) {
+        return floor;
+    }
     let rel = in_crate(path);
     let first = rel.components().next().expect("a component");
     first
@@ -220,6 +237,30 @@ fn crate_imports(lines: &[&str]) -> Vec<(usize, String)> {
     found
 }
 
+/// The floors a file names through another crate of the workspace: `cellrate_core::gcra`
+/// -> `gcra`, `cellrate_limits::names` -> `limits`.
+fn crate_dependencies(lines: &[&str]) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        let mut rest = *line;
+        while let Some(at) = rest.find("cellrate_") {
+            let ident = |c: &char| c.is_alphanumeric() || *c == '_';
+            let krate: String = rest[at + 9..].chars().take_while(ident).collect();
+            rest = &rest[at + 9 + krate.len()..];
+            // A crate path, not a word that starts the same (`cellrate_requests_total`).
+            let Some(path) = rest.strip_prefix("::") else {
+                continue;
+            };
+            let module: String = path.chars().take_while(ident).collect();
+            found.push((i + 1, if krate == "core" { module } else { krate }));
+        }
+    }
+    found
+}
+
 /// The items of a one-line use list at brace depth zero: `a, b::{C, D}` -> `a`, `b::{C, D}`.
 fn top_level_items(list: &str) -> Vec<&str> {
     let mut items = Vec::new();
@@ -252,7 +293,13 @@ fn every_import_points_down_the_layers() {
             panic!("{} is in no floor of FLOORS", relative(&path));
         };
         let text = fs::read_to_string(&path).expect("read source");
-        for (line, to) in crate_imports(&production_lines(&text)) {
+        let lines = production_lines(&text);
+        let own_crate = floor_crate(&path).is_some();
+        let imports = crate_imports(&lines)
+            .into_iter()
+            .filter(|_| !own_crate)
+            .chain(crate_dependencies(&lines));
+        for (line, to) in imports {
             if to == "proto" || to == from || to.is_empty() {
                 continue;
             }
@@ -293,7 +340,8 @@ fn the_core_and_the_leaves_import_nothing_but_the_core() {
 }
 
 /// A source file's module path: `src/store/redis/sentinel.rs` -> `store::redis::sentinel`,
-/// `src/service/native/mod.rs` -> `service::native`, `src/lib.rs` -> the root.
+/// `src/service/native/mod.rs` -> `service::native`, `src/lib.rs` -> the root, and a floor
+/// crate's files under its floor's name (`crates/limits/src/names.rs` -> `limits::names`).
 fn module_path(path: &Path) -> Vec<String> {
     let rel = in_crate(path);
     let mut parts: Vec<String> = rel
@@ -308,12 +356,12 @@ fn module_path(path: &Path) -> Vec<String> {
     if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
         parts.pop();
     }
-    parts
+    floor_crate(path).into_iter().chain(parts).collect()
 }
 
 /// Every module path a file's production lines name through `crate::`, `super::` or
 /// `self::` (a `use` list's items each), made absolute.
-fn named_paths(own: &[String], lines: &[&str]) -> Vec<Vec<String>> {
+fn named_paths(own: &[String], root: &[String], lines: &[&str]) -> Vec<Vec<String>> {
     let text: String = lines
         .iter()
         .filter(|l| !l.trim_start().starts_with("//"))
@@ -339,7 +387,7 @@ fn named_paths(own: &[String], lines: &[&str]) -> Vec<Vec<String>> {
         loop {
             let word: String = rest.chars().take_while(|&c| ident(c)).collect();
             match (first, word.as_str()) {
-                (true, "crate") => base.clear(),
+                (true, "crate") => base = root.to_vec(),
                 (true, "self") => base = own.to_vec(),
                 (_, "super") if first || base.len() < own.len() => {
                     if first {
@@ -383,7 +431,8 @@ fn no_two_modules_of_a_folder_import_each_other() {
         .map(|p| {
             let own = module_path(&p);
             let text = fs::read_to_string(&p).expect("read source");
-            let named = named_paths(&own, &production_lines(&text));
+            let root: Vec<String> = floor_crate(&p).into_iter().collect();
+            let named = named_paths(&own, &root, &production_lines(&text));
             (own, named)
         })
         .collect();
@@ -437,7 +486,7 @@ fn no_front_end_imports_another() {
         }
         read += 1;
         let text = fs::read_to_string(&path).expect("read source");
-        for named in named_paths(&own, &production_lines(&text)) {
+        for named in named_paths(&own, &[], &production_lines(&text)) {
             if let [service, other, ..] = named.as_slice() {
                 if service == "service" && *other != room && FRONT_ENDS.contains(&other.as_str()) {
                     found.push(format!("{} imports service::{other}", relative(&path)));
@@ -463,7 +512,7 @@ fn the_path_reader_makes_paths_absolute() {
         "    crate::limits::names::BucketKey::new(1, \"\")",
         "// use super::commented::Out;",
     ];
-    let named: Vec<String> = named_paths(&own, &lines)
+    let named: Vec<String> = named_paths(&own, &[], &lines)
         .iter()
         .map(|p| p.join("::"))
         .collect();

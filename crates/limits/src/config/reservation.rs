@@ -5,8 +5,8 @@
 
 use serde::Deserialize;
 
-use crate::clock::{Nanos, DAY, SECOND};
-use crate::limits::duration::parse_duration;
+use crate::duration::parse_duration;
+use cellrate_core::clock::{Nanos, DAY, SECOND};
 
 /// The shortest hold.
 pub const MIN_HOLD: Nanos = SECOND;

@@ -8,9 +8,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::gcra::{Limit, Window};
-use crate::limits::hash::ConfigMap;
-use crate::limits::ids::{IdError, IdFormat};
+use crate::hash::ConfigMap;
+use crate::ids::{IdError, IdFormat};
+use cellrate_core::gcra::{Limit, Window};
 
 /// The smallest number a user-declared name may take.
 pub const FIRST_USER_NUMBER: u32 = 100;
@@ -36,7 +36,7 @@ impl Name {
     /// The bucket key of `id` under this name, canonicalising the id.
     ///
     /// ```
-    /// use cellrate::limits::names::Names;
+    /// use cellrate_limits::names::Names;
     /// let names = Names::builtin();
     /// let orders = names.get("NewOrdersPerAccount").unwrap();
     /// assert_eq!(orders.bucket_key("012345678").unwrap().as_str(), "3:12345678");
@@ -185,7 +185,7 @@ impl Names {
     /// 128 bytes or among more than [`MAX_SUGGESTION_CANDIDATES`] names.
     ///
     /// ```
-    /// use cellrate::limits::names::Names;
+    /// use cellrate_limits::names::Names;
     /// let names = Names::builtin();
     /// assert_eq!(names.closest("NewOrderPerAccount"), Some("NewOrdersPerAccount"));
     /// assert_eq!(names.closest("neworderSperaccount"), Some("NewOrdersPerAccount"));
@@ -254,7 +254,7 @@ fn edit_distance_within(a: &[u8], b: &[u8], budget: usize) -> Option<usize> {
 /// A bucket's key: `"<number>:<id>"` with a canonical id.
 ///
 /// ```
-/// use cellrate::limits::names::BucketKey;
+/// use cellrate_limits::names::BucketKey;
 /// let key = BucketKey::new(1, "2001:db8::1");
 /// assert_eq!(key.as_str(), "1:2001:db8::1");
 /// assert_eq!(key.parts(), (1, "2001:db8::1")); // split at the first colon only
@@ -306,9 +306,9 @@ impl BucketKey {
     /// of misreading the other kind's.
     ///
     /// ```
-    /// use cellrate::clock::CalendarPeriod;
-    /// use cellrate::gcra::Window;
-    /// use cellrate::limits::names::BucketKey;
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::Window;
+    /// use cellrate_limits::names::BucketKey;
     /// let monthly = Window::Calendar(CalendarPeriod::Month);
     /// let key = BucketKey::windowed(101, "tenant1", monthly);
     /// assert_eq!(key.as_str(), "101@1mo:tenant1");
@@ -332,9 +332,9 @@ impl BucketKey {
     /// entries).
     ///
     /// ```
-    /// use cellrate::clock::CalendarPeriod;
-    /// use cellrate::gcra::Limit;
-    /// use cellrate::limits::names::BucketKey;
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::Limit;
+    /// use cellrate_limits::names::BucketKey;
     /// let limit = Limit::new(20, 10, 1_000_000_000).unwrap();
     /// let key = BucketKey::caller_given('i', &limit, "checkout");
     /// assert_eq!(key.as_str(), "0:i/20/10/1000000000/checkout");
@@ -365,7 +365,7 @@ impl BucketKey {
     /// limits come with every call, as in redis-cell.
     ///
     /// ```
-    /// use cellrate::limits::names::BucketKey;
+    /// use cellrate_limits::names::BucketKey;
     /// let key = BucketKey::caller_key('c', "user123");
     /// assert_eq!(key.as_str(), "0:c/user123");
     /// assert!(key.is_caller_given());
@@ -422,7 +422,7 @@ impl fmt::Display for BucketKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::ids::*;
+    use crate::ids::*;
     use std::borrow::Cow;
 
     /// The whole table, for reference.

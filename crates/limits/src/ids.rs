@@ -54,7 +54,7 @@ impl IdFormat {
     /// Canonicalises `id`, or says why it does not fit this format.
     ///
     /// ```
-    /// use cellrate::limits::ids::IdFormat;
+    /// use cellrate_limits::ids::IdFormat;
     /// assert_eq!(IdFormat::IpAddress.canonicalize("2001:0db8:0000::0001").unwrap(), "2001:db8::1");
     /// assert_eq!(IdFormat::Domain.canonicalize("WWW.Example.CO.UK.").unwrap(), "example.co.uk");
     /// assert!(IdFormat::RegId.canonicalize("-1").is_err());

@@ -9,9 +9,9 @@ use serde::Deserialize;
 
 use super::reservation::RawReservation;
 use super::{Behaviour, Headers, Measures, Policy, MAX_OVERRIDE_ENTRIES};
-use crate::clock::CalendarPeriod;
-use crate::gcra::Limit;
-use crate::limits::duration::parse_duration;
+use crate::duration::parse_duration;
+use cellrate_core::clock::CalendarPeriod;
+use cellrate_core::gcra::Limit;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

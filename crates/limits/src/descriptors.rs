@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::limits::hash::ConfigMap;
-use crate::limits::names::Names;
+use crate::hash::ConfigMap;
+use crate::names::Names;
 
 /// The descriptor rules of every domain.
 #[derive(Debug, Clone, Default)]
@@ -262,8 +262,8 @@ impl DescriptorRules {
     /// Maps one descriptor of `domain` (entries as `(key, value)`).
     ///
     /// ```
-    /// use cellrate::limits::descriptors::{DescriptorRules, Mapping};
-    /// use cellrate::limits::names::Names;
+    /// use cellrate_limits::descriptors::{DescriptorRules, Mapping};
+    /// use cellrate_limits::names::Names;
     /// let rules = DescriptorRules::default();
     /// let names = Names::builtin();
     /// let Mapping::Limits { names: found, id } =

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use crate::limits::ratelimit_format::RateLimitConfig;
+use crate::ratelimit_format::RateLimitConfig;
 use prost::Message;
 
 use sha2::{Digest, Sha256};

@@ -1,13 +1,13 @@
 //! Durations as the config and the flags write them (`1s`, `500ms`, `1h30m`, `7d`), in
 //! exact nanoseconds.
 
-use crate::clock::Nanos;
+use cellrate_core::clock::Nanos;
 
 /// Parses a Go-style duration (`1s`, `500ms`, `180m`, `1h30m`, `1.5h`) plus `d` for days,
 /// into exact nanoseconds.
 ///
 /// ```
-/// use cellrate::limits::duration::parse_duration;
+/// use cellrate_limits::duration::parse_duration;
 /// assert_eq!(parse_duration("1h30m"), Ok(5_400_000_000_000));
 /// assert_eq!(parse_duration("1.5s"), Ok(1_500_000_000));
 /// assert!(parse_duration("10").is_err()); // a unit is required
@@ -89,7 +89,7 @@ pub fn parse_duration(text: &str) -> Result<Nanos, String> {
 /// reads it back: how a flag's default period is shown by `--help`.
 ///
 /// ```
-/// use cellrate::limits::duration::{format_duration, parse_duration};
+/// use cellrate_limits::duration::{format_duration, parse_duration};
 /// assert_eq!(format_duration(7 * 86_400 * 1_000_000_000), "7d");
 /// assert_eq!(format_duration(90 * 60 * 1_000_000_000), "90m");
 /// assert_eq!(format_duration(1_500_000_000), "1500ms");
@@ -115,7 +115,7 @@ pub fn format_duration(nanos: Nanos) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SECOND;
+    use cellrate_core::clock::SECOND;
 
     #[test]
     fn durations() {

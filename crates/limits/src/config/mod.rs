@@ -7,10 +7,10 @@
 //! |---|---|
 //! | `names.yaml` | user-declared names: `Name: {number, format, description}` |
 //! | `defaults.yaml` | `Name: {burst, count, period}`, one per name |
-//! | `descriptors.yaml` | Envoy descriptor rules per domain (see [`crate::limits::descriptors`]) |
+//! | `descriptors.yaml` | Envoy descriptor rules per domain (see [`crate::descriptors`]) |
 //! | `quota.yaml` | Envoy RLQS bucket-id rules per domain: as `descriptors.yaml`, keys in any order |
 //! | `overrides*.yaml` | a list of `- Name: {burst, count, period, ids: [...]}`, or `unlimited: true` / `deny: true` instead of the three numbers |
-//! | any other `*.yaml` with a top-level `domain` | envoyproxy/ratelimit's format (see [`crate::limits::ratelimit_format`]) |
+//! | any other `*.yaml` with a top-level `domain` | envoyproxy/ratelimit's format (see [`crate::ratelimit_format`]) |
 //!
 //! Loading is a pure function of the files' contents ([`LimitTable::from_files`]), so a
 //! reload is: read, build, swap. Any error rejects the whole load; every error found is
@@ -28,14 +28,14 @@ mod reservation;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::gcra::{Limit, Window};
-use crate::limits::descriptors::DescriptorRules;
-use crate::limits::hash::ConfigMap;
-use crate::limits::names::{Name, Names};
-use crate::limits::ratelimit_format::RatelimitDomains;
-use crate::text::printable;
+use crate::descriptors::DescriptorRules;
+use crate::hash::ConfigMap;
+use crate::names::{Name, Names};
+use crate::ratelimit_format::RatelimitDomains;
+use cellrate_core::gcra::{Limit, Window};
+use cellrate_core::text::printable;
 
-use crate::limits::ratelimit_format::RateLimitConfig;
+use crate::ratelimit_format::RateLimitConfig;
 pub use build::read_files;
 use files::content_version;
 pub use files::is_config_file;
@@ -86,8 +86,8 @@ pub enum Policy {
 /// window kind the same way: [`Limit::divided`] replaces the numbers only.)
 ///
 /// ```
-/// use cellrate::limits::config::{Behaviour, Policy};
-/// use cellrate::gcra::Limit;
+/// use cellrate_limits::config::{Behaviour, Policy};
+/// use cellrate_core::gcra::Limit;
 /// let configured = Policy::Limited {
 ///     limit: Limit::new(10, 10, 1_000_000_000).unwrap(),
 ///     behaviour: Behaviour { shadow: true, ..Behaviour::default() },
@@ -104,7 +104,7 @@ pub struct Behaviour {
     /// In shadow mode, Envoy's answers report OK even when the limit denies (the decision
     /// is still made, spent when allowed, and counted).
     pub shadow: bool,
-    /// Every spend is recorded, into debt if need be ([`crate::gcra::charge`]).
+    /// Every spend is recorded, into debt if need be ([`cellrate_core::gcra::charge`]).
     pub overdraw: bool,
     /// What rate-limit headers may say of the limit. The name's own: an override in a file
     /// takes its default's ([`LimitTable::from_files`]), a temporary one keeps it too.
@@ -115,7 +115,7 @@ pub struct Behaviour {
 /// in `defaults.yaml`).
 ///
 /// ```
-/// use cellrate::limits::config::{Headers, Measures};
+/// use cellrate_limits::config::{Headers, Measures};
 /// let shown = Headers::default();
 /// assert!(!shown.hidden);
 /// assert_eq!(shown.measures, Measures::Requests);
@@ -410,7 +410,7 @@ impl LimitTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{CalendarPeriod, SECOND};
+    use cellrate_core::clock::{CalendarPeriod, SECOND};
 
     #[test]
     fn an_override_replaces_the_numbers_and_keeps_the_whole_behaviour() {
@@ -567,7 +567,7 @@ NewOrdersPerAccount:
         let name = table.names().get("ApiRequestsPerKey").unwrap();
         assert_eq!(
             (name.number, name.format),
-            (100, crate::limits::ids::IdFormat::String)
+            (100, crate::ids::IdFormat::String)
         );
         assert_eq!(table.policy(name, "key-internal"), Some(Policy::Unlimited));
         assert_eq!(table.policy(name, "key-abuser"), Some(Policy::Denied));
@@ -910,8 +910,8 @@ NewOrdersPerAccount:
 
     #[test]
     fn calendar_windows_load_with_their_kind_and_bad_ones_are_refused() {
-        use crate::clock::CalendarPeriod;
-        use crate::gcra::Window;
+        use cellrate_core::clock::CalendarPeriod;
+        use cellrate_core::gcra::Window;
         let names = ("names.yaml", "Monthly: {number: 150, format: string}");
         let table = load(&[
             names,
@@ -1173,7 +1173,7 @@ NewOrdersPerAccount: {burst: 300, count: 300, period: 1m, measures: tokens}
     /// what does not apply to leases, and an override of another kind, are refused.
     #[test]
     fn concurrency_limits_load_and_bad_ones_are_refused() {
-        use crate::gcra::Window;
+        use cellrate_core::gcra::Window;
         let names = ("names.yaml", "InFlight: {number: 150, format: string}");
         let table = load(&[
             names,

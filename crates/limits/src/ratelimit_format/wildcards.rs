@@ -11,7 +11,7 @@
 //! with neither (`*`, `*mid*`) are tried in order. The first match in file order among
 //! all three is the answer.
 
-use crate::limits::hash::ConfigMap;
+use crate::hash::ConfigMap;
 
 /// The most wildcard values in one domain that a lookup must try in turn
 /// ([`Wildcards::is_scanned`]: two `*`s or more, or one between literal text, such as

@@ -28,8 +28,8 @@ mod xds;
 
 use std::sync::Arc;
 
-use crate::clock::CalendarPeriod;
-use crate::limits::hash::ConfigMap;
+use crate::hash::ConfigMap;
+use cellrate_core::clock::CalendarPeriod;
 use wildcards::Wildcards;
 pub use wildcards::MAX_SCANNED as MAX_SCANNED_WILDCARDS;
 

@@ -10,12 +10,12 @@ use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName, RawWindow};
 use super::{
     short, Behaviour, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS,
 };
-use crate::gcra::Window;
-use crate::limits::descriptors::{DescriptorRules, RawDomain};
-use crate::limits::hash::ConfigMap;
-use crate::limits::ids::IdFormat;
-use crate::limits::names::Names;
-use crate::limits::ratelimit_format::{is_ratelimit_file, is_ratelimit_file_named_as_ours};
+use crate::descriptors::{DescriptorRules, RawDomain};
+use crate::hash::ConfigMap;
+use crate::ids::IdFormat;
+use crate::names::Names;
+use crate::ratelimit_format::{is_ratelimit_file, is_ratelimit_file_named_as_ours};
+use cellrate_core::gcra::Window;
 
 /// The YAML files of a limits directory, in name order. `missing_ok`: a directory that
 /// does not exist holds no files (limits may come from xDS alone).
@@ -124,9 +124,7 @@ impl LimitTable {
             override_sources: Vec::new(),
             descriptors: DescriptorRules::default(),
             quota: DescriptorRules::default(),
-            ratelimit: crate::limits::ratelimit_format::RatelimitDomains::merging(
-                sources.merge_domains,
-            ),
+            ratelimit: crate::ratelimit_format::RatelimitDomains::merging(sources.merge_domains),
             version: content_version(files, &sources.xds),
             sources: sources.clone(),
         };

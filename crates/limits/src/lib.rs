@@ -1,0 +1,54 @@
+//! cellrate-limits: the limits as configured, the floor above the core.
+//!
+//! Names ([`names`]), ids and their formats ([`ids`]), the validated configuration
+//! ([`config`]), envoyproxy/ratelimit's file format ([`ratelimit_format`]), Envoy
+//! descriptor mapping ([`descriptors`]) and durations as the config writes them
+//! ([`duration`]); [`hash`] is the hasher of their maps. Pure configuration: no I/O but
+//! reading the limits directory, nothing from above the core (`cellrate-core`).
+//!
+//! ```
+//! use cellrate_limits::config::{LimitTable, Policy};
+//!
+//! // A limits directory's files: the name `api`, and 10 a second for each of its callers.
+//! let file = |name: &str, text: &str| (name.to_string(), text.to_string());
+//! let files = [
+//!     file("names.yaml", "api:\n  number: 100\n  format: string\n"),
+//!     file("defaults.yaml", "api:\n  burst: 10\n  count: 10\n  period: 1s\n"),
+//! ];
+//! let table = LimitTable::from_files(&files).unwrap();
+//! let api = table.names().get("api").unwrap();
+//! match table.policy(api, "alice") {
+//!     Some(Policy::Limited { limit, .. }) => assert_eq!(limit.burst(), 10),
+//!     other => panic!("api is limited: {other:?}"),
+//! }
+//! ```
+//!
+//! # Layout
+//!
+//! Every file, by room (a test keeps this map equal to the files):
+//!
+//! ```text
+//! lib.rs                     names, ids, the validated configuration; this map
+//! names.rs                   limit names and bucket keys
+//! ids.rs                     id formats and canonical ids
+//! descriptors.rs             Envoy descriptors -> names and ids
+//! duration.rs                durations as written (1s, 1h30m, 7d)
+//! hash.rs                    the maps' hasher
+//! config/mod.rs              YAML -> validated, immutable LimitTable
+//! config/build.rs            the table assembled
+//! config/files.rs            the directory read, bounded
+//! config/raw.rs              the files as written
+//! config/reservation.rs      a limit's reservation policy
+//! ratelimit_format/mod.rs    envoyproxy/ratelimit's file format
+//! ratelimit_format/read.rs   its YAML read
+//! ratelimit_format/xds.rs    its xDS resources
+//! ratelimit_format/wildcards.rs  its wildcard entries
+//! ```
+
+pub mod config;
+pub mod descriptors;
+pub mod duration;
+pub mod hash;
+pub mod ids;
+pub mod names;
+pub mod ratelimit_format;
