@@ -154,21 +154,12 @@
 //! store/memcache/client.rs         its pool of connections
 //! store/memcache/wire.rs           memcached's text protocol
 //!
-//! observe/                         leaves: what the process tells its operators
-//! observe/mod.rs                   metrics, health, top
-//! observe/health.rs                /healthz and /readyz state
-//! observe/top.rs                   who is being limited
-//! observe/metrics/mod.rs           every Prometheus series, and nothing else
-//! observe/metrics/groups.rs        the series by what they watch
-//! observe/metrics/counters.rs      decisions counted without a lookup
-//! observe/metrics/extra_labels.rs  labels on every series (EXTRA_TAGS)
-//! observe/metrics/ratelimit_keys.rs    envoyproxy/ratelimit's statistics keys
-//! observe/metrics/statsd_mapping.rs    a statsd_exporter mapping file
-//!
 //! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
 //!                                  re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
 //!                                  pure configuration
+//! crates/observe/                  the crate cellrate-observe, re-exported as observe/:
+//!                                  leaves, what the process tells its operators
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
@@ -186,7 +177,6 @@ pub mod cli;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod grpc;
-pub mod observe;
 pub mod resp;
 pub mod server;
 pub mod service;
@@ -195,6 +185,7 @@ pub mod store;
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
 pub use cellrate_core::{clock, gcra, text};
 pub use cellrate_limits as limits;
+pub use cellrate_observe as observe;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

@@ -134,7 +134,7 @@ fn the_override_description_reflection_serves_says_where_each_store_keeps_them()
     );
 }
 
-/// Every metric name registered in `src/observe/metrics/` (each is a string literal given
+/// Every metric name registered in `crates/observe/src/metrics/` (each is a string literal given
 /// to the registry there) is a row of docs/metrics-and-alerts.md's table.
 #[test]
 fn every_registered_metric_is_in_the_metrics_table() {
@@ -146,7 +146,7 @@ fn every_registered_metric_is_in_the_metrics_table() {
         .filter(|name| name.starts_with("cellrate_"))
         .collect();
     let mut registered = std::collections::BTreeSet::new();
-    let dir = std::path::Path::new(ROOT).join("src/observe/metrics");
+    let dir = std::path::Path::new(ROOT).join("crates/observe/src/metrics");
     for entry in std::fs::read_dir(&dir).unwrap() {
         let source = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         for piece in source.split('"').skip(1).step_by(2) {

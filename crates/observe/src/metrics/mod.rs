@@ -1,6 +1,6 @@
 //! Prometheus metrics: every series cellrate exports, and nothing else (the route that
-//! serves them is `crate::server::http`'s, the store's timing decorator in
-//! [`crate::store::measured`], the classification of a decision in [`crate::service`]).
+//! serves them is `cellrate::server::http`'s, the store's timing decorator in
+//! `cellrate::store::measured`, the classification of a decision in `cellrate::service`).
 //!
 //! No label ever carries an id, a bucket key or a descriptor value unbounded: labels are
 //! API names, RPC names, limit names from the configuration, results and store
@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use prometheus::{Encoder, IntCounterVec, Registry, TextEncoder};
 
-use crate::clock::Nanos;
+use cellrate_core::clock::Nanos;
 pub use extra_labels::ExtraLabels;
 pub use groups::{
     ConfigMetrics, RespMetrics, RlqsMetrics, SnapshotMetrics, StoreMetrics,
@@ -92,7 +92,7 @@ pub struct Metrics {
     /// Added to every series when rendered (`EXTRA_TAGS`).
     extra: ExtraLabels,
     /// Who is being denied (admin `Top`); set once the server has its clock.
-    denials: std::sync::OnceLock<Arc<crate::observe::top::DenialTracker>>,
+    denials: std::sync::OnceLock<Arc<crate::top::DenialTracker>>,
     decisions: counters::DecisionCounters,
     /// `cellrate_settlements_total{result}`: settled, retried, pending, unknown, conflict,
     /// expired, pushed_out, full, crowded.
@@ -253,7 +253,7 @@ impl Metrics {
         }
     }
 
-    /// Counts one decided item: `result` is a label of [`crate::service::outcome`].
+    /// Counts one decided item: `result` is a label of `cellrate::service::outcome`.
     /// Creates the `allowed` and `denied` series of `limits`, at zero, for both APIs and RLQS (the
     /// names configured at start; names added later appear with their first decision).
     pub fn known_limits<'a>(&self, limits: impl IntoIterator<Item = &'a str>) {
@@ -270,12 +270,12 @@ impl Metrics {
     }
 
     /// Tracks denied ids in `tracker` from now on (once; later calls are ignored).
-    pub fn track_denials(&self, tracker: Arc<crate::observe::top::DenialTracker>) {
+    pub fn track_denials(&self, tracker: Arc<crate::top::DenialTracker>) {
         let _ = self.denials.set(tracker);
     }
 
     /// The denial tracker, if one is set.
-    pub fn denials(&self) -> Option<&Arc<crate::observe::top::DenialTracker>> {
+    pub fn denials(&self) -> Option<&Arc<crate::top::DenialTracker>> {
         self.denials.get()
     }
 
@@ -395,8 +395,8 @@ impl Metrics {
     }
 }
 
-/// What the store reports (through `crate::store::StoreObserver`, which
-/// `crate::store::measured` implements for [`Metrics`] with these).
+/// What the store reports (through `cellrate::store::StoreObserver`, which
+/// `cellrate::store::measured` implements for [`Metrics`] with these).
 impl Metrics {
     /// One store operation: its time and whether it succeeded.
     pub fn store_operation(&self, op: &'static str, seconds: f64, ok: bool) {

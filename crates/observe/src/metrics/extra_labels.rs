@@ -22,7 +22,7 @@ impl ExtraLabels {
         }
         let mut labels: Vec<(String, String)> = Vec::new();
         for pair in text.split(',') {
-            let shown = crate::text::printable(crate::text::first_chars(pair, 80));
+            let shown = cellrate_core::text::printable(cellrate_core::text::first_chars(pair, 80));
             let Some((name, value)) = pair.split_once(':').filter(|(_, v)| !v.contains(':')) else {
                 return Err(format!("{shown:?}: not name:value"));
             };
@@ -34,7 +34,9 @@ impl ExtraLabels {
             if !valid || name.len() > MAX_VALUE_BYTES {
                 return Err(format!("{shown:?}: {name:?} is not a label name"));
             }
-            if value.len() > MAX_VALUE_BYTES || crate::text::first_unprintable(value).is_some() {
+            if value.len() > MAX_VALUE_BYTES
+                || cellrate_core::text::first_unprintable(value).is_some()
+            {
                 return Err(format!(
                     "{shown:?}: a value is printable, at most {MAX_VALUE_BYTES} bytes"
                 ));

@@ -180,7 +180,10 @@ impl StatsdMapping {
             let at = |e: String| {
                 format!(
                     "mappings[{i}] (match {:?}): {e}",
-                    crate::text::printable(crate::text::first_chars(&rule.pattern, 80))
+                    cellrate_core::text::printable(cellrate_core::text::first_chars(
+                        &rule.pattern,
+                        80
+                    ))
                 )
             };
             let checked_rule = mapping.rule(rule, default_regex).map_err(at)?;
@@ -218,7 +221,7 @@ impl StatsdMapping {
         for (index, template) in labels {
             let value = &mut values[*index];
             captures.interpolate_string_into(name, template, value);
-            let cut = crate::text::cut_bytes(value, MAX_LABEL_VALUE_BYTES).len();
+            let cut = cellrate_core::text::cut_bytes(value, MAX_LABEL_VALUE_BYTES).len();
             value.truncate(cut);
         }
         Some(Mapped {
@@ -281,7 +284,7 @@ impl StatsdMapping {
         if !metric_name(name) {
             return Err(format!(
                 "name {:?}: a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*, no $ expansion)",
-                crate::text::printable(crate::text::first_chars(name, 80))
+                cellrate_core::text::printable(cellrate_core::text::first_chars(name, 80))
             ));
         }
         if name.starts_with("cellrate_") {
@@ -294,7 +297,7 @@ impl StatsdMapping {
             if !label_name(label) {
                 return Err(format!(
                     "label {:?}: a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)",
-                    crate::text::printable(crate::text::first_chars(label, 80))
+                    cellrate_core::text::printable(cellrate_core::text::first_chars(label, 80))
                 ));
             }
             if template.len() > MAX_TEXT_BYTES {
@@ -386,7 +389,7 @@ mod tests {
 
     /// Envoy Gateway's mapping file, as it passes it in `PROMETHEUS_MAPPER_YAML`.
     const ENVOY_GATEWAY: &str =
-        include_str!("../../../tests/data/envoy-gateway-statsd-mapping.yaml");
+        include_str!("../../../../tests/data/envoy-gateway-statsd-mapping.yaml");
 
     /// (family name, label name -> value) of what `name` maps to.
     fn mapped(mapping: &StatsdMapping, name: &str) -> Option<(String, Vec<(String, String)>)> {

@@ -71,13 +71,13 @@ impl KeySpace {
 /// digits of the whole key's SHA-256 (two long keys that share a beginning stay apart).
 /// Unchanged, and not copied, when it is short and printable.
 pub(super) fn shown(key: &str) -> Cow<'_, str> {
-    let printable = crate::text::printable(key);
+    let printable = cellrate_core::text::printable(key);
     if printable.len() <= MAX_KEY_BYTES {
         return printable;
     }
     let digest = Sha256::digest(key.as_bytes());
     let suffix = hex::encode(&digest[..8]);
-    let head = crate::text::cut_bytes(&printable, MAX_KEY_BYTES - suffix.len() - 1);
+    let head = cellrate_core::text::cut_bytes(&printable, MAX_KEY_BYTES - suffix.len() - 1);
     Cow::Owned(format!("{head}~{suffix}"))
 }
 

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::clock::{Clock, Nanos, SECOND};
+use cellrate_core::clock::{Clock, Nanos, SECOND};
 
 /// Entries per name and minute.
 pub const TOP_K: usize = 32;
@@ -301,13 +301,13 @@ impl DenialTracker {
 }
 
 fn cut(id: &str) -> &str {
-    crate::text::cut_bytes(id, MAX_ID_BYTES)
+    cellrate_core::text::cut_bytes(id, MAX_ID_BYTES)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::FakeClock;
+    use cellrate_core::clock::FakeClock;
 
     fn tracker() -> (FakeClock, DenialTracker) {
         let clock = FakeClock::new(1_700_000_000 * SECOND);

@@ -1,7 +1,7 @@
 //! What the metrics listener says about the process: `/healthz` (alive, with the config in
 //! force and the last reload error) and `/readyz` (503 once shutdown begins, or while a
 //! required store fails). The routes that serve them, and `/metrics`, are
-//! `crate::server::http`.
+//! `cellrate::server::http`.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
