@@ -118,48 +118,14 @@
 //! grpc/unary.rs                    ShouldRateLimit and Check served by hand, or by tonic's
 //!                                  unary code (--grpc-unary)
 //!
-//! store/                           where buckets live
-//! store/mod.rs                     the Store trait, StoreError, StoreObserver
-//! store/measured.rs                timing; the observer for Metrics
-//! store/shared.rs                  ports for shared overrides, RLQS demand, settlements
-//! store/settlements.rs             settlements kept in memory
-//! store/table.rs                   the memory store's open-addressing TAT table
-//! store/memory/mod.rs              sharded, all-or-nothing
-//! store/memory/shares.rs           the buckets' bounds per name and the denial when full
-//! store/memory/leases.rs           concurrency limits' leases
-//! store/memory/lease_shares.rs     their bounds in all and per name
-//! store/memory/snapshot.rs         the snapshot file
-//! store/redis/mod.rs               the Redis store
-//! store/redis/store.rs             its state and the batches of every operation
-//! store/redis/settings.rs          how to reach Redis (compiled without the feature too)
-//! store/redis/connection.rs        the connection and the one script call
-//! store/redis/wire.rs              the vocabulary of a script call
-//! store/redis/cluster.rs           hash slots and groups of keys
-//! store/redis/sentinel.rs          failover followed
-//! store/redis/tls.rs               TLS to a single Redis
-//! store/redis/breaker.rs           circuit breakers per slot
-//! store/redis/errors.rs            Redis errors classified
-//! store/redis/failure.rs           the failure policy
-//! store/redis/failure_log.rs       store failures in the log, once per kind
-//! store/redis/coalesce.rs          batches coalesced per lane
-//! store/redis/deny_cache.rs        the local deny cache
-//! store/redis/leases.rs            leases as the script reads them
-//! store/redis/lease_keys.rs        lease keys counted per name: this replica's share
-//! store/redis/settlements.rs       settlements in Redis
-//! store/redis/once.rs              a kept Check's spend under a token, resolved once
-//! store/redis/overrides.rs         the overrides' shared table
-//! store/redis/demand.rs            RLQS demand shared between replicas
-//! store/memcache/mod.rs            envoyproxy/ratelimit's fixed windows in memcached
-//! store/memcache/store.rs          the MemcacheStore
-//! store/memcache/client.rs         its pool of connections
-//! store/memcache/wire.rs           memcached's text protocol
-//!
 //! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
 //!                                  re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
 //!                                  pure configuration
 //! crates/observe/                  the crate cellrate-observe, re-exported as observe/:
 //!                                  leaves, what the process tells its operators
+//! crates/store/                    the crate cellrate-store, re-exported as store/: where
+//!                                  buckets live
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
@@ -180,12 +146,12 @@ pub mod grpc;
 pub mod resp;
 pub mod server;
 pub mod service;
-pub mod store;
 
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
 pub use cellrate_core::{clock, gcra, text};
 pub use cellrate_limits as limits;
 pub use cellrate_observe as observe;
+pub use cellrate_store as store;
 
 /// Generated protobuf types and tonic stubs.
 pub mod proto {

@@ -1,0 +1,997 @@
+//! The memory store's snapshot file: its live buckets, written on graceful shutdown (and
+//! every `--snapshot-interval-seconds` if set) and read back at the next start, so that a
+//! restarted replica goes on where it stopped instead of handing every client a full burst.
+//!
+//! Layout, little-endian:
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 8 | `cellrate` |
+//! | 4 | format version, [`VERSION`] (2; a file of version 1 is read too) |
+//! | 4 | 0 (reserved) |
+//! | 16 | the fingerprints' SipHash keys ([`super::BucketHasher`]) |
+//! | 8 | when it was written, Unix nanoseconds |
+//! | 8, 8 | n, m: the buckets that follow, of configured and of caller-given limits |
+//! | 18 × n | the configured limits' buckets: fingerprint, TAT, tag (the limit name's number, 65 535 for higher ones) |
+//! | 18 × m | the caller-given limits' buckets: fingerprint, TAT, tag |
+//! | 8 | CRC-64/XZ of the buckets, then of the header |
+//!
+//! Written to a temporary file beside the target (mode 0600: the hash keys let whoever reads
+//! them aim for collisions), fsynced, renamed over the target, and the directory fsynced: a
+//! crash leaves the old file or the new one, never half of one.
+//!
+//! The file is trusted no further than its checks. It is used only when it is a regular
+//! file (a FIFO or a device at the path is refused before it is opened, and it is opened
+//! without blocking in case one is put there in between), owned by this process's user and
+//! writable by no one else (its contents decide who is denied), and no larger than the
+//! store's bound (`--max-buckets`) allows, before any of it is read. Then it is read twice
+//! through the one open file: once to check the size and checksum, then to restore; a file
+//! that fails any check is ignored whole.
+//!
+//! Restored buckets are fingerprints of `"<number>:<id>"` keys with their TATs, so they
+//! meet the limits in force now exactly as a reload's do: a limit that changed since
+//! applies to the old TAT, a name or window that changed makes another key (a fresh
+//! bucket), and a TAT that has passed is a full bucket, not restored. Each bucket is
+//! counted against the bounds as a new one would be, its name's share included
+//! (`--bucket-name-share`): what does not fit is left out (`over_bound`), so a file written
+//! while one name flooded the table gives that name no more than its share. (A file of
+//! format 1, written before buckets carried their name, restores its buckets under no
+//! name's share, bounded by the table alone.) A TAT further ahead
+//! than any accepted limit can put one ([`HORIZON`]) is not restored either: only a forged
+//! file has one, and restored it would deny its key for centuries.
+
+use std::fs::{File, Metadata};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use tokio::time::Instant;
+
+use super::{BucketHasher, MemoryStore, Space};
+use crate::table::Tag;
+use cellrate_core::clock::Nanos;
+use cellrate_core::gcra::MAX_BURST_OFFSET;
+
+const MAGIC: &[u8; 8] = b"cellrate";
+/// The format's version; a file of another (but 1, [`UNTAGGED`]) is ignored.
+pub(super) const VERSION: u32 = 2;
+/// The format before buckets carried their tag: 16-byte entries.
+const UNTAGGED: u32 = 1;
+const HEADER: u64 = 8 + 4 + 4 + 16 + 8 + 16;
+const TRAILER: u64 = 8;
+const ENTRY: u64 = 18;
+/// The tag a format-1 file's buckets are restored under: one with no name share (the
+/// number of envoyproxy/ratelimit-format limits, which has none).
+const NO_SHARE: Tag = cellrate_limits::names::RATELIMIT_NUMBER as Tag;
+const BUFFER: usize = 1 << 20;
+/// How far past now a restored TAT may lie: twice the longest burst offset a limit may have
+/// (20 years). A charge in debt puts a TAT at most two burst offsets ahead, a calendar
+/// window's value at most its end (a year) plus twice its count in nanoseconds (104 days):
+/// nothing an accepted limit wrote lies further.
+pub(super) const HORIZON: Nanos = 2 * MAX_BURST_OFFSET;
+const CRC: crc::Crc<u64, crc::Table<16>> = crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
+
+/// A snapshot written.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    pub buckets: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// When it was written (the store's clock).
+    pub at: Nanos,
+}
+
+/// A snapshot restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// Buckets restored (live at the time of reading).
+    pub buckets: usize,
+    /// Buckets in the file that had expired since (full: nothing to restore).
+    pub expired: usize,
+    /// Live buckets left out because the bound (`--max-buckets`) was reached.
+    pub over_bound: usize,
+    /// Buckets left out because their TAT lay further ahead than [`HORIZON`].
+    pub too_far: usize,
+}
+
+/// Why a snapshot file was not used (the store then starts empty).
+#[derive(Debug, thiserror::Error)]
+pub enum Ignored {
+    #[error("no snapshot file (a first start)")]
+    Missing,
+    #[error("cannot read it: {0}")]
+    Unreadable(io::Error),
+    #[error("it is a {0}, not a regular file: not opened")]
+    NotAFile(&'static str),
+    #[error("not trusted: {0}")]
+    Untrusted(String),
+    #[error(
+        "{size} bytes, more than a snapshot of the store's bound (--max-buckets) can be \
+         ({most}): not read"
+    )]
+    TooLarge { size: u64, most: u64 },
+    #[error("not a cellrate snapshot")]
+    Foreign,
+    #[error("snapshot format {0}, this cellrate reads {VERSION}")]
+    Version(u32),
+    #[error("truncated or padded: {0} bytes where its counts need {1}")]
+    Truncated(u64, u64),
+    #[error("its checksum does not match: corrupt")]
+    Corrupt,
+    #[error("every bucket in it has refilled since it was written: nothing to restore")]
+    Stale,
+}
+
+impl Ignored {
+    /// The metric's label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Ignored::Missing => "missing",
+            Ignored::Unreadable(_) => "unreadable",
+            Ignored::NotAFile(_) => "not_a_file",
+            Ignored::Untrusted(_) => "untrusted",
+            Ignored::TooLarge { .. } => "too_large",
+            Ignored::Foreign => "foreign",
+            Ignored::Version(_) => "version",
+            Ignored::Truncated(..) => "truncated",
+            Ignored::Corrupt => "corrupt",
+            Ignored::Stale => "stale",
+        }
+    }
+}
+
+impl MemoryStore {
+    /// Writes the live buckets to `path` (atomically: a temporary file renamed over it).
+    /// One shard is locked at a time, long enough to copy its buckets.
+    pub fn write_snapshot(&self, path: &Path) -> io::Result<Written> {
+        let started = Instant::now();
+        let (temporary, file) = create_temporary(path)?;
+        let written = match self.write_to(file) {
+            Ok(written) => written,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temporary);
+                return Err(e);
+            }
+        };
+        if let Err(e) = std::fs::rename(&temporary, path) {
+            let _ = std::fs::remove_file(&temporary);
+            let why = unreplaceable(path).map(|why| format!(": {why}"));
+            let said = format!("cannot rename the new file over the old: {e}");
+            return Err(io::Error::new(e.kind(), said + &why.unwrap_or_default()));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(Written {
+            seconds: started.elapsed().as_secs_f64(),
+            ..written
+        })
+    }
+
+    /// Whether a snapshot can be written at `path`: its temporary file is created there
+    /// and removed, and a file at `path` can be replaced.
+    pub fn check_writable(path: &Path) -> io::Result<()> {
+        let (temporary, _) = create_temporary(path)?;
+        std::fs::remove_file(&temporary)?;
+        match unreplaceable(path) {
+            Some(why) => Err(io::Error::new(io::ErrorKind::PermissionDenied, why)),
+            None => Ok(()),
+        }
+    }
+
+    fn write_to(&self, file: File) -> io::Result<Written> {
+        let mut out = BufWriter::with_capacity(BUFFER, file);
+        // The header's counts are known at the end: it is written again then.
+        out.write_all(&[0u8; HEADER as usize])?;
+        let mut digest = CRC.digest();
+        let mut counts = [0u64; 2];
+        let mut copy = Vec::new();
+        for space in [Space::Configured, Space::CallerGiven] {
+            for shard in 0..self.shards.len() {
+                copy.clear();
+                copy.extend(self.lock(shard).table(space).entries());
+                for (print, tat, tag) in &copy {
+                    let mut entry = [0u8; ENTRY as usize];
+                    entry[..8].copy_from_slice(&print.to_le_bytes());
+                    entry[8..16].copy_from_slice(&tat.to_le_bytes());
+                    entry[16..].copy_from_slice(&tag.to_le_bytes());
+                    digest.update(&entry);
+                    out.write_all(&entry)?;
+                }
+                counts[space as usize] += copy.len() as u64;
+            }
+        }
+        let mut header = Vec::with_capacity(HEADER as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&self.hasher.keys.0.to_le_bytes());
+        header.extend_from_slice(&self.hasher.keys.1.to_le_bytes());
+        header.extend_from_slice(&self.clock.now().to_le_bytes());
+        header.extend_from_slice(&counts[0].to_le_bytes());
+        header.extend_from_slice(&counts[1].to_le_bytes());
+        digest.update(&header);
+        out.write_all(&digest.finalize().to_le_bytes())?;
+        out.seek(SeekFrom::Start(0))?;
+        out.write_all(&header)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        let buckets = (counts[0] + counts[1]) as usize;
+        Ok(Written {
+            buckets,
+            bytes: HEADER + ENTRY * buckets as u64 + TRAILER,
+            seconds: 0.0,
+            at: self.clock.now(),
+        })
+    }
+
+    /// Restores the buckets of the snapshot at `path` into this store, which must be new
+    /// (empty): it takes the file's hash keys. Buckets whose TAT has passed are left out,
+    /// and so are those beyond the bound or the [`HORIZON`].
+    pub fn restore_snapshot(&mut self, path: &Path) -> Result<Restored, Ignored> {
+        debug_assert_eq!(self.live_buckets(), 0, "restoring into a store in use");
+        let file = open_trusted(path)?;
+        let buckets = (self.bound[0] as u64).saturating_add(self.bound[1] as u64);
+        let most = buckets
+            .saturating_mul(ENTRY)
+            .saturating_add(HEADER + TRAILER);
+        let header = check(&file, most)?;
+        let now = self.clock.now();
+        let horizon = now.saturating_add(HORIZON);
+        (&file)
+            .seek(SeekFrom::Start(HEADER))
+            .map_err(Ignored::Unreadable)?;
+        let mut input = BufReader::with_capacity(BUFFER, &file);
+        self.hasher = BucketHasher { keys: header.keys };
+        let mut restored = Restored {
+            buckets: 0,
+            expired: 0,
+            over_bound: 0,
+            too_far: 0,
+        };
+        // Each table sized for its share first: the file lists a shard's buckets in slot
+        // order, and a table growing as sorted fingerprints arrive would pack them all in
+        // its first part (restoring 10^7 buckets took 23 s that way, not 1).
+        let shards = self.shards.len() as u64;
+        for (space, count) in [
+            (Space::Configured, header.counts[0]),
+            (Space::CallerGiven, header.counts[1]),
+        ] {
+            let kept = count.min(self.bound[space as usize] as u64);
+            let each = (kept / shards + kept / shards / 8 + 16) as usize;
+            for shard in self.shards.iter_mut() {
+                let tables = shard.0.get_mut();
+                *tables.table(space) = crate::table::TatTable::with_capacity(each);
+            }
+        }
+        let mut entry = [0u8; ENTRY as usize];
+        let entry = &mut entry[..header.entry as usize];
+        for (space, count) in [
+            (Space::Configured, header.counts[0]),
+            (Space::CallerGiven, header.counts[1]),
+        ] {
+            for _ in 0..count {
+                input.read_exact(entry).map_err(Ignored::Unreadable)?;
+                let print = u64::from_le_bytes(entry[..8].try_into().unwrap_or_default());
+                let tat = Nanos::from_le_bytes(entry[8..16].try_into().unwrap_or_default());
+                let tag = match entry.get(16..18) {
+                    Some(tag) => Tag::from_le_bytes(tag.try_into().unwrap_or_default()),
+                    None => NO_SHARE,
+                };
+                if tat <= now || print < crate::table::MIN_PRINT {
+                    restored.expired += 1;
+                } else if tat > horizon {
+                    restored.too_far += 1;
+                } else if self.reserve(space, tag, 1).is_err() {
+                    restored.over_bound += 1;
+                } else {
+                    let shard = self.shard_of((print, space));
+                    let added = self.shards[shard]
+                        .0
+                        .get_mut()
+                        .table(space)
+                        .insert(print, tat, tag);
+                    if added {
+                        restored.buckets += 1;
+                    } else {
+                        // The same fingerprint twice: only a damaged file has that.
+                        self.dropped(space, tag, 1);
+                    }
+                }
+            }
+        }
+        if restored.buckets == 0 && restored.expired > 0 && restored.too_far == 0 {
+            return Err(Ignored::Stale);
+        }
+        Ok(restored)
+    }
+}
+
+/// What the first reading of a file found: it is whole, and these are its keys and counts.
+struct Header {
+    keys: (u64, u64),
+    counts: [u64; 2],
+    /// Bytes an entry takes in its format.
+    entry: u64,
+}
+
+/// Opens the snapshot at `path` for reading if it is a regular file this process's user
+/// owns and no one else may write. Looked at before it is opened (opening a FIFO waits
+/// for a writer, a device may act), opened without blocking, and looked at again through
+/// the open file (what is read is what was checked).
+fn open_trusted(path: &Path) -> Result<File, Ignored> {
+    let missing = |e: io::Error| match e.kind() {
+        io::ErrorKind::NotFound => Ignored::Missing,
+        _ => Ignored::Unreadable(e),
+    };
+    regular(&std::fs::metadata(path).map_err(missing)?)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(missing)?;
+    let metadata = file.metadata().map_err(Ignored::Unreadable)?;
+    regular(&metadata)?;
+    trusted(&metadata)?;
+    Ok(file)
+}
+
+/// A regular file, or what else it is.
+fn regular(metadata: &Metadata) -> Result<(), Ignored> {
+    let kind = metadata.file_type();
+    if kind.is_file() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return Err(Ignored::NotAFile("FIFO"));
+        }
+        if kind.is_socket() {
+            return Err(Ignored::NotAFile("socket"));
+        }
+        if kind.is_block_device() || kind.is_char_device() {
+            return Err(Ignored::NotAFile("device"));
+        }
+    }
+    Err(Ignored::NotAFile(if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }))
+}
+
+/// Owned by this process's user and writable by no one else: whoever could write the file
+/// could choose who is denied after the next start.
+#[cfg(unix)]
+fn trusted(metadata: &Metadata) -> Result<(), Ignored> {
+    use std::os::unix::fs::MetadataExt;
+    let me = effective_uid();
+    if metadata.uid() != me {
+        return Err(Ignored::Untrusted(format!(
+            "owned by uid {}, not by this process's uid {me}: another user may have written it",
+            metadata.uid()
+        )));
+    }
+    if metadata.mode() & 0o022 != 0 {
+        return Err(Ignored::Untrusted(format!(
+            "mode {:04o}: its group or others may write it",
+            metadata.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn trusted(_: &Metadata) -> Result<(), Ignored> {
+    Ok(())
+}
+
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
+/// Why a file at `path` cannot be replaced by a rename, when it is another user's in a
+/// sticky directory (such as /tmp) this process's user does not own: only the file's or
+/// the directory's owner (or root) may replace it there.
+#[cfg(unix)]
+fn unreplaceable(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = effective_uid();
+    let target = std::fs::symlink_metadata(path).ok()?;
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::metadata(parent.unwrap_or(Path::new("."))).ok()?;
+    let sticky = dir.mode() & 0o1000 != 0;
+    (me != 0 && sticky && target.uid() != me && dir.uid() != me).then(|| {
+        format!(
+            "the file there is owned by uid {}, in a sticky directory: this process's uid \
+             {me} cannot replace it (keep the snapshot in a directory only its user can write)",
+            target.uid()
+        )
+    })
+}
+
+#[cfg(not(unix))]
+fn unreplaceable(_: &Path) -> Option<String> {
+    None
+}
+
+/// Reads the open snapshot once: its size against `most`, magic, version, size against
+/// its counts, and checksum.
+fn check(file: &File, most: u64) -> Result<Header, Ignored> {
+    let size = file.metadata().map_err(Ignored::Unreadable)?.len();
+    if size > most {
+        return Err(Ignored::TooLarge { size, most });
+    }
+    let mut input = BufReader::with_capacity(BUFFER, file);
+    let mut header = [0u8; HEADER as usize];
+    let mut start = Vec::with_capacity(HEADER as usize);
+    (&mut input)
+        .take(HEADER)
+        .read_to_end(&mut start)
+        .map_err(Ignored::Unreadable)?;
+    if !start.starts_with(MAGIC) {
+        // A file cut inside the magic is still ours, cut short.
+        return Err(if MAGIC.starts_with(&start) && !start.is_empty() {
+            Ignored::Truncated(size, HEADER + TRAILER)
+        } else {
+            Ignored::Foreign
+        });
+    }
+    if start.len() < 12 {
+        return Err(Ignored::Truncated(size, HEADER + TRAILER));
+    }
+    let version = u32::from_le_bytes(start[8..12].try_into().unwrap_or_default());
+    let entry = match version {
+        VERSION => ENTRY,
+        UNTAGGED => ENTRY - 2,
+        _ => return Err(Ignored::Version(version)),
+    };
+    if start.len() < HEADER as usize {
+        return Err(Ignored::Truncated(size, HEADER + TRAILER));
+    }
+    header.copy_from_slice(&start);
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or_default());
+    let (keys, counts) = ((word(16), word(24)), [word(40), word(48)]);
+    let needed = counts[0]
+        .checked_add(counts[1])
+        .and_then(|n| n.checked_mul(entry))
+        .and_then(|n| n.checked_add(HEADER + TRAILER));
+    if needed != Some(size) {
+        return Err(Ignored::Truncated(size, needed.unwrap_or(u64::MAX)));
+    }
+    let mut digest = CRC.digest();
+    let mut left = size - HEADER - TRAILER;
+    let mut buffer = vec![0u8; BUFFER];
+    while left > 0 {
+        let n = left.min(BUFFER as u64) as usize;
+        input
+            .read_exact(&mut buffer[..n])
+            .map_err(Ignored::Unreadable)?;
+        digest.update(&buffer[..n]);
+        left -= n as u64;
+    }
+    digest.update(&header);
+    let mut sum = [0u8; 8];
+    input.read_exact(&mut sum).map_err(Ignored::Unreadable)?;
+    if digest.finalize() != u64::from_le_bytes(sum) {
+        return Err(Ignored::Corrupt);
+    }
+    Ok(Header {
+        keys,
+        counts,
+        entry,
+    })
+}
+
+/// A new file at `path` (what was there is removed first) that only its owner may read: it
+/// holds the store's hash keys.
+fn create_private(path: &Path) -> io::Result<File> {
+    // A file left there (by a crash, or by someone else) keeps its own mode: start anew.
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
+/// The temporary file beside `path`: `.<name>.tmp`, or, when another user's file of that
+/// name cannot be removed (in a sticky directory), `.<name>.<random>.tmp`.
+fn create_temporary(path: &Path) -> io::Result<(PathBuf, File)> {
+    let usual = temporary_beside(path, "");
+    match create_private(&usual) {
+        Ok(file) => Ok((usual, file)),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied && usual.exists() => {
+            use std::hash::BuildHasher;
+            let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+            let other = temporary_beside(path, &format!(".{random:016x}"));
+            Ok((other.clone(), create_private(&other)?))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `.<name><suffix>.tmp` in the target's directory (a rename within one file system is
+/// atomic).
+fn temporary_beside(path: &Path, suffix: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".to_string());
+    path.with_file_name(format!(".{name}{suffix}.tmp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::StoreItem;
+    use cellrate_core::clock::{FakeClock, SECOND};
+    use cellrate_core::gcra::{Limit, Mode};
+    use cellrate_limits::names::BucketKey;
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn item(key: &str) -> StoreItem {
+        StoreItem {
+            key: BucketKey::new(100, key),
+            limit: Limit::new(10, 10, 10 * SECOND).unwrap(),
+            cost: 4,
+            mode: Mode::CheckAndSpend,
+            lease: None,
+        }
+    }
+
+    /// A store with no name share (the bound's own tests).
+    fn store(clock: &FakeClock, max: usize) -> MemoryStore {
+        MemoryStore::with_caller_share(Arc::new(clock.clone()), 16, max, 10)
+            .with_bucket_name_share(100)
+    }
+
+    /// A store with three buckets, written: the clock, the directory and the file.
+    fn written() -> (FakeClock, tempfile::TempDir, PathBuf, MemoryStore) {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let old = store(&clock, 1_000);
+        for key in ["a", "b", "c"] {
+            assert!(old.spend_now(&[item(key)]).unwrap().allowed);
+        }
+        let caller = StoreItem {
+            key: BucketKey::new(0, "i/10/10s/k"),
+            ..item("k")
+        };
+        assert!(caller.key.is_caller_given());
+        old.spend_now(&[caller]).unwrap();
+        let written = old.write_snapshot(&path).unwrap();
+        assert_eq!(written.buckets, 4);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), written.bytes);
+        (clock, dir, path, old)
+    }
+
+    #[test]
+    fn a_restored_store_goes_on_where_the_old_one_stopped() {
+        let (clock, _dir, path, old) = written();
+        // A new process: other random hash keys, another shard count, later.
+        clock.advance(SECOND);
+        let mut new = MemoryStore::with_caller_share(Arc::new(clock.clone()), 64, 1_000, 10);
+        assert!(new.hasher != old.hasher);
+        let restored = new.restore_snapshot(&path).unwrap();
+        assert_eq!(
+            restored,
+            Restored {
+                buckets: 4,
+                expired: 0,
+                over_bound: 0,
+                too_far: 0
+            }
+        );
+        assert_eq!(new.live_buckets(), 4);
+        for key in ["a", "b", "c"] {
+            assert_eq!(new.tat(&item(key).key), old.tat(&item(key).key), "{key}");
+        }
+        // 4 of 10 spent a second ago (1 back since): 7 left, so a cost of 4 leaves 3.
+        let out = new.spend_now(&[item("a")]).unwrap();
+        assert!(out.allowed);
+        assert_eq!(out.decisions[0].remaining, 3);
+        // Nothing is left of the temporary file, and only the owner may read the file.
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("buckets.snapshot")]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn expired_buckets_are_left_out_and_an_all_expired_file_is_stale() {
+        let (clock, _dir, path, old) = written();
+        // One bucket is spent further: it outlives the others.
+        clock.advance(SECOND);
+        old.spend_now(&[item("a")]).unwrap();
+        old.write_snapshot(&path).unwrap();
+        // "a" is full at T0 + 8 s, the others at T0 + 4 s.
+        clock.advance(5 * SECOND);
+        let mut new = store(&clock, 1_000);
+        let restored = new.restore_snapshot(&path).unwrap();
+        assert_eq!((restored.buckets, restored.expired), (1, 3));
+        clock.advance(60 * SECOND);
+        let mut later = store(&clock, 1_000);
+        let e = later.restore_snapshot(&path).unwrap_err();
+        assert_eq!(e.reason(), "stale", "{e}");
+        assert_eq!(later.live_buckets(), 0);
+    }
+
+    #[test]
+    fn the_bound_holds_on_restore() {
+        let (clock, _dir, path, _old) = written();
+        // 4 with a 10 % caller share: 4 for configured limits, none for caller-given ones.
+        let mut small = store(&clock, 4);
+        let restored = small.restore_snapshot(&path).unwrap();
+        assert_eq!((restored.buckets, restored.over_bound), (3, 1));
+        assert_eq!(small.live_buckets(), 3);
+        // 3 cannot hold the file's 4: it is not read.
+        let mut smaller = store(&clock, 3);
+        let e = smaller.restore_snapshot(&path).unwrap_err();
+        assert_eq!(e.reason(), "too_large", "{e}");
+        assert_eq!(smaller.live_buckets(), 0);
+    }
+
+    /// A file written while one name flooded the table (900 of its ids, 10 of another
+    /// name's) gives that name no more than its share at the next start: 225 of 900 (25 %
+    /// of 900 configured), the other name's 10 all. A format-1 file (no tags) restores
+    /// under no name's share, bounded by the table (900 of 910). On 3ebe882 there was no
+    /// name share: 900 restored, the table full at start.
+    #[test]
+    fn a_restore_respects_the_name_shares() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let flooded = store(&clock, 2_000);
+        let of = |number: u32, id: String| StoreItem {
+            key: BucketKey::new(number, &id),
+            ..item("")
+        };
+        for n in 0..900 {
+            assert!(
+                flooded
+                    .spend_now(&[of(100, format!("k{n}"))])
+                    .unwrap()
+                    .allowed
+            );
+        }
+        for n in 0..10 {
+            assert!(
+                flooded
+                    .spend_now(&[of(101, format!("ip{n}"))])
+                    .unwrap()
+                    .allowed
+            );
+        }
+        flooded.write_snapshot(&path).unwrap();
+        let shared = || MemoryStore::with_caller_share(Arc::new(clock.clone()), 16, 1_000, 10);
+        let mut restarted = shared();
+        let restored = restarted.restore_snapshot(&path).unwrap();
+        assert_eq!((restored.buckets, restored.over_bound), (235, 675));
+        assert_eq!(
+            (restarted.name_buckets(100), restarted.name_buckets(101)),
+            (225, 10)
+        );
+        assert!(
+            !restarted
+                .spend_now(&[of(100, "new".into())])
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            restarted
+                .spend_now(&[of(101, "new".into())])
+                .unwrap()
+                .allowed
+        );
+        // The same buckets in format 1: entries of 16 bytes, no tag.
+        let v2 = std::fs::read(&path).unwrap();
+        let mut v1 = v2[..HEADER as usize].to_vec();
+        v1[8..12].copy_from_slice(&UNTAGGED.to_le_bytes());
+        for entry in v2[HEADER as usize..v2.len() - TRAILER as usize].chunks(ENTRY as usize) {
+            v1.extend_from_slice(&entry[..16]);
+        }
+        v1.extend_from_slice(&[0; TRAILER as usize]);
+        std::fs::write(&path, resealed(v1)).unwrap();
+        let mut old_format = shared();
+        let restored = old_format.restore_snapshot(&path).unwrap();
+        let counts = (restored.buckets, restored.over_bound);
+        assert_eq!((counts, old_format.name_buckets(100)), ((900, 10), 0));
+    }
+
+    /// The header of a snapshot claiming `counts` buckets.
+    fn header_claiming(counts: [u64; 2]) -> Vec<u8> {
+        let mut header = Vec::new();
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&[0; 4 + 16]);
+        header.extend_from_slice(&T0.to_le_bytes());
+        header.extend_from_slice(&counts[0].to_le_bytes());
+        header.extend_from_slice(&counts[1].to_le_bytes());
+        header
+    }
+
+    /// `bytes` with its checksum made good again, as a forger who knows the format makes it.
+    fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+        let end = bytes.len() - TRAILER as usize;
+        let mut digest = CRC.digest();
+        digest.update(&bytes[HEADER as usize..end]);
+        digest.update(&bytes[..HEADER as usize]);
+        bytes[end..].copy_from_slice(&digest.finalize().to_le_bytes());
+        bytes
+    }
+
+    /// The attacker: a file that claims 2^28 buckets (a 4 GiB sparse file, no disk used)
+    /// where the store holds 1 000 000. It was read whole for its checksum (16 to 19 s
+    /// before the server was ready); it is refused from its size, unread.
+    #[test]
+    fn a_file_claiming_more_than_the_bound_is_refused_unread() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let claimed: u64 = 1 << 28;
+        let mut file = File::create(&path).unwrap();
+        file.write_all(&header_claiming([claimed, 0])).unwrap();
+        file.set_len(HEADER + claimed * ENTRY + TRAILER).unwrap();
+        drop(file);
+        private(&path);
+        let mut fresh = store(&clock, 1_000_000);
+        let started = Instant::now();
+        let e = fresh.restore_snapshot(&path).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.reason(), "too_large", "{e} after {took:?}");
+        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+        assert_eq!(fresh.live_buckets(), 0);
+    }
+
+    /// The attacker: a FIFO at the path. Opening it waited for a writer, for ever (the
+    /// server never started); it is refused at once.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_at_the_path_is_refused_without_waiting() {
+        let clock = FakeClock::new(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buckets.snapshot");
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success(), "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo = path.clone();
+        std::thread::spawn(move || {
+            let mut fresh = store(&clock, 1_000);
+            let _ = tx.send(fresh.restore_snapshot(&fifo).map_err(|e| e.reason()));
+        });
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if answer.is_err() {
+            // Lets the reader waiting in open(2) go, so that its thread ends.
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut writer = std::fs::OpenOptions::new();
+            let _ = writer
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path);
+        }
+        let answer = answer.expect("restore_snapshot returned within 5 s");
+        assert_eq!(answer.unwrap_err(), "not_a_file");
+    }
+
+    /// The attacker: a file (with a good checksum) whose first bucket is due 235 years from
+    /// now, which would deny its key for as long. It was restored; now it is left out and
+    /// the other buckets are restored.
+    #[test]
+    fn a_tat_further_ahead_than_any_limit_can_put_one_is_not_restored() {
+        let (clock, dir, path, old) = written();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = HEADER as usize + 8;
+        let forged = T0 + 235 * 365 * 86_400 * SECOND;
+        bytes[at..at + 8].copy_from_slice(&forged.to_le_bytes());
+        let file = dir.path().join("forged");
+        std::fs::write(&file, resealed(bytes)).unwrap();
+        private(&file);
+        let mut new = store(&clock, 1_000);
+        let restored = new.restore_snapshot(&file).unwrap();
+        assert_eq!(restored.buckets, 3);
+        assert_eq!(new.live_buckets(), 3);
+        for key in ["a", "b", "c"] {
+            let tat = new.tat(&item(key).key);
+            assert!(
+                tat.is_none() || tat == old.tat(&item(key).key),
+                "{key}: {tat:?}"
+            );
+        }
+    }
+
+    /// The horizon is exact: a TAT at it is restored, one nanosecond past it is counted and
+    /// left out; a file of such buckets alone restores nothing and says why (not "stale").
+    #[test]
+    fn the_horizon_is_exact_and_counted() {
+        let (clock, dir, path, _old) = written();
+        let good = std::fs::read(&path).unwrap();
+        let with_first = |tat: Nanos| {
+            let mut bytes = good.clone();
+            let at = HEADER as usize + 8;
+            bytes[at..at + 8].copy_from_slice(&tat.to_le_bytes());
+            let file = dir.path().join("edge");
+            std::fs::write(&file, resealed(bytes)).unwrap();
+            private(&file);
+            store(&clock, 1_000).restore_snapshot(&file).unwrap()
+        };
+        assert_eq!(HORIZON, 7_300 * 86_400 * SECOND);
+        let at = with_first(T0 + HORIZON);
+        assert_eq!((at.buckets, at.too_far), (4, 0));
+        let past = with_first(T0 + HORIZON + 1);
+        assert_eq!((past.buckets, past.too_far), (3, 1));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let count = (bytes.len() - (HEADER + TRAILER) as usize) / ENTRY as usize;
+        for n in 0..count {
+            let at = (HEADER + ENTRY * n as u64 + 8) as usize;
+            bytes[at..at + 8].copy_from_slice(&Nanos::MAX.to_le_bytes());
+        }
+        std::fs::write(&path, resealed(bytes)).unwrap();
+        let all = store(&clock, 1_000).restore_snapshot(&path).unwrap();
+        assert_eq!((all.buckets, all.too_far), (0, 4));
+    }
+
+    /// The attacker: a file others may write, or another user's. Either was restored; now
+    /// neither is, and the store starts empty.
+    #[cfg(unix)]
+    #[test]
+    fn a_file_another_user_may_have_written_is_not_restored() {
+        use std::os::unix::fs::PermissionsExt;
+        let (clock, _dir, path, _old) = written();
+        for mode in [0o620, 0o602, 0o666] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let mut fresh = store(&clock, 1_000);
+            let e = fresh.restore_snapshot(&path).unwrap_err();
+            assert_eq!(e.reason(), "untrusted", "mode {mode:o}: {e}");
+            assert_eq!(fresh.live_buckets(), 0);
+        }
+        // Readable by others (which it should not be) but writable by its owner alone.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            store(&clock, 1_000)
+                .restore_snapshot(&path)
+                .unwrap()
+                .buckets,
+            4
+        );
+        private(&path);
+        // Another user's (the tests run as root, who may give it away).
+        match std::os::unix::fs::chown(&path, Some(65534), Some(65534)) {
+            Ok(()) => {
+                let mut fresh = store(&clock, 1_000);
+                let e = fresh.restore_snapshot(&path).unwrap_err();
+                assert_eq!(e.reason(), "untrusted", "{e}");
+                assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+                assert_eq!(fresh.live_buckets(), 0);
+            }
+            Err(e) => eprintln!("not root ({e}): the owner part of this test is not run"),
+        }
+    }
+
+    /// Only the owner may write `path` (whatever the umask made it).
+    fn private(path: &Path) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let _ = path;
+    }
+
+    /// Every way a file can be wrong is ignored whole, with its reason, and the store stays
+    /// empty: missing, not ours, another version, cut anywhere, any byte changed.
+    #[test]
+    fn unusable_files_are_ignored_whole_with_their_reason() {
+        let (clock, dir, path, _old) = written();
+        let good = std::fs::read(&path).unwrap();
+        let try_bytes = |bytes: &[u8]| {
+            let file = dir.path().join("bad");
+            std::fs::write(&file, bytes).unwrap();
+            private(&file);
+            let mut fresh = store(&clock, 1_000);
+            let e = fresh.restore_snapshot(&file).unwrap_err();
+            assert_eq!(fresh.live_buckets(), 0, "{e}");
+            e.reason()
+        };
+        let mut fresh = store(&clock, 1_000);
+        let e = fresh
+            .restore_snapshot(&dir.path().join("none"))
+            .unwrap_err();
+        assert_eq!(e.reason(), "missing");
+        let e = fresh.restore_snapshot(dir.path()).unwrap_err();
+        assert_eq!(e.reason(), "not_a_file", "{e}");
+        assert_eq!(try_bytes(b""), "foreign");
+        assert_eq!(try_bytes(b"REDIS0011\xfa\x09redis-ver"), "foreign");
+        assert_eq!(try_bytes(&[0xffu8; 4096]), "foreign");
+        let mut other = good.clone();
+        other[8] = 3;
+        assert_eq!(try_bytes(&other), "version");
+        for cut in [3, 8, 12, 40, 56, 57, good.len() - 17, good.len() - 1] {
+            assert_eq!(try_bytes(&good[..cut]), "truncated", "cut at {cut}");
+        }
+        let mut padded = good.clone();
+        padded.extend_from_slice(&[0; 16]);
+        assert_eq!(try_bytes(&padded), "truncated");
+        // Every byte after the version, changed: the keys, the time, the counts, the
+        // buckets, the checksum.
+        for at in 12..good.len() {
+            let mut bad = good.clone();
+            bad[at] ^= 0x20;
+            let reason = try_bytes(&bad);
+            assert!(
+                reason == "corrupt" || reason == "truncated",
+                "byte {at} changed: {reason}"
+            );
+        }
+        // Counts that overflow are no crash.
+        let mut huge = good.clone();
+        huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(try_bytes(&huge), "truncated");
+    }
+
+    /// A temporary file someone left readable does not make the next snapshot readable.
+    #[cfg(unix)]
+    #[test]
+    fn a_leftover_temporary_file_does_not_lend_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_clock, dir, path, old) = written();
+        let leftover = dir.path().join(".buckets.snapshot.tmp");
+        std::fs::write(&leftover, b"old").unwrap();
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644)).unwrap();
+        old.write_snapshot(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn every_reason_has_its_series() {
+        let reasons = [
+            Ignored::Missing,
+            Ignored::Unreadable(io::Error::other("x")),
+            Ignored::NotAFile("FIFO"),
+            Ignored::Untrusted("x".to_string()),
+            Ignored::TooLarge { size: 2, most: 1 },
+            Ignored::Foreign,
+            Ignored::Version(2),
+            Ignored::Truncated(1, 2),
+            Ignored::Corrupt,
+            Ignored::Stale,
+        ];
+        let labels: Vec<&str> = reasons.iter().map(Ignored::reason).collect();
+        assert_eq!(labels, cellrate_observe::metrics::SNAPSHOT_IGNORED_REASONS);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let (_clock, dir, path, old) = written();
+        let before = std::fs::read(&path).unwrap();
+        // The target is a directory now: the rename fails.
+        let blocked = dir.path().join("blocked");
+        std::fs::create_dir(&blocked).unwrap();
+        std::fs::write(blocked.join("x"), b"x").unwrap();
+        assert!(old.write_snapshot(&blocked).is_err());
+        assert!(!dir.path().join(".blocked.tmp").exists());
+        // A directory that does not exist: nothing is written anywhere.
+        assert!(old
+            .write_snapshot(&dir.path().join("no/such/file"))
+            .is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+}

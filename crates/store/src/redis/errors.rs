@@ -1,0 +1,23 @@
+//! Redis errors as store errors: classified once, where redis-rs's error is seen, by how
+//! the call failed (the log and the breaker tell them apart).
+
+use crate::{FailureKind, StoreError};
+
+/// A Redis error as a store error, classified here, where the backend's error is seen.
+pub(super) fn store_error(context: &'static str, e: redis::RedisError) -> StoreError {
+    StoreError::backend_of(failure_kind(&e), context, e)
+}
+
+/// How a call failed, from redis-rs's error: its deadline (redis-rs's own response
+/// timeout), a refused connection, a connection that broke, or anything else.
+fn failure_kind(e: &redis::RedisError) -> FailureKind {
+    if e.is_timeout() {
+        FailureKind::Deadline
+    } else if e.is_connection_refusal() {
+        FailureKind::Refused
+    } else if e.is_connection_dropped() {
+        FailureKind::Reset
+    } else {
+        FailureKind::Other
+    }
+}
