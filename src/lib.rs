@@ -27,7 +27,10 @@
 //! cli/shares.rs                    serve: the shared tables' per-tenant shares
 //! cli/serve.rs                     serve's flags turned into the server's settings
 //! cli/ratelimit_env.rs             `cellrate ratelimit`: envoyproxy/ratelimit's environment
-//! cli/ratelimit_behaviour.rs       its behaviour and statistics variables translated
+//! cli/ratelimit_behaviour.rs       its behaviour, answer and statistics variables translated
+//! cli/ratelimit_listeners.rs       its listener variables: gRPC TLS, connection age, admin port
+//! cli/ratelimit_xds.rs             its CONFIG_TYPE and the CONFIG_GRPC_XDS_*, XDS_CLIENT_* ones
+//! cli/ratelimit_redis.rs           its BACKEND_TYPE=redis and REDIS_* variables
 //! cli/ratelimit_memcache.rs        its BACKEND_TYPE=memcache and MEMCACHE_* variables
 //! cli/ratelimit_warned.rs          its variables accepted with a warning
 //! cli/simulate.rs                  `cellrate simulate`: a scripted timeline on a fake clock
