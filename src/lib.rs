@@ -102,6 +102,7 @@
 //! service/rlqs/stream.rs           one RLQS stream within its work budgets
 //! service/rlqs/resolve.rs          a report's domain and bucket ids checked
 //! service/quota_book.rs            RLQS's arithmetic: who reports demand for what
+//! service/quota_share.rs           a reporter's share: division by demand, steps, hysteresis
 //! service/quota_strategy.rs        what an RLQS bucket is told to do
 //!
 //! resp/                            the Redis protocol (beside service/)
