@@ -71,7 +71,8 @@
 //! service/resolve.rs               names, ids, caller limits, rules, costs -> buckets
 //! service/caller_limits.rs         bounds on caller-given limits
 //! service/errors.rs                why a request was not decided, mapped to gRPC statuses
-//! service/overrides.rs             temporary overrides
+//! service/overrides/mod.rs         temporary overrides: set, looked up, synced, expired
+//! service/overrides/record.rs      an override's policy checked, its shared record written, read
 //! service/token.rs                 secrets callers present (admin token, RESP AUTH)
 //! service/trace.rs                 W3C trace context into the logs
 //! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
