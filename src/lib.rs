@@ -27,7 +27,10 @@
 //! cli/shares.rs                    serve: the shared tables' per-tenant shares
 //! cli/serve.rs                     serve's flags turned into the server's settings
 //! cli/ratelimit_env.rs             `cellrate ratelimit`: envoyproxy/ratelimit's environment
-//! cli/ratelimit_behaviour.rs       its behaviour and statistics variables translated
+//! cli/ratelimit_behaviour.rs       its behaviour, answer and statistics variables translated
+//! cli/ratelimit_listeners.rs       its listener variables: gRPC TLS, connection age, admin port
+//! cli/ratelimit_xds.rs             its CONFIG_TYPE and the CONFIG_GRPC_XDS_*, XDS_CLIENT_* ones
+//! cli/ratelimit_redis.rs           its BACKEND_TYPE=redis and REDIS_* variables
 //! cli/ratelimit_memcache.rs        its BACKEND_TYPE=memcache and MEMCACHE_* variables
 //! cli/ratelimit_warned.rs          its variables accepted with a warning
 //! cli/simulate.rs                  `cellrate simulate`: a scripted timeline on a fake clock
@@ -68,7 +71,8 @@
 //! service/resolve.rs               names, ids, caller limits, rules, costs -> buckets
 //! service/caller_limits.rs         bounds on caller-given limits
 //! service/errors.rs                why a request was not decided, mapped to gRPC statuses
-//! service/overrides.rs             temporary overrides
+//! service/overrides/mod.rs         temporary overrides: set, looked up, synced, expired
+//! service/overrides/record.rs      an override's policy checked, its shared record written, read
 //! service/token.rs                 secrets callers present (admin token, RESP AUTH)
 //! service/trace.rs                 W3C trace context into the logs
 //! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
@@ -99,6 +103,7 @@
 //! service/rlqs/stream.rs           one RLQS stream within its work budgets
 //! service/rlqs/resolve.rs          a report's domain and bucket ids checked
 //! service/quota_book.rs            RLQS's arithmetic: who reports demand for what
+//! service/quota_share.rs           a reporter's share: division by demand, steps, hysteresis
 //! service/quota_strategy.rs        what an RLQS bucket is told to do
 //!
 //! resp/                            the Redis protocol (beside service/)

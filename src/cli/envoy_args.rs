@@ -1,6 +1,6 @@
 //! `cellrate serve`'s flags for Envoy's ShouldRateLimit answers. Their defaults are
-//! cellrate's; the `ratelimit` personality sets envoyproxy/ratelimit's (see
-//! `ratelimit_env.rs`), each one still opt-in there through its variable. Each default is
+//! cellrate's; the `ratelimit` personality sets envoyproxy/ratelimit's (see `answers` in
+//! `ratelimit_behaviour.rs`), each one still opt-in there through its variable. Each default is
 //! [`EnvoyOptions::default`]'s.
 
 use crate::service::envoy::{

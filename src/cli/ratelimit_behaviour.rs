@@ -1,7 +1,10 @@
 //! `cellrate ratelimit`'s translation of envoyproxy/ratelimit's behaviour and statistics
 //! variables (`SHADOW_MODE`, `QUOTA_MODE`, `NEAR_LIMIT_RATIO`, `EXTRA_TAGS`,
 //! `MERGE_DOMAIN_CONFIG`, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, `USE_PROMETHEUS` and
-//! its `PROMETHEUS_*`) into `cellrate serve` flags; the rest is [`super::ratelimit_env`].
+//! its `PROMETHEUS_*`), and of how ShouldRateLimit answers (`RESPONSE_DYNAMIC_METADATA`,
+//! `LIMIT_RESPONSE_HEADERS_ENABLED` and its header names,
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), into `cellrate serve` flags; the booleans and
+//! addresses every part reads; the rest is [`super::ratelimit_env`].
 
 /// envoyproxy/ratelimit's booleans (Go's `strconv.ParseBool`).
 pub(super) fn boolean(name: &str, value: &str) -> Result<bool, String> {
@@ -9,6 +12,20 @@ pub(super) fn boolean(name: &str, value: &str) -> Result<bool, String> {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
         other => Err(format!("{name}={other:?}: not a boolean (true or false)")),
+    }
+}
+
+/// A certificate and its key: both given (not empty), or neither.
+pub(super) fn both_or_neither(
+    var: &impl Fn(&str) -> Option<String>,
+    cert: &str,
+    key: &str,
+) -> Result<(), String> {
+    let given = |name: &str| var(name).is_some_and(|v| !v.is_empty());
+    match (given(cert), given(key)) {
+        (true, false) => Err(format!("{cert} is set without {key}")),
+        (false, true) => Err(format!("{key} is set without {cert}")),
+        _ => Ok(()),
     }
 }
 
@@ -119,4 +136,135 @@ pub(super) fn prometheus(
         push("--metrics-path", path);
     }
     Ok(())
+}
+
+/// How ShouldRateLimit answers: as envoyproxy/ratelimit answers, unless a `CELLRATE_*`
+/// variable opts into cellrate's richer answer (its flag is then left to that variable).
+pub(super) fn answers(
+    var: &impl Fn(&str) -> Option<String>,
+    flags: &mut Vec<String>,
+) -> Result<(), String> {
+    let flag = |name: &str| boolean(name, &var(name).unwrap_or_else(|| "false".into()));
+    let mut unless = |cellrate: &str, flag: &str, value: String| {
+        if var(cellrate).is_none() {
+            flags.extend([flag.to_string(), value]);
+        }
+    };
+    // Names: the YAML's `name` or empty. Resets: whole seconds. No Retry-After.
+    unless(
+        "CELLRATE_ENVOY_LIMIT_NAMES",
+        "--envoy-limit-names",
+        "false".into(),
+    );
+    unless(
+        "CELLRATE_ENVOY_RESETS",
+        "--envoy-resets",
+        "whole-seconds".into(),
+    );
+    unless("CELLRATE_RETRY_AFTER", "--retry-after", "false".into());
+    let metadata = match flag("RESPONSE_DYNAMIC_METADATA")? {
+        true => "ratelimit",
+        false => "off",
+    };
+    unless(
+        "CELLRATE_ENVOY_METADATA",
+        "--envoy-metadata",
+        metadata.into(),
+    );
+    if flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        let mut names = Vec::new();
+        for (name, default) in [
+            ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        ] {
+            let value = var(name).unwrap_or_else(|| default.to_string());
+            crate::service::envoy::check_header_name(&value).map_err(|e| format!("{name}: {e}"))?;
+            names.push(value);
+        }
+        unless(
+            "CELLRATE_RATE_LIMIT_HEADERS",
+            "--rate-limit-headers",
+            "ratelimit".into(),
+        );
+        unless(
+            "CELLRATE_RATELIMIT_HEADER_NAMES",
+            "--ratelimit-header-names",
+            names.join(","),
+        );
+    }
+    if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+        flags.push("--stop-increment-when-over-limit".to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::ratelimit_env::tests::{run, serve};
+    use crate::service::envoy::{HeaderStyle, MetadataStyle, ResetStyle};
+
+    #[test]
+    fn answers_are_envoyproxy_ratelimits_unless_cellrates_are_asked_for() {
+        let memory = ("BACKEND_TYPE", "memory");
+        let flags = |vars: &[(&str, &str)]| run(vars).unwrap().flags.join(" ");
+        let plain = serve(&[memory]).envoy.options();
+        assert!(!plain.limit_names);
+        assert_eq!(plain.resets, ResetStyle::WholeSeconds);
+        assert!(!plain.retry_after);
+        assert_eq!(plain.metadata, MetadataStyle::Off);
+        assert_eq!(plain.headers, HeaderStyle::Off);
+        assert!(!plain.stop_increment_when_over_limit);
+        let upstream = serve(&[
+            memory,
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ])
+        .envoy
+        .options();
+        assert_eq!(upstream.metadata, MetadataStyle::Ratelimit);
+        assert_eq!(upstream.headers, HeaderStyle::Ratelimit);
+        let names = &upstream.header_names;
+        assert_eq!(
+            [&names.limit, &names.remaining, &names.reset],
+            ["RateLimit-Limit", "X-Left", "RateLimit-Reset"]
+        );
+        assert!(upstream.stop_increment_when_over_limit);
+        // cellrate's answers, opted into: the flags are left to the CELLRATE_ variables.
+        let opted = flags(&[
+            memory,
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("CELLRATE_RATE_LIMIT_HEADERS", "ietf"),
+            ("CELLRATE_ENVOY_LIMIT_NAMES", "true"),
+            ("CELLRATE_ENVOY_RESETS", "exact"),
+            ("CELLRATE_RETRY_AFTER", "true"),
+            ("CELLRATE_ENVOY_METADATA", "cellrate"),
+        ]);
+        for absent in [
+            "--rate-limit-headers",
+            "--envoy-limit-names",
+            "--envoy-resets",
+            "--retry-after",
+            "--envoy-metadata",
+        ] {
+            assert!(!opted.contains(absent), "{absent}: {opted}");
+        }
+        let bad = run(&[
+            memory,
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "Reset: now"),
+        ]);
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.starts_with("LIMIT_RESET_HEADER: \"Reset: now\" is not")),
+            "{bad:?}"
+        );
+        let bad = run(&[memory, ("RESPONSE_DYNAMIC_METADATA", "yes")]);
+        assert_eq!(
+            bad.map(|t| t.flags),
+            Err("RESPONSE_DYNAMIC_METADATA=\"yes\": not a boolean (true or false)".to_string())
+        );
+    }
 }

@@ -17,6 +17,7 @@ pub mod headers;
 pub mod native;
 pub mod overrides;
 pub mod quota_book;
+mod quota_share;
 mod quota_strategy;
 pub mod request;
 mod resolve;

@@ -77,3 +77,44 @@ impl Strategy {
 pub(super) fn per_second(limit: &Limit) -> f64 {
     limit.count() as f64 * SECOND as f64 / limit.period() as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::quota_book::tests::per_second_limit;
+
+    #[test]
+    fn shares_are_token_buckets_never_above_their_fraction() {
+        let limit = per_second_limit(100);
+        assert_eq!(
+            Strategy::share(&limit, 0.5),
+            Strategy::TokenBucket {
+                max_tokens: 50,
+                tokens_per_fill: 500,
+                fill_seconds: 10
+            }
+        );
+        assert_eq!(
+            Strategy::share(&limit, 1.0),
+            Strategy::TokenBucket {
+                max_tokens: 100,
+                tokens_per_fill: 100,
+                fill_seconds: 1
+            }
+        );
+        // 300 per 3 hours: whole seconds, to 1 %, never faster than the limit.
+        let slow = Limit::new(300, 300, 10_800 * SECOND).unwrap();
+        let share = Strategy::share(&slow, 1.0);
+        assert!(share.rate() <= 300.0 / 10_800.0 && share.rate() >= 0.99 * 300.0 / 10_800.0);
+        // A share under one token a day is one token a day, and a burst of at least one.
+        let tiny = Strategy::share(&slow, 1e-6);
+        assert_eq!(
+            tiny,
+            Strategy::TokenBucket {
+                max_tokens: 1,
+                tokens_per_fill: 1,
+                fill_seconds: 86_400
+            }
+        );
+    }
+}

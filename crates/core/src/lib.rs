@@ -35,9 +35,10 @@
 //! ```text
 //! lib.rs                 this map
 //! gcra/                  pure arithmetic
-//! gcra/mod.rs            Limit (GCRA, calendar, concurrency), spend, charge, refund
-//! gcra/batch.rs          batches, all or nothing; the strictest
-//! gcra/calendar.rs       calendar windows
+//! gcra/mod.rs            Limit (GCRA, calendar, concurrency): its numbers and bounds
+//! gcra/bucket.rs         one bucket: spend, charge (into debt), refund; the Decision
+//! gcra/batch.rs          batches, all or nothing: each item's Mode; the strictest
+//! gcra/calendar.rs       calendar windows: Limit::calendar, spend and refund in one
 //! gcra/lease.rs          leases: acquire, release
 //! clock.rs               Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
 //! clock/zoned.rs         days, weeks, months, years in an IANA zone

@@ -1,8 +1,49 @@
 //! Batches: every item decided against the current state, the spends written only if
 //! every counting item is allowed (all-or-nothing), and the one-item case without vectors.
 
-use super::{charge, spend, Decision, Limit, Mode};
+use super::{charge, spend, Decision, Limit};
 use crate::clock::Nanos;
+
+/// How an item takes part in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Decide, and spend when the whole batch is allowed.
+    #[default]
+    CheckAndSpend,
+    /// Decide what a spend of the cost would get and count toward the batch, never spend
+    /// (Boulder's `Check`): an allowed item in an allowed batch reports the bucket as the
+    /// spend would leave it. Cost 0 is the peek.
+    CheckOnly,
+    /// Left out of the batch's decision; spent only when this bucket has the tokens and
+    /// the batch is allowed.
+    SpendOnly,
+    /// Decide and count, never spend, and report the bucket as it stands: for the items
+    /// of a batch already known to be denied (a deny-listed or oversize item), whose
+    /// answers must say what is there, not what a spend would leave.
+    Probe,
+    /// Decide and count, and always spend, into debt if need be (see [`charge`]): for costs
+    /// known only afterwards (tokens a response used) and limits declared `overdraw`. The
+    /// charge is recorded even when the batch is denied, by it or by another item.
+    Charge,
+    /// Take a lease of a concurrency limit under the item's lease id ([`super::lease::acquire`]):
+    /// counts toward the batch, written only when the batch is allowed.
+    Acquire,
+    /// Free the lease under the item's lease id ([`super::lease::release`]): does not count
+    /// toward the batch, and is applied whatever the batch decides.
+    Release,
+}
+
+impl Mode {
+    /// Whether the item's decision counts toward the batch's.
+    pub fn counts(self) -> bool {
+        !matches!(self, Mode::SpendOnly | Mode::Release)
+    }
+
+    /// Whether the item acquires or releases a lease (a concurrency limit's modes).
+    pub fn is_lease(self) -> bool {
+        matches!(self, Mode::Acquire | Mode::Release)
+    }
+}
 
 /// One item of a batch, as the pure decision sees it.
 #[derive(Debug, Clone, Copy)]
@@ -173,4 +214,171 @@ pub fn strictest<'a>(decisions: impl IntoIterator<Item = &'a Decision>) -> Optio
         Some(best) if !d.is_stricter_than(&best) => Some(best),
         _ => Some(*d),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SECOND;
+
+    const MS: Nanos = 1_000_000;
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn seed_limit() -> Limit {
+        Limit::new(20, 20, SECOND).unwrap()
+    }
+
+    #[test]
+    fn a_denied_batch_still_records_its_charges() {
+        let ample = Limit::new(10, 10, 1_000).unwrap();
+        let tight = Limit::new(1, 1, 1_000).unwrap();
+        let items = [
+            BatchItem {
+                limit: &ample,
+                cost: 2,
+                mode: Mode::CheckAndSpend,
+            },
+            BatchItem {
+                limit: &ample,
+                cost: 4,
+                mode: Mode::Charge,
+            },
+            BatchItem {
+                limit: &tight,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(0, &items, &[None, None, Some(1_000)]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, Some(400), None]);
+        assert_eq!(out.decisions[1].remaining, 6);
+    }
+
+    #[test]
+    fn batch_is_all_or_nothing() {
+        let ample = seed_limit();
+        let tat_full = Some(T0 + SECOND);
+        let items = [
+            BatchItem {
+                limit: &ample,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+            BatchItem {
+                limit: &ample,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(T0, &items, &[None, tat_full]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, None]);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(out.decisions[0].remaining, 20);
+        assert!(!out.decisions[1].allowed);
+        let overall = strictest(&out.decisions).unwrap();
+        assert_eq!((overall.allowed, overall.retry_in), (false, 50 * MS));
+
+        let out = spend_batch(T0, &items, &[None, None]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![Some(T0 + 50 * MS); 2]);
+        assert_eq!(out.decisions[0].remaining, 19);
+    }
+
+    #[test]
+    fn check_only_decides_but_never_writes() {
+        let limit = seed_limit();
+        let items = [BatchItem {
+            limit: &limit,
+            cost: 3,
+            mode: Mode::CheckOnly,
+        }];
+        let out = spend_batch(T0, &items, &[None]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![None]);
+        // What a spend of 3 would leave: 17 tokens, full again in 150 ms.
+        assert_eq!(
+            (out.decisions[0].remaining, out.decisions[0].reset_in),
+            (17, 150 * MS)
+        );
+        let out = spend_batch(T0, &items, &[Some(T0 + SECOND)]);
+        assert!(!out.allowed);
+        // Beside an item that denies the batch, it reports the bucket as it stands.
+        let empty = Limit::new(1, 1, SECOND).unwrap();
+        let items = [
+            items[0],
+            BatchItem {
+                limit: &empty,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+            },
+        ];
+        let out = spend_batch(T0, &items, &[None, Some(T0 + SECOND)]);
+        assert!(!out.allowed);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(
+            (out.decisions[0].remaining, out.decisions[0].reset_in),
+            (20, 0)
+        );
+    }
+
+    #[test]
+    fn a_probe_reports_the_bucket_as_it_stands() {
+        let limit = seed_limit();
+        let items = [BatchItem {
+            limit: &limit,
+            cost: 3,
+            mode: Mode::Probe,
+        }];
+        let out = spend_batch(T0, &items, &[None]);
+        assert_eq!(out.writes, vec![None]);
+        assert!(out.decisions[0].allowed);
+        assert_eq!(out.decisions[0].remaining, 20);
+        let out = spend_batch(T0, &items, &[Some(T0 + SECOND)]);
+        assert!(!out.allowed && !out.decisions[0].allowed);
+    }
+
+    #[test]
+    fn spend_only_is_best_effort() {
+        let limit = seed_limit();
+        let spend_only = BatchItem {
+            limit: &limit,
+            cost: 1,
+            mode: Mode::SpendOnly,
+        };
+        let normal = BatchItem {
+            mode: Mode::CheckAndSpend,
+            ..spend_only
+        };
+        // An empty spend-only bucket does not deny the batch and is not written.
+        let out = spend_batch(T0, &[normal, spend_only], &[None, Some(T0 + SECOND)]);
+        assert!(out.allowed);
+        assert_eq!(out.writes, vec![Some(T0 + 50 * MS), None]);
+        assert!(!out.decisions[1].allowed);
+        // A denied batch writes no spend-only item either.
+        let out = spend_batch(T0, &[normal, spend_only], &[Some(T0 + SECOND), None]);
+        assert!(!out.allowed);
+        assert_eq!(out.writes, vec![None, None]);
+    }
+
+    #[test]
+    fn strictest_orders_denied_then_retry_then_remaining() {
+        let d = |allowed, remaining, retry_in| Decision {
+            allowed,
+            remaining,
+            retry_in,
+            reset_in: 0,
+        };
+        let all = [
+            d(true, 5, 0),
+            d(true, 2, 0),
+            d(false, 9, 10),
+            d(false, 1, 30),
+            d(false, 0, 30),
+        ];
+        assert_eq!(strictest(&all), Some(d(false, 0, 30)));
+        assert_eq!(strictest(&all[..2]), Some(d(true, 2, 0)));
+        assert_eq!(strictest(&[]), None);
+    }
 }
