@@ -64,65 +64,6 @@
 //! server/tasks.rs                  background tasks: sweeper, override copy, RESP accept loop
 //! server/shutdown.rs               SIGINT or SIGTERM, as a future
 //!
-//! service/                         the APIs over one Decider
-//! service/mod.rs                   requests in domain terms -> one store batch -> decisions
-//! service/request.rs               items, options, answers, whichever API they came through
-//! service/decider.rs               the Decider: one store call per batch
-//! service/resolve.rs               names, ids, caller limits, rules, costs -> buckets
-//! service/caller_limits.rs         bounds on caller-given limits
-//! service/errors.rs                why a request was not decided, mapped to gRPC statuses
-//! service/overrides/mod.rs         temporary overrides: set, looked up, synced, expired
-//! service/overrides/record.rs      an override's policy checked, its shared record written, read
-//! service/token.rs                 secrets callers present (admin token, RESP AUTH)
-//! service/trace.rs                 W3C trace context into the logs
-//! service/native/mod.rs            cellrate.v1: RateLimiter and Admin
-//! service/native/wire.rs           Check served by grpc/unary.rs, the other methods by tonic
-//! service/native/convert.rs        its messages to and from ItemSpecs
-//! service/native/in_flight.rs      admin Top of the leases held
-//! service/envoy/mod.rs             Envoy RLS v3
-//! service/envoy/wire.rs            ShouldRateLimit served, its metadata encoded once
-//! service/envoy/decide.rs          a request's bounds checked, descriptors mapped, decided
-//! service/envoy/batch.rs           descriptors as one batch of items
-//! service/envoy/values.rs          a client's bytes made decidable
-//! service/envoy/refusal.rs         what cannot be decided as it came, by the invalid_id policy
-//! service/envoy/reserve.rs         reservations held and settled by the Settler
-//! service/envoy/respond.rs         the answer: overall code, statuses, headers
-//! service/envoy/ratelimit.rs       domains in envoyproxy/ratelimit's file format
-//! service/envoy/upstream.rs        envoyproxy/ratelimit's shape of an answer
-//! service/settle/mod.rs            settlements, below the front ends: Checks kept, decided
-//! service/settle/adjust.rs         a settle: the record claimed once, charged or refunded
-//! service/settle/record.rs         a kept Check's versioned format (3ebe882's read too)
-//! service/settle/facts.rs          what a kept Check spent, per item
-//! service/settle/holds.rs          reservation policies at Check
-//! service/settle/release.rs        holds not settled in time released (the sweeper's work)
-//! service/settle/unknown.rs        kept Checks whose spend is unknown, resolved
-//! service/headers/mod.rs           the rate-limit headers both answers carry, in styles
-//! service/headers/openai.rs        OpenAI's headers
-//! service/headers/trio.rs          descriptor statuses and envoyproxy/ratelimit's three headers
-//! service/rlqs/mod.rs              Envoy RLQS
-//! service/rlqs/stream.rs           one RLQS stream within its work budgets
-//! service/rlqs/resolve.rs          a report's domain and bucket ids checked
-//! service/quota_book.rs            RLQS's arithmetic: who reports demand for what
-//! service/quota_share.rs           a reporter's share: division by demand, steps, hysteresis
-//! service/quota_strategy.rs        what an RLQS bucket is told to do
-//!
-//! resp/                            the Redis protocol (beside service/)
-//! resp/mod.rs                      CL.THROTTLE, GCRA, RL.THROTTLE over RESP
-//! resp/protocol.rs                 RESP framing in and out
-//! resp/server.rs                   one connection of --resp-listen
-//! resp/command.rs                  the commands known (names, arities, flags)
-//! resp/commands.rs                 their dispatch
-//! resp/auth.rs                     HELLO and AUTH
-//! resp/lockout.rs                  wrong AUTH tokens counted per address
-//! resp/throttle.rs                 redis-cell's numbers
-//! resp/gcra.rs                     Redis 8.8's GCRA command
-//!
-//! grpc/                            gRPC as served (beside service/)
-//! grpc/mod.rs                      the route table: every RPC's path, label and kind, once;
-//!                                  read by the RPC histogram, the in-flight bound and both stacks
-//! grpc/unary.rs                    ShouldRateLimit and Check served by hand, or by tonic's
-//!                                  unary code (--grpc-unary)
-//!
 //! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
 //!                                  re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
@@ -131,6 +72,8 @@
 //!                                  leaves, what the process tells its operators
 //! crates/store/                    the crate cellrate-store, re-exported as store/: where
 //!                                  buckets live
+//! crates/service/                  the crate cellrate-service, re-exported as service/,
+//!                                  resp/, grpc/ and proto: the APIs over one Decider
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
@@ -147,34 +90,11 @@
 pub mod cli;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod grpc;
-pub mod resp;
 pub mod server;
-pub mod service;
 
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
 pub use cellrate_core::{clock, gcra, text};
 pub use cellrate_limits as limits;
 pub use cellrate_observe as observe;
+pub use cellrate_service::{grpc, proto, resp, service};
 pub use cellrate_store as store;
-
-/// Generated protobuf types and tonic stubs.
-pub mod proto {
-    /// `cellrate.v1`: the native and admin APIs.
-    pub mod v1 {
-        #![allow(clippy::all, missing_docs)]
-        tonic::include_proto!("cellrate.v1");
-    }
-
-    /// The encoded descriptor set of `proto/`, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/cellrate_descriptor.bin"));
-
-    /// The encoded descriptors of Envoy's `envoy/service/ratelimit/v3/rls.proto` and
-    /// `envoy/service/rate_limit_quota/v3/rlqs.proto` and every file they import, as
-    /// `envoy-types` ships them (`proto/README.md`), for server reflection.
-    pub const ENVOY_RLS_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/proto/envoy_rate_limit_services.binpb"
-    ));
-}

@@ -251,7 +251,7 @@ async fn a_stream_end_settles_only_its_own_domain_and_key() {
     s.stop().await;
 }
 
-/// The id an Envoy hold is kept under, as `src/service/envoy/reserve.rs` builds it.
+/// The id an Envoy hold is kept under, as `crates/service/src/service/envoy/reserve.rs` builds it.
 fn kept_id(domain: &str, names: &[&str], id: &str, request_id: &str) -> String {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();

@@ -1,4 +1,4 @@
-//! The decision RPCs (ShouldRateLimit, the native Check) served by hand (`src/grpc/unary.rs`,
+//! The decision RPCs (ShouldRateLimit, the native Check) served by hand (`crates/service/src/grpc/unary.rs`,
 //! `--grpc-unary direct`) against tonic's unary handling (`--grpc-unary tonic`): two servers
 //! on the same limits and a frozen clock are sent the same bodies (every malformed, edge and
 //! valid case below, then generated ones), and must answer the same headers, status,

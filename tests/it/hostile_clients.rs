@@ -442,7 +442,7 @@ async fn a_second_message_in_a_unary_call_is_refused() {
 #[tokio::test]
 async fn decision_bodies_are_checked_from_their_framing_and_spend_nothing() {
     // ShouldRateLimit and the native Check read their one message themselves
-    // (src/grpc/unary.rs): each malformed body is refused with tonic's status for it,
+    // (crates/service/src/grpc/unary.rs): each malformed body is refused with tonic's status for it,
     // and spends nothing.
     let mut s = serve(ServerLimits::default()).await;
     let mut client = h2_client(s.decisions_addr).await;

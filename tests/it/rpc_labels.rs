@@ -1,5 +1,5 @@
 //! The RPC histogram and counter label every RPC of both listeners with its own name, from
-//! the route table (`src/grpc/mod.rs`): none is counted as `other`, and a path that names
+//! the route table (`crates/service/src/grpc/mod.rs`): none is counted as `other`, and a path that names
 //! no RPC is `unknown`, never the caller's text.
 
 use std::time::Duration;

@@ -163,14 +163,18 @@ fn floor_of(module: &str) -> Option<usize> {
     FLOORS.iter().position(|floor| floor.contains(&module))
 }
 
+/// The crates of `crates/` whose top-level modules are floors of their own, re-exported at
+/// the root of `cellrate` as they are: the core (`gcra`, `clock`, `text`) and the service
+/// (`grpc`, `service`, `resp`, `proto`).
+const CRATES_OF_FLOORS: [&str; 2] = ["core", "service"];
+
 /// The floor a crate of `crates/` is, by its folder's name (`crates/limits/src/x.rs` ->
-/// `limits`), for every crate but the core, whose modules are floors of their own
-/// (`gcra`, `clock`, `text`, re-exported at the root of `cellrate` as they are).
+/// `limits`), for every crate but those of `CRATES_OF_FLOORS`.
 fn floor_crate(path: &Path) -> Option<String> {
     let rel = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).ok()?;
     let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy());
     match (parts.next()?.as_ref(), parts.next()?.as_ref()) {
-        ("crates", "core") => None,
+        ("crates", name) if CRATES_OF_FLOORS.contains(&name) => None,
         ("crates", name) => Some(name.to_string()),
         _ => None,
     }
@@ -255,7 +259,14 @@ fn crate_dependencies(lines: &[&str]) -> Vec<(usize, String)> {
                 continue;
             };
             let module: String = path.chars().take_while(ident).collect();
-            found.push((i + 1, if krate == "core" { module } else { krate }));
+            found.push((
+                i + 1,
+                if CRATES_OF_FLOORS.contains(&krate.as_str()) {
+                    module
+                } else {
+                    krate
+                },
+            ));
         }
     }
     found

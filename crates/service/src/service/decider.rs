@@ -1,0 +1,336 @@
+//! The [`Decider`]: resolves a request's items against one snapshot of the limits (see
+//! `resolve.rs`), makes one store call for the limited ones, and assembles per-item and
+//! overall decisions; all-or-nothing for checks, per item for refunds.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::overrides::RuntimeOverrides;
+use super::resolve::Resolved;
+use super::{BatchResult, CallerLimits, CheckOptions, DecideError, ItemResult, ItemSpec, Rule};
+use cellrate_core::gcra::{Decision, Mode};
+use cellrate_limits::config::{LimitTable, Policy};
+use cellrate_limits::names::{BucketKey, Name};
+use cellrate_store::{Store, StoreError, StoreItem};
+
+/// Decides requests against the current limits and a store.
+pub struct Decider {
+    limits: Arc<ArcSwap<LimitTable>>,
+    store: Arc<dyn Store>,
+    pub(super) caller: CallerLimits,
+    runtime: Option<Arc<RuntimeOverrides>>,
+}
+
+impl Decider {
+    /// A decider reading limits from `limits` (swapped by reload) and buckets from `store`.
+    pub fn new(limits: Arc<ArcSwap<LimitTable>>, store: Arc<dyn Store>) -> Decider {
+        Decider {
+            limits,
+            store,
+            caller: CallerLimits::default(),
+            runtime: None,
+        }
+    }
+
+    /// This decider with temporary overrides, which take precedence over the table's.
+    pub fn with_runtime_overrides(mut self, runtime: Arc<RuntimeOverrides>) -> Decider {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The temporary overrides, if this decider has them.
+    pub fn runtime_overrides(&self) -> Option<&Arc<RuntimeOverrides>> {
+        self.runtime.as_ref()
+    }
+
+    /// This decider with other bounds on caller-given limits.
+    pub fn with_caller_limits(mut self, caller: CallerLimits) -> Decider {
+        self.caller = caller;
+        self
+    }
+
+    /// The bounds on caller-given limits.
+    pub fn caller_limits(&self) -> CallerLimits {
+        self.caller
+    }
+
+    /// The policy for `canonical_id` under `name`: a temporary override, else `table`'s.
+    pub fn policy(&self, table: &LimitTable, name: &Name, canonical_id: &str) -> Option<Policy> {
+        match self
+            .runtime
+            .as_ref()
+            .and_then(|r| r.get(name, canonical_id))
+        {
+            Some(temporary) => Some(Policy::overridden_by(
+                table.policy(name, canonical_id),
+                temporary.policy,
+            )),
+            None => table.policy(name, canonical_id),
+        }
+    }
+
+    /// The store, for admin reads that decide nothing (`Top` in flight).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The limits in force. Take one snapshot per request, so that a reload never splits
+    /// a request.
+    pub fn limits(&self) -> Arc<LimitTable> {
+        self.limits.load_full()
+    }
+
+    /// Decides `items` all-or-nothing against the current limits and spends when allowed.
+    pub async fn check(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
+        self.check_with(&self.limits(), items, CheckOptions::default())
+            .await
+    }
+
+    /// Decides `items` against `table` (a snapshot the caller already used, e.g. to map
+    /// Envoy descriptors) with `options`.
+    pub async fn check_with(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec<'_>],
+        options: CheckOptions,
+    ) -> Result<BatchResult, DecideError> {
+        let resolved = self.resolve(table, items, options)?;
+        super::resolve::lease_rules(&resolved, false)?;
+        // A counting item that can never pass (deny-listed, or oversize) denies the batch:
+        // decide the rest without spending.
+        let blocked = resolved.iter().any(|r| {
+            (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true }) || r.oversize)
+                && r.mode.counts()
+        });
+        // Charges are recorded even in a blocked batch.
+        let store_items = store_items(&resolved, |r| match r.mode {
+            _ if r.oversize => Mode::Probe,
+            Mode::Charge => Mode::Charge,
+            // A release gives back what was held, whatever the batch decides.
+            Mode::Release => Mode::Release,
+            _ if blocked => Mode::Probe,
+            mode => mode,
+        });
+        let store_decisions = if store_items.is_empty() {
+            Vec::new()
+        } else if let Some(once) = &options.once {
+            match once.resolve {
+                true => self.store.resolve_once(&store_items, &once.once).await?,
+                false => self.store.spend_once(&store_items, &once.once).await?,
+            }
+            .decisions
+        } else if let Some(outcome) = self.store.try_spend_now(&store_items) {
+            outcome?.decisions
+        } else {
+            self.store.spend(&store_items).await?.decisions
+        };
+        let mut store_decisions = one_each(store_decisions, store_items.len())?.into_iter();
+        let mut items: Vec<ItemResult> = Vec::with_capacity(resolved.len());
+        for r in resolved {
+            let merged = r.merged_into.and_then(|first| items.get(first));
+            let item = {
+                let mut decision = match r.rule {
+                    // A merged item answers its bucket's one decision.
+                    _ if merged.is_some() => merged.map_or(DENIED, |m| m.decision),
+                    Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
+                    Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
+                    Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
+                        UNLIMITED
+                    }
+                };
+                if r.oversize {
+                    // Never allowed: no retry time would help.
+                    decision.allowed = false;
+                    decision.retry_in = 0;
+                }
+                let oversize = r.oversize || merged.is_some_and(|m| m.oversize);
+                ItemResult {
+                    decision,
+                    rule: r.rule,
+                    name: r.name,
+                    key: r.key,
+                    shadow: r.shadow,
+                    oversize,
+                    mode: r.mode,
+                    headers: r.headers,
+                }
+            };
+            items.push(item);
+        }
+        Ok(with_overall(items))
+    }
+
+    /// Refunds each item's cost. Per item, `allowed` says whether its bucket changed.
+    pub async fn refund(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
+        self.refund_with(&self.limits(), items, CheckOptions::default())
+            .await
+    }
+
+    /// [`Decider::refund`] against `table` (a snapshot the caller already used) with
+    /// `options`. A refund never fills a bucket past full, so an item in [`Mode::Charge`]
+    /// may give back more than the burst (Envoy's `is_negative_hits`).
+    pub async fn refund_with(
+        &self,
+        table: &LimitTable,
+        items: &[ItemSpec<'_>],
+        options: CheckOptions,
+    ) -> Result<BatchResult, DecideError> {
+        let resolved = self.resolve(table, items, options)?;
+        super::resolve::lease_rules(&resolved, true)?;
+        let store_items = store_items(&resolved, |_| Mode::CheckAndSpend);
+        let decisions = if store_items.is_empty() {
+            Vec::new()
+        } else {
+            self.store.refund(&store_items).await?
+        };
+        let mut decisions = one_each(decisions, store_items.len())?.into_iter();
+        let mut answered: Vec<Decision> = Vec::with_capacity(resolved.len());
+        let items: Vec<ItemResult> = resolved
+            .into_iter()
+            .map(|r| ItemResult {
+                decision: {
+                    let decision = match (r.merged_into, r.rule) {
+                        // A merged item answers its bucket's one decision.
+                        (Some(first), _) => answered.get(first).copied().unwrap_or(UNCHANGED),
+                        (None, Rule::Limited(_)) => decisions.next().unwrap_or(UNCHANGED),
+                        _ => UNCHANGED,
+                    };
+                    answered.push(decision);
+                    decision
+                },
+                rule: r.rule,
+                name: r.name,
+                key: r.key,
+                shadow: false,
+                oversize: false,
+                mode: Mode::CheckAndSpend,
+                headers: r.headers,
+            })
+            .collect();
+        Ok(refund_overall(items))
+    }
+
+    /// Reports each item's bucket without spending (a cost-0 peek).
+    pub async fn inspect(&self, items: &[ItemSpec<'_>]) -> Result<BatchResult, DecideError> {
+        let peeks: Vec<ItemSpec> = items
+            .iter()
+            .map(|item| ItemSpec {
+                cost: Some(0),
+                mode: Mode::Probe,
+                ..item.clone()
+            })
+            .collect();
+        self.check(&peeks).await
+    }
+
+    /// Deletes the items' buckets; returns how many were not full.
+    pub async fn reset(&self, items: &[ItemSpec<'_>]) -> Result<u32, DecideError> {
+        let keys: Vec<BucketKey> = self
+            .resolve(&self.limits(), items, CheckOptions::default())?
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        Ok(self.store.reset(&keys).await?)
+    }
+}
+
+/// The store items of `resolved`'s limited items, each in the mode `mode` gives it.
+fn store_items(resolved: &[Resolved], mode: impl Fn(&Resolved) -> Mode) -> Vec<StoreItem> {
+    resolved
+        .iter()
+        .filter_map(|r| match r.rule {
+            // Decided by the item it was merged into.
+            _ if r.merged_into.is_some() => None,
+            Rule::Limited(limit) => Some(StoreItem {
+                key: r.key.clone(),
+                limit,
+                cost: r.cost,
+                mode: mode(r),
+                lease: r.lease.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The store's decisions, checked to be one per item: a store that answers for fewer
+/// items must not turn the rest into allows.
+fn one_each(decisions: Vec<Decision>, items: usize) -> Result<Vec<Decision>, DecideError> {
+    if decisions.len() == items {
+        Ok(decisions)
+    } else {
+        Err(DecideError::Store(StoreError::Inconsistent(format!(
+            "the store answered {} decisions for {items} items",
+            decisions.len()
+        ))))
+    }
+}
+
+/// A refund's overall decision: `allowed` when any bucket changed; the other fields those
+/// of the limited bucket with the fewest tokens after the refund (then the one furthest
+/// from full), which is what a caller deciding whether to retry needs.
+fn refund_overall(items: Vec<ItemResult>) -> BatchResult {
+    let changed = items.iter().any(|i| i.decision.allowed);
+    let overall_item = items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| matches!(item.rule, Rule::Limited(_)))
+        .min_by_key(|(_, item)| {
+            (
+                item.decision.remaining,
+                std::cmp::Reverse(item.decision.reset_in),
+            )
+        })
+        .map(|(i, _)| i);
+    let mut overall = overall_item.map_or(UNCHANGED, |i| items[i].decision);
+    overall.allowed = changed;
+    BatchResult {
+        overall,
+        overall_item,
+        items,
+    }
+}
+
+/// Adds the overall decision: the strictest of the counting items that are limited or
+/// deny-listed (unlimited and not-configured items never restrict).
+fn with_overall(items: Vec<ItemResult>) -> BatchResult {
+    let mut overall_item = None;
+    let mut overall = UNLIMITED;
+    for (i, item) in items.iter().enumerate() {
+        let restricts = item.rule.restricts() && item.mode.counts();
+        if restricts && (overall_item.is_none() || item.decision.is_stricter_than(&overall)) {
+            overall = item.decision;
+            overall_item = Some(i);
+        }
+    }
+    BatchResult {
+        overall,
+        overall_item,
+        items,
+    }
+}
+
+/// The decision reported for unlimited and not-configured items.
+const UNLIMITED: Decision = Decision {
+    allowed: true,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};
+
+/// The decision reported for deny-listed items.
+const DENIED: Decision = Decision {
+    allowed: false,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};
+
+/// The decision reported for refunds that changed nothing.
+const UNCHANGED: Decision = Decision {
+    allowed: false,
+    remaining: 0,
+    retry_in: 0,
+    reset_in: 0,
+};

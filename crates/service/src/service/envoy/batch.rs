@@ -1,0 +1,66 @@
+//! A ShouldRateLimit request's descriptors as one batch of items, and what every way of
+//! adding descriptors to it shares: how a descriptor's items take part, and the bucket of
+//! a descriptor that brings its own limit.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::google::protobuf::Struct;
+
+use crate::service::ItemSpec;
+use cellrate_core::gcra::Mode;
+
+/// A request's descriptors as one batch: the items, the descriptor each item comes from,
+/// and how many descriptors matched nothing (counted once the request is decided: a
+/// rejected request decided nothing).
+#[derive(Default)]
+pub(super) struct Batch<'a> {
+    pub(super) items: Vec<ItemSpec<'a>>,
+    pub(super) owner: Vec<usize>,
+    pub(super) unmatched: usize,
+    /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
+    pub(super) quota: Vec<usize>,
+    /// envoyproxy/ratelimit's statistics key of each item from its file format.
+    pub(super) stats: Vec<(usize, String)>,
+    /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
+    /// it (its YAML's `name`, else empty), with that name.
+    pub(super) answer_names: Vec<(usize, String)>,
+    /// Descriptors whose limit in envoyproxy/ratelimit's format is `unlimited: true`:
+    /// answered, as there, with 4 294 967 295 remaining.
+    pub(super) unlimited: Vec<usize>,
+    /// Descriptors whose matched limit has `metadata`, with it.
+    pub(super) metadata: Vec<(usize, Arc<Struct>)>,
+    /// Whether some item releases a lease (answered OK whatever it freed).
+    pub(super) releases: bool,
+    /// The descriptor mapped by a `reserve` rule, which is decided alone (no items).
+    pub(super) reservation: Option<super::reserve::Reservation<'a>>,
+}
+
+/// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a
+/// refund, in the mode that lets it give back more than the burst; a full bucket stays
+/// full).
+pub(super) fn mode_of(descriptor: &RateLimitDescriptor) -> Mode {
+    match descriptor.is_negative_hits {
+        true => Mode::Charge,
+        false => Mode::CheckAndSpend,
+    }
+}
+
+/// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
+/// and entries, each length-prefixed, so that no two different descriptors (nor a domain
+/// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
+/// whatever the entries' lengths.
+pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    let mut field = |text: &str| {
+        hash.update((text.len() as u64).to_le_bytes());
+        hash.update(text.as_bytes());
+    };
+    field(domain);
+    for (key, value) in entries {
+        field(key);
+        field(value);
+    }
+    hex::encode(hash.finalize())
+}

@@ -1,0 +1,572 @@
+//! ShouldRateLimit's request: its bounds checked, its descriptors mapped to limit names
+//! and ids (or to a descriptor's own limit; one that cannot be decided as it came by its
+//! domain's policy, `refusal.rs`), and the whole decided as one all-or-nothing batch.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Status;
+
+use super::batch::{descriptor_digest, mode_of, Batch};
+use super::ratelimit::quota_mode;
+use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error, target_name};
+use super::reserve::reservation_of;
+use super::values::stand_in_long_values;
+use super::wire::Answer;
+use super::{
+    invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_ENTRIES,
+};
+use crate::service::{
+    count_decisions, trace, CheckOptions, DecideError, InvalidIds, ItemResult, ItemSpec, Rule,
+    Target, MAX_LEASE_ID,
+};
+use cellrate_core::gcra::Mode;
+use cellrate_limits::config::LimitTable;
+use cellrate_limits::descriptors::Mapping;
+
+impl EnvoyRateLimitService {
+    /// Decides `request`. A descriptor that cannot be decided as it came is decided by its
+    /// domain's `invalid_id` policy, and the request again without it (at most once per
+    /// descriptor); only the request's own bounds and a store failure are errors.
+    pub(super) async fn decide(
+        &self,
+        mut request: RateLimitRequest,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Answer, Status> {
+        check_request(&request)?;
+        stand_in_long_values(&mut request);
+        // One snapshot for mapping and deciding: a reload never splits a request.
+        let table = self.decider.limits();
+        let mut malformed: Vec<(usize, Arc<str>)> = Vec::new();
+        loop {
+            let refusal = match self.decide_as(&table, &request, metadata, &malformed).await {
+                Ok(answer) => return Ok(answer),
+                Err(refusal) => refusal,
+            };
+            match refusal {
+                Refusal::Request(status) => return Err(status),
+                Refusal::Descriptor { d, name, message } => {
+                    let policy = table.descriptors().invalid_ids(&request.domain);
+                    if policy == InvalidIds::Reject || malformed.iter().any(|&(m, _)| m == d) {
+                        return Err(invalid(message));
+                    }
+                    malformed.push((d, name));
+                }
+            }
+        }
+    }
+
+    /// Decides `request` with the descriptors in `malformed` decided by the domain's
+    /// `invalid_id` policy: denied as an invalid id (which denies the request and spends
+    /// nothing) or left unmatched.
+    async fn decide_as(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        metadata: &tonic::metadata::MetadataMap,
+        malformed: &[(usize, Arc<str>)],
+    ) -> Result<Answer, Refusal> {
+        let mut batch = self.batch_of(table, request, malformed)?;
+        let mut results = match &batch.reservation {
+            None => {
+                // Descriptors that name one bucket are decided with it, their hits summed
+                // (`CheckOptions::merge_duplicates`), each answering that one decision.
+                self.decide_items(table, request, &batch).await?
+            }
+            Some(reservation) => {
+                // Boxed: the reservation's states would otherwise widen every request's
+                // future, which is moved whole into its box (BENCHMARKS.md, #52).
+                let results = Box::pin(self.reserve(&request.domain, reservation)).await?;
+                batch.owner = vec![reservation.d; results.len()];
+                results
+            }
+        };
+        for _ in 0..batch.unmatched {
+            self.metrics.decision("envoy", "", "unmatched");
+        }
+        self.log_invalid_ids(request, &batch.owner, &results);
+        count_decisions(&self.metrics, "envoy", &results);
+        trace::log_denied("envoy", metadata, &results);
+        if batch.releases {
+            // A release answers OK, whether it freed a lease or found none held.
+            let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
+            released.for_each(|r| r.decision.allowed = true);
+        }
+        if !batch.stats.is_empty() {
+            self.count_ratelimit(&batch, &results);
+        }
+        let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
+        if !batch.quota.is_empty() {
+            quota_mode(&mut answer.response, &batch.quota);
+        }
+        for &d in &batch.unlimited {
+            if let Some(status) = answer.response.statuses.get_mut(d) {
+                status.limit_remaining = u32::MAX;
+            }
+        }
+        // Descriptors that map to a `headers: hidden` limit: left out of what names them.
+        let hidden: Vec<usize> = results
+            .iter()
+            .zip(&batch.owner)
+            .filter(|(item, _)| item.headers.hidden)
+            .map(|(_, &d)| d)
+            .collect();
+        self.upstream_answer(request, &batch, &hidden, &mut answer.response);
+        Ok(answer)
+    }
+
+    /// `request`'s descriptors mapped to one batch, those in `malformed` by the domain's
+    /// `invalid_id` policy.
+    fn batch_of<'a>(
+        &self,
+        table: &'a LimitTable,
+        request: &'a RateLimitRequest,
+        malformed: &[(usize, Arc<str>)],
+    ) -> Result<Batch<'a>, Refusal> {
+        // hits_addend 0 means 1.
+        let request_cost = u64::from(request.hits_addend.max(1));
+        let mut batch = Batch::default();
+        let skip = |d: usize| malformed.iter().any(|&(m, _)| m == d);
+        // One lookup per request, none when no file is in that format.
+        let ratelimit = table.ratelimit();
+        if !ratelimit.is_empty() && ratelimit.has_domain(&request.domain) {
+            // A domain in envoyproxy/ratelimit's file format: matched as it matches.
+            for (d, descriptor) in request.descriptors.iter().enumerate() {
+                if !skip(d) {
+                    check_descriptor(d, descriptor)?;
+                }
+            }
+            self.add_ratelimit(table, request, request_cost, &mut batch, malformed)?;
+            if self.options.quota_mode {
+                // As upstream: every descriptor but an unlimited one, matched or not.
+                let n = request.descriptors.len();
+                batch.quota = (0..n).filter(|d| !batch.unlimited.contains(d)).collect();
+            }
+        } else {
+            for (d, descriptor) in request.descriptors.iter().enumerate() {
+                if skip(d) {
+                    continue;
+                }
+                self.add_descriptor(
+                    table,
+                    &request.domain,
+                    request_cost,
+                    d,
+                    descriptor,
+                    &mut batch,
+                )?;
+            }
+        }
+        add_malformed(table, &request.domain, malformed, &mut batch);
+        // A hold is kept as one native Check: decided alone, so that its settlement
+        // adjusts exactly what it held.
+        if let Some(r) = batch
+            .reservation
+            .as_ref()
+            .filter(|_| request.descriptors.len() > 1)
+        {
+            return Err(Refusal::Descriptor {
+                d: r.d,
+                name: r.names.first().cloned().unwrap_or_else(|| Arc::from("")),
+                message: format!(
+                    "descriptors[{}]: a reservation is decided alone, and this request has {} \
+                     descriptors (send the others from a second rate limit filter)",
+                    r.d,
+                    request.descriptors.len()
+                ),
+            });
+        }
+        Ok(batch)
+    }
+
+    /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its
+    /// own limit when it matches nothing but brings a limit.
+    fn add_descriptor<'a>(
+        &self,
+        table: &'a LimitTable,
+        domain: &str,
+        request_cost: u64,
+        d: usize,
+        descriptor: &'a RateLimitDescriptor,
+        batch: &mut Batch<'a>,
+    ) -> Result<(), Refusal> {
+        check_descriptor(d, descriptor)?;
+        let given = descriptor
+            .limit
+            .as_ref()
+            .map(override_limit)
+            .transpose()
+            .map_err(|e| malformed(d, format!("descriptors[{d}].limit: {e}")))?
+            // Caller-given limits turned off: the field is ignored.
+            .filter(|_| self.decider.caller_limits().enabled);
+        let cost = descriptor
+            .hits_addend
+            .map_or(request_cost, |explicit| explicit.value);
+        // At most MAX_ENTRIES (checked above): on the stack.
+        let mut entry_buf = [("", ""); MAX_ENTRIES];
+        for (slot, e) in entry_buf.iter_mut().zip(&descriptor.entries) {
+            *slot = (e.key.as_str(), e.value.as_str());
+        }
+        let entries = &entry_buf[..descriptor.entries.len()];
+        let spec = |target| ItemSpec {
+            target,
+            cost: Some(cost),
+            mode: mode_of(descriptor),
+            limit: given,
+            lease: None,
+        };
+        match table.descriptors().map(table.names(), domain, entries) {
+            Mapping::Limits { names, id } => {
+                for name in names {
+                    batch.items.push(spec(Target::Named {
+                        name: Cow::Borrowed(name),
+                        id: id.clone(),
+                    }));
+                    batch.owner.push(d);
+                }
+            }
+            Mapping::Leases {
+                names,
+                id,
+                lease,
+                lease_key,
+            } => {
+                let lease = lease_of(d, descriptor, cost, lease, lease_key, names)?;
+                let mode = match descriptor.is_negative_hits {
+                    true => Mode::Release,
+                    false => Mode::Acquire,
+                };
+                for name in names {
+                    batch.items.push(ItemSpec {
+                        target: Target::Named {
+                            name: Cow::Borrowed(name),
+                            id: id.clone(),
+                        },
+                        cost: Some(1),
+                        mode,
+                        limit: None,
+                        lease: Some(lease.clone()),
+                    });
+                    batch.owner.push(d);
+                }
+                batch.releases |= descriptor.is_negative_hits;
+            }
+            Mapping::Reservations {
+                names,
+                id,
+                request,
+                request_key,
+            } => {
+                let reservation =
+                    reservation_of(d, descriptor, names, id, request, request_key, cost)?;
+                // The first is named if there are more (refused once all are mapped).
+                batch.reservation.get_or_insert(reservation);
+            }
+            // An unmatched descriptor that brings its own limit is limited by it, on a
+            // bucket named after the domain and entries (as envoyproxy/ratelimit does).
+            Mapping::Unmatched => match given {
+                None => batch.unmatched += 1,
+                Some(limit) => {
+                    batch.items.push(spec(Target::Descriptor {
+                        digest: descriptor_digest(domain, entries),
+                        limit,
+                    }));
+                    batch.owner.push(d);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Decides a batch's items. The common case (items, none given back, no fixed-window
+    /// counting) goes straight to the decider: each async layer costs instructions on
+    /// every request.
+    async fn decide_items(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        if self.plain(request, batch) {
+            self.check(table, &request.domain, &batch.items, &batch.owner)
+                .await
+        } else {
+            // Boxed, as the rare path: see `decide`.
+            Box::pin(self.decide_batch(table, request, batch)).await
+        }
+    }
+
+    /// A batch that [`Self::decide_batch`] would only pass to [`Self::check`]: it has
+    /// items, none from a descriptor with `is_negative_hits`, and [`Self::check_counted`]
+    /// would not count it in two steps.
+    fn plain(&self, request: &RateLimitRequest, batch: &Batch<'_>) -> bool {
+        !batch.items.is_empty()
+            && !(batch.owner.iter()).any(|&d| request.descriptors[d].is_negative_hits)
+            && !self.counts_in_two_steps(&batch.items)
+    }
+
+    /// Whether [`Self::check_counted`] reads the counts first: envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is asked for and every item counts in its
+    /// fixed windows.
+    fn counts_in_two_steps(&self, items: &[ItemSpec<'_>]) -> bool {
+        let fixed_window = |i: &ItemSpec<'_>| {
+            matches!(
+                i.target,
+                Target::Ratelimit {
+                    every_hit: true,
+                    ..
+                }
+            )
+        };
+        self.options.stop_increment_when_over_limit
+            && !items.is_empty()
+            && items.iter().all(fixed_window)
+    }
+
+    /// Decides the batch: the items of descriptors with `is_negative_hits` (Envoy 1.38+:
+    /// hits given back, typically at stream end) are refunds, never past a full bucket, and
+    /// answered OK; the others are decided all-or-nothing among themselves, as ever. A
+    /// negative descriptor neither denies nor spends for the rest of its request.
+    async fn decide_batch(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        // A release is decided with the rest (never refused, it counts toward nothing).
+        // A malformed descriptor is denied, given back or not: it denies the request.
+        let negative = |i: usize| {
+            request.descriptors[batch.owner[i]].is_negative_hits
+                && !batch.items[i].mode.is_lease()
+                && !matches!(batch.items[i].target, Target::Malformed { .. })
+        };
+        let n = batch.items.len();
+        if !(0..n).any(negative) {
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            return self
+                .check_counted(table, &request.domain, &batch.items, &batch.owner)
+                .await;
+        }
+        let (give, take): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| negative(i));
+        let pick = |at: &[usize]| -> (Vec<ItemSpec<'_>>, Vec<usize>) {
+            at.iter()
+                .map(|&i| (batch.items[i].clone(), batch.owner[i]))
+                .unzip()
+        };
+        let mut results: Vec<Option<ItemResult>> = vec![None; n];
+        if !take.is_empty() {
+            let (items, owner) = pick(&take);
+            let taken = self
+                .check_counted(table, &request.domain, &items, &owner)
+                .await?;
+            for (&i, r) in take.iter().zip(taken) {
+                results[i] = Some(r);
+            }
+        }
+        let (items, owner) = pick(&give);
+        let options = CheckOptions {
+            invalid_ids: table.descriptors().invalid_ids(&request.domain),
+            oversize_denies: true,
+            merge_duplicates: true,
+            ..CheckOptions::default()
+        };
+        let given = match self.decider.refund_with(table, &items, options).await {
+            Ok(result) => result.items,
+            // The rest of the request has spent already, so it is not decided again (as a
+            // refusal would have it): what is given back gives back nothing, as malformed.
+            Err(DecideError::Invalid(_)) if !take.is_empty() => {
+                Box::pin(self.gave_nothing(table, &request.domain, &items, &owner)).await?
+            }
+            Err(e) => return Err(envoy_error(e, &items, &owner)),
+        };
+        for (&i, mut r) in give.iter().zip(given) {
+            // A refund is never a denial, whether or not the bucket changed.
+            r.decision.allowed = true;
+            results[i] = Some(r);
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    /// The answers of give-back `items` (from descriptors `owner`) that cannot be decided
+    /// as they came: each descriptor decided as malformed (one item each), giving back
+    /// nothing; an item answers its descriptor's decision.
+    async fn gave_nothing(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        let mut descriptors: Vec<usize> = owner.to_vec();
+        descriptors.dedup();
+        let malformed: Vec<ItemSpec<'_>> = (descriptors.iter())
+            .map(|&d| {
+                let first = owner.iter().position(|&o| o == d).unwrap_or(0);
+                ItemSpec {
+                    target: Target::Malformed {
+                        name: target_name(&items[first]),
+                    },
+                    cost: Some(1),
+                    mode: Mode::CheckAndSpend,
+                    limit: None,
+                    lease: None,
+                }
+            })
+            .collect();
+        let decided = self.check(table, domain, &malformed, &descriptors).await?;
+        Ok((owner.iter())
+            .filter_map(|d| descriptors.iter().position(|x| x == d))
+            .filter_map(|at| decided.get(at).cloned())
+            .collect())
+    }
+
+    /// [`Self::check`], with envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+    /// when asked for and every item counts in its fixed windows: the counts are read
+    /// first (a cost of 0 spends nothing), and when the request takes some descriptor over
+    /// its limit only those it takes over are counted, the others asked at a cost of 0.
+    /// Not atomic across the two calls, as there (a GET, then INCRBY).
+    async fn check_counted(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        if !self.counts_in_two_steps(items) {
+            return self.check(table, domain, items, owner).await;
+        }
+        fn at<'s>(i: &ItemSpec<'s>, cost: u64) -> ItemSpec<'s> {
+            ItemSpec {
+                cost: Some(cost),
+                ..i.clone()
+            }
+        }
+        let probe: Vec<ItemSpec<'_>> = items.iter().map(|i| at(i, 0)).collect();
+        let seen = self.check(table, domain, &probe, owner).await?;
+        let over: Vec<bool> = seen
+            .iter()
+            .zip(items)
+            .map(|(r, i)| {
+                let cost = i.cost.unwrap_or(1).min(i64::MAX as u64) as i64;
+                !r.decision.allowed || r.decision.remaining < cost
+            })
+            .collect();
+        if !over.contains(&true) {
+            return self.check(table, domain, items, owner).await;
+        }
+        let counted: Vec<ItemSpec<'_>> = items
+            .iter()
+            .zip(&over)
+            .map(|(i, &o)| if o { i.clone() } else { at(i, 0) })
+            .collect();
+        self.check(table, domain, &counted, owner).await
+    }
+
+    /// Decides `items` (from descriptors `owner`) as one all-or-nothing batch.
+    async fn check(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[ItemSpec<'_>],
+        owner: &[usize],
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        let options = CheckOptions {
+            invalid_ids: table.descriptors().invalid_ids(domain),
+            oversize_denies: true,
+            honour_shadow: true,
+            shadow_all: self.options.shadow,
+            merge_duplicates: true,
+            once: None,
+        };
+        match self.decider.check_with(table, items, options).await {
+            Ok(result) => Ok(result.items),
+            Err(e) => Err(envoy_error(e, items, owner)),
+        }
+    }
+
+    /// Logs descriptors whose id did not fit its name's format: at most one line a
+    /// second (a client sending garbage must not flood the logs), with how many there were.
+    fn log_invalid_ids(&self, request: &RateLimitRequest, owner: &[usize], results: &[ItemResult]) {
+        let Some(i) = results
+            .iter()
+            .position(|r| matches!(r.rule, Rule::InvalidId { .. }))
+        else {
+            return;
+        };
+        let count = results
+            .iter()
+            .filter(|r| matches!(r.rule, Rule::InvalidId { .. }))
+            .count() as u64;
+        if let Some(left_out) = self.invalid_ids.admit(self.started.elapsed(), count) {
+            let pending = left_out + count;
+            let descriptor = &request.descriptors[owner[i]];
+            let entries: Vec<String> = descriptor
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", short(&e.key), short(&e.value)))
+                .collect();
+            tracing::warn!(
+                domain = short(&request.domain),
+                limit = %results[i].name,
+                example = entries.join(","),
+                since_last_line = pending,
+                "descriptors with an id that does not fit the limit's format"
+            );
+        }
+    }
+}
+
+/// The lease id of descriptor `d` (mapped to concurrency limits `names`), checked: its
+/// lease entry (`lease`: its index and value) present, a hit of 1 (`cost`), no limit of
+/// its own; each refusal names the descriptor and field. An id that is not 1 to
+/// [`MAX_LEASE_ID`] printable ASCII bytes stands for itself (`sha256:` and its digest's
+/// hex), so that its release names the same lease.
+fn lease_of<'e>(
+    d: usize,
+    descriptor: &RateLimitDescriptor,
+    cost: u64,
+    lease: Option<(usize, &'e str)>,
+    key: &str,
+    names: &[Arc<str>],
+) -> Result<Cow<'e, str>, Refusal> {
+    let refused = |message: String| Refusal::Descriptor {
+        d,
+        name: names.first().cloned().unwrap_or_else(|| Arc::from("")),
+        message,
+    };
+    let Some((_, id)) = lease else {
+        return Err(refused(format!(
+            "descriptors[{d}].entries: no lease entry {:?} (its rule maps it to a \
+             concurrency limit, whose leases are named by the request's id)",
+            short(key)
+        )));
+    };
+    if cost != 1 {
+        let field = match descriptor.hits_addend {
+            Some(_) => format!("descriptors[{d}].hits_addend"),
+            None => format!("hits_addend (for descriptors[{d}])"),
+        };
+        return Err(refused(format!(
+            "{field}: {cost}: a lease is one slot (hits 1 or unset)"
+        )));
+    }
+    if descriptor.limit.is_some() {
+        return Err(refused(format!(
+            "descriptors[{d}].limit: a concurrency limit takes no limit from the descriptor"
+        )));
+    }
+    if !id.is_empty() && id.len() <= MAX_LEASE_ID && id.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(Cow::Borrowed(id))
+    } else {
+        Ok(Cow::Owned(stand_in(id.as_bytes())))
+    }
+}
+
+/// At most 64 characters of a caller's text, for a log line.
+fn short(text: &str) -> &str {
+    cellrate_core::text::first_chars(text, 64)
+}
