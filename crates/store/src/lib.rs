@@ -41,7 +41,9 @@
 //! memory/shares.rs          the buckets' bounds per name and the denial when full
 //! memory/leases.rs          concurrency limits' leases
 //! memory/lease_shares.rs    their bounds in all and per name
-//! memory/snapshot.rs        the snapshot file
+//! memory/snapshot/mod.rs    the snapshot file: written, restored
+//! memory/snapshot/format.rs its layout, and the check of a whole file
+//! memory/snapshot/file.rs   the file on disk: trusted before it is read, written privately
 //! redis/mod.rs              the Redis store
 //! redis/store.rs            its state and the batches of every operation
 //! redis/settings.rs         how to reach Redis (compiled without the feature too)

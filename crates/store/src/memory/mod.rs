@@ -27,7 +27,7 @@
 //! descriptor skipped. Existing buckets keep working: their spends, denials, peeks,
 //! refunds and resets need no room.
 //!
-//! **Snapshots** (`snapshot.rs`): the live buckets written to a file and read back at the
+//! **Snapshots** (`snapshot/`): the live buckets written to a file and read back at the
 //! next start, so that a restart does not hand every client a full burst.
 
 use parking_lot::{Mutex, MutexGuard};
