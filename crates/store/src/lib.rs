@@ -39,7 +39,10 @@
 //! table.rs                  the memory store's open-addressing TAT table
 //! memory/mod.rs             sharded, all-or-nothing
 //! memory/shares.rs          the buckets' bounds per name and the denial when full
-//! memory/leases.rs          concurrency limits' leases
+//! memory/leases/mod.rs      concurrency limits' leases: a batch holding them decided
+//! memory/leases/one.rs      a request of one lease item, and the shard's spare list
+//! memory/leases/map.rs      a shard's leases by key, their hashers, the sweep
+//! memory/leases/in_flight.rs the keys holding the most leases, for admin Top in flight
 //! memory/lease_shares.rs    their bounds in all and per name
 //! memory/snapshot/mod.rs    the snapshot file: written, restored
 //! memory/snapshot/format.rs its layout, and the check of a whole file

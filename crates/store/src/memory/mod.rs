@@ -118,8 +118,9 @@ impl Space {
     }
 }
 
-/// A shard's tables, one per [`Space`], and its leases (`leases.rs`), with a spare list of
-/// leases (empty, at most a few leases of room) for the next key that takes one.
+/// A shard's tables, one per [`Space`], and its leases (`leases/map.rs`), with a spare list of
+/// leases (empty, at most a few leases of room) for the next key that takes one
+/// (`leases/one.rs`).
 #[derive(Default)]
 struct Tables(
     [TatTable; 2],
@@ -162,7 +163,7 @@ pub struct MemoryStore {
     lease_names: lease_shares::NameShares,
     /// Leases taken, released and dropped expired (for the metrics).
     lease_events: crate::LeaseCounters,
-    /// The hasher of lease ids (`leases.rs`).
+    /// The hasher of lease ids (`leases/map.rs`).
     lease_ids: leases::LeaseIdHasher,
 }
 
