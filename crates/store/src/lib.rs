@@ -37,7 +37,8 @@
 //! shared.rs                 ports for shared overrides, RLQS demand, settlements
 //! settlements.rs            settlements kept in memory
 //! table.rs                  the memory store's open-addressing TAT table
-//! memory/mod.rs             sharded, all-or-nothing
+//! memory/mod.rs             sharded, all-or-nothing: shards, bounds, locks, sweeps
+//! memory/batch.rs           a batch's spend, refund and reset under its shards' locks
 //! memory/shares.rs          the buckets' bounds per name and the denial when full
 //! memory/leases/mod.rs      concurrency limits' leases: a batch holding them decided
 //! memory/leases/one.rs      a request of one lease item, and the shard's spare list
