@@ -37,11 +37,17 @@
 //! shared.rs                 ports for shared overrides, RLQS demand, settlements
 //! settlements.rs            settlements kept in memory
 //! table.rs                  the memory store's open-addressing TAT table
-//! memory/mod.rs             sharded, all-or-nothing
+//! memory/mod.rs             sharded, all-or-nothing: shards, bounds, locks, sweeps
+//! memory/batch.rs           a batch's spend, refund and reset under its shards' locks
 //! memory/shares.rs          the buckets' bounds per name and the denial when full
-//! memory/leases.rs          concurrency limits' leases
+//! memory/leases/mod.rs      concurrency limits' leases: a batch holding them decided
+//! memory/leases/one.rs      a request of one lease item, and the shard's spare list
+//! memory/leases/map.rs      a shard's leases by key, their hashers, the sweep
+//! memory/leases/in_flight.rs the keys holding the most leases, for admin Top in flight
 //! memory/lease_shares.rs    their bounds in all and per name
-//! memory/snapshot.rs        the snapshot file
+//! memory/snapshot/mod.rs    the snapshot file: written, restored
+//! memory/snapshot/format.rs its layout, and the check of a whole file
+//! memory/snapshot/file.rs   the file on disk: trusted before it is read, written privately
 //! redis/mod.rs              the Redis store
 //! redis/store.rs            its state and the batches of every operation
 //! redis/settings.rs         how to reach Redis (compiled without the feature too)

@@ -12,92 +12,30 @@
 //! first drops the expired leases of the shards it holds, then is denied (its acquires
 //! [`lease::refused`], nothing written; counted as `refused`): never an error, which
 //! Envoy's `failure_mode_deny: false` would let through. Leases held are never pushed out.
+//!
+//! Its parts: a shard's map of leases (`map.rs`: its hashers, a key's leases, the sweep),
+//! a request of one lease item (`one.rs`: most are, and the shard's spare list they use),
+//! the ranking of keys by leases held for admin `Top` in flight (`in_flight.rs`); here,
+//! the decision of a batch holding lease items.
 
 use parking_lot::MutexGuard;
-use std::cmp::Reverse;
-use std::collections::hash_map::{Entry, RandomState};
-use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 
 use super::lease_shares::Share;
 use super::{Fingerprint, MemoryStore, Space, Tables};
-use crate::{InFlightKey, InFlightName, Outcome, StoreError, StoreItem};
+use crate::{Outcome, StoreError, StoreItem};
 use cellrate_core::clock::Nanos;
 use cellrate_core::gcra::lease::{self, Lease, LeaseWrite};
 use cellrate_core::gcra::{self, BatchItem, Decision, Mode, Window};
-use cellrate_limits::names::BucketKey;
+
+mod in_flight;
+mod map;
+mod one;
+use map::Held;
+pub(super) use map::{sweep, LeaseIdHasher, LeaseMap};
 
 /// The default bound on leases held in all.
 pub const DEFAULT_MAX_LEASES: usize = 1_000_000;
-
-/// A shard's leases, by key fingerprint.
-pub(super) type LeaseMap = HashMap<Fingerprint, Held, BuildHasherDefault<PrintHasher>>;
-
-/// The lease map's hasher: a fingerprint is already a keyed hash of its key (SipHash-1-3
-/// under the store's secret keys), so callers cannot aim keys at one slot; hashing it
-/// again would cost a SipHash pass a lookup. Its halves are swapped: a shard holds the
-/// fingerprints of one residue of the low bits (`shard_of`), and the map takes a slot by
-/// the low bits.
-#[derive(Default)]
-pub(super) struct PrintHasher(u64);
-
-impl Hasher for PrintHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        // Only fingerprints (u64) are hashed; any other input still spreads.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, print: u64) {
-        self.0 = print.rotate_left(32);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Hashes lease ids to the 64 bits a lease keeps: foldhash's quality variant under seeds
-/// drawn at random when the store is made (a few nanoseconds for a 36-byte id, against
-/// about 20 for SipHash-1-3). Unknown seeds make the hashes unpredictable; foldhash does
-/// not claim to resist an attacker who probes for collisions, and no more is needed here:
-/// two ids of one key that collide act as one lease, which a caller choosing its own ids
-/// gets anyway by sending one id twice (a retry), and a caller cannot aim at another's
-/// lease without that lease's id (BENCHMARKS.md, "A lease against a spend").
-pub(super) struct LeaseIdHasher {
-    seed: u64,
-    shared: foldhash::SharedSeed,
-}
-
-impl LeaseIdHasher {
-    /// Seeds from the operating system's randomness, through std's `RandomState`.
-    pub(super) fn random() -> LeaseIdHasher {
-        let random = RandomState::new();
-        LeaseIdHasher {
-            seed: random.hash_one(0x6c65_6173_u64),
-            shared: foldhash::SharedSeed::from_u64(random.hash_one(0x6964_u64)),
-        }
-    }
-
-    fn hash(&self, id: &str) -> u64 {
-        let mut hasher = foldhash::quality::FoldHasher::with_seed(self.seed, &self.shared);
-        hasher.write(id.as_bytes());
-        hasher.finish()
-    }
-}
-
-/// A key's leases, with the key itself (the request's own `Arc`, kept: no allocation), the
-/// count of the limit its latest lease was taken under, for admin `Top` in flight, and the
-/// count of its name's leases, which its own are part of.
-#[derive(Debug)]
-pub(super) struct Held {
-    key: BucketKey,
-    count: u32,
-    pub(super) share: Share,
-    pub(super) leases: Vec<Lease>,
-}
 
 /// Whether an item names a concurrency limit's key (its leases, not a TAT).
 pub(super) fn is_lease(item: &StoreItem) -> bool {
@@ -129,44 +67,6 @@ fn decide(
 /// `MAX_LEASES_PER_KEY`: fits).
 fn count_of(item: &StoreItem) -> u32 {
     item.limit.count().min(u64::from(u32::MAX)) as u32
-}
-
-/// The most leases a shard's spare list may have room for (128 bytes).
-const SPARE_ROOM: usize = 8;
-
-/// Keeps the list of a key left with no lease as its shard's spare (if small), for the
-/// next key that takes one: a key that holds one lease at a time (acquire, release,
-/// acquire...) then costs no allocation.
-fn keep_spare(spare: &mut Vec<Lease>, mut emptied: Vec<Lease>) {
-    if emptied.capacity() <= SPARE_ROOM {
-        emptied.clear();
-        *spare = emptied;
-    }
-}
-
-/// The list for a key's first lease: the shard's spare, else room for exactly one (a
-/// `Vec`'s first push makes room for four: 48 bytes that a key of one lease never uses).
-fn first_list(spare: &mut Vec<Lease>, lease: Lease) -> Vec<Lease> {
-    let mut leases = std::mem::take(spare);
-    leases.reserve_exact(1);
-    leases.push(lease);
-    leases
-}
-
-/// Drops a shard's expired leases (and from their names' counts); returns how many.
-pub(super) fn sweep(leases: &mut LeaseMap, now: Nanos) -> usize {
-    let mut dropped = 0;
-    leases.retain(|_, held| {
-        let before = held.leases.len();
-        held.leases.retain(|l| l.expires > now);
-        let gone = before - held.leases.len();
-        if gone > 0 {
-            held.share.fetch_sub(gone, Ordering::AcqRel);
-        }
-        dropped += gone;
-        !held.leases.is_empty()
-    });
-    dropped
 }
 
 /// A batch's lease decisions: per item, for lease items, the decision and the write.
@@ -330,67 +230,6 @@ impl MemoryStore {
         }
     }
 
-    /// A request of one lease item (most are): one shard lock, one lookup of the key's
-    /// leases, no bookkeeping vectors; the same decision as
-    /// [`MemoryStore::spend_with_leases`] would make (which it leaves to that when a
-    /// lease bound is reached: the expired leases are dropped there).
-    pub(super) fn spend_one_lease(&self, item: &StoreItem) -> Result<Outcome, StoreError> {
-        let (print, space) = self.fingerprint(&item.key);
-        let mut guard = self.lock(self.shard_of((print, space)));
-        let now = self.clock.now();
-        let id = item.lease.as_deref().map(|id| self.lease_ids.hash(id));
-        let tables: &mut Tables = &mut guard;
-        let entry = tables.1.entry(print);
-        let (held, share) = match &entry {
-            Entry::Occupied(e) => (e.get().leases.as_slice(), Some(&e.get().share)),
-            Entry::Vacant(_) => (&[][..], None),
-        };
-        let (decision, write) = decide(item, now, held, id);
-        let adds = i64::from(matches!(write, Some(LeaseWrite::Add(_))));
-        let share = match (adds, share) {
-            (0, _) => None,
-            (_, Some(share)) => Some(share.clone()),
-            (_, None) => Some(self.lease_names.of(item.key.parts().0)),
-        };
-        if share.as_ref().is_some_and(|s| !self.reserve_lease_room(s)) {
-            drop(guard);
-            return self.spend_with_leases(std::slice::from_ref(item));
-        }
-        let change = match (entry, write, share) {
-            (Entry::Occupied(mut e), write, _) => {
-                let held = e.get_mut();
-                if adds > 0 {
-                    held.count = count_of(item);
-                }
-                let change = lease::apply(&mut held.leases, now, write);
-                self.leases_dropped(&held.share, (adds - change).max(0) as usize);
-                if held.leases.is_empty() {
-                    keep_spare(&mut tables.2, e.remove().leases);
-                }
-                change
-            }
-            (Entry::Vacant(v), Some(LeaseWrite::Add(lease)), Some(share)) => {
-                v.insert(Held {
-                    key: item.key.clone(),
-                    count: count_of(item),
-                    share,
-                    leases: first_list(&mut tables.2, lease),
-                });
-                1
-            }
-            (Entry::Vacant(_), _, _) => 0,
-        };
-        let released = i64::from(matches!(write, Some(LeaseWrite::Remove(_))));
-        let expired = (adds - released - change).max(0);
-        self.lease_events
-            .add(adds as u64, released as u64, expired as u64);
-        Ok(Outcome {
-            // Only an acquire counts toward the request's decision.
-            allowed: item.mode != Mode::Acquire || decision.allowed,
-            decisions: vec![decision],
-        })
-    }
-
     /// A lease item's decision and write against the key's leases as they stand
     /// ([`decide`]).
     fn decide_lease(
@@ -482,87 +321,7 @@ impl MemoryStore {
     pub fn live_leases(&self) -> usize {
         self.leases_held.load(Ordering::Acquire)
     }
-
-    /// Per name number (or only `only`), the `per_name` keys with the most live leases,
-    /// names with the most leases first. Each shard's lock is held while its own leases
-    /// are counted (a shard holds about `lease_bound / shards` of them: the keys are spread
-    /// by a secret hash), then let go: decisions wait for one shard's count at most.
-    pub fn in_flight(&self, per_name: usize, only: Option<u32>) -> Vec<InFlightName> {
-        // name number -> (its leases, its best keys: the least of them on top)
-        let mut names: HashMap<u32, (u64, BinaryHeap<Reverse<Ranked>>)> = HashMap::new();
-        for shard in 0..self.shards.len() {
-            let tables = self.lock(shard);
-            let now = self.clock.now();
-            for held in tables.1.values() {
-                let number = held.key.parts().0;
-                if only.is_some_and(|only| only != number) {
-                    continue;
-                }
-                let leases = held.leases.iter().filter(|l| l.expires > now).count() as u64;
-                if leases == 0 {
-                    continue;
-                }
-                let (total, top) = names.entry(number).or_default();
-                *total += leases;
-                let better = match top.peek() {
-                    _ if top.len() < per_name => true,
-                    Some(Reverse(least)) => (leases, Reverse(&held.key)) > least.rank(),
-                    None => false,
-                };
-                if better {
-                    if top.len() >= per_name {
-                        top.pop();
-                    }
-                    top.push(Reverse(Ranked(InFlightKey {
-                        key: held.key.clone(),
-                        leases,
-                        count: u64::from(held.count),
-                    })));
-                }
-            }
-        }
-        let mut names: Vec<InFlightName> = names
-            .into_iter()
-            .map(|(number, (leases, top))| InFlightName {
-                number,
-                leases,
-                // Ascending in Reverse: the most leases first.
-                keys: top.into_sorted_vec().into_iter().map(|r| r.0 .0).collect(),
-            })
-            .collect();
-        names.sort_by(|a, b| b.leases.cmp(&a.leases).then(a.number.cmp(&b.number)));
-        names
-    }
 }
-
-/// A key in the order of `Top` in flight: more leases rank higher, then the lesser key.
-struct Ranked(InFlightKey);
-
-impl Ranked {
-    fn rank(&self) -> (u64, Reverse<&BucketKey>) {
-        (self.0.leases, Reverse(&self.0.key))
-    }
-}
-
-impl Ord for Ranked {
-    fn cmp(&self, other: &Ranked) -> std::cmp::Ordering {
-        self.rank().cmp(&other.rank())
-    }
-}
-
-impl PartialOrd for Ranked {
-    fn partial_cmp(&self, other: &Ranked) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Ranked {
-    fn eq(&self, other: &Ranked) -> bool {
-        self.rank() == other.rank()
-    }
-}
-
-impl Eq for Ranked {}
 
 /// What a store that broke its own count would report (never: one decision per rate item).
 const DENIED: Decision = Decision {
@@ -574,24 +333,21 @@ const DENIED: Decision = Decision {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use proptest::prelude::*;
-
     use super::*;
-    use cellrate_core::clock::{Clock, FakeClock, SECOND};
+    use cellrate_core::clock::{FakeClock, SECOND};
     use cellrate_core::gcra::Limit;
     use cellrate_limits::names::BucketKey;
 
-    const T0: Nanos = 1_700_000_000 * SECOND;
-    const HOLD: Nanos = 30 * SECOND;
+    pub(super) const T0: Nanos = 1_700_000_000 * SECOND;
+    pub(super) const HOLD: Nanos = 30 * SECOND;
 
-    fn store(clock: &FakeClock) -> MemoryStore {
+    pub(super) fn store(clock: &FakeClock) -> MemoryStore {
         MemoryStore::with_capacity(Arc::new(clock.clone()), 4, 1_000)
     }
 
-    fn lease(key: &str, n: u64, mode: Mode, id: &str) -> StoreItem {
+    pub(super) fn lease(key: &str, n: u64, mode: Mode, id: &str) -> StoreItem {
         let limit = Limit::concurrency(n, HOLD).unwrap();
         StoreItem {
             key: BucketKey::windowed(100, key, limit.window()),
@@ -602,7 +358,7 @@ mod tests {
         }
     }
 
-    fn one(store: &MemoryStore, item: StoreItem) -> Decision {
+    pub(super) fn one(store: &MemoryStore, item: StoreItem) -> Decision {
         store.spend_now(&[item]).unwrap().decisions[0]
     }
 
@@ -770,139 +526,5 @@ mod tests {
         store.sweep();
         assert_eq!((store.live_leases(), store.name_leases(100)), (1, 1));
         assert_eq!(store.name_leases(101), 0);
-    }
-
-    /// `in_flight` ranks keys by live leases (ties by key), per name, at most N a name;
-    /// released and expired leases drop out, and so do keys left with none.
-    #[test]
-    fn in_flight_ranks_keys_by_live_leases() {
-        let clock = FakeClock::new(T0);
-        let store = store(&clock);
-        for (key, n) in [("a", 1), ("b", 3), ("c", 2), ("d", 2)] {
-            for i in 0..n {
-                assert!(one(&store, lease(key, 5, Mode::Acquire, &format!("{key}{i}"))).allowed);
-            }
-        }
-        type Listed = (u32, u64, Vec<(String, u64, u64)>);
-        let listed = |n, only| -> Vec<Listed> {
-            store
-                .in_flight(n, only)
-                .into_iter()
-                .map(|name| {
-                    let keys = name.keys.iter();
-                    let keys = keys.map(|k| (k.key.parts().1.to_string(), k.leases, k.count));
-                    (name.number, name.leases, keys.collect())
-                })
-                .collect()
-        };
-        let s = |id: &str, n: u64| (id.to_string(), n, 5);
-        assert_eq!(
-            listed(3, None),
-            [(100, 8, vec![s("b", 3), s("c", 2), s("d", 2)])]
-        );
-        assert_eq!(listed(1, Some(100)), [(100, 8, vec![s("b", 3)])]);
-        assert_eq!(listed(3, Some(101)), []);
-        clock.advance(SECOND);
-        assert!(one(&store, lease("c", 5, Mode::Release, "c0")).allowed);
-        assert!(one(&store, lease("a", 5, Mode::Acquire, "a1")).allowed);
-        assert_eq!(
-            listed(2, None),
-            [(100, 8, vec![s("b", 3), s("a", 2)])],
-            "c released one"
-        );
-        // The first leases expire (taken at T0): only a1 is left.
-        clock.advance(HOLD - SECOND);
-        assert_eq!(listed(5, None), [(100, 1, vec![s("a", 1)])]);
-    }
-
-    /// One shard's fingerprints share their low bits (the shard is chosen by them); the
-    /// lease map's hasher must not hand them to the map as they are, or they would all
-    /// probe from one slot. 4 096 fingerprints of one shard of 512 (well-spread 64-bit
-    /// values, as SipHash makes them, their low 9 bits 7): the map's slot bits (the low
-    /// 12) of their hashes take at least 2 000 values (as they are: 8).
-    #[test]
-    fn one_shards_fingerprints_spread_over_the_lease_map() {
-        use std::hash::BuildHasher;
-        let prints = (1..=4_096u64).map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !511) | 7);
-        let hasher = BuildHasherDefault::<PrintHasher>::default();
-        let slots: std::collections::HashSet<u64> =
-            prints.map(|p| hasher.hash_one(p) & 0xfff).collect();
-        assert!(slots.len() > 2_000, "{} slots", slots.len());
-    }
-
-    /// A shard keeps the list of the key it emptied for the next key (no allocation for a
-    /// key that holds one lease at a time), but only a small one: a key emptied of 20
-    /// leases leaves no spare with room for more than 8 (docs/concurrency.md, "Bounds and
-    /// memory").
-    #[test]
-    fn a_shards_spare_list_is_small() {
-        let store = store(&FakeClock::new(T0));
-        let spare = |key: &str| {
-            let print = store.fingerprint(&lease(key, 20, Mode::Acquire, "x").key);
-            store.lock(store.shard_of(print)).2.capacity()
-        };
-        assert!(one(&store, lease("one", 20, Mode::Acquire, "a")).allowed);
-        assert!(one(&store, lease("one", 20, Mode::Release, "a")).allowed);
-        let kept = spare("one");
-        assert!((1..=SPARE_ROOM).contains(&kept), "{kept}");
-        for i in 0..20 {
-            assert!(one(&store, lease("many", 20, Mode::Acquire, &format!("r{i}"))).allowed);
-        }
-        for i in 0..20 {
-            assert!(one(&store, lease("many", 20, Mode::Release, &format!("r{i}"))).allowed);
-        }
-        assert_eq!(store.live_leases(), 0);
-        assert!(spare("many") <= SPARE_ROOM, "{}", spare("many"));
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        Acquire(u8, u8),
-        Release(u8, u8),
-        Advance(Nanos),
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            4 => (0..3u8, 0..6u8).prop_map(|(k, id)| Step::Acquire(k, id)),
-            3 => (0..3u8, 0..6u8).prop_map(|(k, id)| Step::Release(k, id)),
-            1 => (0..HOLD).prop_map(Step::Advance),
-        ]
-    }
-
-    proptest! {
-        /// Acquires (a retry is an acquire of an id again), releases (a crash is one that
-        /// never comes) and clock advances agree with a reference model: per key a map of
-        /// id to expiry.
-        #[test]
-        fn the_store_agrees_with_a_model(steps in proptest::collection::vec(step(), 1..80)) {
-            let clock = FakeClock::new(T0);
-            let store = store(&clock);
-            let mut model: BTreeMap<(u8, u8), Nanos> = BTreeMap::new();
-            for step in steps {
-                let now = clock.now();
-                model.retain(|_, expires| *expires > now);
-                let (k, id, mode) = match step {
-                    Step::Advance(by) => { clock.advance(by); continue; }
-                    Step::Acquire(k, id) => (k, id, Mode::Acquire),
-                    Step::Release(k, id) => (k, id, Mode::Release),
-                };
-                let held = model.keys().filter(|(key, _)| *key == k).count() as i64;
-                let expect = match mode {
-                    Mode::Acquire if model.contains_key(&(k, id)) => true,
-                    Mode::Acquire if held < 3 => { model.insert((k, id), now + HOLD); true }
-                    Mode::Acquire => false,
-                    _ => model.remove(&(k, id)).is_some(),
-                };
-                let d = one(&store, lease(&format!("k{k}"), 3, mode, &format!("id{id}")));
-                let free = 3 - model.keys().filter(|(key, _)| *key == k).count() as i64;
-                prop_assert_eq!((d.allowed, d.remaining), (expect, free));
-            }
-            let now = clock.now();
-            store.sweep();
-            let live = model.values().filter(|&&e| e > now).count();
-            prop_assert_eq!(store.live_leases(), live);
-            prop_assert_eq!(store.name_leases(100), live, "the name's count agrees");
-        }
     }
 }
