@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::listener::ConnectionInfo;
 use super::per_address::InFlightCount;
-use crate::grpc::{Kind, Unary};
+use crate::grpc::{declared_length, Kind, Unary, PREFIX};
 
 /// A bound on the requests one gRPC server handles at once, over all its connections.
 ///
@@ -264,7 +264,7 @@ pin_project_lite::pin_project! {
         unary: bool,
         // Bytes of the current frame header seen (0 = at a frame boundary).
         header_seen: usize,
-        header: [u8; 5],
+        header: [u8; PREFIX],
         payload_left: u64,
         messages: u32,
         // The body timeout (`None`: a streaming call, or none set), and its deadline, armed
@@ -297,7 +297,7 @@ impl<B> OneMessage<B> {
             inner,
             unary,
             header_seen: 0,
-            header: [0; 5],
+            header: [0; PREFIX],
             payload_left: 0,
             messages: 0,
             body_timeout: body_timeout.filter(|_| !streaming),
@@ -328,14 +328,12 @@ impl<B> OneMessage<B> {
                     return false;
                 }
             }
-            let n = (5 - *header_seen).min(data.len());
+            let n = (PREFIX - *header_seen).min(data.len());
             header[*header_seen..*header_seen + n].copy_from_slice(&data[..n]);
             *header_seen += n;
             data = &data[n..];
-            if *header_seen == 5 {
-                *payload_left = u64::from(u32::from_be_bytes([
-                    header[1], header[2], header[3], header[4],
-                ]));
+            if *header_seen == PREFIX {
+                *payload_left = u64::from(declared_length(header));
                 *header_seen = 0;
             }
         }

@@ -161,6 +161,37 @@ impl std::fmt::Display for CalendarPeriod {
 }
 
 impl CalendarPeriod {
+    /// The periods that need no zone, in the one order every stored encoding numbers them
+    /// by (a settlement record's code is 1 + the place here; the Redis script's letter is
+    /// the same place in its own alphabet). Append only: a place, once written, is data.
+    pub const UNZONED: [CalendarPeriod; 9] = [
+        CalendarPeriod::Second,
+        CalendarPeriod::Minute,
+        CalendarPeriod::Hour,
+        CalendarPeriod::Day,
+        CalendarPeriod::Month,
+        CalendarPeriod::Year,
+        CalendarPeriod::Week,
+        CalendarPeriod::Days30,
+        CalendarPeriod::Days365,
+    ];
+
+    /// Its place in [`CalendarPeriod::UNZONED`]; `None` for a zoned period.
+    pub fn unzoned_index(self) -> Option<usize> {
+        Some(match self {
+            CalendarPeriod::Second => 0,
+            CalendarPeriod::Minute => 1,
+            CalendarPeriod::Hour => 2,
+            CalendarPeriod::Day => 3,
+            CalendarPeriod::Month => 4,
+            CalendarPeriod::Year => 5,
+            CalendarPeriod::Week => 6,
+            CalendarPeriod::Days30 => 7,
+            CalendarPeriod::Days365 => 8,
+            CalendarPeriod::Zoned(_) => return None,
+        })
+    }
+
     /// `1s`, `1m`, `1h`, `1d`, `1w`, `1mo`, `1y`: the periods a calendar window may have;
     /// a day, week, month or year may name an IANA time zone after `@`, and a month or
     /// week its anchor day after `~` (`1mo~15@Europe/Berlin`), as [`CalendarPeriod::text`]
@@ -384,6 +415,15 @@ pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_unzoned_period_is_found_at_its_place() {
+        for (i, period) in CalendarPeriod::UNZONED.iter().enumerate() {
+            assert_eq!(period.unzoned_index(), Some(i), "{period}");
+        }
+        let zoned = CalendarPeriod::parse("1d@Europe/Paris").unwrap();
+        assert_eq!(zoned.unzoned_index(), None);
+    }
 
     #[test]
     fn civil_dates_round_trip_and_hit_known_days() {

@@ -55,6 +55,16 @@ pub struct Rpc {
 /// The label of a path that names no RPC: a caller's text never becomes a label.
 pub const UNKNOWN: &str = "unknown";
 
+/// The bytes before each gRPC message: its compression flag, then its length.
+pub const PREFIX: usize = 5;
+
+/// The length a message's prefix declares (four bytes after the flag, big-endian): read
+/// here for the hand-written unary path and the in-flight bound's one-message check alike.
+#[inline]
+pub fn declared_length(prefix: &[u8; PREFIX]) -> u32 {
+    u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]])
+}
+
 /// Declares a service's name and its RPCs, each path built from the two names once.
 macro_rules! rpcs {
     ($(service $service:ident = $name:literal {

@@ -31,6 +31,8 @@ use tonic::metadata::MetadataValue;
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::{declared_length, PREFIX};
+
 use super::Unary;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -221,9 +223,6 @@ impl<D: Decision> tonic::codec::Decoder for Codec<D> {
     }
 }
 
-/// A gRPC message's prefix: a compression flag and the message's length (big-endian).
-const PREFIX: usize = 5;
-
 /// What a unary call with a second message is told (INVALID_ARGUMENT), here and by the
 /// in-flight layer for the other unary calls.
 pub const SECOND_MESSAGE: &str =
@@ -411,11 +410,11 @@ impl Reading {
             Received::Joined(joined) => joined.extend_from_slice(&data),
         }
         let bytes = self.bytes();
-        let (seen, prefixed) = (bytes.len(), bytes.get(..PREFIX));
+        let (seen, prefixed) = (bytes.len(), bytes.first_chunk::<PREFIX>());
         if let (None, Some(bytes)) = (self.length, prefixed) {
             // A second message that came with the prefix is refused before the prefix is
             // read, as the in-flight layer refuses the frame before tonic reads it.
-            let declared = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+            let declared = declared_length(bytes);
             if seen > PREFIX + declared as usize {
                 return Err(Status::invalid_argument(SECOND_MESSAGE));
             }
@@ -472,7 +471,7 @@ impl Reading {
 
 /// A message's length from its prefix, refused as tonic refuses it when compressed (none
 /// is enabled) or over `max`.
-fn prefix(prefix: &[u8], max: usize) -> Result<usize, Status> {
+fn prefix(prefix: &[u8; PREFIX], max: usize) -> Result<usize, Status> {
     match prefix[0] {
         0 => {}
         1 => {
@@ -488,7 +487,7 @@ fn prefix(prefix: &[u8], max: usize) -> Result<usize, Status> {
             )))
         }
     }
-    let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    let length = declared_length(prefix) as usize;
     if length > max {
         return Err(Status::out_of_range(format!(
             "Error, decoded message length too large: found {length} bytes, the limit is: \

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use cellrate_core::clock::{CalendarPeriod, Nanos, SECOND};
+use cellrate_core::clock::{Nanos, SECOND};
 use cellrate_core::gcra::lease::Held;
 use cellrate_core::gcra::{Mode, Window};
 
@@ -171,20 +171,11 @@ impl Action {
     }
 }
 
-/// The UTC calendar periods the script knows by a letter, and their letters (s m h d, o a
-/// month, y a year; w, t, z envoyproxy/ratelimit's fixed 7, 30 and 365 days). A zoned
-/// window goes as its boundaries instead ([`WireWindow::Zoned`]).
-pub(super) const LETTERS: [(CalendarPeriod, u8); 9] = [
-    (CalendarPeriod::Second, b's'),
-    (CalendarPeriod::Minute, b'm'),
-    (CalendarPeriod::Hour, b'h'),
-    (CalendarPeriod::Day, b'd'),
-    (CalendarPeriod::Month, b'o'),
-    (CalendarPeriod::Year, b'y'),
-    (CalendarPeriod::Week, b'w'),
-    (CalendarPeriod::Days30, b't'),
-    (CalendarPeriod::Days365, b'z'),
-];
+/// The letters the script knows the periods that need no zone by, in the order of
+/// [`CalendarPeriod::UNZONED`](cellrate_core::clock::CalendarPeriod::UNZONED) (s m h d, o a month, y a year; w, t, z envoyproxy/ratelimit's
+/// fixed 7, 30 and 365 days). A zoned window goes as its boundaries instead
+/// ([`WireWindow::Zoned`]).
+pub(super) const LETTERS: [u8; 9] = *b"smhdoywtz";
 
 /// The letter that marks a zoned window's boundaries.
 const ZONED: u8 = b'x';
@@ -203,7 +194,7 @@ const fn code_bytes() -> [[[u8; 2]; 1 + LETTERS.len()]; 7] {
         out[a][0] = [digit, digit];
         let mut l = 0;
         while l < LETTERS.len() {
-            out[a][1 + l] = [digit, LETTERS[l].1];
+            out[a][1 + l] = [digit, LETTERS[l]];
             l += 1;
         }
         a += 1;
@@ -236,7 +227,8 @@ const fn codes(
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(super) enum WireWindow {
     Gcra,
-    /// A UTC calendar period, by its place in [`LETTERS`].
+    /// A period that needs no zone, by its place in [`CalendarPeriod::UNZONED`](cellrate_core::clock::CalendarPeriod::UNZONED) (and in
+    /// [`LETTERS`]).
     Letter(usize),
     /// A window in a zone or from an anchor day: four boundaries in whole seconds around
     /// cellrate's now: the previous window's start, the current window's start and end,
@@ -252,7 +244,7 @@ impl WireWindow {
             Window::Gcra | Window::Concurrency => return WireWindow::Gcra,
             Window::Calendar(period) => period,
         };
-        match LETTERS.iter().position(|(p, _)| *p == period) {
+        match period.unzoned_index() {
             Some(index) => WireWindow::Letter(index),
             None => {
                 let start = period.window_start(now);
@@ -270,7 +262,7 @@ impl WireWindow {
     pub(super) fn refund_arg(self, increment: i64, cost: u64) -> String {
         match self {
             WireWindow::Gcra => increment.to_string(),
-            WireWindow::Letter(index) => format!("{}{cost}", char::from(LETTERS[index].1)),
+            WireWindow::Letter(index) => format!("{}{cost}", char::from(LETTERS[index])),
             WireWindow::Zoned(_) => format!("{}:{cost}", self.zoned_text()),
         }
     }
@@ -330,6 +322,7 @@ impl WireMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellrate_core::clock::CalendarPeriod;
 
     const SCRIPT: &str = include_str!("batch.lua");
 
@@ -422,12 +415,15 @@ mod tests {
             .chain(calendar.clone())
             .collect();
         letters.sort_unstable();
-        let mut ours: Vec<u8> = LETTERS.iter().map(|(_, l)| *l).collect();
+        let mut ours: Vec<u8> = LETTERS.to_vec();
         ours.sort_unstable();
         assert_eq!(letters, ours, "batch.lua's letters against LETTERS");
         assert!(!ours.contains(&ZONED));
 
-        let period = |letter: u8| LETTERS.iter().find(|(_, l)| *l == letter).unwrap().0;
+        let period = |letter: u8| {
+            let at = LETTERS.iter().position(|l| *l == letter).unwrap();
+            CalendarPeriod::UNZONED[at]
+        };
         assert_eq!(
             calendar.iter().map(|&l| period(l)).collect::<Vec<_>>(),
             [CalendarPeriod::Month, CalendarPeriod::Year]
@@ -472,13 +468,14 @@ mod tests {
         }
         // Every action and letter: the digit, then the letter.
         for action in Action::ALL {
-            for (index, (period, letter)) in LETTERS.iter().enumerate() {
+            for (index, (period, letter)) in CalendarPeriod::UNZONED.iter().zip(LETTERS).enumerate()
+            {
                 let mode = WireMode {
                     action,
                     window: WireWindow::new(Window::Calendar(*period), at),
                 };
                 assert_eq!(mode.window, WireWindow::Letter(index));
-                let text = [action as u8, *letter];
+                let text = [action as u8, letter];
                 assert_eq!(mode.encode().as_bytes(), text);
             }
         }

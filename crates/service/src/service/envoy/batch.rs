@@ -7,6 +7,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::google::protobuf::Struct;
 
+use super::values::fields_digest;
 use crate::service::ItemSpec;
 use cellrate_core::gcra::Mode;
 
@@ -51,16 +52,6 @@ pub(super) fn mode_of(descriptor: &RateLimitDescriptor) -> Mode {
 /// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
 /// whatever the entries' lengths.
 pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    let mut field = |text: &str| {
-        hash.update((text.len() as u64).to_le_bytes());
-        hash.update(text.as_bytes());
-    };
-    field(domain);
-    for (key, value) in entries {
-        field(key);
-        field(value);
-    }
-    hex::encode(hash.finalize())
+    let pairs = entries.iter().flat_map(|&(key, value)| [key, value]);
+    fields_digest(std::iter::once(domain).chain(pairs))
 }

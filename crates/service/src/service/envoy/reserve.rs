@@ -16,6 +16,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tonic::{Code, Status};
 
+use super::values::fields_digest;
 use super::{EnvoyRateLimitService, Refusal};
 use crate::service::settle::Settler;
 pub use crate::service::settle::ENVOY_REQUEST_IDS;
@@ -39,17 +40,11 @@ impl Reservation<'_> {
     /// The id the hold is kept under: [`ENVOY_REQUEST_IDS`] and the SHA-256 (hex) of the
     /// domain, the names, the key's id and Envoy's request id, each length-prefixed.
     fn kept_id(&self, domain: &str) -> String {
-        use sha2::{Digest, Sha256};
-        let mut hash = Sha256::new();
-        let mut field = |text: &str| {
-            hash.update((text.len() as u64).to_le_bytes());
-            hash.update(text.as_bytes());
-        };
-        field(domain);
-        self.names.iter().for_each(|name| field(name));
-        field(&self.id);
-        field(self.request_id);
-        format!("{ENVOY_REQUEST_IDS}{}", hex::encode(hash.finalize()))
+        let names = self.names.iter().map(|name| &**name);
+        let fields = std::iter::once(domain)
+            .chain(names)
+            .chain([&*self.id, self.request_id]);
+        format!("{ENVOY_REQUEST_IDS}{}", fields_digest(fields))
     }
 
     /// The hold's items, as a Check keeps them: one per name, at the estimate.

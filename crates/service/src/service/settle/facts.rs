@@ -4,19 +4,6 @@
 use cellrate_core::clock::CalendarPeriod;
 use cellrate_store::shared::Kept;
 
-/// The calendar periods, by their code in a record (1 + the index; 0 is no window).
-const PERIODS: [CalendarPeriod; 9] = [
-    CalendarPeriod::Second,
-    CalendarPeriod::Minute,
-    CalendarPeriod::Hour,
-    CalendarPeriod::Day,
-    CalendarPeriod::Month,
-    CalendarPeriod::Year,
-    CalendarPeriod::Week,
-    CalendarPeriod::Days30,
-    CalendarPeriod::Days365,
-];
-
 /// What a Check wrote for one item: tokens, the calendar period they count in, and its
 /// limit's reservation policy when it has one (`Some(release)`: given back at the hold's
 /// end if `release`, else it stands).
@@ -62,10 +49,8 @@ pub(super) fn facts_bytes(spent: &[Spent]) -> Vec<u8> {
             out.extend_from_slice(&text[..text.len().min(255)]);
             continue;
         }
-        let code = s
-            .period
-            .and_then(|p| PERIODS.iter().position(|&q| q == p))
-            .map_or(0, |i| i as u8 + 1);
+        // 0 is no window; a period's code is 1 + its place in CalendarPeriod::UNZONED.
+        let code = (s.period.and_then(CalendarPeriod::unzoned_index)).map_or(0, |i| i as u8 + 1);
         out.push(code | hold_flags(s.hold));
     }
     out
@@ -91,7 +76,7 @@ pub(super) fn facts_of(mut bytes: &[u8]) -> Option<Vec<Spent>> {
                 });
                 continue;
             }
-            code => Some(*PERIODS.get(usize::from(code) - 1)?),
+            code => Some(*CalendarPeriod::UNZONED.get(usize::from(code) - 1)?),
         };
         bytes = rest;
         spent.push(Spent {
