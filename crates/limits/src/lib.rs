@@ -34,8 +34,11 @@
 //! descriptors.rs             Envoy descriptors -> names and ids
 //! duration.rs                durations as written (1s, 1h30m, 7d)
 //! hash.rs                    the maps' hasher
-//! config/mod.rs              YAML -> validated, immutable LimitTable
-//! config/build.rs            the table assembled
+//! config/mod.rs              YAML -> validated, immutable LimitTable; its lookups
+//! config/policy.rs           what applies to a bucket, what an override keeps
+//! config/build.rs            the table assembled, file by kind, errors collected
+//! config/entries.rs          names, defaults and overrides, entry by entry
+//! config/across_files.rs     what only the files together get wrong (window kinds)
 //! config/files.rs            the directory read, bounded
 //! config/raw.rs              the files as written
 //! config/reservation.rs      a limit's reservation policy
