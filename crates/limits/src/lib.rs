@@ -31,7 +31,8 @@
 //! lib.rs                     names, ids, the validated configuration; this map
 //! names.rs                   limit names and bucket keys
 //! ids.rs                     id formats and canonical ids
-//! descriptors.rs             Envoy descriptors -> names and ids
+//! descriptors/mod.rs         Envoy descriptors -> names and ids, domain by domain
+//! descriptors/rule.rs        one rule: built, checked, applied to entries
 //! duration.rs                durations as written (1s, 1h30m, 7d)
 //! hash.rs                    the maps' hasher
 //! config/mod.rs              YAML -> validated, immutable LimitTable; its lookups
