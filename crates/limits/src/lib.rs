@@ -29,7 +29,8 @@
 //!
 //! ```text
 //! lib.rs                     names, ids, the validated configuration; this map
-//! names.rs                   limit names and bucket keys
+//! names/mod.rs               limit names: the registry, built-in and declared
+//! names/key.rs               bucket keys ("<number>:<id>")
 //! ids.rs                     id formats and canonical ids
 //! descriptors/mod.rs         Envoy descriptors -> names and ids, domain by domain
 //! descriptors/rule.rs        one rule: built, checked, applied to entries
