@@ -27,6 +27,7 @@ mod extra_labels;
 mod groups;
 mod ratelimit_keys;
 pub mod statsd_mapping;
+mod statsd_mapping_file;
 
 /// Latency buckets for RPCs and store calls: 10µs to 1s.
 const LATENCY_BUCKETS: &[f64] = &[
