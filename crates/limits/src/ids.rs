@@ -325,4 +325,157 @@ mod tests {
             assert!(!has_leading_zero(none), "{none}");
         }
     }
+
+    fn ok(format: IdFormat, id: &str) -> String {
+        format
+            .canonicalize(id)
+            .unwrap_or_else(|e| panic!("{format} {id:?}: {e}"))
+    }
+
+    fn bad(format: IdFormat, id: &str) -> String {
+        match format.canonicalize(id) {
+            Ok(c) => panic!("{format} {id:?} was accepted as {c:?}"),
+            Err(e) => e.reason,
+        }
+    }
+
+    #[test]
+    fn ip_address_canonical_text() {
+        use IdFormat::IpAddress as F;
+        assert_eq!(ok(F, "10.0.0.1"), "10.0.0.1");
+        assert_eq!(ok(F, "192.168.1.1"), "192.168.1.1"); // private is allowed
+        assert_eq!(ok(F, "127.0.0.1"), "127.0.0.1");
+        assert_eq!(
+            ok(F, "2001:0db8:0000:0000:0000:ff00:0042:8329"),
+            "2001:db8::ff00:42:8329"
+        );
+        assert_eq!(ok(F, "2001:DB8::1"), "2001:db8::1");
+        assert_eq!(ok(F, "::ffff:10.1.2.3"), "10.1.2.3");
+        assert_eq!(ok(F, "::1"), "::1");
+        assert!(bad(F, "10.0.0.256").contains("not an IPv4"));
+        assert!(bad(F, "010.0.0.1").contains("not an IPv4"));
+        assert!(bad(F, "fe80::1%eth0").contains("zone"));
+        assert!(bad(F, "").contains("not an IPv4"));
+        assert!(bad(F, "example.com").contains("not an IPv4"));
+        assert!(bad(F, " 10.0.0.1").contains("not an IPv4"));
+    }
+
+    #[test]
+    fn ipv6_range_masks_to_48() {
+        use IdFormat::Ipv6RangeCidr as F;
+        assert_eq!(ok(F, "2001:0db8:0000::/48"), "2001:db8::/48");
+        assert_eq!(ok(F, "2001:db8:1234:5678::1"), "2001:db8:1234::/48");
+        assert_eq!(ok(F, "2001:db8:1234:ffff::/48"), "2001:db8:1234::/48");
+        assert!(bad(F, "2001:db8::/64").contains("/64 is not /48"));
+        assert!(bad(F, "10.0.0.1").contains("not an IPv6"));
+        assert!(bad(F, "10.0.0.0/48").contains("not an IPv6"));
+        assert!(bad(F, "fe80::1%lo/48").contains("zone"));
+    }
+
+    #[test]
+    fn reg_id_is_unsigned_decimal() {
+        use IdFormat::RegId as F;
+        assert_eq!(ok(F, "12345678"), "12345678");
+        assert_eq!(ok(F, "000123"), "123");
+        assert_eq!(ok(F, "0"), "0");
+        assert_eq!(ok(F, "18446744073709551615"), "18446744073709551615");
+        assert!(bad(F, "18446744073709551616").contains("64 bits"));
+        assert!(bad(F, "-1").contains("unsigned decimal"));
+        assert!(bad(F, "+1").contains("unsigned decimal"));
+        assert!(bad(F, "1e3").contains("unsigned decimal"));
+        assert!(bad(F, "").contains("unsigned decimal"));
+    }
+
+    #[test]
+    fn domain_reduces_to_registrable_domain() {
+        use IdFormat::Domain as F;
+        assert_eq!(ok(F, "example.com"), "example.com");
+        assert_eq!(ok(F, "WWW.Example.COM"), "example.com");
+        assert_eq!(ok(F, "a.b.example.co.uk."), "example.co.uk");
+        assert_eq!(ok(F, "xn--bcher-kva.example"), "xn--bcher-kva.example");
+        assert_eq!(ok(F, "build.corp.internal"), "corp.internal");
+        assert!(bad(F, "co.uk").contains("public suffix"));
+        assert!(bad(F, "com").contains("public suffix"));
+        assert!(bad(F, "bücher.de").contains("A-labels"));
+        assert!(bad(F, "-bad.example.com").contains("label"));
+        assert!(bad(F, "a..example.com").contains("label"));
+        assert!(bad(F, "under_score.com").contains("label"));
+        assert!(bad(F, "10.0.0.1").contains("IP address"));
+        assert!(bad(F, "").contains("1 to 253"));
+        assert!(bad(F, &format!("{}.com", "a".repeat(64))).contains("label"));
+    }
+
+    #[test]
+    fn fqdn_set_is_normalised_then_hashed() {
+        use IdFormat::FqdnSet as F;
+        let a = ok(F, "example.com,example.org");
+        assert_eq!(a, ok(F, "EXAMPLE.org, example.com,example.com"));
+        assert_eq!(a.len(), 64);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // Exact names, not reduced to eTLD+1.
+        assert_ne!(ok(F, "www.example.com"), ok(F, "example.com"));
+        // SHA-256 of "example.com" (a one-name set).
+        assert_eq!(
+            ok(F, "example.com"),
+            "a379a6f6eeafb9a55e378c118034e2751e682fab9f2d30ab13d2125586ce1947"
+        );
+        assert!(bad(F, "example.com,,example.org").contains("in the set"));
+        assert!(bad(F, "").contains("in the set"));
+    }
+
+    #[test]
+    fn string_is_printable_and_bounded() {
+        use IdFormat::String as F;
+        assert_eq!(ok(F, "key-abc-123"), "key-abc-123");
+        assert_eq!(ok(F, "user name:with colon"), "user name:with colon");
+        assert_eq!(ok(F, &"k".repeat(256)), "k".repeat(256));
+        assert!(bad(F, &"k".repeat(257)).contains("1 to 256 bytes"));
+        assert!(bad(F, "").contains("1 to 256 bytes"));
+        assert!(bad(F, "a\nb").contains("control"));
+        assert!(bad(F, "a\0b").contains("control"));
+    }
+
+    #[test]
+    fn composite_reg_id_domain() {
+        assert_eq!(
+            ok(IdFormat::RegIdRegisteredDomain, "0042:WWW.Example.com"),
+            "42:example.com"
+        );
+        assert_eq!(
+            ok(IdFormat::RegIdFqdn, "42:WWW.Example.com"),
+            "42:www.example.com"
+        );
+        assert!(bad(IdFormat::RegIdFqdn, "42").contains("regId:domain"));
+        assert!(bad(IdFormat::RegIdFqdn, "x:example.com").contains("unsigned"));
+        assert_eq!(IdFormat::RegIdFqdn.override_id("42:www.example.com"), "42");
+        assert_eq!(IdFormat::IpAddress.override_id("::1"), "::1");
+        assert_eq!(IdFormat::RegIdFqdn.override_format(), IdFormat::RegId);
+    }
+
+    #[test]
+    fn canonical_ids_are_borrowed_when_already_canonical() {
+        assert!(matches!(
+            IdFormat::String.canonicalize_cow("k-1"),
+            Ok(Cow::Borrowed("k-1"))
+        ));
+        assert!(matches!(
+            IdFormat::RegId.canonicalize_cow("42"),
+            Ok(Cow::Borrowed("42"))
+        ));
+        assert!(matches!(
+            IdFormat::RegId.canonicalize_cow("0"),
+            Ok(Cow::Borrowed("0"))
+        ));
+        assert_eq!(IdFormat::RegId.canonicalize_cow("007").unwrap(), "7");
+        assert!(IdFormat::RegId.canonicalize_cow("4x").is_err());
+        assert!(IdFormat::String.canonicalize_cow("").is_err());
+    }
+
+    #[test]
+    fn error_messages_cut_long_ids() {
+        let e = IdFormat::RegId.canonicalize(&"x".repeat(1000)).unwrap_err();
+        assert!(e.id.len() < 100);
+    }
 }

@@ -29,13 +29,18 @@
 //!
 //! ```text
 //! lib.rs                     names, ids, the validated configuration; this map
-//! names.rs                   limit names and bucket keys
+//! names/mod.rs               limit names: the registry, built-in and declared
+//! names/key.rs               bucket keys ("<number>:<id>")
 //! ids.rs                     id formats and canonical ids
-//! descriptors.rs             Envoy descriptors -> names and ids
+//! descriptors/mod.rs         Envoy descriptors -> names and ids, domain by domain
+//! descriptors/rule.rs        one rule: built, checked, applied to entries
 //! duration.rs                durations as written (1s, 1h30m, 7d)
 //! hash.rs                    the maps' hasher
-//! config/mod.rs              YAML -> validated, immutable LimitTable
-//! config/build.rs            the table assembled
+//! config/mod.rs              YAML -> validated, immutable LimitTable; its lookups
+//! config/policy.rs           what applies to a bucket, what an override keeps
+//! config/build.rs            the table assembled, file by kind, errors collected
+//! config/entries.rs          names, defaults and overrides, entry by entry
+//! config/across_files.rs     what only the files together get wrong (window kinds)
 //! config/files.rs            the directory read, bounded
 //! config/raw.rs              the files as written
 //! config/reservation.rs      a limit's reservation policy

@@ -28,7 +28,9 @@
 //! metrics/counters.rs        decisions counted without a lookup
 //! metrics/extra_labels.rs    labels on every series (EXTRA_TAGS)
 //! metrics/ratelimit_keys.rs  envoyproxy/ratelimit's statistics keys
-//! metrics/statsd_mapping.rs  a statsd_exporter mapping file
+//! metrics/ratelimit_stats.rs  its statistics counted under them, and mapped
+//! metrics/statsd_mapping.rs  a statsd_exporter mapping, applied to a name
+//! metrics/statsd_mapping_file.rs  its file read and checked, bounded
 //! ```
 
 pub mod health;

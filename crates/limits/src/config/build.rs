@@ -1,21 +1,18 @@
-//! A [`LimitTable`] assembled from files' contents: each file parsed by its kind, each entry
-//! validated, every error collected (up to [`MAX_ERRORS`]) with its file and entry.
+//! A [`LimitTable`] assembled from files' contents: each file parsed by its kind (names
+//! first), its entries added (`entries`), the files checked together (`across_files`), and
+//! every error collected (up to [`MAX_ERRORS`]) with its file and entry.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
 use super::files::{content_version, read_dir, FileKind};
-use super::raw::{OverrideEntries, OverrideEntry, RawLimit, RawName, RawWindow};
-use super::{
-    short, Behaviour, ConfigError, LimitTable, LoadError, Policy, Source, Sources, MAX_ERRORS,
-};
+use super::raw::{OverrideEntries, RawLimit, RawName};
+use super::{short, ConfigError, LimitTable, LoadError, Sources, MAX_ERRORS};
 use crate::descriptors::{DescriptorRules, RawDomain};
 use crate::hash::ConfigMap;
-use crate::ids::IdFormat;
 use crate::names::Names;
 use crate::ratelimit_format::{is_ratelimit_file, is_ratelimit_file_named_as_ours};
-use cellrate_core::gcra::Window;
 
 /// The YAML files of a limits directory, in name order. `missing_ok`: a directory that
 /// does not exist holds no files (limits may come from xDS alone).
@@ -188,330 +185,6 @@ impl LimitTable {
             Err(LoadError(errors))
         }
     }
-
-    fn add_names(
-        &mut self,
-        raw: BTreeMap<String, RawName>,
-        report: &mut impl FnMut(Option<String>, String),
-    ) {
-        // Declared in number order, so that errors do not depend on map order.
-        let mut raw: Vec<_> = raw.into_iter().collect();
-        raw.sort_by_key(|(_, name)| name.number);
-        for (text, name) in raw {
-            let Some(format) = IdFormat::from_config(&name.format) else {
-                report(
-                    Some(text),
-                    format!(
-                        "unknown id format {:?} (one of {})",
-                        name.format,
-                        IdFormat::CONFIG_NAMES
-                    ),
-                );
-                continue;
-            };
-            if let Err(e) = self
-                .names
-                .declare(&text, name.number, format, name.description)
-            {
-                report(Some(text), e.to_string());
-            }
-        }
-    }
-
-    fn add_defaults(
-        &mut self,
-        raw: BTreeMap<String, RawLimit>,
-        report: &mut impl FnMut(Option<String>, String),
-    ) {
-        for (text, limit) in raw {
-            let Some(name) = self.names.get(&text) else {
-                report(Some(text.clone()), unknown_name(&self.names, &text));
-                continue;
-            };
-            let number = name.number;
-            let reservation = match limit.reservation.as_ref().map(|r| r.build()) {
-                Some(Err(reason)) => {
-                    report(Some(text), reason);
-                    continue;
-                }
-                Some(Ok(_)) if limit.window == RawWindow::Concurrency => {
-                    report(
-                        Some(text),
-                        "reservation applies to a budget (gcra or calendar), not to \
-                         `window: concurrency` (whose leases expire by themselves)"
-                            .to_string(),
-                    );
-                    continue;
-                }
-                Some(Ok(r)) => Some(r),
-                None => None,
-            };
-            match limit.build() {
-                Ok(policy) => {
-                    let entry = self.policies.entry(number).or_default();
-                    entry.default = Some(policy);
-                    entry.reservation = reservation;
-                }
-                Err(reason) => report(Some(text), reason),
-            }
-        }
-    }
-
-    fn add_overrides(
-        &mut self,
-        file: &str,
-        raw: Vec<OverrideEntry>,
-        origin: &mut HashMap<(u32, String), String>,
-        report: &mut impl FnMut(Option<String>, String),
-    ) {
-        for (index, OverrideEntry(entry)) in raw.into_iter().enumerate() {
-            let at = |text: &str| format!("entry {} ({text})", index + 1);
-            if entry.len() != 1 {
-                report(
-                    Some(format!("entry {}", index + 1)),
-                    format!(
-                        "an override entry is a map with exactly one limit name, found {}",
-                        entry.len()
-                    ),
-                );
-                continue;
-            }
-            let Some((text, over)) = entry.into_iter().next() else {
-                continue;
-            };
-            let Some(name) = self.names.get(&text).cloned() else {
-                report(Some(at(&text)), unknown_name(&self.names, &text));
-                continue;
-            };
-            let policy = match over.policy() {
-                // Shown or hidden, requests or tokens, as the name's default.
-                Ok(Policy::Limited { limit, behaviour }) => Policy::Limited {
-                    limit,
-                    behaviour: Behaviour {
-                        headers: self.headers(&name),
-                        ..behaviour
-                    },
-                },
-                Ok(policy) => policy,
-                Err(reason) => {
-                    report(Some(at(&text)), reason);
-                    continue;
-                }
-            };
-            if let Some(reason) = self.window_mismatch(name.number, &policy) {
-                report(Some(at(&text)), reason);
-                continue;
-            }
-            if over.ids.is_empty() {
-                report(Some(at(&text)), "ids must list at least one id".to_string());
-            }
-            let file: Arc<str> = Arc::from(file);
-            let entry = u32::try_from(index + 1).unwrap_or(u32::MAX);
-            let mut entry_source = None;
-            for id in over.ids {
-                let format = name.format.override_format();
-                let canonical = match format.canonicalize(&id.id) {
-                    Ok(canonical) => canonical,
-                    Err(e) => {
-                        report(Some(at(&text)), format!("{e} (format {format})"));
-                        continue;
-                    }
-                };
-                let here = format!("{file} {}", at(&text));
-                if let Some(first) = origin.get(&(name.number, canonical.clone())) {
-                    report(
-                        Some(at(&text)),
-                        format!("id {:?} is already overridden in {first}", id.id),
-                    );
-                    continue;
-                }
-                origin.insert((name.number, canonical.clone()), here);
-                let source = match id.comment {
-                    Some(comment) => self.add_source(Source::Override {
-                        file: file.clone(),
-                        entry,
-                        comment: Some(Arc::from(short(&comment))),
-                    }),
-                    None => *entry_source.get_or_insert_with(|| {
-                        self.add_source(Source::Override {
-                            file: file.clone(),
-                            entry,
-                            comment: None,
-                        })
-                    }),
-                };
-                self.policies
-                    .entry(name.number)
-                    .or_default()
-                    .overrides
-                    .insert(canonical.into_boxed_str(), (policy, source));
-            }
-        }
-    }
-
-    /// Why an override (from a file, or temporary) cannot count as `policy` does: its
-    /// name's default counts the other way (GCRA against calendar windows), or the name
-    /// is used in `quota.yaml` and `policy` counts in calendar windows. An override
-    /// without `window` on a calendar default would otherwise silently become a
-    /// refilling rate.
-    pub fn window_mismatch(&self, number: u32, policy: &Policy) -> Option<String> {
-        let Policy::Limited { limit: over, .. } = policy else {
-            return None;
-        };
-        if let (Window::Calendar(_) | Window::Concurrency, Some(name)) =
-            (over.window(), self.names.by_number(number))
-        {
-            if self.quota.names().any(|used| used == &*name.text) {
-                return Some(format!(
-                    "{} is used in quota.yaml, and RLQS cannot assign calendar windows \
-                     or concurrency limits",
-                    name.text
-                ));
-            }
-        }
-        let Some(Policy::Limited { limit, .. }) = self.policies.get(&number)?.default else {
-            return None;
-        };
-        match (limit.window(), over.window()) {
-            (Window::Calendar(period), Window::Gcra) => Some(format!(
-                "the default counts in calendar windows ({period}): an override counts the \
-                 same way (add `window: calendar`)"
-            )),
-            (Window::Gcra, Window::Calendar(_)) => Some(
-                "the default counts by GCRA: an override counts the same way \
-                 (leave out `window: calendar`, or make the default a calendar limit)"
-                    .to_string(),
-            ),
-            (Window::Concurrency, w) | (w, Window::Concurrency) if w != Window::Concurrency => {
-                Some(
-                    "a concurrency limit's overrides are concurrency limits, and a rate's are \
-                     rates (`window: concurrency` on both, or on neither)"
-                        .to_string(),
-                )
-            }
-            _ => None,
-        }
-    }
-
-    /// What is wrong only when the files are taken together: a domain in both
-    /// `descriptors.yaml` and envoyproxy/ratelimit's format, a calendar limit in
-    /// `quota.yaml`.
-    fn across_files(&self) -> Vec<ConfigError> {
-        let mut errors: Vec<ConfigError> = self
-            .ratelimit
-            .domains()
-            .filter(|domain| self.descriptors.has_domain(domain))
-            .map(|domain| ConfigError {
-                file: "descriptors.yaml".to_string(),
-                entry: Some(short(domain)),
-                reason: "this domain is also configured in envoyproxy/ratelimit's format: \
-                         one file decides a domain"
-                    .to_string(),
-            })
-            .collect();
-        errors.sort_by(|a, b| a.entry.cmp(&b.entry));
-        errors.extend(self.lease_rule_errors());
-        for (name, reason) in self.calendar_quota_names() {
-            errors.push(ConfigError {
-                file: "quota.yaml".to_string(),
-                entry: Some(name),
-                reason,
-            });
-        }
-        errors
-    }
-
-    /// Descriptor rules that do not fit their limits: a rule with a `lease` entry maps only
-    /// to concurrency limits, and a concurrency limit only through such a rule (a spend of
-    /// it would be refused on every request).
-    fn lease_rule_errors(&self) -> Vec<ConfigError> {
-        let concurrency = |text: &str| {
-            let number = self.names.get(text).map(|n| n.number);
-            let policies = number.and_then(|n| self.policies.get(&n));
-            policies.is_some_and(|p| {
-                (p.default.iter())
-                    .chain(p.overrides.values().map(|(policy, _)| policy))
-                    .any(|policy| policy.window() == Window::Concurrency)
-            })
-        };
-        let mut errors = Vec::new();
-        for (domain, rule, names, lease) in self.descriptors.rules() {
-            let Some(wrong) = names.iter().find(|n| concurrency(n) != lease) else {
-                continue;
-            };
-            errors.push(ConfigError {
-                file: "descriptors.yaml".to_string(),
-                entry: Some(format!("{} rule {rule}", short(domain))),
-                reason: match lease {
-                    true => format!(
-                        "{wrong} is not a concurrency limit (window: concurrency), \
-                         and this rule has a lease entry"
-                    ),
-                    false => format!(
-                        "{wrong} is a concurrency limit: name the entry that carries the \
-                         lease id (`lease: KEY`, e.g. the request's x-request-id)"
-                    ),
-                },
-            });
-        }
-        errors.sort_by(|a, b| a.entry.cmp(&b.entry));
-        errors
-    }
-
-    /// Why `quota.yaml` cannot use a name: a limit of it counts in calendar windows or is a
-    /// concurrency limit, which an RLQS token-bucket assignment cannot express.
-    fn calendar_quota_names(&self) -> Vec<(String, String)> {
-        let mut found = Vec::new();
-        for text in self.quota.names() {
-            let Some(name) = self.names.get(text) else {
-                continue;
-            };
-            let Some(policies) = self.policies.get(&name.number) else {
-                continue;
-            };
-            let calendar = policies
-                .default
-                .iter()
-                .chain(policies.overrides.values().map(|(policy, _)| policy))
-                .any(|policy| matches!(policy.window(), Window::Calendar(_)));
-            let concurrency = policies
-                .default
-                .iter()
-                .chain(policies.overrides.values().map(|(policy, _)| policy))
-                .any(|policy| policy.window() == Window::Concurrency);
-            if (calendar || concurrency) && !found.iter().any(|(t, _)| t == text) {
-                found.push((
-                    text.to_string(),
-                    if concurrency {
-                        "is a concurrency limit, which RLQS cannot assign (Envoy's quota \
-                         buckets refill as token buckets): use it through Check"
-                    } else {
-                        "counts in calendar windows, which RLQS cannot assign (Envoy's \
-                         quota buckets refill as token buckets): use it through ShouldRateLimit"
-                    }
-                    .to_string(),
-                ));
-            }
-        }
-        found
-    }
-
-    fn add_source(&mut self, source: Source) -> u32 {
-        self.override_sources.push(source);
-        u32::try_from(self.override_sources.len() - 1).unwrap_or(u32::MAX)
-    }
-}
-
-/// An unknown name in a config file: a close known name if there is one, else how to
-/// declare a new one.
-fn unknown_name(names: &Names, text: &str) -> String {
-    match names.closest(text) {
-        Some(_) => names.unknown(text),
-        None => format!(
-            "{} (declare it in names.yaml, with a number >= 100)",
-            names.unknown(text)
-        ),
-    }
 }
 
 /// Parses one file; an empty file (or only comments) is an empty document.
@@ -519,5 +192,272 @@ fn parse<T: serde::de::DeserializeOwned + Default>(text: &str) -> Result<T, Stri
     match serde_yaml_ng::from_str::<Option<T>>(text) {
         Ok(value) => Ok(value.unwrap_or_default()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{error, load};
+    use crate::config::{Policy, MAX_ERRORS, MAX_QUOTE};
+
+    #[test]
+    fn every_error_names_file_entry_and_reason() {
+        let cases: &[(&str, &str, &str)] = &[
+            // unknown file
+            ("limits.yaml", "", "limits.yaml: unknown limits file"),
+            // YAML syntax, with a line
+            ("defaults.yaml", "A: [", "defaults.yaml: "),
+            // unknown field, with a line
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, brust: 2}",
+                "unknown field `brust`",
+            ),
+            // a bucket that would take 250 years to refill (TATs would saturate)
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 91250d}",
+                "defaults.yaml: NewOrdersPerAccount: a full burst takes 91250 days to refill",
+            ),
+            // a domain's invalid-id policy
+            (
+                "descriptors.yaml",
+                "edge: {invalid_id: maybe, rules: []}",
+                "unknown variant `maybe`, expected one of `reject`, `deny`, `ignore`",
+            ),
+            (
+                "descriptors.yaml",
+                "edge: {invalid_ids: deny}",
+                "unknown field `invalid_ids`",
+            ),
+            // unknown name
+            (
+                "defaults.yaml",
+                "NoSuchLimit: {burst: 1, count: 1, period: 1s}",
+                "defaults.yaml: NoSuchLimit: unknown limit name \"NoSuchLimit\" (declare it in names.yaml",
+            ),
+            (
+                "defaults.yaml",
+                "NewOrderPerAccount: {burst: 1, count: 1, period: 1s}",
+                "NewOrderPerAccount: unknown limit name \"NewOrderPerAccount\" (did you mean \"NewOrdersPerAccount\"?)",
+            ),
+            // non-positive values
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 0, count: 1, period: 1s}",
+                "NewOrdersPerAccount: burst must be at least 1",
+            ),
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 0, period: 1s}",
+                "count must be at least 1",
+            ),
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 0s}",
+                "period must be positive",
+            ),
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: -1, count: 1, period: 1s}",
+                "NewOrdersPerAccount.burst: invalid type: integer `-1`, expected u64 at line 1",
+            ),
+            // bad duration
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 1 fortnight}",
+                "NewOrdersPerAccount: period: \"1 fortnight\"",
+            ),
+            // ei == 0
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 2000000000, period: 1s}",
+                "emission interval of 0ns",
+            ),
+            // overflow
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 9000000000000000000, count: 1, period: 1s}",
+                "overflows",
+            ),
+            // id that does not match the format
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, ids: [abc]}",
+                "overrides.yaml: entry 1 (NewOrdersPerAccount): id \"abc\": not an unsigned",
+            ),
+            (
+                "overrides.yaml",
+                "- NewRegistrationsPerIPAddress: {burst: 1, count: 1, period: 1s, ids: [10.0.0.300]}",
+                "not an IPv4 or IPv6 address",
+            ),
+            // malformed override entries
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {burst: 1, period: 1s, ids: [1]}",
+                "needs burst, count and period",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, burst: 1, ids: [1]}",
+                "stands alone",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, deny: true, ids: [1]}",
+                "exclude each other",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, ids: []}",
+                "at least one id",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, ids: [1]}\n  CertificatesPerDomain: {deny: true, ids: [a.com]}",
+                "entry 1: an override entry is a map with exactly one limit name, found 2",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, ids: [{id: 1, note: x}]}",
+                "unknown field `note`",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {unlimited: true, ids: [1, 01]}",
+                "entry 1 (NewOrdersPerAccount): id \"01\" is already overridden in overrides.yaml entry 1",
+            ),
+            (
+                "overrides.yaml",
+                "NewOrdersPerAccount: {unlimited: true}",
+                "invalid type: map, expected a list of override entries",
+            ),
+            // names
+            (
+                "names.yaml",
+                "Mine: {number: 100, format: email}",
+                "names.yaml: Mine: unknown id format \"email\"",
+            ),
+            (
+                "names.yaml",
+                "Mine: {number: 7, format: string}",
+                "Mine: number 7 of \"Mine\" is below 100",
+            ),
+            (
+                "names.yaml",
+                "Mine: {number: 100, format: string}\nYours: {number: 100, format: string}",
+                "Yours: number 100 of \"Yours\" is already taken by \"Mine\"",
+            ),
+        ];
+        for (file, text, expected) in cases {
+            let message = error(&[(file, text)]);
+            assert!(
+                message.contains(expected),
+                "{file} {text:?}\n  gave:     {message}\n  expected: {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn yaml_errors_carry_the_line() {
+        let message = error(&[(
+            "defaults.yaml",
+            "NewOrdersPerAccount:\n  burst: 1\n  count: 1\n  period: 1s\n  extra: 2\n",
+        )]);
+        assert!(message.contains("unknown field `extra`"), "{message}");
+        assert!(message.contains("at line 5 column 3"), "{message}");
+    }
+
+    #[test]
+    fn all_errors_are_reported_and_nothing_loads() {
+        let errors = load(&[
+            ("defaults.yaml", "NoSuch: {burst: 1, count: 1, period: 1s}\nNewOrdersPerAccount: {burst: 0, count: 1, period: 1s}"),
+            ("overrides.yaml", "- Other: {deny: true, ids: [x]}"),
+        ])
+        .unwrap_err()
+        .0;
+        assert_eq!(errors.len(), 3, "{errors:?}");
+    }
+
+    #[test]
+    fn an_alias_bomb_gives_a_bounded_error_list_of_short_quotes() {
+        // 3 000 aliases of one override: 2 999 duplicate-id errors, reported as 100.
+        let mut text = String::from("- &o\n  NewOrdersPerAccount: {deny: true, ids: [\"1\"]}\n");
+        for _ in 0..3_000 {
+            text.push_str("- *o\n");
+        }
+        let errors = load(&[("overrides.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), MAX_ERRORS + 1, "capped, plus the count line");
+        assert!(
+            errors[MAX_ERRORS].reason.starts_with("and ")
+                && errors[MAX_ERRORS].reason.ends_with(" more errors"),
+            "{}",
+            errors[MAX_ERRORS]
+        );
+        // A file whose contents end up in an error message is quoted briefly.
+        let secret = format!("root:{}", "x".repeat(10_000));
+        let errors = load(&[("overrides.yaml", &secret)]).unwrap_err().0;
+        assert!(
+            errors[0].reason.chars().count() <= MAX_QUOTE + 10,
+            "{}",
+            errors[0]
+        );
+        assert!(
+            !errors[0].reason.contains(&"x".repeat(MAX_QUOTE)),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn a_carriage_return_in_a_file_name_or_an_entry_is_shown_escaped() {
+        let errors = load(&[
+            ("b\rc.yaml", "x: 1\n"),
+            (
+                "defaults.yaml",
+                "\"New\\rName\": {burst: 1, count: 1, period: 1s}\n",
+            ),
+        ])
+        .unwrap_err()
+        .0;
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(shown.iter().all(|e| !e.contains('\r')), "{shown:?}");
+        assert!(shown[0].starts_with("b\\u{000D}c.yaml: "), "{shown:?}");
+        assert!(
+            shown[1].starts_with("defaults.yaml: New\\u{000D}Name: "),
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn an_alias_bomb_of_no_known_kind_is_reported_as_unreadable_yaml() {
+        // Nine levels of ten aliases each: 10^9 strings if expanded. Refused while parsing,
+        // and said so, naming the file (it was "unknown limits file").
+        let mut text = String::from("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let below = format!("*l{}", level - 1);
+            let list = [below.as_str(); 10].join(", ");
+            text.push_str(&format!("l{level}: &l{level} [{list}]\n"));
+        }
+        text.push_str("domain: bomb\n");
+        let errors = load(&[("bomb.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let shown = errors[0].to_string();
+        assert!(
+            shown.starts_with("bomb.yaml: the YAML could not be read: too many aliases"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn user_names_are_usable_across_files_in_any_order() {
+        // overrides-a.yaml sorts before names.yaml, yet names load first.
+        let table = load(&[
+            ("overrides-a.yaml", "- Mine: {deny: true, ids: [x]}"),
+            ("names.yaml", "Mine: {number: 150, format: string}"),
+        ])
+        .unwrap();
+        let mine = table.names().get("Mine").unwrap();
+        assert_eq!(table.policy(mine, "x"), Some(Policy::Denied));
     }
 }

@@ -124,3 +124,60 @@ pub(super) fn content_version(files: &[(String, String)], xds: &[RateLimitConfig
     }
     hex::encode(&hash.finalize()[..8])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testing::{load, DEFAULTS};
+    use crate::config::{LimitTable, LoadError};
+
+    #[test]
+    fn empty_files_and_hidden_entries_are_fine() {
+        let table = load(&[("defaults.yaml", "# nothing yet\n"), ("overrides.yml", "")]).unwrap();
+        assert_eq!(table.override_count(), 0);
+        assert!(is_config_file("defaults.yaml"));
+        assert!(!is_config_file("..data"));
+        assert!(!is_config_file(".defaults.yaml.swp"));
+        assert!(!is_config_file("README.md"));
+    }
+
+    #[test]
+    fn version_follows_content() {
+        let a = load(&[("defaults.yaml", DEFAULTS)]).unwrap();
+        let b = load(&[("defaults.yaml", DEFAULTS)]).unwrap();
+        let c = load(&[("defaults.yaml", "")]).unwrap();
+        assert_eq!(a.version(), b.version());
+        assert_ne!(a.version(), c.version());
+        assert_eq!(a.version().len(), 16);
+    }
+
+    #[test]
+    fn oversized_files_and_directories_are_refused_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![b'#'; (MAX_FILE_BYTES + 1) as usize];
+        std::fs::write(dir.path().join("overrides.yaml"), big).unwrap();
+        let errors = LimitTable::load_dir(dir.path()).unwrap_err().0;
+        assert!(errors[0].reason.contains("too large"), "{}", errors[0]);
+        // A symlink to some other file is read like any file, and quoted briefly if bad.
+        std::fs::remove_file(dir.path().join("overrides.yaml")).unwrap();
+        let other = dir.path().join("secret.txt");
+        std::fs::write(&other, format!("password: {}", "s".repeat(5_000))).unwrap();
+        std::os::unix::fs::symlink(&other, dir.path().join("defaults.yaml")).unwrap();
+        let errors = LimitTable::load_dir(dir.path()).unwrap_err().0;
+        let text = LoadError(errors).to_string();
+        assert!(text.len() < 600, "{text}");
+    }
+
+    #[test]
+    fn load_dir_reads_yaml_and_skips_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("defaults.yaml"), DEFAULTS).unwrap();
+        std::fs::write(dir.path().join("README.md"), "not config").unwrap();
+        std::fs::create_dir(dir.path().join("..data")).unwrap();
+        let table = LimitTable::load_dir(dir.path()).unwrap();
+        let orders = table.names().get("NewOrdersPerAccount").unwrap();
+        assert!(table.default_limit(orders).is_some());
+        let missing = LimitTable::load_dir(&dir.path().join("nope")).unwrap_err();
+        assert!(missing.to_string().contains("cannot read directory"));
+    }
+}

@@ -1,6 +1,6 @@
 //! The limits files as written: serde structures that mirror the YAML, with the bounds that
 //! hold while parsing (override entries counted, so aliases cannot multiply them). They
-//! are turned into validated types by [`super::build`]; nothing else reads them.
+//! are turned into validated types by [`super::entries`]; nothing else reads them.
 
 use std::fmt;
 
@@ -386,5 +386,56 @@ impl<'de> Deserialize<'de> for IdEntry {
         }
 
         deserializer.deserialize_any(IdVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{error, load};
+    use crate::config::MAX_OVERRIDE_ENTRIES;
+
+    #[test]
+    fn override_entries_are_counted_while_parsing() {
+        // More entries than allowed (as aliases could produce): refused while parsing.
+        let mut text = String::from("- &o\n  NewOrdersPerAccount: {deny: true, ids: [\"1\"]}\n");
+        text.push_str(&"- *o\n".repeat(MAX_OVERRIDE_ENTRIES));
+        let errors = load(&[("overrides.yaml", &text)]).unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .reason
+                .contains("more than 500000 override entries"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn bad_headers_and_measures_are_refused_with_file_and_field() {
+        let e = error(&[(
+            "defaults.yaml",
+            "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, headers: secret}",
+        )]);
+        assert!(e.starts_with("defaults.yaml: "), "{e}");
+        assert!(e.contains("headers") && e.contains("`hidden`"), "{e}");
+        let e = error(&[(
+            "defaults.yaml",
+            "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s, measures: bytes}",
+        )]);
+        assert!(e.contains("measures") && e.contains("`tokens`"), "{e}");
+        let e = error(&[
+            (
+                "defaults.yaml",
+                "NewOrdersPerAccount: {burst: 1, count: 1, period: 1s}",
+            ),
+            (
+                "overrides.yaml",
+                "- NewOrdersPerAccount: {burst: 2, count: 2, period: 1s, headers: hidden, ids: [1]}",
+            ),
+        ]);
+        assert!(
+            e.starts_with("overrides.yaml: entry 1 (NewOrdersPerAccount): headers and measures"),
+            "{e}"
+        );
     }
 }
