@@ -7,10 +7,11 @@
 //!
 //! # Layout
 //!
-//! This map is the one description of the code's shape (README and `docs/architecture.md`
-//! link here): every file, by room, the rooms from the top floor down. Imports point down
-//! the floors, never up; `tests/it/structure.rs` checks it, that this map names every file
-//! and no other (and that no file is over 600 lines before its tests, no function over 100):
+//! This map and those of the floor crates (`crates/*/src/lib.rs`, named at its end) are the
+//! one description of the code's shape (README and `docs/architecture.md` link here): every
+//! file, by room, the rooms from the top floor down. Imports point down the floors, never
+//! up; `tests/it/structure.rs` checks it, that each map names every file of its crate and no
+//! other (and that no file is over 600 lines counting its tests, no function over 100):
 //!
 //! ```text
 //! main.rs                          the binary: flags parsed, tracing started, a command run  (top)

@@ -1,5 +1,5 @@
 //! The shape of the house (issue #34), kept by a test so that it stays: no source file over
-//! 600 lines before its unit tests, no function over 100 lines, and every import pointing
+//! 600 lines counting its unit tests (#59), no function over 100 lines, and every import pointing
 //! down the layers that `src/lib.rs` describes. The checks read the source as rustfmt leaves
 //! it (a function's closing brace sits alone at the indentation of its `fn`), which
 //! `cargo fmt --check` in the test command guarantees.
@@ -101,13 +101,15 @@ fn functions(lines: &[&str]) -> Vec<(String, usize, usize)> {
     found
 }
 
+/// Counting its unit tests (issue #59): a concept's tests live beside its code, so a file
+/// that outgrows the cap is split along its concepts, tests and all.
 #[test]
-fn no_source_file_is_over_600_lines_before_its_tests() {
+fn no_source_file_is_over_600_lines() {
     let long: Vec<String> = sources()
         .iter()
         .filter_map(|path| {
             let text = fs::read_to_string(path).expect("read source");
-            let n = production_lines(&text).len();
+            let n = text.lines().count();
             (n > MAX_FILE_LINES).then(|| format!("{} has {n} lines", relative(path)))
         })
         .collect();
@@ -181,7 +183,7 @@ fn floor_crate(path: &Path) -> Option<String> {
 }
 
 /// The top-level module a source file belongs to (`src/store/redis/x.rs` -> `store`,
-/// `crates/limits/src/names.rs` -> `limits`).
+/// `crates/limits/src/ids.rs` -> `limits`).
 fn module_of(path: &Path) -> String {
     if let Some(floor) = floor_crate(path) {
         return floor;
@@ -371,7 +373,7 @@ fn the_core_and_the_leaves_import_nothing_but_the_core() {
 
 /// A source file's module path: `src/store/redis/sentinel.rs` -> `store::redis::sentinel`,
 /// `src/service/native/mod.rs` -> `service::native`, `src/lib.rs` -> the root, and a floor
-/// crate's files under its floor's name (`crates/limits/src/names.rs` -> `limits::names`).
+/// crate's files under its floor's name (`crates/limits/src/ids.rs` -> `limits::ids`).
 fn module_path(path: &Path) -> Vec<String> {
     let rel = in_crate(path);
     let mut parts: Vec<String> = rel
