@@ -148,8 +148,17 @@ impl BucketKey {
     /// The name number and the id, split at the first colon (a calendar key's period
     /// left out: see [`BucketKey::head`]).
     pub fn parts(&self) -> (u32, &str) {
-        let (head, id) = self.0.split_once(':').unwrap_or(("0", &self.0));
-        let number = head.split_once('@').map_or(head, |(number, _)| number);
+        // By byte, as `id`: a char searcher costs ~140 instructions, and the memory store
+        // reads the number of every bucket it creates (its name's share of the table).
+        let key: &str = &self.0;
+        let (head, id) = match key.bytes().position(|b| b == b':') {
+            Some(colon) => (&key[..colon], &key[colon + 1..]),
+            None => ("0", key),
+        };
+        let number = match head.bytes().position(|b| b == b'@') {
+            Some(at) => &head[..at],
+            None => head,
+        };
         (number.parse().unwrap_or(INLINE_NUMBER), id)
     }
 
@@ -178,6 +187,18 @@ impl fmt::Display for BucketKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_split_the_number_from_the_id_at_the_first_colon() {
+        let key = |text: &str| BucketKey(Arc::from(text));
+        assert_eq!(key("7:2001:db8::1").parts(), (7, "2001:db8::1"));
+        assert_eq!(key("101@1d:tenant").parts(), (101, "tenant"));
+        assert_eq!(key("101@1mo@Europe/Paris:a:b").parts(), (101, "a:b"));
+        assert_eq!(key("no colon").parts(), (0, "no colon"));
+        assert_eq!(key("x@1d:id").parts(), (INLINE_NUMBER, "id"));
+        assert_eq!(key("99999999999:id").parts(), (INLINE_NUMBER, "id"));
+        assert_eq!(key(":id").parts(), (INLINE_NUMBER, "id"));
+    }
 
     #[test]
     fn bucket_keys_are_built_exactly() {

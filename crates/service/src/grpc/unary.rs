@@ -252,12 +252,15 @@ impl<B> tower_service::Service<http::Request<B>> for Unimplemented {
 /// `encode`; a refusal is the error, for the caller to send
 /// as its status (`Status::into_http`). Awaited directly by the server's own future:
 /// every async layer between them would move this future's whole state once more.
-pub async fn serve<B, M, R, C, F, O>(
+///
+/// `decode` and `encode` are type parameters, not function pointers: zero-sized in the
+/// future's state and called directly (BENCHMARKS.md #59).
+pub async fn serve<B, M, R, C, F, O, Dec, Enc>(
     request: http::Request<B>,
     max: usize,
     (call, oversized): (C, O),
-    decode: fn(Bytes) -> Result<M, prost::DecodeError>,
-    encode: fn(R, &mut BytesMut),
+    decode: Dec,
+    encode: Enc,
 ) -> Result<Answered, Status>
 where
     B: http_body::Body<Data = Bytes>,
@@ -265,6 +268,8 @@ where
     C: FnOnce(tonic::Request<M>) -> F,
     F: Future<Output = Result<tonic::Response<R>, Status>>,
     O: FnOnce(usize) -> Option<R>,
+    Dec: Fn(Bytes) -> Result<M, prost::DecodeError>,
+    Enc: FnOnce(R, &mut BytesMut),
 {
     if let Some(encoding) = (request.headers().get(ENCODING)).filter(|e| *e != "identity") {
         let mut status = Status::unimplemented(format!(
@@ -331,7 +336,7 @@ where
 fn answered<R>(
     metadata: tonic::metadata::MetadataMap,
     answer: R,
-    encode: fn(R, &mut BytesMut),
+    encode: impl FnOnce(R, &mut BytesMut),
 ) -> Result<Answered, Status> {
     let mut framed = BytesMut::with_capacity(256);
     framed.put_bytes(0, PREFIX);

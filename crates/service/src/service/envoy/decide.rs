@@ -41,8 +41,27 @@ impl EnvoyRateLimitService {
         let table = self.decider.limits();
         let mut malformed: Vec<(usize, Arc<str>)> = Vec::new();
         loop {
-            let refusal = match self.decide_as(&table, &request, metadata, &malformed).await {
-                Ok(answer) => return Ok(answer),
+            // Spelled here, not in an async fn of its own: its future would be built and
+            // moved into this one's on every request (BENCHMARKS.md #59).
+            let mut batch = Batch::default();
+            let results = match self.fill_batch(&table, &request, &malformed, &mut batch) {
+                Err(refusal) => Err(refusal),
+                Ok(()) => match &batch.reservation {
+                    // Descriptors that name one bucket are decided with it, their hits
+                    // summed (`CheckOptions::merge_duplicates`), each answering that one
+                    // decision.
+                    None => self.decide_items(&table, &request, &batch).await,
+                    Some(reservation) => {
+                        // Boxed: the reservation's states would otherwise widen every
+                        // request's future, which is moved whole into its box (#52).
+                        let results = Box::pin(self.reserve(&request.domain, reservation)).await;
+                        let d = reservation.d;
+                        results.inspect(|results| batch.owner = vec![d; results.len()])
+                    }
+                },
+            };
+            let refusal = match results {
+                Ok(results) => return Ok(self.answer(&request, metadata, &batch, results)),
                 Err(refusal) => refusal,
             };
             match refusal {
@@ -58,31 +77,15 @@ impl EnvoyRateLimitService {
         }
     }
 
-    /// Decides `request` with the descriptors in `malformed` decided by the domain's
-    /// `invalid_id` policy: denied as an invalid id (which denies the request and spends
-    /// nothing) or left unmatched.
-    async fn decide_as(
+    /// The answer to `request` once its `batch` is decided (`results`): the decisions
+    /// counted and logged, the statuses and headers written.
+    fn answer(
         &self,
-        table: &LimitTable,
         request: &RateLimitRequest,
         metadata: &tonic::metadata::MetadataMap,
-        malformed: &[(usize, Arc<str>)],
-    ) -> Result<Answer, Refusal> {
-        let mut batch = self.batch_of(table, request, malformed)?;
-        let mut results = match &batch.reservation {
-            None => {
-                // Descriptors that name one bucket are decided with it, their hits summed
-                // (`CheckOptions::merge_duplicates`), each answering that one decision.
-                self.decide_items(table, request, &batch).await?
-            }
-            Some(reservation) => {
-                // Boxed: the reservation's states would otherwise widen every request's
-                // future, which is moved whole into its box (BENCHMARKS.md, #52).
-                let results = Box::pin(self.reserve(&request.domain, reservation)).await?;
-                batch.owner = vec![reservation.d; results.len()];
-                results
-            }
-        };
+        batch: &Batch<'_>,
+        mut results: Vec<ItemResult>,
+    ) -> Answer {
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
@@ -95,7 +98,7 @@ impl EnvoyRateLimitService {
             released.for_each(|r| r.decision.allowed = true);
         }
         if !batch.stats.is_empty() {
-            self.count_ratelimit(&batch, &results);
+            self.count_ratelimit(batch, &results);
         }
         let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
         if !batch.quota.is_empty() {
@@ -113,21 +116,21 @@ impl EnvoyRateLimitService {
             .filter(|(item, _)| item.headers.hidden)
             .map(|(_, &d)| d)
             .collect();
-        self.upstream_answer(request, &batch, &hidden, &mut answer.response);
-        Ok(answer)
+        self.upstream_answer(request, batch, &hidden, &mut answer.response);
+        answer
     }
 
-    /// `request`'s descriptors mapped to one batch, those in `malformed` by the domain's
-    /// `invalid_id` policy.
-    fn batch_of<'a>(
+    /// `request`'s descriptors mapped into one (empty) `batch`, those in `malformed` by the
+    /// domain's `invalid_id` policy.
+    fn fill_batch<'a>(
         &self,
         table: &'a LimitTable,
         request: &'a RateLimitRequest,
         malformed: &[(usize, Arc<str>)],
-    ) -> Result<Batch<'a>, Refusal> {
+        batch: &mut Batch<'a>,
+    ) -> Result<(), Refusal> {
         // hits_addend 0 means 1.
         let request_cost = u64::from(request.hits_addend.max(1));
-        let mut batch = Batch::default();
         let skip = |d: usize| malformed.iter().any(|&(m, _)| m == d);
         // One lookup per request, none when no file is in that format.
         let ratelimit = table.ratelimit();
@@ -138,7 +141,7 @@ impl EnvoyRateLimitService {
                     check_descriptor(d, descriptor)?;
                 }
             }
-            self.add_ratelimit(table, request, request_cost, &mut batch, malformed)?;
+            self.add_ratelimit(table, request, request_cost, batch, malformed)?;
             if self.options.quota_mode {
                 // As upstream: every descriptor but an unlimited one, matched or not.
                 let n = request.descriptors.len();
@@ -149,17 +152,10 @@ impl EnvoyRateLimitService {
                 if skip(d) {
                     continue;
                 }
-                self.add_descriptor(
-                    table,
-                    &request.domain,
-                    request_cost,
-                    d,
-                    descriptor,
-                    &mut batch,
-                )?;
+                self.add_descriptor(table, &request.domain, request_cost, d, descriptor, batch)?;
             }
         }
-        add_malformed(table, &request.domain, malformed, &mut batch);
+        add_malformed(table, &request.domain, malformed, batch);
         // A hold is kept as one native Check: decided alone, so that its settlement
         // adjusts exactly what it held.
         if let Some(r) = batch
@@ -178,7 +174,7 @@ impl EnvoyRateLimitService {
                 ),
             });
         }
-        Ok(batch)
+        Ok(())
     }
 
     /// Adds descriptor `d`'s items to `batch`: one per limit name it maps to, or one on its
