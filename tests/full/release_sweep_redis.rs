@@ -118,7 +118,9 @@ async fn slow_spend_replies(upstream: String, delay: Duration) -> String {
                 let mut buffer = vec![0; 65_536];
                 while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
                     let chunk = &buffer[..n];
-                    if chunk.windows(14).any(|w| w == b"$5\r\nspend\r\n$0\r") {
+                    // A spend, with or without a kept Check's token (`once:<ttl>`).
+                    let spends = |w: &[u8]| w == b"\r\nspend\r\n" || w.starts_with(b"\r\nonce:");
+                    if chunk.windows(9).any(spends) {
                         seen.store(true, Ordering::SeqCst);
                     }
                     if server_write.write_all(chunk).await.is_err() {
