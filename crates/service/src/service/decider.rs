@@ -89,10 +89,10 @@ impl Decider {
 
     /// Decides `items` against `table` (a snapshot the caller already used, e.g. to map
     /// Envoy descriptors) with `options`.
-    pub async fn check_with(
+    pub async fn check_with<'i, S: AsRef<ItemSpec<'i>> + Sync>(
         &self,
         table: &LimitTable,
-        items: &[ItemSpec<'_>],
+        items: &[S],
         options: CheckOptions,
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;
@@ -170,10 +170,10 @@ impl Decider {
     /// [`Decider::refund`] against `table` (a snapshot the caller already used) with
     /// `options`. A refund never fills a bucket past full, so an item in [`Mode::Charge`]
     /// may give back more than the burst (Envoy's `is_negative_hits`).
-    pub async fn refund_with(
+    pub async fn refund_with<'i, S: AsRef<ItemSpec<'i>> + Sync>(
         &self,
         table: &LimitTable,
-        items: &[ItemSpec<'_>],
+        items: &[S],
         options: CheckOptions,
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;

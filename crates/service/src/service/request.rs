@@ -60,6 +60,14 @@ pub struct ItemSpec<'a> {
     pub lease: Option<Cow<'a, str>>,
 }
 
+/// A batch may be given as items that carry more than their spec (Envoy's carry the
+/// descriptor each came from): the decider reads the spec.
+impl<'a> AsRef<ItemSpec<'a>> for ItemSpec<'a> {
+    fn as_ref(&self) -> &ItemSpec<'a> {
+        self
+    }
+}
+
 impl<'a> ItemSpec<'a> {
     /// A named item of cost 1.
     pub fn named(name: &'a str, id: &'a str) -> ItemSpec<'a> {

@@ -57,10 +57,10 @@ fn invalid_batch(message: String) -> DecideError {
 
 impl Decider {
     /// Resolves every item of a batch against `table`, or says which item is wrong and why.
-    pub(super) fn resolve(
+    pub(super) fn resolve<'i, S: AsRef<ItemSpec<'i>>>(
         &self,
         table: &LimitTable,
-        items: &[ItemSpec<'_>],
+        items: &[S],
         options: CheckOptions,
     ) -> Result<Vec<Resolved>, DecideError> {
         if items.is_empty() {
@@ -74,7 +74,7 @@ impl Decider {
         }
         let mut resolved: Vec<Resolved> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let item = self.resolve_item(table, i, item, options)?;
+            let item = self.resolve_item(table, i, item.as_ref(), options)?;
             // An invalid id has no bucket: decided without the store, never a duplicate.
             // At most 64 items: a scan beats hashing, and allocates nothing.
             let has_bucket = |r: &Resolved| !matches!(r.rule, Rule::InvalidId { .. });

@@ -11,18 +11,15 @@ use super::values::fields_digest;
 use crate::service::ItemSpec;
 use cellrate_core::gcra::Mode;
 
-/// A request's descriptors as one batch: the items, the descriptor each item comes from,
-/// and how many descriptors matched nothing (counted once the request is decided: a
-/// rejected request decided nothing).
+/// A request's descriptors as one batch: its items (in descriptor order), how many
+/// descriptors matched nothing (counted once the request is decided: a rejected request
+/// decided nothing), and what some descriptors add to their answer.
 #[derive(Default)]
 pub(super) struct Batch<'a> {
-    pub(super) items: Vec<ItemSpec<'a>>,
-    pub(super) owner: Vec<usize>,
+    pub(super) items: Vec<Item<'a>>,
     pub(super) unmatched: usize,
     /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
     pub(super) quota: Vec<usize>,
-    /// envoyproxy/ratelimit's statistics key of each item from its file format.
-    pub(super) stats: Vec<(usize, String)>,
     /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
     /// it (its YAML's `name`, else empty), with that name.
     pub(super) answer_names: Vec<(usize, String)>,
@@ -35,6 +32,33 @@ pub(super) struct Batch<'a> {
     pub(super) releases: bool,
     /// The descriptor mapped by a `reserve` rule, which is decided alone (no items).
     pub(super) reservation: Option<super::reserve::Reservation<'a>>,
+}
+
+/// One item of a batch: what is decided, and where it came from.
+#[derive(Clone)]
+pub(super) struct Item<'a> {
+    pub(super) spec: ItemSpec<'a>,
+    /// The index of the descriptor it comes from.
+    pub(super) d: usize,
+    /// envoyproxy/ratelimit's statistics key, for an item from its file format.
+    pub(super) stats: Option<String>,
+}
+
+impl<'a> Item<'a> {
+    /// Descriptor `d`'s item `spec` (no statistics of envoyproxy/ratelimit's).
+    pub(super) fn of(d: usize, spec: ItemSpec<'a>) -> Item<'a> {
+        Item {
+            spec,
+            d,
+            stats: None,
+        }
+    }
+}
+
+impl<'a> AsRef<ItemSpec<'a>> for Item<'a> {
+    fn as_ref(&self) -> &ItemSpec<'a> {
+        &self.spec
+    }
 }
 
 /// How a descriptor's items take part: spent, or given back (`is_negative_hits`: a

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::batch::{descriptor_digest, mode_of, Batch};
+use super::batch::{descriptor_digest, mode_of, Batch, Item};
 use super::ratelimit::quota_mode;
 use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error, target_name};
 use super::reserve::reservation_of;
@@ -54,9 +54,7 @@ impl EnvoyRateLimitService {
                     Some(reservation) => {
                         // Boxed: the reservation's states would otherwise widen every
                         // request's future, which is moved whole into its box (#52).
-                        let results = Box::pin(self.reserve(&request.domain, reservation)).await;
-                        let d = reservation.d;
-                        results.inspect(|results| batch.owner = vec![d; results.len()])
+                        Box::pin(self.reserve(&request.domain, reservation)).await
                     }
                 },
             };
@@ -89,7 +87,12 @@ impl EnvoyRateLimitService {
         for _ in 0..batch.unmatched {
             self.metrics.decision("envoy", "", "unmatched");
         }
-        self.log_invalid_ids(request, &batch.owner, &results);
+        // The descriptor of each result: a reservation's are all its own.
+        let owner = |i: usize| match &batch.reservation {
+            Some(reservation) => reservation.d,
+            None => batch.items.get(i).map_or(0, |item| item.d),
+        };
+        self.log_invalid_ids(request, owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
         trace::log_denied("envoy", metadata, &results);
         if batch.releases {
@@ -97,10 +100,10 @@ impl EnvoyRateLimitService {
             let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
             released.for_each(|r| r.decision.allowed = true);
         }
-        if !batch.stats.is_empty() {
+        if batch.items.iter().any(|item| item.stats.is_some()) {
             self.count_ratelimit(batch, &results);
         }
-        let mut answer = self.respond(request.descriptors.len(), &batch.owner, &results);
+        let mut answer = self.respond(request.descriptors.len(), owner, &results);
         if !batch.quota.is_empty() {
             quota_mode(&mut answer.response, &batch.quota);
         }
@@ -110,11 +113,9 @@ impl EnvoyRateLimitService {
             }
         }
         // Descriptors that map to a `headers: hidden` limit: left out of what names them.
-        let hidden: Vec<usize> = results
-            .iter()
-            .zip(&batch.owner)
-            .filter(|(item, _)| item.headers.hidden)
-            .map(|(_, &d)| d)
+        let hidden: Vec<usize> = (results.iter().enumerate())
+            .filter(|(_, item)| item.headers.hidden)
+            .map(|(i, _)| owner(i))
             .collect();
         self.upstream_answer(request, batch, &hidden, &mut answer.response);
         answer
@@ -216,11 +217,11 @@ impl EnvoyRateLimitService {
         match table.descriptors().map(table.names(), domain, entries) {
             Mapping::Limits { names, id } => {
                 for name in names {
-                    batch.items.push(spec(Target::Named {
+                    let target = Target::Named {
                         name: Cow::Borrowed(name),
                         id: id.clone(),
-                    }));
-                    batch.owner.push(d);
+                    };
+                    batch.items.push(Item::of(d, spec(target)));
                 }
             }
             Mapping::Leases {
@@ -235,7 +236,7 @@ impl EnvoyRateLimitService {
                     false => Mode::Acquire,
                 };
                 for name in names {
-                    batch.items.push(ItemSpec {
+                    let spec = ItemSpec {
                         target: Target::Named {
                             name: Cow::Borrowed(name),
                             id: id.clone(),
@@ -244,8 +245,8 @@ impl EnvoyRateLimitService {
                         mode,
                         limit: None,
                         lease: Some(lease.clone()),
-                    });
-                    batch.owner.push(d);
+                    };
+                    batch.items.push(Item::of(d, spec));
                 }
                 batch.releases |= descriptor.is_negative_hits;
             }
@@ -265,11 +266,9 @@ impl EnvoyRateLimitService {
             Mapping::Unmatched => match given {
                 None => batch.unmatched += 1,
                 Some(limit) => {
-                    batch.items.push(spec(Target::Descriptor {
-                        digest: descriptor_digest(domain, entries),
-                        limit,
-                    }));
-                    batch.owner.push(d);
+                    let digest = descriptor_digest(domain, entries);
+                    let target = Target::Descriptor { digest, limit };
+                    batch.items.push(Item::of(d, spec(target)));
                 }
             },
         }
@@ -286,8 +285,7 @@ impl EnvoyRateLimitService {
         batch: &Batch<'_>,
     ) -> Result<Vec<ItemResult>, Refusal> {
         if self.plain(request, batch) {
-            self.check(table, &request.domain, &batch.items, &batch.owner)
-                .await
+            self.check(table, &request.domain, &batch.items).await
         } else {
             // Boxed, as the rare path: see `decide`.
             Box::pin(self.decide_batch(table, request, batch)).await
@@ -299,17 +297,17 @@ impl EnvoyRateLimitService {
     /// would not count it in two steps.
     fn plain(&self, request: &RateLimitRequest, batch: &Batch<'_>) -> bool {
         !batch.items.is_empty()
-            && !(batch.owner.iter()).any(|&d| request.descriptors[d].is_negative_hits)
+            && !(batch.items.iter()).any(|item| request.descriptors[item.d].is_negative_hits)
             && !self.counts_in_two_steps(&batch.items)
     }
 
     /// Whether [`Self::check_counted`] reads the counts first: envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is asked for and every item counts in its
     /// fixed windows.
-    fn counts_in_two_steps(&self, items: &[ItemSpec<'_>]) -> bool {
-        let fixed_window = |i: &ItemSpec<'_>| {
+    fn counts_in_two_steps(&self, items: &[Item<'_>]) -> bool {
+        let fixed_window = |i: &Item<'_>| {
             matches!(
-                i.target,
+                i.spec.target,
                 Target::Ratelimit {
                     every_hit: true,
                     ..
@@ -334,36 +332,31 @@ impl EnvoyRateLimitService {
         // A release is decided with the rest (never refused, it counts toward nothing).
         // A malformed descriptor is denied, given back or not: it denies the request.
         let negative = |i: usize| {
-            request.descriptors[batch.owner[i]].is_negative_hits
-                && !batch.items[i].mode.is_lease()
-                && !matches!(batch.items[i].target, Target::Malformed { .. })
+            let item = &batch.items[i];
+            request.descriptors[item.d].is_negative_hits
+                && !item.spec.mode.is_lease()
+                && !matches!(item.spec.target, Target::Malformed { .. })
         };
         let n = batch.items.len();
         if !(0..n).any(negative) {
             if n == 0 {
                 return Ok(Vec::new());
             }
-            return self
-                .check_counted(table, &request.domain, &batch.items, &batch.owner)
-                .await;
+            return (self.check_counted(table, &request.domain, &batch.items)).await;
         }
         let (give, take): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| negative(i));
-        let pick = |at: &[usize]| -> (Vec<ItemSpec<'_>>, Vec<usize>) {
-            at.iter()
-                .map(|&i| (batch.items[i].clone(), batch.owner[i]))
-                .unzip()
+        let pick = |at: &[usize]| -> Vec<Item<'_>> {
+            at.iter().map(|&i| batch.items[i].clone()).collect()
         };
         let mut results: Vec<Option<ItemResult>> = vec![None; n];
         if !take.is_empty() {
-            let (items, owner) = pick(&take);
-            let taken = self
-                .check_counted(table, &request.domain, &items, &owner)
-                .await?;
+            let items = pick(&take);
+            let taken = self.check_counted(table, &request.domain, &items).await?;
             for (&i, r) in take.iter().zip(taken) {
                 results[i] = Some(r);
             }
         }
-        let (items, owner) = pick(&give);
+        let items = pick(&give);
         let options = CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(&request.domain),
             oversize_denies: true,
@@ -375,9 +368,9 @@ impl EnvoyRateLimitService {
             // The rest of the request has spent already, so it is not decided again (as a
             // refusal would have it): what is given back gives back nothing, as malformed.
             Err(DecideError::Invalid(_)) if !take.is_empty() => {
-                Box::pin(self.gave_nothing(table, &request.domain, &items, &owner)).await?
+                Box::pin(self.gave_nothing(table, &request.domain, &items)).await?
             }
-            Err(e) => return Err(envoy_error(e, &items, &owner)),
+            Err(e) => return Err(envoy_error(e, &items)),
         };
         for (&i, mut r) in give.iter().zip(given) {
             // A refund is never a denial, whether or not the bucket changed.
@@ -387,35 +380,34 @@ impl EnvoyRateLimitService {
         Ok(results.into_iter().flatten().collect())
     }
 
-    /// The answers of give-back `items` (from descriptors `owner`) that cannot be decided
-    /// as they came: each descriptor decided as malformed (one item each), giving back
-    /// nothing; an item answers its descriptor's decision.
+    /// The answers of give-back `items` that cannot be decided as they came: each
+    /// descriptor decided as malformed (one item each), giving back nothing; an item
+    /// answers its descriptor's decision.
     async fn gave_nothing(
         &self,
         table: &LimitTable,
         domain: &str,
-        items: &[ItemSpec<'_>],
-        owner: &[usize],
+        items: &[Item<'_>],
     ) -> Result<Vec<ItemResult>, Refusal> {
-        let mut descriptors: Vec<usize> = owner.to_vec();
-        descriptors.dedup();
-        let malformed: Vec<ItemSpec<'_>> = (descriptors.iter())
-            .map(|&d| {
-                let first = owner.iter().position(|&o| o == d).unwrap_or(0);
-                ItemSpec {
-                    target: Target::Malformed {
-                        name: target_name(&items[first]),
-                    },
-                    cost: Some(1),
-                    mode: Mode::CheckAndSpend,
-                    limit: None,
-                    lease: None,
-                }
-            })
-            .collect();
-        let decided = self.check(table, domain, &malformed, &descriptors).await?;
-        Ok((owner.iter())
-            .filter_map(|d| descriptors.iter().position(|x| x == d))
+        let mut malformed: Vec<Item<'_>> = Vec::new();
+        for item in items {
+            if malformed.last().is_some_and(|m| m.d == item.d) {
+                continue;
+            }
+            let spec = ItemSpec {
+                target: Target::Malformed {
+                    name: target_name(&item.spec),
+                },
+                cost: Some(1),
+                mode: Mode::CheckAndSpend,
+                limit: None,
+                lease: None,
+            };
+            malformed.push(Item::of(item.d, spec));
+        }
+        let decided = self.check(table, domain, &malformed).await?;
+        Ok((items.iter())
+            .filter_map(|item| malformed.iter().position(|m| m.d == item.d))
             .filter_map(|at| decided.get(at).cloned())
             .collect())
     }
@@ -429,46 +421,43 @@ impl EnvoyRateLimitService {
         &self,
         table: &LimitTable,
         domain: &str,
-        items: &[ItemSpec<'_>],
-        owner: &[usize],
+        items: &[Item<'_>],
     ) -> Result<Vec<ItemResult>, Refusal> {
         if !self.counts_in_two_steps(items) {
-            return self.check(table, domain, items, owner).await;
+            return self.check(table, domain, items).await;
         }
-        fn at<'s>(i: &ItemSpec<'s>, cost: u64) -> ItemSpec<'s> {
-            ItemSpec {
-                cost: Some(cost),
-                ..i.clone()
-            }
+        fn at<'s>(i: &Item<'s>, cost: u64) -> Item<'s> {
+            let mut item = i.clone();
+            item.spec.cost = Some(cost);
+            item
         }
-        let probe: Vec<ItemSpec<'_>> = items.iter().map(|i| at(i, 0)).collect();
-        let seen = self.check(table, domain, &probe, owner).await?;
+        let probe: Vec<Item<'_>> = items.iter().map(|i| at(i, 0)).collect();
+        let seen = self.check(table, domain, &probe).await?;
         let over: Vec<bool> = seen
             .iter()
             .zip(items)
             .map(|(r, i)| {
-                let cost = i.cost.unwrap_or(1).min(i64::MAX as u64) as i64;
+                let cost = i.spec.cost.unwrap_or(1).min(i64::MAX as u64) as i64;
                 !r.decision.allowed || r.decision.remaining < cost
             })
             .collect();
         if !over.contains(&true) {
-            return self.check(table, domain, items, owner).await;
+            return self.check(table, domain, items).await;
         }
-        let counted: Vec<ItemSpec<'_>> = items
+        let counted: Vec<Item<'_>> = items
             .iter()
             .zip(&over)
             .map(|(i, &o)| if o { i.clone() } else { at(i, 0) })
             .collect();
-        self.check(table, domain, &counted, owner).await
+        self.check(table, domain, &counted).await
     }
 
-    /// Decides `items` (from descriptors `owner`) as one all-or-nothing batch.
+    /// Decides `items` as one all-or-nothing batch.
     async fn check(
         &self,
         table: &LimitTable,
         domain: &str,
-        items: &[ItemSpec<'_>],
-        owner: &[usize],
+        items: &[Item<'_>],
     ) -> Result<Vec<ItemResult>, Refusal> {
         let options = CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(domain),
@@ -480,13 +469,18 @@ impl EnvoyRateLimitService {
         };
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),
-            Err(e) => Err(envoy_error(e, items, owner)),
+            Err(e) => Err(envoy_error(e, items)),
         }
     }
 
     /// Logs descriptors whose id did not fit its name's format: at most one line a
     /// second (a client sending garbage must not flood the logs), with how many there were.
-    fn log_invalid_ids(&self, request: &RateLimitRequest, owner: &[usize], results: &[ItemResult]) {
+    fn log_invalid_ids(
+        &self,
+        request: &RateLimitRequest,
+        owner: impl Fn(usize) -> usize,
+        results: &[ItemResult],
+    ) {
         let Some(i) = results
             .iter()
             .position(|r| matches!(r.rule, Rule::InvalidId { .. }))
@@ -499,7 +493,7 @@ impl EnvoyRateLimitService {
             .count() as u64;
         if let Some(left_out) = self.invalid_ids.admit(self.started.elapsed(), count) {
             let pending = left_out + count;
-            let descriptor = &request.descriptors[owner[i]];
+            let descriptor = &request.descriptors[owner(i)];
             let entries: Vec<String> = descriptor
                 .entries
                 .iter()

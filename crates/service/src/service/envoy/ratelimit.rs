@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::batch::{descriptor_digest, mode_of, Batch};
+use super::batch::{descriptor_digest, mode_of, Batch, Item};
 use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
 use cellrate_core::clock::SECOND;
@@ -96,10 +96,9 @@ impl EnvoyRateLimitService {
             }
             let on_file = found[d].as_ref().filter(|_| given.is_none());
             let stats_key = stats_key(on_file, &request.domain, &counted);
-            batch.stats.push((batch.items.len(), stats_key));
             self.note_answer(d, on_file, batch);
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
-            batch.items.push(ItemSpec {
+            let spec = ItemSpec {
                 target: Target::Ratelimit {
                     digest: self.bucket_text(&request.domain, &counted),
                     limit: limit(numbers, every_hit),
@@ -112,8 +111,12 @@ impl EnvoyRateLimitService {
                 mode: mode_of(descriptor),
                 limit: None,
                 lease: None,
+            };
+            batch.items.push(Item {
+                spec,
+                d,
+                stats: Some(stats_key),
             });
-            batch.owner.push(d);
         }
         Ok(())
     }
@@ -274,8 +277,8 @@ impl EnvoyRateLimitService {
     /// it in shadow mode, split as it splits them when a request's hits straddle a
     /// threshold.
     pub(super) fn count_ratelimit(&self, batch: &Batch<'_>, results: &[ItemResult]) {
-        for (i, key) in &batch.stats {
-            let (Some(item), Some(spec)) = (results.get(*i), batch.items.get(*i)) else {
+        for (item, from) in results.iter().zip(&batch.items) {
+            let (Some(key), spec) = (&from.stats, &from.spec) else {
                 continue;
             };
             let hits = spec.cost.unwrap_or(1);

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::batch::Batch;
+use super::batch::{Batch, Item};
 use super::{invalid, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES, MAX_ENTRY_KEY};
 use crate::service::{store_unavailable, DecideError, InvalidIds, ItemSpec, Target, MAX_BATCH};
 use cellrate_core::gcra::Mode;
@@ -54,7 +54,7 @@ pub(super) fn malformed(d: usize, message: String) -> Refusal {
 /// A decision's error in Envoy's terms: an invalid item makes its descriptor malformed
 /// (an id is built from the descriptor's entries), named in the message as the field it
 /// came from; a store failure is UNAVAILABLE.
-pub(super) fn envoy_error(e: DecideError, items: &[ItemSpec<'_>], owner: &[usize]) -> Refusal {
+pub(super) fn envoy_error(e: DecideError, items: &[Item<'_>]) -> Refusal {
     match e {
         DecideError::Invalid(e) => match e.item {
             Some(i) => {
@@ -73,23 +73,26 @@ pub(super) fn envoy_error(e: DecideError, items: &[ItemSpec<'_>], owner: &[usize
                     ),
                     _ => e.message,
                 };
-                let name = items.get(i).map_or_else(|| Arc::from(""), target_name);
+                let name = items
+                    .get(i)
+                    .map_or_else(|| Arc::from(""), |i| target_name(&i.spec));
+                let d = items.get(i).map_or(0, |i| i.d);
                 Refusal::Descriptor {
-                    d: owner[i],
+                    d,
                     name,
-                    message: format!("descriptors[{}]{field}: {message}", owner[i]),
+                    message: format!("descriptors[{d}]{field}: {message}"),
                 }
             }
             // The batch as a whole (more items than a batch takes: descriptors that the
             // client's headers add, each mapped to several limits): a descriptor past the
             // bound (else the last one) cannot be decided; one marked so already is one
             // item, and is passed over.
-            None => match (MAX_BATCH..owner.len())
-                .chain((0..owner.len().min(MAX_BATCH)).rev())
-                .find(|&i| !matches!(items[i].target, Target::Malformed { .. }))
-                .map(|i| &owner[i])
+            None => match (MAX_BATCH..items.len())
+                .chain((0..items.len().min(MAX_BATCH)).rev())
+                .find(|&i| !matches!(items[i].spec.target, Target::Malformed { .. }))
+                .map(|i| items[i].d)
             {
-                Some(&d) => Refusal::Descriptor {
+                Some(d) => Refusal::Descriptor {
                     d,
                     name: Arc::from(""),
                     message: format!("descriptors: {}", e.message),
@@ -120,21 +123,16 @@ pub(super) fn add_malformed(
             continue;
         }
         // In descriptor order, as the answer reads each descriptor's run of items (a
-        // malformed descriptor before the others must answer its own denial), moving the
-        // statistics keys of the items after it.
-        let at = batch.owner.partition_point(|&o| o <= *d);
-        let item = ItemSpec {
+        // malformed descriptor before the others must answer its own denial).
+        let at = batch.items.partition_point(|item| item.d <= *d);
+        let spec = ItemSpec {
             target: Target::Malformed { name: name.clone() },
             cost: Some(1),
             mode: Mode::CheckAndSpend,
             limit: None,
             lease: None,
         };
-        batch.items.insert(at, item);
-        batch.owner.insert(at, *d);
-        for (i, _) in batch.stats.iter_mut().filter(|(i, _)| *i >= at) {
-            *i += 1;
-        }
+        batch.items.insert(at, Item::of(*d, spec));
     }
 }
 

@@ -39,14 +39,16 @@ impl EnvoyRateLimitService {
     pub(super) fn respond(
         &self,
         descriptors: usize,
-        owner: &[usize],
+        owner: impl Fn(usize) -> usize + Copy,
         results: &[ItemResult],
     ) -> Answer {
         // Items are in descriptor order: each descriptor's items are one run of `results`.
         let mut statuses = Vec::with_capacity(descriptors);
         let mut start = 0;
         for d in 0..descriptors {
-            let run = owner[start..].iter().take_while(|&&o| o == d).count();
+            let run = (start..results.len())
+                .take_while(|&i| owner(i) == d)
+                .count();
             statuses.push(descriptor_status(
                 &results[start..start + run],
                 self.options.resets,
@@ -102,16 +104,17 @@ thread_local! {
 fn metadata(
     over: bool,
     fired: Option<&ItemResult>,
-    owner: &[usize],
+    owner: impl Fn(usize) -> usize,
     results: &[ItemResult],
 ) -> Bytes {
-    let fresh = || Bytes::from(build_metadata(over, fired, owner, results).encode_to_vec());
+    let index = fired.and_then(|item| results.iter().position(|r| std::ptr::eq(r, item)));
+    let d = index.map(&owner);
+    let fresh = || Bytes::from(build_metadata(over, fired, d, results).encode_to_vec());
     let plain = over && !results.iter().any(|i| shadow_denial(&i));
     let (Some(item), true) = (fired, plain) else {
         return fresh();
     };
-    let index = results.iter().position(|r| std::ptr::eq(r, item));
-    let Some(d) = index.map(|i| owner[i]) else {
+    let Some(d) = d else {
         return fresh();
     };
     LAST_DENIAL.with(|last| {
@@ -127,10 +130,11 @@ fn metadata(
     })
 }
 
+/// The metadata's `Struct`; `d` is the descriptor of the item that `fired`.
 fn build_metadata(
     over: bool,
     fired: Option<&ItemResult>,
-    owner: &[usize],
+    d: Option<usize>,
     results: &[ItemResult],
 ) -> pbw::Struct {
     use pbw::value::Kind;
@@ -147,8 +151,7 @@ fn build_metadata(
     if over {
         if let Some(item) = fired {
             fields.insert("limit".to_string(), string(String::from(&*item.name)));
-            let index = results.iter().position(|r| std::ptr::eq(r, item));
-            if let Some(d) = index.map(|i| owner[i]) {
+            if let Some(d) = d {
                 fields.insert(
                     "descriptor_index".to_string(),
                     pbw::Value {
@@ -219,13 +222,13 @@ mod tests {
         ];
         for (results, owner) in cases {
             let fired = Some(&results[0]);
-            let encoded = metadata(true, fired, owner, results);
+            let encoded = metadata(true, fired, |i| owner[i], results);
             assert_eq!(
                 pbw::Struct::decode(encoded).unwrap(),
-                build_metadata(true, fired, owner, results)
+                build_metadata(true, fired, Some(owner[0]), results)
             );
         }
-        let once = metadata(true, Some(&ra), &[3], std::slice::from_ref(&ra));
+        let once = metadata(true, Some(&ra), |_| 3, std::slice::from_ref(&ra));
         let once = pbw::Struct::decode(once).unwrap();
         let index = &once.fields["descriptor_index"];
         assert_eq!(index.kind, Some(pbw::value::Kind::NumberValue(3.0)));
