@@ -18,20 +18,39 @@ use cellrate_core::gcra::Mode;
 pub(super) struct Batch<'a> {
     pub(super) items: Vec<Item<'a>>,
     pub(super) unmatched: usize,
-    /// Descriptors whose limit is in envoyproxy/ratelimit's `quota_mode`.
-    pub(super) quota: Vec<usize>,
-    /// Descriptors whose `current_limit.name` is answered as envoyproxy/ratelimit names
-    /// it (its YAML's `name`, else empty), with that name.
-    pub(super) answer_names: Vec<(usize, String)>,
-    /// Descriptors whose limit in envoyproxy/ratelimit's format is `unlimited: true`:
-    /// answered, as there, with 4 294 967 295 remaining.
-    pub(super) unlimited: Vec<usize>,
-    /// Descriptors whose matched limit has `metadata`, with it.
-    pub(super) metadata: Vec<(usize, Arc<Struct>)>,
+    /// What descriptors from envoyproxy/ratelimit's file format add to their answer, by
+    /// descriptor index (none for cellrate's own formats).
+    pub(super) notes: Vec<(usize, Note)>,
     /// Whether some item releases a lease (answered OK whatever it freed).
     pub(super) releases: bool,
     /// The descriptor mapped by a `reserve` rule, which is decided alone (no items).
     pub(super) reservation: Option<super::reserve::Reservation<'a>>,
+}
+
+/// What a descriptor from envoyproxy/ratelimit's file format adds to its answer.
+pub(super) enum Note {
+    /// Its limit is in `quota_mode`.
+    Quota,
+    /// Its limit is `unlimited: true`: answered, as there, with 4 294 967 295 remaining.
+    Unlimited,
+    /// Its `current_limit.name` as envoyproxy/ratelimit names it (its YAML's `name`, else
+    /// empty).
+    Name(String),
+    /// Its matched limit's `metadata`.
+    Metadata(Arc<Struct>),
+}
+
+impl Batch<'_> {
+    /// The descriptors whose limit is in `quota_mode`.
+    pub(super) fn quota(&self) -> Vec<usize> {
+        let quota = self.notes.iter().filter(|(_, n)| matches!(n, Note::Quota));
+        quota.map(|&(d, _)| d).collect()
+    }
+
+    /// Whether descriptor `d`'s limit is `unlimited: true`.
+    pub(super) fn unlimited(&self, d: usize) -> bool {
+        (self.notes.iter()).any(|&(at, ref n)| at == d && matches!(n, Note::Unlimited))
+    }
 }
 
 /// One item of a batch: what is decided, and where it came from.

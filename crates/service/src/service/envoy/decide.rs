@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::batch::{descriptor_digest, mode_of, Batch, Item};
+use super::batch::{descriptor_digest, mode_of, Batch, Item, Note};
 use super::ratelimit::quota_mode;
 use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error, target_name};
 use super::reserve::reservation_of;
@@ -104,11 +104,12 @@ impl EnvoyRateLimitService {
             self.count_ratelimit(batch, &results);
         }
         let mut answer = self.respond(request.descriptors.len(), owner, &results);
-        if !batch.quota.is_empty() {
-            quota_mode(&mut answer.response, &batch.quota);
+        let quota = batch.quota();
+        if !quota.is_empty() {
+            quota_mode(&mut answer.response, &quota);
         }
-        for &d in &batch.unlimited {
-            if let Some(status) = answer.response.statuses.get_mut(d) {
+        for (d, note) in &batch.notes {
+            if let (Note::Unlimited, Some(status)) = (note, answer.response.statuses.get_mut(*d)) {
                 status.limit_remaining = u32::MAX;
             }
         }
@@ -146,7 +147,9 @@ impl EnvoyRateLimitService {
             if self.options.quota_mode {
                 // As upstream: every descriptor but an unlimited one, matched or not.
                 let n = request.descriptors.len();
-                batch.quota = (0..n).filter(|d| !batch.unlimited.contains(d)).collect();
+                batch.notes.retain(|(_, n)| !matches!(n, Note::Quota));
+                let quota: Vec<usize> = (0..n).filter(|&d| !batch.unlimited(d)).collect();
+                (batch.notes).extend(quota.into_iter().map(|d| (d, Note::Quota)));
             }
         } else {
             for (d, descriptor) in request.descriptors.iter().enumerate() {

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::batch::{descriptor_digest, mode_of, Batch, Item};
+use super::batch::{descriptor_digest, mode_of, Batch, Item, Note};
 use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
 use cellrate_core::clock::SECOND;
@@ -69,7 +69,7 @@ impl EnvoyRateLimitService {
                 (None, Some(f)) => match f.limit.limit {
                     // Unlimited, or replaced: nothing to count.
                     None => {
-                        batch.unlimited.push(d);
+                        batch.notes.push((d, Note::Unlimited));
                         continue;
                     }
                     Some(_) if f.limit.name.as_deref().is_some_and(replaced) => continue,
@@ -86,7 +86,7 @@ impl EnvoyRateLimitService {
                 }
             };
             if found[d].as_ref().is_some_and(|f| f.limit.quota_mode) && given.is_none() {
-                batch.quota.push(d);
+                batch.notes.push((d, Note::Quota));
             }
             let mut counted = entries[d].clone();
             for &(i, pattern) in shared {
@@ -161,10 +161,10 @@ impl EnvoyRateLimitService {
     fn note_answer(&self, d: usize, found: Option<&Found<'_>>, batch: &mut Batch<'_>) {
         if !self.options.limit_names {
             let name = found.and_then(|f| f.limit.name.clone());
-            batch.answer_names.push((d, name.unwrap_or_default()));
+            batch.notes.push((d, Note::Name(name.unwrap_or_default())));
         }
         if let Some(m) = found.and_then(|f| f.limit.metadata.clone()) {
-            batch.metadata.push((d, m));
+            batch.notes.push((d, Note::Metadata(m)));
         }
     }
 }

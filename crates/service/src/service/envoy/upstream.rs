@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
-use super::batch::Batch;
+use super::batch::{Batch, Note};
 use super::respond::header_value;
 use super::{EnvoyRateLimitService, HeaderStyle, MetadataStyle};
 use crate::service::headers::trio::{closest, trio};
@@ -24,7 +24,10 @@ impl EnvoyRateLimitService {
         hidden: &[usize],
         response: &mut RateLimitResponse,
     ) {
-        for (d, name) in &batch.answer_names {
+        for (d, note) in &batch.notes {
+            let Note::Name(name) = note else {
+                continue;
+            };
             if let Some(limit) = response
                 .statuses
                 .get_mut(*d)
@@ -34,7 +37,7 @@ impl EnvoyRateLimitService {
             }
         }
         if self.options.headers == HeaderStyle::Ratelimit {
-            if let Some(status) = closest(&response.statuses, &batch.quota) {
+            if let Some(status) = closest(&response.statuses, &batch.quota()) {
                 let three = trio(status, &self.options.header_names).map(header_value);
                 // First, before a Retry-After asked for beside them.
                 response.response_headers_to_add.splice(0..0, three);
@@ -84,7 +87,10 @@ fn metadata(
         );
     }
     let mut merged = Struct::default();
-    for (d, given) in &batch.metadata {
+    for (d, note) in &batch.notes {
+        let Note::Metadata(given) = note else {
+            continue;
+        };
         if statuses
             .get(*d)
             .is_some_and(|s| s.code != Code::OverLimit as i32)
