@@ -40,6 +40,7 @@
 //! gcra/batch.rs          batches, all or nothing: each item's Mode; the strictest
 //! gcra/calendar.rs       calendar windows: Limit::calendar, spend and refund in one
 //! gcra/lease.rs          leases: acquire, release
+//! gcra/fixtures.rs      (tests) the times and limit the bucket and batch tests share
 //! clock.rs               Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
 //! clock/zoned.rs         days, weeks, months, years in an IANA zone
 //! text.rs                caller text cut for logs and errors; log lines throttled

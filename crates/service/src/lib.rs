@@ -86,6 +86,21 @@ pub mod proto {
     pub mod v1 {
         #![allow(clippy::all, missing_docs)]
         tonic::include_proto!("cellrate.v1");
+
+        /// A mode on the wire as the core's.
+        impl From<Mode> for cellrate_core::gcra::Mode {
+            fn from(mode: Mode) -> cellrate_core::gcra::Mode {
+                use cellrate_core::gcra::Mode as Core;
+                match mode {
+                    Mode::CheckAndSpend => Core::CheckAndSpend,
+                    Mode::CheckOnly => Core::CheckOnly,
+                    Mode::SpendOnly => Core::SpendOnly,
+                    Mode::Charge => Core::Charge,
+                    Mode::Acquire => Core::Acquire,
+                    Mode::Release => Core::Release,
+                }
+            }
+        }
     }
 
     /// The encoded descriptor set of the repository's `proto/`, for server reflection.

@@ -24,16 +24,25 @@ impl MeasuredStore {
         self.observer
             .operation(op, start.elapsed().as_secs_f64(), result.is_ok());
     }
+
+    /// `call`, timed from its first poll and reported as `op`.
+    fn timed<'a, T: 'a>(
+        &'a self,
+        op: &'static str,
+        call: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = call.await;
+            self.observe(op, start, &result);
+            result
+        })
+    }
 }
 
 impl Store for MeasuredStore {
     fn spend<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Outcome> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.spend(items).await;
-            self.observe("spend", start, &result);
-            result
-        })
+        self.timed("spend", self.inner.spend(items))
     }
 
     fn keeps_tokens(&self) -> bool {
@@ -45,12 +54,7 @@ impl Store for MeasuredStore {
         items: &'a [StoreItem],
         once: &'a crate::Once,
     ) -> StoreFuture<'a, Outcome> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.spend_once(items, once).await;
-            self.observe("spend", start, &result);
-            result
-        })
+        self.timed("spend", self.inner.spend_once(items, once))
     }
 
     fn resolve_once<'a>(
@@ -58,12 +62,7 @@ impl Store for MeasuredStore {
         items: &'a [StoreItem],
         once: &'a crate::Once,
     ) -> StoreFuture<'a, Outcome> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.resolve_once(items, once).await;
-            self.observe("spend", start, &result);
-            result
-        })
+        self.timed("spend", self.inner.resolve_once(items, once))
     }
 
     fn try_spend_now(&self, items: &[StoreItem]) -> Option<Result<Outcome, StoreError>> {
@@ -78,21 +77,11 @@ impl Store for MeasuredStore {
     }
 
     fn refund<'a>(&'a self, items: &'a [StoreItem]) -> StoreFuture<'a, Vec<Decision>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.refund(items).await;
-            self.observe("refund", start, &result);
-            result
-        })
+        self.timed("refund", self.inner.refund(items))
     }
 
     fn reset<'a>(&'a self, keys: &'a [BucketKey]) -> StoreFuture<'a, u32> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.reset(keys).await;
-            self.observe("reset", start, &result);
-            result
-        })
+        self.timed("reset", self.inner.reset(keys))
     }
 
     fn sweep(&self) -> usize {

@@ -180,12 +180,7 @@ mod tests {
     use super::*;
     use crate::clock::SECOND;
 
-    const MS: Nanos = 1_000_000;
-    const T0: Nanos = 1_700_000_000 * SECOND;
-
-    fn seed_limit() -> Limit {
-        Limit::new(20, 20, SECOND).unwrap()
-    }
+    use crate::gcra::fixtures::{seed_limit, MS, T0};
 
     #[test]
     fn a_charge_that_fits_is_a_spend() {

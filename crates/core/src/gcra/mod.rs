@@ -27,6 +27,8 @@ use crate::clock::{CalendarPeriod, Nanos};
 mod batch;
 mod bucket;
 mod calendar;
+#[cfg(test)]
+mod fixtures;
 pub mod lease;
 pub use batch::{
     no_room, spend_alone, spend_batch, spend_batch_with, strictest, BatchItem, BatchOutcome, Mode,

@@ -90,16 +90,9 @@ fn item_spec(i: usize, item: &pb::Item, usage: Use) -> Result<ItemSpec<'_>, Stat
             }
         }
     };
-    let mode = pb::Mode::try_from(item.mode)
-        .map_err(|_| invalid(format!("items[{i}].mode: unknown mode {}", item.mode)))?;
-    let mode = match mode {
-        pb::Mode::CheckAndSpend => Mode::CheckAndSpend,
-        pb::Mode::CheckOnly => Mode::CheckOnly,
-        pb::Mode::SpendOnly => Mode::SpendOnly,
-        pb::Mode::Charge => Mode::Charge,
-        pb::Mode::Acquire => Mode::Acquire,
-        pb::Mode::Release => Mode::Release,
-    };
+    let mode: Mode = pb::Mode::try_from(item.mode)
+        .map_err(|_| invalid(format!("items[{i}].mode: unknown mode {}", item.mode)))?
+        .into();
     match usage {
         Use::Check => {}
         Use::Refund if mode != Mode::CheckAndSpend => {

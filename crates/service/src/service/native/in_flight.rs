@@ -34,16 +34,7 @@ pub(super) async fn top_in_flight(
     }
     let (_, limit, _) = super::top_request(request)?;
     let table = decider.limits();
-    let only = match request.name.as_str() {
-        "" => None,
-        name => Some(
-            table
-                .names()
-                .get(name)
-                .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))?
-                .number,
-        ),
-    };
+    let only = super::only_name(&table, &request.name)?;
     // The turn goes with the count: a caller that gives up does not free it early.
     let turn = Arc::clone(gate)
         .acquire_owned()

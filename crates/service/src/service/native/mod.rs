@@ -127,15 +127,26 @@ fn named<'t>(table: &'t LimitTable, name: &str, id: &str) -> Result<(&'t Name, S
             super::MAX_NAME
         )));
     }
-    let found = table
-        .names()
-        .get(name)
-        .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))?;
+    let found = known(table, name)?;
     let canonical = found
         .format
         .canonicalize_cow(id)
         .map_err(|e| invalid(format!("id: {e} (format {} of {name})", found.format)))?;
     Ok((found, canonical.into_owned()))
+}
+
+/// A known name, or INVALID_ARGUMENT saying what is known.
+fn known<'t>(table: &'t LimitTable, name: &str) -> Result<&'t Name, Status> {
+    (table.names().get(name))
+        .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))
+}
+
+/// The number of the name a listing is narrowed to (`None`: empty, every name).
+fn only_name(table: &LimitTable, name: &str) -> Result<Option<u32>, Status> {
+    match name {
+        "" => Ok(None),
+        name => Ok(Some(known(table, name)?.number)),
+    }
 }
 
 /// The status of a change to the temporary overrides that was not made.
@@ -408,16 +419,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::ListOverridesResponse>, Status> {
         let runtime = self.runtime()?;
         let table = self.decider.limits();
-        let only = match request.get_ref().name.as_str() {
-            "" => None,
-            name => Some(
-                table
-                    .names()
-                    .get(name)
-                    .ok_or_else(|| invalid(format!("name: {}", table.names().unknown(name))))?
-                    .number,
-            ),
-        };
+        let only = only_name(&table, &request.get_ref().name)?;
         let entries = runtime
             .list(table.names(), only)
             .await

@@ -269,14 +269,7 @@ fn item_v1(item: &pb::Item) -> Option<ItemSpec<'static>> {
             }
         }
     };
-    let mode = match pb::Mode::try_from(item.mode).ok()? {
-        pb::Mode::CheckAndSpend => Mode::CheckAndSpend,
-        pb::Mode::CheckOnly => Mode::CheckOnly,
-        pb::Mode::SpendOnly => Mode::SpendOnly,
-        pb::Mode::Charge => Mode::Charge,
-        pb::Mode::Acquire => Mode::Acquire,
-        pb::Mode::Release => Mode::Release,
-    };
+    let mode = Mode::from(pb::Mode::try_from(item.mode).ok()?);
     Some(ItemSpec {
         target,
         cost: item.cost,
