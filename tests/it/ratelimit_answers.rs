@@ -253,3 +253,63 @@ async fn run_as_ratelimit_cellrates_answers_are_opt_in() {
     let fields = &last.dynamic_metadata.as_ref().unwrap().fields;
     assert_eq!(fields.get("limit"), Some(&text("another.key2")));
 }
+
+/// A limit of zero (`requests_per_unit: 0`, envoyproxy/ai-gateway's suspended tenant):
+/// as upstream, a check of no hits passes and the first hit is over, each answered with
+/// the limit and the seconds left in its window, so that Envoy's headers say why; a zero
+/// in shadow mode denies nothing.
+#[tokio::test]
+async fn run_as_ratelimit_a_zero_limit_admits_no_hits_and_denies_the_first_with_its_limit() {
+    const ZERO: &str = "
+domain: zero
+descriptors:
+  - key: suspended
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: watched
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 0}
+";
+    let root = runtime(&[("zero.yaml", ZERO)]);
+    let (_child, listen) = start(
+        root.path(),
+        &[
+            ("BACKEND_TYPE", "memory"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ],
+    );
+    let mut c = client(&listen).await;
+    clear_of_a_minute_end();
+    // The descriptor's own hits_addend, as Envoy Gateway's token limits send it (0 on the
+    // request path); the request's 0 means 1.
+    let at = |hits: u64, key: &str| {
+        let mut r = request("zero", &[&[(key, "tenant-a")]]);
+        r.descriptors[0].hits_addend = Some(pbw::UInt64Value { value: hits });
+        r
+    };
+    let check = ask(&mut c, at(0, "suspended"), &[60]).await;
+    assert_eq!(check.overall_code, Code::Ok as i32, "{check:?}");
+    assert_eq!(
+        check.statuses,
+        [status(Code::Ok, 0, Unit::Minute, 0, &check.statuses[0])]
+    );
+    for _ in 0..2 {
+        let charged = ask(&mut c, at(1, "suspended"), &[60]).await;
+        assert_eq!(charged.overall_code, Code::OverLimit as i32, "{charged:?}");
+        let reset = &charged.statuses[0];
+        assert_eq!(
+            charged.statuses,
+            [status(Code::OverLimit, 0, Unit::Minute, 0, reset)]
+        );
+        let left = reset.duration_until_reset.as_ref().unwrap().seconds;
+        assert_eq!(
+            charged.response_headers_to_add,
+            [
+                header("RateLimit-Limit", "0".to_string()),
+                header("RateLimit-Remaining", "0".to_string()),
+                header("RateLimit-Reset", left.to_string()),
+            ]
+        );
+    }
+    let shadow = ask(&mut c, at(5, "watched"), &[3_600]).await;
+    assert_eq!(shadow.overall_code, Code::Ok as i32, "{shadow:?}");
+}

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use super::overrides::RuntimeOverrides;
 use super::resolve::Resolved;
 use super::{BatchResult, CallerLimits, CheckOptions, DecideError, ItemResult, ItemSpec, Rule};
+use cellrate_core::clock::{CalendarPeriod, Clock, SystemClock};
 use cellrate_core::gcra::{Decision, Mode};
 use cellrate_limits::config::{LimitTable, Policy};
 use cellrate_limits::names::{BucketKey, Name};
@@ -100,7 +101,10 @@ impl Decider {
         // A counting item that can never pass (deny-listed, or oversize) denies the batch:
         // decide the rest without spending.
         let blocked = resolved.iter().any(|r| {
-            (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true }) || r.oversize)
+            let zero_over = matches!(r.rule, Rule::Zero(_)) && r.cost > 0 && !r.shadow;
+            (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true })
+                || zero_over
+                || r.oversize)
                 && r.mode.counts()
         });
         // Charges are recorded even in a blocked batch.
@@ -135,6 +139,7 @@ impl Decider {
                     _ if merged.is_some() => merged.map_or(DENIED, |m| m.decision),
                     Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
                     Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
+                    Rule::Zero(unit) => zero(unit, r.cost, r.mode),
                     Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
                         UNLIMITED
                     }
@@ -320,6 +325,22 @@ const UNLIMITED: Decision = Decision {
 };
 
 /// The decision reported for deny-listed items.
+/// The decision of a limit of zero a window: `cost` 0 (or an item that counts nothing)
+/// passes, anything more is over; nothing remains, and the window's end is the reset.
+/// A denial's retry is the window's end too, as envoyproxy/ratelimit answers it (no retry
+/// passes while the limit is zero).
+fn zero(unit: CalendarPeriod, cost: u64, mode: Mode) -> Decision {
+    let now = SystemClock.now();
+    let reset_in = unit.window_end(now).saturating_sub(now);
+    let allowed = cost == 0 || !mode.counts();
+    Decision {
+        allowed,
+        remaining: 0,
+        retry_in: if allowed { 0 } else { reset_in },
+        reset_in,
+    }
+}
+
 const DENIED: Decision = Decision {
     allowed: false,
     remaining: 0,

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::InvalidIds;
+use cellrate_core::clock::CalendarPeriod;
 use cellrate_core::gcra::{Decision, Limit, Mode};
 use cellrate_limits::config::Headers;
 use cellrate_limits::names::BucketKey;
@@ -27,7 +28,7 @@ pub enum Target<'a> {
     Descriptor { digest: String, limit: Limit },
     /// A descriptor matched in a domain in envoyproxy/ratelimit's file format: its bucket
     /// (`digest`, of the domain and the entries), its limit (`None`: zero requests per
-    /// unit, always over), the name answers and metrics give it, its `shadow_mode`, and
+    /// unit, [`Rule::Zero`]) and the window of its unit, the name answers and metrics give it, its `shadow_mode`, and
     /// whether every hit counts, a denied one too (its fixed windows), or only what is
     /// allowed (cellrate's GCRA). A limit the descriptor gave itself (`caller_given`)
     /// counts in the caller-given key space, under its bounds and share, as every other
@@ -35,6 +36,7 @@ pub enum Target<'a> {
     Ratelimit {
         digest: String,
         limit: Option<Limit>,
+        unit: CalendarPeriod,
         name: Arc<str>,
         shadow: bool,
         every_hit: bool,
@@ -101,6 +103,7 @@ impl<'a> ItemSpec<'a> {
                 Target::Ratelimit {
                     digest,
                     limit,
+                    unit,
                     name,
                     shadow,
                     every_hit,
@@ -108,6 +111,7 @@ impl<'a> ItemSpec<'a> {
                 } => Target::Ratelimit {
                     digest,
                     limit,
+                    unit,
                     name,
                     shadow,
                     every_hit,
@@ -128,6 +132,9 @@ pub fn outcome(item: &ItemResult) -> &'static str {
         Rule::Unlimited => "unlimited",
         Rule::NotConfigured => "not_configured",
         Rule::Denied => "denied",
+        Rule::Zero(_) if item.decision.allowed => "allowed",
+        Rule::Zero(_) if item.shadow => "shadow_denied",
+        Rule::Zero(_) => "denied",
         Rule::InvalidId { .. } => "invalid",
         // A release frees a lease or finds none held: never a denial (nor in `top`).
         Rule::Limited(_) if item.mode == Mode::Release && item.decision.allowed => "released",
@@ -189,6 +196,10 @@ pub enum Rule {
     Limited(Limit),
     Unlimited,
     Denied,
+    /// A limit of zero a window (envoyproxy/ratelimit's `requests_per_unit: 0`): a
+    /// request of no hits passes, any hit is over; answered with its window's reset, as
+    /// there, so that Envoy's headers say why.
+    Zero(CalendarPeriod),
     NotConfigured,
     /// The id does not fit the name's format; `deny` under [`InvalidIds::Deny`].
     InvalidId {
@@ -201,7 +212,7 @@ impl Rule {
     pub fn restricts(&self) -> bool {
         matches!(
             self,
-            Rule::Limited(_) | Rule::Denied | Rule::InvalidId { deny: true }
+            Rule::Limited(_) | Rule::Denied | Rule::Zero(_) | Rule::InvalidId { deny: true }
         )
     }
 }

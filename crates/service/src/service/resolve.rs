@@ -120,6 +120,8 @@ impl Decider {
     ) -> Result<Resolved, DecideError> {
         // A caller-given limit outside the bounds: an error, or for Envoy a denial.
         let mut refused = false;
+        // envoyproxy/ratelimit's limit of zero: its window, and its shadow mode.
+        let mut zero = None;
         let bucket = match &item.target {
             Target::Malformed { name } => return Ok(malformed(table, name, item, options)),
             Target::Named { name, id } => match self.named(table, i, name, id, item, options)? {
@@ -140,11 +142,15 @@ impl Decider {
             Target::Ratelimit {
                 digest,
                 limit,
+                unit,
                 name,
                 shadow,
                 every_hit,
                 caller_given,
             } => {
+                if limit.is_none() {
+                    zero = Some((*unit, *shadow));
+                }
                 let key = match limit {
                     Some(limit) if *caller_given => {
                         refused |= self.check_caller(i, limit, options)?;
@@ -185,6 +191,16 @@ impl Decider {
             (Some(Policy::Limited { .. }) | None, Some(given)) => Rule::Limited(given),
             (Some(Policy::Limited { limit, .. }), None) => Rule::Limited(limit),
             (None, None) => Rule::NotConfigured,
+        };
+        let (rule, behaviour) = match zero {
+            Some((unit, shadow)) if item.limit.is_none() => {
+                let behaviour = cellrate_limits::config::Behaviour {
+                    shadow,
+                    ..behaviour
+                };
+                (Rule::Zero(unit), behaviour)
+            }
+            _ => (rule, behaviour),
         };
         let shadow = options.shadow_all || (options.honour_shadow && behaviour.shadow);
         let mode = match item.mode {

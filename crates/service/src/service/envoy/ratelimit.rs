@@ -102,6 +102,7 @@ impl EnvoyRateLimitService {
                 target: Target::Ratelimit {
                     digest: self.bucket_text(&request.domain, &counted),
                     limit: limit(numbers, every_hit),
+                    unit: numbers.1.window(),
                     name,
                     shadow,
                     every_hit,

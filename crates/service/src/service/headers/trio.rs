@@ -75,25 +75,33 @@ const UNITS: [(Unit, Nanos); 7] = [
 /// assert_eq!(requests_per_unit(&Limit::new(300, 300, 10_800 * s).unwrap()), (2_400, Unit::Day));
 /// assert_eq!(requests_per_unit(&Limit::new(5, 5, s / 2).unwrap()), (10, Unit::Second));
 /// ```
+/// A calendar window as Envoy's unit (exact but for the zoned and 30- or 365-day windows,
+/// which are the unit they stand for).
+fn unit_of(period: CalendarPeriod) -> Unit {
+    match period {
+        CalendarPeriod::Second => Unit::Second,
+        CalendarPeriod::Minute => Unit::Minute,
+        CalendarPeriod::Hour => Unit::Hour,
+        CalendarPeriod::Day => Unit::Day,
+        CalendarPeriod::Month | CalendarPeriod::Days30 => Unit::Month,
+        CalendarPeriod::Year | CalendarPeriod::Days365 => Unit::Year,
+        CalendarPeriod::Week => Unit::Week,
+        CalendarPeriod::Zoned(zoned) => match zoned.unit() {
+            ZonedUnit::Day => Unit::Day,
+            ZonedUnit::Week => Unit::Week,
+            ZonedUnit::Month => Unit::Month,
+            ZonedUnit::Year => Unit::Year,
+        },
+    }
+}
+
 pub fn requests_per_unit(limit: &Limit) -> (u32, Unit) {
     if let Window::Calendar(period) = limit.window() {
         // A calendar window is one of Envoy's units: exact.
-        let unit = match period {
-            CalendarPeriod::Second => Unit::Second,
-            CalendarPeriod::Minute => Unit::Minute,
-            CalendarPeriod::Hour => Unit::Hour,
-            CalendarPeriod::Day => Unit::Day,
-            CalendarPeriod::Month | CalendarPeriod::Days30 => Unit::Month,
-            CalendarPeriod::Year | CalendarPeriod::Days365 => Unit::Year,
-            CalendarPeriod::Week => Unit::Week,
-            CalendarPeriod::Zoned(zoned) => match zoned.unit() {
-                ZonedUnit::Day => Unit::Day,
-                ZonedUnit::Week => Unit::Week,
-                ZonedUnit::Month => Unit::Month,
-                ZonedUnit::Year => Unit::Year,
-            },
-        };
-        return (limit.count().min(u64::from(u32::MAX)) as u32, unit);
+        return (
+            limit.count().min(u64::from(u32::MAX)) as u32,
+            unit_of(period),
+        );
     }
     let period = limit.period();
     let (unit, unit_ns) = UNITS
@@ -123,6 +131,12 @@ pub(crate) fn descriptor_status(items: &[ItemResult], resets: ResetStyle) -> Des
         };
     };
     let current_limit = match item.rule {
+        // envoyproxy/ratelimit's zero: its unit, and nothing a unit.
+        Rule::Zero(period) => Some(RateLimit {
+            name: String::from(&*item.name),
+            requests_per_unit: 0,
+            unit: unit_of(period) as i32,
+        }),
         Rule::Limited(limit) => {
             let (requests_per_unit, unit) = requests_per_unit(&limit);
             Some(RateLimit {

@@ -190,7 +190,8 @@ fn inline_limit(i: usize, inline: &pb::InlineLimit) -> Result<Limit, Status> {
 
 fn policy(rule: Rule) -> pb::Policy {
     match rule {
-        Rule::Limited(_) => pb::Policy::Limited,
+        // A zero limit (envoyproxy/ratelimit's format, Envoy's path only) is a limit.
+        Rule::Limited(_) | Rule::Zero(_) => pb::Policy::Limited,
         Rule::Unlimited => pb::Policy::Unlimited,
         Rule::Denied | Rule::InvalidId { deny: true } => pb::Policy::Denied,
         // Never reached: the native API rejects invalid ids.
