@@ -301,10 +301,38 @@ async fn serve_async(
     Ok(())
 }
 
-/// Logging: RUST_LOG's filter, else `level`, else info.
+/// The libraries whose debug lines are their own workings (HTTP/2 frames, connection
+/// states, TLS records, pool moves), not cellrate's: a level of debug or trace keeps them
+/// at info. RUST_LOG names them when they are wanted (`RUST_LOG=debug,h2=trace`).
+const QUIET_LIBRARIES: [&str; 8] = [
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tower",
+    "tonic",
+    "rustls",
+    "redis",
+    "tokio_util",
+];
+
+/// The filter of a plain level (`LOG_LEVEL`, `--log-level`): that level for cellrate, and
+/// at most info for [`QUIET_LIBRARIES`].
+fn level_filter(level: &str) -> String {
+    let mut filter = level.to_string();
+    if matches!(level, "debug" | "trace") {
+        for library in QUIET_LIBRARIES {
+            filter.push_str(&format!(",{library}=info"));
+        }
+    }
+    filter
+}
+
+/// Logging: RUST_LOG's filter, else `level` (the libraries under cellrate held at info, see
+/// [`level_filter`]), else info.
 fn init_tracing(format: LogFormat, level: Option<&str>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(level_filter(level.unwrap_or("info")))
+    });
     // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -43,11 +43,13 @@ pub fn start(root: &Path, vars: &[(&str, &str)]) -> (Running, String) {
     (serving.child, serving.listen)
 }
 
-/// A started `ratelimit`: the child, its gRPC address and its metrics listener's.
+/// A started `ratelimit`: the child, its gRPC address and its metrics listener's, and the
+/// lines it logs after its serving line.
 pub struct Serving {
     pub child: Running,
     pub listen: String,
     pub metrics: String,
+    pub log: std::sync::mpsc::Receiver<String>,
 }
 
 /// [`start`], with the metrics listener's address from the serving line.
@@ -81,6 +83,7 @@ pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
                 listen: field("listen"),
                 metrics: field("metrics"),
                 child,
+                log: lines,
             };
         }
         seen.push(line);

@@ -95,14 +95,15 @@ fn short(text: &str) -> &str {
     cellrate_core::text::first_chars(text, 64)
 }
 
-/// Logs a decision that denied the request (at debug level): the first item that denied
-/// it, how many did, and the request's trace ids. Nothing when none denied.
-pub fn log_denied(api: &'static str, metadata: &MetadataMap, items: &[ItemResult]) {
+/// Logs a decision (at debug level): for a denial the first item that denied it and how
+/// many did, for an allowed request its first item, with the request's trace ids.
+pub fn log_decision(api: &'static str, metadata: &MetadataMap, items: &[ItemResult]) {
     if !tracing::enabled!(target: TARGET, tracing::Level::DEBUG) {
         return;
     }
     let denies = |i: &&ItemResult| i.rule.restricts() && !i.decision.allowed && !i.shadow;
     let Some(first) = items.iter().find(denies) else {
+        log_allowed(api, metadata, items);
         return;
     };
     let ids = TraceIds::from_metadata(metadata);
@@ -119,6 +120,25 @@ pub fn log_denied(api: &'static str, metadata: &MetadataMap, items: &[ItemResult
         retry_in_ms = first.decision.retry_in / 1_000_000,
         denied_items = items.iter().filter(denies).count(),
         "decision: denied"
+    );
+}
+
+/// An allowed decision's line: its first item (limit, id, what remains) and how many.
+fn log_allowed(api: &'static str, metadata: &MetadataMap, items: &[ItemResult]) {
+    let ids = TraceIds::from_metadata(metadata);
+    let first = items.first();
+    let id = first.map(|i| i.key.parts().1).unwrap_or_default();
+    tracing::debug!(
+        target: TARGET,
+        api,
+        trace_id = ids.trace_id,
+        span_id = ids.span_id,
+        request_id = ids.request_id,
+        limit = %first.map_or("", |i| &*i.name),
+        id = ?short(id),
+        remaining = first.map_or(0, |i| i.decision.remaining),
+        items = items.len(),
+        "decision: allowed"
     );
 }
 

@@ -94,7 +94,7 @@ impl EnvoyRateLimitService {
         };
         self.log_invalid_ids(request, owner, &results);
         count_decisions(&self.metrics, "envoy", &results);
-        trace::log_denied("envoy", metadata, &results);
+        trace::log_decision("envoy", metadata, &results);
         if batch.releases {
             // A release answers OK, whether it freed a lease or found none held.
             let released = results.iter_mut().filter(|r| r.mode == Mode::Release);

@@ -232,7 +232,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
                 }
             };
             count_decisions(&self.metrics, "native", &result.items);
-            trace::log_denied("native", request.metadata(), &result.items);
+            trace::log_decision("native", request.metadata(), &result.items);
             let (overall, items) = decisions(&result);
             Ok(Response::new(pb::CheckResponse {
                 overall: Some(overall),
