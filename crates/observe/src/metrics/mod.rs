@@ -84,6 +84,14 @@ impl Metrics {
         ratelimit_stats: bool,
     ) -> Arc<Metrics> {
         let registry = Registry::new();
+        // The process's own series (CPU seconds, resident and virtual memory, open and
+        // most descriptors, threads, start time), as every Prometheus exporter serves them.
+        #[cfg(target_os = "linux")]
+        if let Err(e) = registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::warn!(error = %e, "the process_* series are not served");
+        }
         let reg = Reg(&registry);
         let decisions = reg.counters(
             "cellrate_decisions_total",
@@ -394,6 +402,30 @@ fn code_label(code: tonic::Code) -> &'static str {
 mod tests {
 
     use super::*;
+
+    /// The process's own series, read from /proc as every exporter serves them.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn render_has_the_process_series() {
+        let text = Metrics::new().render();
+        let value = |name: &str| {
+            let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+            let line = line.unwrap_or_else(|| panic!("no {name} in {text}"));
+            line[name.len() + 1..].parse::<f64>().unwrap()
+        };
+        assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+        assert!(value("process_open_fds") >= 3.0);
+        assert!(value("process_start_time_seconds") > 1_700_000_000.0);
+        // Whole clock ticks: a test's process may not have used one yet.
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        for name in [
+            "process_max_fds",
+            "process_virtual_memory_bytes",
+            "process_threads",
+        ] {
+            assert!(value(name) > 0.0, "{name}");
+        }
+    }
 
     #[test]
     fn render_has_the_main_series() {
