@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches};
 
 use cellrate::cli::{Cli, Command, LogFormat, ServeArgs};
 use cellrate::limits::config::{read_files, LimitTable, Sources};
@@ -32,6 +32,18 @@ const EXIT_USAGE: u8 = 64;
 /// EX_CONFIG from sysexits.h: the configuration is wrong.
 const EXIT_CONFIG: u8 = 78;
 
+/// `cli`, noting in `serve`'s arguments which values are defaults no flag or variable gave
+/// (`matches` says).
+fn with_defaults_noted(matches: &clap::ArgMatches, mut cli: Cli) -> Result<Cli, clap::Error> {
+    if let (Command::Serve(args), Some(serve)) =
+        (&mut cli.command, matches.subcommand_matches("serve"))
+    {
+        args.admin_listen_defaulted =
+            serve.value_source("admin_listen") == Some(clap::parser::ValueSource::DefaultValue);
+    }
+    Ok(cli)
+}
+
 fn main() -> ExitCode {
     // Run as `ratelimit` (the image's /bin/ratelimit, where envoyproxy/ratelimit was).
     let argv0 = std::env::args_os().next().unwrap_or_default();
@@ -40,7 +52,7 @@ fn main() -> ExitCode {
     }
     let cli = match cli_command()
         .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m))
+        .and_then(|m| with_defaults_noted(&m, Cli::from_arg_matches(&m)?))
     {
         Ok(cli) => cli,
         Err(e) => {
@@ -142,7 +154,9 @@ fn ratelimit_args() -> Result<AsRatelimit, (u8, String)> {
         argv.extend(["--log-format".to_string(), "json".to_string()]);
     }
     argv.extend(translated.flags.iter().cloned());
-    match Cli::try_parse_from(&argv) {
+    match (cli_command().try_get_matches_from(&argv))
+        .and_then(|m| with_defaults_noted(&m, Cli::from_arg_matches(&m)?))
+    {
         Ok(Cli {
             command: Command::Serve(args),
             log_format,

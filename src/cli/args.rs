@@ -295,6 +295,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
 
+    /// Whether `admin_listen` is the default, given by neither flag nor variable: taken
+    /// by another process (a second cellrate or ratelimit on the host), it moves to a
+    /// port the kernel chooses, with a warning, instead of failing startup.
+    #[arg(skip)]
+    pub admin_listen_defaulted: bool,
+
     /// Metrics listener (HTTP): /metrics, /healthz, /readyz.
     #[arg(long, env = "CELLRATE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,

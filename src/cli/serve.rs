@@ -1,6 +1,8 @@
 //! `cellrate serve`'s flags turned into the server's settings: the TLS files read, the
 //! store described, the listeners' bounds, and the listeners bound.
 
+use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,9 +260,27 @@ impl ServeArgs {
                 .with_context(|| format!("binding --listen {}", self.listen))?
                 .into(),
         };
-        let admin = tokio::net::TcpListener::bind(self.admin_listen)
-            .await
-            .with_context(|| format!("binding --admin-listen {}", self.admin_listen))?;
+        let admin = match tokio::net::TcpListener::bind(self.admin_listen).await {
+            Ok(admin) => admin,
+            Err(e) if self.admin_listen_defaulted && e.kind() == ErrorKind::AddrInUse => {
+                let elsewhere = SocketAddr::new(self.admin_listen.ip(), 0);
+                let admin = tokio::net::TcpListener::bind(elsewhere)
+                    .await
+                    .with_context(|| format!("binding the admin listener on {elsewhere}"))?;
+                tracing::warn!(
+                    default = %self.admin_listen,
+                    admin = %admin.local_addr().map_or(elsewhere, |a| a),
+                    "the admin listener's default port is taken (another cellrate or \
+                     ratelimit on this host?): it is on a port the kernel chose instead; set \
+                     --admin-listen (CELLRATE_ADMIN_LISTEN) to place it"
+                );
+                admin
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("binding --admin-listen {}", self.admin_listen))
+            }
+        };
         let metrics = tokio::net::TcpListener::bind(self.metrics_listen)
             .await
             .with_context(|| format!("binding --metrics-listen {}", self.metrics_listen))?;

@@ -13,6 +13,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The tests here take port 8082 in turn.
+static PORT_8082: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Waits (bounded) until nothing else holds 127.0.0.1:`port`.
 fn until_free(port: u16) {
     for _ in 0..100 {
@@ -26,6 +29,7 @@ fn until_free(port: u16) {
 
 #[tokio::test]
 async fn port_8082_as_ratelimit_starts_and_serves() {
+    let _turn = PORT_8082.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
@@ -96,5 +100,78 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A `ratelimit` started where its rules live, with upstream's variables and no admin
+/// address of cellrate's: its serving line's fields and every line it logged up to it.
+fn ratelimit_at(root: &std::path::Path) -> (Killed, serde_json::Value, Vec<String>) {
+    let bin = root.join("ratelimit");
+    if !bin.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
+    }
+    let mut child = Command::new(&bin)
+        .env_clear()
+        .env("RUNTIME_ROOT", root)
+        .env("BACKEND_TYPE", "memory")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let child = Killed(child);
+    let mut seen = Vec::new();
+    let serving = (0..1_000)
+        .map_while(|_| lines.recv_timeout(WAIT).ok())
+        .inspect(|l| seen.push(l.clone()))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .map(|v| v["fields"].clone())
+        .find(|f| f["message"] == "cellrate serving");
+    let serving = serving.unwrap_or_else(|| panic!("no serving line: {seen:#?}"));
+    (child, serving, seen)
+}
+
+/// A second `ratelimit` on the same host (the admin listener's default port taken by the
+/// first) starts and serves, its admin listener moved to a kernel port with a warning,
+/// where it exited 1 on `--admin-listen 127.0.0.1:8082`, a flag nobody passed.
+#[tokio::test]
+async fn a_second_ratelimit_on_the_host_moves_its_admin_listener_and_serves() {
+    let _turn = PORT_8082.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("rl.yaml"),
+        "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    until_free(8082);
+    let (_first, first, _) = ratelimit_at(root.path());
+    assert_eq!(first["admin"], "127.0.0.1:8082");
+    let (_second, second, log) = ratelimit_at(root.path());
+    let admin: std::net::SocketAddr = second["admin"].as_str().unwrap().parse().unwrap();
+    assert!(admin.ip().is_loopback() && admin.port() != 8082, "{admin}");
+    let warned = log.iter().any(|l| {
+        l.contains("WARN") && l.contains("default port is taken") && l.contains(&admin.to_string())
+    });
+    assert!(warned, "{log:#?}");
+    for serving in [&first, &second] {
+        let listen = serving["listen"].as_str().unwrap();
+        let mut envoy = RateLimitServiceClient::connect(format!("http://{listen}"))
+            .await
+            .unwrap();
+        let answer = envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "rl".into(),
+                descriptors: vec![descriptor(&[("foo", "a")])],
+                hits_addend: 0,
+            })
+            .await
+            .expect("answered");
+        assert_eq!(answer.into_inner().overall_code, Code::Ok as i32);
     }
 }
