@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 const WAIT: Duration = Duration::from_secs(10);
 
 /// The tests here take port 8082 in turn.
-static PORT_8082: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static PORT_8082: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Waits (bounded) until nothing else holds 127.0.0.1:`port`.
 fn until_free(port: u16) {
@@ -29,7 +29,7 @@ fn until_free(port: u16) {
 
 #[tokio::test]
 async fn port_8082_as_ratelimit_starts_and_serves() {
-    let _turn = PORT_8082.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = PORT_8082.lock().await;
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
@@ -140,7 +140,7 @@ fn ratelimit_at(root: &std::path::Path) -> (Killed, serde_json::Value, Vec<Strin
 /// where it exited 1 on `--admin-listen 127.0.0.1:8082`, a flag nobody passed.
 #[tokio::test]
 async fn a_second_ratelimit_on_the_host_moves_its_admin_listener_and_serves() {
-    let _turn = PORT_8082.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = PORT_8082.lock().await;
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
