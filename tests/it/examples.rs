@@ -244,3 +244,31 @@ async fn reservations_example_holds_and_settles_one_request() {
     );
     s.stop().await;
 }
+
+/// The token examples' budgets say they count tokens (`measures: tokens`): an
+/// OpenAI-style answer shows them in `x-ratelimit-*-tokens`, not as a limit of 1 000 000
+/// requests; the request rates stay requests.
+#[test]
+fn the_token_examples_budgets_measure_tokens() {
+    use cellrate::limits::config::{LimitTable, Measures};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, budget, rate) in [
+        (
+            "examples/budgets/limits",
+            "TokensPerTenant",
+            Some("RequestsPerTenant"),
+        ),
+        ("examples/reservations/limits", "TokensPerTenant", None),
+    ] {
+        let table = LimitTable::load_dir(&root.join(dir)).unwrap();
+        let measures = |name: &str| {
+            let name = table.names().get(name).unwrap();
+            let policy = table.policy(name, "acme").unwrap();
+            policy.behaviour().headers.measures
+        };
+        assert_eq!(measures(budget), Measures::Tokens, "{dir}");
+        if let Some(rate) = rate {
+            assert_eq!(measures(rate), Measures::Requests, "{dir}");
+        }
+    }
+}
