@@ -255,9 +255,11 @@ async fn run_as_ratelimit_cellrates_answers_are_opt_in() {
 }
 
 /// A limit of zero (`requests_per_unit: 0`, envoyproxy/ai-gateway's suspended tenant):
-/// as upstream, a check of no hits passes and the first hit is over, each answered with
-/// the limit and the seconds left in its window, so that Envoy's headers say why; a zero
-/// in shadow mode denies nothing.
+/// as upstream, a check of no hits passes while nothing is counted in the window, and a
+/// hit is over, each answered with the limit and the seconds left in its window, so that
+/// Envoy's headers say why; once a hit is counted (the usage charged at stream end), a
+/// check of no hits is over too ("a 0 budget denies from the second call"); another
+/// tenant's window is its own; a zero in shadow mode denies nothing.
 #[tokio::test]
 async fn run_as_ratelimit_a_zero_limit_admits_no_hits_and_denies_the_first_with_its_limit() {
     const ZERO: &str = "
@@ -310,6 +312,12 @@ descriptors:
             ]
         );
     }
+    let again = ask(&mut c, at(0, "suspended"), &[60]).await;
+    assert_eq!(again.overall_code, Code::OverLimit as i32, "{again:?}");
+    let mut other = at(0, "suspended");
+    other.descriptors[0].entries[0].value = "tenant-b".to_string();
+    let other = ask(&mut c, other, &[60]).await;
+    assert_eq!(other.overall_code, Code::Ok as i32, "{other:?}");
     let shadow = ask(&mut c, at(5, "watched"), &[3_600]).await;
     assert_eq!(shadow.overall_code, Code::Ok as i32, "{shadow:?}");
 }

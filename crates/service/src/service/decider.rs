@@ -108,7 +108,10 @@ impl Decider {
                 && r.mode.counts()
         });
         // Charges are recorded even in a blocked batch.
-        let store_items = store_items(&resolved, |r| match r.mode {
+        let store_items = store_items(&resolved, true, |r| match r.mode {
+            // A zero limit's window counts every hit, and is peeked at by no hits.
+            _ if matches!(r.rule, Rule::Zero(_)) && r.cost > 0 => Mode::Charge,
+            _ if matches!(r.rule, Rule::Zero(_)) => Mode::Probe,
             _ if r.oversize => Mode::Probe,
             Mode::Charge => Mode::Charge,
             // A release gives back what was held, whatever the batch decides.
@@ -139,7 +142,9 @@ impl Decider {
                     _ if merged.is_some() => merged.map_or(DENIED, |m| m.decision),
                     Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
                     Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
-                    Rule::Zero(unit) => zero(unit, r.cost, r.mode),
+                    Rule::Zero(unit) => {
+                        zero(unit, store_decisions.next().unwrap_or(DENIED), r.cost)
+                    }
                     Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
                         UNLIMITED
                     }
@@ -183,7 +188,8 @@ impl Decider {
     ) -> Result<BatchResult, DecideError> {
         let resolved = self.resolve(table, items, options)?;
         super::resolve::lease_rules(&resolved, true)?;
-        let store_items = store_items(&resolved, |_| Mode::CheckAndSpend);
+        // Nothing is given back to a zero limit's window (it answers unchanged).
+        let store_items = store_items(&resolved, false, |_| Mode::CheckAndSpend);
         let decisions = if store_items.is_empty() {
             Vec::new()
         } else {
@@ -240,23 +246,57 @@ impl Decider {
     }
 }
 
-/// The store items of `resolved`'s limited items, each in the mode `mode` gives it.
-fn store_items(resolved: &[Resolved], mode: impl Fn(&Resolved) -> Mode) -> Vec<StoreItem> {
+/// The store items of `resolved`'s limited items, each in the mode `mode` gives it; with
+/// `zero`, the windows of zero limits too (see [`zero_window`]).
+fn store_items(
+    resolved: &[Resolved],
+    zero: bool,
+    mode: impl Fn(&Resolved) -> Mode,
+) -> Vec<StoreItem> {
     resolved
         .iter()
-        .filter_map(|r| match r.rule {
-            // Decided by the item it was merged into.
-            _ if r.merged_into.is_some() => None,
-            Rule::Limited(limit) => Some(StoreItem {
+        .filter_map(|r| {
+            let limit = match r.rule {
+                // Decided by the item it was merged into.
+                _ if r.merged_into.is_some() => return None,
+                Rule::Limited(limit) => limit,
+                Rule::Zero(unit) if zero => zero_window(unit)?,
+                _ => return None,
+            };
+            Some(StoreItem {
                 key: r.key.clone(),
                 limit,
                 cost: r.cost,
                 mode: mode(r),
                 lease: r.lease.clone(),
-            }),
-            _ => None,
+            })
         })
         .collect()
+}
+
+/// The window a zero limit counts its hits in, as envoyproxy/ratelimit's counter does
+/// (`INCRBY`, then over when above 0): a window of one, charged whatever a request's hits
+/// (recorded, over the limit too) and peeked at a cost of 0. A request of no hits passes
+/// only while the window has counted nothing (one token left).
+fn zero_window(unit: CalendarPeriod) -> Option<cellrate_core::gcra::Limit> {
+    cellrate_core::gcra::Limit::calendar(1, unit).ok()
+}
+
+/// The answer of a zero limit whose window (of `unit`) answered `counted`: a request of no
+/// hits passes while the window is empty, any hit is over; nothing remains, and the
+/// window's end on the wall clock is the reset (an empty window's own is 0), and a
+/// denial's retry, as envoyproxy/ratelimit answers it: no retry passes while the limit is
+/// zero.
+fn zero(unit: CalendarPeriod, counted: Decision, cost: u64) -> Decision {
+    let allowed = cost == 0 && counted.remaining >= 1;
+    let now = SystemClock.now();
+    let reset_in = unit.window_end(now).saturating_sub(now);
+    Decision {
+        allowed,
+        remaining: 0,
+        retry_in: if allowed { 0 } else { reset_in },
+        reset_in,
+    }
 }
 
 /// The store's decisions, checked to be one per item: a store that answers for fewer
@@ -325,22 +365,6 @@ const UNLIMITED: Decision = Decision {
 };
 
 /// The decision reported for deny-listed items.
-/// The decision of a limit of zero a window: `cost` 0 (or an item that counts nothing)
-/// passes, anything more is over; nothing remains, and the window's end is the reset.
-/// A denial's retry is the window's end too, as envoyproxy/ratelimit answers it (no retry
-/// passes while the limit is zero).
-fn zero(unit: CalendarPeriod, cost: u64, mode: Mode) -> Decision {
-    let now = SystemClock.now();
-    let reset_in = unit.window_end(now).saturating_sub(now);
-    let allowed = cost == 0 || !mode.counts();
-    Decision {
-        allowed,
-        remaining: 0,
-        retry_in: if allowed { 0 } else { reset_in },
-        reset_in,
-    }
-}
-
 const DENIED: Decision = Decision {
     allowed: false,
     remaining: 0,

@@ -156,10 +156,11 @@ impl Decider {
                         refused |= self.check_caller(i, limit, options)?;
                         BucketKey::caller_given('r', limit, digest)
                     }
+                    // A zero limit counts in its unit's window.
                     _ => BucketKey::windowed(
                         RATELIMIT_NUMBER,
                         digest,
-                        limit.map_or(Window::Gcra, |l| l.window()),
+                        limit.map_or(Window::Calendar(*unit), |l| l.window()),
                     ),
                 };
                 Bucket {
