@@ -32,6 +32,19 @@ pub struct EnvoyArgs {
     )]
     pub ratelimit_header_names: HeaderNames,
 
+    /// envoyproxy/ratelimit's three fields (limit, remaining, seconds to reset) for the
+    /// upstream request too (`request_headers_to_add`, which Envoy adds to a request it lets
+    /// through), under these names: LIMIT,REMAINING,RESET. Of the same descriptor as the
+    /// ratelimit style's response headers; on every answer that has a limit. Off unless
+    /// given.
+    #[arg(
+        long,
+        env = "CELLRATE_RATELIMIT_REQUEST_HEADERS",
+        value_name = "LIMIT,REMAINING,RESET",
+        value_parser = parse_header_names
+    )]
+    pub ratelimit_request_headers: Option<HeaderNames>,
+
     /// Retry-After on OVER_LIMIT answers (true or false).
     #[arg(long, env = "CELLRATE_RETRY_AFTER", default_value_t = EnvoyOptions::default().retry_after, action = clap::ArgAction::Set)]
     pub retry_after: bool,
@@ -97,6 +110,7 @@ impl EnvoyArgs {
         EnvoyOptions {
             headers: self.rate_limit_headers,
             header_names: self.ratelimit_header_names.clone(),
+            request_header_names: self.ratelimit_request_headers.clone(),
             shadow: self.shadow,
             ratelimit_counting: self.ratelimit_counting,
             limit_names: self.envoy_limit_names,

@@ -193,6 +193,25 @@ pub(super) fn answers(
             names.join(","),
         );
     }
+    // envoyproxy/ratelimit's PR #1168 (open when read, at 619b2d3): the same three for
+    // the upstream request.
+    if flag("LIMIT_REQUEST_HEADERS_ENABLED")? {
+        let mut names = Vec::new();
+        for (name, default) in [
+            ("LIMIT_REQUEST_LIMIT_HEADER", "RateLimit-Limit"),
+            ("LIMIT_REQUEST_REMAINING_HEADER", "RateLimit-Remaining"),
+            ("LIMIT_REQUEST_RESET_HEADER", "RateLimit-Reset"),
+        ] {
+            let value = var(name).unwrap_or_else(|| default.to_string());
+            crate::service::envoy::check_header_name(&value).map_err(|e| format!("{name}: {e}"))?;
+            names.push(value);
+        }
+        unless(
+            "CELLRATE_RATELIMIT_REQUEST_HEADERS",
+            "--ratelimit-request-headers",
+            names.join(","),
+        );
+    }
     if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
         flags.push("--stop-increment-when-over-limit".to_string());
     }

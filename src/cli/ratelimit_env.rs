@@ -186,6 +186,7 @@ pub(crate) mod tests {
             ],
             &[memory, ("USE_PROMETHEUS", "true")],
             &[memory, ("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+            &[memory, ("LIMIT_REQUEST_HEADERS_ENABLED", "true")],
             &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_HOST_PORT", "m:1")],
         ];
         let mut silent = Vec::new();

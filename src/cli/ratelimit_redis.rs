@@ -57,6 +57,16 @@ pub(super) fn store(
         flags.extend(["--redis-prefix".to_string(), prefix]);
     }
     flags.extend(["--store".to_string(), "redis".to_string()]);
+    // envoyproxy/ratelimit's PR #1191 (open when read, at e5e39dd): a READONLY answer
+    // drops the connection. Said for sentinel and cluster too, where the master is
+    // followed (the cluster's nodes) by themselves.
+    let readonly = var("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR");
+    if boolean(
+        "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+        readonly.as_deref().unwrap_or("false"),
+    )? {
+        flags.push("--redis-reconnect-on-readonly".to_string());
+    }
     match var("REDIS_TYPE").as_deref().unwrap_or("single") {
         "single" | "SINGLE" => flags.extend(["--redis-url".to_string(), checked(&urls)?]),
         "cluster" | "CLUSTER" => {

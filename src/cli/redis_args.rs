@@ -150,6 +150,12 @@ pub struct RedisArgs {
     /// Make /readyz fail while Redis does (by default readiness ignores Redis).
     #[arg(long, env = "CELLRATE_REDIS_REQUIRED_FOR_READY")]
     pub redis_required_for_ready: bool,
+
+    /// A call answered READONLY (the Redis at --redis-url became a replica) drops the
+    /// connection, so that the next call connects through the URL again (to the new
+    /// primary, when a failover behind DNS or a proxy moved it); the call fails.
+    #[arg(long, env = "CELLRATE_REDIS_RECONNECT_ON_READONLY")]
+    pub redis_reconnect_on_readonly: bool,
 }
 
 impl RedisArgs {
@@ -289,6 +295,7 @@ impl RedisArgs {
                 call_bytes: self.redis_call_max_bytes as usize,
                 queued_items: self.redis_queue_max_items as usize,
             },
+            reconnect_on_readonly: self.redis_reconnect_on_readonly,
             ..RedisSettings::default()
         })
     }

@@ -33,6 +33,8 @@ mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_leases;
 #[cfg(feature = "redis")]
+mod redis_readonly;
+#[cfg(feature = "redis")]
 mod redis_store;
 #[cfg(feature = "redis")]
 mod redis_tls;

@@ -356,3 +356,63 @@ async fn run_as_ratelimit_log_level_debug_logs_decisions_not_frames() {
     assert_eq!(decisions, 10, "{lines} lines read");
     assert_eq!(libraries, 0, "library debug lines among {lines}");
 }
+
+/// LIMIT_REQUEST_HEADERS_ENABLED and its three names (envoyproxy/ratelimit's PR #1168):
+/// the limit, remaining and seconds to reset of the descriptor the response headers speak
+/// of, for the upstream request (`request_headers_to_add`), on an OK answer and an
+/// OVER_LIMIT one alike; beside LIMIT_RESPONSE_HEADERS_ENABLED the two carry the same
+/// values; off by default.
+#[tokio::test]
+async fn run_as_ratelimit_request_headers_carry_the_closest_limit_to_the_upstream() {
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let vars = [
+        ("BACKEND_TYPE", "memory"),
+        ("LIMIT_REQUEST_HEADERS_ENABLED", "true"),
+        ("LIMIT_REQUEST_LIMIT_HEADER", "X-Upstream-Limit"),
+        ("LIMIT_REQUEST_REMAINING_HEADER", "X-Upstream-Remaining"),
+        ("LIMIT_REQUEST_RESET_HEADER", "X-Upstream-Reset"),
+    ];
+    let (_child, listen) = start(root.path(), &vars);
+    let (_both, both) = start(
+        root.path(),
+        &[&vars[..], &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")]].concat(),
+    );
+    let (_plain, plain) = start(root.path(), &[("BACKEND_TYPE", "memory")]);
+    clear_of_a_minute_end();
+    let three = |limit: u32, remaining: u32, reset: &DescriptorStatus| {
+        let reset = reset.duration_until_reset.as_ref().unwrap().seconds;
+        vec![
+            header("X-Upstream-Limit", limit.to_string()),
+            header("X-Upstream-Remaining", remaining.to_string()),
+            header("X-Upstream-Reset", reset.to_string()),
+        ]
+    };
+    let mut c = client(&listen).await;
+    // key3: 10 an hour, key2: 20 a minute; the one with the fewest left speaks.
+    let r = || request("another", &[&[("key2", "req")], &[("key3", "req")]]);
+    let first = ask(&mut c, r(), &[60, 3_600]).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert_eq!(
+        first.request_headers_to_add,
+        three(10, 9, &first.statuses[1])
+    );
+    assert!(first.response_headers_to_add.is_empty());
+    let mut last = first;
+    for _ in 0..10 {
+        last = ask(&mut c, r(), &[60, 3_600]).await;
+    }
+    assert_eq!(last.overall_code, Code::OverLimit as i32);
+    assert_eq!(last.request_headers_to_add, three(10, 0, &last.statuses[1]));
+    let mut c = client(&both).await;
+    let answer = ask(&mut c, r(), &[60, 3_600]).await;
+    let names = ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
+    let upstream = three(10, 9, &answer.statuses[1]);
+    let response: Vec<HeaderValue> = (upstream.iter().zip(names))
+        .map(|(h, name)| header(name, h.value.clone()))
+        .collect();
+    assert_eq!(answer.request_headers_to_add, upstream);
+    assert_eq!(answer.response_headers_to_add, response);
+    let mut c = client(&plain).await;
+    let answer = ask(&mut c, r(), &[60, 3_600]).await;
+    assert!(answer.request_headers_to_add.is_empty());
+}

@@ -20,7 +20,7 @@ use cellrate_core::clock::Nanos;
 const START_DEADLINE: Duration = Duration::from_secs(1);
 
 pub(super) enum Connection {
-    Single(ConnectionManager),
+    Single(Box<SingleLink>),
     /// The master the sentinels name, followed across failovers.
     Sentinel(std::sync::Arc<SentinelLink>),
     /// One Redis over TLS made here, for `--redis-tls-ca` (see `tls.rs`).
@@ -62,7 +62,10 @@ impl Connection {
             let url = settings.url.as_deref().ok_or_else(|| {
                 StoreError::Config("redis: no --redis-url or cluster nodes".into())
             })?;
-            if let Some(link) = TlsLink::for_url(url, &settings.tls, connect_timeout, timeout)? {
+            let readonly = settings.reconnect_on_readonly;
+            if let Some(link) =
+                TlsLink::for_url(url, &settings.tls, connect_timeout, timeout, readonly)?
+            {
                 return Ok(Connection::Tls(Box::new(link)));
             }
             let client = match certificates(&settings.tls) {
@@ -70,9 +73,8 @@ impl Connection {
                 None => redis::Client::open(url),
             }
             .map_err(|e| StoreError::Config(format!("redis url: {e}")))?;
-            let manager = ConnectionManager::new_lazy_with_config(client, manager_config())
-                .map_err(|e| store_error("connection", e))?;
-            Ok(Connection::Single(manager))
+            let link = SingleLink::new(client, manager_config(), settings.reconnect_on_readonly)?;
+            Ok(Connection::Single(Box::new(link)))
         } else {
             let mut builder =
                 redis::cluster::ClusterClientBuilder::new(settings.cluster_nodes.clone())
@@ -100,13 +102,7 @@ impl Connection {
         context: &'static str,
     ) -> Result<T, StoreError> {
         match self {
-            Connection::Single(manager) => {
-                let mut manager = manager.clone();
-                invocation
-                    .invoke_async::<T>(&mut manager)
-                    .await
-                    .map_err(|e| store_error(context, e))
-            }
+            Connection::Single(link) => link.invoke(invocation, context).await,
             Connection::Sentinel(link) => link.invoke(invocation, context).await,
             Connection::Tls(link) => link.invoke(invocation, context).await,
             Connection::Cluster { client, connection } => {
@@ -124,6 +120,69 @@ impl Connection {
                     .await
                     .map_err(|e| store_error(context, e))
             }
+        }
+    }
+}
+
+/// One Redis at a URL, through redis-rs's reconnecting manager; with
+/// `reconnect_on_readonly`, a `READONLY` answer replaces the manager (its connection
+/// dropped once no call holds it), so that the next call connects through the URL again.
+pub(super) struct SingleLink {
+    client: redis::Client,
+    config: redis::aio::ConnectionManagerConfig,
+    /// The manager, and how many were made before it.
+    manager: parking_lot::RwLock<(u64, ConnectionManager)>,
+    reconnect_on_readonly: bool,
+}
+
+impl SingleLink {
+    fn new(
+        client: redis::Client,
+        config: redis::aio::ConnectionManagerConfig,
+        reconnect_on_readonly: bool,
+    ) -> Result<SingleLink, StoreError> {
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| store_error("connection", e))?;
+        Ok(SingleLink {
+            client,
+            config,
+            manager: parking_lot::RwLock::new((0, manager)),
+            reconnect_on_readonly,
+        })
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        context: &'static str,
+    ) -> Result<T, StoreError> {
+        let (generation, mut manager) = self.manager.read().clone();
+        let result = invocation.invoke_async::<T>(&mut manager).await;
+        match result {
+            Err(e) if self.reconnect_on_readonly && super::errors::read_only(&e) => {
+                self.replace(generation);
+                Err(store_error(context, e))
+            }
+            result => result.map_err(|e| store_error(context, e)),
+        }
+    }
+
+    /// A new manager in place of number `generation`, unless a call has replaced it
+    /// already (many calls answered READONLY at once connect again once).
+    fn replace(&self, generation: u64) {
+        let mut current = self.manager.write();
+        if current.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(manager) => {
+                *current = (generation + 1, manager);
+                tracing::warn!(
+                    "redis answered READONLY (the Redis at the URL is a replica now): \
+                     connecting through the URL again"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "redis: connecting again after READONLY"),
         }
     }
 }

@@ -21,3 +21,9 @@ fn failure_kind(e: &redis::RedisError) -> FailureKind {
         FailureKind::Other
     }
 }
+
+/// Whether `e` says the Redis that answered is a replica: `READONLY`, as its own reply or
+/// inside a script's error (a write of the script refused).
+pub(super) fn read_only(e: &redis::RedisError) -> bool {
+    e.code() == Some("READONLY") || e.to_string().contains("READONLY")
+}

@@ -262,6 +262,6 @@ fn failover_explains(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
-        || e.to_string().contains("READONLY")
+        || matches!(e.code(), Some("MASTERDOWN" | "LOADING"))
+        || super::errors::read_only(e)
 }

@@ -68,6 +68,13 @@ pub struct RedisSettings {
     /// is denied (docs/redis-store.md, "Leases").
     pub max_lease_keys: usize,
     pub lease_name_share: usize,
+    /// A call answered `READONLY` (the Redis at the URL became a replica) drops its
+    /// connection, so that the next call connects again through the URL, which a failover
+    /// behind DNS, a Service or a proxy points at the new primary; the call itself fails
+    /// (envoyproxy/ratelimit's REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR). For one Redis at
+    /// a URL, with or without TLS; the sentinels' master is followed by itself, a
+    /// cluster's nodes by the cluster client.
+    pub reconnect_on_readonly: bool,
 }
 
 /// Why custom certificates are refused with Sentinel: redis-rs's Sentinel checks a
@@ -129,6 +136,7 @@ impl Default for RedisSettings {
             tls: RedisTls::default(),
             max_lease_keys: crate::memory::DEFAULT_MAX_LEASES,
             lease_name_share: crate::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
+            reconnect_on_readonly: false,
         }
     }
 }

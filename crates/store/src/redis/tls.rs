@@ -139,6 +139,8 @@ pub(super) struct TlsLink {
     response_timeout: Duration,
     current: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
     generations: AtomicU64,
+    /// A `READONLY` answer drops the connection too (see `RedisSettings`).
+    reconnect_on_readonly: bool,
 }
 
 impl TlsLink {
@@ -149,6 +151,7 @@ impl TlsLink {
         tls: &super::RedisTls,
         connect_timeout: Duration,
         response_timeout: Duration,
+        reconnect_on_readonly: bool,
     ) -> Result<Option<TlsLink>, StoreError> {
         use redis::IntoConnectionInfo;
         let Some(ca) = &tls.ca else { return Ok(None) };
@@ -178,6 +181,7 @@ impl TlsLink {
             response_timeout,
             current: tokio::sync::Mutex::new(None),
             generations: AtomicU64::new(0),
+            reconnect_on_readonly,
         }))
     }
 
@@ -190,7 +194,9 @@ impl TlsLink {
         let (generation, mut connection) = self.connection().await?;
         let result = invocation.invoke_async::<T>(&mut connection).await;
         if let Err(e) = &result {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+            let replica = self.reconnect_on_readonly && super::errors::read_only(e);
+            if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() || replica
+            {
                 let mut current = self.current.lock().await;
                 if current.as_ref().is_some_and(|(g, _)| *g == generation) {
                     *current = None;

@@ -105,6 +105,9 @@ pub struct EnvoyOptions {
     pub headers: HeaderStyle,
     /// The names of [`HeaderStyle::Ratelimit`]'s headers.
     pub header_names: HeaderNames,
+    /// envoyproxy/ratelimit's three fields for the upstream request
+    /// (`request_headers_to_add`), under these names (its LIMIT_REQUEST_HEADERS_ENABLED).
+    pub request_header_names: Option<HeaderNames>,
     /// Global shadow mode: decide, spend and count, but always answer OK.
     pub shadow: bool,
     /// How envoyproxy/ratelimit-format limits count.
@@ -141,6 +144,7 @@ impl Default for EnvoyOptions {
         EnvoyOptions {
             headers: HeaderStyle::Off,
             header_names: HeaderNames::default(),
+            request_header_names: None,
             shadow: false,
             ratelimit_counting: RatelimitCounting::FixedWindow,
             limit_names: true,

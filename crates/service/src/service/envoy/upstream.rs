@@ -36,11 +36,20 @@ impl EnvoyRateLimitService {
                 limit.name.clone_from(name);
             }
         }
-        if self.options.headers == HeaderStyle::Ratelimit {
+        let request_names = self.options.request_header_names.as_ref();
+        if self.options.headers == HeaderStyle::Ratelimit || request_names.is_some() {
+            // One descriptor for both (envoyproxy/ratelimit's PR #1168): the last over
+            // its limit not in quota mode, else the first with the fewest remaining.
             if let Some(status) = closest(&response.statuses, &batch.quota()) {
-                let three = trio(status, &self.options.header_names).map(header_value);
-                // First, before a Retry-After asked for beside them.
-                response.response_headers_to_add.splice(0..0, three);
+                if let Some(names) = request_names {
+                    let three = trio(status, names).map(header_value);
+                    response.request_headers_to_add.extend(three);
+                }
+                if self.options.headers == HeaderStyle::Ratelimit {
+                    let three = trio(status, &self.options.header_names).map(header_value);
+                    // First, before a Retry-After asked for beside them.
+                    response.response_headers_to_add.splice(0..0, three);
+                }
             }
         }
         if self.options.metadata == MetadataStyle::Ratelimit {
