@@ -27,6 +27,9 @@ pub const MAX_RESOURCES: usize = crate::limits::config::MAX_DIR_ENTRIES;
 /// The most descriptors (every level) and `replaces` entries in one update, all domains
 /// together: as many as one file may hold.
 pub const MAX_ELEMENTS: usize = MAX_DESCRIPTORS;
+/// Bytes of descriptor `metadata` one update may carry (encoded): what it costs decoded
+/// (a `Struct`'s maps, each value boxed) is some times that, kept with the limits.
+pub(super) const MAX_METADATA_BYTES: usize = 256 * 1024;
 
 /// `envoy.service.discovery.v3.DiscoveryResponse`, with the fields read here.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -114,6 +117,8 @@ fn each_field<'a>(
 #[derive(Default)]
 struct Count {
     elements: usize,
+    /// Bytes of the descriptors' `metadata`, at most [`MAX_METADATA_BYTES`] an update.
+    metadata: usize,
 }
 
 impl Count {
@@ -139,6 +144,15 @@ impl Count {
                 // rate_limit: its replaces.
                 (3, Some(policy)) => each_field(policy, 5, |_| self.one())?,
                 (4, Some(child)) => self.descriptor(child, depth + 1)?,
+                (8, Some(metadata)) => {
+                    self.metadata += metadata.len();
+                    if self.metadata > MAX_METADATA_BYTES {
+                        return Err(format!(
+                            "more than {MAX_METADATA_BYTES} bytes of descriptor metadata in one \
+                             update"
+                        ));
+                    }
+                }
                 _ => {}
             }
         }
@@ -335,6 +349,34 @@ mod tests {
             MAX_ELEMENTS
         ])]);
         assert!(matches!(receive(&at).unwrap(), Received::Response(_)));
+    }
+
+    /// Plays the attacker (a control plane gone wrong): descriptor metadata is bounded in
+    /// bytes per update before any of it is built; up to the bound it is decoded.
+    #[test]
+    fn descriptor_metadata_beyond_its_bytes_is_refused_unbuilt() {
+        use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+        let with = |bytes: usize| RateLimitDescriptor {
+            key: "k".into(),
+            metadata: Some(Struct {
+                fields: [(
+                    "m".to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue("x".repeat(bytes))),
+                    },
+                )]
+                .into(),
+            }),
+            ..Default::default()
+        };
+        let tenth = MAX_METADATA_BYTES / 10;
+        let over = response(vec![domain(vec![with(tenth); 11])]);
+        assert_eq!(
+            refusal(&over),
+            format!("more than {MAX_METADATA_BYTES} bytes of descriptor metadata in one update")
+        );
+        let under = response(vec![domain(vec![with(tenth - 16); 10])]);
+        assert!(matches!(receive(&under).unwrap(), Received::Response(_)));
     }
 
     #[test]

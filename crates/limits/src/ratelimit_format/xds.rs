@@ -5,11 +5,12 @@
 //! the same (`ConfigXdsProtoToYaml`).
 //!
 //! The messages are declared here with the fields cellrate reads, wire-compatible with
-//! `ratelimit.config.ratelimit.v3` (the same tags): a descriptor's `metadata` (returned
-//! to Envoy as dynamic metadata there, not sent here) is skipped by the decoder instead
-//! of being built, so that what a resource costs in memory is bounded by its counted
-//! descriptors (`crate::server::xds` counts them before decoding).
+//! `ratelimit.config.ratelimit.v3` (the same tags). What a resource costs in memory is
+//! bounded before it is decoded (`crate::server::xds` counts its descriptors and the bytes
+//! of their `metadata`).
 
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, Value};
 use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitUnit;
 
 use super::read::{RawDescriptor, RawRateLimit, RawReplaces, RawRoot};
@@ -36,7 +37,7 @@ pub struct RateLimitConfig {
     pub descriptors: Vec<RateLimitDescriptor>,
 }
 
-/// `ratelimit.config.ratelimit.v3.RateLimitDescriptor`, without its `metadata` (tag 8).
+/// `ratelimit.config.ratelimit.v3.RateLimitDescriptor`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RateLimitDescriptor {
     #[prost(string, tag = "1")]
@@ -53,6 +54,9 @@ pub struct RateLimitDescriptor {
     pub detailed_metric: bool,
     #[prost(bool, tag = "7")]
     pub quota_mode: bool,
+    /// Returned to Envoy in dynamic metadata (RESPONSE_DYNAMIC_METADATA), as a file's.
+    #[prost(message, optional, tag = "8")]
+    pub metadata: Option<Struct>,
 }
 
 /// `ratelimit.config.ratelimit.v3.RateLimitPolicy`.
@@ -109,8 +113,29 @@ fn descriptor(d: &RateLimitDescriptor) -> RawDescriptor {
         // Not in the resource: the file-only switches are off.
         value_to_metric: false,
         share_threshold: false,
-        // Dynamic metadata is not sent (as for files).
-        metadata: None,
+        // As upstream reads it (`structpbToMap`): into the file's shape.
+        metadata: d.metadata.as_ref().map(|m| yaml_of_fields(&m.fields)),
+    }
+}
+
+/// A `Struct`'s fields as the YAML mapping a file would hold.
+fn yaml_of_fields(fields: &std::collections::HashMap<String, Value>) -> serde_yaml_ng::Value {
+    let mut map = serde_yaml_ng::Mapping::new();
+    for (key, value) in fields {
+        map.insert(serde_yaml_ng::Value::String(key.clone()), yaml_of(value));
+    }
+    serde_yaml_ng::Value::Mapping(map)
+}
+
+fn yaml_of(value: &Value) -> serde_yaml_ng::Value {
+    use serde_yaml_ng::Value as Y;
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => Y::Null,
+        Some(Kind::BoolValue(b)) => Y::Bool(*b),
+        Some(Kind::NumberValue(n)) => Y::Number((*n).into()),
+        Some(Kind::StringValue(s)) => Y::String(s.clone()),
+        Some(Kind::ListValue(list)) => Y::Sequence(list.values.iter().map(yaml_of).collect()),
+        Some(Kind::StructValue(s)) => yaml_of_fields(&s.fields),
     }
 }
 
@@ -244,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn the_messages_read_what_envoy_types_writes_and_skip_metadata() {
+    fn the_messages_read_what_envoy_types_writes_metadata_too() {
         use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
         use envoy_types::pb::ratelimit::config::ratelimit::v3 as theirs;
         let sent = theirs::RateLimitConfig {
@@ -288,6 +313,17 @@ mod tests {
         assert_eq!(policy.name, "week");
         assert_eq!(policy.replaces[0].name, "r");
         assert_eq!(d.descriptors[0].key, "sub");
+        assert_eq!(d.metadata, sent.descriptors[0].metadata);
+        // Read as a file's: answered back as the same Struct.
+        let mut domains = RatelimitDomains::default();
+        let mut problems = Vec::new();
+        domains.add_xds(&read, &mut |_, why| problems.push(why));
+        assert!(problems.is_empty(), "{problems:?}");
+        let found = domains.find("d", &[("k", "v")]).unwrap();
+        assert_eq!(
+            found.limit.metadata.as_deref(),
+            sent.descriptors[0].metadata.as_ref()
+        );
         assert_eq!(
             TYPE_URL,
             <theirs::RateLimitConfig as prost::Name>::type_url()
