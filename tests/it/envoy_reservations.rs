@@ -487,3 +487,54 @@ async fn one_tenants_holds_cannot_deny_another_tenants_hold() {
     );
     s.stop().await;
 }
+
+/// A budget declared `overdraw: true` with a `reservation:` block (the tokens a response
+/// used charged after the fact, into debt if need be): a hold's estimate is decided as a
+/// spend, so a denied hold charges nothing. 20 requests holding 3 000 each on 30 000
+/// tokens, each using 1 000: 10 held and settled leave 20 000, where every denied hold's
+/// estimate stayed charged (-10 000). A settlement beyond its estimate still overdraws.
+#[tokio::test]
+async fn on_an_overdraw_budget_a_denied_hold_charges_nothing() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/reservations/limits");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let defaults = "TokensPerTenant:\n  burst: 30000\n  count: 30000\n  period: 1d\n  \
+                    overdraw: true\n  reservation: {hold: 10m, unsettled: release}\n";
+    let files: Vec<(String, String)> = [
+        ("names.yaml", read("names.yaml")),
+        ("defaults.yaml", defaults.to_string()),
+        ("descriptors.yaml", read("descriptors.yaml")),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_string(), t))
+    .collect();
+    let table = LimitTable::from_files(&files).expect("the limits load");
+    let mut s = Served::with_limits(table).await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let id = format!("r{i}");
+        match ask(&mut s, "tokens", vec![hold("acme", &id, 3_000)]).await {
+            OK => held.push(id),
+            code => assert_eq!(code, OVER),
+        }
+    }
+    assert_eq!(held.len(), 10);
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 0);
+    for id in &held {
+        assert_eq!(
+            ask(&mut s, "tokens", vec![settle("acme", id, 1_000)]).await,
+            OK
+        );
+    }
+    assert_eq!(remaining(&mut s, NAME, "acme").await, 20_000);
+    // Used beyond its estimate: charged whatever is left (the budget's overdraw).
+    assert_eq!(
+        ask(&mut s, "tokens", vec![hold("acme", "big", 3_000)]).await,
+        OK
+    );
+    assert_eq!(
+        ask(&mut s, "tokens", vec![settle("acme", "big", 25_000)]).await,
+        OK
+    );
+    assert_eq!(remaining(&mut s, NAME, "acme").await, -5_000);
+    s.stop().await;
+}

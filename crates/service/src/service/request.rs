@@ -180,6 +180,10 @@ pub struct CheckOptions {
     /// A kept Check's spend, made once under its token ([`cellrate_store::Store::spend_once`]),
     /// or with `resolve` only resolved ([`cellrate_store::Store::resolve_once`]).
     pub once: Option<OnceSpend>,
+    /// The Check holds an estimate (a reservation): its items are decided as spends even
+    /// on a limit declared `overdraw`, so that a denied hold charges nothing (an estimate
+    /// is not usage; what a settlement finds used beyond it still goes into debt).
+    pub holds: bool,
 }
 
 /// A spend under a token (see [`CheckOptions::once`]).

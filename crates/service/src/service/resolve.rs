@@ -208,8 +208,9 @@ impl Decider {
             // A lease is taken or freed, or nothing: shadow mode does not apply to it.
             mode if mode.is_lease() => mode,
             _ if shadow => Mode::SpendOnly,
-            // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left.
-            Mode::CheckAndSpend if behaviour.overdraw => Mode::Charge,
+            // On a limit declared `overdraw`, a spend is a charge: recorded whatever is left
+            // (not a hold's estimate, `CheckOptions::holds`).
+            Mode::CheckAndSpend if behaviour.overdraw && !options.holds => Mode::Charge,
             mode => mode,
         };
         let (cost, oversize) = cost(i, item, rule, mode, refused, &bucket.name, options)?;

@@ -469,6 +469,7 @@ impl EnvoyRateLimitService {
             shadow_all: self.options.shadow,
             merge_duplicates: true,
             once: None,
+            holds: false,
         };
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),

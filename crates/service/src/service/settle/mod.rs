@@ -192,6 +192,7 @@ impl Settler {
                     once,
                     resolve: false,
                 }),
+                holds: hold.is_some(),
                 ..CheckOptions::default()
             };
             let result = decider.check_with(&table, &items, options).await;

@@ -121,6 +121,8 @@ impl Settler {
                 once,
                 resolve: true,
             }),
+            // Resolved as it was spent (see `Settler::check`).
+            holds: holds.iter().flatten().any(|h| h.holds),
             ..CheckOptions::default()
         };
         let result = decider.check_with(&table, items, options).await;
