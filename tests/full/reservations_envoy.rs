@@ -800,3 +800,87 @@ async fn a_reservation_is_settled_once_across_replicas_on_redis() {
     // A hold of nothing under a new id answers the balance.
     assert_eq!(ask(&mut on_a, "probe", 0, false).await, (ok, left - 1_500));
 }
+
+/// A second rate-limit filter (a request rate per tenant) placed after the token filter,
+/// the order a reader would write: the request it denies has held its estimate already.
+/// The example's `local_reply_config` makes every reply of Envoy's own say it used no
+/// tokens, so the stream end settles that hold to 0 at once; without it the 429 carries
+/// no usage header, no settlement is sent, and the estimate stays held until the limit's
+/// `hold` (10 minutes): 17 592 left where 19 392 was right in the issue's trial.
+#[tokio::test]
+async fn a_request_another_filter_denies_gives_its_estimate_back_at_once() {
+    let (model_addr, model) = model().await;
+    model.open_gate();
+    let files: Vec<(String, String)> = [
+        (
+            "names.yaml",
+            format!(
+                "{NAME}: {{number: 120, format: string}}\n\
+                 RequestsPerTenant: {{number: 121, format: string}}\n"
+            ),
+        ),
+        (
+            "defaults.yaml",
+            format!(
+                "{NAME}: {{window: calendar, count: {BUDGET}, period: 1d, \
+                 reservation: {{hold: 10m, unsettled: release}}}}\n\
+                 RequestsPerTenant: {{burst: 1, count: 1, period: 1m}}\n"
+            ),
+        ),
+        (
+            "descriptors.yaml",
+            "tokens:\n  - match: [{key: tenant}, {key: request}]\n    limits: [TokensPerTenant]\n    \
+             id: \"{tenant}\"\n    reserve: request\n\
+             requests:\n  - match: [{key: tenant}]\n    limits: [RequestsPerTenant]\n    \
+             id: \"{tenant}\"\n"
+                .to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_string(), t))
+    .collect();
+    let mut s = Served::with_limits(LimitTable::from_files(&files).unwrap()).await;
+    let rls = s.decisions_addr;
+    let proxy = envoy(rls, model_addr, |config| {
+        // The request rate's filter, after the token filter (before the router).
+        let second = yaml(
+            "{name: requests, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit, \
+             domain: requests, failure_mode_deny: true, timeout: 2s, rate_limit_service: \
+             {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: cellrate}}}}}",
+        );
+        let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["http_filters"]
+            .as_sequence_mut()
+            .unwrap();
+        let router = filters.len() - 1;
+        filters.insert(router, second);
+        model_route(config)["typed_per_filter_config"]
+            .as_mapping_mut()
+            .unwrap()
+            .insert(
+                "requests".into(),
+                yaml(
+                    "{'@type': type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute, \
+                     rate_limits: [{actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]}]}",
+                ),
+            );
+    })
+    .await;
+    let request = "x-max-tokens: 3000\r\nx-test-cost: 1000\r\n";
+    assert_eq!(post(proxy.ingress, request).await, 200);
+    let used = BUDGET as i64 - 1_000;
+    let settled = async || remaining(&mut s, NAME, TENANT).await;
+    assert_eq!(poll_until(WAIT, settled, |&b| b == used).await, used);
+    // Over the request rate: the token filter held 3 000, the second filter denies.
+    assert_eq!(post(proxy.ingress, request).await, 429);
+    let settled = async || remaining(&mut s, NAME, TENANT).await;
+    let balance = poll_until(WAIT, settled, |&b| b == used).await;
+    assert_eq!(balance, used, "the denied request's estimate is given back");
+    assert_eq!(
+        model.arrivals(),
+        1,
+        "the denied request did not reach the model"
+    );
+    drop(proxy);
+    s.stop().await;
+}
