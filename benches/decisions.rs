@@ -219,16 +219,16 @@ fn denial_counting(c: &mut Criterion) {
     )));
     let mut group = c.benchmark_group("denied/count");
     group.bench_function("without_top", |b| {
-        b.iter(|| cellrate::service::count_decisions(&plain, "native", black_box(&hot)))
+        b.iter(|| cellrate::service::count_decisions(&plain, "native", black_box(&hot), |_| None))
     });
     group.bench_function("with_top/one_id", |b| {
-        b.iter(|| cellrate::service::count_decisions(&tracked, "native", black_box(&hot)))
+        b.iter(|| cellrate::service::count_decisions(&tracked, "native", black_box(&hot), |_| None))
     });
     group.bench_function("with_top/new_ids", |b| {
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % fresh.len();
-            cellrate::service::count_decisions(&tracked, "native", black_box(&fresh[i]))
+            cellrate::service::count_decisions(&tracked, "native", black_box(&fresh[i]), |_| None)
         })
     });
     group.finish();

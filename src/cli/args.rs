@@ -294,10 +294,7 @@ pub struct ServeArgs {
     /// ListOverrides), health, reflection.
     #[arg(long, env = "CELLRATE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
-
-    /// Whether `admin_listen` is the default, given by neither flag nor variable: taken
-    /// by another process (a second cellrate or ratelimit on the host), it moves to a
-    /// port the kernel chooses, with a warning, instead of failing startup.
+    /// `admin_listen` given by neither flag nor variable: taken, it moves (`serve.rs`).
     #[arg(skip)]
     pub admin_listen_defaulted: bool,
 

@@ -4,6 +4,23 @@
 
 use super::ratelimit_behaviour::{boolean, both_or_neither};
 
+/// REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR (envoyproxy/ratelimit's PR #1191, open when
+/// read, at e5e39dd): a READONLY answer drops the connection. Taken for sentinel and
+/// cluster too, where the master (the cluster's nodes) is followed anyway.
+fn reconnect_on_readonly(
+    var: &impl Fn(&str) -> Option<String>,
+    flags: &mut Vec<String>,
+) -> Result<(), String> {
+    let readonly = var("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR");
+    if boolean(
+        "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+        readonly.as_deref().unwrap_or("false"),
+    )? {
+        flags.push("--redis-reconnect-on-readonly".to_string());
+    }
+    Ok(())
+}
+
 /// BACKEND_TYPE and the REDIS_* variables (the MEMCACHE_* ones: `ratelimit_memcache.rs`).
 pub(super) fn store(
     var: &impl Fn(&str) -> Option<String>,
@@ -57,16 +74,7 @@ pub(super) fn store(
         flags.extend(["--redis-prefix".to_string(), prefix]);
     }
     flags.extend(["--store".to_string(), "redis".to_string()]);
-    // envoyproxy/ratelimit's PR #1191 (open when read, at e5e39dd): a READONLY answer
-    // drops the connection. Said for sentinel and cluster too, where the master is
-    // followed (the cluster's nodes) by themselves.
-    let readonly = var("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR");
-    if boolean(
-        "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
-        readonly.as_deref().unwrap_or("false"),
-    )? {
-        flags.push("--redis-reconnect-on-readonly".to_string());
-    }
+    reconnect_on_readonly(var, flags)?;
     match var("REDIS_TYPE").as_deref().unwrap_or("single") {
         "single" | "SINGLE" => flags.extend(["--redis-url".to_string(), checked(&urls)?]),
         "cluster" | "CLUSTER" => {

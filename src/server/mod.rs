@@ -200,7 +200,8 @@ impl Server {
         let decider = Arc::new(
             Decider::new(shared.limits.clone(), shared.store.clone())
                 .with_caller_limits(settings.caller)
-                .with_runtime_overrides(runtime.clone()),
+                .with_runtime_overrides(runtime.clone())
+                .with_ratelimit_shape(settings.envoy.ratelimit_shape()),
         );
         let background = Background {
             stop: CancellationToken::new(),

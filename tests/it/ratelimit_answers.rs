@@ -416,3 +416,102 @@ async fn run_as_ratelimit_request_headers_carry_the_closest_limit_to_the_upstrea
     let answer = ask(&mut c, r(), &[60, 3_600]).await;
     assert!(answer.request_headers_to_add.is_empty());
 }
+
+/// The operators' toolkit on a limit of envoyproxy/ratelimit's format: `top` names the
+/// denied bucket by the limit's label and a readable name of the descriptor
+/// (`domain/key=value`, escaped), where it showed a 64-character digest; `inspect` and
+/// `reset` take both back and reach the bucket Envoy's requests count on; a temporary
+/// override of such a limit is refused saying so, not as an unknown name.
+#[tokio::test]
+async fn run_as_ratelimit_admin_commands_name_ratelimit_limits_readably() {
+    use cellrate::proto::v1 as pb;
+    let root = runtime(&[("another.yaml", ANOTHER)]);
+    let serving =
+        crate::common::ratelimit_answers::start_serving(root.path(), &[("BACKEND_TYPE", "memory")]);
+    let mut c = client(&serving.listen).await;
+    clear_of_a_minute_end();
+    let value = "a/b=c d";
+    for _ in 0..21 {
+        let r = request("another", &[&[("key2", value)]]);
+        c.should_rate_limit(r).await.unwrap();
+    }
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", serving.admin))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(channel);
+    let top = admin
+        .top(pb::TopRequest {
+            minutes: 1,
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let name = top.names.iter().find(|n| n.name == "another.key2").unwrap();
+    let id = &name.ids[0].id;
+    assert_eq!(id, "another/key2=a%2Fb%3Dc%20d");
+    assert_eq!(name.ids[0].denials, 1);
+    let item = |id: &str| pb::Item {
+        name: "another.key2".to_string(),
+        id: id.to_string(),
+        ..Default::default()
+    };
+    let inspected = admin
+        .inspect(pb::InspectRequest {
+            items: vec![item(id)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // 21 hits counted in a window of 20 (every hit counts, as there).
+    assert_eq!(inspected.items[0].remaining, -1, "{inspected:?}");
+    let reset = admin
+        .reset(pb::ResetRequest {
+            items: vec![item(id)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reset.deleted, 1);
+    let r = request("another", &[&[("key2", value)]]);
+    let answer = c.should_rate_limit(r).await.unwrap().into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(answer.statuses[0].limit_remaining, 19);
+    // Another descriptor's name does not reach this bucket.
+    let other = admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("another/key2=other")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(other.items[0].remaining, 20);
+    let refused = admin
+        .set_override(pb::SetOverrideRequest {
+            name: "another.key2".to_string(),
+            id: id.clone(),
+            burst: 5,
+            count: 5,
+            period: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+            ttl: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused
+            .message()
+            .contains("envoyproxy/ratelimit's file format"),
+        "{refused:?}"
+    );
+}

@@ -57,6 +57,7 @@
 //! service/quota_book.rs            RLQS's arithmetic: who reports demand for what
 //! service/quota_share.rs           a reporter's share: division by demand, steps, hysteresis
 //! service/quota_strategy.rs        what an RLQS bucket is told to do
+//! service/ratelimit_bucket.rs      an envoyproxy/ratelimit-format descriptor's bucket, and its readable name
 //!
 //! resp/                            the Redis protocol (beside service/)
 //! resp/mod.rs                      CL.THROTTLE, GCRA, RL.THROTTLE over RESP

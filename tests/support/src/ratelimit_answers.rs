@@ -49,6 +49,8 @@ pub struct Serving {
     pub child: Running,
     pub listen: String,
     pub metrics: String,
+    /// The admin listener's address.
+    pub admin: String,
     pub log: std::sync::mpsc::Receiver<String>,
 }
 
@@ -82,6 +84,7 @@ pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
             return Serving {
                 listen: field("listen"),
                 metrics: field("metrics"),
+                admin: field("admin"),
                 child,
                 log: lines,
             };

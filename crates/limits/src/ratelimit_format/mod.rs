@@ -183,6 +183,22 @@ impl RatelimitDomains {
         self.domains.keys().map(String::as_str)
     }
 
+    /// The label of every limit configured (answers, metrics and `top` name a limit by
+    /// it), once per limit, in no order.
+    pub fn labels(&self) -> Vec<&str> {
+        let mut labels = Vec::new();
+        let mut levels: Vec<&Level> = self.domains.values().collect();
+        while let Some(level) = levels.pop() {
+            for node in level.children.values() {
+                if let Some(limit) = &node.limit {
+                    labels.push(&*limit.label);
+                }
+                levels.push(&node.next);
+            }
+        }
+        labels
+    }
+
     /// The limit a descriptor of `domain` (its entries as `(key, value)`) gets, as
     /// envoyproxy/ratelimit's `GetLimit` finds it.
     pub fn find<'a>(&'a self, domain: &str, entries: &[(&str, &str)]) -> Option<Found<'a>> {

@@ -21,6 +21,7 @@ pub struct Decider {
     store: Arc<dyn Store>,
     pub(super) caller: CallerLimits,
     runtime: Option<Arc<RuntimeOverrides>>,
+    ratelimit_shape: super::RatelimitShape,
 }
 
 impl Decider {
@@ -31,7 +32,20 @@ impl Decider {
             store,
             caller: CallerLimits::default(),
             runtime: None,
+            ratelimit_shape: super::RatelimitShape::default(),
         }
+    }
+
+    /// This decider with the shape of envoyproxy/ratelimit-format buckets the Envoy front
+    /// end counts on, so that the admin commands name the same buckets.
+    pub fn with_ratelimit_shape(mut self, shape: super::RatelimitShape) -> Decider {
+        self.ratelimit_shape = shape;
+        self
+    }
+
+    /// The shape of envoyproxy/ratelimit-format buckets.
+    pub fn ratelimit_shape(&self) -> super::RatelimitShape {
+        self.ratelimit_shape
     }
 
     /// This decider with temporary overrides, which take precedence over the table's.

@@ -19,6 +19,7 @@ pub mod overrides;
 pub mod quota_book;
 mod quota_share;
 mod quota_strategy;
+pub mod ratelimit_bucket;
 pub mod request;
 mod resolve;
 pub mod rlqs;
@@ -30,6 +31,7 @@ pub use caller_limits::CallerLimits;
 pub use cellrate_limits::descriptors::InvalidIds;
 pub use decider::Decider;
 pub use errors::{store_unavailable, DecideError, Invalid};
+pub use ratelimit_bucket::RatelimitShape;
 pub use request::{
     count_decisions, outcome, BatchResult, CheckOptions, ItemResult, ItemSpec, OnceSpend, Rule,
     Target,

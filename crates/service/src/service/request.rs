@@ -145,17 +145,19 @@ pub fn outcome(item: &ItemResult) -> &'static str {
     }
 }
 
-/// Counts a batch's items in `metrics` under `api`.
-pub fn count_decisions(
+/// Counts a batch's items in `metrics` under `api`; a denied item's id (for `top`) is
+/// what `shown` names it by (item `i`'s readable bucket name), else its bucket's id.
+pub fn count_decisions<'s>(
     metrics: &cellrate_observe::metrics::Metrics,
     api: &'static str,
     items: &[ItemResult],
+    shown: impl Fn(usize) -> Option<&'s str>,
 ) {
-    for item in items {
+    for (i, item) in items.iter().enumerate() {
         let outcome = outcome(item);
         metrics.decided(api, &item.name, outcome);
         if outcome == "denied" {
-            metrics.denied_id(&item.name, item.key.id());
+            metrics.denied_id(&item.name, shown(i).unwrap_or_else(|| item.key.id()));
         }
     }
 }

@@ -151,34 +151,18 @@ impl Decider {
                 if limit.is_none() {
                     zero = Some((*unit, *shadow));
                 }
-                let key = match limit {
-                    Some(limit) if *caller_given => {
-                        refused |= self.check_caller(i, limit, options)?;
-                        BucketKey::caller_given('r', limit, digest)
-                    }
-                    // A zero limit counts in its unit's window.
-                    _ => BucketKey::windowed(
-                        RATELIMIT_NUMBER,
-                        digest,
-                        limit.map_or(Window::Calendar(*unit), |l| l.window()),
-                    ),
-                };
-                Bucket {
-                    key,
-                    name: name.clone(),
-                    policy: Some(match limit {
-                        Some(limit) => Policy::Limited {
-                            limit: *limit,
-                            behaviour: Behaviour {
-                                shadow: *shadow,
-                                overdraw: *every_hit,
-                                headers: Headers::default(),
-                            },
-                        },
-                        None => Policy::Denied,
-                    }),
-                    headers: Headers::default(),
+                if let Some(limit) = limit.as_ref().filter(|_| *caller_given) {
+                    refused |= self.check_caller(i, limit, options)?;
                 }
+                ratelimit_bucket(
+                    digest,
+                    *limit,
+                    *unit,
+                    name,
+                    *shadow,
+                    *every_hit,
+                    *caller_given,
+                )
             }
         };
         if let Some(given) = &item.limit {
@@ -193,16 +177,7 @@ impl Decider {
             (Some(Policy::Limited { limit, .. }), None) => Rule::Limited(limit),
             (None, None) => Rule::NotConfigured,
         };
-        let (rule, behaviour) = match zero {
-            Some((unit, shadow)) if item.limit.is_none() => {
-                let behaviour = cellrate_limits::config::Behaviour {
-                    shadow,
-                    ..behaviour
-                };
-                (Rule::Zero(unit), behaviour)
-            }
-            _ => (rule, behaviour),
-        };
+        let (rule, behaviour) = zero_rule(zero.filter(|_| item.limit.is_none()), rule, behaviour);
         let shadow = options.shadow_all || (options.honour_shadow && behaviour.shadow);
         let mode = match item.mode {
             // A lease is taken or freed, or nothing: shadow mode does not apply to it.
@@ -496,6 +471,60 @@ fn merge(
         first.cost = cost;
     }
     Ok(Resolved { cost: 0, ..item })
+}
+
+/// The bucket of a descriptor of envoyproxy/ratelimit's format ([`Target::Ratelimit`]).
+fn ratelimit_bucket(
+    digest: &str,
+    limit: Option<Limit>,
+    unit: cellrate_core::clock::CalendarPeriod,
+    name: &Arc<str>,
+    shadow: bool,
+    every_hit: bool,
+    caller_given: bool,
+) -> Bucket {
+    let key = match limit {
+        Some(limit) if caller_given => BucketKey::caller_given('r', &limit, digest),
+        // A zero limit counts in its unit's window.
+        _ => BucketKey::windowed(
+            RATELIMIT_NUMBER,
+            digest,
+            limit.map_or(Window::Calendar(unit), |l| l.window()),
+        ),
+    };
+    let behaviour = Behaviour {
+        shadow,
+        overdraw: every_hit,
+        headers: Headers::default(),
+    };
+    Bucket {
+        key,
+        name: name.clone(),
+        policy: Some(match limit {
+            Some(limit) => Policy::Limited { limit, behaviour },
+            None => Policy::Denied,
+        }),
+        headers: Headers::default(),
+    }
+}
+
+/// The rule and behaviour of an item whose limit is envoyproxy/ratelimit's zero (`zero`:
+/// its unit's window and shadow mode), else `rule` and `behaviour` as they are.
+fn zero_rule(
+    zero: Option<(cellrate_core::clock::CalendarPeriod, bool)>,
+    rule: Rule,
+    behaviour: cellrate_limits::config::Behaviour,
+) -> (Rule, cellrate_limits::config::Behaviour) {
+    match zero {
+        Some((unit, shadow)) => (
+            Rule::Zero(unit),
+            cellrate_limits::config::Behaviour {
+                shadow,
+                ..behaviour
+            },
+        ),
+        None => (rule, behaviour),
+    }
 }
 
 /// The item's cost, and whether it is oversize: refused, or above its limit's burst (an

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::google::protobuf::Struct;
 
-use super::values::fields_digest;
 use crate::service::ItemSpec;
 use cellrate_core::gcra::Mode;
 
@@ -61,6 +60,9 @@ pub(super) struct Item<'a> {
     pub(super) d: usize,
     /// envoyproxy/ratelimit's statistics key, for an item from its file format.
     pub(super) stats: Option<String>,
+    /// The readable name of its bucket, for an item from that format (`top` shows it;
+    /// `inspect` and `reset` take it back): see [`crate::service::ratelimit_bucket`].
+    pub(super) shown: Option<String>,
 }
 
 impl<'a> Item<'a> {
@@ -70,6 +72,7 @@ impl<'a> Item<'a> {
             spec,
             d,
             stats: None,
+            shown: None,
         }
     }
 }
@@ -88,13 +91,4 @@ pub(super) fn mode_of(descriptor: &RateLimitDescriptor) -> Mode {
         true => Mode::Charge,
         false => Mode::CheckAndSpend,
     }
-}
-
-/// Identifies an unmatched descriptor with its own limit: the SHA-256 (hex) of its domain
-/// and entries, each length-prefixed, so that no two different descriptors (nor a domain
-/// and an entry, nor `a=b|c=d` and two entries) share a bucket, and the key stays short
-/// whatever the entries' lengths.
-pub(super) fn descriptor_digest(domain: &str, entries: &[(&str, &str)]) -> String {
-    let pairs = entries.iter().flat_map(|&(key, value)| [key, value]);
-    fields_digest(std::iter::once(domain).chain(pairs))
 }

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::batch::{descriptor_digest, mode_of, Batch, Item, Note};
+use super::batch::{mode_of, Batch, Item, Note};
 use super::ratelimit::quota_mode;
 use super::refusal::{add_malformed, check_descriptor, check_request, envoy_error, target_name};
 use super::reserve::reservation_of;
@@ -18,6 +18,7 @@ use super::wire::Answer;
 use super::{
     invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_ENTRIES,
 };
+use crate::service::ratelimit_bucket::descriptor_digest;
 use crate::service::{
     count_decisions, trace, CheckOptions, DecideError, InvalidIds, ItemResult, ItemSpec, Rule,
     Target, MAX_LEASE_ID,
@@ -93,7 +94,11 @@ impl EnvoyRateLimitService {
             None => batch.items.get(i).map_or(0, |item| item.d),
         };
         self.log_invalid_ids(request, owner, &results);
-        count_decisions(&self.metrics, "envoy", &results);
+        let shown = |i: usize| match &batch.reservation {
+            Some(_) => None,
+            None => batch.items.get(i).and_then(|item| item.shown.as_deref()),
+        };
+        count_decisions(&self.metrics, "envoy", &results, shown);
         trace::log_decision("envoy", metadata, &results);
         if batch.releases {
             // A release answers OK, whether it freed a lease or found none held.

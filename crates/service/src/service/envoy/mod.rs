@@ -139,6 +139,18 @@ pub struct EnvoyOptions {
     pub near_limit_ratio: f32,
 }
 
+impl EnvoyOptions {
+    /// What shapes the buckets of envoyproxy/ratelimit-format limits under these options
+    /// (the admin commands name them back with it: [`crate::service::Decider`]).
+    pub fn ratelimit_shape(&self) -> crate::service::RatelimitShape {
+        crate::service::RatelimitShape {
+            fixed_window: self.ratelimit_counting == RatelimitCounting::FixedWindow,
+            upstream_keys: self.upstream_keys,
+            exact_upstream_keys: self.exact_upstream_keys,
+        }
+    }
+}
+
 impl Default for EnvoyOptions {
     fn default() -> EnvoyOptions {
         EnvoyOptions {

@@ -10,11 +10,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::batch::{descriptor_digest, mode_of, Batch, Item, Note};
+use super::batch::{mode_of, Batch, Item, Note};
 use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
+use crate::service::ratelimit_bucket::{bucket_text, limit, shown};
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
-use cellrate_core::clock::SECOND;
-use cellrate_core::gcra::{Limit, Mode};
+use cellrate_core::gcra::Mode;
 use cellrate_limits::config::LimitTable;
 use cellrate_limits::ratelimit_format::{Found, Unit};
 
@@ -100,7 +100,7 @@ impl EnvoyRateLimitService {
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             let spec = ItemSpec {
                 target: Target::Ratelimit {
-                    digest: self.bucket_text(&request.domain, &counted),
+                    digest: bucket_text(self.options.ratelimit_shape(), &request.domain, &counted),
                     limit: limit(numbers, every_hit),
                     unit: numbers.1.window(),
                     name,
@@ -117,6 +117,7 @@ impl EnvoyRateLimitService {
                 spec,
                 d,
                 stats: Some(stats_key),
+                shown: shown(&request.domain, &counted),
             });
         }
         Ok(())
@@ -148,15 +149,6 @@ impl EnvoyRateLimitService {
         }
     }
 
-    /// What names the bucket of `entries` (as counted) in `domain`: a digest, or for the
-    /// memcache store envoyproxy/ratelimit's key text.
-    fn bucket_text(&self, domain: &str, entries: &[(&str, &str)]) -> String {
-        match self.options.upstream_keys {
-            true => upstream_key_text(domain, entries, self.options.exact_upstream_keys),
-            false => descriptor_digest(domain, entries),
-        }
-    }
-
     /// What envoyproxy/ratelimit's answer says of descriptor `d`, counted on the limit
     /// `found` (`None`: its own `limit`): its name as there, its `metadata`.
     fn note_answer(&self, d: usize, found: Option<&Found<'_>>, batch: &mut Batch<'_>) {
@@ -168,26 +160,6 @@ impl EnvoyRateLimitService {
             batch.notes.push((d, Note::Metadata(m)));
         }
     }
-}
-
-/// `requests_per_unit` per `unit` as a limit: a fixed window of the unit (every hit
-/// counted), or GCRA with that burst. `None` for zero, which is always over the limit.
-///
-/// A count above what cellrate counts exactly (a window holds at most
-/// [`cellrate_core::clock::CalendarPeriod::max_count`], 499 999 999 a second; GCRA at most one a nanosecond) is
-/// counted at that maximum: 4 294 967 295 a second, written to mean "no practical limit",
-/// lets traffic through as envoyproxy/ratelimit does, instead of failing to build and
-/// denying everything.
-fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
-    let n = u64::from(requests);
-    let limit = match fixed_window {
-        true => Limit::calendar(n.min(unit.window().max_count()), unit.window()),
-        false => {
-            let period = unit.seconds() * SECOND;
-            Limit::new(n, n.min(period as u64), period)
-        }
-    };
-    limit.ok()
 }
 
 /// envoyproxy/ratelimit's `quota_mode`: a quota descriptor over its limit keeps its
@@ -225,36 +197,6 @@ fn stats_key(found: Option<&Found<'_>>, domain: &str, counted: &[(&str, &str)]) 
         }
         _ => detailed_key(domain, counted),
     }
-}
-
-/// envoyproxy/ratelimit's cache key before its window start: `<domain>_<key>_<value>_...`
-/// (each entry's key and value followed by `_`), as its cache-key generator writes it;
-/// unless `exact`, with `%` and `_` in each value (a caller's text) written `%25` and
-/// `%5F`, so that a value cannot hold the separator and name another descriptor's counter
-/// (`user: alice_plan_pro` is `user: alice, plan: pro` there). The domain and the keys
-/// come from the configuration and are written as they are.
-fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: bool) -> String {
-    let mut key = String::with_capacity(domain.len() + 1 + 16 * entries.len());
-    key.push_str(domain);
-    key.push('_');
-    for (k, v) in entries {
-        key.push_str(k);
-        key.push('_');
-        match exact {
-            true => key.push_str(v),
-            false => {
-                for c in v.chars() {
-                    match c {
-                        '%' => key.push_str("%25"),
-                        '_' => key.push_str("%5F"),
-                        c => key.push(c),
-                    }
-                }
-            }
-        }
-        key.push('_');
-    }
-    key
 }
 
 /// envoyproxy/ratelimit's detailed statistics key: `domain.key1_value1.key2_value2`.
@@ -332,7 +274,7 @@ impl EnvoyRateLimitService {
 
 #[cfg(test)]
 mod tests {
-    use super::upstream_key_text;
+    use crate::service::ratelimit_bucket::upstream_key_text;
 
     #[test]
     fn a_value_cannot_hold_the_separator_unless_keys_are_exact() {

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tonic::{Code, Status};
 
-use super::values::fields_digest;
 use super::{EnvoyRateLimitService, Refusal};
+use crate::service::ratelimit_bucket::fields_digest;
 use crate::service::settle::Settler;
 pub use crate::service::settle::ENVOY_REQUEST_IDS;
 use crate::service::{ItemResult, ItemSpec, Target};

@@ -124,19 +124,6 @@ impl RawRequest {
     }
 }
 
-/// The hex SHA-256 of `fields`, each prefixed by its length (8 bytes, little-endian), so
-/// that no two lists of fields share a digest (`ab`,`c` against `a`,`bc`): a descriptor's
-/// bucket key (`batch.rs`), and the id an Envoy hold is kept under (`reserve.rs`).
-pub(super) fn fields_digest<'a>(fields: impl IntoIterator<Item = &'a str>) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    for text in fields {
-        hash.update((text.len() as u64).to_le_bytes());
-        hash.update(text.as_bytes());
-    }
-    hex::encode(hash.finalize())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

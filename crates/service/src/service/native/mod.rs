@@ -24,8 +24,9 @@ pub(crate) use convert::{decisions, item_specs, Use};
 use convert::{duration_nanos, invalid};
 pub use wire::NativeServer;
 
+use crate::service::ratelimit_bucket::named_target;
 use crate::service::settle::{Settler, ENVOY_REQUEST_IDS};
-use crate::service::{count_decisions, trace, Decider};
+use crate::service::{count_decisions, trace, Decider, ItemSpec};
 use cellrate_store::shared::Settlements;
 
 /// The decision service (`Check`, `Refund`), served on the decision listener.
@@ -111,6 +112,25 @@ impl AdminService {
 }
 
 impl AdminService {
+    /// An admin request's items: a limit of envoyproxy/ratelimit's format is named by its
+    /// label (as answers, metrics and `top` name it) and the readable name of its bucket
+    /// (`domain/key=value/...`, as `top` shows it), and reaches the bucket the Envoy front
+    /// end counts on; every other item as the native API reads it.
+    fn admin_items<'r>(&self, items: &'r [pb::Item]) -> Result<Vec<ItemSpec<'r>>, Status> {
+        let mut specs = item_specs(items, Use::Admin)?;
+        let table = self.decider.limits();
+        let shape = self.decider.ratelimit_shape();
+        for (spec, item) in specs.iter_mut().zip(items) {
+            if item.inline.is_some() || table.names().get(&item.name).is_some() {
+                continue;
+            }
+            if let Some(target) = named_target(&table, shape, &item.name, &item.id) {
+                spec.target = target;
+            }
+        }
+        Ok(specs)
+    }
+
     fn runtime(&self) -> Result<&RuntimeOverrides, Status> {
         self.decider
             .runtime_overrides()
@@ -125,6 +145,13 @@ fn named<'t>(table: &'t LimitTable, name: &str, id: &str) -> Result<(&'t Name, S
         return Err(invalid(format!(
             "name: longer than {} bytes",
             super::MAX_NAME
+        )));
+    }
+    if table.names().get(name).is_none() && table.ratelimit().labels().contains(&name) {
+        return Err(invalid(format!(
+            "name: {name:?} is a limit of envoyproxy/ratelimit's file format: inspect and \
+             reset take it (with the bucket's name as top shows it), a temporary override \
+             does not yet; change its file"
         )));
     }
     let found = known(table, name)?;
@@ -231,7 +258,7 @@ impl pb::rate_limiter_server::RateLimiter for RateLimiterService {
                     settler.check(&self.decider, id, &items).await?
                 }
             };
-            count_decisions(&self.metrics, "native", &result.items);
+            count_decisions(&self.metrics, "native", &result.items, |_| None);
             trace::log_decision("native", request.metadata(), &result.items);
             let (overall, items) = decisions(&result);
             Ok(Response::new(pb::CheckResponse {
@@ -288,7 +315,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
-        let items = item_specs(&request.get_ref().items, Use::Admin)?;
+        let items = self.admin_items(&request.get_ref().items)?;
         let deleted = self.decider.reset(&items).await?;
         tracing::info!(items = items.len(), deleted, "admin reset");
         Ok(Response::new(pb::ResetResponse { deleted }))
@@ -298,7 +325,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectResponse>, Status> {
-        let items = item_specs(&request.get_ref().items, Use::Admin)?;
+        let items = self.admin_items(&request.get_ref().items)?;
         let table = self.decider.limits();
         let result = self.decider.inspect(&items).await?;
         let mut answers = decisions(&result).1;
