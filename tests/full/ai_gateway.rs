@@ -26,7 +26,7 @@ use crate::common::ai_gateway::{
 use crate::common::envoy::{validate, Envoy};
 use crate::common::http1::{Http1, Reply};
 use crate::common::poll_until;
-use crate::common::ratelimit_answers::{runtime, start_serving_with, Serving};
+use crate::common::ratelimit_answers::{runtime, start_serving_with, unix_seconds, Serving};
 use crate::common::redis_server::RedisServer;
 
 /// A gateway as their e2e deploys it: Envoy, one `ratelimit` and its control plane, Redis.
@@ -50,6 +50,7 @@ async fn deploy(
     cluster: &'static str,
     envoy: impl FnOnce(Value) -> Config<'static>,
 ) -> Deployed {
+    clear_of_an_hour_end();
     let redis = RedisServer::start();
     let ads = Ads::start().await;
     ads.set_configs("1", &[config]);
@@ -78,6 +79,15 @@ async fn deploy(
         redis,
         _ads: ads,
         _root: root,
+    }
+}
+
+/// Waits, when fewer than 10 seconds are left in the current hour, for the next one: the
+/// budgets are hourly windows, and a test (about a second) must not straddle their end.
+fn clear_of_an_hour_end() {
+    let left = 3_600 - unix_seconds() % 3_600;
+    if left < 10 {
+        std::thread::sleep(Duration::from_millis(left as u64 * 1_000 + 200));
     }
 }
 
