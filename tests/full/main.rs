@@ -12,6 +12,8 @@
 
 use cellrate_test_support as common;
 
+#[cfg(feature = "redis")]
+mod ai_gateway;
 mod budgets_envoy;
 mod concurrency_envoy;
 mod deploy;

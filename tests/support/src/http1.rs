@@ -90,6 +90,43 @@ impl Http1 {
     }
 }
 
+impl Http1 {
+    /// `method` `path` with `headers` and `body` (its length sent); the connection stays
+    /// open for the next request.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        // A `host` among `headers` is the request's host (AI Gateway's tests send
+        // `Host: openai.com`); else the address connected to.
+        let is_host = |name: &str| name.eq_ignore_ascii_case("host");
+        let host = headers
+            .iter()
+            .find(|(name, _)| is_host(name))
+            .map_or(self.host.as_str(), |(_, value)| value);
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers.iter().filter(|(name, _)| !is_host(name)) {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        request.push_str(body);
+        self.stream
+            .get_mut()
+            .write_all(request.as_bytes())
+            .await
+            .unwrap();
+        tokio::time::timeout(READ_TIMEOUT, read_reply(&mut self.stream))
+            .await
+            .unwrap_or_else(|_| panic!("no answer to {method} {path} within {READ_TIMEOUT:?}"))
+    }
+}
+
 async fn read_line(stream: &mut BufReader<TcpStream>) -> String {
     let mut line = String::new();
     let n = stream.read_line(&mut line).await.unwrap();

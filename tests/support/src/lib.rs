@@ -384,6 +384,7 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 pub mod ads;
+pub mod ai_gateway;
 pub mod budgets;
 pub mod envoy;
 pub mod h2_raw;

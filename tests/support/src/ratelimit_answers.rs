@@ -56,6 +56,11 @@ pub struct Serving {
 
 /// [`start`], with the metrics listener's address from the serving line.
 pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
+    start_serving_with(root, &[], vars)
+}
+
+/// [`start_serving`] with `args` on the command line (a deployment's `args:`).
+pub fn start_serving_with(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Serving {
     let bin = root.join("ratelimit");
     if !bin.exists() {
         // Tests starting in parallel in one root: the first link made stands.
@@ -73,7 +78,7 @@ pub fn start_serving(root: &Path, vars: &[(&str, &str)]) -> Serving {
         .env("USE_STATSD", "false")
         .env("LOG_FORMAT", "json")
         .env("CELLRATE_ADMIN_LISTEN", "127.0.0.1:0");
-    command.envs(vars.iter().copied());
+    command.args(args).envs(vars.iter().copied());
     let mut child = Running(command.stderr(Stdio::piped()).spawn().unwrap());
     let lines = stderr_lines(&mut child.0);
     let mut seen = Vec::new();
