@@ -72,7 +72,7 @@ fn find_line(process: &Process, message: &str, trace: &str) -> (Option<Value>, V
 }
 
 #[tokio::test]
-async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
+async fn decisions_log_the_callers_trace_ids_at_debug() {
     let server = serve_logging(example_config(), &[], "info,cellrate::service::trace=debug");
     let addr = format!("http://{}", server.listen);
     let mut envoy = RateLimitServiceClient::connect(addr.clone()).await.unwrap();
@@ -80,7 +80,7 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
         .await
         .unwrap();
 
-    // An allowed decision logs nothing (its trace id must not appear before the next one's).
+    // An allowed decision logs its line too (#60: LOG_LEVEL=debug shows every decision).
     envoy
         .should_rate_limit(with_ids(
             envoy_request("edge", &[&[("api_key", "key-fine")]]),
@@ -107,10 +107,12 @@ async fn denied_and_failed_decisions_log_the_callers_trace_ids_at_debug() {
     assert_eq!(line["limit"], "ApiRequestsPerKey");
     assert_eq!(line["id"], "\"key-revoked-0001\"");
     assert_eq!(line["deny_listed"], true);
-    assert!(
-        !before.iter().any(|f| f["trace_id"] == trace_id(1)),
-        "the allowed request was not logged: {before:?}"
-    );
+    let allowed = before.iter().find(|f| f["trace_id"] == trace_id(1));
+    let allowed = allowed.unwrap_or_else(|| panic!("no line for the allowed request: {before:?}"));
+    assert_eq!(allowed["message"], "decision: allowed");
+    assert_eq!(allowed["request_id"], "req-allowed");
+    assert_eq!(allowed["limit"], "ApiRequestsPerKey");
+    assert_eq!(allowed["id"], "\"key-fine\"");
 
     // A limit run out, through the native API: 10 allowed, the 11th denied.
     for _ in 0..10 {

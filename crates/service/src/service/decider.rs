@@ -115,17 +115,13 @@ impl Decider {
         // A counting item that can never pass (deny-listed, or oversize) denies the batch:
         // decide the rest without spending.
         let blocked = resolved.iter().any(|r| {
-            let zero_over = matches!(r.rule, Rule::Zero(_)) && r.cost > 0 && !r.shadow;
             (matches!(r.rule, Rule::Denied | Rule::InvalidId { deny: true })
-                || zero_over
-                || r.oversize)
+                || r.oversize
+                || matches!(r.rule, Rule::Zero(_)) && r.cost > 0 && !r.shadow)
                 && r.mode.counts()
         });
         // Charges are recorded even in a blocked batch.
         let store_items = store_items(&resolved, true, |r| match r.mode {
-            // A zero limit's window counts every hit, and is peeked at by no hits.
-            _ if matches!(r.rule, Rule::Zero(_)) && r.cost > 0 => Mode::Charge,
-            _ if matches!(r.rule, Rule::Zero(_)) => Mode::Probe,
             _ if r.oversize => Mode::Probe,
             Mode::Charge => Mode::Charge,
             // A release gives back what was held, whatever the batch decides.
@@ -269,21 +265,29 @@ fn store_items(
 ) -> Vec<StoreItem> {
     resolved
         .iter()
-        .filter_map(|r| {
-            let limit = match r.rule {
-                // Decided by the item it was merged into.
-                _ if r.merged_into.is_some() => return None,
-                Rule::Limited(limit) => limit,
-                Rule::Zero(unit) if zero => zero_window(unit)?,
-                _ => return None,
-            };
-            Some(StoreItem {
+        .filter_map(|r| match r.rule {
+            // Decided by the item it was merged into.
+            _ if r.merged_into.is_some() => None,
+            Rule::Limited(limit) => Some(StoreItem {
                 key: r.key.clone(),
                 limit,
                 cost: r.cost,
                 mode: mode(r),
                 lease: r.lease.clone(),
-            })
+            }),
+            // Every hit counts in a zero limit's window; no hits peek at it.
+            Rule::Zero(unit) if zero => Some(StoreItem {
+                key: r.key.clone(),
+                limit: zero_window(unit)?,
+                cost: r.cost,
+                mode: if r.cost > 0 {
+                    Mode::Charge
+                } else {
+                    Mode::Probe
+                },
+                lease: None,
+            }),
+            _ => None,
         })
         .collect()
 }

@@ -169,7 +169,7 @@ impl Decider {
             refused |= self.check_caller(i, given, options)?;
         }
         // A caller's own numbers replace the configured limit's, not how it behaves.
-        let behaviour = bucket.policy.map(|p| p.behaviour()).unwrap_or_default();
+        let mut behaviour = bucket.policy.map(|p| p.behaviour()).unwrap_or_default();
         let rule = match (bucket.policy, item.limit) {
             (Some(Policy::Unlimited), _) => Rule::Unlimited,
             (Some(Policy::Denied), _) => Rule::Denied,
@@ -177,7 +177,14 @@ impl Decider {
             (Some(Policy::Limited { limit, .. }), None) => Rule::Limited(limit),
             (None, None) => Rule::NotConfigured,
         };
-        let (rule, behaviour) = zero_rule(zero.filter(|_| item.limit.is_none()), rule, behaviour);
+        // envoyproxy/ratelimit's zero (its bucket's policy is a denial): a rule of its own.
+        let rule = match zero {
+            Some((unit, shadow)) if item.limit.is_none() => {
+                behaviour.shadow = shadow;
+                Rule::Zero(unit)
+            }
+            _ => rule,
+        };
         let shadow = options.shadow_all || (options.honour_shadow && behaviour.shadow);
         let mode = match item.mode {
             // A lease is taken or freed, or nothing: shadow mode does not apply to it.
@@ -505,25 +512,6 @@ fn ratelimit_bucket(
             None => Policy::Denied,
         }),
         headers: Headers::default(),
-    }
-}
-
-/// The rule and behaviour of an item whose limit is envoyproxy/ratelimit's zero (`zero`:
-/// its unit's window and shadow mode), else `rule` and `behaviour` as they are.
-fn zero_rule(
-    zero: Option<(cellrate_core::clock::CalendarPeriod, bool)>,
-    rule: Rule,
-    behaviour: cellrate_limits::config::Behaviour,
-) -> (Rule, cellrate_limits::config::Behaviour) {
-    match zero {
-        Some((unit, shadow)) => (
-            Rule::Zero(unit),
-            cellrate_limits::config::Behaviour {
-                shadow,
-                ..behaviour
-            },
-        ),
-        None => (rule, behaviour),
     }
 }
 

@@ -97,10 +97,18 @@ fn short(text: &str) -> &str {
 
 /// Logs a decision (at debug level): for a denial the first item that denied it and how
 /// many did, for an allowed request its first item, with the request's trace ids.
+#[inline]
 pub fn log_decision(api: &'static str, metadata: &MetadataMap, items: &[ItemResult]) {
-    if !tracing::enabled!(target: TARGET, tracing::Level::DEBUG) {
-        return;
+    if tracing::enabled!(target: TARGET, tracing::Level::DEBUG) {
+        log_decision_now(api, metadata, items);
     }
+}
+
+/// [`log_decision`] once the filter let it through: out of line, so that a request
+/// pays one check of the filter.
+#[cold]
+#[inline(never)]
+fn log_decision_now(api: &'static str, metadata: &MetadataMap, items: &[ItemResult]) {
     let denies = |i: &&ItemResult| i.rule.restricts() && !i.decision.allowed && !i.shadow;
     let Some(first) = items.iter().find(denies) else {
         log_allowed(api, metadata, items);

@@ -58,11 +58,9 @@ pub(super) struct Item<'a> {
     pub(super) spec: ItemSpec<'a>,
     /// The index of the descriptor it comes from.
     pub(super) d: usize,
-    /// envoyproxy/ratelimit's statistics key, for an item from its file format.
-    pub(super) stats: Option<String>,
-    /// The readable name of its bucket, for an item from that format (`top` shows it;
-    /// `inspect` and `reset` take it back): see [`crate::service::ratelimit_bucket`].
-    pub(super) shown: Option<String>,
+    /// What an item from envoyproxy/ratelimit's file format carries besides (boxed: the
+    /// items of cellrate's own formats, the many, stay small).
+    pub(super) ratelimit: Option<Box<RatelimitItem>>,
 }
 
 impl<'a> Item<'a> {
@@ -71,10 +69,18 @@ impl<'a> Item<'a> {
         Item {
             spec,
             d,
-            stats: None,
-            shown: None,
+            ratelimit: None,
         }
     }
+}
+
+/// An item from envoyproxy/ratelimit's file format: its statistics key there, and the
+/// readable name of its bucket (`top` shows it; `inspect` and `reset` take it back: see
+/// [`crate::service::ratelimit_bucket`]).
+#[derive(Clone)]
+pub(super) struct RatelimitItem {
+    pub(super) stats: String,
+    pub(super) shown: Option<String>,
 }
 
 impl<'a> AsRef<ItemSpec<'a>> for Item<'a> {

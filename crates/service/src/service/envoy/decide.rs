@@ -96,7 +96,7 @@ impl EnvoyRateLimitService {
         self.log_invalid_ids(request, owner, &results);
         let shown = |i: usize| match &batch.reservation {
             Some(_) => None,
-            None => batch.items.get(i).and_then(|item| item.shown.as_deref()),
+            None => (batch.items.get(i)).and_then(|item| item.ratelimit.as_ref()?.shown.as_deref()),
         };
         count_decisions(&self.metrics, "envoy", &results, shown);
         trace::log_decision("envoy", metadata, &results);
@@ -105,17 +105,21 @@ impl EnvoyRateLimitService {
             let released = results.iter_mut().filter(|r| r.mode == Mode::Release);
             released.for_each(|r| r.decision.allowed = true);
         }
-        if batch.items.iter().any(|item| item.stats.is_some()) {
+        if batch.items.iter().any(|item| item.ratelimit.is_some()) {
             self.count_ratelimit(batch, &results);
         }
         let mut answer = self.respond(request.descriptors.len(), owner, &results);
-        let quota = batch.quota();
-        if !quota.is_empty() {
-            quota_mode(&mut answer.response, &quota);
-        }
-        for (d, note) in &batch.notes {
-            if let (Note::Unlimited, Some(status)) = (note, answer.response.statuses.get_mut(*d)) {
-                status.limit_remaining = u32::MAX;
+        // Notes come from envoyproxy/ratelimit's format only.
+        if !batch.notes.is_empty() {
+            let quota = batch.quota();
+            if !quota.is_empty() {
+                quota_mode(&mut answer.response, &quota);
+            }
+            for (d, note) in &batch.notes {
+                let status = answer.response.statuses.get_mut(*d);
+                if let (Note::Unlimited, Some(status)) = (note, status) {
+                    status.limit_remaining = u32::MAX;
+                }
             }
         }
         // Descriptors that map to a `headers: hidden` limit: left out of what names them.

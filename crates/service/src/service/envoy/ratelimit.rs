@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::batch::{mode_of, Batch, Item, Note};
+use super::batch::{mode_of, Batch, Item, Note, RatelimitItem};
 use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
 use crate::service::ratelimit_bucket::{bucket_text, limit, shown};
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
@@ -116,8 +116,10 @@ impl EnvoyRateLimitService {
             batch.items.push(Item {
                 spec,
                 d,
-                stats: Some(stats_key),
-                shown: shown(&request.domain, &counted),
+                ratelimit: Some(Box::new(RatelimitItem {
+                    stats: stats_key,
+                    shown: shown(&request.domain, &counted),
+                })),
             });
         }
         Ok(())
@@ -221,7 +223,9 @@ impl EnvoyRateLimitService {
     /// threshold.
     pub(super) fn count_ratelimit(&self, batch: &Batch<'_>, results: &[ItemResult]) {
         for (item, from) in results.iter().zip(&batch.items) {
-            let (Some(key), spec) = (&from.stats, &from.spec) else {
+            let (Some(RatelimitItem { stats: key, .. }), spec) =
+                (from.ratelimit.as_deref(), &from.spec)
+            else {
                 continue;
             };
             let hits = spec.cost.unwrap_or(1);
