@@ -3,15 +3,13 @@
 //! listener's default port, and the admin listener moves to a loopback port the kernel
 //! chooses instead of failing startup. Through a real process, HTTP and gRPC client.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{descriptor, http_get, stderr_lines};
+use crate::common::ratelimit_answers::ratelimit_at;
+use crate::common::{descriptor, http_get};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
-const WAIT: Duration = Duration::from_secs(10);
 
 /// The tests here take port 8082 in turn.
 static PORT_8082: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -38,35 +36,8 @@ async fn port_8082_as_ratelimit_starts_and_serves() {
         "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
     )
     .unwrap();
-    let bin = root.path().join("ratelimit");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
     until_free(8082);
-    let mut child = Command::new(&bin)
-        .env_clear()
-        .env("RUNTIME_ROOT", root.path())
-        .env("BACKEND_TYPE", "memory")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "8082")
-        .env("LOG_FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
-    let mut seen = Vec::new();
-    let serving = (0..1_000)
-        .map_while(|_| lines.recv_timeout(WAIT).ok())
-        .inspect(|l| seen.push(l.clone()))
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .map(|v| v["fields"].clone())
-        .find(|f| f["message"] == "cellrate serving");
-    let Some(serving) = serving else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("no serving line: {seen:#?}");
-    };
-    let _guard = Killed(child);
+    let (_child, serving, _) = ratelimit_at(root.path(), &[("PORT", "8082")]);
 
     assert_eq!(serving["metrics"], "127.0.0.1:8082");
     let admin: std::net::SocketAddr = serving["admin"].as_str().unwrap().parse().unwrap();
@@ -93,48 +64,6 @@ async fn port_8082_as_ratelimit_starts_and_serves() {
     assert_eq!(codes, [ok, ok, over]);
 }
 
-/// Kills the child when the test ends, passed or not.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A `ratelimit` started where its rules live, with upstream's variables and no admin
-/// address of cellrate's: its serving line's fields and every line it logged up to it.
-fn ratelimit_at(root: &std::path::Path) -> (Killed, serde_json::Value, Vec<String>) {
-    let bin = root.join("ratelimit");
-    if !bin.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
-    }
-    let mut child = Command::new(&bin)
-        .env_clear()
-        .env("RUNTIME_ROOT", root)
-        .env("BACKEND_TYPE", "memory")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "0")
-        .env("LOG_FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
-    let child = Killed(child);
-    let mut seen = Vec::new();
-    let serving = (0..1_000)
-        .map_while(|_| lines.recv_timeout(WAIT).ok())
-        .inspect(|l| seen.push(l.clone()))
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .map(|v| v["fields"].clone())
-        .find(|f| f["message"] == "cellrate serving");
-    let serving = serving.unwrap_or_else(|| panic!("no serving line: {seen:#?}"));
-    (child, serving, seen)
-}
-
 /// A second `ratelimit` on the same host (the admin listener's default port taken by the
 /// first) starts and serves, its admin listener moved to a kernel port with a warning,
 /// where it exited 1 on `--admin-listen 127.0.0.1:8082`, a flag nobody passed.
@@ -150,9 +79,9 @@ async fn a_second_ratelimit_on_the_host_moves_its_admin_listener_and_serves() {
     )
     .unwrap();
     until_free(8082);
-    let (_first, first, _) = ratelimit_at(root.path());
+    let (_first, first, _) = ratelimit_at(root.path(), &[]);
     assert_eq!(first["admin"], "127.0.0.1:8082");
-    let (_second, second, log) = ratelimit_at(root.path());
+    let (_second, second, log) = ratelimit_at(root.path(), &[]);
     let admin: std::net::SocketAddr = second["admin"].as_str().unwrap().parse().unwrap();
     assert!(admin.ip().is_loopback() && admin.port() != 8082, "{admin}");
     let warned = log.iter().any(|l| {

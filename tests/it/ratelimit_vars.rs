@@ -7,47 +7,21 @@
 //! real process and real HTTP and gRPC clients.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::ratelimit_answers::{client, request, runtime, start};
-use crate::common::{grpc_health, http_get, stderr_lines};
+use crate::common::ratelimit_answers::{client, ratelimit_at, request, runtime, start, Running};
+use crate::common::{grpc_health, http_get};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// The binary run as `ratelimit` over `root` (limits in `root/config`) with `vars`; the
 /// child and the `cellrate serving` line's fields.
-fn serve_as_ratelimit(root: &Path, vars: &[(&str, &str)]) -> (Killed, serde_json::Value) {
-    let bin = root.join("ratelimit");
-    if !bin.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cellrate"), &bin).unwrap();
-    }
-    let mut child = Command::new(&bin)
-        .env_clear()
-        .env("RUNTIME_ROOT", root)
-        .env("BACKEND_TYPE", "memory")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "0")
-        .env("LOG_FORMAT", "json")
-        .env("CELLRATE_ADMIN_LISTEN", "127.0.0.1:0")
-        .envs(vars.iter().copied())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
-    let child = Killed(child);
-    let mut seen = Vec::new();
-    for line in (0..1_000).map_while(|_| lines.recv_timeout(Duration::from_secs(10)).ok()) {
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["fields"]["message"] == "cellrate serving" {
-            return (child, v["fields"].clone());
-        }
-        seen.push(line);
-    }
-    panic!("no serving line: {seen:#?}");
+fn serve_as_ratelimit(root: &Path, vars: &[(&str, &str)]) -> (Running, serde_json::Value) {
+    let admin = [("CELLRATE_ADMIN_LISTEN", "127.0.0.1:0")];
+    let (child, serving, _) = ratelimit_at(root, &[&admin[..], vars].concat());
+    (child, serving)
 }
 
 /// A limits directory `root/config` with `files`.
@@ -349,14 +323,4 @@ async fn hostile_values_cannot_grow_or_forge_the_mapped_series() {
     assert!(!body.lines().any(|l| l.starts_with("x{")), "no line forged");
     let overflow = "cellrate_ratelimit_hits_total{key=\"overflow\",stat=\"total_hits\"}";
     assert_eq!(crate::common::sample(&body, overflow), Some(100.0));
-}
-
-/// Kills the child when the test ends, passed or not.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

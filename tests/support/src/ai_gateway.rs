@@ -350,35 +350,13 @@ fn backend_listener(path: &Path) -> Value {
 end
 "#
     );
-    let mut listener = yaml(
-        r#"
-name: testupstream
-filter_chains:
-  - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: testupstream
-          route_config:
-            virtual_hosts:
-              - name: testupstream
-                domains: ["*"]
-                routes:
-                  - match: { prefix: "/" }
-                    direct_response: { status: 404 }
-          http_filters:
-            - name: envoy.filters.http.router
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
-    );
+    // Envoy's backend listener, its Lua answering before its route is reached.
+    let mut listener = crate::envoy::backend_listener(path);
+    listener["name"] = Value::from("testupstream");
     let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
         .as_sequence_mut()
         .unwrap();
     filters.insert(0, lua("testupstream", &code));
-    let mut address = yaml("{pipe: {}}");
-    address["pipe"]["path"] = Value::from(path.to_str().unwrap());
-    listener["address"] = address;
     listener
 }
 

@@ -187,6 +187,45 @@ impl Drop for Running {
 /// A child killed when dropped, so that a failed assertion leaves no process behind.
 pub struct Running(Child);
 
+/// The binary run as `ratelimit` over `root` (limits in `root/config`), with upstream's
+/// variables for a memory store on loopback ports the kernel chooses, then `vars` (none of
+/// cellrate's own unless `vars` gives it): the child, the `cellrate serving` line's
+/// fields, and every line it logged before that one.
+pub fn ratelimit_at(
+    root: &Path,
+    vars: &[(&str, &str)],
+) -> (Running, serde_json::Value, Vec<String>) {
+    let bin = root.join("ratelimit");
+    if !bin.exists() {
+        // Tests starting in parallel in one root: the first link made stands.
+        let _ = std::os::unix::fs::symlink(crate::cellrate_bin(), &bin);
+    }
+    let mut child = Command::new(&bin)
+        .env_clear()
+        .env("RUNTIME_ROOT", root)
+        .env("BACKEND_TYPE", "memory")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_FORMAT", "json")
+        .envs(vars.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let child = Running(child);
+    let mut seen = Vec::new();
+    for line in (0..1_000).map_while(|_| lines.recv_timeout(Duration::from_secs(10)).ok()) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["fields"]["message"] == "cellrate serving" {
+            return (child, v["fields"].clone(), seen);
+        }
+        seen.push(line);
+    }
+    panic!("no serving line: {seen:#?}");
+}
+
 pub fn unix_seconds() -> i64 {
     use cellrate::clock::{Clock, SystemClock, SECOND};
     SystemClock.now() / SECOND
