@@ -25,17 +25,20 @@ fn until_free(port: u16) {
     panic!("127.0.0.1:{port} stayed busy for 10 s");
 }
 
-#[tokio::test]
-async fn port_8082_as_ratelimit_starts_and_serves() {
-    let _turn = PORT_8082.lock().await;
+/// A runtime root whose `config` holds domain `rl`: `foo`, 2 a minute.
+fn rules() -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("rl.yaml"),
-        "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
-    )
-    .unwrap();
+    let rl = "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    std::fs::write(config.join("rl.yaml"), rl).unwrap();
+    root
+}
+
+#[tokio::test]
+async fn port_8082_as_ratelimit_starts_and_serves() {
+    let _turn = PORT_8082.lock().await;
+    let root = rules();
     until_free(8082);
     let (_child, serving, _) = ratelimit_at(root.path(), &[("PORT", "8082")]);
 
@@ -70,14 +73,7 @@ async fn port_8082_as_ratelimit_starts_and_serves() {
 #[tokio::test]
 async fn a_second_ratelimit_on_the_host_moves_its_admin_listener_and_serves() {
     let _turn = PORT_8082.lock().await;
-    let root = tempfile::tempdir().unwrap();
-    let config = root.path().join("config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("rl.yaml"),
-        "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
-    )
-    .unwrap();
+    let root = rules();
     until_free(8082);
     let (_first, first, _) = ratelimit_at(root.path(), &[]);
     assert_eq!(first["admin"], "127.0.0.1:8082");

@@ -7,6 +7,7 @@
 
 use std::fmt::Write;
 
+use super::request::RatelimitTarget;
 use super::Target;
 use cellrate_core::clock::SECOND;
 use cellrate_core::gcra::Limit;
@@ -215,7 +216,7 @@ pub(crate) fn named_target(
             entry.1 = pattern;
         }
     }
-    Some(Target::Ratelimit {
+    Some(Target::Ratelimit(RatelimitTarget {
         digest: bucket_text(shape, &domain, &counted),
         limit: limit(numbers, shape.fixed_window),
         unit: numbers.1.window(),
@@ -223,7 +224,7 @@ pub(crate) fn named_target(
         shadow: found.limit.shadow_mode,
         every_hit: shape.fixed_window,
         caller_given: false,
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -26,26 +26,30 @@ pub enum Target<'a> {
     /// An unmatched Envoy descriptor with its own limit; `digest` identifies its domain
     /// and entries unambiguously (see [`super::envoy`]).
     Descriptor { digest: String, limit: Limit },
-    /// A descriptor matched in a domain in envoyproxy/ratelimit's file format: its bucket
-    /// (`digest`, of the domain and the entries), its limit (`None`: zero requests per
-    /// unit, [`Rule::Zero`]) and the window of its unit, the name answers and metrics give it, its `shadow_mode`, and
-    /// whether every hit counts, a denied one too (its fixed windows), or only what is
-    /// allowed (cellrate's GCRA). A limit the descriptor gave itself (`caller_given`)
-    /// counts in the caller-given key space, under its bounds and share, as every other
-    /// caller-given limit does.
-    Ratelimit {
-        digest: String,
-        limit: Option<Limit>,
-        unit: CalendarPeriod,
-        name: Arc<str>,
-        shadow: bool,
-        every_hit: bool,
-        caller_given: bool,
-    },
+    /// A descriptor matched in a domain in envoyproxy/ratelimit's file format.
+    Ratelimit(RatelimitTarget),
     /// An Envoy descriptor that cannot be decided as it came (malformed by its client),
     /// under the `deny` policy for invalid ids: decided as an invalid id of the limit
     /// `name` (empty when none is known), which denies the batch and spends nothing.
     Malformed { name: Arc<str> },
+}
+
+/// A descriptor matched in a domain in envoyproxy/ratelimit's file format: its bucket
+/// (`digest`, of the domain and the entries), its limit (`None`: zero requests per unit,
+/// [`Rule::Zero`]) and the window of its unit, the name answers and metrics give it, its
+/// `shadow_mode`, and whether every hit counts, a denied one too (its fixed windows), or
+/// only what is allowed (cellrate's GCRA). A limit the descriptor gave itself
+/// (`caller_given`) counts in the caller-given key space, under its bounds and share, as
+/// every other caller-given limit does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RatelimitTarget {
+    pub digest: String,
+    pub limit: Option<Limit>,
+    pub unit: CalendarPeriod,
+    pub name: Arc<str>,
+    pub shadow: bool,
+    pub every_hit: bool,
+    pub caller_given: bool,
 }
 
 /// One item of a request, before resolution.
@@ -100,23 +104,7 @@ impl<'a> ItemSpec<'a> {
                 },
                 Target::Descriptor { digest, limit } => Target::Descriptor { digest, limit },
                 Target::Malformed { name } => Target::Malformed { name },
-                Target::Ratelimit {
-                    digest,
-                    limit,
-                    unit,
-                    name,
-                    shadow,
-                    every_hit,
-                    caller_given,
-                } => Target::Ratelimit {
-                    digest,
-                    limit,
-                    unit,
-                    name,
-                    shadow,
-                    every_hit,
-                    caller_given,
-                },
+                Target::Ratelimit(target) => Target::Ratelimit(target),
             },
             cost: self.cost,
             mode: self.mode,

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::request::RatelimitTarget;
 use super::{
     CheckOptions, DecideError, Decider, Invalid, InvalidIds, ItemSpec, Rule, Target, INLINE_NAME,
     MAX_BATCH, MAX_NAME,
@@ -139,30 +140,14 @@ impl Decider {
                 refused |= self.check_caller(i, limit, options)?;
                 caller_bucket(BucketKey::caller_given('d', limit, digest), limit)
             }
-            Target::Ratelimit {
-                digest,
-                limit,
-                unit,
-                name,
-                shadow,
-                every_hit,
-                caller_given,
-            } => {
-                if limit.is_none() {
-                    zero = Some((*unit, *shadow));
+            Target::Ratelimit(target) => {
+                if target.limit.is_none() {
+                    zero = Some((target.unit, target.shadow));
                 }
-                if let Some(limit) = limit.as_ref().filter(|_| *caller_given) {
+                if let Some(limit) = target.limit.as_ref().filter(|_| target.caller_given) {
                     refused |= self.check_caller(i, limit, options)?;
                 }
-                ratelimit_bucket(
-                    digest,
-                    *limit,
-                    *unit,
-                    name,
-                    *shadow,
-                    *every_hit,
-                    *caller_given,
-                )
+                ratelimit_bucket(target)
             }
         };
         if let Some(given) = &item.limit {
@@ -481,32 +466,25 @@ fn merge(
 }
 
 /// The bucket of a descriptor of envoyproxy/ratelimit's format ([`Target::Ratelimit`]).
-fn ratelimit_bucket(
-    digest: &str,
-    limit: Option<Limit>,
-    unit: cellrate_core::clock::CalendarPeriod,
-    name: &Arc<str>,
-    shadow: bool,
-    every_hit: bool,
-    caller_given: bool,
-) -> Bucket {
+fn ratelimit_bucket(target: &RatelimitTarget) -> Bucket {
+    let (digest, limit) = (target.digest.as_str(), target.limit);
     let key = match limit {
-        Some(limit) if caller_given => BucketKey::caller_given('r', &limit, digest),
+        Some(limit) if target.caller_given => BucketKey::caller_given('r', &limit, digest),
         // A zero limit counts in its unit's window.
         _ => BucketKey::windowed(
             RATELIMIT_NUMBER,
             digest,
-            limit.map_or(Window::Calendar(unit), |l| l.window()),
+            limit.map_or(Window::Calendar(target.unit), |l| l.window()),
         ),
     };
     let behaviour = Behaviour {
-        shadow,
-        overdraw: every_hit,
+        shadow: target.shadow,
+        overdraw: target.every_hit,
         headers: Headers::default(),
     };
     Bucket {
         key,
-        name: name.clone(),
+        name: target.name.clone(),
         policy: Some(match limit {
             Some(limit) => Policy::Limited { limit, behaviour },
             None => Policy::Denied,

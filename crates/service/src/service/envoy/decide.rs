@@ -19,6 +19,7 @@ use super::{
     invalid, malformed, override_limit, stand_in, EnvoyRateLimitService, Refusal, MAX_ENTRIES,
 };
 use crate::service::ratelimit_bucket::descriptor_digest;
+use crate::service::request::RatelimitTarget;
 use crate::service::{
     count_decisions, trace, CheckOptions, DecideError, InvalidIds, ItemResult, ItemSpec, Rule,
     Target, MAX_LEASE_ID,
@@ -320,10 +321,10 @@ impl EnvoyRateLimitService {
         let fixed_window = |i: &Item<'_>| {
             matches!(
                 i.spec.target,
-                Target::Ratelimit {
+                Target::Ratelimit(RatelimitTarget {
                     every_hit: true,
                     ..
-                }
+                })
             )
         };
         self.options.stop_increment_when_over_limit

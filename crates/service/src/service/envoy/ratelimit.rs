@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use super::batch::{mode_of, Batch, Item, Note, RatelimitItem};
 use super::{malformed, EnvoyRateLimitService, RatelimitCounting, Refusal, MAX_ENTRIES};
 use crate::service::ratelimit_bucket::{bucket_text, limit, shown};
+use crate::service::request::RatelimitTarget;
 use crate::service::{ItemResult, ItemSpec, Rule, Target};
 use cellrate_core::gcra::Mode;
 use cellrate_limits::config::LimitTable;
@@ -99,7 +100,7 @@ impl EnvoyRateLimitService {
             self.note_answer(d, on_file, batch);
             let every_hit = self.options.ratelimit_counting == RatelimitCounting::FixedWindow;
             let spec = ItemSpec {
-                target: Target::Ratelimit {
+                target: Target::Ratelimit(RatelimitTarget {
                     digest: bucket_text(self.options.ratelimit_shape(), &request.domain, &counted),
                     limit: limit(numbers, every_hit),
                     unit: numbers.1.window(),
@@ -107,7 +108,7 @@ impl EnvoyRateLimitService {
                     shadow,
                     every_hit,
                     caller_given: given.is_some(),
-                },
+                }),
                 cost: Some(cost),
                 mode: mode_of(descriptor),
                 limit: None,

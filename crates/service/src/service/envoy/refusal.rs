@@ -14,6 +14,7 @@ use tonic::Status;
 
 use super::batch::{Batch, Item};
 use super::{invalid, MAX_DESCRIPTORS, MAX_DOMAIN, MAX_ENTRIES, MAX_ENTRY_KEY};
+use crate::service::request::RatelimitTarget;
 use crate::service::{store_unavailable, DecideError, InvalidIds, ItemSpec, Target, MAX_BATCH};
 use cellrate_core::gcra::Mode;
 use cellrate_limits::config::LimitTable;
@@ -190,7 +191,9 @@ pub(super) fn check_descriptor(d: usize, descriptor: &RateLimitDescriptor) -> Re
 pub(super) fn target_name(item: &ItemSpec<'_>) -> Arc<str> {
     match &item.target {
         Target::Named { name, .. } => Arc::from(name.as_ref()),
-        Target::Ratelimit { name, .. } | Target::Malformed { name } => name.clone(),
+        Target::Ratelimit(RatelimitTarget { name, .. }) | Target::Malformed { name } => {
+            name.clone()
+        }
         _ => Arc::from(""),
     }
 }
