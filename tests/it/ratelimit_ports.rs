@@ -47,12 +47,19 @@ async fn port_8082_as_ratelimit_starts_and_serves() {
     assert!(admin.ip().is_loopback() && admin.port() != 8082, "{admin}");
     assert_eq!(http_get("127.0.0.1:8082", "/healthcheck").0, 200);
 
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes(&serving, 3).await, [ok, ok, over]);
+}
+
+/// The codes of `times` requests for `foo=a` to the `ratelimit` whose serving line is
+/// `serving`.
+async fn codes(serving: &serde_json::Value, times: usize) -> Vec<i32> {
     let listen = serving["listen"].as_str().unwrap();
     let mut envoy = RateLimitServiceClient::connect(format!("http://{listen}"))
         .await
         .unwrap();
     let mut codes = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..times {
         let answer = envoy
             .should_rate_limit(RateLimitRequest {
                 domain: "rl".into(),
@@ -63,8 +70,7 @@ async fn port_8082_as_ratelimit_starts_and_serves() {
             .expect("answered");
         codes.push(answer.into_inner().overall_code);
     }
-    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
-    assert_eq!(codes, [ok, ok, over]);
+    codes
 }
 
 /// A second `ratelimit` on the same host (the admin listener's default port taken by the
@@ -85,18 +91,6 @@ async fn a_second_ratelimit_on_the_host_moves_its_admin_listener_and_serves() {
     });
     assert!(warned, "{log:#?}");
     for serving in [&first, &second] {
-        let listen = serving["listen"].as_str().unwrap();
-        let mut envoy = RateLimitServiceClient::connect(format!("http://{listen}"))
-            .await
-            .unwrap();
-        let answer = envoy
-            .should_rate_limit(RateLimitRequest {
-                domain: "rl".into(),
-                descriptors: vec![descriptor(&[("foo", "a")])],
-                hits_addend: 0,
-            })
-            .await
-            .expect("answered");
-        assert_eq!(answer.into_inner().overall_code, Code::Ok as i32);
+        assert_eq!(codes(serving, 1).await, [Code::Ok as i32]);
     }
 }
