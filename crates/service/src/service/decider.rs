@@ -152,9 +152,12 @@ impl Decider {
                     _ if merged.is_some() => merged.map_or(DENIED, |m| m.decision),
                     Rule::Limited(_) => store_decisions.next().unwrap_or(DENIED),
                     Rule::Denied | Rule::InvalidId { deny: true } => DENIED,
-                    Rule::Zero(unit) => {
-                        zero(unit, store_decisions.next().unwrap_or(DENIED), r.cost)
-                    }
+                    // Its window went to the store only when it could be made (as
+                    // `store_items` makes it): the decisions stay one per store item.
+                    Rule::Zero(unit) => match zero_window(unit) {
+                        Some(_) => zero(unit, store_decisions.next().unwrap_or(DENIED), r.cost),
+                        None => DENIED,
+                    },
                     Rule::Unlimited | Rule::NotConfigured | Rule::InvalidId { deny: false } => {
                         UNLIMITED
                     }
