@@ -3,9 +3,10 @@
 //! `ratelimit_behaviour.rs`), each one still opt-in there through its variable. Each default is
 //! [`EnvoyOptions::default`]'s.
 
+use super::flag_values::parse_period;
 use crate::service::envoy::{
-    check_header_name, EnvoyOptions, HeaderNames, HeaderStyle, MetadataStyle, RatelimitCounting,
-    ResetStyle,
+    check_header_name, parse_zero_check_hold, EnvoyOptions, Estimate, HeaderNames, HeaderStyle,
+    MetadataStyle, RatelimitCounting, ResetStyle, ZeroCheckHolds,
 };
 
 #[derive(Debug, Clone, clap::Args)]
@@ -103,6 +104,25 @@ pub struct EnvoyArgs {
         default_value_t = EnvoyOptions::default().ratelimit_counting
     )]
     pub ratelimit_counting: RatelimitCounting,
+
+    /// The check-0, charge-later pattern held (Envoy Gateway's and Envoy AI Gateway's
+    /// token limits): on the limits of these domains or limit names, a descriptor asking
+    /// with 0 hits holds ESTIMATE tokens in its bucket (admitted only when they fit), and
+    /// one charging hits settles the bucket's oldest hold to them. SCOPE=ESTIMATE,
+    /// comma-separated; ESTIMATE a number of tokens or `learned`. Off unless given.
+    #[arg(
+        long,
+        env = "CELLRATE_ZERO_CHECK_HOLDS",
+        value_name = "SCOPE=ESTIMATE",
+        value_delimiter = ',',
+        value_parser = parse_zero_check_hold
+    )]
+    pub zero_check_holds: Vec<(String, Estimate)>,
+
+    /// How long a hold of --zero-check-holds lasts unless a charge settles it: then its
+    /// estimate is given back.
+    #[arg(long, env = "CELLRATE_ZERO_CHECK_HOLD", default_value = "10m", value_parser = parse_period)]
+    pub zero_check_hold: i64,
 }
 
 impl EnvoyArgs {
@@ -122,6 +142,10 @@ impl EnvoyArgs {
             exact_upstream_keys: false,
             quota_mode: self.quota_mode,
             near_limit_ratio: self.near_limit_ratio,
+            zero_check_holds: ZeroCheckHolds {
+                scopes: self.zero_check_holds.clone(),
+                hold: self.zero_check_hold,
+            },
         }
     }
 }

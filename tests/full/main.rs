@@ -23,6 +23,9 @@ mod fail_open;
 mod faults;
 mod grpcurl;
 mod header_visibility_envoy;
+mod held_checks_envoy;
+#[cfg(feature = "redis")]
+mod held_checks_redis;
 mod istio_e2e;
 mod memcache;
 mod observability;

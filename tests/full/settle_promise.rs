@@ -91,6 +91,22 @@ impl Settlements for FaultySettlements {
             self.inner.due(max)
         }))
     }
+
+    fn enqueue<'a>(&'a self, queue: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(faulted(self.faults.next(), "queue", move || {
+            self.inner.enqueue(queue, id)
+        }))
+    }
+
+    fn claim_oldest<'a>(
+        &'a self,
+        queue: &'a str,
+        costs: &'a [u8],
+    ) -> StoreFuture<'a, Option<(String, Kept)>> {
+        Box::pin(faulted(self.faults.next(), "oldest", move || {
+            self.inner.claim_oldest(queue, costs)
+        }))
+    }
 }
 
 const BURST: i64 = 1_000;

@@ -34,6 +34,7 @@ mod fuzz_regressions;
 mod grpc_native;
 mod grpc_parity;
 mod header_visibility;
+mod held_checks;
 mod hostile_clients;
 mod hostile_requests;
 mod in_flight_share;

@@ -38,6 +38,7 @@
 //! service/envoy/values.rs          a client's bytes made decidable
 //! service/envoy/refusal.rs         what cannot be decided as it came, by the invalid_id policy
 //! service/envoy/reserve.rs         reservations held and settled by the Settler
+//! service/envoy/held.rs            the check-0, charge-later pattern held (--zero-check-holds)
 //! service/envoy/respond.rs         the answer: overall code, statuses, headers
 //! service/envoy/ratelimit.rs       domains in envoyproxy/ratelimit's file format
 //! service/envoy/upstream.rs        envoyproxy/ratelimit's shape of an answer
@@ -46,6 +47,7 @@
 //! service/settle/record.rs         a kept Check's versioned format (3ebe882's read too)
 //! service/settle/facts.rs          what a kept Check spent, per item
 //! service/settle/holds.rs          reservation policies at Check
+//! service/settle/anonymous.rs      holds without a request id, settled oldest first
 //! service/settle/release.rs        holds not settled in time released (the sweeper's work)
 //! service/settle/unknown.rs        kept Checks whose spend is unknown, resolved
 //! service/headers/mod.rs           the rate-limit headers both answers carry, in styles

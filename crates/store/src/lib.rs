@@ -35,7 +35,8 @@
 //! lib.rs                    the Store trait, StoreError, StoreObserver; this map
 //! measured.rs               timing; the observer for Metrics
 //! shared.rs                 ports for shared overrides, RLQS demand, settlements
-//! settlements.rs            settlements kept in memory
+//! settlements/mod.rs        settlements kept in memory
+//! settlements/ledger.rs     its indexes: by expiry, by due, per key, anonymous queues
 //! table.rs                  the memory store's open-addressing TAT table
 //! memory/mod.rs             sharded, all-or-nothing: shards, bounds, locks, sweeps
 //! memory/batch.rs           a batch's spend, refund and reset under its shards' locks

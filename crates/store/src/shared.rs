@@ -133,6 +133,20 @@ pub trait Settlements: Send + Sync + 'static {
     /// can (Redis's), handed out with empty facts for its spend's resolution and due
     /// again a little later, until it is decided or forgotten, or expires.
     fn due(&self, max: usize) -> StoreFuture<'_, Vec<(String, Kept)>>;
+    /// Queues the live hold of `id` under `queue` (a bucket's anonymous holds, in the
+    /// order they were queued), for [`Settlements::claim_oldest`]. A record that is no
+    /// live hold is not queued. A record leaves its queue when it is claimed (by id, at
+    /// its due or as the oldest), forgotten or dropped.
+    fn enqueue<'a>(&'a self, queue: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
+    /// Claims the oldest decided live hold of `queue` at `costs`, as [`Settlements::claim`]
+    /// claims one by id: its id and record, or `None` when the queue holds none (a
+    /// pending hold is passed over and stays queued; one past its due is left to its
+    /// release).
+    fn claim_oldest<'a>(
+        &'a self,
+        queue: &'a str,
+        costs: &'a [u8],
+    ) -> StoreFuture<'a, Option<(String, Kept)>>;
 
     /// How long a record is kept past its hold (`--settle-window`).
     fn window(&self) -> Nanos;

@@ -389,6 +389,7 @@ pub mod budgets;
 pub mod envoy;
 pub mod h2_raw;
 pub mod header_visibility;
+pub mod held;
 pub mod http1;
 pub mod memcached;
 pub mod pki;

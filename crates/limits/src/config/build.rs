@@ -124,6 +124,7 @@ impl LimitTable {
             ratelimit: crate::ratelimit_format::RatelimitDomains::merging(sources.merge_domains),
             version: content_version(files, &sources.xds),
             sources: sources.clone(),
+            zero_checks: false,
         };
         // Where each override id was set, to name both places of a duplicate.
         let mut override_origin: HashMap<(u32, String), String> = HashMap::new();

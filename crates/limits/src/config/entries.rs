@@ -70,6 +70,7 @@ impl LimitTable {
             };
             match limit.build() {
                 Ok(policy) => {
+                    self.zero_checks |= reservation.is_some_and(|r| r.zero_checks.is_some());
                     let entry = self.policies.entry(number).or_default();
                     entry.default = Some(policy);
                     entry.reservation = reservation;

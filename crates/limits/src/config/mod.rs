@@ -45,7 +45,7 @@ pub use build::read_files;
 use files::content_version;
 pub use files::is_config_file;
 pub use policy::{Behaviour, Headers, Measures, Policy};
-pub use reservation::{Reservation, MAX_HOLD, MIN_HOLD};
+pub use reservation::{Estimate, Reservation, MAX_HOLD, MIN_HOLD};
 
 /// Errors collected in one load at most; more are counted ("and N more errors").
 pub const MAX_ERRORS: usize = 100;
@@ -163,6 +163,9 @@ pub struct LimitTable {
     version: String,
     /// What it was built from: a change to one source rebuilds with the others.
     sources: Sources,
+    /// Whether some reservation policy holds checks of 0 hits (`zero_checks:`): one
+    /// flag read per Envoy request instead of a look at every policy.
+    zero_checks: bool,
 }
 
 /// What a table is built from: the limits directory's files, and the resources received
@@ -189,6 +192,7 @@ impl LimitTable {
             ratelimit: RatelimitDomains::default(),
             version: content_version(&[], &[]),
             sources: Sources::default(),
+            zero_checks: false,
         }
     }
 
@@ -267,6 +271,11 @@ impl LimitTable {
     /// its default's `reservation:` (every override of the name holds as its default).
     pub fn reservation(&self, name: &Name) -> Option<Reservation> {
         self.policies.get(&name.number).and_then(|p| p.reservation)
+    }
+
+    /// Whether some limit's reservation policy holds checks of 0 hits (`zero_checks:`).
+    pub fn has_zero_checks(&self) -> bool {
+        self.zero_checks
     }
 
     /// The default limit of `name`, if any.

@@ -27,6 +27,43 @@ pub struct Reservation {
     pub release: bool,
     /// The most of the limit's burst one estimate may take, in millionths.
     pub max_share_ppm: u64,
+    /// Through Envoy, a descriptor asking with 0 hits holds this estimate anonymously,
+    /// and one charging hits settles the bucket's oldest hold (`zero_checks:`,
+    /// docs/token-budgets.md).
+    pub zero_checks: Option<Estimate>,
+}
+
+/// What a check of 0 hits holds (`zero_checks:`, or `--zero-check-holds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Estimate {
+    /// This many tokens (at most what one hold may take).
+    Fixed(u64),
+    /// The largest of the bucket's last few charges one replica saw; before any, a
+    /// sixteenth of the limit's count (at least 1).
+    Learned,
+}
+
+impl Estimate {
+    /// `learned` or a number of tokens, at least 1.
+    ///
+    /// ```
+    /// use cellrate_limits::config::Estimate;
+    /// assert_eq!(Estimate::parse("1000"), Ok(Estimate::Fixed(1000)));
+    /// assert_eq!(Estimate::parse("learned"), Ok(Estimate::Learned));
+    /// assert!(Estimate::parse("0").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<Estimate, String> {
+        match text {
+            "learned" => Ok(Estimate::Learned),
+            n => match n.parse::<u64>() {
+                Ok(n) if n > 0 => Ok(Estimate::Fixed(n)),
+                _ => Err(format!(
+                    "{:?}: a number of tokens, at least 1, or `learned`",
+                    cellrate_core::text::first_chars(text, 40)
+                )),
+            },
+        }
+    }
 }
 
 impl Reservation {
@@ -61,6 +98,9 @@ pub(super) struct RawReservation {
     unsettled: RawUnsettled,
     #[serde(default)]
     max_share: Option<f64>,
+    /// A number or `learned` (YAML reads a number as one).
+    #[serde(default)]
+    zero_checks: Option<serde_yaml_ng::Value>,
 }
 
 impl RawReservation {
@@ -80,8 +120,17 @@ impl RawReservation {
                  at most 1"
             ));
         }
+        let zero_checks = match &self.zero_checks {
+            None => None,
+            Some(serde_yaml_ng::Value::Number(n)) => Some(Estimate::parse(&n.to_string())),
+            Some(serde_yaml_ng::Value::String(s)) => Some(Estimate::parse(s)),
+            Some(_) => Some(Err("a number of tokens or `learned`".to_string())),
+        };
+        let zero_checks =
+            (zero_checks.transpose()).map_err(|e| format!("reservation.zero_checks: {e}"))?;
         Ok(Reservation {
             hold,
+            zero_checks,
             release: self.unsettled == RawUnsettled::Release,
             max_share_ppm: ((share * PER_MILLION as f64).round() as u64).clamp(1, PER_MILLION),
         })

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub settlements: IntCounterVec,
     /// `cellrate_holds_total{event}`: reservations settled, released, kept.
     pub holds: IntCounterVec,
+    pub anonymous_holds: IntCounterVec,
     /// envoyproxy/ratelimit's per-descriptor statistics, by key and stat.
     ratelimit: RatelimitStats,
     rpc: RpcMetrics,
@@ -130,6 +131,16 @@ impl Metrics {
             "event",
             &["settled", "released", "kept"],
         );
+        let anonymous_holds = reg.counters_from_zero(
+            "cellrate_anonymous_holds_total",
+            "Holds taken without a request id (--zero-check-holds: a check of 0 hits holds \
+             an estimate, a charge settles its bucket's oldest hold), by event: taken, \
+             settled (by a charge), unmatched (a charge that found no hold: charged in \
+             full), refused (a check denied: its bucket has its most holds, or the table \
+             is full of holds).",
+            "event",
+            &["taken", "settled", "unmatched", "refused"],
+        );
         let ratelimit = RatelimitStats::new(&reg, mapping, ratelimit_stats);
         let (rpc, store) = (RpcMetrics::new(&reg), StoreMetrics::new(&reg));
         let (rlqs, resp) = (RlqsMetrics::new(&reg), RespMetrics::new(&reg));
@@ -141,6 +152,7 @@ impl Metrics {
             decisions: counters::DecisionCounters::new(decisions),
             settlements,
             holds,
+            anonymous_holds,
             ratelimit,
             rpc,
             store,

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use super::request::RatelimitTarget;
 use super::Target;
-use cellrate_core::clock::SECOND;
+use cellrate_core::clock::{CalendarPeriod, SECOND};
 use cellrate_core::gcra::Limit;
 use cellrate_limits::config::LimitTable;
 use cellrate_limits::ratelimit_format::Unit;
@@ -112,13 +112,19 @@ pub(crate) fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: b
 pub(crate) fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
     let n = u64::from(requests);
     let limit = match fixed_window {
-        true => Limit::calendar(n.min(unit.window().max_count()), unit.window()),
+        true => return window_limit(n, unit.window()),
         false => {
             let period = unit.seconds() * SECOND;
             Limit::new(n, n.min(period as u64), period)
         }
     };
     limit.ok()
+}
+
+/// `count` per window of `period` as this format counts it (every hit), at most what a
+/// window counts exactly; `None` for a count of 0.
+pub(crate) fn window_limit(count: u64, period: CalendarPeriod) -> Option<Limit> {
+    Limit::calendar(count.min(period.max_count()), period).ok()
 }
 
 /// The readable name of the bucket of `entries` (as counted) in `domain`:

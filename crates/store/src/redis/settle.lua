@@ -20,6 +20,9 @@
 --          keep the set compact), by when each record's key expires (ms), so that one whose
 --          key expired unclaimed drops out by itself. Every site
 --          that adds a record to KEYS[3] or takes it out adds or takes it here too.
+-- KEYS[5]: (queue and oldest only) a queue of anonymous holds (a bucket's, taken without
+--          a request id): a sorted set of record keys by when each was queued (µs), so
+--          the lowest is the oldest. It expires with the latest of its records' keys.
 --
 -- ARGV[1]: the operation.
 -- open    ARGV[2] check, ARGV[3] window in ms, ARGV[4] most records, ARGV[5] hold in ms
@@ -44,9 +47,16 @@
 --         makes them due again RESOLVE_AGAIN_MS later (until they are decided or
 --         forgotten, or their key expires). Returns {now, then per claimed or handed out:
 --         key, check, facts, opened, decided}.
+-- queue   KEYS[2] a record: queued in KEYS[5] if it is a live hold. Returns {"1"}.
+-- oldest  ARGV[2] costs. Claims, as claim does, the oldest decided live hold of KEYS[5]
+--         (among its first QUEUE_LOOK records: a pending one is passed over and stays;
+--         one that is no live hold any more leaves the queue). Returns {"0"} for none,
+--         else {"1", its key, check, facts, opened, decided, now}.
 
 local index, key, holds = KEYS[1], KEYS[2], KEYS[3]
 local RESOLVE_AGAIN_MS = 1000
+-- Records of a queue looked at per oldest, at most.
+local QUEUE_LOOK = 32
 local op = ARGV[1]
 
 local t = redis.call('TIME')
@@ -237,5 +247,31 @@ elseif op == 'due' then
     end
   end
   return out
+elseif op == 'queue' then
+  if redis.call('ZSCORE', holds, key) then
+    local q = KEYS[5]
+    redis.call('ZADD', q, 'NX', tonumber(now_us), key)
+    local left = redis.call('PTTL', key)
+    if left > redis.call('PTTL', q) then
+      redis.call('PEXPIRE', q, left)
+    end
+  end
+  return {'1'}
+elseif op == 'oldest' then
+  local q = KEYS[5]
+  for _, k in ipairs(redis.call('ZRANGE', q, 0, QUEUE_LOOK - 1)) do
+    if not redis.call('ZSCORE', holds, k) then
+      redis.call('ZREM', q, k)
+    elseif state_of(k) == 'd' then
+      local r = redis.call('HMGET', k, 'c', 'f', 'o', 't', 'u')
+      if r[5] and tonumber(r[5]) > now then
+        redis.call('HSET', k, 's', 's', 'k', ARGV[2])
+        unhold(k)
+        redis.call('ZREM', q, k)
+        return {'1', k, r[1], r[2], r[3], r[4], now_us}
+      end
+    end
+  end
+  return {'0'}
 end
 return redis.error_reply('unknown operation')

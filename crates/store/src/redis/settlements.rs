@@ -71,13 +71,27 @@ impl RedisSettlements {
         id: &str,
         args: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.call_queued(op, id, None, args).await
+    }
+
+    /// A call, with the key of `queue` (a queue of anonymous holds) when given.
+    async fn call_queued(
+        &self,
+        op: &'static str,
+        id: &str,
+        queue: Option<&str>,
+        args: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut invocation = self.script.prepare_invoke();
         invocation
             .key(format!("{}index", self.prefix))
             .key(self.key(id))
             .key(format!("{}holds", self.prefix))
-            .key(format!("{}k:", self.prefix))
-            .arg(op);
+            .key(format!("{}k:", self.prefix));
+        if let Some(queue) = queue {
+            invocation.key(format!("{}q:{}", self.prefix, share_of(queue)));
+        }
+        invocation.arg(op);
         for arg in args {
             invocation.arg(*arg);
         }
@@ -236,6 +250,35 @@ impl Settlements for RedisSettlements {
                 claimed.push((id, kept(parts)?));
             }
             Ok(claimed)
+        })
+    }
+
+    fn enqueue<'a>(&'a self, queue: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move { (self.call_queued("queue", id, Some(queue), &[]).await).map(|_| ()) })
+    }
+
+    fn claim_oldest<'a>(
+        &'a self,
+        queue: &'a str,
+        costs: &'a [u8],
+    ) -> StoreFuture<'a, Option<(String, Kept)>> {
+        Box::pin(async move {
+            let mut reply = self
+                .call_queued("oldest", "", Some(queue), &[costs])
+                .await?;
+            match (flag(&reply), reply.len()) {
+                (Some(b"0"), 1) => Ok(None),
+                (Some(b"1"), 7) => {
+                    let rest = reply.split_off(2);
+                    let key = reply.swap_remove(1);
+                    let id = String::from_utf8(key)
+                        .ok()
+                        .and_then(|k| k.strip_prefix(&self.key("")).map(str::to_string))
+                        .ok_or(StoreError::MalformedReply)?;
+                    Ok(Some((id, kept(rest)?)))
+                }
+                _ => Err(StoreError::MalformedReply),
+            }
         })
     }
 }

@@ -52,6 +52,10 @@ impl EnvoyRateLimitService {
                     // Descriptors that name one bucket are decided with it, their hits
                     // summed (`CheckOptions::merge_duplicates`), each answering that one
                     // decision.
+                    None if self.holds_some(&table, &request.domain, &batch) => {
+                        // Boxed, as the rare path (`held.rs`).
+                        Box::pin(self.decide_held(&table, &request, &batch)).await
+                    }
                     None => self.decide_items(&table, &request, &batch).await,
                     Some(reservation) => {
                         // Boxed: the reservation's states would otherwise widen every
@@ -465,14 +469,9 @@ impl EnvoyRateLimitService {
         self.check(table, domain, &counted).await
     }
 
-    /// Decides `items` as one all-or-nothing batch.
-    async fn check(
-        &self,
-        table: &LimitTable,
-        domain: &str,
-        items: &[Item<'_>],
-    ) -> Result<Vec<ItemResult>, Refusal> {
-        let options = CheckOptions {
+    /// How a request of `domain` is decided.
+    pub(super) fn check_options(&self, table: &LimitTable, domain: &str) -> CheckOptions {
+        CheckOptions {
             invalid_ids: table.descriptors().invalid_ids(domain),
             oversize_denies: true,
             honour_shadow: true,
@@ -480,7 +479,17 @@ impl EnvoyRateLimitService {
             merge_duplicates: true,
             once: None,
             holds: false,
-        };
+        }
+    }
+
+    /// Decides `items` as one all-or-nothing batch.
+    pub(super) async fn check(
+        &self,
+        table: &LimitTable,
+        domain: &str,
+        items: &[Item<'_>],
+    ) -> Result<Vec<ItemResult>, Refusal> {
+        let options = self.check_options(table, domain);
         match self.decider.check_with(table, items, options).await {
             Ok(result) => Ok(result.items),
             Err(e) => Err(envoy_error(e, items)),

@@ -16,6 +16,7 @@
 
 mod batch;
 mod decide;
+mod held;
 mod ratelimit;
 mod refusal;
 mod reserve;
@@ -41,6 +42,7 @@ use cellrate_core::text::LogEvery;
 use cellrate_observe::metrics::Metrics;
 use cellrate_store::shared::Settlements;
 
+pub use held::{parse_zero_check_hold, Estimate, ZeroCheckHolds, LEARNED_CHARGES, MAX_LEARNED};
 use refusal::{malformed, Refusal};
 pub use reserve::ENVOY_REQUEST_IDS;
 pub use values::{decode_request, stand_in, STAND_IN_PREFIX};
@@ -137,6 +139,8 @@ pub struct EnvoyOptions {
     /// envoyproxy/ratelimit's NEAR_LIMIT_RATIO: `near_limit` counts hits above this share
     /// of a limit (its threshold computed in float32, as there).
     pub near_limit_ratio: f32,
+    /// The check-0, charge-later pattern held on these limits (`--zero-check-holds`).
+    pub zero_check_holds: ZeroCheckHolds,
 }
 
 impl EnvoyOptions {
@@ -168,6 +172,7 @@ impl Default for EnvoyOptions {
             exact_upstream_keys: false,
             quota_mode: false,
             near_limit_ratio: 0.8,
+            zero_check_holds: ZeroCheckHolds::default(),
         }
     }
 }
@@ -183,6 +188,8 @@ pub struct EnvoyRateLimitService {
     /// Where reservations (`reserve` rules) are kept for their settlement (none: a
     /// reservation is UNIMPLEMENTED).
     settler: Option<Settler>,
+    /// Held buckets' recent charges (`held.rs`).
+    learned: held::Learned,
 }
 
 impl EnvoyRateLimitService {
@@ -198,6 +205,7 @@ impl EnvoyRateLimitService {
             invalid_ids: LogEvery::new(Duration::from_secs(1)),
             started: Instant::now(),
             settler: None,
+            learned: held::Learned::default(),
         }
     }
 

@@ -7,7 +7,8 @@
 //!
 //! The room: this file (a Check kept, decided or dropped), `adjust.rs` (a settle: the
 //! record claimed, charged or refunded), `record.rs` (the kept Check's versioned format),
-//! `facts.rs` (what it spent), `holds.rs` (reservation policies at Check), `release.rs`
+//! `facts.rs` (what it spent), `holds.rs` (reservation policies at Check), `anonymous.rs`
+//! (holds taken without a request id, settled oldest first), `release.rs`
 //! (holds not settled in time, the sweeper's work), `unknown.rs` (kept Checks whose spend
 //! is unknown, resolved).
 //!
@@ -40,6 +41,7 @@
 //! reservation's descriptor.
 
 mod adjust;
+mod anonymous;
 mod facts;
 mod holds;
 mod record;
@@ -54,6 +56,7 @@ use crate::service::{
     BatchResult, CheckOptions, DecideError, Decider, ItemSpec, OnceSpend, Rule, Target,
 };
 pub use adjust::{Settled, REFUND_MARGIN};
+pub use anonymous::{AnonymousHold, HeldCheck};
 use cellrate_core::clock::Nanos;
 use cellrate_core::gcra::{Mode, Window};
 use cellrate_core::text::{cut_bytes, printable};
@@ -84,6 +87,10 @@ pub struct Settler {
 
 fn counted(metrics: &Metrics, result: &str) {
     metrics.settlements.with_label_values(&[result]).inc();
+}
+
+fn counted_anonymous(metrics: &Metrics, event: &str) {
+    metrics.anonymous_holds.with_label_values(&[event]).inc();
 }
 
 fn store_failed(e: StoreError) -> Status {

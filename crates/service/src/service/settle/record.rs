@@ -16,6 +16,10 @@
 //! then (varints for numbers, a varint length before each text)
 //! - named: the name, the id; inline: the key, then the limit (GCRA: `0`, burst, count,
 //!   period in nanoseconds; a calendar window: `1`, count, the period's text);
+//!   an envoyproxy/ratelimit-format descriptor's bucket (an anonymous hold, `anonymous.rs`):
+//!   its digest, its name, its unit's period text, a flags byte (shadow, every hit,
+//!   caller-given), then its limit (`0` none, a zero limit; `1` GCRA: burst, count,
+//!   period; `2` a window: count, rebuilt as that format's windows are);
 //! - the cost, if it has one; the lease id, if it has one.
 //!
 //! The items are at most [`super::MAX_RECORD`] bytes in this encoding, which is never
@@ -26,7 +30,11 @@ use std::borrow::Cow;
 use prost::encoding::{decode_varint, encode_varint};
 use prost::Message;
 
+use std::sync::Arc;
+
 use crate::proto::v1 as pb;
+use crate::service::ratelimit_bucket::window_limit;
+use crate::service::request::RatelimitTarget;
 use crate::service::{ItemSpec, Target};
 use cellrate_core::clock::{CalendarPeriod, SECOND};
 use cellrate_core::gcra::{Limit, Mode, Window};
@@ -52,6 +60,13 @@ const MODES: [Mode; 6] = [
 const INLINE: u8 = 0x08;
 const COST: u8 = 0x10;
 const LEASE: u8 = 0x20;
+/// An envoyproxy/ratelimit-format descriptor's bucket (neither named nor inline).
+const RATELIMIT: u8 = 0x40;
+
+/// A ratelimit-format target's flags.
+const SHADOW: u8 = 0x01;
+const EVERY_HIT: u8 = 0x02;
+const CALLER_GIVEN: u8 = 0x04;
 
 /// A record's flags: a token follows.
 const TOKEN: u8 = 0x01;
@@ -80,8 +95,10 @@ pub(super) fn items_bytes(items: &[ItemSpec<'_>]) -> Option<Vec<u8>> {
         }
         let mode = MODES.iter().position(|&m| m == item.mode)? as u8;
         let mut head = mode;
-        if matches!(item.target, Target::Inline { .. }) {
-            head |= INLINE;
+        match item.target {
+            Target::Inline { .. } => head |= INLINE,
+            Target::Ratelimit(_) => head |= RATELIMIT,
+            _ => {}
         }
         if item.cost.is_some() {
             head |= COST;
@@ -112,6 +129,7 @@ pub(super) fn items_bytes(items: &[ItemSpec<'_>]) -> Option<Vec<u8>> {
                     Window::Concurrency => return None,
                 }
             }
+            Target::Ratelimit(target) => put_ratelimit(&mut out, target)?,
             _ => return None,
         }
         if let Some(cost) = item.cost {
@@ -122,6 +140,63 @@ pub(super) fn items_bytes(items: &[ItemSpec<'_>]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// A ratelimit-format target, after its item's first byte.
+fn put_ratelimit(out: &mut Vec<u8>, target: &RatelimitTarget) -> Option<()> {
+    put_text(out, &target.digest);
+    put_text(out, &target.name);
+    put_text(out, target.unit.text());
+    let flags = [
+        (target.shadow, SHADOW),
+        (target.every_hit, EVERY_HIT),
+        (target.caller_given, CALLER_GIVEN),
+    ];
+    out.push((flags.iter()).fold(0, |f, &(on, bit)| if on { f | bit } else { f }));
+    match target.limit.map(|limit| (limit, limit.window())) {
+        None => out.push(0),
+        Some((limit, Window::Gcra)) => {
+            out.push(1);
+            encode_varint(limit.burst(), out);
+            encode_varint(limit.count(), out);
+            encode_varint(u64::try_from(limit.period()).ok()?, out);
+        }
+        Some((limit, Window::Calendar(_))) => {
+            out.push(2);
+            encode_varint(limit.count(), out);
+        }
+        Some((_, Window::Concurrency)) => return None,
+    }
+    Some(())
+}
+
+/// A ratelimit-format target, as [`put_ratelimit`] wrote it.
+fn take_ratelimit(buf: &mut &[u8]) -> Option<RatelimitTarget> {
+    let digest = take_text(buf)?;
+    let name = take_text(buf)?;
+    let unit = CalendarPeriod::parse(&take_text(buf)?).ok()?;
+    let flags = take_byte(buf)?;
+    if flags & !(SHADOW | EVERY_HIT | CALLER_GIVEN) != 0 {
+        return None;
+    }
+    let limit = match take_byte(buf)? {
+        0 => None,
+        1 => {
+            let (burst, count) = (take_u64(buf)?, take_u64(buf)?);
+            Some(Limit::new(burst, count, i64::try_from(take_u64(buf)?).ok()?).ok()?)
+        }
+        2 => Some(window_limit(take_u64(buf)?, unit)?),
+        _ => return None,
+    };
+    Some(RatelimitTarget {
+        digest,
+        limit,
+        unit,
+        name: Arc::from(name),
+        shadow: flags & SHADOW != 0,
+        every_hit: flags & EVERY_HIT != 0,
+        caller_given: flags & CALLER_GIVEN != 0,
+    })
 }
 
 /// A record of this version: its `items` (as [`items_bytes`] gave them, `count` of
@@ -185,11 +260,13 @@ fn version_2(mut buf: &[u8]) -> Option<Record> {
 
 fn item_v2(buf: &mut &[u8]) -> Option<ItemSpec<'static>> {
     let head = take_byte(buf)?;
-    if head & !(0x07 | INLINE | COST | LEASE) != 0 {
+    if head & !(0x07 | INLINE | COST | LEASE | RATELIMIT) != 0 {
         return None;
     }
     let mode = *MODES.get(usize::from(head & 0x07))?;
-    let target = if head & INLINE == 0 {
+    let target = if head & RATELIMIT != 0 {
+        Target::Ratelimit(take_ratelimit(buf)?)
+    } else if head & INLINE == 0 {
         let name = take_text(buf)?;
         let id = take_text(buf)?;
         Target::Named {

@@ -35,7 +35,7 @@ const RESOLVE_AFTER: [Duration; 4] = [
 ];
 
 /// A random token, one per kept Check (never the same twice, in any replica).
-fn fresh_token() -> u128 {
+pub(super) fn fresh_token() -> u128 {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let half = || {
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

@@ -6,9 +6,13 @@
 //! key's live holds are counted as they enter and leave `holds`, so one key's share of
 //! the table is exact.
 
+mod ledger;
+
+use ledger::count;
+
 use parking_lot::Mutex;
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -41,6 +45,8 @@ struct Ledger {
     /// Live holds per bucket key they count against, by the key's 64-bit keyed hash (a
     /// key with none is not there).
     per_key: HashMap<u64, usize>,
+    /// Anonymous live holds per queue, oldest first (`queues.rs`).
+    queues: HashMap<Box<str>, VecDeque<Box<str>>>,
     /// Records opened so far: each record's number, its age.
     opened: u64,
 }
@@ -53,6 +59,8 @@ struct Record {
     due: Option<Nanos>,
     /// The bucket keys a hold counts against (their keyed hashes).
     keys: Box<[u64]>,
+    /// The queue its live hold is in (`queues.rs`).
+    queue: Option<Box<str>>,
     check: Vec<u8>,
     opened: Nanos,
     state: State,
@@ -79,90 +87,6 @@ impl Record {
             opened: self.opened,
             decided,
             now,
-        }
-    }
-}
-
-/// Counts a live hold against each of `keys` (`up`), or stops counting it.
-fn count(per_key: &mut HashMap<u64, usize>, keys: &[u64], up: bool) {
-    for key in keys {
-        if up {
-            *per_key.entry(*key).or_default() += 1;
-        } else if let Some(n) = per_key.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                per_key.remove(key);
-            }
-        }
-    }
-}
-
-impl Ledger {
-    /// Drops the record of `id`, wherever it is indexed.
-    fn remove(&mut self, id: &str) {
-        if let Some(r) = self.records.remove(id) {
-            if !self.order.remove(&(r.expires, r.seq, Box::from(id))) {
-                if let Some(due) = r.due {
-                    if self.holds.remove(&(due, r.seq, Box::from(id))) {
-                        count(&mut self.per_key, &r.keys, false);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The first of `keys` that holds `max` live holds already.
-    fn crowded(&self, keys: &[u64], max: usize) -> Option<usize> {
-        keys.iter()
-            .position(|key| self.per_key.get(key).is_some_and(|&n| n >= max))
-    }
-
-    /// Drops the first record of `order`; whether there was one.
-    fn pop_front(&mut self) -> bool {
-        let Some((_, _, id)) = self.order.pop_first() else {
-            return false;
-        };
-        self.records.remove(&id);
-        true
-    }
-
-    /// Drops what has expired at `now` (live holds wait for their claim).
-    fn purge(&mut self, now: Nanos) {
-        while self
-            .order
-            .first()
-            .is_some_and(|(expires, ..)| *expires <= now)
-        {
-            self.pop_front();
-        }
-    }
-
-    /// The record of `id` in force at `now`.
-    fn live(&mut self, id: &str, now: Nanos) -> Option<&mut Record> {
-        self.records.get_mut(id).filter(|r| r.expires > now)
-    }
-
-    /// Moves the record of `id` from the live holds to `order` (settled, or let go).
-    fn unhold(&mut self, id: &str) {
-        if let Some(r) = self.records.get(id) {
-            if let Some(due) = r.due {
-                if self.holds.remove(&(due, r.seq, Box::from(id))) {
-                    self.order.insert((r.expires, r.seq, Box::from(id)));
-                    count(&mut self.per_key, &r.keys, false);
-                }
-            }
-        }
-    }
-
-    /// Moves a reopened hold back to the live holds.
-    fn rehold(&mut self, id: &str) {
-        if let Some(r) = self.records.get(id) {
-            if let Some(due) = r.due {
-                if self.order.remove(&(r.expires, r.seq, Box::from(id))) {
-                    self.holds.insert((due, r.seq, Box::from(id)));
-                    count(&mut self.per_key, &r.keys, true);
-                }
-            }
         }
     }
 }
@@ -258,6 +182,7 @@ impl Settlements for MemorySettlements {
                 seq,
                 due,
                 keys,
+                queue: None,
                 check: check.to_vec(),
                 opened: now,
                 state: State::Pending,
@@ -353,6 +278,8 @@ impl Settlements for MemorySettlements {
             ..
         } = &mut *ledger;
         let mut claimed = Vec::new();
+        // Holds no longer live, out of their queues once the loop is done.
+        let mut left: Vec<Box<str>> = Vec::new();
         while claimed.len() < max && holds.first().is_some_and(|(due, ..)| *due <= now) {
             let Some((_, _, id)) = holds.pop_first() else {
                 break;
@@ -362,6 +289,9 @@ impl Settlements for MemorySettlements {
             };
             order.insert((r.expires, r.seq, id.clone()));
             count(per_key, &r.keys, false);
+            if r.queue.is_some() {
+                left.push(id.clone());
+            }
             if let State::Decided { at, facts } = &r.state {
                 let kept = r.kept(*at, facts, now);
                 r.state = State::Settled {
@@ -372,6 +302,24 @@ impl Settlements for MemorySettlements {
                 claimed.push((id.into_string(), kept));
             }
         }
+        for id in left {
+            ledger.dequeue(&id);
+        }
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn enqueue<'a>(&'a self, queue: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        self.ledger().enqueue(queue, id);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim_oldest<'a>(
+        &'a self,
+        queue: &'a str,
+        costs: &'a [u8],
+    ) -> StoreFuture<'a, Option<(String, Kept)>> {
+        let now = self.clock.now();
+        let claimed = self.ledger().claim_oldest(queue, costs, now);
         Box::pin(std::future::ready(Ok(claimed)))
     }
 }
