@@ -102,7 +102,8 @@ pub(crate) fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: b
 }
 
 /// `requests_per_unit` per `unit` as a limit: a fixed window of the unit (every hit
-/// counted), or GCRA with that burst. `None` for zero ([`super::Rule::Zero`]).
+/// counted, without cellrate's bound of one count of debt: [`Limit::fixed_window`]), or
+/// GCRA with that burst. `None` for zero ([`super::Rule::Zero`]).
 ///
 /// A count above what cellrate counts exactly (a window holds at most
 /// [`cellrate_core::clock::CalendarPeriod::max_count`], 499 999 999 a second; GCRA at most
@@ -112,7 +113,7 @@ pub(crate) fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: b
 pub(crate) fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option<Limit> {
     let n = u64::from(requests);
     let limit = match fixed_window {
-        true => Limit::calendar(n.min(unit.window().max_count()), unit.window()),
+        true => Limit::fixed_window(n.min(unit.window().max_count()), unit.window()),
         false => {
             let period = unit.seconds() * SECOND;
             Limit::new(n, n.min(period as u64), period)
