@@ -8,7 +8,8 @@
 //! A timeline has a few keys and four limits (GCRA of different bursts and emission
 //! intervals that are not whole seconds, so that the script's sums carry across seconds;
 //! calendar windows: UTC minutes to years, envoyproxy/ratelimit's fixed 7, 30 and 365 days,
-//! a New York month, a Berlin week, a month from the 31st), and up to 12 steps: batches of
+//! a New York month, a Berlin week, a month from the 31st; cellrate's own, whose debt stops
+//! at one count, or envoyproxy/ratelimit's, which count every hit), and up to 12 steps: batches of
 //! one to three items (all-or-nothing) in every mode (spend, check-only, spend-only, probe,
 //! charge into debt), costs 0, small, above the burst, huge and `u64::MAX`; refunds;
 //! resets; and clock moves: waits, jumps of days across month and year ends, to a calendar
@@ -63,16 +64,32 @@ const CASES: u32 = 2_000;
 /// A limit of a timeline.
 #[derive(Clone, Copy, Debug)]
 enum Shape {
-    Gcra { burst: u64, count: u64, ei: Nanos },
-    Calendar { count: u64, period: CalendarPeriod },
-    Lease { count: u64, hold: Nanos },
+    Gcra {
+        burst: u64,
+        count: u64,
+        ei: Nanos,
+    },
+    Calendar {
+        count: u64,
+        period: CalendarPeriod,
+        every_hit: bool,
+    },
+    Lease {
+        count: u64,
+        hold: Nanos,
+    },
 }
 
 impl Shape {
     fn limit(self) -> Limit {
         match self {
             Shape::Gcra { burst, count, ei } => Limit::new(burst, count, ei * count as i64),
-            Shape::Calendar { count, period } => Limit::calendar(count, period),
+            Shape::Calendar {
+                count,
+                period,
+                every_hit: false,
+            } => Limit::calendar(count, period),
+            Shape::Calendar { count, period, .. } => Limit::fixed_window(count, period),
             Shape::Lease { count, hold } => Limit::concurrency(count, hold),
         }
         .unwrap()
@@ -137,8 +154,13 @@ fn shape() -> impl Strategy<Value = Shape> {
         count,
         ei,
     });
-    let calendar = (1u64..=5, prop::sample::select(periods))
-        .prop_map(|(count, period)| Shape::Calendar { count, period });
+    let calendar = (1u64..=5, prop::sample::select(periods), any::<bool>()).prop_map(
+        |(count, period, every_hit)| Shape::Calendar {
+            count,
+            period,
+            every_hit,
+        },
+    );
     let lease =
         (1u64..=2, 3 * GUARD..=30 * GUARD).prop_map(|(count, hold)| Shape::Lease { count, hold });
     prop_oneof![3 => gcra, 2 => calendar, 2 => lease]
@@ -220,6 +242,8 @@ struct Seen {
     denied_batches: u64,
     /// Charges that did not fit (into debt).
     debts: u64,
+    /// Answers of a window that holds more than twice its count (every hit counted).
+    deep: u64,
     /// Refund items that changed a bucket.
     refunded: u64,
     /// Moves past a value written less than GUARD ahead.
@@ -327,6 +351,9 @@ impl Subjects {
                             }
                             seen.debts +=
                                 m.decisions.iter().filter(|d| d.remaining < 0).count() as u64;
+                            seen.deep += (batch.iter().zip(&m.decisions))
+                                .filter(|(i, d)| d.remaining < -(i.limit.count() as i64))
+                                .count() as u64;
                             for (item, d) in batch.iter().zip(&m.decisions) {
                                 match (item.mode, d.allowed) {
                                     (Mode::Acquire, true) if m.allowed => seen.acquired += 1,
@@ -485,6 +512,8 @@ fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>) {
             let least = [seen.allowed_batches, seen.denied_batches, seen.debts];
             assert!(least.iter().all(|&n| n >= 100), "{seen:?}");
             assert!(seen.refunded >= 100, "{seen:?}");
+            // envoyproxy/ratelimit's windows holding more than cellrate's own could.
+            assert!(seen.deep >= 50, "{seen:?}");
             // Leases acquired, refused on a full key and released (about 600, 60 and 60 a
             // run: time moves fast in these timelines, and most releases find their lease
             // expired, which is tested too).

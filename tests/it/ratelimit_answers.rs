@@ -10,6 +10,7 @@ use crate::common::ratelimit_answers::{
     ask, clear_of_a_minute_end, client, request, runtime, start, status, ANOTHER,
 };
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -320,6 +321,63 @@ descriptors:
     assert_eq!(other.overall_code, Code::Ok as i32, "{other:?}");
     let shadow = ask(&mut c, at(5, "watched"), &[3_600]).await;
     assert_eq!(shadow.overall_code, Code::Ok as i32, "{shadow:?}");
+}
+
+/// A descriptor's own limit (AI Gateway's budget from dynamic metadata) counts in the
+/// descriptor's window whatever the limit, every hit, as upstream's counter (keyed by
+/// descriptor and window, INCRBY without bound): a tenant charged 10 on a budget of 2,
+/// then given 6 within the window, is over (10 > 6: a fresh window, and one that kept at
+/// most twice 2, admitted it), and given 20 has 10 left; a suspended tenant (0) charged 2,
+/// then given 2, has none left, and its next hit is over. The headers stay sane: nothing
+/// remaining, never a negative count.
+#[tokio::test]
+async fn run_as_ratelimit_a_descriptor_limit_that_changes_keeps_its_window() {
+    const BUDGETS: &str = "
+domain: budgets
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 4}
+";
+    let root = runtime(&[("budgets.yaml", BUDGETS)]);
+    let (_child, listen) = start(
+        root.path(),
+        &[
+            ("BACKEND_TYPE", "memory"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ],
+    );
+    let mut c = client(&listen).await;
+    clear_of_a_minute_end();
+    let at = |tenant: &str, budget: u32, hits: u64| {
+        let mut r = request("budgets", &[&[("tenant", tenant)]]);
+        let d = &mut r.descriptors[0];
+        d.hits_addend = Some(pbw::UInt64Value { value: hits });
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: budget,
+            unit: Unit::Minute as i32,
+        });
+        r
+    };
+    let cases = [
+        ("a", 2, 10, Code::OverLimit, 0),
+        ("a", 6, 0, Code::OverLimit, 0),
+        ("a", 20, 0, Code::Ok, 10),
+        ("s", 0, 2, Code::OverLimit, 0),
+        ("s", 2, 0, Code::Ok, 0),
+        ("s", 2, 1, Code::OverLimit, 0),
+    ];
+    for (tenant, budget, hits, code, left) in cases {
+        let r = ask(&mut c, at(tenant, budget, hits), &[60]).await;
+        let reset = &r.statuses[0];
+        let expected = status(code, budget, Unit::Minute, left, reset);
+        assert_eq!(r.statuses, [expected], "{tenant}: {budget}, {hits} hits");
+        assert_eq!(r.overall_code, code as i32);
+        assert_eq!(
+            r.response_headers_to_add[1],
+            header("RateLimit-Remaining", left.to_string()),
+            "{tenant}: {budget}, {hits} hits"
+        );
+    }
 }
 
 /// LOG_LEVEL=debug (upstream's compose files set it) logs cellrate's decisions, allowed

@@ -44,7 +44,8 @@
 //! service/envoy/upstream.rs        envoyproxy/ratelimit's shape of an answer
 //! service/settle/mod.rs            settlements, below the front ends: Checks kept, decided
 //! service/settle/adjust.rs         a settle: the record claimed once, charged or refunded
-//! service/settle/record.rs         a kept Check's versioned format (3ebe882's read too)
+//! service/settle/record/mod.rs     a kept Check's versioned format (3ebe882's read too)
+//! service/settle/record/ratelimit.rs  its items of envoyproxy/ratelimit-format buckets
 //! service/settle/facts.rs          what a kept Check spent, per item
 //! service/settle/holds.rs          reservation policies at Check
 //! service/settle/anonymous.rs      holds without a request id, settled oldest first

@@ -1,7 +1,8 @@
 //! Calendar windows: at most `count` per window, counted in the bucket as the window's
 //! end plus what it used (`W + used`), so that one stored number tells the window and its
-//! use apart from any other window's ([`CalendarPeriod::max_count`] keeps the use, debt
-//! included, below the next window's end).
+//! use apart from any other window's: the use, debt included, stays below the window's
+//! shortest length ([`CalendarPeriod::max_count`] keeps twice a count there; a window of
+//! envoyproxy/ratelimit's, [`Limit::fixed_window`], is bounded by that length itself).
 
 use super::{Decision, Limit, LimitError, Window};
 use crate::clock::{CalendarPeriod, Nanos};
@@ -36,6 +37,54 @@ impl Limit {
             ..limit
         })
     }
+
+    /// envoyproxy/ratelimit's fixed window: [`Limit::calendar`]'s, except that a charge
+    /// records every hit, as its counter's `INCRBY` does, where cellrate's own windows
+    /// keep at most one count of debt. The use is bounded only by what the bucket can
+    /// hold ([`Limit::most_used`]): a window of 10 charged 10 000 holds 10 000, so that a
+    /// larger limit read from the same window later (a tier raised within the hour) sees
+    /// what upstream's counter would.
+    ///
+    /// ```
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::{charge, Limit};
+    /// let hourly = Limit::fixed_window(10, CalendarPeriod::Hour).unwrap();
+    /// let (d, _) = charge(&hourly, 0, None, 10_000);
+    /// assert_eq!(d.remaining, -9_990);
+    /// let own = Limit::calendar(10, CalendarPeriod::Hour).unwrap();
+    /// assert_eq!(charge(&own, 0, None, 10_000).0.remaining, -10);
+    /// ```
+    pub fn fixed_window(count: u64, period: CalendarPeriod) -> Result<Limit, LimitError> {
+        Ok(Limit {
+            every_hit: true,
+            ..Limit::calendar(count, period)?
+        })
+    }
+
+    /// The most a window of this limit may have used, debt included: twice its count for
+    /// cellrate's own windows (debt at most one count deep), and for envoyproxy/ratelimit's
+    /// ([`Limit::fixed_window`]) the window's room: below its shortest length in
+    /// nanoseconds, so that `W + used` stays below the next window's end, and at most
+    /// 2^52 ([`MAX_CALENDAR_COUNT`]), exact in a double (the Redis script's numbers).
+    /// `None` for a limit that is no calendar window.
+    ///
+    /// ```
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_core::gcra::Limit;
+    /// let own = Limit::calendar(10, CalendarPeriod::Hour).unwrap();
+    /// assert_eq!(own.most_used(), Some(20));
+    /// let upstream = Limit::fixed_window(10, CalendarPeriod::Hour).unwrap();
+    /// assert_eq!(upstream.most_used(), Some(3_600_000_000_000 - 1));
+    /// ```
+    pub fn most_used(&self) -> Option<u64> {
+        let Window::Calendar(period) = self.window else {
+            return None;
+        };
+        Some(match self.every_hit {
+            true => ((period.shortest() - 1) as u64).min(MAX_CALENDAR_COUNT),
+            false => 2 * self.count as u64,
+        })
+    }
 }
 
 /// Tokens used in the window that holds `now` by a calendar bucket whose stored value is
@@ -47,7 +96,8 @@ fn window_used(period: CalendarPeriod, now: Nanos, stored: Option<Nanos>) -> (i6
 }
 
 /// [`spend`] and [`charge`] on a calendar window: at most `count` spends per window; a
-/// charge goes into debt, at most one `count` deep, and a window's debt ends with it.
+/// charge goes into debt, at most one `count` deep (every hit, to the window's room, for
+/// envoyproxy/ratelimit's: [`Limit::most_used`]), and a window's debt ends with it.
 pub(super) fn window_spend(
     limit: &Limit,
     period: CalendarPeriod,
@@ -72,7 +122,8 @@ pub(super) fn window_spend(
         };
         return (decision, None);
     }
-    let new_used = after.min(2 * count).max(used);
+    let most = i64::try_from(limit.most_used().unwrap_or(0)).unwrap_or(i64::MAX);
+    let new_used = after.min(most).max(used);
     let remaining = count - new_used;
     let decision = Decision {
         allowed: fits,
@@ -163,6 +214,68 @@ mod tests {
         assert!(!spend(&monthly, MARCH - 1, stored, 0).0.allowed);
         // The debt ends with its window.
         assert_eq!(spend(&monthly, MARCH, stored, 1).0.remaining, 2);
+    }
+
+    #[test]
+    fn an_upstream_window_counts_every_hit_and_the_next_window_starts_empty() {
+        // envoyproxy/ratelimit's counter INCRBYs every hit: a window of 10 charged 10 000
+        // holds 10 000 (cellrate's own window holds 20, one count of debt).
+        let hourly = Limit::fixed_window(10, CalendarPeriod::Hour).unwrap();
+        let end = CalendarPeriod::Hour.window_end(MID_FEB);
+        let (d, stored) = charge(&hourly, MID_FEB, None, 10_000);
+        assert_eq!((d.allowed, d.remaining), (false, -9_990));
+        assert_eq!(stored, Some(end + 10_000));
+        // A peek reads every hit; so does a larger limit of the same window (a tier
+        // raised within the hour), which upstream's counter would deny as well.
+        let (d, write) = spend(&hourly, MID_FEB, stored, 0);
+        assert_eq!((d.allowed, d.remaining, write), (false, -9_990, None));
+        let raised = Limit::fixed_window(6_000, CalendarPeriod::Hour).unwrap();
+        assert_eq!(spend(&raised, MID_FEB, stored, 0).0.remaining, -4_000);
+        let larger = Limit::fixed_window(20_000, CalendarPeriod::Hour).unwrap();
+        let (d, _) = spend(&larger, MID_FEB, stored, 1);
+        assert_eq!((d.allowed, d.remaining), (true, 9_999));
+        // More hits keep counting; the next window starts empty.
+        let (_, stored) = charge(&hourly, MID_FEB, stored, 5);
+        assert_eq!(stored, Some(end + 10_005));
+        let (d, write) = spend(&hourly, end, stored, 1);
+        assert_eq!((d.allowed, d.remaining), (true, 9));
+        assert_eq!(write, Some(end + CalendarPeriod::Hour.shortest() + 1));
+        // cellrate's own calendar limits still stop at twice the count.
+        let own = Limit::calendar(10, CalendarPeriod::Hour).unwrap();
+        let (d, stored) = charge(&own, MID_FEB, None, 10_000);
+        assert_eq!((d.remaining, stored), (-10, Some(end + 20)));
+        assert_eq!(own.most_used(), Some(20));
+        // Scaling keeps what the limit is.
+        let shared = Limit::fixed_window(1_000, CalendarPeriod::Month).unwrap();
+        assert_eq!(shared.divided(3).count(), 334);
+        assert_eq!(shared.divided(3).most_used(), shared.most_used());
+        assert_eq!(Limit::new(1, 1, 1).unwrap().most_used(), None);
+    }
+
+    #[test]
+    fn an_upstream_window_fills_its_room_and_no_more_at_every_period() {
+        // The most a window of envoyproxy/ratelimit's may hold: its shortest length less
+        // a nanosecond (so W + used stays below the next window's end), at most 2^52 (exact
+        // in a double); charged u64::MAX on the last nanosecond of its window, the next
+        // window still starts empty.
+        for period in CalendarPeriod::UNZONED {
+            let limit = Limit::fixed_window(10, period).unwrap();
+            let most = ((period.shortest() - 1) as u64).min(MAX_CALENDAR_COUNT);
+            assert_eq!(limit.most_used(), Some(most), "{period}");
+            let end = period.window_end(MARCH - 1);
+            let (d, stored) = charge(&limit, end - 1, None, u64::MAX);
+            assert_eq!(d.remaining, 10 - most as i64, "{period}");
+            assert_eq!(stored, Some(end + most as i64), "{period}");
+            assert!(stored.unwrap() < period.window_end(end), "{period}");
+            let (d, _) = spend(&limit, end, stored, 1);
+            assert_eq!((d.allowed, d.remaining), (true, 9), "{period}: fresh");
+        }
+        assert_eq!(
+            Limit::fixed_window(1, CalendarPeriod::Year)
+                .unwrap()
+                .most_used(),
+            Some(1 << 52)
+        );
     }
 
     #[test]

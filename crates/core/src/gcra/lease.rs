@@ -70,6 +70,7 @@ impl Limit {
             ei: (hold / count).max(1),
             bo: hold,
             window: Window::Concurrency,
+            every_hit: false,
         })
     }
 }

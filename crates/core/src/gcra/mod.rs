@@ -104,6 +104,10 @@ pub struct Limit {
     ei: Nanos,
     bo: Nanos,
     window: Window,
+    /// A calendar window that records every hit charged to it (envoyproxy/ratelimit's
+    /// counter, [`Limit::fixed_window`]): its use is bounded by the window's room, not by
+    /// one count of debt. What the limit is, not a number: scaling keeps it.
+    every_hit: bool,
 }
 
 /// How a limit counts: GCRA's continuous refill (the default), or a calendar window.
@@ -160,6 +164,7 @@ impl Limit {
             ei,
             bo,
             window: Window::Gcra,
+            every_hit: false,
         })
     }
 

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::INLINE_NUMBER;
+use cellrate_core::clock::CalendarPeriod;
 use cellrate_core::gcra::{Limit, Window};
 
 /// A bucket's key: `"<number>:<id>"` with a canonical id.
@@ -114,6 +115,25 @@ impl BucketKey {
             }
         };
         BucketKey::new(INLINE_NUMBER, &key)
+    }
+
+    /// The key of a caller-given window whose limit is not part of its key:
+    /// `0:<kind>/<period>/<rest>`. Kind `r`: a descriptor's own limit in
+    /// envoyproxy/ratelimit's format counted in fixed windows (rest: the descriptor's
+    /// bucket text), whose counter upstream keys by descriptor and window alone, so that
+    /// its limit may change within the window (AI Gateway's budget from metadata) and the
+    /// window keeps what it counted. Never one of [`BucketKey::caller_given`]'s: its second
+    /// part is a period (`1h`), theirs a number.
+    ///
+    /// ```
+    /// use cellrate_core::clock::CalendarPeriod;
+    /// use cellrate_limits::names::BucketKey;
+    /// let key = BucketKey::caller_window('r', CalendarPeriod::Hour, "d1g35t");
+    /// assert_eq!(key.as_str(), "0:r/1h/d1g35t");
+    /// assert!(key.is_caller_given());
+    /// ```
+    pub fn caller_window(kind: char, period: CalendarPeriod, rest: &str) -> BucketKey {
+        BucketKey::new(INLINE_NUMBER, &format!("{kind}/{period}/{rest}"))
     }
 
     /// The key of a bucket under caller-given limits that are not part of its key:

@@ -298,9 +298,11 @@ fn store_items(
 /// The window a zero limit counts its hits in, as envoyproxy/ratelimit's counter does
 /// (`INCRBY`, then over when above 0): a window of one, charged whatever a request's hits
 /// (recorded, over the limit too) and peeked at a cost of 0. A request of no hits passes
-/// only while the window has counted nothing (one token left).
+/// only while the window has counted nothing (one token left). Every hit is kept, as by
+/// the window of a limit of that format that is not zero, which may read the same window
+/// (a caller-given limit raised from 0 within the window).
 fn zero_window(unit: CalendarPeriod) -> Option<cellrate_core::gcra::Limit> {
-    cellrate_core::gcra::Limit::calendar(1, unit).ok()
+    cellrate_core::gcra::Limit::fixed_window(1, unit).ok()
 }
 
 /// The answer of a zero limit whose window (of `unit`) answered `counted`: a request of no

@@ -102,7 +102,8 @@ pub(crate) fn upstream_key_text(domain: &str, entries: &[(&str, &str)], exact: b
 }
 
 /// `requests_per_unit` per `unit` as a limit: a fixed window of the unit (every hit
-/// counted), or GCRA with that burst. `None` for zero ([`super::Rule::Zero`]).
+/// counted, without cellrate's bound of one count of debt: [`Limit::fixed_window`]), or
+/// GCRA with that burst. `None` for zero ([`super::Rule::Zero`]).
 ///
 /// A count above what cellrate counts exactly (a window holds at most
 /// [`cellrate_core::clock::CalendarPeriod::max_count`], 499 999 999 a second; GCRA at most
@@ -121,10 +122,10 @@ pub(crate) fn limit((requests, unit): (u32, Unit), fixed_window: bool) -> Option
     limit.ok()
 }
 
-/// `count` per window of `period` as this format counts it (every hit), at most what a
-/// window counts exactly; `None` for a count of 0.
+/// `count` per window of `period` as this format counts it (every hit, [`Limit::fixed_window`]),
+/// at most what a window counts exactly; `None` for a count of 0.
 pub(crate) fn window_limit(count: u64, period: CalendarPeriod) -> Option<Limit> {
-    Limit::calendar(count.min(period.max_count()), period).ok()
+    Limit::fixed_window(count.min(period.max_count()), period).ok()
 }
 
 /// The readable name of the bucket of `entries` (as counted) in `domain`:

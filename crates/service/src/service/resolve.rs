@@ -466,16 +466,23 @@ fn merge(
 }
 
 /// The bucket of a descriptor of envoyproxy/ratelimit's format ([`Target::Ratelimit`]).
+///
+/// A caller's own limit counted in a window (fixed-window counting, or zero) is keyed by
+/// its window and the descriptor, not by its count, as upstream keys its counter: a limit
+/// that changes within the window (AI Gateway's budget from metadata, a tenant's tier
+/// raised from 2 to 6) reads what the window already counted, where a key of its own
+/// would start it empty. Under GCRA counting the limit shapes what its bucket stores (the
+/// TAT), so there the limit stays in the key.
 fn ratelimit_bucket(target: &RatelimitTarget) -> Bucket {
     let (digest, limit) = (target.digest.as_str(), target.limit);
-    let key = match limit {
-        Some(limit) if target.caller_given => BucketKey::caller_given('r', &limit, digest),
-        // A zero limit counts in its unit's window.
-        _ => BucketKey::windowed(
-            RATELIMIT_NUMBER,
-            digest,
-            limit.map_or(Window::Calendar(target.unit), |l| l.window()),
-        ),
+    // A zero limit counts in its unit's window.
+    let window = limit.map_or(Window::Calendar(target.unit), |l| l.window());
+    let key = match (limit, window) {
+        (_, Window::Calendar(period)) if target.caller_given => {
+            BucketKey::caller_window('r', period, digest)
+        }
+        (Some(limit), _) if target.caller_given => BucketKey::caller_given('r', &limit, digest),
+        _ => BucketKey::windowed(RATELIMIT_NUMBER, digest, window),
     };
     let behaviour = Behaviour {
         shadow: target.shadow,

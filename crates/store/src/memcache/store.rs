@@ -329,11 +329,11 @@ fn decision(item: &StoreItem, c: &Counter, after: u64, now: Nanos) -> Decision {
 
 /// envoyproxy/ratelimit's key text of a bucket, `<domain>_<key>_<value>_..._`, as the
 /// RLS service names buckets for this store (its digest replaced by the text): a file's
-/// limit `99@<period>:<text>`, a descriptor's own `0:r/<count>/<period>/<text>`.
+/// limit `99@<period>:<text>`, a descriptor's own `0:r/<period>/<text>`.
 fn upstream_text(key: &BucketKey) -> Option<&str> {
     let text = key.as_str();
     if let Some(rest) = text.strip_prefix("0:r/") {
-        return rest.splitn(3, '/').nth(2);
+        return rest.split_once('/').map(|(_, text)| text);
     }
     let (head, rest) = text.split_once(':')?;
     let number = head.split_once('@')?.0;
@@ -379,7 +379,7 @@ mod tests {
             Window::Calendar(cellrate_core::clock::CalendarPeriod::Minute),
         );
         assert_eq!(upstream_text(&file), Some("domain_key_value_"));
-        let given = BucketKey::new(0, "r/10/1m/d_k_v/w_");
+        let given = BucketKey::new(0, "r/1m/d_k_v/w_");
         assert_eq!(upstream_text(&given), Some("d_k_v/w_"));
         assert_eq!(upstream_text(&BucketKey::new(3, "x")), None);
         assert!(legal_key("d_k_v_60"));

@@ -29,6 +29,11 @@
 --   "0o"), its cost in tokens for the increment and its count for
 --   the burst offset; its bucket holds W + used, W the end of its window (UTC, on this
 --   script's now), and belongs to the current window while it is at least that end.
+--   A charge keeps at most twice the count used (one count of debt), or, when the count is
+--   sent as "<count>/<most>" (envoyproxy/ratelimit's windows, which count every hit), at
+--   most <most>: below the window's shortest length in nanoseconds, and at most 2^52, so
+--   that used, and W + used in its two parts, stay exact (a cost beyond 2^53 is not
+--   exact, but its sum is above <most> either way and is cut to it).
 --   A window in a time zone or from an anchor day has x and four boundaries in whole
 --   seconds instead of a letter ("0x<b0>,<b1>,<b2>,<b3>": the previous window's start,
 --   the current one's start and end, the next one's end, placed by cellrate's zone
@@ -413,7 +418,7 @@ if op == 'spend' then
   -- spends anything, and its numbers (GCRA: increment and burst offset as two parts;
   -- calendar: cost and count in tokens).
   local shapes = tonumber(ARGV[3])
-  local smode, scal, szero, sis, sin, sbs, sbn = {}, {}, {}, {}, {}, {}, {}
+  local smode, scal, szero, sis, sin, sbs, sbn, smost = {}, {}, {}, {}, {}, {}, {}, {}
   for j = 1, shapes do
     local p = 1 + 3 * j
     local mode = ARGV[p + 2]
@@ -426,7 +431,16 @@ if op == 'spend' then
         scal[j] = zoned(string_sub(mode, 3))
       end
       mode = string_sub(mode, 1, 1)
-      sis[j], sbs[j] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+      -- The count, or "<count>/<most used>" (see above); by default twice the count.
+      local count = ARGV[p + 1]
+      local slash = string_find(count, '/', 1, true)
+      if slash then
+        sbs[j], smost[j] = tonumber(string_sub(count, 1, slash - 1)), tonumber(string_sub(count, slash + 1))
+      else
+        sbs[j] = tonumber(count)
+        smost[j] = 2 * sbs[j]
+      end
+      sis[j] = tonumber(ARGV[p])
     else
       sis[j], sin[j] = parse(ARGV[p])
       sbs[j], sbn[j] = parse(ARGV[p + 1])
@@ -478,15 +492,16 @@ if op == 'spend' then
           local mode, cal = smode[j], scal[j]
           local ns, nn, ok
           if cal then
-            -- A calendar window: at most count per window; a charge at most count in debt.
+            -- A calendar window: at most count per window; a charge's use at most the
+            -- shape's most used (twice the count, or the window's room).
             local ws = window_end(cal, nows)
             local used = window_used(curs[k], curn[k], ws)
             local count = sbs[j]
             local after = used + sis[j]
             ok = after <= count
             if not ok then
-              if after > 2 * count then
-                after = 2 * count
+              if after > smost[j] then
+                after = smost[j]
               end
               if after < used then
                 after = used

@@ -252,15 +252,17 @@ impl RedisStore {
     ) -> Result<Vec<Result<Read, StoreError>>, StoreError> {
         // Each item names its key (the script keeps a bucket's state by name, so a hot
         // key's later batches decide from what earlier ones wrote) and the number of its
-        // shape (increment, burst offset, mode): a call's items share a few limits, and
-        // the script parses each shape's numbers once, not per item.
+        // shape (increment, burst offset, a window's most used, mode): a call's items
+        // share a few limits, and the script parses each shape's numbers once, not per
+        // item.
         let items: usize = batches.iter().map(|b| b.len()).sum();
         let mut shapes = Dedup::new(items);
         let mut invocation = self.script.prepare_invoke();
         let mut numbers: Vec<usize> = Vec::with_capacity(items);
         for wire in batches.iter().flat_map(|b| b.iter()) {
             invocation.key(wire.key.as_str());
-            numbers.push(shapes.index((wire.increment, wire.burst_offset, wire.mode)));
+            let shape = (wire.increment, wire.burst_offset, wire.most_used, wire.mode);
+            numbers.push(shapes.index(shape));
         }
         let op = match once {
             Some((marker, op)) => {
@@ -273,11 +275,13 @@ impl RedisStore {
             .arg(op)
             .arg(self.now_arg())
             .arg(shapes.order.len());
-        for (increment, burst_offset, mode) in &shapes.order {
-            invocation
-                .arg(*increment)
-                .arg(*burst_offset)
-                .arg(mode.encode().as_ref());
+        for (increment, burst_offset, most_used, mode) in &shapes.order {
+            invocation.arg(*increment);
+            match most_used {
+                0 => invocation.arg(*burst_offset),
+                most => invocation.arg(format!("{burst_offset}/{most}")),
+            };
+            invocation.arg(mode.encode().as_ref());
         }
         let mut at = 0;
         for batch in batches {

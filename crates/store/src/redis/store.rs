@@ -159,6 +159,11 @@ impl RedisStore {
                     Window::Concurrency if refused[i] => (item.limit.period(), 0),
                     Window::Concurrency => (item.limit.period(), item.limit.count() as i64),
                 };
+                // Sent only when it is not the default the script assumes.
+                let most_used = match item.limit.most_used() {
+                    Some(most) if most != 2 * item.limit.count() => most as i64,
+                    _ => 0,
+                };
                 let lease = leases::lease_id(item).cloned();
                 // Without an id an acquire or release only reads its key.
                 let mode = match lease {
@@ -169,6 +174,7 @@ impl RedisStore {
                     key: keys[i].clone(),
                     increment,
                     burst_offset,
+                    most_used,
                     mode: WireMode::new(mode, item.limit.window(), now),
                     lease,
                 }

@@ -107,6 +107,10 @@ pub(super) struct Wire {
     pub(super) key: String,
     pub(super) increment: i64,
     pub(super) burst_offset: i64,
+    /// A calendar window's most used when it is not twice its count (envoyproxy/ratelimit's
+    /// windows: [`cellrate_core::gcra::Limit::most_used`]), sent after the count as
+    /// `<count>/<most>`; 0 otherwise.
+    pub(super) most_used: i64,
     pub(super) mode: WireMode,
     /// An acquire's or release's lease id, sent as it is given (1 to 128 printable bytes,
     /// checked before the store) after the item's shape number: `<shape>:<id>`.

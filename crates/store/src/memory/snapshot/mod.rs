@@ -47,8 +47,9 @@ use format::{check, BUFFER, CRC, ENTRY, HEADER, MAGIC, NO_SHARE, TRAILER, VERSIO
 
 /// How far past now a restored TAT may lie: twice the longest burst offset a limit may have
 /// (20 years). A charge in debt puts a TAT at most two burst offsets ahead, a calendar
-/// window's value at most its end (a year) plus twice its count in nanoseconds (104 days):
-/// nothing an accepted limit wrote lies further.
+/// window's value at most its end (a year) plus its use, at most 2^52 ns (52 days), debt
+/// and envoyproxy/ratelimit's every hit included: nothing an accepted limit wrote lies
+/// further.
 pub(super) const HORIZON: Nanos = 2 * MAX_BURST_OFFSET;
 
 /// A snapshot written.

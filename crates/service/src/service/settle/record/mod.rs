@@ -19,22 +19,22 @@
 //!   an envoyproxy/ratelimit-format descriptor's bucket (an anonymous hold, `anonymous.rs`):
 //!   its digest, its name, its unit's period text, a flags byte (shadow, every hit,
 //!   caller-given), then its limit (`0` none, a zero limit; `1` GCRA: burst, count,
-//!   period; `2` a window: count, rebuilt as that format's windows are);
+//!   period; `2` that format's window, every hit counted: count; `3` cellrate's window:
+//!   count);
 //! - the cost, if it has one; the lease id, if it has one.
 //!
 //! The items are at most [`super::MAX_RECORD`] bytes in this encoding, which is never
 //! longer than version 1's for the same items.
 
+mod ratelimit;
+
 use std::borrow::Cow;
 
 use prost::encoding::{decode_varint, encode_varint};
 use prost::Message;
-
-use std::sync::Arc;
+use ratelimit::{put_ratelimit, take_ratelimit};
 
 use crate::proto::v1 as pb;
-use crate::service::ratelimit_bucket::window_limit;
-use crate::service::request::RatelimitTarget;
 use crate::service::{ItemSpec, Target};
 use cellrate_core::clock::{CalendarPeriod, SECOND};
 use cellrate_core::gcra::{Limit, Mode, Window};
@@ -63,10 +63,6 @@ const LEASE: u8 = 0x20;
 /// An envoyproxy/ratelimit-format descriptor's bucket (neither named nor inline).
 const RATELIMIT: u8 = 0x40;
 
-/// A ratelimit-format target's flags.
-const SHADOW: u8 = 0x01;
-const EVERY_HIT: u8 = 0x02;
-const CALLER_GIVEN: u8 = 0x04;
 
 /// A record's flags: a token follows.
 const TOKEN: u8 = 0x01;
@@ -140,63 +136,6 @@ pub(super) fn items_bytes(items: &[ItemSpec<'_>]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-/// A ratelimit-format target, after its item's first byte.
-fn put_ratelimit(out: &mut Vec<u8>, target: &RatelimitTarget) -> Option<()> {
-    put_text(out, &target.digest);
-    put_text(out, &target.name);
-    put_text(out, target.unit.text());
-    let flags = [
-        (target.shadow, SHADOW),
-        (target.every_hit, EVERY_HIT),
-        (target.caller_given, CALLER_GIVEN),
-    ];
-    out.push((flags.iter()).fold(0, |f, &(on, bit)| if on { f | bit } else { f }));
-    match target.limit.map(|limit| (limit, limit.window())) {
-        None => out.push(0),
-        Some((limit, Window::Gcra)) => {
-            out.push(1);
-            encode_varint(limit.burst(), out);
-            encode_varint(limit.count(), out);
-            encode_varint(u64::try_from(limit.period()).ok()?, out);
-        }
-        Some((limit, Window::Calendar(_))) => {
-            out.push(2);
-            encode_varint(limit.count(), out);
-        }
-        Some((_, Window::Concurrency)) => return None,
-    }
-    Some(())
-}
-
-/// A ratelimit-format target, as [`put_ratelimit`] wrote it.
-fn take_ratelimit(buf: &mut &[u8]) -> Option<RatelimitTarget> {
-    let digest = take_text(buf)?;
-    let name = take_text(buf)?;
-    let unit = CalendarPeriod::parse(&take_text(buf)?).ok()?;
-    let flags = take_byte(buf)?;
-    if flags & !(SHADOW | EVERY_HIT | CALLER_GIVEN) != 0 {
-        return None;
-    }
-    let limit = match take_byte(buf)? {
-        0 => None,
-        1 => {
-            let (burst, count) = (take_u64(buf)?, take_u64(buf)?);
-            Some(Limit::new(burst, count, i64::try_from(take_u64(buf)?).ok()?).ok()?)
-        }
-        2 => Some(window_limit(take_u64(buf)?, unit)?),
-        _ => return None,
-    };
-    Some(RatelimitTarget {
-        digest,
-        limit,
-        unit,
-        name: Arc::from(name),
-        shadow: flags & SHADOW != 0,
-        every_hit: flags & EVERY_HIT != 0,
-        caller_given: flags & CALLER_GIVEN != 0,
-    })
 }
 
 /// A record of this version: its `items` (as [`items_bytes`] gave them, `count` of
@@ -359,6 +298,9 @@ fn item_v1(item: &pb::Item) -> Option<ItemSpec<'static>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::ratelimit_bucket::window_limit;
+    use crate::service::request::RatelimitTarget;
+    use std::sync::Arc;
     const MINUTE: i64 = 60 * SECOND;
 
     fn named(name: &str, id: &str, cost: Option<u64>, mode: Mode) -> ItemSpec<'static> {
@@ -507,6 +449,30 @@ mod tests {
             Limit::calendar(7, CalendarPeriod::parse("1mo@Europe/Berlin").unwrap()).unwrap(),
             None,
         ));
+        // envoyproxy/ratelimit-format buckets (anonymous holds): fixed window, GCRA, zero.
+        let hour = CalendarPeriod::parse("1h").unwrap();
+        for (limit, flags) in [
+            (window_limit(9, hour), 2),
+            (Limit::new(4, 4, MINUTE).ok(), 5),
+        ] {
+            let (shadow, every_hit) = (flags & 1 != 0, flags & 2 != 0);
+            for limit in [limit, None] {
+                let (digest, name, caller_given) = ("ab".into(), Arc::from("d.k"), flags > 2);
+                let t = RatelimitTarget {
+                    digest,
+                    limit,
+                    unit: hour,
+                    name,
+                    shadow,
+                    every_hit,
+                    caller_given,
+                };
+                items.push(ItemSpec {
+                    target: Target::Ratelimit(t),
+                    ..named("", "", Some(9), Mode::Charge)
+                });
+            }
+        }
         for token in [None, Some(u128::MAX), Some(7)] {
             let bytes = record_bytes(items.len(), &items_bytes(&items).unwrap(), token);
             assert_eq!(bytes[..2], [MARK, VERSION], "the version, first");
