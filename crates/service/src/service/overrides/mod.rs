@@ -19,12 +19,14 @@ use super::request::RatelimitTarget;
 use cellrate_core::clock::{Clock, Nanos, SECOND};
 use cellrate_core::gcra::Window;
 use cellrate_limits::config::{LimitTable, Policy};
-use cellrate_limits::names::{Name, RATELIMIT_NUMBER};
+use cellrate_limits::names::Name;
 use cellrate_store::shared::{Fetched, Put, SharedOverrides};
 use cellrate_store::StoreError;
 
+mod entries;
 mod ratelimit;
 mod record;
+use entries::{Entries, Slot};
 pub use ratelimit::{ratelimit_policy, ratelimit_slot, RatelimitSlot};
 use record::{bounded, parse_record, record_of, shown};
 pub use record::{calendar_of, policy_of, MAX_RECORD};
@@ -71,74 +73,6 @@ pub struct Synced {
     pub unknown_names: usize,
     /// Entries that are no override of ours, with why (not applied).
     pub rejected: Vec<String>,
-}
-
-/// Where an override applies: an id of the configured name of this number (the entry's
-/// id), or the bucket of a ratelimit-format limit with this text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Slot {
-    Named(u32),
-    Ratelimit(Box<str>),
-}
-
-impl Slot {
-    /// The number its shared field and record carry.
-    fn number(&self) -> u32 {
-        match self {
-            Slot::Named(number) => *number,
-            Slot::Ratelimit(_) => RATELIMIT_NUMBER,
-        }
-    }
-}
-
-/// The overrides applied, looked up by `&str` (no allocation per request).
-#[derive(Default)]
-struct Entries {
-    /// Name number -> override id -> entry.
-    named: HashMap<u32, HashMap<Box<str>, RuntimeOverride>>,
-    /// Bucket text -> entry (a ratelimit-format bucket: one lookup on ShouldRateLimit).
-    ratelimit: HashMap<Box<str>, RuntimeOverride>,
-}
-
-impl Entries {
-    fn get(&self, slot: &Slot, id: &str) -> Option<&RuntimeOverride> {
-        match slot {
-            Slot::Named(number) => self.named.get(number)?.get(id),
-            Slot::Ratelimit(bucket) => self.ratelimit.get(bucket),
-        }
-    }
-
-    /// Adds or replaces; whether it replaced one.
-    fn insert(&mut self, slot: Slot, entry: RuntimeOverride) -> bool {
-        match slot {
-            Slot::Named(number) => self.named.entry(number).or_default(),
-            Slot::Ratelimit(bucket) => return self.ratelimit.insert(bucket, entry).is_some(),
-        }
-        .insert(entry.id.clone(), entry)
-        .is_some()
-    }
-
-    fn remove(&mut self, slot: &Slot, id: &str) -> Option<RuntimeOverride> {
-        match slot {
-            Slot::Named(number) => self.named.get_mut(number)?.remove(id),
-            Slot::Ratelimit(bucket) => self.ratelimit.remove(bucket),
-        }
-    }
-
-    fn values(&self) -> impl Iterator<Item = &RuntimeOverride> {
-        let named = self.named.values().flat_map(HashMap::values);
-        named.chain(self.ratelimit.values())
-    }
-
-    /// Drops expired entries (and names left without any); the number still held.
-    fn purge(&mut self, now: Nanos) -> usize {
-        self.named.retain(|_, ids| {
-            ids.retain(|_, e| e.expires_at > now);
-            !ids.is_empty()
-        });
-        self.ratelimit.retain(|_, e| e.expires_at > now);
-        self.named.values().map(HashMap::len).sum::<usize>() + self.ratelimit.len()
-    }
 }
 
 /// The temporary overrides this process applies.
@@ -595,79 +529,5 @@ mod tests {
             .unwrap();
         let other = v6.format.canonicalize("2001:db8::2").unwrap();
         assert!(r.get(v6, &other).is_some());
-    }
-
-    #[tokio::test]
-    async fn a_ratelimit_bucket_is_overridden_by_its_text_under_the_same_bound() {
-        let config = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
-        let table = LimitTable::from_files(&[("rl.yaml".into(), config.into())]).unwrap();
-        let clock = FakeClock::new(1_700_000_000 * SECOND);
-        let r = RuntimeOverrides::new(Arc::new(clock.clone()), 2, 3_600 * SECOND);
-        let shape = RatelimitShape::default();
-        let slot = |id: &str| {
-            ratelimit_slot(&table, shape, "rl.user", id)
-                .unwrap()
-                .unwrap()
-        };
-        let (alice, bob) = (slot("rl/user=alice"), slot("rl/user=bob"));
-        let target = |slot: &RatelimitSlot| RatelimitTarget {
-            digest: slot.bucket.to_string(),
-            limit: Limit::calendar(5, cellrate_core::clock::CalendarPeriod::Minute).ok(),
-            unit: cellrate_core::clock::CalendarPeriod::Minute,
-            name: slot.label.clone(),
-            shadow: false,
-            every_hit: true,
-            caller_given: false,
-        };
-        assert_eq!(r.ratelimit(&target(&alice)), None);
-        r.set_ratelimit(&alice, Policy::Denied, 60 * SECOND, "", "")
-            .await
-            .unwrap();
-        assert_eq!(r.ratelimit(&target(&alice)), Some(Policy::Denied));
-        assert_eq!(r.ratelimit(&target(&bob)), None, "another bucket");
-        // Not for a descriptor's own limit, nor under another label, nor counting otherwise.
-        let given = RatelimitTarget {
-            caller_given: true,
-            ..target(&alice)
-        };
-        assert_eq!(r.ratelimit(&given), None);
-        let relabelled = RatelimitTarget {
-            name: "other".into(),
-            ..target(&alice)
-        };
-        assert_eq!(r.ratelimit(&relabelled), None);
-        let hourly = Policy::limited(
-            Limit::calendar(9, cellrate_core::clock::CalendarPeriod::Hour).unwrap(),
-        );
-        r.set_ratelimit(&alice, hourly, 60 * SECOND, "", "")
-            .await
-            .unwrap();
-        assert_eq!(r.ratelimit(&target(&alice)), None, "another window");
-        // One bound for both kinds.
-        let orders = table.names().get("NewOrdersPerAccount").unwrap();
-        r.set(orders, "1", Policy::Denied, 60 * SECOND, "", "")
-            .await
-            .unwrap();
-        let full = r
-            .set_ratelimit(&bob, Policy::Denied, 60 * SECOND, "", "")
-            .await;
-        assert!(
-            matches!(full, Err(OverrideError::Full { held: 2 })),
-            "{full:?}"
-        );
-        let listed = r.list(&table, Some("rl.user")).await.unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(
-            (&*listed[0].name, &*listed[0].id),
-            ("rl.user", "rl/user=alice")
-        );
-        assert!(r.clear_ratelimit(&alice).await.unwrap());
-        assert!(!r.clear_ratelimit(&alice).await.unwrap());
-        r.set_ratelimit(&bob, Policy::Unlimited, 60 * SECOND, "", "")
-            .await
-            .unwrap();
-        assert_eq!(r.ratelimit(&target(&bob)), Some(Policy::Unlimited));
-        clock.advance(60 * SECOND);
-        assert_eq!(r.ratelimit(&target(&bob)), None, "expired");
     }
 }

@@ -146,7 +146,10 @@ fn unit_word(unit: Unit) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{OverrideError, RuntimeOverrides};
     use super::*;
+    use crate::service::request::RatelimitTarget;
+    use cellrate_core::clock::FakeClock;
 
     const CONFIG: &str = "
 domain: rl
@@ -247,5 +250,79 @@ descriptors:
             policy(&slot, numbers(5, 1, Some(SECOND)), None),
             Ok(Policy::limited(Limit::new(5, 1, SECOND).unwrap()))
         );
+    }
+
+    #[tokio::test]
+    async fn a_ratelimit_bucket_is_overridden_by_its_text_under_the_same_bound() {
+        let config = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+        let table = LimitTable::from_files(&[("rl.yaml".into(), config.into())]).unwrap();
+        let clock = FakeClock::new(1_700_000_000 * SECOND);
+        let r = RuntimeOverrides::new(Arc::new(clock.clone()), 2, 3_600 * SECOND);
+        let shape = RatelimitShape::default();
+        let slot = |id: &str| {
+            ratelimit_slot(&table, shape, "rl.user", id)
+                .unwrap()
+                .unwrap()
+        };
+        let (alice, bob) = (slot("rl/user=alice"), slot("rl/user=bob"));
+        let target = |slot: &RatelimitSlot| RatelimitTarget {
+            digest: slot.bucket.to_string(),
+            limit: Limit::calendar(5, cellrate_core::clock::CalendarPeriod::Minute).ok(),
+            unit: cellrate_core::clock::CalendarPeriod::Minute,
+            name: slot.label.clone(),
+            shadow: false,
+            every_hit: true,
+            caller_given: false,
+        };
+        assert_eq!(r.ratelimit(&target(&alice)), None);
+        r.set_ratelimit(&alice, Policy::Denied, 60 * SECOND, "", "")
+            .await
+            .unwrap();
+        assert_eq!(r.ratelimit(&target(&alice)), Some(Policy::Denied));
+        assert_eq!(r.ratelimit(&target(&bob)), None, "another bucket");
+        // Not for a descriptor's own limit, nor under another label, nor counting otherwise.
+        let given = RatelimitTarget {
+            caller_given: true,
+            ..target(&alice)
+        };
+        assert_eq!(r.ratelimit(&given), None);
+        let relabelled = RatelimitTarget {
+            name: "other".into(),
+            ..target(&alice)
+        };
+        assert_eq!(r.ratelimit(&relabelled), None);
+        let hourly = Policy::limited(
+            Limit::calendar(9, cellrate_core::clock::CalendarPeriod::Hour).unwrap(),
+        );
+        r.set_ratelimit(&alice, hourly, 60 * SECOND, "", "")
+            .await
+            .unwrap();
+        assert_eq!(r.ratelimit(&target(&alice)), None, "another window");
+        // One bound for both kinds.
+        let orders = table.names().get("NewOrdersPerAccount").unwrap();
+        r.set(orders, "1", Policy::Denied, 60 * SECOND, "", "")
+            .await
+            .unwrap();
+        let full = r
+            .set_ratelimit(&bob, Policy::Denied, 60 * SECOND, "", "")
+            .await;
+        assert!(
+            matches!(full, Err(OverrideError::Full { held: 2 })),
+            "{full:?}"
+        );
+        let listed = r.list(&table, Some("rl.user")).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (&*listed[0].name, &*listed[0].id),
+            ("rl.user", "rl/user=alice")
+        );
+        assert!(r.clear_ratelimit(&alice).await.unwrap());
+        assert!(!r.clear_ratelimit(&alice).await.unwrap());
+        r.set_ratelimit(&bob, Policy::Unlimited, 60 * SECOND, "", "")
+            .await
+            .unwrap();
+        assert_eq!(r.ratelimit(&target(&bob)), Some(Policy::Unlimited));
+        clock.advance(60 * SECOND);
+        assert_eq!(r.ratelimit(&target(&bob)), None, "expired");
     }
 }
