@@ -615,6 +615,21 @@ async fn a_ratelimit_format_bucket_takes_a_temporary_override_until_its_ttl() {
     }
     assert!(listed(&mut s).await.is_empty());
     assert_eq!(rl_user(&mut s, "dave").await, (OK, Some(2), 1));
+
+    // The metrics name the limit by its label (the bucket's digest is in no label).
+    let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+        .await
+        .1;
+    let denied = "cellrate_decisions_total{api=\"envoy\",limit=\"rl.user\",result=\"denied\"}";
+    assert!(
+        crate::common::sample(&metrics, denied).is_some_and(|n| n >= 5.0),
+        "{metrics}"
+    );
+    let hex_run = |line: &str| {
+        line.split(|c: char| !c.is_ascii_hexdigit())
+            .any(|run| run.len() >= 64)
+    };
+    assert!(!metrics.lines().any(hex_run), "{metrics}");
     s.stop().await;
 }
 
