@@ -297,7 +297,8 @@ impl Server {
             self.clock.clone(),
             settings.max_runtime_overrides,
             settings.max_override_ttl,
-        );
+        )
+        .with_ratelimit_shape(settings.envoy.ratelimit_shape());
         if let Some(shared) = &self.stores.shared_overrides {
             runtime = runtime.shared(shared.clone());
         }

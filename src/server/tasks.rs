@@ -103,7 +103,7 @@ pub async fn sync_overrides(
             _ = stopped.cancelled() => return,
         }
         let table = limits.load_full();
-        match runtime.sync(table.names()).await {
+        match runtime.sync(&table).await {
             Ok(synced) => {
                 if failing {
                     tracing::info!("temporary overrides: copied from redis again");

@@ -461,3 +461,89 @@ fn overrides_lost_with_redis_are_put_back_by_the_replicas() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(both(), one, "43 stays cleared on every replica");
 }
+
+/// A limit of envoyproxy/ratelimit's format beside cellrate's own: 2 an hour per user.
+const RATELIMIT: &str = "
+domain: rl
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+
+/// The overall code of ShouldRateLimit for `user` in domain `rl` on `p`: 1 OK, 2 over.
+fn rl_code(runtime: &tokio::runtime::Runtime, p: &Process, user: &str) -> i32 {
+    use crate::common::ratelimit_answers::{client, request};
+    runtime.block_on(async {
+        let mut c = client(&p.listen).await;
+        let r = c.should_rate_limit(request("rl", &[&[("user", user)]]));
+        r.await.unwrap().into_inner().overall_code
+    })
+}
+
+fn set_rl(p: &Process, id: &str, policy: &[&str], ttl: &str) -> Output {
+    let mut args = vec!["admin", "override", "set", "rl.user", id];
+    args.extend_from_slice(policy);
+    args.extend_from_slice(&["--ttl", ttl, "--author", "ops"]);
+    cellrate(p, &args)
+}
+
+/// A bucket of a ratelimit-format limit (its label and readable name, as `top` shows them)
+/// takes a shared override as a configured name's id does: set on one replica through the
+/// CLI, applied to ShouldRateLimit on the other for that bucket only, replaced there,
+/// listed by both, expired on both, cleared from either.
+#[test]
+fn a_ratelimit_format_buckets_override_is_shared_through_redis() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), 300);
+    std::fs::write(dir.path().join("rl.yaml"), RATELIMIT).unwrap();
+    let a = replica(dir.path(), &redis, &[]);
+    let b = replica(dir.path(), &redis, &[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let code = |p: &Process, user: &str| rl_code(&runtime, p, user);
+    let wait = Duration::from_secs(10);
+    let (ok, over) = (1, 2);
+
+    let out = set_rl(&a, "rl/user=alice", &["--deny"], "30m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(code(&a, "alice"), over, "A applies its own change at once");
+    assert_eq!(poll(wait, over, || code(&b, "alice")), over, "B applies it");
+    assert_eq!(code(&b, "bob"), ok, "only that bucket");
+
+    // Replaced on B by a limit of 100 an hour: A lets alice past the file's 2 (the denied
+    // requests spent nothing).
+    let out = set_rl(&b, "rl/user=alice", &["--count", "100"], "30m");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(poll(wait, ok, || code(&a, "alice")), ok);
+    for _ in 0..3 {
+        assert_eq!(code(&a, "alice"), ok, "over the file's 2, within 100");
+    }
+    let alice = vec![vec!["rl/user=alice".to_string()]; 2];
+    assert_eq!(listed(&[&a, &b]), alice);
+
+    // A short one on carol ends on both at its TTL, with no further change in Redis.
+    let out = set_rl(&b, "rl/user=carol", &["--deny"], "3s");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // (Polled by listing, not by asking: an answer before the copy would spend a hit.)
+    let both = vec![vec![
+        "rl/user=alice".to_string(),
+        "rl/user=carol".to_string(),
+    ]];
+    assert_eq!(poll(wait, both.clone(), || listed(&[&a])), both);
+    assert_eq!(code(&a, "carol"), over, "A applies it");
+    assert_eq!(poll(wait, ok, || code(&a, "carol")), ok, "expired on A");
+    // (A denied request spends nothing: polled, B answers its 2nd hit of 2.)
+    assert_eq!(poll(wait, ok, || code(&b, "carol")), ok, "expired on B");
+
+    // Cleared from A: B lists nothing.
+    let out = cellrate(
+        &a,
+        &["admin", "override", "clear", "rl.user", "rl/user=alice"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let none = vec![Vec::<String>::new(); 2];
+    assert_eq!(poll(wait, none.clone(), || listed(&[&a, &b])), none);
+}

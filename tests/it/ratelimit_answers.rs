@@ -478,8 +478,8 @@ async fn run_as_ratelimit_request_headers_carry_the_closest_limit_to_the_upstrea
 /// The operators' toolkit on a limit of envoyproxy/ratelimit's format: `top` names the
 /// denied bucket by the limit's label and a readable name of the descriptor
 /// (`domain/key=value`, escaped), where it showed a 64-character digest; `inspect` and
-/// `reset` take both back and reach the bucket Envoy's requests count on; a temporary
-/// override of such a limit is refused saying so, not as an unknown name.
+/// `reset` take both back and reach the bucket Envoy's requests count on, and so does a
+/// temporary override.
 #[tokio::test]
 async fn run_as_ratelimit_admin_commands_name_ratelimit_limits_readably() {
     use cellrate::proto::v1 as pb;
@@ -547,16 +547,12 @@ async fn run_as_ratelimit_admin_commands_name_ratelimit_limits_readably() {
         .unwrap()
         .into_inner();
     assert_eq!(other.items[0].remaining, 20);
-    let refused = admin
+    // A temporary override takes the same pair: a deny, for that bucket only.
+    let set = admin
         .set_override(pb::SetOverrideRequest {
             name: "another.key2".to_string(),
             id: id.clone(),
-            burst: 5,
-            count: 5,
-            period: Some(prost_types::Duration {
-                seconds: 60,
-                nanos: 0,
-            }),
+            deny: true,
             ttl: Some(prost_types::Duration {
                 seconds: 60,
                 nanos: 0,
@@ -564,12 +560,13 @@ async fn run_as_ratelimit_admin_commands_name_ratelimit_limits_readably() {
             ..Default::default()
         })
         .await
-        .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-    assert!(
-        refused
-            .message()
-            .contains("envoyproxy/ratelimit's file format"),
-        "{refused:?}"
-    );
+        .unwrap()
+        .into_inner();
+    assert_eq!(set.entry.unwrap().id, *id);
+    let r = request("another", &[&[("key2", value)]]);
+    let answer = c.should_rate_limit(r).await.unwrap().into_inner();
+    assert_eq!(answer.overall_code, Code::OverLimit as i32);
+    let r = request("another", &[&[("key2", "other")]]);
+    let answer = c.should_rate_limit(r).await.unwrap().into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
 }

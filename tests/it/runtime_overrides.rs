@@ -407,3 +407,274 @@ async fn the_cli_lists_overrides_beyond_grpcs_default_message_size() {
     );
     s.stop().await;
 }
+
+/// A limit of envoyproxy/ratelimit's format, 2 a minute per user, and a second one.
+const RATELIMIT: &str = "
+domain: rl
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: team
+    rate_limit: {name: teams, unit: hour, requests_per_unit: 1}
+";
+
+/// ShouldRateLimit for `user` in domain `rl`: (code, `current_limit.requests_per_unit`,
+/// `limit_remaining`).
+async fn rl_user(s: &mut Served, user: &str) -> (i32, Option<u32>, u32) {
+    let r = s
+        .envoy
+        .should_rate_limit(
+            envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+                domain: "rl".into(),
+                descriptors: vec![crate::common::descriptor(&[("user", user)])],
+                hits_addend: 0,
+            },
+        )
+        .await
+        .expect("answered")
+        .into_inner();
+    let status = &r.statuses[0];
+    assert_eq!(r.overall_code, status.code);
+    let limit = status.current_limit.as_ref().map(|l| l.requests_per_unit);
+    (status.code, limit, status.limit_remaining)
+}
+
+fn rl_override(id: &str, ttl: i64) -> pb::SetOverrideRequest {
+    pb::SetOverrideRequest {
+        name: "rl.user".into(),
+        id: id.into(),
+        ttl: secs(ttl),
+        comment: "incident 4".into(),
+        author: "ops".into(),
+        ..Default::default()
+    }
+}
+
+async fn served_ratelimit(max_runtime_overrides: usize) -> Served {
+    let dir = crate::common::directory(&[("rl.yaml", RATELIMIT)]);
+    let limits = LimitTable::load_dir(dir.path()).unwrap();
+    let settings = Settings {
+        max_runtime_overrides,
+        ..Settings::default()
+    };
+    Served::with_settings(limits, settings).await
+}
+
+/// A bucket of a limit of envoyproxy/ratelimit's format, named by the limit's label and the
+/// bucket's readable name as `top` shows them, takes a temporary override as a configured
+/// name's id does: a deny, a higher limit (a count a minute, the window the limit counts
+/// in), unlimited, each changing ShouldRateLimit's answers for that bucket only, until its
+/// TTL (on the fake clock); `list`, `inspect` and `clear` take the same pair. What does not
+/// fit is INVALID_ARGUMENT and changes nothing.
+#[tokio::test]
+async fn a_ratelimit_format_bucket_takes_a_temporary_override_until_its_ttl() {
+    let mut s = served_ratelimit(10).await;
+    const OK: i32 = 1;
+    const OVER: i32 = 2;
+    assert_eq!(rl_user(&mut s, "alice").await, (OK, Some(2), 1));
+    assert_eq!(rl_user(&mut s, "bob").await, (OK, Some(2), 1));
+
+    let deny = pb::SetOverrideRequest {
+        deny: true,
+        ..rl_override("rl/user=alice", 600)
+    };
+    let set = s.admin.set_override(deny).await.unwrap().into_inner();
+    let entry = set.entry.unwrap();
+    assert_eq!(
+        (entry.name.as_str(), entry.id.as_str()),
+        ("rl.user", "rl/user=alice")
+    );
+    assert!(entry.deny);
+    assert_eq!(rl_user(&mut s, "alice").await.0, OVER);
+    assert_eq!(rl_user(&mut s, "alice").await.0, OVER);
+    assert_eq!(
+        rl_user(&mut s, "bob").await,
+        (OK, Some(2), 0),
+        "bob's bucket as before"
+    );
+    let inspected = s
+        .admin
+        .inspect(pb::InspectRequest {
+            items: vec![item("rl.user", "rl/user=alice", None)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let source = inspected.items[0].source.clone().unwrap();
+    assert_eq!(source.kind(), pb::limit_source::Kind::RuntimeOverride);
+    assert_eq!(
+        (source.comment.as_str(), source.author.as_str()),
+        ("incident 4", "ops")
+    );
+
+    // A higher limit: 10 a minute, counted in the same window (alice's one hit so far; the
+    // denied ones spent nothing).
+    let higher = pb::SetOverrideRequest {
+        count: 10,
+        ..rl_override("rl/user=alice", 600)
+    };
+    let entry = s
+        .admin
+        .set_override(higher)
+        .await
+        .unwrap()
+        .into_inner()
+        .entry
+        .unwrap();
+    assert_eq!((entry.count, entry.calendar.as_deref()), (10, Some("1m")));
+    assert_eq!(rl_user(&mut s, "alice").await, (OK, Some(10), 8));
+    assert_eq!(rl_user(&mut s, "alice").await, (OK, Some(10), 7));
+    assert_eq!(
+        rl_user(&mut s, "bob").await,
+        (OVER, Some(2), 0),
+        "bob's limit stays 2"
+    );
+
+    // Unlimited for 10 s, replacing it: alice passes whatever her count.
+    let unlimited = pb::SetOverrideRequest {
+        unlimited: true,
+        ..rl_override("rl/user=alice", 10)
+    };
+    s.admin.set_override(unlimited).await.unwrap();
+    for _ in 0..12 {
+        assert_eq!(rl_user(&mut s, "alice").await, (OK, None, 0));
+    }
+    assert_eq!(rl_user(&mut s, "bob").await.0, OVER);
+    assert_eq!(
+        listed(&mut s).await,
+        [("rl.user".to_string(), "rl/user=alice".to_string())]
+    );
+
+    // Its TTL ends it: the file's 2 a minute again, on alice's 3 hits of this minute
+    // (T0 is 20 s into a minute; 11 s on is the same minute).
+    s.clock.advance(11 * SECOND);
+    assert!(listed(&mut s).await.is_empty());
+    assert_eq!(rl_user(&mut s, "alice").await, (OVER, Some(2), 0));
+
+    // Cleared before its TTL: the same.
+    let deny = pb::SetOverrideRequest {
+        deny: true,
+        ..rl_override("rl/user=carol", 600)
+    };
+    s.admin.set_override(deny).await.unwrap();
+    assert_eq!(rl_user(&mut s, "carol").await.0, OVER);
+    let clear = pb::ClearOverrideRequest {
+        name: "rl.user".into(),
+        id: "rl/user=carol".into(),
+    };
+    assert!(
+        s.admin
+            .clear_override(clear)
+            .await
+            .unwrap()
+            .into_inner()
+            .cleared
+    );
+    assert_eq!(rl_user(&mut s, "carol").await, (OK, Some(2), 1));
+
+    // What does not fit: INVALID_ARGUMENT, nothing set.
+    let gcra = pb::SetOverrideRequest {
+        burst: 5,
+        count: 5,
+        period: secs(1),
+        ..rl_override("rl/user=dave", 60)
+    };
+    let hourly = pb::SetOverrideRequest {
+        count: 5,
+        calendar: "1h".into(),
+        ..rl_override("rl/user=dave", 60)
+    };
+    let deny = |name: &str, id: &str| pb::SetOverrideRequest {
+        name: name.into(),
+        deny: true,
+        ..rl_override(id, 60)
+    };
+    let cases = [
+        (gcra, "counts in fixed windows of its unit"),
+        (hourly, "counts in windows of its unit (1m)"),
+        (deny("rl.user", "rl/team=a"), "names no bucket of rl.user"),
+        (deny("rl.user", "rl/user"), "names no bucket of rl.user"),
+        (
+            deny("rl.user", "rl/user=a%zz"),
+            "names no bucket of rl.user",
+        ),
+        (deny("teams", "rl/user=dave"), "names no bucket of teams"),
+        (deny("rl.usr", "rl/user=dave"), "name: "),
+        (
+            pb::SetOverrideRequest {
+                ttl: secs(0),
+                ..deny("rl.user", "rl/user=dave")
+            },
+            "ttl: 0 s",
+        ),
+    ];
+    for (request, expected) in cases {
+        let status = s.admin.set_override(request.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{request:?}");
+        assert!(status.message().contains(expected), "{}", status.message());
+    }
+    assert!(listed(&mut s).await.is_empty());
+    assert_eq!(rl_user(&mut s, "dave").await, (OK, Some(2), 1));
+
+    // The metrics name the limit by its label (the bucket's digest is in no label).
+    let metrics = crate::common::http_get_async(s.metrics_addr, "/metrics")
+        .await
+        .1;
+    let denied = "cellrate_decisions_total{api=\"envoy\",limit=\"rl.user\",result=\"denied\"}";
+    assert!(
+        crate::common::sample(&metrics, denied).is_some_and(|n| n >= 5.0),
+        "{metrics}"
+    );
+    let hex_run = |line: &str| {
+        line.split(|c: char| !c.is_ascii_hexdigit())
+            .any(|run| run.len() >= 64)
+    };
+    assert!(!metrics.lines().any(hex_run), "{metrics}");
+    s.stop().await;
+}
+
+/// `--max-runtime-overrides` bounds the overrides of ratelimit-format buckets with the
+/// others: an operator (or a script gone wrong) setting one per bucket stops at the bound,
+/// and a bucket past it is answered by its file's limit.
+#[tokio::test]
+async fn overrides_of_ratelimit_format_buckets_stop_at_the_bound() {
+    let mut s = served_ratelimit(5).await;
+    let mut refused = 0;
+    for i in 0..200 {
+        let deny = pb::SetOverrideRequest {
+            deny: true,
+            ..rl_override(&format!("rl/user=u{i}"), 600)
+        };
+        match s.admin.set_override(deny).await {
+            Ok(_) => assert!(i < 5, "set {i}"),
+            Err(status) => {
+                assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                assert!(status.message().contains("--max-runtime-overrides"));
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 195);
+    assert_eq!(listed(&mut s).await.len(), 5);
+    assert_eq!(rl_user(&mut s, "u4").await.0, 2, "within the bound: denied");
+    assert_eq!(
+        rl_user(&mut s, "u5").await.0,
+        1,
+        "past it: the file's limit"
+    );
+    // One bound for both kinds.
+    let status = s
+        .admin
+        .set_override(deny("NewOrdersPerAccount", "1", 60))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    // Replacing one in force is allowed at the bound.
+    let unlimited = pb::SetOverrideRequest {
+        unlimited: true,
+        ..rl_override("rl/user=u4", 600)
+    };
+    s.admin.set_override(unlimited).await.unwrap();
+    assert_eq!(rl_user(&mut s, "u4").await.0, 1);
+    s.stop().await;
+}

@@ -24,6 +24,8 @@
 //! service/caller_limits.rs         bounds on caller-given limits
 //! service/errors.rs                why a request was not decided, mapped to gRPC statuses
 //! service/overrides/mod.rs         temporary overrides: set, looked up, synced, expired
+//! service/overrides/entries.rs     where an override applies: a name's id, a ratelimit-format bucket
+//! service/overrides/ratelimit.rs   a ratelimit-format bucket overridden: named, its limit checked
 //! service/overrides/record.rs      an override's policy checked, its shared record written, read
 //! service/token.rs                 secrets callers present (admin token, RESP AUTH)
 //! service/trace.rs                 W3C trace context into the logs

@@ -3,7 +3,8 @@
 //! its key text (a digest of the domain and the counted entries; for the memcache store
 //! envoyproxy/ratelimit's key text), its limit in cellrate's terms, and the name operators
 //! see: `domain/key=value/...`, escaped and bounded, which `top` shows as the id of the
-//! limit's label and `inspect` and `reset` take back. The digest stays internal.
+//! limit's label and `inspect`, `reset` and the temporary overrides take back. The digest
+//! stays internal.
 
 use std::fmt::Write;
 
@@ -198,6 +199,16 @@ fn unescape(part: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// A bucket of a ratelimit-format limit as an admin command names it: the target the Envoy
+/// front end counts on, its readable name in canonical form (of the entries as counted, a
+/// `share_threshold` wildcard's pattern in place of the value; `None` when longer than
+/// [`MAX_SHOWN`]) and its limit's unit.
+pub(crate) struct NamedBucket {
+    pub(crate) target: RatelimitTarget,
+    pub(crate) shown: Option<String>,
+    pub(crate) unit: Unit,
+}
+
 /// The bucket an admin command names by a ratelimit-format limit's label (`name`) and a
 /// readable bucket name (`id`, as `top` shows it): the same target the Envoy front end
 /// counts on for those entries, or `None` when the name is not such a label, the id not
@@ -208,6 +219,16 @@ pub(crate) fn named_target(
     name: &str,
     id: &str,
 ) -> Option<Target<'static>> {
+    named_bucket(table, shape, name, id).map(|b| Target::Ratelimit(b.target))
+}
+
+/// [`named_target`], with the bucket's canonical name and its limit's unit.
+pub(crate) fn named_bucket(
+    table: &LimitTable,
+    shape: RatelimitShape,
+    name: &str,
+    id: &str,
+) -> Option<NamedBucket> {
     let (domain, entries) = read_shown(id)?;
     let pairs: Vec<(&str, &str)> = (entries.iter())
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -223,15 +244,19 @@ pub(crate) fn named_target(
             entry.1 = pattern;
         }
     }
-    Some(Target::Ratelimit(RatelimitTarget {
-        digest: bucket_text(shape, &domain, &counted),
-        limit: limit(numbers, shape.fixed_window),
-        unit: numbers.1.window(),
-        name: found.limit.label.clone(),
-        shadow: found.limit.shadow_mode,
-        every_hit: shape.fixed_window,
-        caller_given: false,
-    }))
+    Some(NamedBucket {
+        target: RatelimitTarget {
+            digest: bucket_text(shape, &domain, &counted),
+            limit: limit(numbers, shape.fixed_window),
+            unit: numbers.1.window(),
+            name: found.limit.label.clone(),
+            shadow: found.limit.shadow_mode,
+            every_hit: shape.fixed_window,
+            caller_given: false,
+        },
+        shown: shown(&domain, &counted),
+        unit: numbers.1,
+    })
 }
 
 #[cfg(test)]

@@ -141,13 +141,19 @@ impl Decider {
                 caller_bucket(BucketKey::caller_given('d', limit, digest), limit)
             }
             Target::Ratelimit(target) => {
-                if target.limit.is_none() {
+                // A temporary override of the bucket (one atomic load when none is held).
+                let temporary = self.runtime_overrides().and_then(|r| r.ratelimit(target));
+                if target.limit.is_none() && temporary.is_none() {
                     zero = Some((target.unit, target.shadow));
                 }
                 if let Some(limit) = target.limit.as_ref().filter(|_| target.caller_given) {
                     refused |= self.check_caller(i, limit, options)?;
                 }
-                ratelimit_bucket(target)
+                let bucket = ratelimit_bucket(target);
+                match temporary {
+                    Some(temporary) => ratelimit_overridden(bucket, target, temporary),
+                    None => bucket,
+                }
             }
         };
         if let Some(given) = &item.limit {
@@ -497,6 +503,29 @@ fn ratelimit_bucket(target: &RatelimitTarget) -> Bucket {
             None => Policy::Denied,
         }),
         headers: Headers::default(),
+    }
+}
+
+/// The bucket of a descriptor of envoyproxy/ratelimit's format under a temporary override:
+/// a limit replaces the numbers and keeps how the limit counts (every hit in its unit's
+/// windows, its shadow mode), as a configured name's override keeps its behaviour; its
+/// window is the bucket's (checked where it is set and where it is found), so the key
+/// stays. `unlimited` or `deny` applies as it is.
+fn ratelimit_overridden(bucket: Bucket, target: &RatelimitTarget, temporary: Policy) -> Bucket {
+    let policy = match temporary {
+        Policy::Limited { limit, .. } => Policy::Limited {
+            limit,
+            behaviour: Behaviour {
+                shadow: target.shadow,
+                overdraw: target.every_hit,
+                headers: Headers::default(),
+            },
+        },
+        other => other,
+    };
+    Bucket {
+        policy: Some(policy),
+        ..bucket
     }
 }
 

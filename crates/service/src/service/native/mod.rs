@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 
 use crate::proto::v1 as pb;
 use crate::service::overrides::{
-    calendar_of, policy_of, OverrideError, RuntimeOverride, RuntimeOverrides,
+    calendar_of, policy_of, ratelimit_policy, ratelimit_slot, OverrideError, RatelimitSlot,
+    RuntimeOverride, RuntimeOverrides,
 };
 use cellrate_core::gcra::Window;
 use cellrate_limits::config::{LimitTable, Policy};
@@ -139,27 +140,36 @@ impl AdminService {
     }
 }
 
-/// A known name and a valid id in its canonical form, or INVALID_ARGUMENT saying which.
-fn named<'t>(table: &'t LimitTable, name: &str, id: &str) -> Result<(&'t Name, String), Status> {
+/// What a temporary override names: a configured name and an id in its canonical form,
+/// or a bucket of a limit of envoyproxy/ratelimit's format (its label and the bucket's
+/// readable name, as `top` shows them).
+enum Overridden<'t> {
+    Named(&'t Name, String),
+    Ratelimit(RatelimitSlot),
+}
+
+/// What `name` and `id` name, or INVALID_ARGUMENT saying what is wrong.
+fn named<'t>(
+    table: &'t LimitTable,
+    shape: crate::service::RatelimitShape,
+    name: &str,
+    id: &str,
+) -> Result<Overridden<'t>, Status> {
     if name.len() > super::MAX_NAME {
         return Err(invalid(format!(
             "name: longer than {} bytes",
             super::MAX_NAME
         )));
     }
-    if table.names().get(name).is_none() && table.ratelimit().labels().contains(&name) {
-        return Err(invalid(format!(
-            "name: {name:?} is a limit of envoyproxy/ratelimit's file format: inspect and \
-             reset take it (with the bucket's name as top shows it), a temporary override \
-             does not yet; change its file"
-        )));
+    if let Some(slot) = ratelimit_slot(table, shape, name, id).map_err(invalid)? {
+        return Ok(Overridden::Ratelimit(slot));
     }
     let found = known(table, name)?;
     let canonical = found
         .format
         .canonicalize_cow(id)
         .map_err(|e| invalid(format!("id: {e} (format {} of {name})", found.format)))?;
-    Ok((found, canonical.into_owned()))
+    Ok(Overridden::Named(found, canonical.into_owned()))
 }
 
 /// A known name, or INVALID_ARGUMENT saying what is known.
@@ -173,6 +183,16 @@ fn only_name(table: &LimitTable, name: &str) -> Result<Option<u32>, Status> {
     match name {
         "" => Ok(None),
         name => Ok(Some(known(table, name)?.number)),
+    }
+}
+
+/// The name (or ratelimit-format label) a listing of overrides is narrowed to (`None`:
+/// empty, all).
+fn only_overridden<'r>(table: &LimitTable, name: &'r str) -> Result<Option<&'r str>, Status> {
+    match name {
+        "" => Ok(None),
+        label if table.ratelimit().labels().contains(&label) => Ok(Some(label)),
+        name => known(table, name).map(|_| Some(name)),
     }
 }
 
@@ -331,7 +351,8 @@ impl pb::admin_server::Admin for AdminService {
         let mut answers = decisions(&result).1;
         let runtime = self.decider.runtime_overrides();
         for (answer, item) in answers.iter_mut().zip(&request.get_ref().items) {
-            answer.source = Some(source(&table, runtime.map(|r| &**r), item));
+            let shape = self.decider.ratelimit_shape();
+            answer.source = Some(source(&table, shape, runtime.map(|r| &**r), item));
         }
         Ok(Response::new(pb::InspectResponse { items: answers }))
     }
@@ -380,7 +401,7 @@ impl pb::admin_server::Admin for AdminService {
         let runtime = self.runtime()?;
         let r = request.get_ref();
         let table = self.decider.limits();
-        let (name, id) = named(&table, &r.name, &r.id)?;
+        let named = named(&table, self.decider.ratelimit_shape(), &r.name, &r.id)?;
         let period = match r.period.as_ref() {
             None => None,
             Some(period) => Some(
@@ -389,21 +410,34 @@ impl pb::admin_server::Admin for AdminService {
             ),
         };
         let calendar = calendar_of(&r.calendar).map_err(invalid)?;
-        let policy =
-            policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar).map_err(invalid)?;
-        if let Some(reason) = table.window_mismatch(name.number, &policy) {
-            return Err(invalid(reason));
-        }
-
+        let policy = match &named {
+            Overridden::Named(name, _) => {
+                let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar)
+                    .map_err(invalid)?;
+                if let Some(reason) = table.window_mismatch(name.number, &policy) {
+                    return Err(invalid(reason));
+                }
+                policy
+            }
+            Overridden::Ratelimit(slot) => {
+                let numbers = (r.burst, r.count, period);
+                ratelimit_policy(slot, numbers, r.unlimited, r.deny, calendar).map_err(invalid)?
+            }
+        };
         let ttl = r
             .ttl
             .as_ref()
             .and_then(duration_nanos)
             .ok_or_else(|| invalid("ttl: missing or out of range".to_string()))?;
-        let entry = runtime
-            .set(name, &id, policy, ttl, &r.comment, &r.author)
-            .await
-            .map_err(override_status)?;
+        let entry = match &named {
+            Overridden::Named(name, id) => {
+                { runtime.set(name, id, policy, ttl, &r.comment, &r.author) }.await
+            }
+            Overridden::Ratelimit(slot) => {
+                (runtime.set_ratelimit(slot, policy, ttl, &r.comment, &r.author)).await
+            }
+        }
+        .map_err(override_status)?;
         tracing::info!(
             name = %entry.name,
             id = %cellrate_core::text::printable(&entry.id),
@@ -426,10 +460,20 @@ impl pb::admin_server::Admin for AdminService {
         let runtime = self.runtime()?;
         let table = self.decider.limits();
         let r = request.get_ref();
-        let (name, id) = named(&table, &r.name, &r.id)?;
-        let cleared = runtime.clear(name, &id).await.map_err(override_status)?;
+        let (cleared, name, id) =
+            match named(&table, self.decider.ratelimit_shape(), &r.name, &r.id)? {
+                Overridden::Named(name, id) => {
+                    let cleared = runtime.clear(name, &id).await;
+                    (cleared, name.text.clone(), id)
+                }
+                Overridden::Ratelimit(slot) => {
+                    let cleared = runtime.clear_ratelimit(&slot).await;
+                    (cleared, slot.label, slot.id)
+                }
+            };
+        let cleared = cleared.map_err(override_status)?;
         tracing::info!(
-            name = %name.text,
+            name = %name,
             id = %cellrate_core::text::printable(&id),
             cleared,
             "temporary override cleared"
@@ -446,9 +490,9 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::ListOverridesResponse>, Status> {
         let runtime = self.runtime()?;
         let table = self.decider.limits();
-        let only = only_name(&table, &request.get_ref().name)?;
+        let only = only_overridden(&table, &request.get_ref().name)?;
         let entries = runtime
-            .list(table.names(), only)
+            .list(&table, only)
             .await
             .map_err(override_status)?
             .iter()
@@ -458,9 +502,11 @@ impl pb::admin_server::Admin for AdminService {
     }
 }
 
-/// Where the limit of a (valid) item comes from: a temporary override, else `table`.
+/// Where the limit of a (valid) item comes from: a temporary override, else `table` (a
+/// ratelimit-format bucket's file: unspecified).
 fn source(
     table: &cellrate_limits::config::LimitTable,
+    shape: crate::service::RatelimitShape,
     runtime: Option<&RuntimeOverrides>,
     item: &pb::Item,
 ) -> pb::LimitSource {
@@ -473,20 +519,28 @@ fn source(
     if item.inline.is_some() {
         return of(Kind::CallerGiven);
     }
+    let temporary = |runtime: &RuntimeOverrides, temporary: RuntimeOverride| pb::LimitSource {
+        kind: Kind::RuntimeOverride as i32,
+        expires_in: Some(duration(runtime.expires_in(&temporary))),
+        comment: temporary.comment,
+        author: temporary.author,
+        ..Default::default()
+    };
     let Some(name) = table.names().get(&item.name) else {
-        return of(Kind::Unspecified);
+        let slot = ratelimit_slot(table, shape, &item.name, &item.id)
+            .ok()
+            .flatten();
+        return match runtime.zip(slot) {
+            Some((r, slot)) => r.ratelimit_entry(&slot).map(|t| temporary(r, t)),
+            None => None,
+        }
+        .unwrap_or_else(|| of(Kind::Unspecified));
     };
     let Ok(id) = name.format.canonicalize_cow(&item.id) else {
         return of(Kind::Unspecified);
     };
-    if let Some((runtime, temporary)) = runtime.and_then(|r| Some((r, r.get(name, &id)?))) {
-        return pb::LimitSource {
-            kind: Kind::RuntimeOverride as i32,
-            comment: temporary.comment.clone(),
-            author: temporary.author.clone(),
-            expires_in: Some(duration(runtime.expires_in(&temporary))),
-            ..Default::default()
-        };
+    if let Some((runtime, found)) = runtime.and_then(|r| Some((r, r.get(name, &id)?))) {
+        return temporary(runtime, found);
     }
     match table.source(name, &id) {
         Source::Default => of(Kind::Default),

@@ -1,7 +1,8 @@
-//! Temporary overrides set at run time (admin `SetOverride`): for one id of a name, a limit,
-//! the allow list or the deny list, taking precedence over the configuration files until
-//! they expire. They live beside the `LimitTable`, so reloads leave them alone. Bounded in
-//! number and lifetime.
+//! Temporary overrides set at run time (admin `SetOverride`): for one id of a name, or one
+//! bucket of a limit of envoyproxy/ratelimit's file format (`ratelimit.rs`), a limit, the
+//! allow list or the deny list, taking precedence over the configuration files until they
+//! expire. They live beside the `LimitTable`, so reloads leave them alone. Bounded in
+//! number (both kinds together) and lifetime.
 //!
 //! Alone, a process keeps them in its memory (lost on restart). With a [`SharedOverrides`]
 //! (the Redis store) they live there: a change is written there first, and every replica
@@ -13,13 +14,20 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::ratelimit_bucket::RatelimitShape;
+use super::request::RatelimitTarget;
 use cellrate_core::clock::{Clock, Nanos, SECOND};
-use cellrate_limits::config::Policy;
-use cellrate_limits::names::{Name, Names};
+use cellrate_core::gcra::Window;
+use cellrate_limits::config::{LimitTable, Policy};
+use cellrate_limits::names::Name;
 use cellrate_store::shared::{Fetched, Put, SharedOverrides};
 use cellrate_store::StoreError;
 
+mod entries;
+mod ratelimit;
 mod record;
+use entries::{Entries, Slot};
+pub use ratelimit::{ratelimit_policy, ratelimit_slot, RatelimitSlot};
 use record::{bounded, parse_record, record_of, shown};
 pub use record::{calendar_of, policy_of, MAX_RECORD};
 
@@ -31,7 +39,8 @@ pub const MAX_AUTHOR: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeOverride {
     pub name: Arc<str>,
-    /// The id in its override form (canonical; a range for range-keyed names).
+    /// The id in its override form (canonical; a range for range-keyed names; a bucket's
+    /// readable name for a limit of envoyproxy/ratelimit's format).
     pub id: Box<str>,
     pub policy: Policy,
     pub expires_at: Nanos,
@@ -66,17 +75,18 @@ pub struct Synced {
     pub rejected: Vec<String>,
 }
 
-type Entries = HashMap<u32, HashMap<Box<str>, RuntimeOverride>>;
-
 /// The temporary overrides this process applies.
 pub struct RuntimeOverrides {
     clock: Arc<dyn Clock>,
     max_count: usize,
     max_ttl: Nanos,
-    /// name number -> override id -> entry (looked up by `&str`: no allocation per request).
     entries: RwLock<Entries>,
     /// Entries held (expired ones included until purged): 0 skips the lookup.
     held: AtomicUsize,
+    /// Of them, of ratelimit-format buckets: 0 skips ShouldRateLimit's lookup.
+    ratelimit_held: AtomicUsize,
+    /// How the Envoy front end names ratelimit-format buckets (to find a shared one's).
+    ratelimit_shape: RatelimitShape,
     shared: Option<Arc<dyn SharedOverrides>>,
     /// Serialises changes and syncs, so that a sync that read the shared table before a
     /// change cannot undo the change's local copy; holds the version last copied.
@@ -95,8 +105,10 @@ impl RuntimeOverrides {
             clock,
             max_count,
             max_ttl,
-            entries: RwLock::new(HashMap::new()),
+            entries: RwLock::new(Entries::default()),
             held: AtomicUsize::new(0),
+            ratelimit_held: AtomicUsize::new(0),
+            ratelimit_shape: RatelimitShape::default(),
             shared: None,
             syncing: tokio::sync::Mutex::new(String::new()),
             copy: parking_lot::Mutex::new(HashMap::new()),
@@ -108,6 +120,18 @@ impl RuntimeOverrides {
     pub fn shared(mut self, shared: Arc<dyn SharedOverrides>) -> RuntimeOverrides {
         self.shared = Some(shared);
         self
+    }
+
+    /// Names ratelimit-format buckets read back from the shared table as the Envoy front
+    /// end counts on them (its `shape`).
+    pub fn with_ratelimit_shape(mut self, shape: RatelimitShape) -> RuntimeOverrides {
+        self.ratelimit_shape = shape;
+        self
+    }
+
+    /// How ratelimit-format buckets are named here.
+    pub fn ratelimit_shape(&self) -> RatelimitShape {
+        self.ratelimit_shape
     }
 
     /// Whether the overrides are shared with other replicas.
@@ -122,8 +146,36 @@ impl RuntimeOverrides {
         }
         let id = name.format.override_id(canonical_id);
         let entries = self.entries.read();
-        let found = entries.get(&name.number)?.get(id)?;
+        let found = entries.named.get(&name.number)?.get(id)?;
         (found.expires_at > self.clock.now()).then(|| found.clone())
+    }
+
+    /// The policy of the override in force for the bucket of `target` (ShouldRateLimit's
+    /// path): with none of a ratelimit-format bucket held, one atomic load; else one
+    /// lookup. Only an override set for the label `target` counts under, whose limit
+    /// counts as the bucket counts (a reload may have changed either), applies.
+    pub fn ratelimit(&self, target: &RatelimitTarget) -> Option<Policy> {
+        if self.ratelimit_held.load(Ordering::Relaxed) == 0 || target.caller_given {
+            return None;
+        }
+        let entries = self.entries.read();
+        let found = entries.ratelimit.get(target.digest.as_str())?;
+        let window = target
+            .limit
+            .map_or(Window::Calendar(target.unit), |l| l.window());
+        let fits = match found.policy {
+            Policy::Limited { limit, .. } => limit.window() == window,
+            Policy::Unlimited | Policy::Denied => true,
+        };
+        (fits && found.expires_at > self.clock.now() && found.name == target.name)
+            .then_some(found.policy)
+    }
+
+    /// The override in force for the ratelimit-format bucket `slot`, if any.
+    pub fn ratelimit_entry(&self, slot: &RatelimitSlot) -> Option<RuntimeOverride> {
+        let entries = self.entries.read();
+        let found = entries.ratelimit.get(&slot.bucket)?;
+        (found.expires_at > self.clock.now() && found.name == slot.label).then(|| found.clone())
     }
 
     /// Sets (or replaces) the override of `canonical_id` under `name` for `ttl`: in the
@@ -137,6 +189,34 @@ impl RuntimeOverrides {
         comment: &str,
         author: &str,
     ) -> Result<RuntimeOverride, OverrideError> {
+        let id = name.format.override_id(canonical_id);
+        let slot = Slot::Named(name.number);
+        (self.insert(slot, &name.text, id, policy, ttl, (comment, author))).await
+    }
+
+    /// Sets (or replaces) the override of the ratelimit-format bucket `slot` for `ttl`, as
+    /// [`RuntimeOverrides::set`] does; under the same bound.
+    pub async fn set_ratelimit(
+        &self,
+        slot: &RatelimitSlot,
+        policy: Policy,
+        ttl: Nanos,
+        comment: &str,
+        author: &str,
+    ) -> Result<RuntimeOverride, OverrideError> {
+        let place = Slot::Ratelimit(slot.bucket.clone());
+        (self.insert(place, &slot.label, &slot.id, policy, ttl, (comment, author))).await
+    }
+
+    async fn insert(
+        &self,
+        slot: Slot,
+        name: &Arc<str>,
+        id: &str,
+        policy: Policy,
+        ttl: Nanos,
+        (comment, author): (&str, &str),
+    ) -> Result<RuntimeOverride, OverrideError> {
         if ttl < SECOND || ttl > self.max_ttl {
             return Err(OverrideError::Invalid(format!(
                 "ttl: {} is not 1 s to {} (--max-override-ttl)",
@@ -146,13 +226,13 @@ impl RuntimeOverrides {
         }
         let comment = bounded(comment, MAX_COMMENT, "comment").map_err(OverrideError::Invalid)?;
         let author = bounded(author, MAX_AUTHOR, "author").map_err(OverrideError::Invalid)?;
-        let id: Box<str> = Box::from(name.format.override_id(canonical_id));
+        let id: Box<str> = Box::from(id);
         let _syncing = self.syncing.lock().await;
         let shared_put = match &self.shared {
             None => None,
             Some(shared) => {
-                let record = record_of(name, &id, policy, comment, author);
-                let field = format!("{}:{id}", name.number);
+                let record = record_of(name, slot.number(), &id, policy, comment, author);
+                let field = format!("{}:{id}", slot.number());
                 let put = shared.put(&field, &record, ttl, self.max_count).await?;
                 if put == Put::Written {
                     let expires = self.clock.now().saturating_add(ttl);
@@ -166,41 +246,53 @@ impl RuntimeOverrides {
         }
         let now = self.clock.now();
         let mut entries = self.entries.write();
-        let held = purge(&mut entries, now);
-        let replacing = entries
-            .get(&name.number)
-            .is_some_and(|ids| ids.contains_key(&id));
+        let held = entries.purge(now);
+        let replacing = entries.get(&slot, &id).is_some();
         // The shared table counted every replica's overrides; alone, this one counts.
         if shared_put.is_none() && !replacing && held >= self.max_count {
-            self.held.store(held, Ordering::Relaxed);
+            self.count(&entries);
             return Err(OverrideError::Full { held });
         }
         let entry = RuntimeOverride {
-            name: name.text.clone(),
+            name: name.clone(),
             id,
             policy,
             expires_at: now.saturating_add(ttl),
             comment: comment.to_string(),
             author: author.to_string(),
         };
-        entries
-            .entry(name.number)
-            .or_default()
-            .insert(entry.id.clone(), entry.clone());
-        self.held
-            .store(held + usize::from(!replacing), Ordering::Relaxed);
+        entries.insert(slot, entry.clone());
+        self.count(&entries);
         Ok(entry)
+    }
+
+    /// Stores how many entries `entries` holds (under its write lock).
+    fn count(&self, entries: &Entries) {
+        let ratelimit = entries.ratelimit.len();
+        let named: usize = entries.named.values().map(HashMap::len).sum();
+        self.ratelimit_held.store(ratelimit, Ordering::Relaxed);
+        self.held.store(named + ratelimit, Ordering::Relaxed);
     }
 
     /// Removes the override of `canonical_id` under `name` (from the shared table first,
     /// when there is one); whether one was in force.
     pub async fn clear(&self, name: &Name, canonical_id: &str) -> Result<bool, OverrideError> {
         let id = name.format.override_id(canonical_id);
+        self.remove(Slot::Named(name.number), id).await
+    }
+
+    /// Removes the override of the ratelimit-format bucket `slot`, as
+    /// [`RuntimeOverrides::clear`] does.
+    pub async fn clear_ratelimit(&self, slot: &RatelimitSlot) -> Result<bool, OverrideError> {
+        (self.remove(Slot::Ratelimit(slot.bucket.clone()), &slot.id)).await
+    }
+
+    async fn remove(&self, slot: Slot, id: &str) -> Result<bool, OverrideError> {
         let _syncing = self.syncing.lock().await;
         let shared_removed = match &self.shared {
             None => None,
             Some(shared) => {
-                let field = format!("{}:{id}", name.number);
+                let field = format!("{}:{id}", slot.number());
                 let removed = shared.remove(&field).await?;
                 self.copy().remove(&field);
                 Some(removed)
@@ -208,29 +300,26 @@ impl RuntimeOverrides {
         };
         let now = self.clock.now();
         let mut entries = self.entries.write();
-        let removed = entries
-            .get_mut(&name.number)
-            .and_then(|ids| ids.remove(id))
-            .is_some_and(|e| e.expires_at > now);
-        let held = purge(&mut entries, now);
-        self.held.store(held, Ordering::Relaxed);
+        let removed = (entries.remove(&slot, id)).is_some_and(|e| e.expires_at > now);
+        entries.purge(now);
+        self.count(&entries);
         Ok(shared_removed.unwrap_or(removed))
     }
 
-    /// The overrides in force (of `only`, if given), by name and id; copied from the shared
-    /// table first, when there is one, so that every replica lists the same.
+    /// The overrides in force (of the name or label `only`, if given), by name and id;
+    /// copied from the shared table first, when there is one, so that every replica lists
+    /// the same.
     pub async fn list(
         &self,
-        names: &Names,
-        only: Option<u32>,
+        table: &LimitTable,
+        only: Option<&str>,
     ) -> Result<Vec<RuntimeOverride>, OverrideError> {
-        self.sync(names).await?;
+        self.sync(table).await?;
         let now = self.clock.now();
         let entries = self.entries.read();
         let mut list: Vec<RuntimeOverride> = entries
-            .iter()
-            .filter(|(number, _)| only.is_none_or(|o| o == **number))
-            .flat_map(|(_, ids)| ids.values())
+            .values()
+            .filter(|e| only.is_none_or(|o| *e.name == *o))
             .filter(|e| e.expires_at > now)
             .cloned()
             .collect();
@@ -241,7 +330,7 @@ impl RuntimeOverrides {
     /// Copies the shared table, if there is one and it changed since the last copy: it
     /// then replaces what this process applies. Entries that are no valid override here
     /// are left out and reported; at most `--max-runtime-overrides` are applied.
-    pub async fn sync(&self, names: &Names) -> Result<Synced, StoreError> {
+    pub async fn sync(&self, table: &LimitTable) -> Result<Synced, StoreError> {
         let Some(shared) = &self.shared else {
             return Ok(Synced::default());
         };
@@ -267,22 +356,21 @@ impl RuntimeOverrides {
         };
         let mut copy = self.copy();
         copy.clear();
-        let mut applied = Entries::new();
+        let mut applied = Entries::default();
         for (field, record, expires_in) in found {
             let read = expires_in
                 .ok_or_else(|| "no expiry".to_string())
-                .and_then(|left| parse_record(names, &field, &record).map(|r| (r, left)));
+                .and_then(|left| {
+                    parse_record(table, self.ratelimit_shape, &field, &record).map(|r| (r, left))
+                });
             match read {
-                Ok((Some((number, entry)), left)) if synced.applied < self.max_count => {
+                Ok((Some((slot, entry)), left)) if synced.applied < self.max_count => {
                     copy.insert(field.clone(), (record.clone(), now.saturating_add(left)));
                     let entry = RuntimeOverride {
                         expires_at: now.saturating_add(left),
                         ..entry
                     };
-                    applied
-                        .entry(number)
-                        .or_default()
-                        .insert(entry.id.clone(), entry);
+                    applied.insert(slot, entry);
                     synced.applied += 1;
                 }
                 Ok((Some(_), _)) => synced
@@ -295,7 +383,7 @@ impl RuntimeOverrides {
         drop(copy);
         let mut entries = self.entries.write();
         *entries = applied;
-        self.held.store(synced.applied, Ordering::Relaxed);
+        self.count(&entries);
         *version = fetched;
         Ok(synced)
     }
@@ -352,15 +440,6 @@ impl RuntimeOverrides {
     }
 }
 
-/// Drops expired entries (and names left without any); the number still held.
-fn purge(entries: &mut Entries, now: Nanos) -> usize {
-    entries.retain(|_, ids| {
-        ids.retain(|_, e| e.expires_at > now);
-        !ids.is_empty()
-    });
-    entries.values().map(HashMap::len).sum()
-}
-
 /// `n` nanoseconds as seconds, exactly: `7200 s`, `604800.000000001 s`, `-1.5 s`.
 fn exact_seconds(n: Nanos) -> String {
     let (whole, part) = (n / SECOND, (n % SECOND).abs());
@@ -377,7 +456,6 @@ mod tests {
     use super::*;
     use cellrate_core::clock::FakeClock;
     use cellrate_core::gcra::Limit;
-    use cellrate_limits::names::Names;
 
     #[test]
     fn ttl_errors_say_the_exact_figures() {
@@ -391,7 +469,8 @@ mod tests {
     async fn overrides_expire_are_bounded_and_keyed_by_override_id() {
         let clock = FakeClock::new(1_700_000_000 * SECOND);
         let r = RuntimeOverrides::new(Arc::new(clock.clone()), 2, 3_600 * SECOND);
-        let names = Names::builtin();
+        let table = LimitTable::from_files(&[]).unwrap();
+        let names = table.names();
         let orders = names.get("NewOrdersPerAccount").unwrap();
         let limited = Policy::limited(Limit::new(5, 5, SECOND).unwrap());
         assert!(r.get(orders, "1").is_none());
@@ -426,10 +505,16 @@ mod tests {
         r.set(orders, "2", Policy::Unlimited, 120 * SECOND, "", "")
             .await
             .unwrap();
-        assert_eq!(r.list(&names, None).await.unwrap().len(), 2);
+        assert_eq!(r.list(&table, None).await.unwrap().len(), 2);
         clock.advance(61 * SECOND);
         assert!(r.get(orders, "1").is_none(), "expired");
-        assert_eq!(r.list(&names, Some(orders.number)).await.unwrap().len(), 1);
+        assert_eq!(
+            r.list(&table, Some("NewOrdersPerAccount"))
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
         r.set(orders, "3", Policy::Unlimited, 60 * SECOND, "", "")
             .await
             .unwrap();

@@ -1,15 +1,19 @@
 //! An override in numbers and as a shared record: the policy its numbers give ([`policy_of`],
 //! [`calendar_of`], as `SetOverride` and a record read back check them), the JSON record
 //! written to the shared table, and a record read back checked as a request is (see
-//! [`super::RuntimeOverrides`]).
+//! [`super::RuntimeOverrides`]). A ratelimit-format bucket's record carries its limit's
+//! label, number 99 and the bucket's readable name; its window is the limit's unit, so a
+//! count a window is written as the count alone.
 
 use serde::{Deserialize, Serialize};
 
-use super::{RuntimeOverride, MAX_AUTHOR, MAX_COMMENT};
+use super::ratelimit::{ratelimit_policy, ratelimit_slot};
+use super::{RuntimeOverride, Slot, MAX_AUTHOR, MAX_COMMENT};
+use crate::service::ratelimit_bucket::RatelimitShape;
 use cellrate_core::clock::{CalendarPeriod, Nanos};
 use cellrate_core::gcra::{Limit, Window};
-use cellrate_limits::config::Policy;
-use cellrate_limits::names::{Name, Names};
+use cellrate_limits::config::{LimitTable, Policy};
+use cellrate_limits::names::RATELIMIT_NUMBER;
 
 /// Longest shared record read back (bytes): anything longer is no record of ours.
 pub const MAX_RECORD: usize = 4096;
@@ -85,17 +89,18 @@ pub fn calendar_of(text: &str) -> Result<Option<CalendarPeriod>, String> {
     }
 }
 
-/// The shared record of an override.
+/// The shared record of an override of `id` under the name (or label) `name` of `number`.
 pub(super) fn record_of(
-    name: &Name,
+    name: &str,
+    number: u32,
     id: &str,
     policy: Policy,
     comment: &str,
     author: &str,
 ) -> String {
     let mut record = Record {
-        name: name.text.to_string(),
-        number: name.number,
+        name: name.to_string(),
+        number,
         id: id.to_string(),
         burst: 0,
         count: 0,
@@ -115,6 +120,8 @@ pub(super) fn record_of(
                 record.count = limit.count();
                 record.period_ns = limit.period();
             }
+            // A ratelimit-format limit's window is its unit's, which may have no text here.
+            Window::Calendar(_) if number == RATELIMIT_NUMBER => record.count = limit.count(),
             Window::Calendar(period) => {
                 record.count = limit.count();
                 record.calendar = period.text().to_string();
@@ -127,12 +134,14 @@ pub(super) fn record_of(
 }
 
 /// A shared entry read back, checked as `SetOverride` checks a request: `None` for a name
-/// this replica does not know; an error for anything that is no override of ours.
+/// (or a ratelimit-format bucket) this replica does not know; an error for anything that is
+/// no override of ours.
 pub(super) fn parse_record(
-    names: &Names,
+    table: &LimitTable,
+    shape: RatelimitShape,
     field: &str,
     record: &str,
-) -> Result<Option<(u32, RuntimeOverride)>, String> {
+) -> Result<Option<(Slot, RuntimeOverride)>, String> {
     if record.len() > MAX_RECORD {
         return Err(format!("longer than {MAX_RECORD} bytes"));
     }
@@ -140,30 +149,47 @@ pub(super) fn parse_record(
     if field != format!("{}:{}", r.number, r.id) {
         return Err("its field is not <number>:<id> of its record".to_string());
     }
-    let Some(name) = names.get(&r.name) else {
-        return Ok(None);
+    let (slot, name, policy) = match r.number {
+        RATELIMIT_NUMBER => {
+            let Ok(Some(slot)) = ratelimit_slot(table, shape, &r.name, &r.id) else {
+                return Ok(None);
+            };
+            if slot.id != r.id {
+                return Err(format!("id {:?} is not canonical", shown(&r.id)));
+            }
+            let calendar = calendar_of(&r.calendar)?;
+            let numbers = (r.burst, r.count, (r.period_ns != 0).then_some(r.period_ns));
+            let policy = ratelimit_policy(&slot, numbers, r.unlimited, r.deny, calendar)?;
+            (Slot::Ratelimit(slot.bucket), slot.label, policy)
+        }
+        _ => {
+            let Some(name) = table.names().get(&r.name) else {
+                return Ok(None);
+            };
+            if name.number != r.number {
+                return Err(format!(
+                    "{} is number {} here, not {}",
+                    name.text, name.number, r.number
+                ));
+            }
+            let format = name.format.override_format();
+            match format.canonicalize_cow(&r.id) {
+                Ok(canonical) if canonical == r.id => {}
+                Ok(_) => return Err(format!("id {:?} is not canonical", shown(&r.id))),
+                Err(e) => return Err(format!("id: {e} (format {format})")),
+            }
+            let calendar = calendar_of(&r.calendar)?;
+            let period = (!r.unlimited && !r.deny && calendar.is_none()).then_some(r.period_ns);
+            let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar)?;
+            (Slot::Named(name.number), name.text.clone(), policy)
+        }
     };
-    if name.number != r.number {
-        return Err(format!(
-            "{} is number {} here, not {}",
-            name.text, name.number, r.number
-        ));
-    }
-    let format = name.format.override_format();
-    match format.canonicalize_cow(&r.id) {
-        Ok(canonical) if canonical == r.id => {}
-        Ok(_) => return Err(format!("id {:?} is not canonical", shown(&r.id))),
-        Err(e) => return Err(format!("id: {e} (format {format})")),
-    }
-    let calendar = calendar_of(&r.calendar)?;
-    let period = (!r.unlimited && !r.deny && calendar.is_none()).then_some(r.period_ns);
-    let policy = policy_of(r.burst, r.count, period, r.unlimited, r.deny, calendar)?;
     bounded(&r.comment, MAX_COMMENT, "comment")?;
     bounded(&r.author, MAX_AUTHOR, "author")?;
     Ok(Some((
-        name.number,
+        slot,
         RuntimeOverride {
-            name: name.text.clone(),
+            name,
             id: r.id.into_boxed_str(),
             policy,
             expires_at: 0,
@@ -214,8 +240,9 @@ mod tests {
 
     #[test]
     fn shared_records_read_back_only_when_they_are_overrides_of_ours() {
-        let names = Names::builtin();
-        let orders = names.get("NewOrdersPerAccount").unwrap();
+        let table = LimitTable::from_files(&[]).unwrap();
+        let shape = RatelimitShape::default();
+        let orders = table.names().get("NewOrdersPerAccount").unwrap();
         let limit = Limit::new(5, 10, 60 * SECOND).unwrap();
         let policies = [
             Policy::limited(limit),
@@ -224,7 +251,7 @@ mod tests {
             Policy::Denied,
         ];
         for policy in policies {
-            let record = record_of(orders, "42", policy, "ticket 7", "ops");
+            let record = record_of(&orders.text, orders.number, "42", policy, "ticket 7", "ops");
             // A GCRA record reads the same as before calendar windows existed.
             assert_eq!(
                 record.contains("calendar"),
@@ -232,16 +259,20 @@ mod tests {
                 "{record}"
             );
             let field = format!("{}:42", orders.number);
-            let (number, read) = parse_record(&names, &field, &record).unwrap().unwrap();
-            assert_eq!(number, orders.number);
+            let (slot, read) = parse_record(&table, shape, &field, &record)
+                .unwrap()
+                .unwrap();
+            assert_eq!(slot, Slot::Named(orders.number));
             assert_eq!(
                 (read.policy, &*read.id, &*read.comment, &*read.author),
                 (policy, "42", "ticket 7", "ops")
             );
         }
-        let good = record_of(orders, "42", Policy::Denied, "", "");
+        let record_of = |id, policy| record_of(&orders.text, orders.number, id, policy, "", "");
+        let good = record_of("42", Policy::Denied);
         let n = orders.number;
-        let bad = |field: &str, record: &str| parse_record(&names, field, record).unwrap_err();
+        let bad =
+            |field: &str, record: &str| parse_record(&table, shape, field, record).unwrap_err();
         assert!(bad(&format!("{n}:43"), &good).contains("field"));
         assert!(bad(&format!("{n}:42"), "{").contains("not a record"));
         assert!(bad(&format!("{n}:42"), &"x".repeat(MAX_RECORD + 1)).contains("longer"));
@@ -249,9 +280,9 @@ mod tests {
         assert!(bad(&format!("{n}:42"), &twice).contains("exactly one"));
         let padded = good.replace("\"id\":\"42\"", "\"id\":\"042\"");
         assert!(bad(&format!("{n}:042"), &padded).contains("canonical"));
-        let fortnightly = record_of(orders, "42", policies[1], "", "").replace("1mo", "2w");
+        let fortnightly = record_of("42", policies[1]).replace("1mo", "2w");
         assert!(bad(&format!("{n}:42"), &fortnightly).contains("calendar"));
-        let unzoned = record_of(orders, "42", policies[1], "", "").replace("1mo", "1mo@Mars/Base");
+        let unzoned = record_of("42", policies[1]).replace("1mo", "1mo@Mars/Base");
         assert!(bad(&format!("{n}:42"), &unzoned).contains("no IANA time zone"));
         let renumbered = good.replace(&format!("\"number\":{n}"), "\"number\":999");
         assert!(bad("999:42", &renumbered).contains("number"));
@@ -263,8 +294,46 @@ mod tests {
         // A name this replica does not know is kept out quietly.
         let other = good.replace("NewOrdersPerAccount", "NotHere");
         assert_eq!(
-            parse_record(&names, &format!("{n}:42"), &other).unwrap(),
+            parse_record(&table, shape, &format!("{n}:42"), &other).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_ratelimit_buckets_record_reads_back_into_its_bucket_here() {
+        let config = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: week, requests_per_unit: 5}\n";
+        let table = LimitTable::from_files(&[("rl.yaml".into(), config.into())]).unwrap();
+        let shape = RatelimitShape::default();
+        let slot = ratelimit_slot(&table, shape, "rl.user", "rl/user=a%2Fb")
+            .unwrap()
+            .unwrap();
+        let weekly = Policy::limited(Limit::calendar(9, CalendarPeriod::Week).unwrap());
+        let field = "99:rl/user=a%2Fb";
+        for policy in [weekly, Policy::Denied, Policy::Unlimited] {
+            let record = record_of("rl.user", RATELIMIT_NUMBER, &slot.id, policy, "t", "ops");
+            // A week has no calendar text: the count alone, in the limit's unit.
+            assert!(!record.contains("calendar"), "{record}");
+            let (read_slot, read) = parse_record(&table, shape, field, &record)
+                .unwrap()
+                .unwrap();
+            assert_eq!(read_slot, Slot::Ratelimit(slot.bucket.clone()));
+            assert_eq!(
+                (read.policy, &*read.name, &*read.id),
+                (policy, "rl.user", field.get(3..).unwrap())
+            );
+        }
+        let good = record_of("rl.user", RATELIMIT_NUMBER, &slot.id, weekly, "", "");
+        // A bucket this replica does not configure is kept out quietly.
+        let elsewhere = good.replace("rl.user", "other.user");
+        assert_eq!(
+            parse_record(&table, shape, field, &elsewhere).unwrap(),
+            None
+        );
+        // GCRA numbers do not fit a limit counted in fixed windows.
+        let gcra = good
+            .replace("\"period_ns\":0", "\"period_ns\":1000000000")
+            .replace("\"burst\":0", "\"burst\":9");
+        let e = parse_record(&table, shape, field, &gcra).unwrap_err();
+        assert!(e.contains("fixed windows"), "{e}");
     }
 }
