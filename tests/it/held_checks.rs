@@ -127,3 +127,42 @@ async fn one_bucket_holds_at_most_its_share() {
     );
     s.stop().await;
 }
+
+/// Run as `ratelimit` (Envoy Gateway's deployment, its configuration unchanged), one more
+/// variable holds the check-0 pattern: 12 checks of 0 on a 10 000-token budget, 10 held
+/// of 1 000 and 2 denied; without it, all 12 pass, as envoyproxy/ratelimit answers.
+#[tokio::test]
+async fn run_as_ratelimit_one_variable_holds_checks_of_zero() {
+    use crate::common::held::{descriptor, DOMAIN, OK};
+    use crate::common::ratelimit_answers::{client, runtime, start, unix_seconds};
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let file = format!(
+        "domain: {DOMAIN}\ndescriptors:\n  - key: tenant\n    rate_limit: {{unit: hour, \
+         requests_per_unit: 10000}}\n"
+    );
+    let root = runtime(&[("ai.yaml", &file)]);
+    // Clear of an hour's end: the window must not turn within the test.
+    let left = 3_600 - unix_seconds() % 3_600;
+    if left < 10 {
+        tokio::time::sleep(Duration::from_secs(left as u64 + 1)).await;
+    }
+    for (held, admitted) in [(true, 10), (false, 12)] {
+        let mut vars = vec![("BACKEND_TYPE", "memory")];
+        if held {
+            vars.push(("CELLRATE_ZERO_CHECK_HOLDS", "ai=1000"));
+        }
+        let (_child, listen) = start(root.path(), &vars);
+        let mut c = client(&listen).await;
+        let mut ok = 0;
+        for _ in 0..12 {
+            let request = RateLimitRequest {
+                domain: DOMAIN.to_string(),
+                descriptors: vec![descriptor("acme", 0)],
+                hits_addend: 0,
+            };
+            let answer = c.should_rate_limit(request).await.unwrap().into_inner();
+            ok += usize::from(answer.overall_code == OK);
+        }
+        assert_eq!(ok, admitted, "held: {held}");
+    }
+}
