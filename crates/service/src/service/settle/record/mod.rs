@@ -63,7 +63,6 @@ const LEASE: u8 = 0x20;
 /// An envoyproxy/ratelimit-format descriptor's bucket (neither named nor inline).
 const RATELIMIT: u8 = 0x40;
 
-
 /// A record's flags: a token follows.
 const TOKEN: u8 = 0x01;
 

@@ -77,4 +77,3 @@ pub(super) fn take_ratelimit(buf: &mut &[u8]) -> Option<RatelimitTarget> {
         caller_given: flags & CALLER_GIVEN != 0,
     })
 }
-
