@@ -25,6 +25,10 @@ use cellrate::proto::v1 as pb;
 
 type Client = pb::rate_limiter_client::RateLimiterClient<tonic::transport::Channel>;
 
+/// The prober's samples: `Retry-After` (s), the wait until a retry passed (s), the
+/// store's retry (ns).
+type Samples = Arc<parking_lot::Mutex<Vec<(i64, f64, i64)>>>;
+
 /// Samples a run takes at most, and its longest time.
 const SAMPLES: usize = 30;
 const RUN: Duration = Duration::from_secs(40);
@@ -153,7 +157,7 @@ async fn client(
     n: u64,
     held: (Duration, Duration),
     stop: Arc<AtomicBool>,
-    samples: Option<Arc<parking_lot::Mutex<Vec<(i64, f64, i64)>>>>,
+    samples: Option<Samples>,
 ) {
     let mut random = Random(0x9e37_79b9_7f4a_7c15 ^ ((n + 1) * 0x1000_0001));
     let started = Instant::now();

@@ -130,7 +130,6 @@ async fn hold(s: &mut Served, id: &str) -> pb::CheckResponse {
             items: vec![item("Tokens", "acme", Some(1_000))],
             request_id: id.to_string(),
             headers: pb::HeaderStyle::Draft03 as i32,
-            ..Default::default()
         })
         .await
         .expect("the Check succeeds")
