@@ -201,7 +201,8 @@ impl Server {
             Decider::new(shared.limits.clone(), shared.store.clone())
                 .with_caller_limits(settings.caller)
                 .with_runtime_overrides(runtime.clone())
-                .with_ratelimit_shape(settings.envoy.ratelimit_shape()),
+                .with_ratelimit_shape(settings.envoy.ratelimit_shape())
+                .with_clock(shared.clock.clone()),
         );
         let background = Background {
             stop: CancellationToken::new(),

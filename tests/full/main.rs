@@ -52,6 +52,7 @@ mod resp_clients;
 mod resp_differential;
 #[cfg(feature = "redis")]
 mod resp_gcra_redis;
+mod retry_after_measured;
 mod rlqs_e2e;
 #[cfg(feature = "redis")]
 mod rlqs_redis;

@@ -54,6 +54,7 @@ mod reservation_shares;
 mod reservations;
 mod resp;
 mod resp_gcra;
+mod retry_after;
 mod rlqs;
 mod rpc_labels;
 mod runtime_overrides;

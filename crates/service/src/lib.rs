@@ -22,6 +22,8 @@
 //! service/decider.rs               the Decider: one store call per batch
 //! service/resolve.rs               names, ids, caller limits, rules, costs -> buckets
 //! service/caller_limits.rs         bounds on caller-given limits
+//! service/retry_hint.rs            how soon leases and holds give capacity back, learned
+//!                                  per limit: a denial's Retry-After
 //! service/errors.rs                why a request was not decided, mapped to gRPC statuses
 //! service/overrides/mod.rs         temporary overrides: set, looked up, synced, expired
 //! service/overrides/entries.rs     where an override applies: a name's id, a ratelimit-format bucket

@@ -8,9 +8,10 @@ use arc_swap::ArcSwap;
 
 use super::overrides::RuntimeOverrides;
 use super::resolve::Resolved;
+use super::retry_hint::RetryHints;
 use super::{BatchResult, CallerLimits, CheckOptions, DecideError, ItemResult, ItemSpec, Rule};
-use cellrate_core::clock::{CalendarPeriod, Clock, SystemClock};
-use cellrate_core::gcra::{Decision, Mode};
+use cellrate_core::clock::{CalendarPeriod, Clock, Nanos, SystemClock};
+use cellrate_core::gcra::{Decision, Mode, Window};
 use cellrate_limits::config::{LimitTable, Policy};
 use cellrate_limits::names::{BucketKey, Name};
 use cellrate_store::{Store, StoreError, StoreItem};
@@ -22,6 +23,7 @@ pub struct Decider {
     pub(super) caller: CallerLimits,
     runtime: Option<Arc<RuntimeOverrides>>,
     ratelimit_shape: super::RatelimitShape,
+    hints: RetryHints,
 }
 
 impl Decider {
@@ -33,7 +35,20 @@ impl Decider {
             caller: CallerLimits::default(),
             runtime: None,
             ratelimit_shape: super::RatelimitShape::default(),
+            hints: RetryHints::new(Arc::new(SystemClock)),
         }
+    }
+
+    /// This decider with `clock` to time the leases and holds it learns from (the
+    /// store's, so that a test's fake clock moves them too).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Decider {
+        self.hints = RetryHints::new(clock);
+        self
+    }
+
+    /// What this replica learned of how soon capacity is back (`retry_hint.rs`).
+    pub fn retry_hints(&self) -> &RetryHints {
+        &self.hints
     }
 
     /// This decider with the shape of envoyproxy/ratelimit-format buckets the Envoy front
@@ -143,6 +158,7 @@ impl Decider {
             self.store.spend(&store_items).await?.decisions
         };
         let mut store_decisions = one_each(store_decisions, store_items.len())?.into_iter();
+        let leases = leases_of(&resolved);
         let mut items: Vec<ItemResult> = Vec::with_capacity(resolved.len());
         for r in resolved {
             let merged = r.merged_into.and_then(|first| items.get(first));
@@ -167,6 +183,11 @@ impl Decider {
                     decision.allowed = false;
                     decision.retry_in = 0;
                 }
+                if let (Rule::Limited(limit), None) = (r.rule, merged) {
+                    if !decision.allowed && !r.key.is_caller_given() {
+                        self.hints.hinted(&r.name, &limit, r.mode, &mut decision);
+                    }
+                }
                 let oversize = r.oversize || merged.is_some_and(|m| m.oversize);
                 ItemResult {
                     decision,
@@ -181,7 +202,28 @@ impl Decider {
             };
             items.push(item);
         }
-        Ok(with_overall(items))
+        let result = with_overall(items);
+        self.learn_leases(&leases, &result);
+        Ok(result)
+    }
+
+    /// Leases taken (the batch allowed) and released, for [`RetryHints`]: `leases` are
+    /// the batch's items of configured concurrency limits, with their lease ids.
+    fn learn_leases(&self, leases: &[(usize, Nanos, Arc<str>)], result: &BatchResult) {
+        for (i, hold, lease) in leases {
+            let Some(item) = result.items.get(*i) else {
+                continue;
+            };
+            match item.mode {
+                Mode::Acquire if result.overall.allowed && item.decision.allowed => {
+                    (self.hints).acquired(&item.name, item.key.as_str(), lease, *hold)
+                }
+                Mode::Release if item.decision.allowed => {
+                    (self.hints).released(&item.name, item.key.as_str(), lease)
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Refunds each item's cost. Per item, `allowed` says whether its bucket changed.
@@ -257,6 +299,24 @@ impl Decider {
             .collect();
         Ok(self.store.reset(&keys).await?)
     }
+}
+
+/// The items of configured concurrency limits that take or free a lease: their places,
+/// holds and lease ids (none allocated for a batch without leases).
+fn leases_of(resolved: &[Resolved]) -> Vec<(usize, Nanos, Arc<str>)> {
+    if resolved.iter().all(|r| r.lease.is_none()) {
+        return Vec::new();
+    }
+    (resolved.iter().enumerate())
+        .filter_map(|(i, r)| match (r.rule, &r.lease) {
+            (Rule::Limited(limit), Some(lease))
+                if limit.window() == Window::Concurrency && !r.key.is_caller_given() =>
+            {
+                Some((i, limit.period(), lease.clone()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The store items of `resolved`'s limited items, each in the mode `mode` gives it; with

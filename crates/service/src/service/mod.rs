@@ -22,6 +22,7 @@ mod quota_strategy;
 pub mod ratelimit_bucket;
 pub mod request;
 mod resolve;
+pub mod retry_hint;
 pub mod rlqs;
 pub mod settle;
 pub mod token;

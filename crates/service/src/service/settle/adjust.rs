@@ -7,7 +7,9 @@ use tonic::Status;
 use super::facts::{facts_bytes, facts_of, is_hold, Spent};
 use super::record::read_record;
 use super::{checked_id, counted, store_failed, Settler};
-use crate::service::{BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, MAX_BATCH};
+use crate::service::{
+    BatchResult, CheckOptions, DecideError, Decider, ItemSpec, Rule, Target, MAX_BATCH,
+};
 use cellrate_core::clock::{CalendarPeriod, Nanos, SECOND};
 use cellrate_core::gcra::Mode;
 use cellrate_store::shared::{Claim, Kept};
@@ -223,6 +225,7 @@ impl Settler {
                 return Err(self.failed(id, e, &facts_bytes(&plan.charged), settling));
             }
         }
+        hold_ended(decider, &plan.items, &plan.spent, kept);
         Ok(plan.items)
     }
 
@@ -268,6 +271,27 @@ pub(super) struct Undone {
     /// The failure is the record's or the limits' (it cannot be read, a cost or an item
     /// is refused, the limit is gone), not the store's: the same adjustment fails again.
     pub lasting: bool,
+}
+
+/// Each limit that held tokens in `kept` learns how long its hold lasted, opening to
+/// claim in the table's time (`retry_hint.rs`): a configured name, or a configured
+/// envoyproxy/ratelimit-format limit's label, never a caller's limit.
+fn hold_ended(decider: &Decider, items: &[ItemSpec<'_>], spent: &[Spent], kept: &Kept) {
+    let duration = kept.now.saturating_sub(kept.opened);
+    let table = decider.limits();
+    for (item, s) in items.iter().zip(spent) {
+        if s.hold.is_none() || s.tokens == 0 || item.limit.is_some() {
+            continue;
+        }
+        let name = match &item.target {
+            Target::Named { name, .. } => table.names().get(name).map(|n| n.text.clone()),
+            Target::Ratelimit(target) if !target.caller_given => Some(target.name.clone()),
+            _ => None,
+        };
+        if let Some(name) = name {
+            decider.retry_hints().hold_ended(&name, duration);
+        }
+    }
 }
 
 /// A record's items and what each spent.
