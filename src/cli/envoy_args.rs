@@ -121,7 +121,7 @@ pub struct EnvoyArgs {
 
     /// How long a hold of --zero-check-holds lasts unless a charge settles it: then its
     /// estimate is given back.
-    #[arg(long, env = "CELLRATE_ZERO_CHECK_HOLD", default_value = "10m", value_parser = parse_period)]
+    #[arg(long, env = "CELLRATE_ZERO_CHECK_HOLD", default_value = "10m", value_parser = parse_hold)]
     pub zero_check_hold: i64,
 }
 
@@ -148,6 +148,16 @@ impl EnvoyArgs {
             },
         }
     }
+}
+
+/// A hold's length, 1 s to 7 d as a reservation's (`--zero-check-hold`).
+pub fn parse_hold(text: &str) -> Result<i64, String> {
+    use crate::limits::config::{MAX_HOLD, MIN_HOLD};
+    let hold = parse_period(text)?;
+    if !(MIN_HOLD..=MAX_HOLD).contains(&hold) {
+        return Err(format!("{text}: a hold is 1s to 7d"));
+    }
+    Ok(hold)
 }
 
 /// A ratio from 0 to 1 (`--near-limit-ratio`), as Go parses a float32.

@@ -76,6 +76,19 @@ async fn held_across_replicas(store: Settings, node: &RedisServer) {
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(released(&[&a, &b]).await, 11, "each released once");
+    // The queues hold live holds only: every hold settled or released has left its queue.
+    let queues = node.cli(&["--scan", "--pattern", "cellrate:{settle}:q:*"]);
+    let queued: usize = (queues.unwrap_or_default().lines())
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            node.cli(&["ZCARD", k])
+                .unwrap()
+                .trim()
+                .parse::<usize>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(queued, 0, "no hold left in a queue");
     assert_eq!(
         start_many(&[&a, &b], "killed", 30).await,
         10,

@@ -12,6 +12,7 @@ use crate::common::held::{
 use crate::common::{harness_settings, http_get_async, Served};
 use cellrate::server::Settings;
 use cellrate::service::envoy::Estimate;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 const HOUR: Duration = Duration::from_secs(3_600);
 
@@ -100,6 +101,75 @@ async fn a_learned_estimate_follows_the_charges() {
     assert_eq!(
         ask(&s, "acme", 0).await.statuses[0].limit_remaining,
         10_000 - 2_000 - 2_000
+    );
+    // The attacker: tiny charges cannot make the estimate tiny (and so let more streams
+    // start than a sixteenth of the budget allows).
+    for _ in 0..8 {
+        end(&s, "tiny", 1).await;
+    }
+    assert_eq!(
+        ask(&s, "tiny", 0).await.statuses[0].limit_remaining,
+        10_000 - 8 - 625
+    );
+    s.stop().await;
+}
+
+/// Hits given back (`is_negative_hits`, Envoy 1.38+) on a held limit are a refund, as
+/// without holds, never a charge; and a descriptor with a limit of its own on a held
+/// named limit is decided as without holds, never an error (Envoy would let it through).
+#[tokio::test]
+async fn what_holds_do_not_apply_to_is_decided_as_without_them() {
+    use crate::common::held::{descriptor, limits_held_by_file, DOMAIN, OK};
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let s = Served::with_settings(limits(), fixed()).await;
+    assert_eq!(
+        end(&s, "neg", 3_000).await,
+        7_000,
+        "no hold: charged in full"
+    );
+    let mut envoy = s.envoy.clone();
+    let give_back = RateLimitRequest {
+        domain: DOMAIN.to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            is_negative_hits: true,
+            ..descriptor("neg", 1_000)
+        }],
+        hits_addend: 0,
+    };
+    let answer = envoy
+        .should_rate_limit(give_back)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, OK);
+    assert_eq!(
+        end(&s, "neg", 1).await,
+        10_000 - 2_000 - 1,
+        "1 000 given back"
+    );
+    s.stop().await;
+
+    let s = Served::with_settings(limits_held_by_file(), harness_settings()).await;
+    let mut envoy = s.envoy.clone();
+    let own_limit = RateLimitRequest {
+        domain: DOMAIN.to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 50,
+                unit: 3, // HOUR
+            }),
+            ..descriptor("own", 0)
+        }],
+        hits_addend: 0,
+    };
+    let answer = envoy.should_rate_limit(own_limit).await;
+    assert_eq!(
+        answer
+            .expect("decided, not an error")
+            .into_inner()
+            .overall_code,
+        OK
     );
     s.stop().await;
 }

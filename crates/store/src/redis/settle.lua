@@ -9,6 +9,8 @@
 --          f  what the Check spent (once decided), k the costs it was settled at (settled;
 --             "" when it was claimed at its due, for its release)
 --          u  a hold's due (ms of Redis TIME)
+--          q  the queue of anonymous holds (KEYS[5]) a live hold is in, which it leaves
+--             when it stops being one (so a queue holds live holds only)
 --          b  the names of a hold's bucket keys (digests), one a line: those its live
 --             hold counts against
 --          A record that is no hash (kept by an older version) is unknown to claim.
@@ -49,8 +51,8 @@
 --         key, check, facts, opened, decided}.
 -- queue   KEYS[2] a record: queued in KEYS[5] if it is a live hold. Returns {"1"}.
 -- oldest  ARGV[2] costs. Claims, as claim does, the oldest decided live hold of KEYS[5]
---         (among its first QUEUE_LOOK records: a pending one is passed over and stays;
---         one that is no live hold any more leaves the queue). Returns {"0"} for none,
+--         (among its first QUEUE_LOOK records: a pending one, or one past its due not yet
+--         claimed by due, is passed over and stays). Returns {"0"} for none,
 --         else {"1", its key, check, facts, opened, decided, now}.
 
 local index, key, holds = KEYS[1], KEYS[2], KEYS[3]
@@ -121,9 +123,21 @@ local function crowded(most)
   return nil
 end
 
+-- Takes record `k` out of the queue of anonymous holds it is in (its field q), if any.
+local function dequeue(k)
+  if redis.call('TYPE', k).ok == 'hash' then
+    local q = redis.call('HGET', k, 'q')
+    if q then
+      redis.call('ZREM', q, k)
+      redis.call('HDEL', k, 'q')
+    end
+  end
+end
+
 -- Moves record `k` from the live holds to the index, by when its key expires.
 local function unhold(k)
   if redis.call('ZREM', holds, k) == 1 then
+    dequeue(k)
     uncount(k)
     local left = redis.call('PTTL', k)
     if left > 0 then
@@ -182,6 +196,7 @@ elseif op == 'decide' then
   return {'1'}
 elseif op == 'forget' then
   if redis.call('ZREM', holds, key) == 1 then
+    dequeue(key)
     uncount(key)
   end
   redis.call('DEL', key)
@@ -248,8 +263,9 @@ elseif op == 'due' then
   end
   return out
 elseif op == 'queue' then
-  if redis.call('ZSCORE', holds, key) then
+  if redis.call('ZSCORE', holds, key) and not redis.call('HGET', key, 'q') then
     local q = KEYS[5]
+    redis.call('HSET', key, 'q', q)
     redis.call('ZADD', q, 'NX', tonumber(now_us), key)
     local left = redis.call('PTTL', key)
     if left > redis.call('PTTL', q) then

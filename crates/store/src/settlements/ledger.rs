@@ -151,27 +151,25 @@ impl Ledger {
         costs: &[u8],
         now: Nanos,
     ) -> Option<(String, Kept)> {
-        let ids: Vec<Box<str>> = self.queues.get(queue)?.iter().cloned().collect();
-        for id in ids {
-            let Some(r) = self.records.get_mut(&id) else {
-                continue;
-            };
-            // Pending (its Check not decided yet), or past its due (its release's): passed.
-            let State::Decided { at, facts } = &r.state else {
-                continue;
-            };
-            if r.due.is_none_or(|due| due <= now) {
-                continue;
-            }
-            let kept = r.kept(*at, facts, now);
-            r.state = State::Settled {
-                at: *at,
-                facts: facts.clone(),
-                costs: costs.to_vec(),
-            };
-            self.unhold(&id);
-            return Some((id.into_string(), kept));
-        }
-        None
+        // Passed over: a pending one (its Check not decided yet), and one past its due
+        // (its release's).
+        let claimable = |r: &Record| {
+            matches!(r.state, State::Decided { .. }) && r.due.is_some_and(|due| due > now)
+        };
+        let ids = self.queues.get(queue)?;
+        let id = (ids.iter()).find(|id| self.records.get(&***id).is_some_and(claimable))?;
+        let id = id.clone();
+        let r = self.records.get_mut(&id)?;
+        let State::Decided { at, facts } = &r.state else {
+            return None;
+        };
+        let kept = r.kept(*at, facts, now);
+        r.state = State::Settled {
+            at: *at,
+            facts: facts.clone(),
+            costs: costs.to_vec(),
+        };
+        self.unhold(&id);
+        Some((id.into_string(), kept))
     }
 }

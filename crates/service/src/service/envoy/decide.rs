@@ -52,7 +52,7 @@ impl EnvoyRateLimitService {
                     // Descriptors that name one bucket are decided with it, their hits
                     // summed (`CheckOptions::merge_duplicates`), each answering that one
                     // decision.
-                    None if self.holds_some(&table, &request.domain, &batch) => {
+                    None if self.holds_some(&table, &request, &batch) => {
                         // Boxed, as the rare path (`held.rs`).
                         Box::pin(self.decide_held(&table, &request, &batch)).await
                     }

@@ -92,11 +92,13 @@ impl Learned {
         recent[0] = cost;
     }
 
-    /// The largest recent charge, or `first` before any.
-    fn estimate(&self, queue: &str, first: u64) -> u64 {
+    /// The largest recent charge, never less than `floor` (nor before any charge): a
+    /// client whose charges are tiny cannot make the estimate tiny, and so cannot have
+    /// more than `count / floor` streams started at once.
+    fn estimate(&self, queue: &str, floor: u64) -> u64 {
         let charges = self.charges.lock();
         let largest = charges.get(queue).and_then(|r| r.iter().max().copied());
-        largest.filter(|&n| n > 0).unwrap_or(first)
+        largest.unwrap_or(0).max(floor)
     }
 }
 
@@ -113,7 +115,11 @@ impl EnvoyRateLimitService {
     ) -> Option<(Estimate, Nanos, bool, u64)> {
         let (name, configured) = match &item.spec.target {
             Target::Ratelimit(target) => (&*target.name, None),
-            Target::Named { name, .. } => (&**name, table.names().get(name)),
+            // A named limit under a limit the descriptor gave is not held (a kept Check
+            // names configured limits only): decided as without holds.
+            Target::Named { name, .. } if item.spec.limit.is_none() => {
+                (&**name, table.names().get(name))
+            }
             _ => return None,
         };
         let scopes = &self.options.zero_check_holds.scopes;
@@ -131,11 +137,19 @@ impl EnvoyRateLimitService {
         Some((estimate, policy.hold, policy.release, policy.max_share_ppm))
     }
 
-    /// Whether some item of `batch` may be held (the rare path: `decide_held`).
-    pub(super) fn holds_some(&self, table: &LimitTable, domain: &str, batch: &Batch<'_>) -> bool {
+    /// Whether some item of `request`'s `batch` may be held (the rare path:
+    /// `decide_held`). A request that gives hits back (`is_negative_hits`) is decided as
+    /// without holds, its refunds as ever.
+    pub(super) fn holds_some(
+        &self,
+        table: &LimitTable,
+        request: &RateLimitRequest,
+        batch: &Batch<'_>,
+    ) -> bool {
         self.settler.is_some()
             && (!self.options.zero_check_holds.scopes.is_empty() || table.has_zero_checks())
-            && (batch.items.iter()).any(|item| self.hold_of(table, domain, item).is_some())
+            && (batch.items.iter()).any(|item| self.hold_of(table, &request.domain, item).is_some())
+            && !request.descriptors.iter().any(|d| d.is_negative_hits)
     }
 
     /// Decides a batch some of whose items are held: each charge of a held bucket

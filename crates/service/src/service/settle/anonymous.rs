@@ -166,8 +166,9 @@ impl Settler {
     /// A charge of `cost` for the bucket of `queue`: settles its oldest live hold to
     /// `cost`, as a `Settle` of it would (the difference charged or given back); `false`
     /// when it holds none, and the caller charges the cost as it would without holds.
-    /// An error only when no hold could be claimed (the table failed): once one is, the
-    /// charge is its settlement's, made or not.
+    /// An error only when no hold could be claimed (the table failed); `false` too when
+    /// the settlement surely changed nothing (the hold is released at its due); `true`
+    /// once it may have been applied (never made twice).
     pub async fn settle_oldest(
         &self,
         decider: &Decider,
@@ -186,13 +187,18 @@ impl Settler {
                 Ok(true)
             }
             Err(undone) => {
-                // Claimed: its adjustment is made later (reopened, released at its due)
-                // or lost, never made twice, so the charge is not made again either.
                 tracing::warn!(error = %undone.status.message(), "a held charge's settlement failed");
-                if let Some(facts) = &undone.reopen {
-                    self.reopen(&id, facts).await;
+                match &undone.reopen {
+                    // Surely not applied (or only its charge, folded into the facts): the
+                    // hold is live again and released at its due by what it holds, and
+                    // the caller charges the cost in full.
+                    Some(facts) => {
+                        self.reopen(&id, facts).await;
+                        Ok(false)
+                    }
+                    // Perhaps applied: never made twice, so the charge is not made either.
+                    None => Ok(true),
                 }
-                Ok(true)
             }
         }
     }
