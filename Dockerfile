@@ -20,25 +20,28 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
 # The other crates of the workspace, by their manifests (cargo loads every member): the
 # floors (crates/: core, observe, limits, store, service, whose build script compiles
-# proto/) and the tests' harness (tests/support, never built here).
+# proto/), the Redis module (crates/module) and the tests' harness (tests/support), the
+# last two never built here.
 COPY crates/core/Cargo.toml ./crates/core/
 COPY crates/observe/Cargo.toml ./crates/observe/
 COPY crates/limits/Cargo.toml ./crates/limits/
 COPY crates/store/Cargo.toml ./crates/store/
 COPY crates/service/Cargo.toml crates/service/build.rs ./crates/service/
+COPY crates/module/Cargo.toml ./crates/module/
 COPY tests/support/Cargo.toml ./tests/support/
 # Every target Cargo.toml names must exist for cargo to load the manifest: stubs (a test
 # keeps this list equal to the workspace's targets).
 RUN mkdir -p src benches/grpc crates/core/src crates/observe/src crates/limits/src \
-       crates/store/src crates/service/src tests/support/src \
+       crates/store/src crates/service/src crates/module/src tests/support/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs crates/limits/src/lib.rs \
-       crates/store/src/lib.rs crates/service/src/lib.rs tests/support/src/lib.rs \
+       crates/store/src/lib.rs crates/service/src/lib.rs crates/module/src/lib.rs \
+       tests/support/src/lib.rs \
        benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs benches/new_paths.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && rm -rf src benches crates/core/src crates/observe/src crates/limits/src crates/store/src \
-       crates/service/src
+       crates/service/src crates/module/src
 COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
@@ -46,6 +49,7 @@ COPY benches ./benches
 COPY config ./config
 RUN touch src/main.rs src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs \
        crates/limits/src/lib.rs crates/store/src/lib.rs crates/service/src/lib.rs \
+       crates/module/src/lib.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && cp "target/$PROFILE/cellrate" cellrate
 

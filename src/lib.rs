@@ -65,8 +65,8 @@
 //! server/tasks.rs                  background tasks: sweeper, override copy, RESP accept loop
 //! server/shutdown.rs               SIGINT or SIGTERM, as a future
 //!
-//! crates/core/                     gcra/, clock.rs, text.rs: the crate cellrate-core,
-//!                                  re-exported here at the same paths
+//! crates/core/                     gcra/, clock.rs, text.rs, cell.rs: the crate
+//!                                  cellrate-core, re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
 //!                                  pure configuration
 //! crates/observe/                  the crate cellrate-observe, re-exported as observe/:
@@ -75,6 +75,9 @@
 //!                                  buckets live
 //! crates/service/                  the crate cellrate-service, re-exported as service/,
 //!                                  resp/, grpc/ and proto: the APIs over one Decider
+//! crates/module/                   the crate cellrate-redis-module: CL.THROTTLE and
+//!                                  RL.THROTTLE inside Redis and Valkey, from the core
+//!                                  (not a default member: its build needs libclang)
 //!
 //! fuzzing/mod.rs                   fuzz harnesses (feature `fuzzing`)
 //! fuzzing/framing.rs               the gRPC framing compared, by hand and by tonic
@@ -94,7 +97,7 @@ pub mod fuzzing;
 pub mod server;
 
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
-pub use cellrate_core::{clock, gcra, text};
+pub use cellrate_core::{cell, clock, gcra, text};
 pub use cellrate_limits as limits;
 pub use cellrate_observe as observe;
 pub use cellrate_service::{grpc, proto, resp, service};

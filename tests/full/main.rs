@@ -37,6 +37,7 @@ mod readme_tools;
 mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_leases;
+mod redis_module;
 #[cfg(feature = "redis")]
 mod redis_readonly;
 #[cfg(feature = "redis")]

@@ -227,7 +227,7 @@ fn run(seed: u64, steps: usize, cell: &mut RespClient, ours: &mut RespClient) ->
 
 /// Runs the seeds and checks the tally: identical but for at most 1 % of edge steps, and
 /// the sequences really exercised allowing, limiting and errors.
-fn differential(seeds: &[u64], steps: usize, cell_addr: &str, ours_addr: &str) {
+pub(crate) fn differential(seeds: &[u64], steps: usize, cell_addr: &str, ours_addr: &str) {
     let mut cell = RespClient::connect(cell_addr);
     let mut ours = RespClient::connect(ours_addr);
     let mut total = Tally::default();

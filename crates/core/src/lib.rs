@@ -10,6 +10,8 @@
 //! - [`clock`]: [`clock::Nanos`], the [`clock::Clock`] decisions read (the only OS clock
 //!   read of the project), calendar windows in UTC and in IANA zones.
 //! - [`text`]: caller text cut for logs and errors, and a throttle for log lines.
+//! - [`cell`]: redis-cell's `CL.THROTTLE`, its five numbers from a GCRA spend (the RESP
+//!   listener and the Redis module answer it).
 //!
 //! ```
 //! use cellrate_core::clock::SECOND;
@@ -44,8 +46,10 @@
 //! clock.rs               Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
 //! clock/zoned.rs         days, weeks, months, years in an IANA zone
 //! text.rs                caller text cut for logs and errors; log lines throttled
+//! cell.rs                redis-cell's CL.THROTTLE: its five numbers from cellrate's GCRA
 //! ```
 
+pub mod cell;
 pub mod clock;
 pub mod gcra;
 pub mod text;

@@ -398,6 +398,7 @@ pub mod ratelimit_answers;
 pub mod ratelimit_format;
 pub mod readme;
 pub mod redis_cell;
+pub mod redis_module;
 pub mod redis_server;
 pub mod release_sweep;
 pub mod reservations;

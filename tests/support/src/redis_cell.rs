@@ -92,7 +92,7 @@ fn build() -> Result<PathBuf, String> {
 }
 
 /// Runs `command` to its end within [`BUILD_TIMEOUT`]; its stdout, or why it failed.
-fn run(command: &mut Command) -> Result<String, String> {
+pub(crate) fn run(command: &mut Command) -> Result<String, String> {
     let described = format!("{command:?}");
     let mut child = command
         .stdout(Stdio::piped())

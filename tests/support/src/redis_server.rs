@@ -94,6 +94,11 @@ impl RedisServer {
         RedisServer::start_program(valkey(), false, &[])
     }
 
+    /// A standalone Valkey server with more arguments (`--loadmodule PATH`).
+    pub fn start_valkey_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_program(valkey(), false, extra)
+    }
+
     fn start_with(cluster: bool, extra: &[&str]) -> RedisServer {
         RedisServer::start_program("redis-server".into(), cluster, extra)
     }

@@ -10,7 +10,7 @@ use super::command::{Command, Flow, COMMANDS};
 use super::gcra;
 use super::protocol::Replies;
 use super::server::{Connection, RespServer};
-use super::throttle::{reply, Cell, CellError, Spend};
+use super::throttle::{reply, Cell, CellError, Spend, USAGE};
 use cellrate_core::gcra::{Decision, Mode};
 use cellrate_limits::names::BucketKey;
 use cellrate_store::StoreItem;
@@ -24,10 +24,6 @@ pub const LOADING: &str = "LOADING waiting for the first xDS update: no limits i
 
 /// The longest client name (`CLIENT SETNAME`, `HELLO ... SETNAME`) or library attribute.
 pub const MAX_CLIENT_NAME: usize = 256;
-
-/// redis-cell's usage error, word for word.
-const THROTTLE_USAGE: &str =
-    "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]";
 
 /// A command's failure: the error reply's text (its code first), and whether the
 /// connection ends.
@@ -135,25 +131,10 @@ impl RespServer {
     /// `CL.THROTTLE key max_burst count period [quantity]`: the five numbers.
     pub(super) async fn throttle(&self, args: &[Bytes]) -> Result<[i64; 5], Failure> {
         if args.len() != 5 && args.len() != 6 {
-            return Err(fail(THROTTLE_USAGE));
+            return Err(fail(USAGE));
         }
-        let integer = |arg: &Bytes| {
-            std::str::from_utf8(arg)
-                .ok()
-                .and_then(|text| text.parse::<i64>().ok())
-                .ok_or_else(|| {
-                    fail(format!(
-                        "Cell error: Couldn't parse as integer: {}",
-                        String::from_utf8_lossy(arg)
-                    ))
-                })
-        };
-        let cell = Cell {
-            max_burst: integer(&args[2])?,
-            count: integer(&args[3])?,
-            period: integer(&args[4])?,
-            quantity: args.get(5).map_or(Ok(1), integer)?,
-        };
+        let numbers: Vec<&[u8]> = args[2..].iter().map(|a| &a[..]).collect();
+        let cell = Cell::parse(&numbers).map_err(fail)?;
         let key = key_text(&args[1], "Cell error:")?;
         let spend = cell
             .spend()

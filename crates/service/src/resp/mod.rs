@@ -20,6 +20,7 @@ pub mod gcra;
 pub mod lockout;
 pub mod protocol;
 pub mod server;
-pub mod throttle;
+/// redis-cell's numbers: the core's, which the Redis module answers with too.
+pub use cellrate_core::cell as throttle;
 
 pub use server::{RespServer, RespSettings};

@@ -14,8 +14,8 @@
 //!   one interval, else 0;
 //! - both times are replied in whole seconds truncated toward zero.
 //!
-//! cellrate decides a call with its own GCRA ([`cellrate_core::gcra::spend`], in its stores, so that
-//! the Redis store shares the state between replicas): a limit of burst `max_burst + 1`
+//! cellrate decides a call with its own GCRA ([`crate::gcra::spend`], in its stores, so that
+//! the Redis store shares the state between replicas, and in its Redis module): a limit of burst `max_burst + 1`
 //! and one token per emission interval has redis-cell's tolerance, its cost is redis-cell's
 //! increment, and the two decide `allowed` by the same inequality. [`reply`] then turns the
 //! decision into redis-cell's five numbers. (A stored TAT already in the past counts as
@@ -27,17 +27,63 @@
 //! answers an error), products that overflow 64 bits (redis-cell wraps them around), and
 //! more than one token per nanosecond (redis-cell's interval would be 0).
 
-use cellrate_core::clock::{Nanos, MICROSECOND, SECOND};
-use cellrate_core::gcra::{Decision, Limit, LimitError};
+use crate::clock::{Nanos, MICROSECOND, SECOND};
+use crate::gcra::{Decision, Limit, LimitError};
 
 /// The parameters of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cell {
+    /// Tokens beyond the first that may be taken at once.
     pub max_burst: i64,
+    /// Tokens per period.
     pub count: i64,
     /// Seconds.
     pub period: i64,
+    /// Tokens this call takes (0: a peek).
     pub quantity: i64,
+}
+
+/// redis-cell's usage error, word for word.
+pub const USAGE: &str =
+    "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]";
+
+impl Cell {
+    /// The numbers of `CL.THROTTLE key max_burst count period [quantity]`: `numbers` are
+    /// the arguments after the key (3 or 4 of them, else [`USAGE`]), each a decimal
+    /// integer, with redis-cell's error word for word when one is not.
+    ///
+    /// ```
+    /// use cellrate_core::cell::{Cell, USAGE};
+    /// let cell = Cell::parse(&[b"15", b"30", b"60"]).unwrap();
+    /// assert_eq!((cell.max_burst, cell.quantity), (15, 1));
+    /// assert_eq!(
+    ///     Cell::parse(&[b"15", b"x", b"60"]).unwrap_err(),
+    ///     "Cell error: Couldn't parse as integer: x"
+    /// );
+    /// assert_eq!(Cell::parse(&[b"15"]).unwrap_err(), USAGE);
+    /// ```
+    pub fn parse(numbers: &[&[u8]]) -> Result<Cell, String> {
+        if numbers.len() != 3 && numbers.len() != 4 {
+            return Err(USAGE.to_string());
+        }
+        let integer = |arg: &[u8]| {
+            std::str::from_utf8(arg)
+                .ok()
+                .and_then(|text| text.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    format!(
+                        "Cell error: Couldn't parse as integer: {}",
+                        String::from_utf8_lossy(arg)
+                    )
+                })
+        };
+        Ok(Cell {
+            max_burst: integer(numbers[0])?,
+            count: integer(numbers[1])?,
+            period: integer(numbers[2])?,
+            quantity: numbers.get(3).map_or(Ok(1), |n| integer(n))?,
+        })
+    }
 }
 
 /// A call as cellrate's stores decide it.
@@ -52,12 +98,16 @@ pub struct Spend {
 /// Why a call cannot be decided.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CellError {
+    /// A zero or negative count or period.
     #[error("count per period and period must be positive")]
     Rate,
+    /// A negative burst or quantity.
     #[error("max_burst and quantity must not be negative")]
     Negative,
+    /// More than one token a nanosecond.
     #[error("count per period is above one per nanosecond")]
     TooFast,
+    /// Products past 64-bit nanoseconds.
     #[error("arguments too large: their products overflow 64-bit nanoseconds")]
     Overflow,
 }
@@ -128,7 +178,7 @@ pub fn throttle(
     now: Nanos,
 ) -> Result<([i64; 5], Option<Nanos>), CellError> {
     let spend = cell.spend()?;
-    let (decision, write) = cellrate_core::gcra::spend(&spend.limit, now, tat, spend.cost);
+    let (decision, write) = crate::gcra::spend(&spend.limit, now, tat, spend.cost);
     Ok((reply(&spend, &decision), write))
 }
 

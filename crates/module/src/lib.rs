@@ -1,0 +1,122 @@
+//! cellrate's Redis and Valkey module: rate-limit commands decided inside the server by
+//! cellrate's core ([`cellrate_core`]), with no script and no round trip per decision.
+//!
+//! - `CL.THROTTLE key max_burst count period [quantity]`: redis-cell 0.2.2's command and
+//!   its five numbers ([`cellrate_core::cell`], the arithmetic cellrate's Redis-protocol
+//!   listener answers with). A bucket is stored as redis-cell stores it (the theoretical
+//!   arrival time in Unix nanoseconds, as decimal text, expiring when the bucket is full
+//!   again), so a deployment moves between redis-cell and this module without losing one.
+//! - `RL.THROTTLE`: the same arguments, bucket and numbers, with Valkey's `ERR` errors
+//!   (valkey-io/valkey#4081's proposal), as the listener answers it.
+//!
+//! A command's writes are replicated as their effect (`SET key tat PX ms`), never as the
+//! command: a replica, or an AOF replayed later, reads another clock.
+//!
+//! Bad input gets an error and changes nothing: a wrong number of arguments, a number that
+//! is not an integer or that redis-cell would compute nonsense with ([`CellError`]), a key
+//! of another type (WRONGTYPE), a value that is no bucket.
+//!
+//! # Layout
+//!
+//! ```text
+//! lib.rs                 the commands, and the module's registration
+//! ```
+
+use std::time::Duration;
+
+use cellrate_core::cell::{throttle, Cell, CellError, USAGE};
+use cellrate_core::clock::{Clock, Nanos, SystemClock, MICROSECOND};
+use redis_module::KeyType;
+use redis_module::{redis_module, Context, RedisError, RedisResult, RedisString, RedisValue};
+
+/// The time now in Unix nanoseconds, read as redis-cell reads it (the server's wall clock),
+/// through the core's one clock.
+fn now() -> Nanos {
+    SystemClock.now()
+}
+
+/// Which command's errors: redis-cell's (`Cell error: ...`) or Valkey's (`ERR ...`).
+#[derive(Clone, Copy)]
+enum Errors {
+    Cell,
+    Valkey,
+}
+
+impl Errors {
+    fn error(self, text: &str) -> RedisError {
+        match (self, text.strip_prefix("Cell error: ")) {
+            (Errors::Valkey, Some(rest)) => RedisError::String(format!("ERR {rest}")),
+            _ => RedisError::String(text.to_string()),
+        }
+    }
+}
+
+/// A stored bucket: redis-cell's decimal nanoseconds.
+fn stored(value: &[u8]) -> Option<Nanos> {
+    std::str::from_utf8(value).ok()?.parse::<Nanos>().ok()
+}
+
+/// `CL.THROTTLE` or `RL.THROTTLE`: decides the call on its key and answers the five
+/// numbers; a spend writes the new arrival time, expiring when the bucket is full again.
+fn decide(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
+    if args.len() != 5 && args.len() != 6 {
+        return Err(match errors {
+            Errors::Cell => RedisError::String(USAGE.to_string()),
+            Errors::Valkey => RedisError::WrongArity,
+        });
+    }
+    let numbers: Vec<&[u8]> = args[2..].iter().map(|a| a.as_slice()).collect();
+    let cell = Cell::parse(&numbers).map_err(|e| errors.error(&e))?;
+    let key_name = &args[1];
+    let key = ctx.open_key_writable(key_name);
+    let tat = match key.key_type() {
+        KeyType::Empty => None,
+        KeyType::String => {
+            let value = ctx.open_key(key_name).read()?.map(<[u8]>::to_vec);
+            match value.as_deref().map(stored) {
+                Some(Some(tat)) => Some(tat),
+                _ => return Err(errors.error("Cell error: the key holds no rate-limit bucket")),
+            }
+        }
+        _ => return Err(RedisError::WrongType),
+    };
+    let now = now();
+    let (reply, write) = throttle(&cell, tat, now)
+        .map_err(|e: CellError| errors.error(&format!("Cell error: {e}")))?;
+    if let Some(tat) = write {
+        // Until the bucket is full again, in whole milliseconds rounded up (at least 1).
+        let millisecond = 1_000 * MICROSECOND;
+        let ms = (tat.saturating_sub(now) + millisecond - 1) / millisecond;
+        let ms = ms.max(1);
+        let text = tat.to_string();
+        key.write(&text)?;
+        key.set_expire(Duration::from_millis(ms as u64))?;
+        let ms = ms.to_string();
+        ctx.replicate(
+            "SET",
+            &[key_name.as_slice(), text.as_bytes(), b"PX", ms.as_bytes()][..],
+        );
+    }
+    Ok(RedisValue::Array(
+        reply.iter().map(|&n| RedisValue::Integer(n)).collect(),
+    ))
+}
+
+fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    decide(ctx, &args, Errors::Cell)
+}
+
+fn rl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    decide(ctx, &args, Errors::Valkey)
+}
+
+redis_module! {
+    name: "cellrate",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [],
+    commands: [
+        ["CL.THROTTLE", cl_throttle, "write deny-oom fast", 1, 1, 1, ""],
+        ["RL.THROTTLE", rl_throttle, "write deny-oom fast", 1, 1, 1, ""],
+    ],
+}
