@@ -65,8 +65,8 @@
 //! server/tasks.rs                  background tasks: sweeper, override copy, RESP accept loop
 //! server/shutdown.rs               SIGINT or SIGTERM, as a future
 //!
-//! crates/core/                     gcra/, clock.rs, text.rs, cell.rs: the crate
-//!                                  cellrate-core, re-exported here at the same paths
+//! crates/core/                     gcra/, clock.rs, text.rs, cell.rs, redis_gcra.rs: the
+//!                                  crate cellrate-core, re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:
 //!                                  pure configuration
 //! crates/observe/                  the crate cellrate-observe, re-exported as observe/:
@@ -97,7 +97,7 @@ pub mod fuzzing;
 pub mod server;
 
 /// The floor, from `cellrate-core` (crates/core), at the paths the code has always used.
-pub use cellrate_core::{cell, clock, gcra, text};
+pub use cellrate_core::{cell, clock, gcra, redis_gcra, text};
 pub use cellrate_limits as limits;
 pub use cellrate_observe as observe;
 pub use cellrate_service::{grpc, proto, resp, service};

@@ -3,7 +3,8 @@
 //! redis-cell 0.2.2 does (all five numbers and every error's text, with the differential's
 //! stated tolerance for the two servers' clocks), a bucket moves between redis-cell and the
 //! module both ways without losing a token, `RL.THROTTLE` answers the same numbers with
-//! Valkey's errors, and a hostile caller gets an error and changes nothing.
+//! Valkey's errors, `GCRA` Redis 8.8's on the same bucket, and a hostile caller gets an
+//! error and changes nothing.
 
 use crate::common::redis_cell::redis_with_cell;
 use crate::common::redis_module::{redis_with_module, valkey_with_module};
@@ -86,6 +87,32 @@ fn rl_throttle_answers_cl_throttles_numbers_with_valkeys_errors() {
         panic!("an error expected");
     };
     assert!(e.contains("wrong number of arguments"), "{e}");
+}
+
+/// `GCRA`: Redis 8.8's numbers (its documented example: 5 burst, 10 per 60 s), on the
+/// bucket `CL.THROTTLE` of the same key uses, in redis-server (which has no `GCRA` of its
+/// own before 8.8) and Valkey.
+#[test]
+fn gcra_answers_redis_numbers_on_the_cl_throttle_bucket() {
+    for module in [redis_with_module(), valkey_with_module()] {
+        let mut m = RespClient::connect(&addr(&module));
+        let first = m.call(&["GCRA", "k", "5", "10", "60"]).integers();
+        assert_eq!(first, [0, 6, 5, -1, 6]);
+        for _ in 0..5 {
+            m.call(&["GCRA", "k", "5", "10", "60"]);
+        }
+        let limited = m.call(&["GCRA", "k", "5", "10", "60"]).integers();
+        assert_eq!(limited[..3], [1, 6, 0]);
+        // CL.THROTTLE of the same numbers (max_burst 5, 10 per 60 s) reads the same bucket.
+        let cell = m
+            .call(&["CL.THROTTLE", "k", "5", "10", "60", "0"])
+            .integers();
+        assert_eq!(cell[..3], [0, 6, 0]);
+        let Reply::Error(e) = m.call(&["GCRA", "k", "5", "10", "0"]) else {
+            panic!("an error expected");
+        };
+        assert_eq!(e, "ERR period must be > 0 and < 1e12");
+    }
 }
 
 /// The attacker: a wrong arity, numbers that are no integers or that would overflow or

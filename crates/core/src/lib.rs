@@ -11,7 +11,7 @@
 //!   read of the project), calendar windows in UTC and in IANA zones.
 //! - [`text`]: caller text cut for logs and errors, and a throttle for log lines.
 //! - [`cell`]: redis-cell's `CL.THROTTLE`, its five numbers from a GCRA spend (the RESP
-//!   listener and the Redis module answer it).
+//!   listener and the Redis module answer it); [`redis_gcra`]: Redis 8.8's `GCRA`, the same.
 //!
 //! ```
 //! use cellrate_core::clock::SECOND;
@@ -47,9 +47,11 @@
 //! clock/zoned.rs         days, weeks, months, years in an IANA zone
 //! text.rs                caller text cut for logs and errors; log lines throttled
 //! cell.rs                redis-cell's CL.THROTTLE: its five numbers from cellrate's GCRA
+//! redis_gcra.rs          Redis 8.8's GCRA command: its arguments and five numbers
 //! ```
 
 pub mod cell;
 pub mod clock;
 pub mod gcra;
+pub mod redis_gcra;
 pub mod text;

@@ -8,6 +8,9 @@
 //!   again), so a deployment moves between redis-cell and this module without losing one.
 //! - `RL.THROTTLE`: the same arguments, bucket and numbers, with Valkey's `ERR` errors
 //!   (valkey-io/valkey#4081's proposal), as the listener answers it.
+//! - `GCRA key max_burst tokens_per_period period [TOKENS count]`: Redis 8.8's command
+//!   ([`cellrate_core::redis_gcra`]), on the bucket `CL.THROTTLE` of the same key uses (on
+//!   a server that has its own `GCRA`, loading the module fails: one or the other).
 //!
 //! A command's writes are replicated as their effect (`SET key tat PX ms`), never as the
 //! command: a replica, or an AOF replayed later, reads another clock.
@@ -24,8 +27,10 @@
 
 use std::time::Duration;
 
-use cellrate_core::cell::{throttle, Cell, CellError, USAGE};
+use cellrate_core::cell::{self, Cell, CellError, Spend, USAGE};
 use cellrate_core::clock::{Clock, Nanos, SystemClock, MICROSECOND};
+use cellrate_core::gcra::Decision;
+use cellrate_core::redis_gcra;
 use redis_module::KeyType;
 use redis_module::{redis_module, Context, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -56,18 +61,14 @@ fn stored(value: &[u8]) -> Option<Nanos> {
     std::str::from_utf8(value).ok()?.parse::<Nanos>().ok()
 }
 
-/// `CL.THROTTLE` or `RL.THROTTLE`: decides the call on its key and answers the five
-/// numbers; a spend writes the new arrival time, expiring when the bucket is full again.
-fn decide(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
-    if args.len() != 5 && args.len() != 6 {
-        return Err(match errors {
-            Errors::Cell => RedisError::String(USAGE.to_string()),
-            Errors::Valkey => RedisError::WrongArity,
-        });
-    }
-    let numbers: Vec<&[u8]> = args[2..].iter().map(|a| a.as_slice()).collect();
-    let cell = Cell::parse(&numbers).map_err(|e| errors.error(&e))?;
-    let key_name = &args[1];
+/// Decides `spend` on the bucket at `key_name` (a spend writes the new arrival time,
+/// expiring when the bucket is full again); errors in the caller's words (`errors`).
+fn spend_on(
+    ctx: &Context,
+    key_name: &RedisString,
+    spend: &Spend,
+    errors: Errors,
+) -> Result<Decision, RedisError> {
     let key = ctx.open_key_writable(key_name);
     let tat = match key.key_type() {
         KeyType::Empty => None,
@@ -81,13 +82,11 @@ fn decide(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
         _ => return Err(RedisError::WrongType),
     };
     let now = now();
-    let (reply, write) = throttle(&cell, tat, now)
-        .map_err(|e: CellError| errors.error(&format!("Cell error: {e}")))?;
+    let (decision, write) = cellrate_core::gcra::spend(&spend.limit, now, tat, spend.cost);
     if let Some(tat) = write {
         // Until the bucket is full again, in whole milliseconds rounded up (at least 1).
         let millisecond = 1_000 * MICROSECOND;
-        let ms = (tat.saturating_sub(now) + millisecond - 1) / millisecond;
-        let ms = ms.max(1);
+        let ms = ((tat.saturating_sub(now) + millisecond - 1) / millisecond).max(1);
         let text = tat.to_string();
         key.write(&text)?;
         key.set_expire(Duration::from_millis(ms as u64))?;
@@ -97,17 +96,44 @@ fn decide(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
             &[key_name.as_slice(), text.as_bytes(), b"PX", ms.as_bytes()][..],
         );
     }
-    Ok(RedisValue::Array(
-        reply.iter().map(|&n| RedisValue::Integer(n)).collect(),
-    ))
+    Ok(decision)
+}
+
+fn integers(numbers: &[i64; 5]) -> RedisValue {
+    RedisValue::Array(numbers.iter().map(|&n| RedisValue::Integer(n)).collect())
+}
+
+/// `CL.THROTTLE` or `RL.THROTTLE`: the five numbers of redis-cell.
+fn throttle(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
+    if args.len() != 5 && args.len() != 6 {
+        return Err(match errors {
+            Errors::Cell => RedisError::String(USAGE.to_string()),
+            Errors::Valkey => RedisError::WrongArity,
+        });
+    }
+    let numbers: Vec<&[u8]> = args[2..].iter().map(|a| a.as_slice()).collect();
+    let cell = Cell::parse(&numbers).map_err(|e| errors.error(&e))?;
+    let spend = (cell.spend()).map_err(|e: CellError| errors.error(&format!("Cell error: {e}")))?;
+    let decision = spend_on(ctx, &args[1], &spend, errors)?;
+    Ok(integers(&cell::reply(&spend, &decision)))
 }
 
 fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    decide(ctx, &args, Errors::Cell)
+    throttle(ctx, &args, Errors::Cell)
 }
 
 fn rl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    decide(ctx, &args, Errors::Valkey)
+    throttle(ctx, &args, Errors::Valkey)
+}
+
+/// `GCRA key max_burst tokens_per_period period [TOKENS count]`: Redis 8.8's numbers, on
+/// the bucket `CL.THROTTLE` of the same key uses.
+fn gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let raw: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let call = redis_gcra::parse(&raw).map_err(RedisError::String)?;
+    let spend = call.spend().map_err(RedisError::String)?;
+    let decision = spend_on(ctx, &args[1], &spend, Errors::Valkey)?;
+    Ok(integers(&redis_gcra::reply(&spend, &decision)))
 }
 
 redis_module! {
@@ -118,5 +144,6 @@ redis_module! {
     commands: [
         ["CL.THROTTLE", cl_throttle, "write deny-oom fast", 1, 1, 1, ""],
         ["RL.THROTTLE", rl_throttle, "write deny-oom fast", 1, 1, 1, ""],
+        ["GCRA", gcra, "write deny-oom fast", 1, 1, 1, ""],
     ],
 }

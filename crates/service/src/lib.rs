@@ -74,7 +74,6 @@
 //! resp/commands.rs                 their dispatch
 //! resp/auth.rs                     HELLO and AUTH
 //! resp/lockout.rs                  wrong AUTH tokens counted per address
-//! resp/gcra.rs                     Redis 8.8's GCRA command
 //!
 //! grpc/                            gRPC as served (beside service/)
 //! grpc/mod.rs                      the route table: every RPC's path, label and kind, once;

@@ -16,7 +16,8 @@
 pub mod auth;
 pub mod command;
 pub mod commands;
-pub mod gcra;
+/// Redis 8.8's `GCRA`: the core's, which the Redis module answers with too.
+pub use cellrate_core::redis_gcra as gcra;
 pub mod lockout;
 pub mod protocol;
 pub mod server;

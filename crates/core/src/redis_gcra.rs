@@ -15,25 +15,27 @@
 //!   whole seconds (-1 when allowed, and when the cost is above the whole burst),
 //!   `full_burst_after` the time to a full bucket rounded up to whole seconds.
 //!
-//! cellrate decides the call with its own GCRA in its store, on the same bucket a
+//! cellrate decides the call with its own GCRA in its store (or inside Redis, in its module), on the same bucket a
 //! `CL.THROTTLE` of the same key uses (a limit of burst `max_burst + 1`, one token per
 //! interval, the interval in whole microseconds as nanoseconds), and [`reply`] turns the
 //! decision into those numbers. Redis reads its clock in milliseconds; cellrate reads it in
 //! nanoseconds, so a wait that Redis rounds up from a whole millisecond may read one second
 //! more or less here only when it falls within a millisecond of a whole second.
 
-use cellrate_core::clock::{MICROSECOND, SECOND};
-use cellrate_core::gcra::{Decision, Limit};
-
-use super::throttle::Spend;
+use crate::cell::Spend;
+use crate::clock::{MICROSECOND, SECOND};
+use crate::gcra::{Decision, Limit};
 
 /// The parameters of one `GCRA` call, as given.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GcraCall {
+    /// Tokens beyond the first that may be taken at once.
     pub max_burst: i64,
+    /// Tokens per period.
     pub tokens_per_period: i64,
     /// Seconds.
     pub period: f64,
+    /// Tokens this call takes (`TOKENS count`; 0: a peek).
     pub tokens: i64,
 }
 
@@ -150,7 +152,7 @@ pub fn reply(spend: &Spend, decision: &Decision) -> [i64; 5] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellrate_core::clock::Nanos;
+    use crate::clock::Nanos;
 
     const NOW: Nanos = 1_700_000_000 * SECOND;
 
@@ -160,7 +162,7 @@ mod tests {
         now: Nanos,
     ) -> Result<([i64; 5], Option<Nanos>), String> {
         let spend = parse(args)?.spend()?;
-        let (decision, write) = cellrate_core::gcra::spend(&spend.limit, now, tat, spend.cost);
+        let (decision, write) = crate::gcra::spend(&spend.limit, now, tat, spend.cost);
         Ok((reply(&spend, &decision), write))
     }
 
