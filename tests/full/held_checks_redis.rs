@@ -12,9 +12,8 @@ use crate::common::held::{held, holds_keep_the_budget, limits, start_many};
 use crate::common::redis_server::{RedisCluster, RedisServer};
 use crate::common::reservations::eventually;
 use crate::common::{http_get_async, Served};
-use cellrate::server::{Settings, StoreSettings};
+use cellrate::server::Settings;
 use cellrate::service::envoy::Estimate;
-use cellrate::store::redis::RedisSettings;
 
 const HOLDS: &str = "cellrate:{settle}:holds";
 
@@ -113,17 +112,7 @@ async fn holds_are_exact_across_replicas_on_valkey() {
 #[tokio::test]
 async fn holds_are_exact_across_replicas_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let settings = Settings {
-        store: StoreSettings::Redis {
-            settings: Box::new(RedisSettings {
-                cluster_nodes: cluster.urls(),
-                timeout: Duration::from_millis(500),
-                ..RedisSettings::default()
-            }),
-            required_for_ready: false,
-        },
-        ..Settings::default()
-    };
+    let settings = cluster.settings();
     let node = &cluster.nodes[cluster.node_of_slot(cellrate::store::redis::slot(HOLDS))];
     held_across_replicas(settings, node).await;
 }

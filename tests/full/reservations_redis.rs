@@ -12,8 +12,7 @@ use crate::common::reservations::{eventually, hold, holds, limits};
 use crate::common::settle::settle;
 use crate::common::{http_get_async, remaining, Served};
 use cellrate::limits::config::LimitTable;
-use cellrate::server::{Settings, StoreSettings};
-use cellrate::store::redis::RedisSettings;
+use cellrate::server::Settings;
 use tonic::Code;
 
 const HOLDS: &str = "cellrate:{settle}:holds";
@@ -144,17 +143,7 @@ async fn a_hold_is_released_once_across_replicas_on_valkey() {
 #[tokio::test]
 async fn a_hold_is_released_once_across_replicas_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let settings = Settings {
-        store: StoreSettings::Redis {
-            settings: Box::new(RedisSettings {
-                cluster_nodes: cluster.urls(),
-                timeout: Duration::from_millis(500),
-                ..RedisSettings::default()
-            }),
-            required_for_ready: false,
-        },
-        ..Settings::default()
-    };
+    let settings = cluster.settings();
     let node = &cluster.nodes[cluster.node_of_slot(cellrate::store::redis::slot(HOLDS))];
     release_once_across_replicas(settings, node).await;
 }
@@ -288,17 +277,7 @@ async fn on_redis_one_tenant_gets_its_share_of_holds_across_replicas() {
 #[tokio::test]
 async fn on_a_redis_cluster_one_tenant_gets_its_share_of_holds_across_replicas() {
     let cluster = RedisCluster::start();
-    let settings = Settings {
-        store: StoreSettings::Redis {
-            settings: Box::new(RedisSettings {
-                cluster_nodes: cluster.urls(),
-                timeout: Duration::from_millis(500),
-                ..RedisSettings::default()
-            }),
-            required_for_ready: false,
-        },
-        ..Settings::default()
-    };
+    let settings = cluster.settings();
     let node = &cluster.nodes[cluster.node_of_slot(cellrate::store::redis::slot(HOLDS))];
     one_tenant_gets_its_share_across_replicas(settings, node).await;
 }

@@ -271,6 +271,21 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// Settings of a Redis store over this cluster (a 500 ms deadline).
+    pub fn settings(&self) -> cellrate::server::Settings {
+        cellrate::server::Settings {
+            store: cellrate::server::StoreSettings::Redis {
+                settings: Box::new(cellrate::store::redis::RedisSettings {
+                    cluster_nodes: self.urls(),
+                    timeout: Duration::from_millis(500),
+                    ..cellrate::store::redis::RedisSettings::default()
+                }),
+                required_for_ready: false,
+            },
+            ..cellrate::server::Settings::default()
+        }
+    }
+
     pub fn start() -> RedisCluster {
         RedisCluster::start_program("redis-server".into())
     }
