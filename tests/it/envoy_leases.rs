@@ -61,12 +61,12 @@ fn with_a_rate_and_policy(policy: Option<&str>) -> LimitTable {
 }
 
 /// The descriptor Envoy builds from the example's actions.
-fn lease(tenant: &str, id: &str) -> RateLimitDescriptor {
+pub(crate) fn lease(tenant: &str, id: &str) -> RateLimitDescriptor {
     descriptor(&[("tenant", tenant), ("lease", id)])
 }
 
 /// The same at stream done: `hits_addend: {number: 1, is_negative_hits: true}`.
-fn release(tenant: &str, id: &str) -> RateLimitDescriptor {
+pub(crate) fn release(tenant: &str, id: &str) -> RateLimitDescriptor {
     RateLimitDescriptor {
         hits_addend: Some(UInt64Value { value: 1 }),
         is_negative_hits: true,

@@ -11,7 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::common::settle::settle;
-use crate::common::{descriptor, item, nanos, Served, T0};
+use crate::common::{item, nanos, Served, T0};
+use crate::envoy_leases::{lease, release};
 use cellrate::clock::{FakeClock, Nanos, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::config::LimitTable;
@@ -21,7 +22,6 @@ use cellrate::store::MemoryStore;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 
 const OVER: i32 = Code::OverLimit as i32;
 
@@ -29,18 +29,6 @@ const OVER: i32 = Code::OverLimit as i32;
 fn leases_example() -> LimitTable {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/concurrency/limits");
     LimitTable::load_dir(&dir).expect("the example loads")
-}
-
-fn lease(tenant: &str, id: &str) -> RateLimitDescriptor {
-    descriptor(&[("tenant", tenant), ("lease", id)])
-}
-
-fn release(tenant: &str, id: &str) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        hits_addend: Some(UInt64Value { value: 1 }),
-        is_negative_hits: true,
-        ..lease(tenant, id)
-    }
 }
 
 async fn ask(s: &mut Served, descriptors: Vec<RateLimitDescriptor>) -> RateLimitResponse {
