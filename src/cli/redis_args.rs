@@ -106,6 +106,16 @@ pub struct RedisArgs {
     )]
     pub redis_clock: crate::store::redis::RedisClock,
 
+    /// Whether batches are decided by cellrate's module in Redis (CELLRATE.BATCH) or by
+    /// the script: auto uses the module when the server has it (asked at start).
+    #[arg(
+        long,
+        env = "CELLRATE_REDIS_MODULE",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub redis_module: crate::store::redis::RedisModule,
+
     /// What requests get while Redis fails.
     #[arg(
         long,
@@ -296,6 +306,7 @@ impl RedisArgs {
                 queued_items: self.redis_queue_max_items as usize,
             },
             reconnect_on_readonly: self.redis_reconnect_on_readonly,
+            module: self.redis_module,
             ..RedisSettings::default()
         })
     }

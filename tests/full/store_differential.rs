@@ -44,11 +44,12 @@ use cellrate::clock::{CalendarPeriod, Clock, FakeClock, Nanos, DAY, SECOND};
 use cellrate::gcra::{Decision, Limit, Mode, Window};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
-use cellrate::store::redis::{RedisClock, RedisSettings, RedisStore};
+use cellrate::store::redis::{RedisClock, RedisModule, RedisSettings, RedisStore};
 use cellrate::store::{MemoryStore, Store, StoreItem};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
+use crate::common::redis_module::{cluster_with_module, redis_with_module, valkey_with_module};
 use crate::common::redis_server::{RedisCluster, RedisServer};
 
 /// 2023-11-14T22:13:20.987654321Z.
@@ -228,7 +229,9 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 /// what they are meant to).
 struct Subjects {
     clock: FakeClock,
-    redis: Arc<RedisStore>,
+    /// The Redis stores, taking the steps in turn: the script's alone, or the script's
+    /// and the module's (every step then switches between them, in both directions).
+    stores: Vec<Arc<RedisStore>>,
     /// Each bucket at most once per spend batch (the service's rule): a cluster's
     /// compensation assumes it (below).
     distinct: bool,
@@ -321,6 +324,7 @@ impl Subjects {
         let mut retry_in = 0;
         for (n, step) in timeline.steps.iter().enumerate() {
             let now = self.clock.now();
+            let redis = &self.stores[n % self.stores.len()];
             // The buckets this step named (on a cluster, a compensation rewrites them).
             let mut touched: Vec<BucketKey> = Vec::new();
             let differ = |memory: String, redis: String| {
@@ -339,7 +343,7 @@ impl Subjects {
                         new || !(distinct || is_lease(i))
                     });
                     touched = batch.iter().map(|i| i.key.clone()).collect();
-                    let (m, r) = (memory.spend(&batch).await, self.redis.spend(&batch).await);
+                    let (m, r) = (memory.spend(&batch).await, redis.spend(&batch).await);
                     match (&m, &r) {
                         (Ok(m), Ok(r)) if m == r => {
                             retry_in = m.decisions[0].retry_in;
@@ -380,7 +384,7 @@ impl Subjects {
                         .collect();
                     let batch = items(&batch);
                     touched = batch.iter().map(|i| i.key.clone()).collect();
-                    let (m, r) = (memory.refund(&batch).await, self.redis.refund(&batch).await);
+                    let (m, r) = (memory.refund(&batch).await, redis.refund(&batch).await);
                     match (&m, &r) {
                         (Ok(m), Ok(r)) if m == r => {
                             self.seen.borrow_mut().refunded +=
@@ -394,7 +398,7 @@ impl Subjects {
                         .iter()
                         .map(|&(k, l)| BucketKey::windowed(100, &ids[k], limits[l].window()))
                         .collect();
-                    let (m, r) = (memory.reset(&which).await, self.redis.reset(&which).await);
+                    let (m, r) = (memory.reset(&which).await, redis.reset(&which).await);
                     if !matches!((&m, &r), (Ok(m), Ok(r)) if m == r) {
                         return differ(format!("{m:?}"), format!("{r:?}"));
                     }
@@ -463,8 +467,10 @@ impl Subjects {
 }
 
 /// Runs [`CASES`] generated timelines against `server`; panics with the minimal timeline
-/// on which the stores differ.
-fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>) {
+/// on which the stores differ. `module`: the server has cellrate's module, and the steps
+/// alternate between a store that decides with the script and one that decides with the
+/// module (`--redis-module require`).
+fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>, module: bool) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -478,14 +484,29 @@ fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>) {
         // Generous: debug builds on a shared 2-core machine.
         timeout: std::time::Duration::from_secs(5),
         clock: RedisClock::Local,
+        module: RedisModule::Forbid,
         ..RedisSettings::default()
     };
-    let redis = runtime
-        .block_on(async { RedisStore::new(settings, Arc::new(clock.clone()), Metrics::new()) })
-        .unwrap();
+    let mut modules = vec![RedisModule::Forbid];
+    if module {
+        modules.push(RedisModule::Require);
+    }
+    let stores = modules
+        .into_iter()
+        .map(|module| {
+            let settings = RedisSettings {
+                module,
+                ..settings.clone()
+            };
+            let clock = Arc::new(clock.clone());
+            runtime
+                .block_on(async { RedisStore::new(settings, clock, Metrics::new()) })
+                .unwrap()
+        })
+        .collect();
     let subjects = Subjects {
         clock,
-        redis,
+        stores,
         distinct,
         seen: Default::default(),
     };
@@ -530,13 +551,13 @@ fn differential(name: &str, url: Option<String>, cluster_nodes: Vec<String>) {
 #[test]
 fn memory_and_redis_answer_alike() {
     let server = RedisServer::start();
-    differential("redis-server", Some(server.url()), vec![]);
+    differential("redis-server", Some(server.url()), vec![], false);
 }
 
 #[test]
 fn memory_and_valkey_answer_alike() {
     let server = RedisServer::start_valkey();
-    differential("valkey", Some(server.url()), vec![]);
+    differential("valkey", Some(server.url()), vec![], false);
 }
 
 /// On a cluster a batch's keys fall in several slots: a group that denies makes the
@@ -547,5 +568,42 @@ fn memory_and_valkey_answer_alike() {
 #[test]
 fn memory_and_a_redis_cluster_answer_alike() {
     let cluster = RedisCluster::start();
-    differential("redis cluster", None, cluster.urls());
+    differential("redis cluster", None, cluster.urls(), false);
+}
+
+/// cellrate's module (`CELLRATE.BATCH`) decides as the memory store and the script do,
+/// and a bucket, a lease key and a window move between the two at every step: each step
+/// goes to the other of a script's store and a module's on the same server.
+#[test]
+fn memory_the_script_and_the_module_answer_alike_in_redis() {
+    let server = redis_with_module();
+    differential(
+        "redis-server, script and module",
+        Some(server.url()),
+        vec![],
+        true,
+    );
+}
+
+#[test]
+fn memory_the_script_and_the_module_answer_alike_in_valkey() {
+    let server = valkey_with_module();
+    differential(
+        "valkey, script and module",
+        Some(server.url()),
+        vec![],
+        true,
+    );
+}
+
+/// The module on every master of a cluster: each slot group's call routed to its master.
+#[test]
+fn memory_the_script_and_the_module_answer_alike_on_a_redis_cluster() {
+    let cluster = cluster_with_module();
+    differential(
+        "redis cluster, script and module",
+        None,
+        cluster.urls(),
+        true,
+    );
 }

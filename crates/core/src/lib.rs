@@ -42,6 +42,7 @@
 //! gcra/batch.rs          batches, all or nothing: each item's Mode; the strictest
 //! gcra/calendar.rs       calendar windows: Limit::calendar, spend and refund in one
 //! gcra/lease.rs          leases: acquire, release
+//! gcra/stored.rs         a bucket's steps on its stored number (the Redis module's too)
 //! gcra/fixtures.rs      (tests) the times and limit the bucket and batch tests share
 //! clock.rs               Nanos, Clock, FakeClock; UTC windows (the only OS clock read)
 //! clock/zoned.rs         days, weeks, months, years in an IANA zone

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use super::redis_cell::run;
-use super::redis_server::RedisServer;
+use super::redis_server::{RedisCluster, RedisServer};
 
 /// A redis-server with the module loaded.
 pub fn redis_with_module() -> RedisServer {
@@ -17,6 +17,11 @@ pub fn redis_with_module() -> RedisServer {
 /// A Valkey server with the module loaded.
 pub fn valkey_with_module() -> RedisServer {
     RedisServer::start_valkey_with_args(&["--loadmodule", module().to_str().unwrap()])
+}
+
+/// A 3-master Redis Cluster with the module loaded on every node.
+pub fn cluster_with_module() -> RedisCluster {
+    RedisCluster::start_with_args(&["--loadmodule", module().to_str().unwrap()])
 }
 
 /// The built module (`libcellrate_redis.so`).

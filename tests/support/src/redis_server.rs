@@ -302,6 +302,11 @@ impl RedisCluster {
         RedisCluster::start_nodes("redis-server".into(), &args)
     }
 
+    /// Three redis-server masters started with `args` too (a module loaded on each).
+    pub fn start_with_args(args: &[&str]) -> RedisCluster {
+        RedisCluster::start_nodes("redis-server".into(), args)
+    }
+
     fn start_program(program: std::path::PathBuf) -> RedisCluster {
         RedisCluster::start_nodes(program, &[])
     }

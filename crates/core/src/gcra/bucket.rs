@@ -3,7 +3,7 @@
 //! its window's arithmetic (`calendar.rs`).
 
 use super::calendar::{window_refund, window_spend};
-use super::{Limit, Window};
+use super::{stored, Limit, Window};
 use crate::clock::Nanos;
 
 /// The answer for one bucket (or the overall answer of a batch).
@@ -60,11 +60,10 @@ pub fn spend(
     if let Window::Calendar(period) = limit.window {
         return window_spend(limit, period, now, tat, cost, false);
     }
-    let t = tat.map_or(now, |tat| tat.max(now));
     let inc = limit.increment(cost);
-    let new_tat = t.saturating_add(inc);
+    let (t, new_tat, fits) = stored::advance(now, tat, inc, limit.bo);
     let diff = now.saturating_sub(new_tat.saturating_sub(limit.bo));
-    if diff < 0 {
+    if !fits {
         let decision = Decision {
             allowed: false,
             remaining: limit.balance(now, t),
@@ -117,9 +116,8 @@ pub fn charge(
     if decision.allowed || cost == 0 {
         return (decision, write);
     }
-    let t = tat.map_or(now, |tat| tat.max(now));
-    let cap = now.saturating_add(limit.bo.saturating_mul(2));
-    let new_tat = t.saturating_add(limit.increment(cost)).min(cap).max(t);
+    let (t, spent, _) = stored::advance(now, tat, limit.increment(cost), limit.bo);
+    let new_tat = stored::into_debt(now, t, spent, limit.bo);
     let decision = Decision {
         allowed: false,
         remaining: limit.balance(now, new_tat),
@@ -162,12 +160,11 @@ pub fn refund(
         retry_in: 0,
         reset_in: 0,
     };
-    let Some(tat) = tat.filter(|&tat| tat >= now) else {
+    let Some(new_tat) = stored::give_back(now, tat, limit.increment(cost)) else {
         return (full, None);
     };
-    let new_tat = tat.saturating_sub(limit.increment(cost)).max(now);
     let decision = Decision {
-        allowed: new_tat != tat,
+        allowed: Some(new_tat) != tat,
         remaining: limit.balance(now, new_tat),
         retry_in: 0,
         reset_in: new_tat - now,

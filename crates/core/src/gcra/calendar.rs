@@ -4,7 +4,7 @@
 //! shortest length ([`CalendarPeriod::max_count`] keeps twice a count there; a window of
 //! envoyproxy/ratelimit's, [`Limit::fixed_window`], is bounded by that length itself).
 
-use super::{Decision, Limit, LimitError, Window};
+use super::{stored, Decision, Limit, LimitError, Window};
 use crate::clock::{CalendarPeriod, Nanos};
 
 /// The largest count of any calendar limit: `2 x count` must stay exact in a double (the
@@ -91,8 +91,7 @@ impl Limit {
 /// `stored` (`W + used`), and that window's end `W`.
 fn window_used(period: CalendarPeriod, now: Nanos, stored: Option<Nanos>) -> (i64, Nanos) {
     let end = period.window_end(now);
-    let used = stored.filter(|&v| v >= end).map_or(0, |v| v - end);
-    (used, end)
+    (stored::window_used(end, stored), end)
 }
 
 /// [`spend`] and [`charge`] on a calendar window: at most `count` spends per window; a
@@ -109,8 +108,8 @@ pub(super) fn window_spend(
     let (used, end) = window_used(period, now, stored);
     let count = limit.count;
     let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-    let after = used.saturating_add(cost);
-    let fits = after <= count;
+    let most = i64::try_from(limit.most_used().unwrap_or(0)).unwrap_or(i64::MAX);
+    let (fits, new_used) = stored::window_after(used, cost, count, most);
     let until_end = end - now;
     let recorded = fits || (charge && cost > 0);
     if !recorded {
@@ -122,8 +121,6 @@ pub(super) fn window_spend(
         };
         return (decision, None);
     }
-    let most = i64::try_from(limit.most_used().unwrap_or(0)).unwrap_or(i64::MAX);
-    let new_used = after.min(most).max(used);
     let remaining = count - new_used;
     let decision = Decision {
         allowed: fits,
@@ -152,7 +149,7 @@ pub(super) fn window_refund(
 ) -> (Decision, Option<Nanos>) {
     let (used, end) = window_used(period, now, stored);
     let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-    let new_used = used.saturating_sub(cost).max(0);
+    let new_used = stored::window_give_back(used, cost);
     let decision = Decision {
         allowed: new_used != used,
         remaining: limit.count - new_used,

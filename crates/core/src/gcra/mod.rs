@@ -30,6 +30,7 @@ mod calendar;
 #[cfg(test)]
 mod fixtures;
 pub mod lease;
+pub mod stored;
 pub use batch::{
     no_room, spend_alone, spend_batch, spend_batch_with, strictest, BatchItem, BatchOutcome, Mode,
 };

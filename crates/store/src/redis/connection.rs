@@ -9,10 +9,11 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::errors::store_error;
+use super::invocation::{unknown_command, Invocation, BATCH_COMMAND};
 use super::sentinel::SentinelLink;
 use super::tls::TlsLink;
 use super::wire::{LeaseRead, Op, Read, Wire};
-use super::{RedisClock, RedisSettings, RedisStore};
+use super::{RedisClock, RedisModule, RedisSettings, RedisStore};
 use crate::{FailureKind, StoreError, StoreEvent};
 use cellrate_core::clock::Nanos;
 
@@ -98,7 +99,7 @@ impl Connection {
     /// it in errors.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         context: &'static str,
     ) -> Result<T, StoreError> {
         match self {
@@ -116,7 +117,7 @@ impl Connection {
                     .await?
                     .clone();
                 invocation
-                    .invoke_async::<T>(&mut conn)
+                    .invoke_cluster::<T>(&mut conn)
                     .await
                     .map_err(|e| store_error(context, e))
             }
@@ -153,7 +154,7 @@ impl SingleLink {
 
     async fn invoke<T: redis::FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         context: &'static str,
     ) -> Result<T, StoreError> {
         let (generation, mut manager) = self.manager.read().clone();
@@ -212,7 +213,7 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Read, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = self.invocation(slot);
         for key in keys {
             invocation.key(key);
         }
@@ -257,7 +258,7 @@ impl RedisStore {
         // item.
         let items: usize = batches.iter().map(|b| b.len()).sum();
         let mut shapes = Dedup::new(items);
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = self.invocation(slot);
         let mut numbers: Vec<usize> = Vec::with_capacity(items);
         for wire in batches.iter().flat_map(|b| b.iter()) {
             invocation.key(wire.key.as_str());
@@ -340,7 +341,10 @@ impl RedisStore {
     /// also connects (and shakes hands over TLS).
     pub async fn probe_at_start(&self) {
         let within = self.settings.timeout.max(START_DEADLINE);
-        let mut invocation = self.script.prepare_invoke();
+        if self.module.setting() != RedisModule::Forbid {
+            self.ask_for_module(within).await;
+        }
+        let mut invocation = Invocation::Script(self.script.prepare_invoke());
         invocation.arg(Op::Reset.name()).arg(self.now_arg());
         let started = tokio::time::Instant::now();
         let answer = tokio::time::timeout(
@@ -359,6 +363,38 @@ impl RedisStore {
         self.failure_log.at_start(answer, started.elapsed(), within);
     }
 
+    /// Asks the server (every master of a cluster) whether it has cellrate's module: a
+    /// module call of no key, which changes nothing. Logged either way.
+    async fn ask_for_module(&self, within: Duration) {
+        let mut invocation = Invocation::new(&self.script, true, BATCH_COMMAND, 0);
+        invocation.arg(Op::Reset.name()).arg(self.now_arg());
+        let answer = tokio::time::timeout(
+            within,
+            self.connection
+                .invoke::<redis::Value>(&invocation, "asking for the module"),
+        )
+        .await;
+        let there = match answer {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) if unknown_command(&e.to_string()) => false,
+            // No answer: the script until a call proves otherwise is the safe way.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "redis: asking whether cellrate's module is loaded");
+                false
+            }
+            Err(_) => false,
+        };
+        self.module.found(there);
+        match (there, self.module.setting()) {
+            (true, _) => tracing::info!("redis: deciding with cellrate's module ({BATCH_COMMAND})"),
+            (false, RedisModule::Require) => tracing::error!(
+                "redis: --redis-module require, but the server does not answer {BATCH_COMMAND}: \
+                 every decision fails until cellrate's module is loaded (docs/redis-store.md)"
+            ),
+            (false, _) => tracing::info!("redis: deciding with the script (no cellrate module)"),
+        }
+    }
+
     /// `now` for the script: empty for Redis `TIME`, else cellrate's clock.
     pub(super) fn now_arg(&self) -> String {
         match self.settings.clock {
@@ -373,12 +409,44 @@ impl RedisStore {
         &self,
         op: Op,
         slot: usize,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
     ) -> Result<Vec<String>, StoreError> {
         if !self.admit(slot) {
             self.observer.event(StoreEvent::BreakerRejection);
             return Err(StoreError::CircuitOpen);
         }
+        let answer = self.within_deadline(op, invocation).await;
+        let answer = match answer {
+            Err(e)
+                if self.module.setting() == RedisModule::Auto
+                    && unknown_command(&e.to_string()) =>
+            {
+                if self.module.unknown_command() {
+                    tracing::warn!(
+                        "redis: the server does not know {BATCH_COMMAND} (cellrate's module is \
+                         not loaded there now): deciding with the script from now on"
+                    );
+                }
+                // Never run: sent again as the script.
+                match invocation.as_script(&self.script) {
+                    Some(script) => self.within_deadline(op, &script).await,
+                    None => Err(e),
+                }
+            }
+            answer => answer,
+        };
+        answer.inspect_err(|e| {
+            self.failure_log.failed(e);
+            self.note(slot, false);
+        })
+    }
+
+    /// Runs a call within `--redis-timeout-ms`.
+    async fn within_deadline(
+        &self,
+        op: Op,
+        invocation: &Invocation<'_>,
+    ) -> Result<Vec<String>, StoreError> {
         let deadline = StoreError::Timeout {
             op: op.name(),
             timeout: self.settings.timeout,
@@ -393,10 +461,6 @@ impl RedisStore {
         .map_err(|e| match e.failure_kind() {
             Some(FailureKind::Deadline) => deadline,
             _ => e,
-        })
-        .inspect_err(|e| {
-            self.failure_log.failed(e);
-            self.note(slot, false);
         })
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::connection::Connection;
+use super::invocation::Invocation;
 use super::RedisSettings;
 use crate::shared::Aggregate;
 use crate::shared::SharedDemand;
@@ -51,7 +52,7 @@ impl RedisDemand {
     }
 
     async fn batch(&self, mine: &[(Arc<str>, Aggregate)]) -> Result<Vec<Aggregate>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = Invocation::Script(self.script.prepare_invoke());
         for (key, _) in mine {
             invocation.key(format!("{}{key}", self.prefix));
         }

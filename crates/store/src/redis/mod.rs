@@ -43,8 +43,8 @@
 
 mod settings;
 pub use settings::{
-    url_problem, Coalescing, FailurePolicy, RedisClock, RedisSettings, RedisTls, SentinelSettings,
-    MAX_TLS_FILE_BYTES, SENTINEL_TLS_REFUSED,
+    url_problem, Coalescing, FailurePolicy, RedisClock, RedisModule, RedisSettings, RedisTls,
+    SentinelSettings, MAX_TLS_FILE_BYTES, SENTINEL_TLS_REFUSED,
 };
 
 #[cfg(feature = "redis")]
@@ -65,6 +65,8 @@ mod errors;
 mod failure;
 #[cfg(feature = "redis")]
 mod failure_log;
+#[cfg(feature = "redis")]
+mod invocation;
 #[cfg(feature = "redis")]
 mod lease_keys;
 #[cfg(feature = "redis")]

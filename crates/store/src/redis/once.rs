@@ -110,7 +110,7 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<(), StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = self.invocation(slot);
         for key in keys {
             invocation.key(key);
         }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::connection::Connection;
+use super::invocation::Invocation;
 use super::RedisSettings;
 use crate::shared::{Fetched, Put, SharedOverrides};
 use crate::{StoreError, StoreFuture};
@@ -47,7 +48,7 @@ impl RedisOverrides {
         op: &'static str,
         args: &[&str],
     ) -> Result<(i64, Vec<String>), StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = Invocation::Script(self.script.prepare_invoke());
         invocation.key(&self.key).arg(op);
         for arg in args {
             invocation.arg(*arg);

@@ -113,7 +113,7 @@ impl SentinelLink {
     /// Runs `invocation` on the master once; `context` names it in errors.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         self: &Arc<Self>,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &super::invocation::Invocation<'_>,
         context: &'static str,
     ) -> Result<T, StoreError> {
         let master = self.master().await;

@@ -14,6 +14,19 @@ pub enum RedisClock {
     Local,
 }
 
+/// Whether the store decides through cellrate's module in Redis (`--redis-module`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RedisModule {
+    /// The module when the server has it (asked at start), else the script.
+    #[default]
+    Auto,
+    /// Only the module: a server without it answers every call with an error (logged at
+    /// start), and the failure policy (`--redis-failure`) decides.
+    Require,
+    /// Only the script, even where the module is loaded.
+    Forbid,
+}
+
 /// What a request gets when Redis cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FailurePolicy {
@@ -75,6 +88,9 @@ pub struct RedisSettings {
     /// a URL, with or without TLS; the sentinels' master is followed by itself, a
     /// cluster's nodes by the cluster client.
     pub reconnect_on_readonly: bool,
+    /// Whether batches are decided by cellrate's module in Redis (`CELLRATE.BATCH`) or by
+    /// the script (docs/redis-store.md, "The module").
+    pub module: RedisModule,
 }
 
 /// Why custom certificates are refused with Sentinel: redis-rs's Sentinel checks a
@@ -137,6 +153,7 @@ impl Default for RedisSettings {
             max_lease_keys: crate::memory::DEFAULT_MAX_LEASES,
             lease_name_share: crate::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
             reconnect_on_readonly: false,
+            module: RedisModule::Auto,
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use super::connection::Connection;
+use super::invocation::Invocation;
 use super::RedisSettings;
 use crate::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
 use crate::{StoreError, StoreFuture};
@@ -82,7 +83,7 @@ impl RedisSettlements {
         queue: Option<&str>,
         args: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = Invocation::Script(self.script.prepare_invoke());
         invocation
             .key(format!("{}index", self.prefix))
             .key(self.key(id))

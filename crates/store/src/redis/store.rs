@@ -10,6 +10,7 @@ use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
+use super::invocation::{Invocation, ModuleUse, BATCH_COMMAND};
 use super::lease_keys::LeaseKeys;
 use super::leases;
 use super::once::{voided, Under};
@@ -31,6 +32,8 @@ const SCRIPT: &str = include_str!("batch.lua");
 pub struct RedisStore {
     pub(super) connection: Connection,
     pub(super) script: redis::Script,
+    /// Whether the script's calls go to cellrate's module instead (`--redis-module`).
+    pub(super) module: ModuleUse,
     pub(super) settings: RedisSettings,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) observer: Arc<dyn StoreObserver>,
@@ -60,6 +63,11 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
+    /// A call of the script, or of the module when it is used, for keys in `slot`.
+    pub(super) fn invocation(&self, slot: usize) -> Invocation<'_> {
+        Invocation::new(&self.script, self.module.used(), BATCH_COMMAND, slot)
+    }
+
     /// A store for `settings`. Standalone connections are made lazily and re-made after
     /// failures; so are cluster connections. Fails only on unusable settings.
     pub fn new(
@@ -84,6 +92,7 @@ impl RedisStore {
             lanes: Lanes::new(breakers),
             connection,
             script: redis::Script::new(SCRIPT),
+            module: ModuleUse::new(settings.module),
             settings,
             clock,
             observer,

@@ -188,7 +188,7 @@ impl TlsLink {
     /// Runs `invocation` once over the connection, made first if there is none.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &super::invocation::Invocation<'_>,
         context: &'static str,
     ) -> Result<T, StoreError> {
         let (generation, mut connection) = self.connection().await?;

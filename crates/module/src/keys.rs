@@ -1,0 +1,77 @@
+//! The keyspace as `batch.lua` leaves it: a bucket is a string of decimal nanoseconds
+//! expiring when it is reached, a marker a string of text; every write is replicated as
+//! its effect (`SET ... PXAT`, `DEL`), never as the command, which read a clock.
+
+use cellrate_core::clock::{Clock, Nanos, SystemClock};
+use redis_module::{Context, KeyType, RedisError, RedisString};
+
+/// One millisecond in nanoseconds.
+const MILLISECOND: Nanos = 1_000_000;
+
+/// What a key holds, read once: nothing, a string's bytes, or a value of another type.
+pub(crate) enum Stored {
+    Absent,
+    Text(Vec<u8>),
+    Other(KeyType),
+}
+
+/// Reads `name` without opening it for writing.
+pub(crate) fn read(ctx: &Context, name: &RedisString) -> Result<Stored, RedisError> {
+    let key = ctx.open_key(name);
+    Ok(match key.key_type() {
+        KeyType::Empty => Stored::Absent,
+        KeyType::String => Stored::Text(key.read()?.map(<[u8]>::to_vec).unwrap_or_default()),
+        other => Stored::Other(other),
+    })
+}
+
+/// A stored value as a TAT: digits that fit an `i64`, as the script's `readable`.
+pub(crate) fn tat_of(value: &[u8]) -> Option<Nanos> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// Milliseconds from `now` until `until`, rounded up, at least 1 (the script's `ttl_ms`).
+pub(crate) fn ttl_ms(until: Nanos, now: Nanos) -> i64 {
+    (until.saturating_sub(now).saturating_add(MILLISECOND - 1) / MILLISECOND).max(1)
+}
+
+/// The server's wall clock in milliseconds, what a replica's `PXAT` is read against.
+fn wall_ms() -> i64 {
+    SystemClock.now() / MILLISECOND
+}
+
+/// `SET name value PX ms`, replicated as `SET name value PXAT <wall + ms>`.
+pub(crate) fn set(
+    ctx: &Context,
+    name: &RedisString,
+    value: &str,
+    ms: i64,
+) -> Result<(), RedisError> {
+    let key = ctx.open_key_writable(name);
+    key.write(value)?;
+    key.set_expire(std::time::Duration::from_millis(ms.max(1) as u64))?;
+    let at = (wall_ms() + ms).to_string();
+    ctx.replicate(
+        "SET",
+        &[name.as_slice(), value.as_bytes(), b"PXAT", at.as_bytes()][..],
+    );
+    Ok(())
+}
+
+/// `DEL name`, replicated.
+pub(crate) fn delete(ctx: &Context, name: &RedisString) -> Result<(), RedisError> {
+    let key = ctx.open_key_writable(name);
+    if key.key_type() != KeyType::Empty {
+        key.delete()?;
+        ctx.replicate("DEL", &[name.as_slice()][..]);
+    }
+    Ok(())
+}
+
+/// The error of a key the script's call names that holds another type.
+pub(crate) fn wrong_type() -> RedisError {
+    RedisError::WrongType
+}

@@ -1,0 +1,108 @@
+//! redis-cell's `CL.THROTTLE`, Valkey's proposed `RL.THROTTLE` and Redis 8.8's `GCRA`, on
+//! buckets stored as redis-cell stores them.
+
+use cellrate_core::cell::{self, Cell, CellError, Spend, USAGE};
+use cellrate_core::clock::{Clock, Nanos, SystemClock};
+use cellrate_core::gcra::Decision;
+use cellrate_core::redis_gcra;
+use redis_module::KeyType;
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+/// The time now in Unix nanoseconds, read as redis-cell reads it (the server's wall clock),
+/// through the core's one clock.
+fn now() -> Nanos {
+    SystemClock.now()
+}
+
+/// Which command's errors: redis-cell's (`Cell error: ...`) or Valkey's (`ERR ...`).
+#[derive(Clone, Copy)]
+enum Errors {
+    Cell,
+    Valkey,
+}
+
+impl Errors {
+    fn error(self, text: &str) -> RedisError {
+        match (self, text.strip_prefix("Cell error: ")) {
+            (Errors::Valkey, Some(rest)) => RedisError::String(format!("ERR {rest}")),
+            _ => RedisError::String(text.to_string()),
+        }
+    }
+}
+
+/// A stored bucket: redis-cell's decimal nanoseconds.
+fn stored(value: &[u8]) -> Option<Nanos> {
+    std::str::from_utf8(value).ok()?.parse::<Nanos>().ok()
+}
+
+/// Decides `spend` on the bucket at `key_name` (a spend writes the new arrival time,
+/// expiring when the bucket is full again); errors in the caller's words (`errors`).
+fn spend_on(
+    ctx: &Context,
+    key_name: &RedisString,
+    spend: &Spend,
+    errors: Errors,
+) -> Result<Decision, RedisError> {
+    let key = ctx.open_key_writable(key_name);
+    let tat = match key.key_type() {
+        KeyType::Empty => None,
+        KeyType::String => {
+            let value = ctx.open_key(key_name).read()?.map(<[u8]>::to_vec);
+            match value.as_deref().map(stored) {
+                Some(Some(tat)) => Some(tat),
+                _ => return Err(errors.error("Cell error: the key holds no rate-limit bucket")),
+            }
+        }
+        _ => return Err(RedisError::WrongType),
+    };
+    let now = now();
+    let (decision, write) = cellrate_core::gcra::spend(&spend.limit, now, tat, spend.cost);
+    if let Some(tat) = write {
+        // Until the bucket is full again, in whole milliseconds rounded up (at least 1).
+        drop(key);
+        crate::keys::set(
+            ctx,
+            key_name,
+            &tat.to_string(),
+            crate::keys::ttl_ms(tat, now),
+        )?;
+    }
+    Ok(decision)
+}
+
+fn integers(numbers: &[i64; 5]) -> RedisValue {
+    RedisValue::Array(numbers.iter().map(|&n| RedisValue::Integer(n)).collect())
+}
+
+/// `CL.THROTTLE` or `RL.THROTTLE`: the five numbers of redis-cell.
+fn throttle(ctx: &Context, args: &[RedisString], errors: Errors) -> RedisResult {
+    if args.len() != 5 && args.len() != 6 {
+        return Err(match errors {
+            Errors::Cell => RedisError::String(USAGE.to_string()),
+            Errors::Valkey => RedisError::WrongArity,
+        });
+    }
+    let numbers: Vec<&[u8]> = args[2..].iter().map(|a| a.as_slice()).collect();
+    let cell = Cell::parse(&numbers).map_err(|e| errors.error(&e))?;
+    let spend = (cell.spend()).map_err(|e: CellError| errors.error(&format!("Cell error: {e}")))?;
+    let decision = spend_on(ctx, &args[1], &spend, errors)?;
+    Ok(integers(&cell::reply(&spend, &decision)))
+}
+
+pub(crate) fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    throttle(ctx, &args, Errors::Cell)
+}
+
+pub(crate) fn rl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    throttle(ctx, &args, Errors::Valkey)
+}
+
+/// `GCRA key max_burst tokens_per_period period [TOKENS count]`: Redis 8.8's numbers, on
+/// the bucket `CL.THROTTLE` of the same key uses.
+pub(crate) fn gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let raw: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let call = redis_gcra::parse(&raw).map_err(RedisError::String)?;
+    let spend = call.spend().map_err(RedisError::String)?;
+    let decision = spend_on(ctx, &args[1], &spend, Errors::Valkey)?;
+    Ok(integers(&redis_gcra::reply(&spend, &decision)))
+}

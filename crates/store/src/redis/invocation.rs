@@ -1,0 +1,197 @@
+//! One server-side call of the store: `EVALSHA` of its script, or the same keys and
+//! arguments sent to cellrate's Redis module (`CELLRATE.BATCH`, crates/module), which
+//! decides them with cellrate's core instead of Lua and answers exactly as the script does
+//! (docs/redis-store.md, "The module").
+//!
+//! Whether the module is used is `--redis-module` ([`RedisModule`](super::RedisModule)): `auto` asks the server
+//! at start (`COMMAND INFO`, every master of a cluster) and uses the module when every one
+//! has it; a call the server answers "unknown command" (the module unloaded, a failover to
+//! a server without it) is sent again as the script, which it never ran, and the store
+//! keeps to the script from then on.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use redis::{FromRedisValue, RedisResult, ToRedisArgs};
+
+use super::RedisModule;
+
+/// The module's command for `batch.lua`'s calls.
+pub(super) const BATCH_COMMAND: &str = "CELLRATE.BATCH";
+
+/// What the store knows of the server's module: not asked yet, there, or not.
+pub(super) struct ModuleUse {
+    setting: RedisModule,
+    state: AtomicU8,
+}
+
+const UNKNOWN: u8 = 0;
+const THERE: u8 = 1;
+const ABSENT: u8 = 2;
+
+impl ModuleUse {
+    pub(super) fn new(setting: RedisModule) -> ModuleUse {
+        ModuleUse {
+            setting,
+            state: AtomicU8::new(UNKNOWN),
+        }
+    }
+
+    pub(super) fn setting(&self) -> RedisModule {
+        self.setting
+    }
+
+    /// Whether the next call goes to the module.
+    pub(super) fn used(&self) -> bool {
+        match self.setting {
+            RedisModule::Require => true,
+            RedisModule::Forbid => false,
+            RedisModule::Auto => self.state.load(Ordering::Relaxed) == THERE,
+        }
+    }
+
+    /// What the server said it has (at start).
+    pub(super) fn found(&self, there: bool) {
+        let state = if there { THERE } else { ABSENT };
+        self.state.store(state, Ordering::Relaxed);
+    }
+
+    /// A call the server did not know: with `auto`, the script from now on (whether this
+    /// call is sent again as the script).
+    pub(super) fn unknown_command(&self) -> bool {
+        self.setting == RedisModule::Auto && self.state.swap(ABSENT, Ordering::Relaxed) == THERE
+    }
+}
+
+/// Whether an error's text is the server not knowing the module's command.
+pub(super) fn unknown_command(text: &str) -> bool {
+    text.contains("unknown command") && text.to_ascii_uppercase().contains(BATCH_COMMAND)
+}
+
+/// A call being built: keys and arguments, for the script or the module.
+pub(super) enum Invocation<'s> {
+    Script(redis::ScriptInvocation<'s>),
+    /// The module's `command`, and the cluster slot its keys are in (it is routed there:
+    /// a client does not know which of its arguments are keys).
+    Module {
+        command: &'static str,
+        slot: usize,
+        keys: Vec<Vec<u8>>,
+        args: Vec<Vec<u8>>,
+    },
+}
+
+impl<'s> Invocation<'s> {
+    /// A call of `script`, or of the module's `command` when `module`.
+    pub(super) fn new(
+        script: &'s redis::Script,
+        module: bool,
+        command: &'static str,
+        slot: usize,
+    ) -> Self {
+        match module {
+            false => Invocation::Script(script.prepare_invoke()),
+            true => Invocation::Module {
+                command,
+                slot,
+                keys: Vec::new(),
+                args: Vec::new(),
+            },
+        }
+    }
+
+    pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        match self {
+            Invocation::Script(invocation) => {
+                invocation.key(key);
+            }
+            Invocation::Module { keys, .. } => key.write_redis_args(keys),
+        }
+        self
+    }
+
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        match self {
+            Invocation::Script(invocation) => {
+                invocation.arg(arg);
+            }
+            Invocation::Module { args, .. } => arg.write_redis_args(args),
+        }
+        self
+    }
+
+    /// A module call as the script's (one the server did not know); `None` for a script's.
+    pub(super) fn as_script(&self, script: &'s redis::Script) -> Option<Invocation<'s>> {
+        match self {
+            Invocation::Script(_) => None,
+            Invocation::Module { keys, args, .. } => {
+                let mut invocation = script.prepare_invoke();
+                for key in keys {
+                    invocation.key(key.as_slice());
+                }
+                for arg in args {
+                    invocation.arg(arg.as_slice());
+                }
+                Some(Invocation::Script(invocation))
+            }
+        }
+    }
+
+    fn command(&self) -> Option<(redis::Cmd, usize)> {
+        let Invocation::Module {
+            command,
+            slot,
+            keys,
+            args,
+        } = self
+        else {
+            return None;
+        };
+        let mut cmd = redis::cmd(command);
+        cmd.arg(keys.len());
+        for part in keys.iter().chain(args) {
+            cmd.arg(part.as_slice());
+        }
+        Some((cmd, *slot))
+    }
+
+    /// Runs the call on a connection to one server.
+    pub(super) async fn invoke_async<T: FromRedisValue>(
+        &self,
+        connection: &mut (impl redis::aio::ConnectionLike + Send),
+    ) -> RedisResult<T> {
+        match self {
+            Invocation::Script(invocation) => invocation.invoke_async(connection).await,
+            Invocation::Module { .. } => {
+                let (cmd, _) = self.command().expect("a module call");
+                cmd.query_async(connection).await
+            }
+        }
+    }
+
+    /// Runs the call on a cluster: a module call to the master of its slot.
+    pub(super) async fn invoke_cluster<T: FromRedisValue>(
+        &self,
+        connection: &mut redis::cluster_async::ClusterConnection,
+    ) -> RedisResult<T> {
+        use redis::cluster_routing::{
+            MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+        };
+        match self.command() {
+            None => self.invoke_async(connection).await,
+            Some((cmd, slot)) => {
+                let routing = match self {
+                    // A call of no key (the start's question) asks every master.
+                    Invocation::Module { keys, .. } if keys.is_empty() => {
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None))
+                    }
+                    _ => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        slot as u16,
+                        SlotAddr::Master,
+                    ))),
+                };
+                let value = connection.route_command(cmd, routing).await?;
+                T::from_redis_value(value).map_err(Into::into)
+            }
+        }
+    }
+}
