@@ -1,6 +1,9 @@
 # cellrate: a small image that serves the example limits by default.
 #   docker build -t cellrate .
 #   docker run --rm -p 8081:8081 -p 9090:9090 cellrate
+# The Redis/Valkey module (crates/module, libcellrate_redis.so) is the second artefact, an
+# image of its own (the `module` stage below; docs/redis-store.md, "The module"):
+#   docker build --target module -t cellrate-redis-module .
 # Mount your own limits directory over /etc/cellrate (a Kubernetes ConfigMap mounted as a
 # directory reloads in place).
 #
@@ -13,6 +16,13 @@ FROM rust:1.95-slim-bookworm AS build
 # The cargo profile: release-lto is the fully optimised build (BENCHMARKS.md, "Build
 # profiles"); `--build-arg PROFILE=release` builds in a fraction of the time.
 ARG PROFILE=release-lto
+# libclang for the Redis module's bindings (redis-module runs bindgen on redismodule.h),
+# and a static busybox, the module image's one tool (it copies the module out): in a
+# layer of their own, before any source, so that it is cached with the base image.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       libclang-dev busybox-static \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only the manifests, the build script and the protos: this layer is rebuilt when
 # dependencies change, not when the code does. No system protoc is needed (protox).
@@ -20,8 +30,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
 # The other crates of the workspace, by their manifests (cargo loads every member): the
 # floors (crates/: core, observe, limits, store, service, whose build script compiles
-# proto/), the Redis module (crates/module) and the tests' harness (tests/support), the
-# last two never built here.
+# proto/), the Redis module (crates/module, whose dependencies are built here too) and the
+# tests' harness (tests/support, never built here).
 COPY crates/core/Cargo.toml ./crates/core/
 COPY crates/observe/Cargo.toml ./crates/observe/
 COPY crates/limits/Cargo.toml ./crates/limits/
@@ -40,6 +50,7 @@ RUN mkdir -p src benches/grpc crates/core/src crates/observe/src crates/limits/s
        benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs benches/new_paths.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
+    && cargo build --profile "$PROFILE" --locked -p cellrate-redis-module --lib \
     && rm -rf src benches crates/core/src crates/observe/src crates/limits/src crates/store/src \
        crates/service/src crates/module/src
 COPY crates ./crates
@@ -51,7 +62,29 @@ RUN touch src/main.rs src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.r
        crates/limits/src/lib.rs crates/store/src/lib.rs crates/service/src/lib.rs \
        crates/module/src/lib.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
-    && cp "target/$PROFILE/cellrate" cellrate
+    && cargo build --profile "$PROFILE" --locked -p cellrate-redis-module --lib \
+    && cp "target/$PROFILE/cellrate" cellrate \
+    && cp "target/$PROFILE/libcellrate_redis.so" libcellrate_redis.so \
+    && mkdir modules
+
+# --- module: the Redis/Valkey module, and a copier -------------------------------------
+# `docker build --target module -t cellrate-redis-module .`: libcellrate_redis.so at
+# /usr/lib/cellrate/ and nothing else but a static busybox, whose `cp` is the entrypoint:
+# run with a volume at /modules, the image copies the module into it, for a Redis or Valkey
+# container to `--loadmodule /modules/libcellrate_redis.so` (in Kubernetes, an initContainer
+# into an emptyDir: examples/redis-module/). Build it with the same tag as the service image: the service
+# and the module it detects are then one version. Its own image, not a file in the service
+# image, because that one is distroless: no shell, no cp, nothing an initContainer could
+# copy the file out with.
+FROM scratch AS module
+COPY --from=build /bin/busybox /busybox/busybox
+COPY --from=build /src/libcellrate_redis.so /usr/lib/cellrate/libcellrate_redis.so
+# The destination, owned by the image's user, so that a new named volume mounted there
+# (which takes the image's ownership) is writable without root.
+COPY --from=build --chown=65532:65532 /src/modules /modules
+USER 65532:65532
+ENTRYPOINT ["/busybox/busybox", "cp", "/usr/lib/cellrate/libcellrate_redis.so"]
+CMD ["/modules/"]
 
 # --- run: distroless with libc, no shell, non-root ------------------------------------
 FROM gcr.io/distroless/cc-debian12:nonroot

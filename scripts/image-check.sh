@@ -18,6 +18,10 @@
 #                OK); then with upstream's file configuration it answers from the runtime
 #                directory's limit, counted in Redis: OK, OK, OVER_LIMIT
 #   4. SIGTERM   each container exits 0 within STOP_BOUND_S of SIGTERM
+#   5. module    the module image (`--target module`), run read-only as users run it with a
+#                volume at /modules, copies libcellrate_redis.so into it; this machine's
+#                redis-server loads that file (`--loadmodule`) and answers CL.THROTTLE with
+#                redis-cell's numbers, and its errors
 #
 # Host network, loopback addresses and ports the kernel picks (port 0, read back from the
 # JSON log); every wait is bounded. Needs root (podman runs rootful here).
@@ -56,15 +60,19 @@ podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mo
   --target build -t "$image-build" .
 podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
   -t "$image" .
+podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
+  --target module -t "$image-module" .
 podman image prune -f --filter label=cellrate.stand-in=true >/dev/null
 log "podman build (PROFILE=$profile) took $(since "$build_started") s"
 
 work=$(mktemp -d /tmp/cellrate-image-check.XXXXXX)
 containers=()
 redis_pid=""
+module_redis_pid=""
 cleanup() {
   for c in "${containers[@]}"; do podman rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
   [ -z "$redis_pid" ] || kill "$redis_pid" 2>/dev/null || true
+  [ -z "$module_redis_pid" ] || kill "$module_redis_pid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -220,4 +228,45 @@ ratelimit gateway "OK OK OK" \
 ratelimit files "OK OK OVER_LIMIT" -e CONFIG_TYPE=FILE
 [ "$(redis-cli -p "$redis_port" dbsize)" -ge 1 ] \
   || { echo "image-check: nothing written to Redis" >&2; exit 1; }
+
+# 5. The module image as the chart's initContainer and `docker run -v VOLUME:/modules` run
+# it: its entrypoint copies the module into the volume (here a directory any uid may write,
+# as an emptyDir is). Then a real redis-server loads the copy and decides with it.
+mkdir -p "$work/modules"
+chmod 1777 "$work/modules"
+podman run --rm --network=none --read-only --cap-drop=all --security-opt=no-new-privileges \
+  -v "$work/modules:/modules" "$image-module" >/dev/null
+so="$work/modules/libcellrate_redis.so"
+[ -s "$so" ] || { echo "image-check: the module image copied nothing into /modules" >&2; exit 1; }
+module_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --bind 127.0.0.1 --port "$module_port" --save '' --appendonly no \
+  --loadmodule "$so" >"$work/module-redis.log" 2>&1 &
+module_redis_pid=$!
+for _ in $(seq 1 100); do
+  redis-cli -p "$module_port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$module_port" ping >/dev/null \
+  || { cat "$work/module-redis.log" >&2; echo "image-check: redis-server did not start with the image's module" >&2; exit 1; }
+# redis-cell's numbers: max_burst 1 (2 in a burst), 1 per 60 s: allowed with 1 then 0
+# remaining, then limited with at most 60 s to wait (the seconds depend on the clock between
+# calls, not checked to the second); its argument error, which writes nothing.
+throttle() { redis-cli -p "$module_port" CL.THROTTLE "$@" | tr '\n' ' ' | sed 's/ *$//'; }
+answers="$(throttle k 1 1 60) | $(throttle k 1 1 60) | $(throttle k 1 1 60)"
+python3 -c '
+import sys
+first, second, third = [[int(n) for n in a.split()] for a in sys.argv[1].split(" | ")]
+assert first == [0, 2, 1, -1, 60], first
+assert second[:4] == [0, 2, 0, -1] and 60 < second[4] <= 120, second
+assert third[:3] == [1, 2, 0] and 0 < third[3] <= 60 and 0 < third[4] <= second[4], third
+' "$answers" || { echo "image-check: the image's module answered CL.THROTTLE $answers" >&2; exit 1; }
+error=$(throttle other 1 x 60)
+[ "$error" = "Cell error: Couldn't parse as integer: x" ] \
+  || { echo "image-check: the image's module answered a bad count with: $error" >&2; exit 1; }
+[ "$(redis-cli -p "$module_port" exists other)" = 0 ] && [ "$(redis-cli -p "$module_port" dbsize)" = 1 ] \
+  || { echo "image-check: the module's error wrote a key" >&2; exit 1; }
+log "the module image copied $(stat -c %s "$so") bytes to /modules; redis-server $(redis-server --version | awk '{print $3}') loaded it: CL.THROTTLE $answers"
+kill "$module_redis_pid"
+wait "$module_redis_pid" 2>/dev/null || true
+module_redis_pid=""
 log "run checks took $(since "$checks_started") s; the whole image check $(since "$started") s"

@@ -114,7 +114,8 @@ fi
 # made once per machine by scripts/stand-in-images.sh: no registry is reachable here) with
 # PROFILE=release, in a build container with an empty cargo home, then runs it read-only as
 # `serve` and as Envoy Gateway's `/bin/ratelimit`, checks uid 65532, the answers, and exit 0
-# on SIGTERM (scripts/image-check.sh; installs podman, runc and debootstrap from Debian's
+# on SIGTERM, and loads the module image's libcellrate_redis.so into a real redis-server
+# that must answer CL.THROTTLE (scripts/image-check.sh; installs podman, runc and debootstrap from Debian's
 # packages when missing; needs root). CELLRATE_SKIP_IMAGE_CHECK=1 skips it locally; CI never
 # sets it.
 if [ "${CELLRATE_SKIP_IMAGE_CHECK:-}" != 1 ]; then

@@ -132,6 +132,7 @@ fn every_yaml_file_parses() {
         "examples/envoy/docker-compose.yaml",
         "examples/istio/ratelimit-envoyfilter.yaml",
         "examples/istio/values.yaml",
+        "examples/redis-module/valkey.yaml",
     ] {
         assert!(!yaml_documents(path).is_empty(), "{path} is empty");
     }
@@ -316,8 +317,10 @@ fn starts_and_answers_health(args: &[String], env: &[(String, String)]) {
 
 #[test]
 fn the_binary_starts_with_the_dockerfile_arguments() {
-    let entrypoint: Vec<String> = serde_json::from_str(&dockerfile("ENTRYPOINT")[0]).unwrap();
-    let cmd: Vec<String> = serde_json::from_str(&dockerfile("CMD")[0]).unwrap();
+    // The service's image is the last stage (the module's comes before it).
+    let last = |kind: &str| dockerfile(kind).pop().unwrap();
+    let entrypoint: Vec<String> = serde_json::from_str(&last("ENTRYPOINT")).unwrap();
+    let cmd: Vec<String> = serde_json::from_str(&last("CMD")).unwrap();
     assert_eq!(entrypoint, vec!["/usr/local/bin/cellrate"]);
     let env: Vec<(String, String)> = dockerfile("ENV")
         .join(" ")
@@ -490,12 +493,91 @@ fn the_test_command_builds_the_dockerfile_on_stand_ins_of_its_base_images() {
     let check = read("scripts/image-check.sh");
     assert!(check.contains("scripts/stand-in-images.sh"));
     assert!(check.contains("podman build --pull=never --network=host"));
+    // The build stage, the module's image (on `scratch`, which no registry serves) and the
+    // service's image, the last stage and so the default target.
     let froms = dockerfile("FROM");
-    assert_eq!(froms.len(), 2, "{froms:?}");
+    assert_eq!(froms.len(), 3, "{froms:?}");
     let builder = froms[0].strip_suffix(" AS build").expect("the build stage");
+    assert_eq!(froms[1], "scratch AS module");
     let stand_ins = read("scripts/stand-in-images.sh");
     assert!(stand_ins.contains(&format!("\nbuilder=docker.io/library/{builder}\n")));
-    assert!(stand_ins.contains(&format!("\nruntime={}\n", froms[1])));
+    assert!(stand_ins.contains(&format!("\nruntime={}\n", froms[2])));
+}
+
+/// The module's image (`--target module`) holds libcellrate_redis.so where its entrypoint
+/// copies it from, into the directory its CMD names; the Kubernetes example mounts an
+/// emptyDir there in its initContainer and in Valkey, which loads the file from that path;
+/// the docs name the same path; and the image check builds that target and loads the module
+/// it copied into a real redis-server (so a moved file fails there, not in a user's pod).
+#[test]
+fn the_module_image_and_the_example_that_loads_it_agree() {
+    let so = "/usr/lib/cellrate/libcellrate_redis.so";
+    assert!(dockerfile("COPY").contains(&format!("--from=build /src/libcellrate_redis.so {so}")));
+    // The module's stage comes before the service's, the last.
+    let entrypoints = dockerfile("ENTRYPOINT");
+    assert_eq!(entrypoints.len(), 2);
+    assert_eq!(
+        entrypoints[0],
+        format!("[\"/busybox/busybox\", \"cp\", \"{so}\"]")
+    );
+    assert_eq!(dockerfile("CMD")[0], "[\"/modules/\"]");
+    assert!(dockerfile("COPY").contains(&"--from=build /bin/busybox /busybox/busybox".to_string()));
+    let loaded = "/modules/libcellrate_redis.so";
+
+    let example = yaml_documents("examples/redis-module/valkey.yaml");
+    let pod = &example[0]["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    let chart = yaml_documents("helm/cellrate/Chart.yaml").remove(0);
+    let tag = chart["appVersion"].as_str().unwrap();
+    assert_eq!(
+        init["image"].as_str(),
+        Some(format!("registry.example.com/cellrate-redis-module:{tag}").as_str()),
+        "the module image, with the tag of the service's"
+    );
+    assert!(
+        init.get("command").is_none() && init.get("args").is_none(),
+        "the image's own copy"
+    );
+    let valkey = &pod["containers"][0];
+    let args: Vec<&str> = valkey["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--loadmodule")
+        .expect("--loadmodule");
+    assert_eq!(args[at + 1], loaded);
+    let mount = |container: &Value| -> String {
+        let mounts = container["volumeMounts"].as_sequence().unwrap();
+        let m = mounts
+            .iter()
+            .find(|m| m["mountPath"] == "/modules")
+            .expect("/modules");
+        m["name"].as_str().unwrap().to_string()
+    };
+    assert_eq!(mount(init), mount(valkey));
+    let volume = (pod["volumes"].as_sequence().unwrap().iter())
+        .find(|v| v["name"].as_str() == Some(&mount(init)))
+        .expect("the modules volume");
+    assert!(volume["emptyDir"].is_mapping(), "{volume:?}");
+    assert_eq!(example[1]["kind"], "Service");
+
+    let docs = read("docs/redis-store.md");
+    for needle in [
+        so,
+        loaded,
+        "--target module",
+        "examples/redis-module/valkey.yaml",
+    ] {
+        assert!(docs.contains(needle), "docs/redis-store.md names {needle}");
+    }
+    let check = read("scripts/image-check.sh");
+    assert!(check.contains("--target module -t \"$image-module\""));
+    assert!(check.contains("-v \"$work/modules:/modules\" \"$image-module\""));
+    assert!(check.contains("--loadmodule \"$so\""));
 }
 
 #[test]
@@ -1240,6 +1322,7 @@ fn the_image_and_helm_come_from_where_the_docs_say() {
         "Dockerfile".to_string(),
         "examples/envoy/docker-compose.yaml".to_string(),
         "examples/istio/values.yaml".to_string(),
+        "examples/redis-module/valkey.yaml".to_string(),
     ];
     for entry in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
