@@ -17,6 +17,9 @@
 //! (`scripts/bench-redis-deadline.sh`). `TIMEOUT_MS` is the store's deadline (default
 //! 1 000, far above any answer, so that the whole distribution is seen).
 //!
+//! `MODULE=require` decides through cellrate's module in the server (`CELLRATE.BATCH`)
+//! instead of the script.
+//!
 //! Output: one line, `decisions_per_second=<n> p50_us=<n> p99_us=<n> allowed=<n>`, then
 //! `p999_us=<n> max_us=<n> errors=<n>` and, for each candidate deadline D in ms,
 //! `over_<D>ms=<n>`: decisions that took longer than D (each a spurious UNAVAILABLE, and
@@ -33,7 +36,7 @@ use cellrate::clock::{CalendarPeriod, SystemClock, SECOND};
 use cellrate::gcra::{Limit, Mode};
 use cellrate::limits::names::BucketKey;
 use cellrate::observe::metrics::Metrics;
-use cellrate::store::redis::{RedisSettings, RedisStore};
+use cellrate::store::redis::{RedisModule, RedisSettings, RedisStore};
 use cellrate::store::{Store, StoreItem};
 
 fn main() {
@@ -68,9 +71,16 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async move {
+        // `MODULE=require`: decided by cellrate's module in the server (CELLRATE.BATCH);
+        // otherwise by the script.
+        let module = match std::env::var("MODULE").as_deref() {
+            Ok("require") => RedisModule::Require,
+            _ => RedisModule::Forbid,
+        };
         let settings = RedisSettings {
             url: Some(url),
             timeout,
+            module,
             ..RedisSettings::default()
         };
         let store = RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap();

@@ -8,7 +8,10 @@
 #   before-binary: a `redis_throughput` bench binary built from another commit, measured
 #   beside this one (e.g. before and after a change), at `streams` and at one stream;
 #   or the word `kinds`: this binary with a GCRA limit, a calendar window and charges
-#   (KIND=gcra|calendar|charge), side by side.
+#   (KIND=gcra|calendar|charge), side by side;
+#   or the word `module`: cellrate's module (crates/module, built in release) loaded into
+#   the server, and this binary deciding through the script (`after`, --redis-module
+#   forbid) and through the module (`module`, --redis-module require), side by side.
 # REDIS_SERVER names another server binary with redis-server's flags (e.g. valkey-server).
 # Prints one line per measurement (`ROUND SCENARIO TARGET key=value ...`), then min-max
 # ratios over the rounds.
@@ -21,7 +24,12 @@ before=${4:-}
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
-"${REDIS_SERVER:-redis-server}" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >/dev/null &
+load=()
+if [ "$before" = module ]; then
+  cargo build --release --locked -p cellrate-redis-module >&2
+  load=(--loadmodule "$PWD/target/release/libcellrate_redis.so")
+fi
+"${REDIS_SERVER:-redis-server}" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" "${load[@]}" >/dev/null &
 server=$!
 trap 'kill $server 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.05; done
@@ -42,10 +50,11 @@ measure() {
         awk -F, '{printf "rps=%s p50_us=%.0f p99_us=%.0f", $2, $5 * 1000, $7 * 1000}')
       ;;
     *)
-      local binary=$after kind=gcra
+      local binary=$after kind=gcra module=forbid
       [ "$target" = before ] && binary=$before
+      [ "$target" = module ] && module=require
       case $target in gcra | calendar | charge) kind=$target ;; esac
-      line=$(KIND=$kind REDIS_URL="redis://127.0.0.1:$port" REQUESTS="$n" CLIENTS="$clients" "$binary" |
+      line=$(MODULE=$module KIND=$kind REDIS_URL="redis://127.0.0.1:$port" REQUESTS="$n" CLIENTS="$clients" "$binary" |
         grep -o 'decisions_per_second=.*' | sed 's/decisions_per_second=/rps=/')
       ;;
   esac
@@ -58,6 +67,7 @@ measure() {
 targets="evalsha after"
 [ -n "$before" ] && targets="evalsha before after"
 [ "$before" = kinds ] && targets="evalsha gcra calendar charge"
+[ "$before" = module ] && targets="evalsha after module"
 for round in $(seq "$rounds"); do
   for target in $targets; do
     measure "$round" "streams-$streams" "$target" "$streams" "$requests"
@@ -78,7 +88,12 @@ if [ "$before" = kinds ]; then
 fi
 echo " cellrate / trivial EVALSHA:"
 python3 scripts/ratios.py "$results" after evalsha "streams-$streams" one-stream
-if [ -n "$before" ]; then
+if [ "$before" = module ]; then
+  echo " module / trivial EVALSHA:"
+  python3 scripts/ratios.py "$results" module evalsha "streams-$streams" one-stream
+  echo " module / script (after):"
+  python3 scripts/ratios.py "$results" module after "streams-$streams" one-stream
+elif [ -n "$before" ]; then
   echo " after / before:"
   python3 scripts/ratios.py "$results" after before "streams-$streams" one-stream
 fi

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use cellrate_core::clock::Nanos;
-use redis_module::{Context, RedisError, RedisString};
+use redis_module::{Context, KeyType, RedisError, RedisString};
 
 use super::leases;
 use super::shapes::{
@@ -28,7 +28,10 @@ fn parse<'a>(
         args.first().ok_or_else(|| bad("no shapes"))?,
     )?)?)
     .map_err(|_| bad("too many shapes"))?;
-    if args.len() < 1 + 3 * count {
+    if count
+        .checked_mul(3)
+        .is_none_or(|numbers| args.len() < 1 + numbers)
+    {
         return Err(bad("fewer shape numbers than shapes"));
     }
     let mut shapes = Vec::with_capacity(count);
@@ -100,7 +103,14 @@ pub(super) fn spend(
     let mut buckets: HashMap<&[u8], Bucket> = HashMap::with_capacity(keys.len());
     for item in batches.iter().flatten() {
         let name = keys[item.key].as_slice();
-        if shapes[item.shape].is_lease() || buckets.contains_key(name) {
+        if shapes[item.shape].is_lease() {
+            match keys::read(ctx, &keys[item.key])? {
+                Stored::Absent | Stored::Other(KeyType::ZSet) => {}
+                _ => return Err(keys::wrong_type()),
+            }
+            continue;
+        }
+        if buckets.contains_key(name) {
             continue;
         }
         let text = match keys::read(ctx, &keys[item.key])? {
