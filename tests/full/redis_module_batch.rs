@@ -99,7 +99,12 @@ async fn auto_decides_with_the_module_where_it_is_loaded_and_with_the_script_els
 #[tokio::test]
 async fn a_module_unloaded_while_running_hands_over_to_the_script_without_an_error() {
     let path = module();
-    let load = ["--loadmodule", path.to_str().unwrap(), "--enable-module-command", "yes"];
+    let load = [
+        "--loadmodule",
+        path.to_str().unwrap(),
+        "--enable-module-command",
+        "yes",
+    ];
     let server = RedisServer::start_with_args(&load);
     let store = store(&server, RedisModule::Auto);
     store.probe_at_start().await;

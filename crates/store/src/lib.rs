@@ -63,6 +63,7 @@
 //! redis/failure_log.rs      store failures in the log, once per kind
 //! redis/coalesce.rs         batches coalesced per lane
 //! redis/deny_cache.rs       the local deny cache
+//! redis/invocation.rs       a call: EVALSHA of the script, or cellrate's module's command
 //! redis/leases.rs           leases as the script reads them
 //! redis/lease_keys.rs       lease keys counted per name: this replica's share
 //! redis/settlements.rs      settlements in Redis

@@ -15,6 +15,9 @@ use redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
 use super::RedisModule;
 
+/// The script, compiled into the binary.
+pub(super) const BATCH_SCRIPT: &str = include_str!("batch.lua");
+
 /// The module's command for `batch.lua`'s calls.
 pub(super) const BATCH_COMMAND: &str = "CELLRATE.BATCH";
 
@@ -193,5 +196,12 @@ impl<'s> Invocation<'s> {
                 T::from_redis_value(value).map_err(Into::into)
             }
         }
+    }
+}
+
+impl super::RedisStore {
+    /// A call of the script, or of the module when it is used, for keys in `slot`.
+    pub(super) fn invocation(&self, slot: usize) -> Invocation<'_> {
+        Invocation::new(&self.script, self.module.used(), BATCH_COMMAND, slot)
     }
 }

@@ -10,7 +10,7 @@ use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
-use super::invocation::{Invocation, ModuleUse, BATCH_COMMAND};
+use super::invocation::{ModuleUse, BATCH_SCRIPT};
 use super::lease_keys::LeaseKeys;
 use super::leases;
 use super::once::{voided, Under};
@@ -25,14 +25,11 @@ use cellrate_core::clock::{Clock, Nanos};
 use cellrate_core::gcra::{self, Decision, Mode, Window};
 use cellrate_limits::names::BucketKey;
 
-/// The script, compiled into the binary.
-const SCRIPT: &str = include_str!("batch.lua");
-
 /// The Redis store. See the module docs.
 pub struct RedisStore {
     pub(super) connection: Connection,
     pub(super) script: redis::Script,
-    /// Whether the script's calls go to cellrate's module instead (`--redis-module`).
+    /// Whether the script's calls go to cellrate's module (`--redis-module`).
     pub(super) module: ModuleUse,
     pub(super) settings: RedisSettings,
     pub(super) clock: Arc<dyn Clock>,
@@ -63,11 +60,6 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// A call of the script, or of the module when it is used, for keys in `slot`.
-    pub(super) fn invocation(&self, slot: usize) -> Invocation<'_> {
-        Invocation::new(&self.script, self.module.used(), BATCH_COMMAND, slot)
-    }
-
     /// A store for `settings`. Standalone connections are made lazily and re-made after
     /// failures; so are cluster connections. Fails only on unusable settings.
     pub fn new(
@@ -91,7 +83,7 @@ impl RedisStore {
             failure_log,
             lanes: Lanes::new(breakers),
             connection,
-            script: redis::Script::new(SCRIPT),
+            script: redis::Script::new(BATCH_SCRIPT),
             module: ModuleUse::new(settings.module),
             settings,
             clock,
