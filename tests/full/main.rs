@@ -38,6 +38,7 @@ mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_leases;
 mod redis_module;
+#[cfg(feature = "redis")]
 mod redis_module_batch;
 #[cfg(feature = "redis")]
 mod redis_readonly;
