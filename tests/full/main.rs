@@ -38,6 +38,7 @@ mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_leases;
 mod redis_module;
+mod redis_module_settle;
 #[cfg(feature = "redis")]
 mod redis_readonly;
 #[cfg(feature = "redis")]

@@ -25,6 +25,8 @@
 //! lib.rs                 the commands, and the module's registration
 //! ```
 
+mod settle;
+
 use std::time::Duration;
 
 use cellrate_core::cell::{self, Cell, CellError, Spend, USAGE};
@@ -136,14 +138,20 @@ fn gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(integers(&redis_gcra::reply(&spend, &decision)))
 }
 
+fn settle_init(ctx: &Context, args: &[RedisString]) -> redis_module::Status {
+    settle::init(ctx, args)
+}
+
 redis_module! {
     name: "cellrate",
     version: 1,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
+    init: settle_init,
     commands: [
         ["CL.THROTTLE", cl_throttle, "write deny-oom fast", 1, 1, 1, ""],
         ["RL.THROTTLE", rl_throttle, "write deny-oom fast", 1, 1, 1, ""],
         ["GCRA", gcra, "write deny-oom fast", 1, 1, 1, ""],
+        [settle::NAME, settle::command, "write deny-oom", 0, 0, 0, ""],
     ],
 }

@@ -1,0 +1,223 @@
+//! `CELLRATE.SETTLE numkeys key [key ...] arg [arg ...]`: the settlement ledger's atomic
+//! steps (`crates/store/src/redis/settle.lua`) without Lua. It takes the script's KEYS
+//! and ARGV as `EVALSHA` does (so Redis Cluster routes it by its keys' slot), does what
+//! the script does, one server command for each of the script's, and returns the
+//! script's reply: a deployment moves between the script and the module, either way,
+//! without losing a record, a hold or a queue.
+//!
+//! Bad input gets an error and changes nothing. Where the script answers, the module
+//! answers the same; where the script would fail half-way (a number that is none, a key
+//! of another type met after a write), the module checks first and refuses before any
+//! write: `open`'s five arguments are checked before anything, and every op needs the
+//! keys the store sends (four; five for `queue` and `oldest`; `decide` two).
+
+use std::ffi::CString;
+
+use redis_module::commands::{get_redis_key_spec, BeginSearch, FindKeys, KeySpec, KeySpecFlags};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue, Status};
+
+mod ledger;
+mod ops;
+
+use ledger::{lines, Field, Ledger};
+
+/// How much later a pending hold handed out by `due` is due again (the script's).
+const RESOLVE_AGAIN_MS: i64 = 1000;
+/// The last place of a queue looked at per `oldest` (the script's QUEUE_LOOK - 1: 32
+/// records at most).
+const QUEUE_LAST: &[u8] = b"31";
+/// The longest window or hold, in ms (about 35 years): far beyond any setting, and short
+/// enough that every sum the script makes of them and Redis's time stays exact.
+const MAX_MS: i64 = 1 << 40;
+
+fn error(text: &'static str) -> RedisError {
+    RedisError::Str(text)
+}
+
+/// Lua 5.1's `tonumber` of a string, as the script reads its numbers: a decimal (or
+/// `inf`, `nan`) with spaces around it, or a hex integer.
+fn lua_number(text: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(text).ok()?.trim_ascii();
+    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok().map(|n| n as f64),
+        None => text.parse().ok(),
+    }
+}
+
+/// A number that Redis reads as an integer when the script passes it on (`double2ll`).
+fn lua_integer(text: &[u8]) -> Option<i64> {
+    let n = lua_number(text)?;
+    (n.fract() == 0.0 && n.abs() <= (i64::MAX / 2) as f64).then_some(n as i64)
+}
+
+/// A reply of the script: an array of bulk strings, `false` a null.
+fn reply(items: Vec<Field>) -> RedisValue {
+    RedisValue::Array(
+        items
+            .into_iter()
+            .map(|item| item.map_or(RedisValue::Null, RedisValue::StringBuffer))
+            .collect(),
+    )
+}
+
+fn text(s: &[u8]) -> Field {
+    Some(s.to_vec())
+}
+
+/// `open`'s arguments (ARGV[2..]).
+struct Open<'a> {
+    check: &'a [u8],
+    window: i64,
+    max: f64,
+    /// 0 for no hold (the script's `hold > 0` is false).
+    hold: i64,
+    most: f64,
+    names: Vec<&'a [u8]>,
+}
+
+impl<'a> Open<'a> {
+    fn parse(args: &[&'a [u8]]) -> Result<Open<'a>, RedisError> {
+        let (Some(&check), Some(window), Some(max), Some(hold)) = (
+            args.first(),
+            args.get(1).and_then(|w| lua_integer(w)),
+            args.get(2).and_then(|m| lua_number(m)),
+            args.get(3).and_then(|h| lua_number(h)),
+        ) else {
+            return Err(error(
+                "ERR CELLRATE.SETTLE open: check, window (ms), most records and hold (ms) expected",
+            ));
+        };
+        if !(1..=MAX_MS).contains(&window) {
+            return Err(error("ERR CELLRATE.SETTLE open: window out of range"));
+        }
+        let hold = match hold > 0.0 {
+            false => 0,
+            true => match lua_integer(args[3]) {
+                Some(h) if h <= MAX_MS => h,
+                _ => return Err(error("ERR CELLRATE.SETTLE open: hold out of range")),
+            },
+        };
+        let names: Vec<&[u8]> = args.get(5..).unwrap_or_default().to_vec();
+        let most = match (hold > 0 && !names.is_empty(), args.get(4)) {
+            (false, _) => 0.0,
+            (true, most) => most.and_then(|m| lua_number(m)).ok_or_else(|| {
+                error("ERR CELLRATE.SETTLE open: most live holds per key expected")
+            })?,
+        };
+        Ok(Open {
+            check,
+            window,
+            max,
+            hold,
+            most,
+            names,
+        })
+    }
+}
+
+/// The command (registered by lib.rs: `write deny-oom`, its keys given by [`init`]).
+pub(crate) fn command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let args: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    let (keys, argv) = split(&args)?;
+    let op = argv.first().copied().unwrap_or_default();
+    let least = match op {
+        b"decide" => 2,
+        b"queue" | b"oldest" => 5,
+        _ => 4,
+    };
+    if keys.len() < least {
+        return Err(error("ERR CELLRATE.SETTLE: too few keys for the operation"));
+    }
+    let rest = argv.get(1..).unwrap_or_default();
+    let opened = match op {
+        b"open" => Some(Open::parse(rest)?),
+        _ => None,
+    };
+    let ledger = Ledger::new(ctx, keys.to_vec())?;
+    let arg = rest.first().copied();
+    let items = match (op, opened) {
+        (b"open", Some(open)) => ops::open(&ledger, &open)?,
+        (b"decide", _) => ops::decide(&ledger, arg)?,
+        (b"forget", _) => ops::forget(&ledger)?,
+        (b"claim", _) => ops::claim(&ledger, arg)?,
+        (b"reopen", _) => ops::reopen(&ledger, arg)?,
+        (b"due", _) => {
+            let most = arg.and_then(lua_integer);
+            ops::due(
+                &ledger,
+                most.ok_or_else(|| error("ERR CELLRATE.SETTLE due: most expected"))?,
+            )?
+        }
+        (b"queue", _) => ops::queue(&ledger)?,
+        (b"oldest", _) => ops::oldest(&ledger, arg)?,
+        _ => return Err(error("unknown operation")),
+    };
+    Ok(reply(items))
+}
+
+/// KEYS and ARGV, split as `EVALSHA` splits them, with its errors.
+fn split<'a>(args: &'a [&'a [u8]]) -> Result<(&'a [&'a [u8]], &'a [&'a [u8]]), RedisError> {
+    let numkeys = args.get(1).ok_or(RedisError::WrongArity)?;
+    let numkeys: i64 = std::str::from_utf8(numkeys)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| error("ERR value is not an integer or out of range"))?;
+    let rest = &args[2..];
+    match usize::try_from(numkeys) {
+        Err(_) => Err(error("ERR Number of keys can't be negative")),
+        Ok(n) if n > rest.len() => Err(error(
+            "ERR Number of keys can't be greater than number of args",
+        )),
+        Ok(n) => Ok(rest.split_at(n)),
+    }
+}
+
+/// The name the command is registered under.
+pub(crate) const NAME: &str = "CELLRATE.SETTLE";
+
+/// Gives the command `EVALSHA`'s key spec (numkeys, then that many keys), so that Redis
+/// Cluster checks its keys' slot (CROSSSLOT, MOVED) as it does a script's, and `COMMAND
+/// GETKEYS` names them. Through `RM_SetCommandInfo` (Redis 7.0, Valkey): the
+/// `#[command]` of redis-module-macros 2.0.8 also needs `RM_SetCommandACLCategories`
+/// (Redis 7.2), and the module would not load on 7.0. On a server older than 7.0 the
+/// command has no keys declared: fine standalone, refused by a cluster.
+pub(crate) fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // SAFETY: the server's API table, filled in before the module's init runs.
+    let api = unsafe { (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo) };
+    let (Some(get), Some(set)) = api else {
+        return Status::Ok;
+    };
+    static VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    let flags = KeySpecFlags::READ_WRITE | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE;
+    let spec = KeySpec::new(
+        None,
+        flags,
+        BeginSearch::new_index(1),
+        FindKeys::new_keys_num(0, 1, 1),
+    );
+    // Zero-terminated, as RM_SetCommandInfo reads it; no notes (no strings to free).
+    let mut specs = get_redis_key_spec(vec![spec]);
+    let name = CString::new(NAME).unwrap_or_default();
+    // SAFETY: the server's own functions, called while the module loads, with a command
+    // registered under `name`, and an info that outlives the call.
+    let done = unsafe {
+        let command = get(ctx.get_raw(), name.as_ptr());
+        if command.is_null() {
+            return Status::Err;
+        }
+        let mut info: raw::RedisModuleCommandInfo = std::mem::zeroed();
+        info.version = &VERSION;
+        info.arity = -3;
+        info.key_specs = specs.as_mut_ptr();
+        set(command, &mut info)
+    };
+    match done == raw::Status::Ok as i32 {
+        true => Status::Ok,
+        false => Status::Err,
+    }
+}
