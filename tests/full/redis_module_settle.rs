@@ -513,3 +513,115 @@ fn a_replica_without_the_module_keeps_the_same_ledger() {
     };
     assert!(e.contains("unknown command"), "{e}");
 }
+
+/// The attacker: a wrong arity, numbers that are none or out of range, too few keys, an
+/// unknown op, keys of other types where the ledger writes (met by the script only after
+/// a write), a record pointing at a key of another type: each an error, and nothing
+/// changed; a flood of opens stays within the ledger's most records.
+#[test]
+fn a_hostile_caller_of_cellrate_settle_gets_an_error_and_changes_nothing() {
+    let server = redis_with_module();
+    let mut side = Side::connect(&server);
+    let c = &mut side.client;
+    let k = |id: &str| keys(id, None).join(" ");
+    // A ledger with a live hold, a decided record, and keys of other types around it.
+    for call in [
+        format!("CELLRATE.SETTLE 4 {} open chk 5000 100 60000 5 b1", k("h")),
+        format!("CELLRATE.SETTLE 4 {} decide f", k("h")),
+        format!("CELLRATE.SETTLE 4 {} open chk 5000 100 0 5", k("d")),
+        format!("CELLRATE.SETTLE 4 {} decide f", k("d")),
+        format!("SET {PREFIX}k:b2 text"),
+        format!("SET {PREFIX}q:qa text"),
+        format!("SET {PREFIX}r:s text"),
+    ] {
+        let args: Vec<&str> = call.split(' ').collect();
+        assert!(!matches!(c.call(&args), Reply::Error(_)), "{call}");
+    }
+    let before = snapshot(c);
+    let r = |id: &str| format!("{PREFIX}r:{id}");
+    let (index, holds, prefix) = (
+        format!("{PREFIX}index"),
+        format!("{PREFIX}holds"),
+        format!("{PREFIX}k:"),
+    );
+    let hostile: Vec<Vec<String>> = [
+        "CELLRATE.SETTLE",
+        "CELLRATE.SETTLE x",
+        "CELLRATE.SETTLE -1 open",
+        "CELLRATE.SETTLE 9 a b",
+        "CELLRATE.SETTLE 1 a decide f",
+        "CELLRATE.SETTLE 3 a b c claim x",
+        "CELLRATE.SETTLE 4 I R:n H K: nope",
+        "CELLRATE.SETTLE 4 I R:n H K:",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk x 100 0 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 0 100 0 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 1.5 100 0 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 99999999999999999999 100 0 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 x 0 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 100 inf 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 100 0.5 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 100 9e18 5",
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 100 100 x b1",
+        "CELLRATE.SETTLE 4 I R:n H K: due x",
+        "CELLRATE.SETTLE 4 I R:n H K: due 1.5",
+        "CELLRATE.SETTLE 4 I R:n H K: due",
+        "CELLRATE.SETTLE 4 I R:h H K: queue",
+        // A bucket key's set that is no sorted set, for a new hold.
+        "CELLRATE.SETTLE 4 I R:n H K: open chk 5000 100 100 5 b2",
+        // The queue is no sorted set.
+        "CELLRATE.SETTLE 5 I R:h H K: Q queue",
+        "CELLRATE.SETTLE 5 I R:h H K: Q oldest costs",
+        // The index, the holds: keys of another type.
+        "CELLRATE.SETTLE 4 R:s R:n H K: open chk 5000 100 0 5",
+        "CELLRATE.SETTLE 4 I R:n R:s K: open chk 5000 100 0 5",
+        "CELLRATE.SETTLE 4 I R:h R:s K: forget",
+        "CELLRATE.SETTLE 4 R:s R:h H K: claim costs",
+        "CELLRATE.SETTLE 4 I R:h R:s K: claim costs",
+        "CELLRATE.SETTLE 4 I R:n R:s K: due 5",
+    ]
+    .iter()
+    .map(|call| {
+        call.split(' ')
+            .map(|a| match a {
+                "I" => index.clone(),
+                "H" => holds.clone(),
+                "K:" => prefix.clone(),
+                "Q" => format!("{PREFIX}q:qa"),
+                a if a.starts_with("R:") => r(&a[2..]),
+                a => a.to_string(),
+            })
+            .collect()
+    })
+    .collect();
+    for call in &hostile {
+        let args: Vec<&str> = call.iter().map(String::as_str).collect();
+        let reply = c.call(&args);
+        assert!(matches!(reply, Reply::Error(_)), "{call:?}: {reply:?}");
+        assert!(
+            same_keys(&before, &snapshot(c)),
+            "{call:?} changed the ledger"
+        );
+    }
+    // The flood: 2 000 opens of new ids, at most 50 records, each refused or evicting.
+    for i in 0..2000 {
+        let id = format!("flood-{i}");
+        let reply = side.call(
+            Via::Module,
+            &keys(&id, None),
+            &["open", "c", "60000", "50", "0", "5"].map(String::from),
+        );
+        assert!(matches!(reply, Reply::Array(_)), "{reply:?}");
+    }
+    let Reply::Integer(records) = side.client.call(&["ZCARD", &index]) else {
+        panic!("ZCARD");
+    };
+    let Reply::Integer(live) = side.client.call(&["ZCARD", &holds]) else {
+        panic!("ZCARD");
+    };
+    assert!(records + live <= 50, "{records} records and {live} holds");
+    let Reply::Array(all) = side.client.call(&["KEYS", &format!("{PREFIX}r:*")]) else {
+        panic!("KEYS");
+    };
+    assert!(all.len() <= 51, "{} records kept", all.len());
+}

@@ -155,8 +155,11 @@ pub(crate) fn command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(reply(items))
 }
 
+/// Arguments, KEYS or ARGV.
+type Args<'a> = &'a [&'a [u8]];
+
 /// KEYS and ARGV, split as `EVALSHA` splits them, with its errors.
-fn split<'a>(args: &'a [&'a [u8]]) -> Result<(&'a [&'a [u8]], &'a [&'a [u8]]), RedisError> {
+fn split<'a>(args: Args<'a>) -> Result<(Args<'a>, Args<'a>), RedisError> {
     let numkeys = args.get(1).ok_or(RedisError::WrongArity)?;
     let numkeys: i64 = std::str::from_utf8(numkeys)
         .ok()
@@ -211,10 +214,11 @@ pub(crate) fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
         let mut info: raw::RedisModuleCommandInfo = std::mem::zeroed();
+        let info = &mut info;
         info.version = &VERSION;
         info.arity = -3;
         info.key_specs = specs.as_mut_ptr();
-        set(command, &mut info)
+        set(command, info)
     };
     match done == raw::Status::Ok as i32 {
         true => Status::Ok,

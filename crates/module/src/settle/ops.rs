@@ -173,7 +173,7 @@ pub(super) fn reopen(l: &Ledger, facts: Option<&[u8]>) -> Items {
             let score = std::str::from_utf8(due)
                 .ok()
                 .and_then(|d| d.parse::<f64>().ok());
-            if !score.is_some_and(|d| !d.is_nan()) {
+            if score.is_none_or(f64::is_nan) {
                 return Err(error("ERR CELLRATE.SETTLE: a record's due is no score"));
             }
             l.guard_counts(key)?;
