@@ -23,6 +23,9 @@
 //!
 //! ```text
 //! lib.rs                 the commands, and the module's registration
+//! settle.rs              CELLRATE.SETTLE: settle.lua's ledger steps, its arguments
+//! settle/ops.rs          each op as the script does it
+//! settle/ledger.rs       the ledger's keys, through the server's commands
 //! ```
 
 mod settle;
