@@ -40,6 +40,7 @@ mod redis_leases;
 mod redis_module;
 #[cfg(feature = "redis")]
 mod redis_module_batch;
+mod redis_module_settle;
 #[cfg(feature = "redis")]
 mod redis_readonly;
 #[cfg(feature = "redis")]

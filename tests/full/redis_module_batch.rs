@@ -448,3 +448,44 @@ fn a_hostile_caller_of_cellrate_batch_gets_an_error_and_changes_nothing() {
         "{reply:?}"
     );
 }
+
+/// A cluster knows the command's keys (`getkeys-api`, the `numkeys` after the count, as
+/// `EVALSHA`'s): keys of two slots are refused (CROSSSLOT), a key of another master's slot
+/// is redirected (MOVED), never decided on the wrong node; `CELLRATE.SETTLE` the same.
+#[test]
+fn a_cluster_checks_the_modules_keys_as_a_scripts() {
+    let cluster = crate::common::redis_module::cluster_with_module();
+    let mut c = RespClient::connect(&addr(&cluster.nodes[0]));
+    let keys = c.call(&[
+        "COMMAND",
+        "GETKEYS",
+        "CELLRATE.BATCH",
+        "2",
+        "a",
+        "b",
+        "reset",
+        "",
+    ]);
+    let names = |r: Reply| match r {
+        Reply::Array(v) => v.len(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(names(keys), 2);
+    for command in ["CELLRATE.BATCH", "CELLRATE.SETTLE"] {
+        // "a" and "b" hash to different slots (15495 and 3300).
+        let reply = c.call(&[command, "2", "a", "b", "reset", ""]);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("CROSSSLOT")),
+            "{reply:?}"
+        );
+        let theirs = (0..100)
+            .map(|n| format!("k{n}"))
+            .find(|k| cluster.node_of_slot(cellrate::store::redis::slot(k)) != 0)
+            .unwrap();
+        let reply = c.call(&[command, "1", &theirs, "reset", ""]);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("MOVED")),
+            "{reply:?}"
+        );
+    }
+}

@@ -37,10 +37,14 @@
 //! batch/spend.rs         spend: batches, all or nothing, in order
 //! batch/leases.rs        lease keys: sorted sets, through the server's commands
 //! batch/give_back.rs     refund and reset
+//! settle.rs              CELLRATE.SETTLE: settle.lua's ledger steps, its arguments
+//! settle/ops.rs          each op as the script does it
+//! settle/ledger.rs       the ledger's keys, through the server's commands
 //! ```
 
 mod batch;
 mod keys;
+mod settle;
 mod throttle;
 
 use batch::batch;
@@ -57,5 +61,6 @@ redis_module! {
         ["RL.THROTTLE", rl_throttle, "write deny-oom fast", 1, 1, 1, ""],
         ["GCRA", gcra, "write deny-oom fast", 1, 1, 1, ""],
         ["CELLRATE.BATCH", batch, "write deny-oom getkeys-api", 0, 0, 0, ""],
+        [settle::NAME, settle::command, "write deny-oom getkeys-api", 0, 0, 0, ""],
     ],
 }
