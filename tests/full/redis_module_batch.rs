@@ -489,3 +489,35 @@ fn a_cluster_checks_the_modules_keys_as_a_scripts() {
         );
     }
 }
+
+/// The settlement ledger through the module (`CELLRATE.SETTLE`) where it is loaded, and
+/// through the script where it is not (the first call, which the server does not know, is
+/// sent again as the script): the same record opened, decided and claimed either way.
+#[tokio::test]
+async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
+    use cellrate::store::redis::RedisSettlements;
+    use cellrate::store::shared::{Claim, Settlements};
+    for (server, with_module) in [(redis_with_module(), true), (RedisServer::start(), false)] {
+        let settings = RedisSettings {
+            url: Some(server.url()),
+            timeout: Duration::from_secs(5),
+            ..RedisSettings::default()
+        };
+        let ledger = RedisSettlements::new(&settings, 60 * SECOND, 100).unwrap();
+        let (module_before, script_before) =
+            (calls(&server, "cellrate.settle"), calls(&server, "evalsha"));
+        ledger.open("r1", b"check", None, &[]).await.unwrap();
+        assert!(ledger.decide("r1", b"facts").await.unwrap());
+        let claim = ledger.claim("r1", b"costs").await.unwrap();
+        assert!(matches!(claim, Claim::Claimed(_)), "{claim:?}");
+        let module_calls = calls(&server, "cellrate.settle") - module_before;
+        let script_calls = calls(&server, "evalsha") - script_before;
+        if with_module {
+            assert_eq!((module_calls, script_calls), (3, 0));
+        } else {
+            // The first sent to the module, unknown there, then the script's (loaded once).
+            assert_eq!(module_calls, 0);
+            assert!((3..=4).contains(&script_calls), "{script_calls}");
+        }
+    }
+}

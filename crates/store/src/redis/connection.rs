@@ -417,16 +417,7 @@ impl RedisStore {
         }
         let answer = self.within_deadline(op, invocation).await;
         let answer = match answer {
-            Err(e)
-                if self.module.setting() == RedisModule::Auto
-                    && unknown_command(&e.to_string()) =>
-            {
-                if self.module.unknown_command() {
-                    tracing::warn!(
-                        "redis: the server does not know {BATCH_COMMAND} (cellrate's module is \
-                         not loaded there now): deciding with the script from now on"
-                    );
-                }
+            Err(e) if unknown_command(&e.to_string()) && self.module.unknown_command() => {
                 // Never run: sent again as the script.
                 match invocation.as_script(&self.script) {
                     Some(script) => self.within_deadline(op, &script).await,

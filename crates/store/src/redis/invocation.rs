@@ -18,6 +18,9 @@ use super::RedisModule;
 /// The script, compiled into the binary.
 pub(super) const BATCH_SCRIPT: &str = include_str!("batch.lua");
 
+/// The module's command for `settle.lua`'s calls (the settlement ledger).
+pub(super) const SETTLE_COMMAND: &str = "CELLRATE.SETTLE";
+
 /// The module's command for `batch.lua`'s calls.
 pub(super) const BATCH_COMMAND: &str = "CELLRATE.BATCH";
 
@@ -43,12 +46,13 @@ impl ModuleUse {
         self.setting
     }
 
-    /// Whether the next call goes to the module.
+    /// Whether the next call goes to the module: with `auto`, until the server is known
+    /// not to have it (a call it did not know is sent again as the script).
     pub(super) fn used(&self) -> bool {
         match self.setting {
             RedisModule::Require => true,
             RedisModule::Forbid => false,
-            RedisModule::Auto => self.state.load(Ordering::Relaxed) == THERE,
+            RedisModule::Auto => self.state.load(Ordering::Relaxed) != ABSENT,
         }
     }
 
@@ -58,16 +62,26 @@ impl ModuleUse {
         self.state.store(state, Ordering::Relaxed);
     }
 
-    /// A call the server did not know: with `auto`, the script from now on (whether this
-    /// call is sent again as the script).
+    /// A call the server did not know: with `auto`, the script from now on, and the call
+    /// is sent again as the script (`true`); logged when the module was there before.
     pub(super) fn unknown_command(&self) -> bool {
-        self.setting == RedisModule::Auto && self.state.swap(ABSENT, Ordering::Relaxed) == THERE
+        if self.setting != RedisModule::Auto {
+            return false;
+        }
+        if self.state.swap(ABSENT, Ordering::Relaxed) == THERE {
+            tracing::warn!(
+                "redis: the server does not know cellrate's module's commands (it is not \
+                 loaded there now): deciding with the script from now on"
+            );
+        }
+        true
     }
 }
 
-/// Whether an error's text is the server not knowing the module's command.
+/// Whether an error's text is the server not knowing one of the module's commands.
 pub(super) fn unknown_command(text: &str) -> bool {
-    text.contains("unknown command") && text.to_ascii_uppercase().contains(BATCH_COMMAND)
+    let upper = text.to_ascii_uppercase();
+    upper.contains("UNKNOWN COMMAND") && upper.contains("CELLRATE.")
 }
 
 /// A call being built: keys and arguments, for the script or the module.

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::invocation::Invocation;
+use super::invocation::{unknown_command, Invocation, ModuleUse, SETTLE_COMMAND};
 use super::RedisSettings;
 use crate::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
 use crate::{StoreError, StoreFuture};
@@ -23,6 +23,10 @@ const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct RedisSettlements {
     connection: Connection,
     script: redis::Script,
+    /// Whether the calls go to cellrate's module (`CELLRATE.SETTLE`) instead.
+    module: ModuleUse,
+    /// The cluster slot of every key of the ledger (`{settle}`).
+    slot: usize,
     prefix: String,
     window_ms: String,
     window: Nanos,
@@ -44,6 +48,8 @@ impl RedisSettlements {
         Ok(RedisSettlements {
             connection: Connection::open(settings, timeout)?,
             script: redis::Script::new(SCRIPT),
+            module: ModuleUse::new(settings.module),
+            slot: super::cluster::slot(&format!("{}{{settle}}:", settings.prefix)),
             prefix: format!("{}{{settle}}:", settings.prefix),
             window_ms: (window / (1_000 * MICROSECOND)).max(1).to_string(),
             window,
@@ -83,7 +89,8 @@ impl RedisSettlements {
         queue: Option<&str>,
         args: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut invocation = Invocation::Script(self.script.prepare_invoke());
+        let module = self.module.used();
+        let mut invocation = Invocation::new(&self.script, module, SETTLE_COMMAND, self.slot);
         invocation
             .key(format!("{}index", self.prefix))
             .key(self.key(id))
@@ -96,7 +103,25 @@ impl RedisSettlements {
         for arg in args {
             invocation.arg(*arg);
         }
-        tokio::time::timeout(self.timeout, self.connection.invoke(&invocation, op))
+        let answer = self.within_deadline(&invocation, op).await;
+        match answer {
+            Err(e) if unknown_command(&e.to_string()) && self.module.unknown_command() => {
+                // Never run: sent again as the script.
+                match invocation.as_script(&self.script) {
+                    Some(script) => self.within_deadline(&script, op).await,
+                    None => Err(e),
+                }
+            }
+            answer => answer,
+        }
+    }
+
+    async fn within_deadline(
+        &self,
+        invocation: &Invocation<'_>,
+        op: &'static str,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        tokio::time::timeout(self.timeout, self.connection.invoke(invocation, op))
             .await
             .unwrap_or(Err(StoreError::Timeout {
                 op,
