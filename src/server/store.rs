@@ -119,19 +119,19 @@ impl Stores {
                     health.require_store_health(store.healthy());
                 }
                 let probe = store.clone();
+                let settlements = RedisSettlements::new(
+                    redis,
+                    settings.settle_window,
+                    settings.settle_max_records,
+                )?
+                .with_max_holds_per_key(settings.settle_max_holds_per_key)
+                .following(&store);
                 Ok(Stores {
                     start_probe: Some(Box::pin(async move { probe.probe_at_start().await })),
                     store,
                     shared_overrides: Some(Arc::new(RedisOverrides::new(redis)?)),
                     shared_demand: Some(Arc::new(RedisDemand::new(redis, 3 * settings.rlqs.sync)?)),
-                    settlements: Some(Arc::new(
-                        RedisSettlements::new(
-                            redis,
-                            settings.settle_window,
-                            settings.settle_max_records,
-                        )?
-                        .with_max_holds_per_key(settings.settle_max_holds_per_key),
-                    )),
+                    settlements: Some(Arc::new(settlements)),
                     snapshot: None,
                 })
             }

@@ -490,9 +490,9 @@ fn a_cluster_checks_the_modules_keys_as_a_scripts() {
     }
 }
 
-/// The settlement ledger through the module (`CELLRATE.SETTLE`) where it is loaded, and
-/// through the script where it is not (the first call, which the server does not know, is
-/// sent again as the script): the same record opened, decided and claimed either way.
+/// The settlement ledger through the module (`CELLRATE.SETTLE`) where the store's question
+/// at start found it, and through the script where it did not: the same record opened,
+/// decided and claimed either way.
 #[tokio::test]
 async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
     use cellrate::store::redis::RedisSettlements;
@@ -503,7 +503,11 @@ async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
             timeout: Duration::from_secs(5),
             ..RedisSettings::default()
         };
-        let ledger = RedisSettlements::new(&settings, 60 * SECOND, 100).unwrap();
+        let found = store(&server, RedisModule::Auto);
+        found.probe_at_start().await;
+        let ledger = RedisSettlements::new(&settings, 60 * SECOND, 100)
+            .unwrap()
+            .following(&found);
         let (module_before, script_before) =
             (calls(&server, "cellrate.settle"), calls(&server, "evalsha"));
         ledger.open("r1", b"check", None, &[]).await.unwrap();
@@ -515,7 +519,7 @@ async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
         if with_module {
             assert_eq!((module_calls, script_calls), (3, 0));
         } else {
-            // The first sent to the module, unknown there, then the script's (loaded once).
+            // The script's (loaded once, on NOSCRIPT).
             assert_eq!(module_calls, 0);
             assert!((3..=4).contains(&script_calls), "{script_calls}");
         }

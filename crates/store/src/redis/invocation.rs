@@ -35,6 +35,7 @@ const THERE: u8 = 1;
 const ABSENT: u8 = 2;
 
 impl ModuleUse {
+    /// With `auto`, the script until the question at start finds the module.
     pub(super) fn new(setting: RedisModule) -> ModuleUse {
         ModuleUse {
             setting,
@@ -46,13 +47,13 @@ impl ModuleUse {
         self.setting
     }
 
-    /// Whether the next call goes to the module: with `auto`, until the server is known
-    /// not to have it (a call it did not know is sent again as the script).
+    /// Whether the next call goes to the module (with `auto`, a call the server does not
+    /// know is sent again as the script).
     pub(super) fn used(&self) -> bool {
-        match self.setting {
-            RedisModule::Require => true,
-            RedisModule::Forbid => false,
-            RedisModule::Auto => self.state.load(Ordering::Relaxed) != ABSENT,
+        match (self.setting, self.state.load(Ordering::Relaxed)) {
+            (RedisModule::Require, _) => true,
+            (RedisModule::Auto, state) => state == THERE,
+            (RedisModule::Forbid, _) => false,
         }
     }
 

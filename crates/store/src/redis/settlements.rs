@@ -7,6 +7,7 @@
 //! times are Redis's (the buckets' clock, on one server; on a cluster, the clock of the
 //! node that holds `{settle}`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::connection::Connection;
@@ -23,8 +24,9 @@ const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct RedisSettlements {
     connection: Connection,
     script: redis::Script,
-    /// Whether the calls go to cellrate's module (`CELLRATE.SETTLE`) instead.
-    module: ModuleUse,
+    /// Whether the calls go to cellrate's module (`CELLRATE.SETTLE`) instead: what the
+    /// store's question at start found ([`RedisSettlements::following`]).
+    module: Arc<ModuleUse>,
     /// The cluster slot of every key of the ledger (`{settle}`).
     slot: usize,
     prefix: String,
@@ -48,7 +50,7 @@ impl RedisSettlements {
         Ok(RedisSettlements {
             connection: Connection::open(settings, timeout)?,
             script: redis::Script::new(SCRIPT),
-            module: ModuleUse::new(settings.module),
+            module: Arc::new(ModuleUse::new(settings.module)),
             slot: super::cluster::slot(&format!("{}{{settle}}:", settings.prefix)),
             prefix: format!("{}{{settle}}:", settings.prefix),
             window_ms: (window / (1_000 * MICROSECOND)).max(1).to_string(),
@@ -63,6 +65,14 @@ impl RedisSettlements {
     pub fn with_max_holds_per_key(self, max: usize) -> RedisSettlements {
         RedisSettlements {
             max_per_key: max.max(1).to_string(),
+            ..self
+        }
+    }
+
+    /// Uses cellrate's module where `store` found it at start (`--redis-module`).
+    pub fn following(self, store: &super::RedisStore) -> RedisSettlements {
+        RedisSettlements {
+            module: store.module.clone(),
             ..self
         }
     }

@@ -30,7 +30,7 @@ pub struct RedisStore {
     pub(super) connection: Connection,
     pub(super) script: redis::Script,
     /// Whether the script's calls go to cellrate's module (`--redis-module`).
-    pub(super) module: ModuleUse,
+    pub(super) module: Arc<ModuleUse>,
     pub(super) settings: RedisSettings,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) observer: Arc<dyn StoreObserver>,
@@ -84,7 +84,7 @@ impl RedisStore {
             lanes: Lanes::new(breakers),
             connection,
             script: redis::Script::new(BATCH_SCRIPT),
-            module: ModuleUse::new(settings.module),
+            module: Arc::new(ModuleUse::new(settings.module)),
             settings,
             clock,
             observer,
