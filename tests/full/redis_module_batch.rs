@@ -238,6 +238,11 @@ fn markers_and_give_backs_answer_as_the_scripts(server: &RedisServer) {
         args.extend(items.iter().map(|s| s.to_string()));
         args
     };
+    let undo = || -> Vec<String> {
+        ["undo:60000", later, "1000000000", "h1"]
+            .map(String::from)
+            .to_vec()
+    };
     let steps: Vec<(Vec<&str>, Vec<String>)> = vec![
         (
             vec!["g", "w", "l"],
@@ -253,24 +258,9 @@ fn markers_and_give_backs_answer_as_the_scripts(server: &RedisServer) {
             spend("once:60000", later, &["1", "3", "4:r2"]),
         ),
         (vec!["g", "{t}1"], spend("resolve:60000", later, &["1"])),
-        (
-            vec!["g", "w", "{t}1"],
-            vec![
-                "undo:60000".into(),
-                later.into(),
-                "1000000000".into(),
-                "h1".into(),
-            ],
-        ),
-        (
-            vec!["g", "w", "{t}1"],
-            vec![
-                "undo:60000".into(),
-                later.into(),
-                "1000000000".into(),
-                "h1".into(),
-            ],
-        ),
+        // Undone once: the second finds the marker void.
+        (vec!["g", "w", "{t}1"], undo()),
+        (vec!["g", "w", "{t}1"], undo()),
         (vec!["g", "{t}2"], spend("resolve:60000", later, &["1"])),
         (vec!["g", "{t}2"], spend("once:60000", later, &["1"])),
         (
