@@ -515,3 +515,42 @@ async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
         }
     }
 }
+
+/// On a cluster the question at start goes to every master: the module is used when every
+/// one has it, and the script when one has not (a call to that master would fail).
+#[tokio::test]
+async fn on_a_cluster_auto_uses_the_module_only_where_every_master_has_it() {
+    let path = module();
+    let load = [
+        "--loadmodule",
+        path.to_str().unwrap(),
+        "--enable-module-command",
+        "yes",
+    ];
+    let cluster = crate::common::redis_server::RedisCluster::start_with_args(&load);
+    let on_masters = |command: &str| cluster.nodes.iter().map(|n| calls(n, command)).sum::<u64>();
+    for unload_one in [false, true] {
+        if unload_one {
+            let unloaded = cluster.nodes[1].cli(&["MODULE", "UNLOAD", "cellrate"]);
+            assert_eq!(unloaded.as_deref().map(str::trim), Some("OK"));
+        }
+        let settings = RedisSettings {
+            cluster_nodes: cluster.urls(),
+            timeout: Duration::from_secs(5),
+            ..RedisSettings::default()
+        };
+        let store = RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap();
+        store.probe_at_start().await;
+        let (module_before, script_before) = (on_masters("cellrate.batch"), on_masters("evalsha"));
+        // Ids spread over the three masters.
+        for n in 0..12 {
+            assert!(allowed(&store, &format!("c{unload_one}{n}")).await);
+        }
+        let module_calls = on_masters("cellrate.batch") - module_before;
+        let script_calls = on_masters("evalsha") - script_before;
+        match unload_one {
+            false => assert_eq!((module_calls, script_calls), (12, 0)),
+            true => assert_eq!(module_calls, 0, "{script_calls} through the script"),
+        }
+    }
+}

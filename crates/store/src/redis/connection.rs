@@ -375,7 +375,8 @@ impl RedisStore {
         )
         .await;
         let there = match answer {
-            Ok(Ok(_)) => true,
+            // A cluster's masters answer one each: an error among them is one without it.
+            Ok(Ok(value)) => !holds_an_error(&value),
             Ok(Err(e)) if unknown_command(&e.to_string()) => false,
             // No answer: the script until a call proves otherwise is the safe way.
             Ok(Err(e)) => {
@@ -453,6 +454,20 @@ impl RedisStore {
             Some(FailureKind::Deadline) => deadline,
             _ => e,
         })
+    }
+}
+
+/// Whether an answer is, or holds, an error (a master of a cluster that answered one).
+fn holds_an_error(value: &redis::Value) -> bool {
+    match value {
+        redis::Value::ServerError(_) => true,
+        redis::Value::Array(values) | redis::Value::Set(values) => {
+            values.iter().any(holds_an_error)
+        }
+        redis::Value::Map(pairs) => pairs
+            .iter()
+            .any(|(k, v)| holds_an_error(k) || holds_an_error(v)),
+        _ => false,
     }
 }
 
