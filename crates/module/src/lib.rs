@@ -11,20 +11,23 @@
 //! - `GCRA key max_burst tokens_per_period period [TOKENS count]`: Redis 8.8's command
 //!   ([`cellrate_core::redis_gcra`]), on the bucket `CL.THROTTLE` of the same key uses (on
 //!   a server that has its own `GCRA`, loading the module fails: one or the other).
-//!
 //! - `CELLRATE.BATCH numkeys key [key ...] arg [arg ...]`: one call of cellrate's Redis
 //!   store (spend, refund, reset; GCRA, calendar windows, debt, leases, a kept Check's
 //!   marker), with exactly the keys and arguments of `EVALSHA` of the store's `batch.lua`
-//!   and its answer ([`batch`]): cellrate sends it instead of the script when the server
+//!   and its answer (`batch/`): cellrate sends it instead of the script when the server
 //!   has the module (`--redis-module`).
+//! - `CELLRATE.SETTLE numkeys key [key ...] arg [arg ...]`: the same for the settlement
+//!   ledger's `settle.lua` (kept Checks and holds).
 //!
-//! A command's writes are replicated as their effect (`SET key value PXAT ms`, `DEL`, the
+//! The two store commands name their keys as `EVALSHA` does (`getkeys-api`), so that a
+//! cluster checks their slot. A command's writes are replicated as their effect (`SET key value PXAT ms`, `DEL`, the
 //! sorted-set writes of a lease key), never as the command: a replica, or an AOF replayed
 //! later, reads another clock; a replica needs no module.
 //!
 //! Bad input gets an error and changes nothing: a wrong number of arguments, a number that
-//! is not an integer or that redis-cell would compute nonsense with ([`CellError`]), a key
-//! of another type (WRONGTYPE), a value that is no bucket.
+//! is not an integer or that redis-cell would compute nonsense with, a key of another type
+//! (WRONGTYPE), a value that is no bucket; every argument and key type is checked before
+//! the first write.
 //!
 //! # Layout
 //!
