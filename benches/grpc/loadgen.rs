@@ -14,6 +14,11 @@
 //!             | ip (100 000 IPv4 addresses in turn as Envoy's `remote_address`, domain
 //!               `benchip`: a configured limit keyed by the client's address, 100 a second
 //!               each, all allowed)
+//!             | desc1 | desc2 | desc10 (10 000 requests in turn of 1, 2 or 10 descriptors
+//!               of the never-denying limit, each descriptor's id on its own Redis Cluster
+//!               slot and the slots dealt in turn over the three masters that
+//!               `redis-cli --cluster create` makes of three nodes:
+//!               scripts/bench-cluster-latency.sh)
 //!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
 //! With `LOADGEN_OPEN=1` and a RATE the load is open: each stream sends at its ticks
@@ -61,6 +66,11 @@ fn frame(message: &impl Message) -> Bytes {
 /// The request bodies of a scenario, pre-encoded; `fresh` encodes each request's body
 /// with [`body`] as it goes instead.
 fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
+    if let Some(count) = scenario.strip_prefix("desc") {
+        let count: usize = count.parse().expect("descN: N descriptors");
+        let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        return (path, (0..10_000).map(|i| spread(i, count)).collect());
+    }
     let (name, keys) = match scenario {
         "hot" => ("BenchHot", 1),
         "distinct" => ("BenchKeys", 100_000),
@@ -123,6 +133,44 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
             ..Default::default()
         }),
     }
+}
+
+/// A ShouldRateLimit request (number `request`) of `count` descriptors of `BenchHot`,
+/// whose ids hash to distinct Redis Cluster slots, the d-th on master d mod 3 of a
+/// cluster that `redis-cli --cluster create` made of three masters.
+fn spread(request: usize, count: usize) -> Bytes {
+    // The masters' slot ranges from `redis-cli --cluster create` of three nodes.
+    let master = |slot: usize| match slot {
+        0..=5460 => 0,
+        5461..=10922 => 1,
+        _ => 2,
+    };
+    let mut slots = Vec::with_capacity(count);
+    let descriptors = (0..count)
+        .map(|d| {
+            // About three tries each: bounded, and every id is found well within it.
+            let id = (0..10_000)
+                .map(|n| format!("r{request}-d{d}-{n}"))
+                .find(|id| {
+                    let slot = cellrate::store::redis::slot(id);
+                    master(slot) == d % 3 && !slots.contains(&slot)
+                })
+                .expect("an id on a free slot of the wanted third");
+            slots.push(cellrate::store::redis::slot(&id));
+            RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "BenchHot".into(),
+                    value: id,
+                }],
+                ..Default::default()
+            }
+        })
+        .collect();
+    frame(&RateLimitRequest {
+        domain: "bench".into(),
+        descriptors,
+        hits_addend: 0,
+    })
 }
 
 fn main() {
