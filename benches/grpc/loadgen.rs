@@ -143,6 +143,11 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
 /// whose ids hash to distinct Redis Cluster slots, the d-th on master d mod 3 of a
 /// cluster that `redis-cli --cluster create` made of three masters.
 fn spread(request: usize, count: usize) -> Bytes {
+    // The slot of a key tagged `{id}` (the id has no braces): CRC16/XMODEM of the id, as
+    // Redis Cluster hashes keys (computed here, so that the example builds without the
+    // Redis store).
+    const XMODEM: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+    let slot_of = |id: &str| usize::from(XMODEM.checksum(id.as_bytes())) % 16_384;
     // The masters' slot ranges from `redis-cli --cluster create` of three nodes.
     let master = |slot: usize| match slot {
         0..=5460 => 0,
@@ -156,11 +161,11 @@ fn spread(request: usize, count: usize) -> Bytes {
             let id = (0..10_000)
                 .map(|n| format!("r{request}-d{d}-{n}"))
                 .find(|id| {
-                    let slot = cellrate::store::redis::slot(id);
+                    let slot = slot_of(id);
                     master(slot) == d % 3 && !slots.contains(&slot)
                 })
                 .expect("an id on a free slot of the wanted third");
-            slots.push(cellrate::store::redis::slot(&id));
+            slots.push(slot_of(&id));
             RateLimitDescriptor {
                 entries: vec![Entry {
                     key: "BenchHot".into(),
