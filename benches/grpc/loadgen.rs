@@ -14,12 +14,21 @@
 //!             | ip (100 000 IPv4 addresses in turn as Envoy's `remote_address`, domain
 //!               `benchip`: a configured limit keyed by the client's address, 100 a second
 //!               each, all allowed)
+//!             | desc1 | desc2 | desc10 (10 000 requests in turn of 1, 2 or 10 descriptors
+//!               of the never-denying limit, each descriptor's id on its own Redis Cluster
+//!               slot and the slots dealt in turn over the three masters that
+//!               `redis-cli --cluster create` makes of three nodes:
+//!               scripts/bench-cluster-latency.sh)
 //!   RATE      requests per second over all streams (default: as fast as answered)
 //! ```
 //! With `LOADGEN_OPEN=1` and a RATE the load is open: each stream sends at its ticks
 //! whether or not its earlier requests were answered (each request its own task), and a
 //! latency is measured from the tick the request was due at, so that a server falling
-//! behind is not offered less. At most CONNECTIONS x STREAMS are outstanding (what HTTP/2
+//! behind is not offered less. With `LOADGEN_FROM=sent` too, a latency counts from when the
+//! request was sent instead: tokio's timer (a 1 ms wheel) fires a tick about a millisecond
+//! after it was due, whatever the server, which counted from the tick adds to every latency
+//! and flattens their ratios (the memory store at 1 000/s: p50 1.3 ms from the tick, 0.18 ms
+//! from the send; scripts/bench-cluster-latency.sh). At most CONNECTIONS x STREAMS are outstanding (what HTTP/2
 //! lets onto the wire): a request due beyond that is not sent and counted as `unsent`, as
 //! a client with a bounded pool drops its excess, so that the latencies are the server's
 //! and not a queue inside this client.
@@ -61,6 +70,11 @@ fn frame(message: &impl Message) -> Bytes {
 /// The request bodies of a scenario, pre-encoded; `fresh` encodes each request's body
 /// with [`body`] as it goes instead.
 fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
+    if let Some(count) = scenario.strip_prefix("desc") {
+        let count: usize = count.parse().expect("descN: N descriptors");
+        let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        return (path, (0..10_000).map(|i| spread(i, count)).collect());
+    }
     let (name, keys) = match scenario {
         "hot" => ("BenchHot", 1),
         "distinct" => ("BenchKeys", 100_000),
@@ -125,6 +139,49 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
     }
 }
 
+/// A ShouldRateLimit request (number `request`) of `count` descriptors of `BenchHot`,
+/// whose ids hash to distinct Redis Cluster slots, the d-th on master d mod 3 of a
+/// cluster that `redis-cli --cluster create` made of three masters.
+fn spread(request: usize, count: usize) -> Bytes {
+    // The slot of a key tagged `{id}` (the id has no braces): CRC16/XMODEM of the id, as
+    // Redis Cluster hashes keys (computed here, so that the example builds without the
+    // Redis store).
+    const XMODEM: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+    let slot_of = |id: &str| usize::from(XMODEM.checksum(id.as_bytes())) % 16_384;
+    // The masters' slot ranges from `redis-cli --cluster create` of three nodes.
+    let master = |slot: usize| match slot {
+        0..=5460 => 0,
+        5461..=10922 => 1,
+        _ => 2,
+    };
+    let mut slots = Vec::with_capacity(count);
+    let descriptors = (0..count)
+        .map(|d| {
+            // About three tries each: bounded, and every id is found well within it.
+            let id = (0..10_000)
+                .map(|n| format!("r{request}-d{d}-{n}"))
+                .find(|id| {
+                    let slot = slot_of(id);
+                    master(slot) == d % 3 && !slots.contains(&slot)
+                })
+                .expect("an id on a free slot of the wanted third");
+            slots.push(slot_of(&id));
+            RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "BenchHot".into(),
+                    value: id,
+                }],
+                ..Default::default()
+            }
+        })
+        .collect();
+    frame(&RateLimitRequest {
+        domain: "bench".into(),
+        descriptors,
+        hits_addend: 0,
+    })
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (addr, rpc, scenario, connections, streams, seconds, pid, rate) = match &args[..] {
@@ -153,6 +210,7 @@ fn main() {
     let bodies = Arc::new(bodies);
     let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
     let open = rate.is_some() && std::env::var("LOADGEN_OPEN").is_ok_and(|v| v == "1");
+    let from_sent = std::env::var("LOADGEN_FROM").is_ok_and(|v| v == "sent");
 
     // One thread: the machine has two cores, and the server should get the other.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -202,6 +260,10 @@ fn main() {
                     });
                     while !stop.load(Ordering::Relaxed) {
                         let due = match pace.as_mut() {
+                            Some(pace) if open && from_sent => {
+                                pace.tick().await;
+                                Instant::now()
+                            }
                             Some(pace) if open => pace.tick().await.into_std(),
                             Some(pace) => {
                                 pace.tick().await;
