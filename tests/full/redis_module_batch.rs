@@ -554,3 +554,48 @@ async fn on_a_cluster_auto_uses_the_module_only_where_every_master_has_it() {
         }
     }
 }
+
+/// The module unloaded under a ledger that used it: the server's "unknown command" echoes
+/// the call's first arguments, a kept Check's bytes that are no UTF-8, and that answer
+/// cannot be read. The call fails (it is not sent again: an unreadable answer may be one of
+/// a call that ran), and the ledger keeps to the script from the next call on.
+#[tokio::test]
+async fn a_ledger_whose_module_is_unloaded_keeps_to_the_script_after_one_failed_call() {
+    use cellrate::store::redis::RedisSettlements;
+    use cellrate::store::shared::Settlements;
+    let path = module();
+    let load = [
+        "--loadmodule",
+        path.to_str().unwrap(),
+        "--enable-module-command",
+        "yes",
+    ];
+    let server = RedisServer::start_with_args(&load);
+    let found = store(&server, RedisModule::Auto);
+    found.probe_at_start().await;
+    let settings = RedisSettings {
+        url: Some(server.url()),
+        timeout: Duration::from_secs(5),
+        ..RedisSettings::default()
+    };
+    let ledger = RedisSettlements::new(&settings, 60 * SECOND, 100)
+        .unwrap()
+        .following(&found);
+    let check: &[u8] = b"\xff\xfe a kept Check's bytes";
+    ledger.open("r1", check, None, &[]).await.unwrap();
+    assert_eq!(calls(&server, "cellrate.settle"), 1);
+    let unloaded = server.cli(&["MODULE", "UNLOAD", "cellrate"]);
+    assert_eq!(unloaded.as_deref().map(str::trim), Some("OK"));
+    assert!(
+        ledger.open("r2", check, None, &[]).await.is_err(),
+        "one call fails"
+    );
+    ledger
+        .open("r3", check, None, &[])
+        .await
+        .expect("the script from then on");
+    assert!(
+        ledger.decide("r1", b"facts").await.unwrap(),
+        "r1, opened by the module"
+    );
+}

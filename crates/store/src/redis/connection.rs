@@ -9,7 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::errors::store_error;
-use super::invocation::{unknown_command, Invocation, BATCH_COMMAND};
+use super::invocation::{unknown_command, unreadable, Invocation, BATCH_COMMAND};
 use super::sentinel::SentinelLink;
 use super::tls::TlsLink;
 use super::wire::{LeaseRead, Op, Read, Wire};
@@ -424,6 +424,10 @@ impl RedisStore {
                     Some(script) => self.within_deadline(op, &script).await,
                     None => Err(e),
                 }
+            }
+            Err(e) if unreadable(&e.to_string()) => {
+                self.module.unreadable_answer(invocation.is_module());
+                Err(e)
             }
             answer => answer,
         };

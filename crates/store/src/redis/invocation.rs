@@ -63,6 +63,20 @@ impl ModuleUse {
         self.state.store(state, Ordering::Relaxed);
     }
 
+    /// A module call whose answer could not be read (maybe the server not knowing it, in
+    /// words that are not UTF-8): with `auto`, the script from now on; the call itself
+    /// failed (it may have run, so it is not sent again).
+    pub(super) fn unreadable_answer(&self, module_call: bool) {
+        if module_call && self.setting == RedisModule::Auto {
+            if self.state.swap(ABSENT, Ordering::Relaxed) == THERE {
+                tracing::warn!(
+                    "redis: a call of cellrate's module was answered with what cannot be \
+                     read (is the module still loaded?): deciding with the script from now on"
+                );
+            }
+        }
+    }
+
     /// A call the server did not know: with `auto`, the script from now on, and the call
     /// is sent again as the script (`true`); logged when the module was there before.
     pub(super) fn unknown_command(&self) -> bool {
@@ -77,6 +91,13 @@ impl ModuleUse {
         }
         true
     }
+}
+
+/// Whether an error's text is an answer that could not be read as text: the server's
+/// "unknown command" echoes the call's first arguments, which may not be UTF-8 (a kept
+/// Check's bytes), and redis-rs then reports a parse error instead of the server's.
+pub(super) fn unreadable(text: &str) -> bool {
+    text.contains("invalid utf-8")
 }
 
 /// Whether an error's text is the server not knowing one of the module's commands.
@@ -115,6 +136,10 @@ impl<'s> Invocation<'s> {
                 args: Vec::new(),
             },
         }
+    }
+
+    pub(super) fn is_module(&self) -> bool {
+        matches!(self, Invocation::Module { .. })
     }
 
     pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::invocation::{unknown_command, Invocation, ModuleUse, SETTLE_COMMAND};
+use super::invocation::{unknown_command, unreadable, Invocation, ModuleUse, SETTLE_COMMAND};
 use super::RedisSettings;
 use crate::shared::{Claim, Kept, Opened, Settlements, DEFAULT_MAX_HOLDS_PER_KEY};
 use crate::{StoreError, StoreFuture};
@@ -121,6 +121,10 @@ impl RedisSettlements {
                     Some(script) => self.within_deadline(&script, op).await,
                     None => Err(e),
                 }
+            }
+            Err(e) if unreadable(&e.to_string()) => {
+                self.module.unreadable_answer(invocation.is_module());
+                Err(e)
             }
             answer => answer,
         }
