@@ -9,7 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::errors::store_error;
-use super::invocation::{unknown_command, unreadable, Invocation, BATCH_COMMAND};
+use super::invocation::{holds_an_error, unknown_command, unreadable, Invocation, BATCH_COMMAND};
 use super::sentinel::SentinelLink;
 use super::tls::TlsLink;
 use super::wire::{LeaseRead, Op, Read, Wire};
@@ -458,20 +458,6 @@ impl RedisStore {
             Some(FailureKind::Deadline) => deadline,
             _ => e,
         })
-    }
-}
-
-/// Whether an answer is, or holds, an error (a master of a cluster that answered one).
-fn holds_an_error(value: &redis::Value) -> bool {
-    match value {
-        redis::Value::ServerError(_) => true,
-        redis::Value::Array(values) | redis::Value::Set(values) => {
-            values.iter().any(holds_an_error)
-        }
-        redis::Value::Map(pairs) => pairs
-            .iter()
-            .any(|(k, v)| holds_an_error(k) || holds_an_error(v)),
-        _ => false,
     }
 }
 

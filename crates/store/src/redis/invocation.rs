@@ -67,13 +67,14 @@ impl ModuleUse {
     /// words that are not UTF-8): with `auto`, the script from now on; the call itself
     /// failed (it may have run, so it is not sent again).
     pub(super) fn unreadable_answer(&self, module_call: bool) {
-        if module_call && self.setting == RedisModule::Auto {
-            if self.state.swap(ABSENT, Ordering::Relaxed) == THERE {
-                tracing::warn!(
-                    "redis: a call of cellrate's module was answered with what cannot be \
-                     read (is the module still loaded?): deciding with the script from now on"
-                );
-            }
+        if module_call
+            && self.setting == RedisModule::Auto
+            && self.state.swap(ABSENT, Ordering::Relaxed) == THERE
+        {
+            tracing::warn!(
+                "redis: a call of cellrate's module was answered with what cannot be \
+                 read (is the module still loaded?): deciding with the script from now on"
+            );
         }
     }
 
@@ -90,6 +91,20 @@ impl ModuleUse {
             );
         }
         true
+    }
+}
+
+/// Whether an answer is, or holds, an error (a master of a cluster that answered one).
+pub(super) fn holds_an_error(value: &redis::Value) -> bool {
+    match value {
+        redis::Value::ServerError(_) => true,
+        redis::Value::Array(values) | redis::Value::Set(values) => {
+            values.iter().any(holds_an_error)
+        }
+        redis::Value::Map(pairs) => pairs
+            .iter()
+            .any(|(k, v)| holds_an_error(k) || holds_an_error(v)),
+        _ => false,
     }
 }
 
