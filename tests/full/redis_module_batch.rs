@@ -599,3 +599,28 @@ async fn a_ledger_whose_module_is_unloaded_keeps_to_the_script_after_one_failed_
         "r1, opened by the module"
     );
 }
+
+/// Redis down when cellrate starts (it often starts first): the question at start gets no
+/// answer, the script decides meanwhile, and once a call is answered the server is asked
+/// again and its module used from then on.
+#[tokio::test]
+async fn a_redis_that_was_down_at_start_is_asked_again_once_it_answers() {
+    let mut server = redis_with_module();
+    server.kill();
+    let store = store(&server, RedisModule::Auto);
+    store.probe_at_start().await;
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    while calls(&server, "cellrate.batch") < 2 {
+        assert!(Instant::now() < deadline, "the module never used");
+        // A new bucket each time: a call through the script, then through the module.
+        let _ = store.spend(&[one(&format!("e{n}"))]).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        calls(&server, "evalsha") >= 1,
+        "the script before the answer"
+    );
+}

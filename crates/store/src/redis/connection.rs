@@ -376,23 +376,29 @@ impl RedisStore {
         .await;
         let there = match answer {
             // A cluster's masters answer one each: an error among them is one without it.
-            Ok(Ok(value)) => !holds_an_error(&value),
-            Ok(Err(e)) if unknown_command(&e.to_string()) => false,
-            // No answer: the script until a call proves otherwise is the safe way.
+            Ok(Ok(value)) => Some(!holds_an_error(&value)),
+            Ok(Err(e)) if unknown_command(&e.to_string()) => Some(false),
+            // No answer (Redis not up yet): the script meanwhile, and asked again once a
+            // call is answered.
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "redis: asking whether cellrate's module is loaded");
-                false
+                None
             }
-            Err(_) => false,
+            Err(_) => None,
         };
         self.module.found(there);
         match (there, self.module.setting()) {
-            (true, _) => tracing::info!("redis: deciding with cellrate's module ({BATCH_COMMAND})"),
-            (false, RedisModule::Require) => tracing::error!(
+            (None, _) => {}
+            (Some(true), _) => {
+                tracing::info!("redis: deciding with cellrate's module ({BATCH_COMMAND})")
+            }
+            (Some(false), RedisModule::Require) => tracing::error!(
                 "redis: --redis-module require, but the server does not answer {BATCH_COMMAND}: \
                  every decision fails until cellrate's module is loaded (docs/redis-store.md)"
             ),
-            (false, _) => tracing::info!("redis: deciding with the script (no cellrate module)"),
+            (Some(false), _) => {
+                tracing::info!("redis: deciding with the script (no cellrate module)")
+            }
         }
     }
 
@@ -431,6 +437,12 @@ impl RedisStore {
             }
             answer => answer,
         };
+        if answer.is_ok() && self.module.ask_again() {
+            // The server is up now: the question it could not answer at start.
+            if let Some(me) = self.me.upgrade() {
+                tokio::spawn(async move { me.ask_for_module(START_DEADLINE).await });
+            }
+        }
         answer.inspect_err(|e| {
             self.failure_log.failed(e);
             self.note(slot, false);

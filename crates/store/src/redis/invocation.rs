@@ -3,11 +3,14 @@
 //! decides them with cellrate's core instead of Lua and answers exactly as the script does
 //! (docs/redis-store.md, "The module").
 //!
-//! Whether the module is used is `--redis-module` ([`RedisModule`](super::RedisModule)): `auto` asks the server
-//! at start (`COMMAND INFO`, every master of a cluster) and uses the module when every one
-//! has it; a call the server answers "unknown command" (the module unloaded, a failover to
-//! a server without it) is sent again as the script, which it never ran, and the store
-//! keeps to the script from then on.
+//! Whether the module is used is `--redis-module` ([`RedisModule`](super::RedisModule)):
+//! `auto` asks the server at start (a module call of no key, to every master of a
+//! cluster) and uses the module when every one has it, asking again once a call is
+//! answered if the server gave no answer at start. A call the server answers "unknown
+//! command" (the module unloaded, a failover to a server without it) is sent again as the
+//! script, which it never ran; an answer that cannot be read (the same, echoing arguments
+//! that are no UTF-8) fails its call; either way the store keeps to the script from then
+//! on. The settlement ledger follows what the store found.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -33,6 +36,8 @@ pub(super) struct ModuleUse {
 const UNKNOWN: u8 = 0;
 const THERE: u8 = 1;
 const ABSENT: u8 = 2;
+/// Not known, and a question on its way.
+const ASKING: u8 = 3;
 
 impl ModuleUse {
     /// With `auto`, the script until the question at start finds the module.
@@ -57,10 +62,25 @@ impl ModuleUse {
         }
     }
 
-    /// What the server said it has (at start).
-    pub(super) fn found(&self, there: bool) {
-        let state = if there { THERE } else { ABSENT };
+    /// What the server said it has; `None`: no answer (Redis down at start), asked again
+    /// after the next call the script's server answers ([`ModuleUse::ask_again`]).
+    pub(super) fn found(&self, there: Option<bool>) {
+        let state = match there {
+            Some(true) => THERE,
+            Some(false) => ABSENT,
+            None => UNKNOWN,
+        };
         self.state.store(state, Ordering::Relaxed);
+    }
+
+    /// With `auto`, whether the server should be asked again (it gave no answer at start,
+    /// and has answered a call since): `true` once, until that question is answered.
+    pub(super) fn ask_again(&self) -> bool {
+        self.setting == RedisModule::Auto
+            && self
+                .state
+                .compare_exchange(UNKNOWN, ASKING, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// A module call whose answer could not be read (maybe the server not knowing it, in
