@@ -21,7 +21,7 @@ pub enum RedisModule {
     #[default]
     Auto,
     /// Only the module: a server without it answers every call with an error (logged at
-    /// start), and the failure policy (`--redis-failure`) decides.
+    /// start), and `--redis-failure-policy` decides.
     Require,
     /// Only the script, even where the module is loaded.
     Forbid,
