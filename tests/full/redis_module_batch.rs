@@ -28,13 +28,33 @@ fn addr(server: &RedisServer) -> String {
 }
 
 fn store(server: &RedisServer, module: RedisModule) -> Arc<RedisStore> {
-    let settings = RedisSettings {
+    RedisStore::new(
+        settings(server, module),
+        Arc::new(SystemClock),
+        Metrics::new(),
+    )
+    .unwrap()
+}
+
+/// A Redis store's settings on `server`.
+fn settings(server: &RedisServer, module: RedisModule) -> RedisSettings {
+    RedisSettings {
         url: Some(server.url()),
         timeout: Duration::from_secs(5),
         module,
         ..RedisSettings::default()
-    };
-    RedisStore::new(settings, Arc::new(SystemClock), Metrics::new()).unwrap()
+    }
+}
+
+/// The flags that load the module at `path` and let `MODULE UNLOAD` take it out.
+fn unloadable_args(path: &std::path::Path) -> [&str; 4] {
+    let path = path.to_str().unwrap();
+    ["--loadmodule", path, "--enable-module-command", "yes"]
+}
+
+/// A redis-server with the module loaded, which a test may unload.
+fn unloadable() -> RedisServer {
+    RedisServer::start_with_args(&unloadable_args(&module()))
 }
 
 /// A spend of one token of a 3-a-minute limit on `id`.
@@ -98,14 +118,7 @@ async fn auto_decides_with_the_module_where_it_is_loaded_and_with_the_script_els
 /// script, which reads the bucket the module wrote), and the script decides from then on.
 #[tokio::test]
 async fn a_module_unloaded_while_running_hands_over_to_the_script_without_an_error() {
-    let path = module();
-    let load = [
-        "--loadmodule",
-        path.to_str().unwrap(),
-        "--enable-module-command",
-        "yes",
-    ];
-    let server = RedisServer::start_with_args(&load);
+    let server = unloadable();
     let store = store(&server, RedisModule::Auto);
     store.probe_at_start().await;
     let script_before = calls(&server, "evalsha");
@@ -320,10 +333,11 @@ fn a_replica_without_the_module_holds_what_the_module_wrote() {
     let port = master.port.to_string();
     let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
     let mut m = RespClient::connect(&addr(&master));
-    // Ten-minute increments: nothing expires while the replica catches up. `_` is the
-    // empty now (the server's clock).
+    // Ten-minute increments and a year's window: nothing expires while the replica catches
+    // up, whatever the hour (an hour's window refunded 5 min before its end was deleted).
+    // `_` is the empty now (the server's clock).
     let calls = [
-        "CELLRATE.BATCH 2 g w spend _ 2 600000000000 1800000000000 0 1 4 0h 1 2 1 2",
+        "CELLRATE.BATCH 2 g w spend _ 2 600000000000 1800000000000 0 1 4 0y 2 1 2",
         "CELLRATE.BATCH 1 l spend _ 1 600000000000 2 4 1 1:r1",
         "CELLRATE.BATCH 2 g2 {t}1 once:600000 _ 1 600000000000 1800000000000 0 1 1",
         "CELLRATE.BATCH 1 g refund _ 300000000000",
@@ -521,13 +535,8 @@ async fn kept_checks_are_settled_through_the_module_where_it_is_loaded() {
 #[tokio::test]
 async fn on_a_cluster_auto_uses_the_module_only_where_every_master_has_it() {
     let path = module();
-    let load = [
-        "--loadmodule",
-        path.to_str().unwrap(),
-        "--enable-module-command",
-        "yes",
-    ];
-    let cluster = crate::common::redis_server::RedisCluster::start_with_args(&load);
+    let cluster =
+        crate::common::redis_server::RedisCluster::start_with_args(&unloadable_args(&path));
     let on_masters = |command: &str| cluster.nodes.iter().map(|n| calls(n, command)).sum::<u64>();
     for unload_one in [false, true] {
         if unload_one {
@@ -563,21 +572,10 @@ async fn on_a_cluster_auto_uses_the_module_only_where_every_master_has_it() {
 async fn a_ledger_whose_module_is_unloaded_keeps_to_the_script_after_one_failed_call() {
     use cellrate::store::redis::RedisSettlements;
     use cellrate::store::shared::Settlements;
-    let path = module();
-    let load = [
-        "--loadmodule",
-        path.to_str().unwrap(),
-        "--enable-module-command",
-        "yes",
-    ];
-    let server = RedisServer::start_with_args(&load);
+    let server = unloadable();
     let found = store(&server, RedisModule::Auto);
     found.probe_at_start().await;
-    let settings = RedisSettings {
-        url: Some(server.url()),
-        timeout: Duration::from_secs(5),
-        ..RedisSettings::default()
-    };
+    let settings = settings(&server, RedisModule::Auto);
     let ledger = RedisSettlements::new(&settings, 60 * SECOND, 100)
         .unwrap()
         .following(&found);
