@@ -341,9 +341,6 @@ impl RedisStore {
     /// also connects (and shakes hands over TLS).
     pub async fn probe_at_start(&self) {
         let within = self.settings.timeout.max(START_DEADLINE);
-        if self.module.setting() != RedisModule::Forbid {
-            self.ask_for_module(within).await;
-        }
         let mut invocation = Invocation::Script(self.script.prepare_invoke());
         invocation.arg(Op::Reset.name()).arg(self.now_arg());
         let started = tokio::time::Instant::now();
@@ -361,6 +358,10 @@ impl RedisStore {
         })
         .and_then(|values| parse_read(&values, std::iter::empty(), true, &[]).map(|_| ()));
         self.failure_log.at_start(answer, started.elapsed(), within);
+        // Then whether the module is there (the script decides until it is found).
+        if self.module.setting() != RedisModule::Forbid {
+            self.ask_for_module(within).await;
+        }
     }
 
     /// Asks the server (every master of a cluster) whether it has cellrate's module: a
