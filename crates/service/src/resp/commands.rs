@@ -114,10 +114,7 @@ impl RespServer {
         match answer {
             Ok(reply) => {
                 self.metrics.resp_throttled(reply[0] == 0);
-                conn.replies.array(5);
-                for n in reply {
-                    conn.replies.integer(n);
-                }
+                conn.replies.integers(&reply);
                 Flow::Continue
             }
             Err(Failure(text, flow)) => {
@@ -133,8 +130,12 @@ impl RespServer {
         if args.len() != 5 && args.len() != 6 {
             return Err(fail(USAGE));
         }
-        let numbers: Vec<&[u8]> = args[2..].iter().map(|a| &a[..]).collect();
-        let cell = Cell::parse(&numbers).map_err(fail)?;
+        // The three or four numbers, without an allocation per call.
+        let mut numbers: [&[u8]; 4] = [&[]; 4];
+        for (slot, arg) in numbers.iter_mut().zip(&args[2..]) {
+            *slot = arg;
+        }
+        let cell = Cell::parse(&numbers[..args.len() - 2]).map_err(fail)?;
         let key = key_text(&args[1], "Cell error:")?;
         let spend = cell
             .spend()
@@ -225,10 +226,7 @@ fn key_text<'a>(arg: &'a Bytes, prefix: &str) -> Result<&'a str, Failure> {
 
 /// An array of integers.
 fn integers(conn: &mut Connection, numbers: &[i64]) {
-    conn.replies.array(numbers.len());
-    for &n in numbers {
-        conn.replies.integer(n);
-    }
+    conn.replies.integers(numbers);
 }
 
 /// A client name as Redis accepts it: printable, no spaces, bounded.
