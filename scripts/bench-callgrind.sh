@@ -7,14 +7,18 @@
 #   scripts/bench-callgrind.sh [requests] [scenarios...] [before-dir]
 #
 # scenarios: loadgen's (hot, distinct, denied, ip: 100 000 client addresses under a limit
-# keyed by Envoy's remote_address) and check (the native Check on hot's key); default
-# hot distinct denied ip check.
+# keyed by Envoy's remote_address), check (the native Check on hot's key) and resp
+# (`CL.THROTTLE` on 100 000 keys at random over the Redis protocol, redis-benchmark with 50
+# connections pipelining 16; the baseline is then benches/resp/floor.rs); default hot
+# distinct denied ip check.
 # before-dir: a directory holding a `cellrate` binary built the same way from another commit
 # (its target/callgrind/release-lto), measured in the same run beside this one, with this
 # commit's loadgen, baseline and benches/grpc/limits (the request bodies must be the same).
 # LIMITADOR_BIN=<limitador-server> counts Kuadrant's limitador too (memory store, the same
 # limits in its terms: benches/grpc/limitador.yaml; scripts/bench-peers.sh builds it), and
 # prints limitador / cellrate.
+# BASELINE=shaped runs the baseline answering cellrate's answers' fields and sizes (the floor
+# of scripts/bench-peers*.sh, #62) instead of the smallest valid answer.
 # CACHE_SIM=1 also simulates the caches (callgrind --cache-sim=yes: 32 KiB L1s, the
 # machine's last level) and prints, per request, instruction and data L1 misses,
 # last-level misses, and the cycle estimate Ir + 10 x L1 misses + 100 x LL misses (the
@@ -44,7 +48,7 @@ export CARGO_TARGET_DIR=target/callgrind
 # the production build has not.
 build() { cargo build --config 'profile.release-lto.debug="line-tables-only"' --profile release-lto --quiet "$@"; }
 build --bin cellrate
-build --example baseline --example loadgen
+build --example baseline --example loadgen --example resp_floor
 bin=$CARGO_TARGET_DIR/release-lto
 out=$CARGO_TARGET_DIR/profiles
 mkdir -p "$out"
@@ -60,33 +64,48 @@ wait_port() { # bounded: 120 x 0.5 s
 vg=(valgrind --tool=callgrind --instr-atstart=no)
 [ -z "${CACHE_SIM:-}" ] || vg+=(--cache-sim=yes)
 
+# load SCENARIO PORT PID N: N requests of the scenario.
+load() {
+  if [ "$1" = resp ]; then
+    redis-benchmark -p "$2" -c 50 -P 16 -n "$4" -r 100000 -q CL.THROTTLE bench:key:__rand_int__ 100 100 1 >/dev/null 2>&1
+  elif [ "$1" = check ]; then
+    LOADGEN_TOTAL=$4 "$bin/examples/loadgen" "127.0.0.1:$2" check hot 1 16 1 "$3" >/dev/null
+  else
+    LOADGEN_TOTAL=$4 "$bin/examples/loadgen" "127.0.0.1:$2" envoy "$1" 1 16 1 "$3" >/dev/null
+  fi
+}
+
 count() { # server scenario -> instructions per request (CACHE_SIM: and misses, estimate)
-  local server=$1 scenario=$2 port pid file rpc=envoy load=$2
-  [ "$scenario" = check ] && { rpc=check; load=hot; }
+  local server=$1 scenario=$2 port pid file listen
   port=$(free_port)
   file="$out/$server-$scenario.callgrind"
   rm -f "$file" "$file".*
+  # The decisions listener, or with `resp` the Redis-protocol one, on the measured port.
+  listen=(--listen "127.0.0.1:$port")
+  [ "$scenario" = resp ] && listen=(--listen 127.0.0.1:0 --resp-listen "127.0.0.1:$port")
   if [ "$server" = before ]; then
     "${vg[@]}" --callgrind-out-file="$file" \
-      "$before/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+      "$before/cellrate" serve "${listen[@]}" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
   elif [ "$server" = limitador ]; then
     "${vg[@]}" --callgrind-out-file="$file" \
       "$LIMITADOR_BIN" -b 127.0.0.1 -p "$port" -B 127.0.0.1 -P "$(free_port)" \
       benches/grpc/limitador.yaml memory >/dev/null 2>&1 &
+  elif [ "$server" = baseline ] && [ "$scenario" = resp ]; then
+    "${vg[@]}" --callgrind-out-file="$file" "$bin/examples/resp_floor" "127.0.0.1:$port" 2>/dev/null &
   elif [ "$server" = baseline ]; then
     "${vg[@]}" --callgrind-out-file="$file" \
-      "$bin/examples/baseline" "127.0.0.1:$port" 2>/dev/null &
+      "$bin/examples/baseline" "127.0.0.1:$port" ${BASELINE:+"$BASELINE"} 2>/dev/null &
   else
     "${vg[@]}" --callgrind-out-file="$file" \
-      "$bin/cellrate" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+      "$bin/cellrate" serve "${listen[@]}" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 &
   fi
   pid=$!
   wait_port "$port"
-  LOADGEN_TOTAL=500 "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
+  load "$scenario" "$port" "$pid" 500
   callgrind_control -i on $pid >/dev/null 2>&1
-  LOADGEN_TOTAL=$requests "$bin/examples/loadgen" "127.0.0.1:$port" $rpc $load 1 16 1 $pid >/dev/null
+  load "$scenario" "$port" "$pid" "$requests"
   callgrind_control -d $pid >/dev/null 2>&1
   callgrind_control -i off $pid >/dev/null 2>&1
   kill $pid; wait $pid 2>/dev/null || true
@@ -130,7 +149,7 @@ for scenario in "${scenarios[@]}"; do
     [ -z "$before" ] || misses before "$o_all"
     misses cellrate "$c_all"
   fi
-  if [ -n "${LIMITADOR_BIN:-}" ] && [ "$scenario" != check ]; then
+  if [ -n "${LIMITADOR_BIN:-}" ] && [ "$scenario" != check ] && [ "$scenario" != resp ]; then
     l_all=$(count limitador "$scenario")
     l=${l_all%% *}
     printf '%-9s limitador_%s %s, limitador/cellrate %s\n' "$scenario" "$unit" "$l" "$(ratio "$l" "$c")"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Three servers side by side, one run (#37 goal 7): the empty tonic RLS server that answers
-# a constant (benches/grpc/baseline.rs, the floor of this stack), cellrate (memory store),
-# and Kuadrant's limitador (Rust, tonic, memory store), built here from its repository at a
-# pinned commit, so that the lead is measured again whenever the path changes.
+# Four servers side by side, one run (#37 goal 7, #62): the empty tonic RLS server that
+# answers a constant (benches/grpc/baseline.rs, the floor of this stack) twice, as
+# `baseline` (the smallest valid answer) and as `shaped` (a constant with the fields and
+# sizes of cellrate's answers: the floor of a server that answers what cellrate answers),
+# cellrate (memory store), and Kuadrant's limitador (Rust, tonic, memory store), built here
+# from its repository at a pinned commit, so that the lead is measured again whenever the
+# path changes.
 #
 #   scripts/bench-peers.sh [rounds] [seconds]        (default 5 rounds of 5 s)
 #
@@ -26,9 +29,9 @@
 #   million   1 000 000 keys in turn, each kept an hour: RSS per live key afterwards
 # BENCH_PIN=1 runs the servers on CPU 0 and the load generator on CPU 1 (taskset), so that
 # they do not share a core's time and caches (each server then has one core).
-# The servers take turns within each round (A B C A B C). Prints requests/s, latency,
+# The servers take turns within each round (A B C D A B C D). Prints requests/s, latency,
 # server CPU per request (utime+stime from /proc) and RSS, then the median and min-max of
-# cellrate/baseline and limitador/cellrate, and memory per live key at 10^6 keys.
+# cellrate/baseline, cellrate/shaped and limitador/cellrate, and memory per live key at 10^6 keys.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -68,6 +71,7 @@ start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
     baseline) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
+    shaped) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" shaped 2>/dev/null & ;;
     cellrate) "${pin_server[@]}" "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
     limitador) "${pin_server[@]}" "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
@@ -77,14 +81,15 @@ start() { # name: (re)starts a server with no buckets
 }
 stop_all() { for name in "${!pid[@]}"; do kill "${pid[$name]}" 2>/dev/null || true; done; }
 trap 'stop_all; rm -rf "$work"' EXIT
-for name in baseline cellrate limitador; do start "$name"; done
+servers="baseline shaped cellrate limitador"
+for name in $servers; do start "$name"; done
 sleep 1
 
 results="$work/results"
 header
 for round in $(seq "$rounds"); do
   for scenario in hot distinct denied ip; do
-    for target in baseline cellrate limitador; do
+    for target in $servers; do
       out=$("${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" envoy "$scenario" 4 64 "$seconds" "${pid[$target]}")
       row "$round" "$scenario" "$target" "$out" "$results"
     done
@@ -104,7 +109,7 @@ for target in cellrate limitador; do
 done
 
 echo
-for pair in "cellrate baseline" "limitador cellrate"; do
+for pair in "cellrate baseline" "cellrate shaped" "limitador cellrate"; do
   set -- $pair
   echo "$1 / $2, min - max over $rounds rounds:"
   python3 scripts/ratios.py "$results" "$1" "$2" hot distinct denied ip

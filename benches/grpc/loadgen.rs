@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! loadgen ADDR RPC SCENARIO CONNECTIONS STREAMS SECONDS SERVER_PID [RATE]
-//!   RPC       envoy | check
+//!   RPC       envoy | check | throttlecrab (throttlecrab-server's `Throttle`, the same
+//!             limits given as its parameters: scripts/bench-peers-native.sh)
 //!   SCENARIO  hot (one key, all allowed) | distinct (100 000 keys) | denied (one key, denied)
 //!             | fresh (a new key every request: scripts/soak.sh)
 //!             | million (1 000 000 keys in turn, each kept an hour: memory per live key)
@@ -88,6 +89,7 @@ fn bodies(rpc: &str, scenario: &str) -> (&'static str, Vec<Bytes>) {
     let path = match rpc {
         "envoy" => "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
         "check" => "/cellrate.v1.RateLimiter/Check",
+        "throttlecrab" => "/throttlecrab.RateLimiter/Throttle",
         other => panic!("unknown rpc {other}"),
     };
     (
@@ -127,6 +129,24 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
             }],
             hits_addend: 0,
         }),
+        "throttlecrab" => {
+            // benches/grpc/limits/defaults.yaml's limits as burst, count, period (s).
+            let (max_burst, count_per_period, period) = match name {
+                "BenchHot" => (1_000_000_000, 1_000_000_000, 1),
+                "BenchDenied" => (1, 1, 3600),
+                "BenchMillion" => (100, 100, 3600),
+                "BenchFresh" => (5, 1, 60),
+                "BenchSaturate" => (1000, 1000, 1),
+                _ => (100, 100, 1),
+            };
+            frame(&ThrottleRequest {
+                key: format!("{name}:{id}"),
+                max_burst,
+                count_per_period,
+                period,
+                quantity: 1,
+            })
+        }
         _ => frame(&pb::CheckRequest {
             items: vec![pb::Item {
                 name: name.into(),
@@ -137,6 +157,21 @@ fn body(rpc: &str, name: &str, id: String) -> Bytes {
             ..Default::default()
         }),
     }
+}
+
+/// throttlecrab-server's request (its `proto/throttlecrab.proto`, field for field).
+#[derive(Clone, PartialEq, prost::Message)]
+struct ThrottleRequest {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(int32, tag = "2")]
+    max_burst: i32,
+    #[prost(int32, tag = "3")]
+    count_per_period: i32,
+    #[prost(int32, tag = "4")]
+    period: i32,
+    #[prost(int32, tag = "5")]
+    quantity: i32,
 }
 
 /// A ShouldRateLimit request (number `request`) of `count` descriptors of `BenchHot`,
@@ -198,7 +233,11 @@ fn main() {
     let total: Option<u64> = std::env::var("LOADGEN_TOTAL")
         .ok()
         .map(|t| t.parse().unwrap());
-    let rpc: &'static str = if rpc == "envoy" { "envoy" } else { "check" };
+    let rpc: &'static str = match rpc.as_str() {
+        "envoy" => "envoy",
+        "throttlecrab" => "throttlecrab",
+        _ => "check",
+    };
     let connections: usize = connections.parse().unwrap();
     let streams: usize = streams.parse().unwrap();
     let duration = Duration::from_secs(seconds.parse().unwrap());
