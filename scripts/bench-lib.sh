@@ -17,3 +17,14 @@ row() {
     "$(echo "$4" | field cpu_us_per_req)" "$(echo "$4" | field rss_kib)" "$(echo "$4" | field errors)"
   echo "$1 $2 $3 $4" >> "$5"
 }
+
+# For the side-by-side scripts (bench-peers*.sh, bench-shared-core.sh): BENCH_PIN=1 puts the
+# servers on CPU 0 and the load on CPU 1 (prefix a server with "${pin_server[@]}", the load
+# with "${pin_load[@]}"); each script's `start` keeps its servers by name in `port` and
+# `pid`, all stopped, and the work directory `$work` removed, on exit.
+side_by_side() {
+  pin_server=(); pin_load=()
+  if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
+  declare -gA port pid
+  trap 'for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "${work:-}"' EXIT
+}

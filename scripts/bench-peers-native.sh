@@ -34,9 +34,8 @@ bin=target/release-lto
 . scripts/bench-lib.sh
 work=$(mktemp -d)
 
-pin_server=(); pin_load=()
-if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
-declare -A port pid rpc=([baseline]=check [shaped]=check [cellrate]=check [throttlecrab]=throttlecrab)
+side_by_side
+declare -A rpc=([baseline]=check [shaped]=check [cellrate]=check [throttlecrab]=throttlecrab)
 start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
@@ -49,8 +48,6 @@ start() { # name: (re)starts a server with no buckets
   esac
   pid[$1]=$!; port[$1]=$p
 }
-stop_all() { for name in "${!pid[@]}"; do kill "${pid[$name]}" 2>/dev/null || true; done; }
-trap 'stop_all; rm -rf "$work"' EXIT
 servers="baseline shaped cellrate throttlecrab"
 for name in $servers; do start "$name"; done
 sleep 1

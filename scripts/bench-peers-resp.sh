@@ -48,9 +48,7 @@ bin=target/release-lto
 . scripts/bench-lib.sh
 work=$(mktemp -d)
 
-pin_server=(); pin_load=()
-if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
-declare -A port pid
+side_by_side
 start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
@@ -64,8 +62,6 @@ start() { # name: (re)starts a server with no buckets
   esac
   pid[$1]=$!; port[$1]=$p
 }
-stop_all() { for name in "${!pid[@]}"; do kill "${pid[$name]}" 2>/dev/null || true; done; }
-trap 'stop_all; rm -rf "$work"' EXIT
 servers="floor cellrate redis-cell throttlecrab"
 for name in $servers; do start "$name"; done
 for name in $servers; do

@@ -64,9 +64,7 @@ work=$(mktemp -d)
 # The same limits in limitador's terms.
 "$peers/limitador/target/release/limitador-server" --validate benches/grpc/limitador.yaml >/dev/null
 
-pin_server=(); pin_load=()
-if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
-declare -A port pid
+side_by_side
 start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
@@ -79,8 +77,6 @@ start() { # name: (re)starts a server with no buckets
   esac
   pid[$1]=$!; port[$1]=$p
 }
-stop_all() { for name in "${!pid[@]}"; do kill "${pid[$name]}" 2>/dev/null || true; done; }
-trap 'stop_all; rm -rf "$work"' EXIT
 servers="baseline shaped cellrate limitador"
 for name in $servers; do start "$name"; done
 sleep 1

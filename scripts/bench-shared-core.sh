@@ -21,8 +21,8 @@ limitador=target/peers/limitador/target/release/limitador-server
 cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
 bin=target/release-lto
 . scripts/bench-lib.sh
-
-declare -A port pid
+work=$(mktemp -d)
+side_by_side
 start() { # name
   local p; p=$(free_port)
   case $1 in
@@ -39,7 +39,6 @@ start() { # name
 }
 servers="baseline cellrate cellrate-1"
 [ -x "$limitador" ] && servers="$servers limitador"
-trap 'for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 for name in $servers; do start "$name"; done
 sleep 1
 
@@ -49,8 +48,7 @@ switches() {
     /^nonvoluntary_ctxt_switches/ {n += $2} END {printf "%.0f %.0f\n", v, n}'
 }
 
-results=$(mktemp)
-trap 'for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$results"' EXIT
+results="$work/results"
 printf '%-6s %-9s %-11s %10s %11s %11s %11s\n' round scenario server req/s cpu_us/req vol/req invol/req
 for round in $(seq "$rounds"); do
   for scenario in $scenarios; do
