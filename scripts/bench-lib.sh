@@ -28,3 +28,37 @@ side_by_side() {
   declare -gA port pid
   trap 'for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "${work:-}"' EXIT
 }
+
+# grpc_rounds "SCENARIOS": every round, scenario and server of `$servers` in turn, loadgen on
+# 4 connections x 64 streams for `$seconds`, in the RPC `rpc[SERVER]` names (default envoy);
+# rows printed and kept in `$results`.
+grpc_rounds() {
+  local round scenario target out
+  header
+  for round in $(seq "$rounds"); do
+    for scenario in $1; do
+      for target in $servers; do
+        out=$("${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" \
+          "${rpc[$target]:-envoy}" "$scenario" 4 64 "$seconds" "${pid[$target]}")
+        row "$round" "$scenario" "$target" "$out" "$results"
+      done
+    done
+  done
+}
+
+# grpc_memory "SERVERS": memory per live key, each server restarted empty (the script's
+# `start`), RSS before, then every one of 10^6 keys once, each kept an hour.
+grpc_memory() {
+  local target before after out
+  echo
+  echo "memory per live key (10^6 keys, each kept an hour):"
+  for target in $1; do
+    kill "${pid[$target]}" 2>/dev/null; wait "${pid[$target]}" 2>/dev/null || true
+    start "$target"; sleep 1
+    before=$(awk '/VmRSS/ {print $2}' "/proc/${pid[$target]}/status")
+    out=$(LOADGEN_TOTAL=1000000 "${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" \
+      "${rpc[$target]:-envoy}" million 4 64 600 "${pid[$target]}")
+    after=$(echo "$out" | field rss_kib)
+    python3 -c "print(f'  {\"$target\":12s} RSS {$before} KiB -> {$after} KiB: {($after - $before) * 1024 / 1e6:.0f} bytes per key ($(echo "$out" | field errors) errors)')"
+  done
+}

@@ -53,28 +53,8 @@ for name in $servers; do start "$name"; done
 sleep 1
 
 results="$work/results"
-header
-for round in $(seq "$rounds"); do
-  for scenario in hot distinct denied; do
-    for target in $servers; do
-      out=$("${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" "${rpc[$target]}" \
-        "$scenario" 4 64 "$seconds" "${pid[$target]}")
-      row "$round" "$scenario" "$target" "$out" "$results"
-    done
-  done
-done
-
-echo
-echo "memory per live key (10^6 keys, each kept an hour):"
-for target in cellrate throttlecrab; do
-  kill "${pid[$target]}" 2>/dev/null; wait "${pid[$target]}" 2>/dev/null || true
-  start "$target"; sleep 1
-  before=$(awk '/VmRSS/ {print $2}' "/proc/${pid[$target]}/status")
-  out=$(LOADGEN_TOTAL=1000000 "${pin_load[@]}" "$bin/examples/loadgen" "127.0.0.1:${port[$target]}" \
-    "${rpc[$target]}" million 4 64 600 "${pid[$target]}")
-  after=$(echo "$out" | field rss_kib)
-  python3 -c "print(f'  {\"$target\":12s} RSS {$before} KiB -> {$after} KiB: {($after - $before) * 1024 / 1e6:.0f} bytes per key ($(echo "$out" | field errors) errors)')"
-done
+grpc_rounds "hot distinct denied"
+grpc_memory "cellrate throttlecrab"
 
 echo
 for pair in "cellrate baseline" "cellrate shaped" "throttlecrab shaped" "throttlecrab cellrate"; do
