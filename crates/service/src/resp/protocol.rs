@@ -584,5 +584,8 @@ mod tests {
             r.integers(numbers);
             assert_eq!(r.out, one_at_a_time(numbers), "{numbers:?}");
         }
+        let mut r = Replies::default();
+        r.integers(&[0, -1, i64::MIN]);
+        assert_eq!(&r.out[..], b"*3\r\n:0\r\n:-1\r\n:-9223372036854775808\r\n");
     }
 }
