@@ -41,7 +41,7 @@ COPY crates/module/Cargo.toml ./crates/module/
 COPY tests/support/Cargo.toml ./tests/support/
 # Every target Cargo.toml names must exist for cargo to load the manifest: stubs (a test
 # keeps this list equal to the workspace's targets).
-RUN mkdir -p src benches/grpc crates/core/src crates/observe/src crates/limits/src \
+RUN mkdir -p src benches/grpc benches/resp crates/core/src crates/observe/src crates/limits/src \
        crates/store/src crates/service/src crates/module/src tests/support/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs crates/limits/src/lib.rs \
@@ -49,6 +49,7 @@ RUN mkdir -p src benches/grpc crates/core/src crates/observe/src crates/limits/s
        tests/support/src/lib.rs \
        benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs benches/new_paths.rs \
        benches/grpc/baseline.rs benches/grpc/loadgen.rs benches/grpc/attack.rs \
+       benches/resp/floor.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && cargo build --profile "$PROFILE" --locked -p cellrate-redis-module --lib \
     && rm -rf src benches crates/core/src crates/observe/src crates/limits/src crates/store/src \
