@@ -443,7 +443,10 @@ fn differential(start: fn() -> RedisServer, seeds: &[u64]) {
         }
     }
     for seen in OUTCOMES {
-        assert!(all.contains_key(seen), "seeds {ran:?}: no {seen} in {all:?}");
+        assert!(
+            all.contains_key(seen),
+            "seeds {ran:?}: no {seen} in {all:?}"
+        );
     }
 }
 
