@@ -302,6 +302,16 @@ fn drive(
                 }
                 compared += 1;
             }
+            // Nothing the ledger writes outlives its window: a record or a queue without
+            // an expiry would be kept forever.
+            for (name, _, ttl) in &all[0] {
+                let kept = [":r:", ":q:"].iter().any(|p| name.contains(p));
+                assert!(
+                    !kept || *ttl >= 0,
+                    "seed {seed} step {step}: {name} has no expiry\n{}",
+                    show(&all[0])
+                );
+            }
             continue;
         }
         for slot in 0..4 {

@@ -49,7 +49,8 @@
 --         makes them due again RESOLVE_AGAIN_MS later (until they are decided or
 --         forgotten, or their key expires). Returns {now, then per claimed or handed out:
 --         key, check, facts, opened, decided}.
--- queue   KEYS[2] a record: queued in KEYS[5] if it is a live hold. Returns {"1"}.
+-- queue   KEYS[2] a record: queued in KEYS[5] if it is a live hold whose key has not
+--         expired. Returns {"1"}.
 -- oldest  ARGV[2] costs. Claims, as claim does, the oldest decided live hold of KEYS[5]
 --         (among its first QUEUE_LOOK records: a pending one, or one past its due not yet
 --         claimed by due, is passed over and stays). Returns {"0"} for none,
@@ -263,7 +264,10 @@ elseif op == 'due' then
   end
   return out
 elseif op == 'queue' then
-  if redis.call('ZSCORE', holds, key) and not redis.call('HGET', key, 'q') then
+  -- A record whose key expired while it was still counted a live hold (until pushed out)
+  -- is gone: queuing it would write a hash that never expires.
+  if redis.call('ZSCORE', holds, key) and redis.call('EXISTS', key) == 1
+      and not redis.call('HGET', key, 'q') then
     local q = KEYS[5]
     redis.call('HSET', key, 'q', q)
     redis.call('ZADD', q, 'NX', tonumber(now_us), key)
