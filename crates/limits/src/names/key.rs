@@ -194,7 +194,11 @@ impl BucketKey {
 
     /// What precedes the id: the number, and a calendar key's `@<period>`.
     pub fn head(&self) -> &str {
-        self.0.split_once(':').map_or("0", |(head, _)| head)
+        // By byte, as `id`.
+        match self.0.bytes().position(|b| b == b':') {
+            Some(colon) => &self.0[..colon],
+            None => "0",
+        }
     }
 }
 

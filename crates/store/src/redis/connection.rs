@@ -525,7 +525,9 @@ pub(super) fn parse_read<'k, V: AsRef<str>>(
 /// Values numbered from 1 in their order of first appearance: a call's shapes.
 struct Dedup<T> {
     order: Vec<T>,
-    index: HashMap<T, usize>,
+    /// foldhash, randomly seeded per process: SipHash cost ~400 instructions a shape, one
+    /// per item of a call.
+    index: HashMap<T, usize, foldhash::fast::RandomState>,
     /// Whether `index` is kept: a few values are found faster by a scan.
     mapped: bool,
 }
@@ -534,7 +536,7 @@ impl<T: Copy + Eq + std::hash::Hash> Dedup<T> {
     fn new(items: usize) -> Dedup<T> {
         Dedup {
             order: Vec::with_capacity(items),
-            index: HashMap::new(),
+            index: HashMap::default(),
             mapped: items > 8,
         }
     }
