@@ -1,7 +1,6 @@
 //! The connection (standalone or cluster) and the one script call every operation makes,
 //! with its deadline, its breaker and the parsing of its reply.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -9,7 +8,9 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::errors::store_error;
-use super::invocation::{holds_an_error, unknown_command, unreadable, Invocation, BATCH_COMMAND};
+use super::invocation::{
+    holds_an_error, unknown_command, unreadable, Dedup, Invocation, BATCH_COMMAND,
+};
 use super::sentinel::SentinelLink;
 use super::tls::TlsLink;
 use super::wire::{LeaseRead, Op, Read, Wire};
@@ -520,42 +521,6 @@ pub(super) fn parse_read<'k, V: AsRef<str>>(
         tats,
         leases: read_leases,
     })
-}
-
-/// Values numbered from 1 in their order of first appearance: a call's shapes.
-struct Dedup<T> {
-    order: Vec<T>,
-    /// foldhash, randomly seeded per process: SipHash cost ~400 instructions a shape, one
-    /// per item of a call.
-    index: HashMap<T, usize, foldhash::fast::RandomState>,
-    /// Whether `index` is kept: a few values are found faster by a scan.
-    mapped: bool,
-}
-
-impl<T: Copy + Eq + std::hash::Hash> Dedup<T> {
-    fn new(items: usize) -> Dedup<T> {
-        Dedup {
-            order: Vec::with_capacity(items),
-            index: HashMap::default(),
-            mapped: items > 8,
-        }
-    }
-
-    /// The number of `value`, added if new.
-    fn index(&mut self, value: T) -> usize {
-        let known = if self.mapped {
-            self.index.get(&value).copied()
-        } else {
-            self.order.iter().position(|v| *v == value).map(|i| i + 1)
-        };
-        known.unwrap_or_else(|| {
-            self.order.push(value);
-            if self.mapped {
-                self.index.insert(value, self.order.len());
-            }
-            self.order.len()
-        })
-    }
 }
 
 #[cfg(test)]

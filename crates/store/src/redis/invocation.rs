@@ -12,6 +12,7 @@
 //! that are no UTF-8) fails its call; either way the store keeps to the script from then
 //! on. The settlement ledger follows what the store found.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::{FromRedisValue, RedisResult, ToRedisArgs};
@@ -278,5 +279,41 @@ impl super::RedisStore {
     /// A call of the script, or of the module when it is used, for keys in `slot`.
     pub(super) fn invocation(&self, slot: usize) -> Invocation<'_> {
         Invocation::new(&self.script, self.module.used(), BATCH_COMMAND, slot)
+    }
+}
+
+/// Values numbered from 1 in their order of first appearance: a call's shapes.
+pub(super) struct Dedup<T> {
+    pub(super) order: Vec<T>,
+    /// foldhash, randomly seeded per process: SipHash cost ~400 instructions a shape, one
+    /// per item of a call.
+    index: HashMap<T, usize, foldhash::fast::RandomState>,
+    /// Whether `index` is kept: a few values are found faster by a scan.
+    mapped: bool,
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Dedup<T> {
+    pub(super) fn new(items: usize) -> Dedup<T> {
+        Dedup {
+            order: Vec::with_capacity(items),
+            index: HashMap::default(),
+            mapped: items > 8,
+        }
+    }
+
+    /// The number of `value`, added if new.
+    pub(super) fn index(&mut self, value: T) -> usize {
+        let known = if self.mapped {
+            self.index.get(&value).copied()
+        } else {
+            self.order.iter().position(|v| *v == value).map(|i| i + 1)
+        };
+        known.unwrap_or_else(|| {
+            self.order.push(value);
+            if self.mapped {
+                self.index.insert(value, self.order.len());
+            }
+            self.order.len()
+        })
     }
 }

@@ -317,3 +317,39 @@ pub(super) fn refuse(
     }
     true
 }
+
+/// Each group's decision replayed exactly as the script made it (`None`: a group that
+/// failed, or was resolved as not spent): the outcomes, the first failure, and whether a
+/// group was resolved as not spent.
+#[allow(clippy::type_complexity)]
+pub(super) fn replay_groups(
+    items: &[StoreItem],
+    groups: &[(usize, Vec<usize>)],
+    reads: Vec<Result<Option<Read>, StoreError>>,
+    refused: &[bool],
+) -> (
+    Vec<Option<(Read, cellrate_core::gcra::BatchOutcome)>>,
+    Option<StoreError>,
+    bool,
+) {
+    let mut outcomes = Vec::with_capacity(groups.len());
+    let (mut failure, mut void) = (None, false);
+    for ((_, members), read) in groups.iter().zip(reads) {
+        let replayed = read.and_then(|read| match read {
+            Some(read) => Ok(Some((replay(items, members, &read, false, refused)?, read))),
+            None => Ok(None),
+        });
+        match replayed {
+            Ok(Some((out, read))) => outcomes.push(Some((read, out))),
+            Ok(None) => {
+                void = true;
+                outcomes.push(None);
+            }
+            Err(e) => {
+                failure = Some(e);
+                outcomes.push(None);
+            }
+        }
+    }
+    (outcomes, failure, void)
+}

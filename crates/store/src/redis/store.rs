@@ -234,7 +234,7 @@ impl RedisStore {
             }
         };
 
-        let (outcomes, failure, void) = replay_groups(items, &groups, reads, &refused);
+        let (outcomes, failure, void) = leases::replay_groups(items, &groups, reads, &refused);
         let all_allowed = failure.is_none()
             && !void
             && outcomes
@@ -576,43 +576,4 @@ impl Store for RedisStore {
             cache.lock().clear();
         }
     }
-}
-
-/// Each group's decision replayed exactly as the script made it (`None`: a group that
-/// failed, or was resolved as not spent): the outcomes, the first failure, and whether a
-/// group was resolved as not spent.
-#[allow(clippy::type_complexity)]
-fn replay_groups(
-    items: &[StoreItem],
-    groups: &[(usize, Vec<usize>)],
-    reads: Vec<Result<Option<Read>, StoreError>>,
-    refused: &[bool],
-) -> (
-    Vec<Option<(Read, cellrate_core::gcra::BatchOutcome)>>,
-    Option<StoreError>,
-    bool,
-) {
-    let mut outcomes = Vec::with_capacity(groups.len());
-    let (mut failure, mut void) = (None, false);
-    for ((_, members), read) in groups.iter().zip(reads) {
-        let replayed = read.and_then(|read| match read {
-            Some(read) => Ok(Some((
-                leases::replay(items, members, &read, false, refused)?,
-                read,
-            ))),
-            None => Ok(None),
-        });
-        match replayed {
-            Ok(Some((out, read))) => outcomes.push(Some((read, out))),
-            Ok(None) => {
-                void = true;
-                outcomes.push(None);
-            }
-            Err(e) => {
-                failure = Some(e);
-                outcomes.push(None);
-            }
-        }
-    }
-    (outcomes, failure, void)
 }
