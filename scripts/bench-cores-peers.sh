@@ -34,13 +34,10 @@ if [ ! -x "$limitador" ]; then
   echo "limitador is not built: run scripts/bench-peers.sh once (it builds it into $peers)" >&2
   exit 1
 fi
-crab=$peers/throttlecrab/bin/throttlecrab-server
-if [ ! -x "$crab" ]; then
-  cargo install --quiet --locked throttlecrab-server --version 0.4.40 --root "$peers/throttlecrab"
-fi
 cargo build --profile release-lto --quiet --bin cellrate --example loadgen
 bin=target/release-lto
 . scripts/bench-lib.sh
+crab=$(throttlecrab_server)
 work=$(mktemp -d)
 
 side_by_side

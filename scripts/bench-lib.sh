@@ -3,6 +3,18 @@
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# throttlecrab_server: throttlecrab-server 0.4.40's path, installed from crates.io into
+# target/peers/throttlecrab (`cargo install --locked`, a few minutes on two cores) when
+# missing.
+throttlecrab_server() {
+  local root=$PWD/target/peers/throttlecrab
+  if [ ! -x "$root/bin/throttlecrab-server" ]; then
+    echo "installing throttlecrab-server 0.4.40 from crates.io (a few minutes on two cores)" >&2
+    cargo install --quiet --locked throttlecrab-server --version 0.4.40 --root "$root" >&2
+  fi
+  echo "$root/bin/throttlecrab-server"
+}
+
 # field NAME: the value of NAME=... in loadgen's output on stdin.
 field() { sed -n "s/\(^\|.* \)$1=\([0-9.]*\).*/\2/p"; }
 

@@ -24,14 +24,10 @@ rounds=${1:-5}
 seconds=${2:-5}
 peers=$PWD/target/peers
 
-crab=$peers/throttlecrab/bin/throttlecrab-server
-if [ ! -x "$crab" ]; then
-  echo "installing throttlecrab-server 0.4.40 from crates.io (a few minutes on two cores)"
-  cargo install --quiet --locked throttlecrab-server --version 0.4.40 --root "$peers/throttlecrab"
-fi
 cargo build --profile release-lto --quiet --bin cellrate --example baseline --example loadgen
 bin=target/release-lto
 . scripts/bench-lib.sh
+crab=$(throttlecrab_server)
 work=$(mktemp -d)
 
 side_by_side

@@ -38,14 +38,10 @@ if [ ! -f "$module" ]; then
   echo "building redis-cell (the differential test's harness builds the same)"
   cargo test --quiet --all-features --test full resp_differential::cl_throttle_answers_as_redis_cell_on_the_memory_store >/dev/null
 fi
-crab=$peers/throttlecrab/bin/throttlecrab-server
-if [ ! -x "$crab" ]; then
-  echo "installing throttlecrab-server 0.4.40 from crates.io (a few minutes on two cores)"
-  cargo install --quiet --locked throttlecrab-server --version 0.4.40 --root "$peers/throttlecrab"
-fi
 cargo build --profile release-lto --quiet --bin cellrate --example resp_floor
 bin=target/release-lto
 . scripts/bench-lib.sh
+crab=$(throttlecrab_server)
 work=$(mktemp -d)
 
 side_by_side
