@@ -121,7 +121,7 @@ impl RedisStore {
             .is_none_or(|names| names.contains(&number));
         let (id, prefix) = (escape(id), &self.settings.prefix);
         // Pushed into one allocation of the right size: `format!` cost ~1 000 instructions
-        // a key (a fifth of the client's work per decision through the Redis store).
+        // a key (about a tenth of the client's work per decision through the Redis store).
         let mut out = String::with_capacity(prefix.len() + head.len() + id.len() + 3);
         out.push_str(prefix);
         out.push_str(head);
