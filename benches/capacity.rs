@@ -5,8 +5,8 @@
 //! - the time to load and swap in a limits directory with 100 000 overrides;
 //! - the memory store full of leases (keys of one lease each, ids of 16 and 256 bytes):
 //!   memory per lease;
-//! - the Redis store's count of lease keys (`LeaseKeys`) full: memory per key a replica
-//!   counts.
+//! - the Redis store's counts of lease keys (`LeaseKeys`) and of bucket keys
+//!   (`BucketKeys`) full: memory per key a replica counts.
 //!
 //! Each memory figure comes from a fresh child process, so that memory freed by one run
 //! cannot hide the next one's growth. Run: `cargo bench --bench capacity`.
@@ -248,6 +248,19 @@ fn memory_per_lease(n: usize, id_len: usize) {
     );
 }
 
+/// RSS growth over `fill`, after a pause and a churn of small allocations (so that the
+/// allocator's caches settle), in bytes.
+#[cfg(feature = "redis")]
+fn rss_growth(fill: impl FnOnce()) -> f64 {
+    let before = rss();
+    fill();
+    std::thread::sleep(Duration::from_millis(1_500));
+    for i in 0..200_000 {
+        std::hint::black_box(Vec::<u8>::with_capacity(64 + i % 4096));
+    }
+    rss().saturating_sub(before) as f64
+}
+
 /// Memory per lease key that a Redis store's replica counts ([`LeaseKeys`], one name
 /// holding them all, as one caller's flood of fresh tenant ids makes): RSS growth over `n`
 /// keys claimed and settled as taken, each until its own expiry.
@@ -256,18 +269,14 @@ fn memory_per_lease_key(n: usize) {
     use cellrate::store::redis::{LeaseKeys, Settled};
     let keys = LeaseKeys::new(n, 100);
     let t0 = 1_700_000_000 * SECOND;
-    let before = rss();
-    for i in 0..n {
-        let key = format!("cellrate:110@lease:tenant-{i:0>12}");
-        let until = t0 + 30 * SECOND + i as i64;
-        let claim = keys.claim(110, &key, t0, until);
-        keys.settle(110, &key, claim, Settled::Taken(until));
-    }
-    std::thread::sleep(Duration::from_millis(1_500));
-    for i in 0..200_000 {
-        std::hint::black_box(Vec::<u8>::with_capacity(64 + i % 4096));
-    }
-    let grown = rss().saturating_sub(before) as f64;
+    let grown = rss_growth(|| {
+        for i in 0..n {
+            let key = format!("cellrate:110@lease:tenant-{i:0>12}");
+            let until = t0 + 30 * SECOND + i as i64;
+            let claim = keys.claim(110, &key, t0, until);
+            keys.settle(110, &key, claim, Settled::Taken(until));
+        }
+    });
     assert_eq!(keys.len(), n);
     println!(
         "redis_store lease_keys={n} rss_growth_mib={:.1} bytes_per_key={:.1}",
@@ -276,11 +285,53 @@ fn memory_per_lease_key(n: usize) {
     );
 }
 
+/// Memory per bucket key that a Redis store's replica counts ([`BucketKeys`], one name
+/// holding them all, as a flood of fresh `api_key` values on a daily limit makes): RSS
+/// growth over `n` keys claimed and settled as written, each until its own TAT.
+#[cfg(feature = "redis")]
+fn memory_per_bucket_key(n: usize) {
+    use cellrate::store::redis::{BucketKeys, Written};
+    let keys = BucketKeys::new(n, 0, 100);
+    let t0 = 1_700_000_000 * SECOND;
+    let limit = Limit::new(1_000, 1_000, 86_400 * SECOND).unwrap();
+    let grown = rss_growth(|| {
+        for i in 0..n {
+            let id = format!("key-{i:0>12}");
+            let item = StoreItem {
+                key: BucketKey::new(101, &id),
+                limit,
+                cost: 1,
+                mode: Mode::CheckAndSpend,
+                lease: None,
+            };
+            let claim = keys.claim(&item, &format!("cellrate:101:{id}"), t0);
+            keys.settle(claim, Written::Until(t0 + 86 * SECOND + i as i64));
+        }
+    });
+    assert_eq!(keys.len(), n);
+    // A sweep that finds nothing ended reads every key (what a refused claim's sweep for
+    // room costs, at most once a second).
+    let started = Instant::now();
+    assert_eq!(keys.sweep(t0), 0);
+    let sweep = started.elapsed();
+    println!(
+        "redis_store bucket_keys={n} rss_growth_mib={:.1} bytes_per_key={:.1} sweep_ms={:.1}",
+        grown / (1 << 20) as f64,
+        grown / n as f64,
+        sweep.as_secs_f64() * 1e3
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     #[cfg(feature = "redis")]
     if let Some(at) = args.iter().position(|a| a == "lease-keys") {
         memory_per_lease_key(args[at + 1].parse().unwrap());
+        return;
+    }
+    #[cfg(feature = "redis")]
+    if let Some(at) = args.iter().position(|a| a == "bucket-keys") {
+        memory_per_bucket_key(args[at + 1].parse().unwrap());
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "leases") {
@@ -324,16 +375,23 @@ fn main() {
         assert!(status.success());
     }
     // CAPACITY_LEASE_KEYS="250000,1000000": a Redis replica's count of lease keys, at one
-    // name's default share and at the default --max-leases.
+    // name's default share and at the default --max-leases; CAPACITY_BUCKET_KEYS=
+    // "2250000,10000000": its count of bucket keys, at one name's default share and at
+    // the default --max-buckets.
     #[cfg(feature = "redis")]
-    for n in std::env::var("CAPACITY_LEASE_KEYS")
-        .unwrap_or_else(|_| "250000,1000000".into())
-        .split(',')
-    {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["lease-keys", n])
-            .status()
-            .unwrap();
-        assert!(status.success());
+    for (what, sizes, default) in [
+        ("lease-keys", "CAPACITY_LEASE_KEYS", "250000,1000000"),
+        ("bucket-keys", "CAPACITY_BUCKET_KEYS", "2250000,10000000"),
+    ] {
+        for n in std::env::var(sizes)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+        {
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([what, n])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
     }
 }

@@ -426,7 +426,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub memcache: super::memcache_args::MemcacheArgs,
 
-    /// Bound on live buckets in the memory store.
+    /// Bound on live buckets in the memory store (Redis: on the keys a replica writes).
     #[arg(long, env = "CELLRATE_MAX_BUCKETS", default_value_t = crate::store::memory::DEFAULT_MAX_BUCKETS)]
     pub max_buckets: usize,
 

@@ -1,5 +1,5 @@
-//! `cellrate serve`'s flags for the shares of the memory store's bucket table
-//! (`--max-buckets` is with the other bounds).
+//! `cellrate serve`'s flags for the shares of the memory store's bucket table, and of the
+//! bucket keys a Redis store's replica writes (`--max-buckets` is with the other bounds).
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BucketArgs {

@@ -108,13 +108,17 @@ impl Stores {
                 settings: redis,
                 required_for_ready,
             } => {
-                // The lease keys' bounds are the memory store's flags (docs/redis-store.md).
-                let leases = crate::store::redis::RedisSettings {
+                // The bounds of the keys a replica counts are the memory store's flags
+                // (docs/redis-store.md).
+                let bounded = crate::store::redis::RedisSettings {
                     max_lease_keys: settings.max_leases,
                     lease_name_share: settings.lease_name_share,
+                    max_bucket_keys: settings.max_buckets,
+                    caller_bucket_share: settings.caller_bucket_share,
+                    bucket_name_share: settings.bucket_name_share,
                     ..(**redis).clone()
                 };
-                let store = RedisStore::new(leases, clock.clone(), metrics.clone())?;
+                let store = RedisStore::new(bounded, clock.clone(), metrics.clone())?;
                 if *required_for_ready {
                     health.require_store_health(store.healthy());
                 }

@@ -34,6 +34,8 @@ mod ratelimit_dashboard;
 mod ratelimit_example;
 mod readme_tools;
 #[cfg(feature = "redis")]
+mod redis_bucket_shares;
+#[cfg(feature = "redis")]
 mod redis_coalescing;
 #[cfg(feature = "redis")]
 mod redis_leases;

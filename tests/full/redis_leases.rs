@@ -696,32 +696,9 @@ async fn top_in_flight_on_redis_says_it_cannot_list_leases() {
     assert_eq!(inspect.items[0].remaining, 2);
 }
 
-/// `INFO memory`'s `used_memory` of `server`, in bytes.
-fn used_memory(server: &RedisServer) -> i64 {
-    let info = server.cli(&["INFO", "memory"]).unwrap();
-    let line = info
-        .lines()
-        .find(|l| l.starts_with("used_memory:"))
-        .unwrap();
-    line["used_memory:".len()..].trim().parse().unwrap()
-}
-
-/// The lease keys of name `number` in Redis (`SCAN`, bounded).
+/// The lease keys of name `number` in Redis.
 fn lease_keys(server: &RedisServer, number: u32) -> usize {
-    let pattern = format!("l:{number}@lease:*");
-    let (mut cursor, mut found) = ("0".to_string(), 0);
-    for _ in 0..100_000 {
-        let out = server
-            .cli(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"])
-            .unwrap();
-        let mut lines = out.lines();
-        cursor = lines.next().unwrap().trim().to_string();
-        found += lines.filter(|l| !l.trim().is_empty()).count();
-        if cursor == "0" {
-            return found;
-        }
-    }
-    panic!("SCAN did not finish");
+    server.count_keys(&format!("l:{number}@lease:*"))
 }
 
 /// Issue #58 on Redis: one caller floods acquires over fresh keys of one concurrency limit
@@ -749,7 +726,7 @@ async fn one_callers_fresh_lease_keys_take_only_their_names_share() {
         ..lease(key, 5, mode, id)
     };
     one(&*store, rate("warm", 5)).await; // loads the script
-    let before = used_memory(&server);
+    let before = server.used_memory();
     let (mut allowed, mut answers) = (0, Vec::new());
     for i in 0..2_000 {
         let item = named(100, &format!("fresh-{i}"), Mode::Acquire, &format!("x{i}"));
@@ -760,7 +737,7 @@ async fn one_callers_fresh_lease_keys_take_only_their_names_share() {
         allowed += usize::from(out.allowed);
         answers.push((item, out));
     }
-    let flooded = used_memory(&server);
+    let flooded = server.used_memory();
     let keys = lease_keys(&server, 100);
     let one_key = store.redis_key(&BucketKey::windowed(100, "fresh-0", Window::Concurrency));
     let usage = server.cli(&["MEMORY", "USAGE", &one_key]).unwrap();

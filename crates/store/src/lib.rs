@@ -66,6 +66,8 @@
 //! redis/invocation.rs       a call: EVALSHA of the script, or cellrate's module's command
 //! redis/leases.rs           leases as the script reads them
 //! redis/lease_keys.rs       lease keys counted per name: this replica's share
+//! redis/bucket_keys.rs      bucket keys counted per name: this replica's share
+//! redis/items.rs            a slot group's items as the script reads them
 //! redis/settlements.rs      settlements in Redis
 //! redis/once.rs             a kept Check's spend under a token, resolved once
 //! redis/overrides.rs        the overrides' shared table

@@ -202,6 +202,33 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// `used_memory` of `INFO memory`, in bytes.
+    pub fn used_memory(&self) -> i64 {
+        let info = self.cli(&["INFO", "memory"]).expect("INFO answers");
+        let line = info
+            .lines()
+            .find(|l| l.starts_with("used_memory:"))
+            .expect("INFO memory has used_memory");
+        line["used_memory:".len()..].trim().parse().unwrap()
+    }
+
+    /// The keys matching `pattern` (`SCAN`, bounded in rounds).
+    pub fn count_keys(&self, pattern: &str) -> usize {
+        let (mut cursor, mut found) = ("0".to_string(), 0);
+        for _ in 0..100_000 {
+            let out = self
+                .cli(&["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"])
+                .expect("SCAN answers");
+            let mut lines = out.lines();
+            cursor = lines.next().unwrap_or("0").trim().to_string();
+            found += lines.filter(|l| !l.trim().is_empty()).count();
+            if cursor == "0" {
+                return found;
+            }
+        }
+        panic!("SCAN did not finish");
+    }
+
     /// Server settings for the Redis store on this server (500 ms deadlines).
     pub fn settings(&self) -> cellrate::server::Settings {
         cellrate::server::Settings {

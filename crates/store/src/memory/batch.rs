@@ -99,7 +99,7 @@ impl MemoryStore {
                     }
                     if let Err(full) = room {
                         // No room: denied (or, best effort, not written), never an error.
-                        self.names.refused(full);
+                        self.room.names.refused(full);
                         let counts = item.mode.counts();
                         let decision = match counts {
                             true => gcra::no_room(&item.limit, now),

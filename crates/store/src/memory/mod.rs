@@ -45,10 +45,12 @@ use cellrate_limits::names::BucketKey;
 mod batch;
 mod lease_shares;
 mod leases;
-mod shares;
+pub(crate) mod shares;
 mod snapshot;
 pub use lease_shares::DEFAULT_LEASE_NAME_SHARE_PERCENT;
 use leases::LeaseMap;
+#[cfg(feature = "redis")]
+pub(crate) use leases::PrintHasher;
 pub use leases::DEFAULT_MAX_LEASES;
 pub use shares::{Full, DEFAULT_BUCKET_NAME_SHARE_PERCENT};
 pub use snapshot::{Ignored, Restored, Written};
@@ -104,13 +106,13 @@ impl BuildHasher for BucketHasher {
 
 /// Which table of a shard a bucket lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Space {
+pub(crate) enum Space {
     Configured = 0,
     CallerGiven = 1,
 }
 
 impl Space {
-    fn of(key: &BucketKey) -> Space {
+    pub(crate) fn of(key: &BucketKey) -> Space {
         if key.is_caller_given() {
             Space::CallerGiven
         } else {
@@ -150,13 +152,9 @@ pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: BucketHasher,
     clock: Arc<dyn Clock>,
-    /// Bucket bound, by [`Space`].
-    bound: [usize; 2],
-    /// Buckets held, by [`Space`], expired ones included (changed under a shard's lock,
-    /// with the table it counts).
-    held: [AtomicUsize; 2],
-    /// Configured buckets held per limit name, the bound on each, and refusals.
-    names: shares::NameShares,
+    /// Bucket bounds by [`Space`], buckets held (expired ones included, changed under a
+    /// shard's lock with the table it counts), each configured name's share, refusals.
+    room: shares::Room,
     /// Bound on leases of concurrency limits, and leases held (expired ones included).
     lease_bound: usize,
     leases_held: AtomicUsize,
@@ -202,17 +200,13 @@ impl MemoryStore {
         caller_percent: usize,
     ) -> MemoryStore {
         let shards = shards.max(1);
-        let caller = (max_buckets as u128 * caller_percent.min(100) as u128 / 100) as usize;
-        let configured = max_buckets - caller;
         MemoryStore {
             shards: (0..shards)
                 .map(|_| Shard(Mutex::new(Tables::default())))
                 .collect(),
             hasher: BucketHasher::random(),
             clock,
-            bound: [configured, caller],
-            held: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            names: shares::NameShares::new(configured, DEFAULT_BUCKET_NAME_SHARE_PERCENT),
+            room: shares::Room::new(max_buckets, caller_percent),
             lease_bound: DEFAULT_MAX_LEASES,
             leases_held: AtomicUsize::new(0),
             lease_names: lease_shares::NameShares::new(
@@ -227,7 +221,7 @@ impl MemoryStore {
     /// This store (new, empty) with at most `percent` (1 to 100; 100: no share) of the
     /// configured limits' buckets per limit name.
     pub fn with_bucket_name_share(mut self, percent: usize) -> MemoryStore {
-        self.names = shares::NameShares::new(self.bound[Space::Configured as usize], percent);
+        self.room = self.room.with_name_share(percent);
         self
     }
 
@@ -298,21 +292,18 @@ impl MemoryStore {
 
     /// Buckets held, including expired ones not yet swept.
     pub fn live_buckets(&self) -> usize {
-        self.held
-            .iter()
-            .map(|held| held.load(Ordering::Acquire))
-            .sum()
+        self.room.held()
     }
 
     /// Buckets of limit name `number` held now, expired ones until dropped (0 for the
     /// numbers that have no name share: 0 and 99).
     pub fn name_buckets(&self, number: u32) -> usize {
-        self.names.held(number)
+        self.room.names.held(number)
     }
 
     /// Spends refused for want of room so far, by [`Full`].
     pub fn bucket_refusals(&self) -> [u64; 3] {
-        self.names.refusals()
+        self.room.names.refusals()
     }
 
     /// The stored TAT of `key` (tests and debugging).

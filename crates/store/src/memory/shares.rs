@@ -57,7 +57,7 @@ pub(super) fn take_both(
 }
 
 /// The tag of `key`'s bucket: its name number, 65 535 for higher numbers.
-pub(super) fn tag_of(key: &BucketKey) -> Tag {
+pub(crate) fn tag_of(key: &BucketKey) -> Tag {
     Tag::try_from(key.parts().0).unwrap_or(Tag::MAX)
 }
 
@@ -74,7 +74,7 @@ pub enum Full {
 }
 
 /// Buckets held per tag, the bound on each, and the spends refused for want of room.
-pub(super) struct NameShares {
+pub(crate) struct NameShares {
     configured: usize,
     bound: usize,
     held: Box<[AtomicUsize]>,
@@ -132,27 +132,55 @@ impl NameShares {
     }
 
     /// Buckets name `number` holds now (expired ones until dropped).
-    pub(super) fn held(&self, number: u32) -> usize {
+    pub(crate) fn held(&self, number: u32) -> usize {
         let tag = Tag::try_from(number).unwrap_or(Tag::MAX);
         self.held[tag as usize].load(Ordering::Acquire)
     }
 
     /// Counts a spend refused because `full` left no room.
-    pub(super) fn refused(&self, full: Full) {
+    pub(crate) fn refused(&self, full: Full) {
         self.refused[full as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Spends refused so far, by [`Full`].
-    pub(super) fn refusals(&self) -> [u64; 3] {
+    pub(crate) fn refusals(&self) -> [u64; 3] {
         self.refused
             .each_ref()
             .map(|count| count.load(Ordering::Relaxed))
     }
 }
 
-impl MemoryStore {
+/// The room of a table of buckets: its bound by [`Space`], the buckets it counts by space
+/// (expired ones until dropped), and each configured name's share. The memory store's,
+/// and the Redis store's count of the keys a replica writes (`redis/bucket_keys.rs`).
+pub(crate) struct Room {
+    pub(super) bound: [usize; 2],
+    held: [AtomicUsize; 2],
+    pub(crate) names: NameShares,
+}
+
+impl Room {
+    /// Room for `max_buckets`, `caller_percent` of them for caller-given limits, each
+    /// configured name at most [`DEFAULT_BUCKET_NAME_SHARE_PERCENT`] of the rest.
+    pub(crate) fn new(max_buckets: usize, caller_percent: usize) -> Room {
+        let caller = (max_buckets as u128 * caller_percent.min(100) as u128 / 100) as usize;
+        let configured = max_buckets - caller;
+        Room {
+            bound: [configured, caller],
+            held: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            names: NameShares::new(configured, DEFAULT_BUCKET_NAME_SHARE_PERCENT),
+        }
+    }
+
+    /// This room with at most `percent` (1 to 100; 100: no share) of the configured part
+    /// per limit name.
+    pub(crate) fn with_name_share(mut self, percent: usize) -> Room {
+        self.names = NameShares::new(self.bound[Space::Configured as usize], percent);
+        self
+    }
+
     /// Counts `n` new buckets of `space` under `tag` if the bounds allow them all, or none.
-    pub(super) fn reserve(&self, space: Space, tag: Tag, n: usize) -> Result<(), Full> {
+    pub(crate) fn reserve(&self, space: Space, tag: Tag, n: usize) -> Result<(), Full> {
         let all = (&self.held[space as usize], self.bound[space as usize]);
         match space {
             Space::Configured => self.names.take(tag, all, n),
@@ -162,13 +190,33 @@ impl MemoryStore {
     }
 
     /// Counts `n` buckets of `space` under `tag` dropped.
-    pub(super) fn dropped(&self, space: Space, tag: Tag, n: usize) {
+    pub(crate) fn dropped(&self, space: Space, tag: Tag, n: usize) {
         if n > 0 {
             self.held[space as usize].fetch_sub(n, Ordering::AcqRel);
             if space == Space::Configured {
                 self.names.dropped(tag, n);
             }
         }
+    }
+
+    /// Buckets counted in all, expired ones until dropped.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+            .iter()
+            .map(|held| held.load(Ordering::Acquire))
+            .sum()
+    }
+}
+
+impl MemoryStore {
+    /// Counts `n` new buckets of `space` under `tag` if the bounds allow them all, or none.
+    pub(super) fn reserve(&self, space: Space, tag: Tag, n: usize) -> Result<(), Full> {
+        self.room.reserve(space, tag, n)
+    }
+
+    /// Counts `n` buckets of `space` under `tag` dropped.
+    pub(super) fn dropped(&self, space: Space, tag: Tag, n: usize) {
+        self.room.dropped(space, tag, n)
     }
 
     /// Drops the expired buckets of `table` (of `space`) and gives back their room;
@@ -246,7 +294,7 @@ impl MemoryStore {
         for (k, room) in rooms.iter().enumerate() {
             if let Some(Err(full)) = room {
                 if !std::mem::replace(&mut counted[*full as usize], true) {
-                    self.names.refused(*full);
+                    self.room.names.refused(*full);
                 }
                 denied |= batch[k].mode.counts();
             }

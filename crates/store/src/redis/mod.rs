@@ -50,6 +50,8 @@ pub use settings::{
 #[cfg(feature = "redis")]
 mod breaker;
 #[cfg(feature = "redis")]
+mod bucket_keys;
+#[cfg(feature = "redis")]
 mod cluster;
 #[cfg(feature = "redis")]
 mod coalesce;
@@ -67,6 +69,8 @@ mod failure;
 mod failure_log;
 #[cfg(feature = "redis")]
 mod invocation;
+#[cfg(feature = "redis")]
+mod items;
 #[cfg(feature = "redis")]
 mod lease_keys;
 #[cfg(feature = "redis")]
@@ -86,6 +90,8 @@ mod tls;
 #[cfg(feature = "redis")]
 mod wire;
 
+#[cfg(feature = "redis")]
+pub use bucket_keys::{BucketClaim, BucketKeys, Written};
 #[cfg(feature = "redis")]
 pub use cluster::slot;
 #[cfg(feature = "redis")]

@@ -81,6 +81,13 @@ pub struct RedisSettings {
     /// is denied (docs/redis-store.md, "Leases").
     pub max_lease_keys: usize,
     pub lease_name_share: usize,
+    /// Bucket keys this replica counts at most (`--max-buckets`), the percent of them for
+    /// caller-given limits (`--caller-limit-bucket-share`), and the percent of the rest
+    /// one configured limit name's keys may take (`--bucket-name-share`): a spend that
+    /// would write a key beyond is denied (docs/redis-store.md, "A share of bucket keys").
+    pub max_bucket_keys: usize,
+    pub caller_bucket_share: usize,
+    pub bucket_name_share: usize,
     /// A call answered `READONLY` (the Redis at the URL became a replica) drops its
     /// connection, so that the next call connects again through the URL, which a failover
     /// behind DNS, a Service or a proxy points at the new primary; the call itself fails
@@ -152,6 +159,9 @@ impl Default for RedisSettings {
             tls: RedisTls::default(),
             max_lease_keys: crate::memory::DEFAULT_MAX_LEASES,
             lease_name_share: crate::memory::DEFAULT_LEASE_NAME_SHARE_PERCENT,
+            max_bucket_keys: crate::memory::DEFAULT_MAX_BUCKETS,
+            caller_bucket_share: crate::memory::DEFAULT_CALLER_SHARE_PERCENT,
+            bucket_name_share: crate::memory::DEFAULT_BUCKET_NAME_SHARE_PERCENT,
             reconnect_on_readonly: false,
             module: RedisModule::Auto,
         }

@@ -5,16 +5,18 @@ use std::sync::{Arc, Weak};
 use tokio::time::Instant;
 
 use super::breaker::Breaker;
+use super::bucket_keys::{self, BucketClaim, BucketKeys};
 use super::cluster::{escape, SLOTS};
 use super::coalesce::Lanes;
 use super::connection::Connection;
 use super::deny_cache::{DenyCache, DenyEntries};
 use super::failure_log::FailureLog;
 use super::invocation::{ModuleUse, BATCH_SCRIPT};
+use super::items::{increment_nanos, wires};
 use super::lease_keys::LeaseKeys;
 use super::leases;
 use super::once::{voided, Under};
-use super::wire::{Op, Read, Wire, WireMode, WireWindow};
+use super::wire::{Op, Read, WireWindow};
 use super::{FailurePolicy, RedisSettings};
 
 use crate::{
@@ -22,7 +24,7 @@ use crate::{
     StoreFuture, StoreItem, StoreObserver,
 };
 use cellrate_core::clock::{Clock, Nanos};
-use cellrate_core::gcra::{self, Decision, Mode, Window};
+use cellrate_core::gcra::{self, Decision, Mode};
 use cellrate_limits::names::BucketKey;
 
 /// The Redis store. See the module docs.
@@ -57,6 +59,8 @@ pub struct RedisStore {
     pub(super) lease_events: LeaseCounters,
     /// The lease keys this replica counts, per name (`--lease-name-share`).
     pub(super) lease_keys: LeaseKeys,
+    /// The bucket keys this replica counts, per name (`--bucket-name-share`).
+    pub(super) bucket_keys: BucketKeys,
 }
 
 impl RedisStore {
@@ -78,6 +82,11 @@ impl RedisStore {
             (settings.failure == FailurePolicy::Local).then(|| MemoryStore::new(clock.clone()));
         let failure_log = FailureLog::new(&settings);
         let lease_keys = LeaseKeys::new(settings.max_lease_keys, settings.lease_name_share);
+        let bucket_keys = BucketKeys::new(
+            settings.max_bucket_keys,
+            settings.caller_bucket_share,
+            settings.bucket_name_share,
+        );
         Ok(Arc::new_cyclic(|me| RedisStore {
             me: me.clone(),
             failure_log,
@@ -95,6 +104,7 @@ impl RedisStore {
             failing_slots: AtomicUsize::new(0),
             lease_events: LeaseCounters::default(),
             lease_keys,
+            bucket_keys,
             used_slot_count: AtomicUsize::new(0),
             data_errors_logged: Default::default(),
             deny_cache: (deny_cache > 0).then(|| DenyCache {
@@ -143,55 +153,6 @@ impl RedisStore {
         self.started.elapsed().as_nanos() as i64
     }
 
-    /// One slot group's items as the script reads them (`refused`: per item, an acquire
-    /// sent with a count of 0, see [`super::lease_keys`]).
-    fn wires(
-        &self,
-        items: &[StoreItem],
-        keys: &[String],
-        members: &[usize],
-        now: Nanos,
-        refused: &[bool],
-    ) -> Vec<Wire> {
-        members
-            .iter()
-            .map(|&i| {
-                let item = &items[i];
-                // A calendar item carries its cost and count in tokens, and its
-                // window in the mode (see batch.lua).
-                // A lease key carries its hold and count.
-                let (increment, burst_offset) = match item.limit.window() {
-                    Window::Gcra => (increment_nanos(item), item.limit.burst_offset()),
-                    Window::Calendar(_) => (
-                        i64::try_from(item.cost).unwrap_or(i64::MAX),
-                        item.limit.burst() as i64,
-                    ),
-                    Window::Concurrency if refused[i] => (item.limit.period(), 0),
-                    Window::Concurrency => (item.limit.period(), item.limit.count() as i64),
-                };
-                // Sent only when it is not the default the script assumes.
-                let most_used = match item.limit.most_used() {
-                    Some(most) if most != 2 * item.limit.count() => most as i64,
-                    _ => 0,
-                };
-                let lease = leases::lease_id(item).cloned();
-                // Without an id an acquire or release only reads its key.
-                let mode = match lease {
-                    None if leases::is_lease(item) => Mode::Probe,
-                    _ => item.mode,
-                };
-                Wire {
-                    key: keys[i].clone(),
-                    increment,
-                    burst_offset,
-                    most_used,
-                    mode: WireMode::new(mode, item.limit.window(), now),
-                    lease,
-                }
-            })
-            .collect()
-    }
-
     /// Spends `items`, under a token (or only resolves it) when `under` says so: see
     /// `once.rs`.
     pub(super) async fn spend_redis(
@@ -208,6 +169,17 @@ impl RedisStore {
         }
         let sent = self.mono();
         let now = self.clock.now();
+        // A key this replica does not count, while its name's share is full, is not
+        // written (bucket_keys.rs); a resolution only reads what an earlier call did.
+        let buckets: Vec<BucketClaim> = match resolving {
+            true => vec![BucketClaim::None; items.len()],
+            false => (items.iter().zip(&keys))
+                .map(|(item, key)| self.bucket_keys.claim(item, key, now))
+                .collect(),
+        };
+        let probed = bucket_keys::refused_batch(items, &buckets);
+        let asked = items;
+        let items = probed.as_deref().unwrap_or(items);
         // Only a request with a lease item touches the lease keys' lock; a resolution
         // only reads what an earlier call did, so it claims no key.
         let leasing = !resolving && items.iter().any(leases::is_lease);
@@ -218,21 +190,9 @@ impl RedisStore {
         };
         let refused = leases::refusals(&claims);
         let groups = self.groups(&keys);
-        let reads = match groups.as_slice() {
-            // One slot (every standalone call): awaited in place, not moved into a
-            // `join_all` (the move was 6 % of the client's instructions per decision).
-            [(slot, members)] => {
-                let wires = self.wires(items, &keys, members, now, &refused);
-                vec![self.group_call(*slot, wires, under).await]
-            }
-            _ => {
-                let calls = groups.iter().map(|(slot, members)| {
-                    let wires = self.wires(items, &keys, members, now, &refused);
-                    self.group_call(*slot, wires, under)
-                });
-                futures_util::future::join_all(calls).await
-            }
-        };
+        let reads = self
+            .call_groups(items, &keys, &groups, (now, &refused), under)
+            .await;
 
         let (outcomes, failure, void) = leases::replay_groups(items, &groups, reads, &refused);
         let all_allowed = failure.is_none()
@@ -261,6 +221,15 @@ impl RedisStore {
                 all_allowed,
             );
         }
+        let after = self.clock.now();
+        bucket_keys::settle(
+            &self.bucket_keys,
+            items,
+            &groups,
+            &outcomes,
+            &buckets,
+            (now, after),
+        );
         if let Some(e) = failure {
             return Err(e);
         }
@@ -269,29 +238,44 @@ impl RedisStore {
         {
             self.learn(items, key, sent, read, all_allowed);
         }
-        let mut decisions = vec![UNDECIDED; items.len()];
-        for ((_, members), outcome) in groups.iter().zip(&outcomes) {
-            let Some((read, out)) = outcome else {
-                continue;
-            };
-            let group_decisions = if all_allowed {
-                out.decisions.clone()
-            } else {
-                // Nothing stays spent but the charges (and releases): report each other
-                // bucket as it stands, and each charged one as its charge left it.
-                leases::replay(items, members, read, true, &refused)?.decisions
-            };
-            for (&i, d) in members.iter().zip(group_decisions) {
-                decisions[i] = d;
-            }
-        }
+        let mut decisions = decide_groups(items, &groups, &outcomes, all_allowed, &refused)?;
         if leases::refuse(items, &groups, &outcomes, &refused, &mut decisions) {
             self.lease_events.refused();
         }
+        let no_room = probed.is_some() && {
+            self.bucket_keys.count_refusals(&buckets);
+            bucket_keys::refuse(asked, &buckets, now, &mut decisions)
+        };
         Ok(Outcome {
-            allowed: all_allowed,
+            allowed: all_allowed && !no_room,
             decisions,
         })
+    }
+
+    /// Each slot group's call: `now` and the acquires refused their lease key.
+    async fn call_groups(
+        &self,
+        items: &[StoreItem],
+        keys: &[String],
+        groups: &[(usize, Vec<usize>)],
+        (now, refused): (Nanos, &[bool]),
+        under: Option<Under<'_>>,
+    ) -> Vec<Result<Option<Read>, StoreError>> {
+        match groups {
+            // One slot (every standalone call): awaited in place, not moved into a
+            // `join_all` (the move was 6 % of the client's instructions per decision).
+            [(slot, members)] => {
+                let wires = wires(items, keys, members, now, refused);
+                vec![self.group_call(*slot, wires, under).await]
+            }
+            _ => {
+                let calls = groups.iter().map(|(slot, members)| {
+                    let wires = wires(items, keys, members, now, refused);
+                    self.group_call(*slot, wires, under)
+                });
+                futures_util::future::join_all(calls).await
+            }
+        }
     }
 
     /// Refunds what groups spent in a batch that was not allowed as a whole.
@@ -443,6 +427,32 @@ impl RedisStore {
     }
 }
 
+/// Each item's decision from its group's outcome: as decided when the whole batch was
+/// allowed; else nothing stays spent but the charges (and releases), so each other bucket
+/// is reported as it stands, and each charged one as its charge left it.
+fn decide_groups(
+    items: &[StoreItem],
+    groups: &[(usize, Vec<usize>)],
+    outcomes: &[Option<(Read, gcra::BatchOutcome)>],
+    all_allowed: bool,
+    refused: &[bool],
+) -> Result<Vec<Decision>, StoreError> {
+    let mut decisions = vec![UNDECIDED; items.len()];
+    for ((_, members), outcome) in groups.iter().zip(outcomes) {
+        let Some((read, out)) = outcome else {
+            continue;
+        };
+        let group_decisions = match all_allowed {
+            true => out.decisions.clone(),
+            false => leases::replay(items, members, read, true, refused)?.decisions,
+        };
+        for (&i, d) in members.iter().zip(group_decisions) {
+            decisions[i] = d;
+        }
+    }
+    Ok(decisions)
+}
+
 /// Placeholder for decisions not yet filled (every slot is filled before use).
 pub(super) const UNDECIDED: Decision = Decision {
     allowed: false,
@@ -450,13 +460,6 @@ pub(super) const UNDECIDED: Decision = Decision {
     retry_in: 0,
     reset_in: 0,
 };
-
-/// What spending `item` adds to its bucket's TAT: the emission interval times the cost.
-fn increment_nanos(item: &StoreItem) -> i64 {
-    item.limit
-        .emission_interval()
-        .saturating_mul(i64::try_from(item.cost).unwrap_or(i64::MAX))
-}
 
 /// A refund's argument (see [`WireWindow::refund_arg`]).
 pub(super) fn increment(item: &StoreItem, now: Nanos) -> String {
@@ -549,14 +552,18 @@ impl Store for RedisStore {
         // Redis expires keys at their TAT; only the local fallback needs sweeping, and the
         // lease keys this replica counts.
         self.lease_keys.sweep(self.clock.now());
+        self.bucket_keys.sweep(self.clock.now());
         self.fallback.as_ref().map_or(0, MemoryStore::sweep)
     }
 
     fn bucket_refusals(&self) -> [u64; 3] {
-        // Only the local fallback has bounds of its own; Redis has maxmemory.
-        self.fallback
-            .as_ref()
-            .map_or([0; 3], MemoryStore::bucket_refusals)
+        // This replica's count of the keys it writes, and the local fallback's table.
+        let mut refusals = self.bucket_keys.refusals();
+        let local = self.fallback.as_ref().map(MemoryStore::bucket_refusals);
+        for (all, theirs) in refusals.iter_mut().zip(local.unwrap_or_default()) {
+            *all += theirs;
+        }
+        refusals
     }
 
     fn lease_events(&self) -> LeaseEvents {

@@ -22,7 +22,7 @@ pub(in crate::memory) type LeaseMap = HashMap<Fingerprint, Held, BuildHasherDefa
 /// fingerprints of one residue of the low bits (`shard_of`), and the map takes a slot by
 /// the low bits.
 #[derive(Default)]
-pub(in crate::memory) struct PrintHasher(u64);
+pub(crate) struct PrintHasher(u64);
 
 impl Hasher for PrintHasher {
     fn write(&mut self, bytes: &[u8]) {

@@ -32,6 +32,8 @@ mod in_flight;
 mod map;
 mod one;
 use map::Held;
+#[cfg(feature = "redis")]
+pub(crate) use map::PrintHasher;
 pub(super) use map::{sweep, LeaseIdHasher, LeaseMap};
 
 /// The default bound on leases held in all.

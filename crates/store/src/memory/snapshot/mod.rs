@@ -212,7 +212,7 @@ impl MemoryStore {
     pub fn restore_snapshot(&mut self, path: &Path) -> Result<Restored, Ignored> {
         debug_assert_eq!(self.live_buckets(), 0, "restoring into a store in use");
         let file = open_trusted(path)?;
-        let buckets = (self.bound[0] as u64).saturating_add(self.bound[1] as u64);
+        let buckets = (self.room.bound[0] as u64).saturating_add(self.room.bound[1] as u64);
         let most = buckets
             .saturating_mul(ENTRY)
             .saturating_add(HEADER + TRAILER);
@@ -238,7 +238,7 @@ impl MemoryStore {
             (Space::Configured, header.counts[0]),
             (Space::CallerGiven, header.counts[1]),
         ] {
-            let kept = count.min(self.bound[space as usize] as u64);
+            let kept = count.min(self.room.bound[space as usize] as u64);
             let each = (kept / shards + kept / shards / 8 + 16) as usize;
             for shard in self.shards.iter_mut() {
                 let tables = shard.0.get_mut();
