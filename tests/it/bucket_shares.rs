@@ -98,3 +98,51 @@ async fn a_flood_of_new_ids_on_one_limit_leaves_the_others_deciding() {
     assert!(existing.overall.expect("overall").allowed);
     s.stop().await;
 }
+
+/// envoyproxy/ratelimit's format, where every rule's buckets are number 99 in their text
+/// (`99:<digest>`): each rule has a share of its own (by its label), as a name does. A
+/// flood of fresh `api_key` values on one rule is denied past that rule's share (225 of
+/// the 900 configured buckets), and fresh addresses on another rule are still decided and
+/// allowed. Before (one number, no share for any of these rules), the flood took the
+/// whole configured table, 900 buckets, and every other rule's new bucket was denied after
+/// it.
+#[tokio::test]
+async fn in_envoyproxy_ratelimits_format_each_rule_has_its_share() {
+    use cellrate::service::envoy::{EnvoyOptions, RatelimitCounting};
+    let config = "
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: day, requests_per_unit: 1000}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+";
+    let dir = crate::common::directory(&[("config.yaml", config)]);
+    let settings = Settings {
+        max_buckets: 1_000,
+        envoy: EnvoyOptions {
+            ratelimit_counting: RatelimitCounting::FixedWindow,
+            ..EnvoyOptions::default()
+        },
+        ..Settings::default()
+    };
+    let limits = LimitTable::load_dir(dir.path()).expect("the directory loads");
+    let mut s = Served::with_settings(limits, settings).await;
+    let mut first_refused = None;
+    for n in 0..1_000 {
+        let r = ask(&mut s, descriptor(&[("api_key", &format!("attacker-{n}"))])).await;
+        if r.overall_code != OK {
+            assert_eq!(r.overall_code, OVER, "key {n}: {r:?}");
+            first_refused.get_or_insert(n);
+        }
+    }
+    assert_eq!(first_refused, Some(225), "the rule's share, then denials");
+    for n in 0..200 {
+        let ip = format!("10.1.{}.{}", n / 250, n % 250);
+        let r = ask(&mut s, descriptor(&[("remote_address", &ip)])).await;
+        assert_eq!(r.overall_code, OK, "{ip}: {r:?}");
+    }
+    let existing = ask(&mut s, descriptor(&[("api_key", "attacker-0")])).await;
+    assert_eq!(existing.overall_code, OK, "a counted value keeps working");
+    s.stop().await;
+}

@@ -17,8 +17,45 @@ use cellrate_core::gcra::{Limit, Window};
 /// assert_eq!(key.parts(), (1, "2001:db8::1")); // split at the first colon only
 /// assert_eq!(key.id(), "2001:db8::1");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BucketKey(Arc<str>);
+///
+/// Beside the text, a key may name the share of the bucket table it counts against
+/// ([`BucketKey::with_share`]): an envoyproxy/ratelimit-format rule's, whose buckets all
+/// share one number (99) in their text. The share is not part of the key: two keys of one
+/// text are equal, hash alike and name one bucket, whatever share they carry.
+#[derive(Clone)]
+pub struct BucketKey(Arc<str>, u16);
+
+impl PartialEq for BucketKey {
+    fn eq(&self, other: &BucketKey) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for BucketKey {}
+
+impl std::hash::Hash for BucketKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl PartialOrd for BucketKey {
+    fn partial_cmp(&self, other: &BucketKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BucketKey {
+    fn cmp(&self, other: &BucketKey) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+impl fmt::Debug for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BucketKey").field(&self.0).finish()
+    }
+}
 
 impl BucketKey {
     /// The key of canonical `id` under name `number`.
@@ -46,7 +83,7 @@ impl BucketKey {
             text.extend(digits[at..].iter().map(|&d| char::from(d)));
             text.push(':');
             text.push_str(id);
-            let key = BucketKey(Arc::from(text.as_str()));
+            let key = BucketKey(Arc::from(text.as_str()), 0);
             // A long id once must not keep its buffer on this thread for good.
             if text.capacity() > 256 {
                 *text = String::new();
@@ -75,8 +112,8 @@ impl BucketKey {
     pub fn windowed(number: u32, id: &str, window: Window) -> BucketKey {
         match window {
             Window::Gcra => BucketKey::new(number, id),
-            Window::Calendar(period) => BucketKey(Arc::from(format!("{number}@{period}:{id}"))),
-            Window::Concurrency => BucketKey(Arc::from(format!("{number}@lease:{id}"))),
+            Window::Calendar(period) => BucketKey(Arc::from(format!("{number}@{period}:{id}")), 0),
+            Window::Concurrency => BucketKey(Arc::from(format!("{number}@lease:{id}")), 0),
         }
     }
 
@@ -152,7 +189,18 @@ impl BucketKey {
         key.push(kind);
         key.push('/');
         key.push_str(rest);
-        BucketKey(Arc::from(key))
+        BucketKey(Arc::from(key), 0)
+    }
+
+    /// This key counting against share `tag` of the bucket table (an
+    /// envoyproxy/ratelimit-format rule's, [`rule_share`]) instead of its number's.
+    pub fn with_share(self, tag: u16) -> BucketKey {
+        BucketKey(self.0, tag)
+    }
+
+    /// The share this key counts against, when not its number's.
+    pub fn share(&self) -> Option<u16> {
+        (self.1 != 0).then_some(self.1)
     }
 
     /// Whether this bucket is under a caller-given limit (bounded apart from the rest).
@@ -202,6 +250,26 @@ impl BucketKey {
     }
 }
 
+/// The share of the bucket table of an envoyproxy/ratelimit-format rule, by its label
+/// (its `name`, else its place `domain.key_value.key`): one of 32 767 tags from 32 768 up,
+/// by a hash of the label that every process computes alike (a snapshot keeps the tags of
+/// its buckets). Two rules of one tag share one share; so do names numbered 32 768 and up
+/// that meet a rule's tag (numbers are small in practice: one a declared name).
+///
+/// ```
+/// use cellrate_limits::names::rule_share;
+/// assert!(rule_share("edge.api_key") >= 32_768);
+/// assert_eq!(rule_share("edge.api_key"), rule_share("edge.api_key"));
+/// assert_ne!(rule_share("edge.api_key"), rule_share("edge.remote_address"));
+/// ```
+pub fn rule_share(label: &str) -> u16 {
+    // FNV-1a, 32 bits: stable across processes and builds, unlike a keyed hash.
+    let hash = label.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    32_768 + (hash % 32_767) as u16
+}
+
 impl fmt::Display for BucketKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -214,7 +282,7 @@ mod tests {
 
     #[test]
     fn parts_split_the_number_from_the_id_at_the_first_colon() {
-        let key = |text: &str| BucketKey(Arc::from(text));
+        let key = |text: &str| BucketKey(Arc::from(text), 0);
         assert_eq!(key("7:2001:db8::1").parts(), (7, "2001:db8::1"));
         assert_eq!(key("101@1d:tenant").parts(), (101, "tenant"));
         assert_eq!(key("101@1mo@Europe/Paris:a:b").parts(), (101, "a:b"));

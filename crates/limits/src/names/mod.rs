@@ -11,7 +11,7 @@ use crate::hash::ConfigMap;
 use crate::ids::{IdError, IdFormat};
 
 mod key;
-pub use key::BucketKey;
+pub use key::{rule_share, BucketKey};
 
 /// The smallest number a user-declared name may take.
 pub const FIRST_USER_NUMBER: u32 = 100;

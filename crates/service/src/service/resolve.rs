@@ -13,7 +13,7 @@ use super::{
 use cellrate_core::gcra::{Limit, Mode, Window};
 use cellrate_limits::config::{Behaviour, Headers, LimitTable, Policy};
 use cellrate_limits::ids::IdFormat;
-use cellrate_limits::names::{BucketKey, RATELIMIT_NUMBER};
+use cellrate_limits::names::{rule_share, BucketKey, RATELIMIT_NUMBER};
 
 /// A resolved item.
 pub(super) struct Resolved {
@@ -488,7 +488,11 @@ fn ratelimit_bucket(target: &RatelimitTarget) -> Bucket {
             BucketKey::caller_window('r', period, digest)
         }
         (Some(limit), _) if target.caller_given => BucketKey::caller_given('r', &limit, digest),
-        _ => BucketKey::windowed(RATELIMIT_NUMBER, digest, window),
+        // Every such rule's buckets are number 99 in their text: each rule counts against
+        // a share of the table of its own (a flood of fresh values on one rule leaves the
+        // others room), by its label.
+        _ => BucketKey::windowed(RATELIMIT_NUMBER, digest, window)
+            .with_share(rule_share(&target.name)),
     };
     let behaviour = Behaviour {
         shadow: target.shadow,

@@ -9,9 +9,12 @@
 //! A bucket's name is kept beside its slot as a 2-byte [`Tag`] (the table's, see
 //! `store/table.rs`), so that dropping a bucket gives its share back without knowing its
 //! key; the counts are a fixed array by tag, so a new bucket costs one more atomic and
-//! no lock. Names numbered 65 535 and above share one tag (and one share); the numbers
-//! of caller-given limits (0, bounded by their own share) and of envoyproxy/ratelimit-
-//! format limits (99, every such limit under one number) have no name share.
+//! no lock. Names numbered 65 535 and above share one tag (and one share); the number of
+//! caller-given limits (0, bounded by their own share) has no name share. The buckets of
+//! envoyproxy/ratelimit-format rules, all number 99 in their text, carry their rule's tag
+//! in the key ([`BucketKey::share`], 32 768 and up, by the rule's label), so that each
+//! rule has a share of its own as a name does; a key of number 99 without one (a
+//! settlement record's, a format-1 snapshot's) has none.
 
 use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -56,9 +59,11 @@ pub(super) fn take_both(
     Ok(())
 }
 
-/// The tag of `key`'s bucket: its name number, 65 535 for higher numbers.
+/// The tag of `key`'s bucket: the share it names (an envoyproxy/ratelimit-format rule's),
+/// else its name number, 65 535 for higher numbers.
 pub(crate) fn tag_of(key: &BucketKey) -> Tag {
-    Tag::try_from(key.parts().0).unwrap_or(Tag::MAX)
+    key.share()
+        .unwrap_or_else(|| Tag::try_from(key.parts().0).unwrap_or(Tag::MAX))
 }
 
 /// Which bound left no room for a new bucket: the label values of
