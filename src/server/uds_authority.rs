@@ -47,6 +47,10 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The frame size every peer accepts (SETTINGS_MAX_FRAME_SIZE's least value).
 const FRAME_MAX: usize = 16_384;
+/// CONTINUATION frames one header block may take: a block within [`MAX_BLOCK`] needs a
+/// few; empty ones, which h2's own guard would count, are absorbed here and must not run
+/// on without end.
+const MAX_CONTINUATIONS: u16 = 64;
 
 /// The read side of a Unix-socket connection with its `:authority` made acceptable.
 pub(crate) struct AuthorityFix<S> {
@@ -80,6 +84,7 @@ struct Block {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragment: Vec<u8>,
+    continuations: u16,
 }
 
 impl<S> AuthorityFix<S> {
@@ -155,7 +160,13 @@ impl<S> AuthorityFix<S> {
             Some(block) if block.stream != stream => {
                 return Err(broken("a CONTINUATION of another stream"))
             }
-            Some(block) => block.fragment.extend_from_slice(&payload),
+            Some(block) if block.continuations >= MAX_CONTINUATIONS => {
+                return Err(broken("a header block in too many frames"))
+            }
+            Some(block) => {
+                block.continuations += 1;
+                block.fragment.extend_from_slice(&payload);
+            }
             None => self.block = Some(headers(flags, stream, &payload)?),
         }
         let block = self.block.as_ref().expect("gathered");
@@ -195,6 +206,7 @@ fn headers(flags: u8, stream: [u8; 4], payload: &[u8]) -> io::Result<Block> {
         end_stream: flags & END_STREAM != 0,
         priority,
         fragment: fragment.to_vec(),
+        continuations: 0,
     })
 }
 
@@ -468,6 +480,20 @@ mod tests {
         bomb.extend(std::iter::repeat_n(b'v', 4000));
         bomb.extend(std::iter::repeat_n(0xbe, 1000));
         assert!(through(&connection(&bomb, END_HEADERS)).is_err());
+    }
+
+    /// A header block never ended by a stream of empty CONTINUATION frames (which h2's
+    /// flood guard would count, had it seen them) fails the connection after a bound.
+    #[test]
+    fn endless_empty_continuations_fail_the_connection() {
+        let mut bytes = connection(&[0x83], 0);
+        for _ in 0..MAX_CONTINUATIONS {
+            bytes.extend_from_slice(&[0, 0, 0, CONTINUATION, 0, 0, 0, 0, 1]);
+        }
+        assert!(through(&bytes).is_ok(), "a block may take a few frames");
+        bytes.extend_from_slice(&[0, 0, 0, CONTINUATION, 0, 0, 0, 0, 1]);
+        let refused = through(&bytes).expect_err("one more is refused");
+        assert!(refused.to_string().contains("too many frames"), "{refused}");
     }
 
     #[test]
