@@ -259,8 +259,9 @@ impl MemoryStore {
     /// if it counts, the batch is denied (decided again as denied, nothing new written)
     /// and it is answered [`gcra::no_room`]; a best-effort item (spend-only) refused room
     /// is answered as its bucket stands. Returns per item the tag its new bucket was
-    /// counted under. A bucket whose TAT has passed may be swept meanwhile, so it is
-    /// counted as new too (and given back if it was still there).
+    /// counted under. A bucket whose TAT has passed but is still there needs no room, as on
+    /// the one-item path, unless this call's sweep drops it: then it is counted as new too
+    /// (and given back if it was still there).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_room<'k>(
         &self,
@@ -275,17 +276,17 @@ impl MemoryStore {
         let may_add = |k: usize, writes: &[Option<Nanos>]| {
             writes[k].is_some() && tats[k].is_none_or(|tat| tat <= now)
         };
+        let absent = |k: usize| out.writes[k].is_some() && tats[k].is_none();
         let mut rooms: Vec<Option<Result<Tag, Full>>> = vec![None; batch.len()];
-        let mut swept = false;
+        let (mut swept, mut any) = (false, false);
         for (k, &(_, space)) in prints.iter().enumerate() {
-            if !may_add(k, &out.writes) {
+            if !(absent(k) || any && may_add(k, &out.writes)) {
                 continue;
             }
             let tag = tag_of(key(k));
             let mut room = self.reserve(space, tag, 1);
             if room.is_err() && !swept {
                 swept = true;
-                let mut any = false;
                 for guard in guards.iter_mut() {
                     any |= self.sweep_for_room(guard, now);
                 }
@@ -294,6 +295,14 @@ impl MemoryStore {
                 }
             }
             rooms[k] = Some(room.map(|()| tag));
+        }
+        // The sweep may have dropped the passed buckets of items before it: each now
+        // needs room as a new one.
+        for (k, &(_, space)) in prints.iter().enumerate() {
+            if any && rooms[k].is_none() && may_add(k, &out.writes) {
+                let tag = tag_of(key(k));
+                rooms[k] = Some(self.reserve(space, tag, 1).map(|()| tag));
+            }
         }
         let (mut denied, mut counted) = (false, [false; 3]);
         for (k, room) in rooms.iter().enumerate() {
@@ -507,5 +516,35 @@ mod tests {
                 .allowed
         );
         assert_eq!(store.name_buckets(99), 0);
+    }
+
+    /// A bucket whose TAT has passed but that no sweep has dropped yet is there: a batch
+    /// spends it without room, as the one-item path does, while the name's share is full
+    /// and a sweep for room was made less than a second ago. (Before, the batch counted it
+    /// as new and was denied where the one-item path allowed it.)
+    #[test]
+    fn a_passed_bucket_still_held_needs_no_room_on_either_path() {
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_caller_share(Arc::new(clock.clone()), 1, 8, 0);
+        let quick = |id: &str| StoreItem {
+            limit: Limit::new(1, 1, 100_000_000).unwrap(),
+            ..daily(100, id, Mode::CheckAndSpend)
+        };
+        for id in ["a", "b"] {
+            assert!(store.spend_now(&[quick(id)]).unwrap().allowed);
+        }
+        clock.advance(50_000_000);
+        let refused = store.spend_now(&[quick("c")]).unwrap();
+        assert!(
+            !refused.allowed,
+            "the share of 2 is full (and a sweep was made)"
+        );
+        clock.advance(100_000_000);
+        let out = store.spend_now(&[quick("a"), quick("b")]).unwrap();
+        assert!(out.allowed, "both buckets are there: {out:?}");
+        assert_eq!(store.name_buckets(100), 2);
+        clock.advance(150_000_000);
+        assert!(store.spend_now(&[quick("a")]).unwrap().allowed, "one item");
+        assert_eq!((store.name_buckets(100), store.live_buckets()), (2, 2));
     }
 }
