@@ -72,17 +72,24 @@ impl BucketKey {
                 break;
             }
         }
-        // One allocation, the Arc's own: the text is put together in a buffer this thread
-        // keeps, not in a fresh String that the Arc would copy and free.
+        BucketKey::built(|text| {
+            // ASCII digits pushed as chars: no UTF-8 check of what was just written.
+            text.extend(digits[at..].iter().map(|&d| char::from(d)));
+            text.push(':');
+            text.push_str(id);
+        })
+    }
+
+    /// The key `write` puts together, in one allocation, the Arc's own: the text is built
+    /// in a buffer this thread keeps, not in a fresh String that the Arc would copy and
+    /// free (the keys of every request, and of every `CL.THROTTLE`).
+    fn built(write: impl FnOnce(&mut String)) -> BucketKey {
         thread_local! {
             static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
         TEXT.with_borrow_mut(|text| {
             text.clear();
-            // ASCII digits pushed as chars: no UTF-8 check of what was just written.
-            text.extend(digits[at..].iter().map(|&d| char::from(d)));
-            text.push(':');
-            text.push_str(id);
+            write(text);
             let key = BucketKey(Arc::from(text.as_str()), 0);
             // A long id once must not keep its buffer on this thread for good.
             if text.capacity() > 256 {
@@ -184,12 +191,12 @@ impl BucketKey {
     /// assert!(key.is_caller_given());
     /// ```
     pub fn caller_key(kind: char, rest: &str) -> BucketKey {
-        let mut key = String::with_capacity(4 + rest.len());
-        key.push_str("0:");
-        key.push(kind);
-        key.push('/');
-        key.push_str(rest);
-        BucketKey(Arc::from(key), 0)
+        BucketKey::built(|text| {
+            text.push_str("0:");
+            text.push(kind);
+            text.push('/');
+            text.push_str(rest);
+        })
     }
 
     /// This key counting against share `tag` of the bucket table (an
