@@ -347,7 +347,7 @@ impl MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -355,10 +355,11 @@ mod tests {
     use cellrate_core::clock::{FakeClock, SECOND};
     use cellrate_core::gcra::{Limit, Mode};
 
-    const T0: Nanos = 1_700_000_000 * SECOND;
+    pub(crate) const T0: Nanos = 1_700_000_000 * SECOND;
 
-    /// A spend of 1 on name `number`'s id `id`, a limit of 5 a day (buckets live a day).
-    fn daily(number: u32, id: &str, mode: Mode) -> StoreItem {
+    /// A spend of 1 on name `number`'s id `id`, a limit of 5 a day (buckets live a day);
+    /// the Redis store's count of bucket keys (`redis/bucket_keys.rs`) tests with it too.
+    pub(crate) fn daily(number: u32, id: &str, mode: Mode) -> StoreItem {
         StoreItem {
             key: BucketKey::new(number, id),
             limit: Limit::new(5, 5, 86_400 * SECOND).unwrap(),

@@ -385,20 +385,7 @@ pub(super) fn refuse(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellrate_core::gcra::Limit;
-    use cellrate_limits::names::BucketKey;
-
-    const T0: Nanos = 1_700_000_000 * SECOND;
-
-    fn daily(number: u32, id: &str, mode: Mode) -> StoreItem {
-        StoreItem {
-            key: BucketKey::new(number, id),
-            limit: Limit::new(5, 5, 86_400 * SECOND).unwrap(),
-            cost: 1,
-            mode,
-            lease: None,
-        }
-    }
+    use crate::memory::shares::tests::{daily, T0};
 
     /// Claims `item`'s key (named by its id) at `now`.
     fn claim(keys: &BucketKeys, item: &StoreItem, now: Nanos) -> BucketClaim {
