@@ -9,7 +9,8 @@
 //! A key is counted by the spend that claims it, before its script call, and stays
 //! counted at least until the expiry this replica's writes gave it (the script sets `PX` to
 //! the time until the stored TAT, so the count ends no earlier than the key), or, when a
-//! call's outcome is not known, until the latest expiry its limit allows. A spend that
+//! call's outcome is not known (or its request was dropped while the call may still
+//! write: [`Claims`]), until the latest expiry its limit allows. A spend that
 //! would write a key not counted while its name (or space) is full is **denied**, as the
 //! memory store denies a spend that needs a new bucket: nothing of its batch is written,
 //! the item answers [`cellrate_core::gcra::no_room`], and a spend-only item refused room is
@@ -331,33 +332,87 @@ pub(super) fn refused_batch(items: &[StoreItem], claims: &[BucketClaim]) -> Opti
     Some(sent)
 }
 
-/// What each claimed item's call did with its key: per slot group, its members' writes
-/// (the script's TATs, in its clock, moved to this replica's `after`), or unknown.
-pub(super) fn settle(
-    keys: &BucketKeys,
-    items: &[StoreItem],
-    groups: &[(usize, Vec<usize>)],
-    outcomes: &[Option<(Read, BatchOutcome)>],
-    claims: &[BucketClaim],
-    (now, after): (Nanos, Nanos),
-) {
-    for ((_, members), outcome) in groups.iter().zip(outcomes) {
-        for (j, &i) in members.iter().enumerate() {
-            if claims[i] == BucketClaim::None {
-                continue;
+/// A request's claims, one per item, settled once: by [`Claims::settle`] after its calls,
+/// or, when the request is dropped before (its caller gone, its future cancelled while a
+/// call it sent may still write), as unknown, each key counted until the latest its limit
+/// allows. A claim is never left in flight, which would keep its key counted for good.
+pub(super) struct Claims<'a> {
+    keys: &'a BucketKeys,
+    /// The items claimed for, and when: the latest expiry a write of each can give its key
+    /// is [`latest_expiry`] of them.
+    items: &'a [StoreItem],
+    now: Nanos,
+    claims: Vec<BucketClaim>,
+    settled: bool,
+}
+
+impl<'a> Claims<'a> {
+    /// The claims of `items` (their Redis keys `redis_keys`) at `now`; none when
+    /// `resolving` (a resolution only reads what an earlier call did).
+    pub(super) fn new(
+        keys: &'a BucketKeys,
+        items: &'a [StoreItem],
+        redis_keys: &[String],
+        now: Nanos,
+        resolving: bool,
+    ) -> Claims<'a> {
+        let claims: Vec<BucketClaim> = match resolving {
+            true => vec![BucketClaim::None; items.len()],
+            false => (items.iter().zip(redis_keys))
+                .map(|(item, key)| keys.claim(item, key, now))
+                .collect(),
+        };
+        Claims {
+            keys,
+            items,
+            now,
+            claims,
+            settled: false,
+        }
+    }
+
+    pub(super) fn get(&self) -> &[BucketClaim] {
+        &self.claims
+    }
+
+    /// What each claimed item's call did with its key: per slot group, its members' writes
+    /// (the script's TATs, in its clock, moved to this replica's `after`), or unknown.
+    pub(super) fn settle(
+        &mut self,
+        groups: &[(usize, Vec<usize>)],
+        outcomes: &[Option<(Read, BatchOutcome)>],
+        after: Nanos,
+    ) {
+        self.settled = true;
+        for ((_, members), outcome) in groups.iter().zip(outcomes) {
+            for (j, &i) in members.iter().enumerate() {
+                if self.claims[i] == BucketClaim::None {
+                    continue;
+                }
+                let written = match outcome {
+                    Some((read, out)) => match out.writes.get(j).copied().flatten() {
+                        Some(tat) => Written::Until(
+                            after
+                                .saturating_add(tat.saturating_sub(read.now))
+                                .saturating_add(MILLISECOND),
+                        ),
+                        None => Written::Nothing,
+                    },
+                    None => Written::Perhaps(latest_expiry(&self.items[i], self.now)),
+                };
+                self.keys.settle(self.claims[i], written);
             }
-            let written = match outcome {
-                Some((read, out)) => match out.writes.get(j).copied().flatten() {
-                    Some(tat) => Written::Until(
-                        after
-                            .saturating_add(tat.saturating_sub(read.now))
-                            .saturating_add(MILLISECOND),
-                    ),
-                    None => Written::Nothing,
-                },
-                None => Written::Perhaps(latest_expiry(&items[i], now)),
-            };
-            keys.settle(claims[i], written);
+        }
+    }
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            for (claim, item) in self.claims.iter().zip(self.items) {
+                let latest = latest_expiry(item, self.now);
+                self.keys.settle(*claim, Written::Perhaps(latest));
+            }
         }
     }
 }
@@ -518,5 +573,23 @@ mod tests {
         let claims = [refused, counted, counted, counted];
         assert!(refuse(&items, &claims, T0, &mut decisions));
         assert_eq!(decisions[0], gcra::no_room(&items[0].limit, T0));
+    }
+
+    /// A request dropped before its calls settle (its caller gone while a call it sent may
+    /// still write) leaves no claim in flight: its keys are counted until the latest their
+    /// limits allow, then dropped. (A claim left in flight would keep its key counted for
+    /// good, and a name's share would fill with them.)
+    #[test]
+    fn a_dropped_request_leaves_its_keys_counted_until_their_latest_expiry() {
+        let keys = BucketKeys::new(100, 0, 100);
+        let items = [daily(100, "a", Mode::CheckAndSpend)];
+        let latest = latest_expiry(&items[0], T0);
+        assert!(latest >= T0 + 86_400 * SECOND, "a day's limit");
+        let claims = Claims::new(&keys, &items, &["a".to_string()], T0, false);
+        assert!(matches!(claims.get()[0], BucketClaim::Counted { .. }));
+        drop(claims);
+        assert_eq!(keys.sweep(latest - SECOND), 0, "it may still be written");
+        assert_eq!(keys.sweep(latest + SECOND), 1);
+        assert!(keys.is_empty());
     }
 }

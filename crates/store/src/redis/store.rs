@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use tokio::time::Instant;
 
 use super::breaker::Breaker;
-use super::bucket_keys::{self, BucketClaim, BucketKeys};
+use super::bucket_keys::{self, BucketKeys, Claims};
 use super::cluster::{escape, SLOTS};
 use super::coalesce::Lanes;
 use super::connection::Connection;
@@ -170,14 +170,9 @@ impl RedisStore {
         let sent = self.mono();
         let now = self.clock.now();
         // A key this replica does not count, while its name's share is full, is not
-        // written (bucket_keys.rs); a resolution only reads what an earlier call did.
-        let buckets: Vec<BucketClaim> = match resolving {
-            true => vec![BucketClaim::None; items.len()],
-            false => (items.iter().zip(&keys))
-                .map(|(item, key)| self.bucket_keys.claim(item, key, now))
-                .collect(),
-        };
-        let probed = bucket_keys::refused_batch(items, &buckets);
+        // written (bucket_keys.rs).
+        let mut buckets = Claims::new(&self.bucket_keys, items, &keys, now, resolving);
+        let probed = bucket_keys::refused_batch(items, buckets.get());
         let asked = items;
         let items = probed.as_deref().unwrap_or(items);
         // Only a request with a lease item touches the lease keys' lock; a resolution
@@ -222,14 +217,7 @@ impl RedisStore {
             );
         }
         let after = self.clock.now();
-        bucket_keys::settle(
-            &self.bucket_keys,
-            items,
-            &groups,
-            &outcomes,
-            &buckets,
-            (now, after),
-        );
+        buckets.settle(&groups, &outcomes, after);
         if let Some(e) = failure {
             return Err(e);
         }
@@ -243,8 +231,8 @@ impl RedisStore {
             self.lease_events.refused();
         }
         let no_room = probed.is_some() && {
-            self.bucket_keys.count_refusals(&buckets);
-            bucket_keys::refuse(asked, &buckets, now, &mut decisions)
+            self.bucket_keys.count_refusals(buckets.get());
+            bucket_keys::refuse(asked, buckets.get(), now, &mut decisions)
         };
         Ok(Outcome {
             allowed: all_allowed && !no_room,
