@@ -29,9 +29,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
 # The other crates of the workspace, by their manifests (cargo loads every member): the
-# floors (crates/: core, observe, limits, store, service, whose build script compiles
+# floors (crates/: alloc, core, observe, limits, store, service, whose build script compiles
 # proto/), the Redis module (crates/module, whose dependencies are built here too) and the
 # tests' harness (tests/support, never built here).
+COPY crates/alloc/Cargo.toml ./crates/alloc/
 COPY crates/core/Cargo.toml ./crates/core/
 COPY crates/observe/Cargo.toml ./crates/observe/
 COPY crates/limits/Cargo.toml ./crates/limits/
@@ -41,10 +42,10 @@ COPY crates/module/Cargo.toml ./crates/module/
 COPY tests/support/Cargo.toml ./tests/support/
 # Every target Cargo.toml names must exist for cargo to load the manifest: stubs (a test
 # keeps this list equal to the workspace's targets).
-RUN mkdir -p src benches/grpc benches/resp crates/core/src crates/observe/src crates/limits/src \
+RUN mkdir -p src benches/grpc benches/resp crates/alloc/src crates/core/src crates/observe/src crates/limits/src \
        crates/store/src crates/service/src crates/module/src tests/support/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs crates/limits/src/lib.rs \
+    && touch src/lib.rs crates/alloc/src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs crates/limits/src/lib.rs \
        crates/store/src/lib.rs crates/service/src/lib.rs crates/module/src/lib.rs \
        tests/support/src/lib.rs \
        benches/decisions.rs benches/redis_throughput.rs benches/capacity.rs benches/new_paths.rs \
@@ -52,14 +53,14 @@ RUN mkdir -p src benches/grpc benches/resp crates/core/src crates/observe/src cr
        benches/resp/floor.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \
     && cargo build --profile "$PROFILE" --locked -p cellrate-redis-module --lib \
-    && rm -rf src benches crates/core/src crates/observe/src crates/limits/src crates/store/src \
+    && rm -rf src benches crates/alloc/src crates/core/src crates/observe/src crates/limits/src crates/store/src \
        crates/service/src crates/module/src
 COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
 # The library embeds the example limits (src/fuzzing.rs).
 COPY config ./config
-RUN touch src/main.rs src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/alloc/src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs \
        crates/limits/src/lib.rs crates/store/src/lib.rs crates/service/src/lib.rs \
        crates/module/src/lib.rs \
     && cargo build --profile "$PROFILE" --locked --bin cellrate \

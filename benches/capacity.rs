@@ -28,7 +28,7 @@ use cellrate::store::{MemoryStore, StoreItem};
 // The same allocator as cellrate's binary, so that memory per bucket is what `serve` uses.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 /// Resident set size of this process, in bytes.
 fn rss() -> u64 {

@@ -26,7 +26,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 // what it costs in `serve` (until 2026-11-27 these figures used the system allocator).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 const T0: Nanos = 1_700_000_000 * SECOND;
 

@@ -44,7 +44,7 @@ use cellrate::store::{Store, StoreItem};
 // free were 40 % of the client's instructions per decision).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 fn main() {
     let Ok(url) = std::env::var("REDIS_URL") else {

@@ -65,6 +65,8 @@
 //! server/tasks.rs                  background tasks: sweeper, override copy, RESP accept loop
 //! server/shutdown.rs               SIGINT or SIGTERM, as a future
 //!
+//! crates/alloc/                    the crate cellrate-alloc: the global allocator (mimalloc,
+//!                                  its plain entry points where they are aligned enough)
 //! crates/core/                     gcra/, clock.rs, text.rs, cell.rs, redis_gcra.rs: the
 //!                                  crate cellrate-core, re-exported here at the same paths
 //! crates/limits/                   the crate cellrate-limits, re-exported as limits/:

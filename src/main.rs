@@ -14,7 +14,7 @@ use cellrate::server::StoreSettings;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 /// The command line, whose `--version` names the time zone database built in (the one
 /// calendar windows in a `timezone` use): `cellrate 0.1.0 (tzdb 2026f)`.

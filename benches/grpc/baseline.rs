@@ -29,7 +29,7 @@ use tonic::{Request, Response, Status};
 // The same allocator as cellrate's binary: the baseline differs only in doing nothing.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 #[derive(Clone, Copy)]
 struct Baseline {

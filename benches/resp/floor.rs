@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 // The same allocator as cellrate's binary: the floor differs only in deciding nothing.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cellrate_alloc::MiMalloc = cellrate_alloc::MiMalloc;
 
 /// An allowed `CL.THROTTLE` answer: allowed, limit 15, 14 left, no retry, reset in 2 s.
 const THROTTLED: &[u8] = b"*5\r\n:0\r\n:15\r\n:14\r\n:-1\r\n:2\r\n";
