@@ -44,10 +44,7 @@ const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 const NOT_FLOAT: &str = "ERR value is not a valid float";
 
 fn integer(arg: &[u8]) -> Result<i64, String> {
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|text| text.parse::<i64>().ok())
-        .ok_or_else(|| NOT_INTEGER.to_string())
+    crate::cell::decimal(arg).ok_or_else(|| NOT_INTEGER.to_string())
 }
 
 fn at_least(arg: &[u8], min: i64) -> Result<i64, String> {
