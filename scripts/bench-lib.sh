@@ -37,7 +37,7 @@ row() {
 side_by_side() {
   pin_server=(); pin_load=()
   if [ "${BENCH_PIN:-0}" = 1 ]; then pin_server=(taskset -c 0); pin_load=(taskset -c 1); fi
-  declare -gA port pid
+  declare -gA port pid rpc # rpc: a script's RPC per server, where not envoy (grpc_rounds)
   trap 'for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "${work:-}"' EXIT
 }
 
