@@ -164,6 +164,10 @@ impl IdError {
 /// unless a part has a leading zero (which std's parser refuses today): it is borrowed,
 /// since formatting it again would cost more than the whole rest of the decision.
 fn canonical_ip(id: &str) -> Result<Cow<'_, str>, IdError> {
+    // The common case, seen without a parse (-160 instructions a request, #62).
+    if is_canonical_ipv4(id.as_bytes()) {
+        return Ok(Cow::Borrowed(id));
+    }
     // Bytes, not chars: a char pattern's searcher cost more here than the parse.
     if id.as_bytes().contains(&b'%') {
         return Err(IdError::new(id, "IPv6 zone ids are not allowed"));
@@ -175,6 +179,28 @@ fn canonical_ip(id: &str) -> Result<Cow<'_, str>, IdError> {
         return Ok(Cow::Borrowed(id));
     }
     Ok(Cow::Owned(ip.to_canonical().to_string()))
+}
+
+/// Whether `text` is a dotted quad as its canonical form writes it: four decimal parts, each
+/// at most 255, none with a leading zero (what std parses as IPv4 and `has_leading_zero`
+/// passes, which a test holds).
+fn is_canonical_ipv4(text: &[u8]) -> bool {
+    let mut parts = 0;
+    for part in text.split(|&b| b == b'.') {
+        parts += 1;
+        let canonical = match part {
+            [digit] => digit.is_ascii_digit(),
+            [b'1'..=b'9', rest @ ..] if rest.len() <= 2 => {
+                // Three digits compare as their numbers do.
+                rest.iter().all(u8::is_ascii_digit) && (part.len() < 3 || part <= &b"255"[..])
+            }
+            _ => false,
+        };
+        if !canonical || parts > 4 {
+            return false;
+        }
+    }
+    parts == 4
 }
 
 /// Whether a part of a dotted quad starts with a zero followed by a digit.
@@ -477,5 +503,33 @@ mod tests {
     fn error_messages_cut_long_ids() {
         let e = IdFormat::RegId.canonicalize(&"x".repeat(1000)).unwrap_err();
         assert!(e.id.len() < 100);
+    }
+
+    #[test]
+    fn canonical_dotted_quads_are_seen_as_the_parse_sees_them() {
+        let parts = [
+            "0", "1", "9", "10", "99", "100", "199", "249", "250", "255", "256", "300", "999",
+            "00", "01", "010", "001", "", "a", "1a", "-1", "+1", "2555", " 1",
+        ];
+        let mut texts = Vec::new();
+        for a in parts {
+            texts.push(format!("{a}.1.2"));
+            texts.push(format!("1.2.3.4.{a}"));
+            for b in parts {
+                for c in parts {
+                    texts.push(format!("{a}.{b}.{c}.7"));
+                    texts.push(format!("7.{a}.{b}.{c}"));
+                }
+            }
+        }
+        texts.extend(["::1", "1.2.3.4:80", "1.2.3.4.", ".1.2.3", "1..2.3"].map(String::from));
+        for t in &texts {
+            let parsed = t.parse::<std::net::Ipv4Addr>().is_ok() && !has_leading_zero(t);
+            assert_eq!(is_canonical_ipv4(t.as_bytes()), parsed, "{t:?}");
+        }
+        assert_eq!(
+            IdFormat::IpAddress.canonicalize_cow("10.0.255.1").unwrap(),
+            Cow::<str>::Borrowed("10.0.255.1")
+        );
     }
 }
