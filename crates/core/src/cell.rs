@@ -85,7 +85,7 @@ impl Cell {
 
 /// A decimal `i64` as `str::parse` reads one (an optional sign, then at least one digit,
 /// nothing else, no overflow), folded from the bytes: no UTF-8 check and second pass over
-/// the text (-270 instructions a `CL.THROTTLE`, #62).
+/// the text (-250 instructions a `CL.THROTTLE`, #62).
 pub fn decimal(text: &[u8]) -> Option<i64> {
     let (negative, digits) = match text.split_first()? {
         (b'-', rest) => (true, rest),
