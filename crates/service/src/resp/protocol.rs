@@ -84,11 +84,10 @@ impl Parser {
                         other => return Ok(other),
                     }
                 }
-                let Some(line) = self.line(buf, MAX_HEADER, "invalid multibulk length")? else {
+                let Some((_, n)) = self.header(buf, "invalid multibulk length")? else {
                     return Ok(None);
                 };
-                let n =
-                    parse_length(&line[1..]).ok_or_else(|| error("invalid multibulk length"))?;
+                let n = n.ok_or_else(|| error("invalid multibulk length"))?;
                 if n > self.bounds.max_args as i64 {
                     return Err(ProtocolError(format!(
                         "a command of {n} arguments is above this server's maximum of {}",
@@ -111,16 +110,16 @@ impl Parser {
             let len = match self.bulk {
                 Some(len) => len,
                 None => {
-                    let Some(line) = self.line(buf, MAX_HEADER, "invalid bulk length")? else {
+                    let Some((kind, len)) = self.header(buf, "invalid bulk length")? else {
                         return Ok(None);
                     };
-                    if line[0] != b'$' {
+                    if kind != b'$' {
                         return Err(ProtocolError(format!(
                             "expected '$', got '{}'",
-                            printable(line[0])
+                            printable(kind)
                         )));
                     }
-                    let len = parse_length(&line[1..])
+                    let len = len
                         .filter(|&n| n >= 0)
                         .ok_or_else(|| error("invalid bulk length"))?
                         as usize;
@@ -162,33 +161,35 @@ impl Parser {
         Ok(())
     }
 
-    /// One CRLF- (or LF-) ended line of at most `max` bytes, consumed, without its end.
-    fn line(
+    /// One CRLF- (or LF-) ended header line of at most [`MAX_HEADER`] bytes, consumed:
+    /// its first byte and the decimal length after it (`None` when that is not one). Read
+    /// in place: a header split off as its own `Bytes` cost two atomic reference counts
+    /// and some 60 instructions, and a command has one header for each argument and one
+    /// more (#62).
+    fn header(
         &mut self,
         buf: &mut BytesMut,
-        max: usize,
         too_long: &str,
-    ) -> Result<Option<Bytes>, ProtocolError> {
+    ) -> Result<Option<(u8, Option<i64>)>, ProtocolError> {
         let from = self.scanned.min(buf.len());
         match buf[from..].iter().position(|&b| b == b'\n') {
             Some(at) => {
                 let end = from + at;
                 self.scanned = 0;
-                if end > max {
+                if end > MAX_HEADER {
                     return Err(error(too_long));
                 }
                 self.charge(end + 1, 0)?;
-                let mut line = buf.split_to(end + 1);
-                line.truncate(end);
-                if line.last() == Some(&b'\r') {
-                    line.truncate(end - 1);
-                }
-                if line.is_empty() {
+                let line = &buf[..end];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let Some((&kind, digits)) = line.split_first() else {
                     return Err(error(too_long));
-                }
-                Ok(Some(line.freeze()))
+                };
+                let header = (kind, parse_length(digits));
+                buf.advance(end + 1);
+                Ok(Some(header))
             }
-            None if buf.len() > max => Err(error(too_long)),
+            None if buf.len() > MAX_HEADER => Err(error(too_long)),
             None => {
                 self.scanned = buf.len();
                 Ok(None)
