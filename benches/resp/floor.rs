@@ -6,6 +6,7 @@
 //! (scripts/bench-peers-resp.sh).
 
 use bytes::BytesMut;
+use cellrate::resp::frame::Frame;
 use cellrate::resp::protocol::{Bounds, Parser};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -19,6 +20,7 @@ const THROTTLED: &[u8] = b"*5\r\n:0\r\n:15\r\n:14\r\n:-1\r\n:2\r\n";
 
 async fn serve(mut stream: tokio::net::TcpStream) {
     let mut parser = Parser::new(Bounds::default());
+    let mut frame = Frame::default();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = Vec::with_capacity(16 * 1024);
     loop {
@@ -27,8 +29,9 @@ async fn serve(mut stream: tokio::net::TcpStream) {
             Ok(_) => {}
         }
         loop {
-            match parser.next(&mut input) {
-                Ok(Some(args)) => {
+            match parser.next(&mut input, &mut frame) {
+                Ok(true) => {
+                    let args = frame.args(&input);
                     let name = args.first().map(|a| a.to_ascii_uppercase());
                     output.extend_from_slice(match name.as_deref() {
                         Some(b"PING") => b"+PONG\r\n",
@@ -38,7 +41,7 @@ async fn serve(mut stream: tokio::net::TcpStream) {
                         _ => THROTTLED,
                     });
                 }
-                Ok(None) => break,
+                Ok(false) => break,
                 Err(_) => return,
             }
         }

@@ -69,6 +69,7 @@
 //! resp/                            the Redis protocol (beside service/)
 //! resp/mod.rs                      CL.THROTTLE, GCRA, RL.THROTTLE over RESP
 //! resp/protocol.rs                 RESP framing in and out
+//! resp/frame.rs                    where a read command's arguments lie (in place)
 //! resp/server.rs                   one connection of --resp-listen
 //! resp/command.rs                  the commands known (names, arities, flags)
 //! resp/commands.rs                 their dispatch

@@ -4,8 +4,6 @@
 //! address that gave too many across its connections is refused for a while, see
 //! [`super::lockout`]).
 
-use bytes::Bytes;
-
 use super::command::Flow;
 use super::commands::{arity, client_name, fail, Failure};
 use super::server::{Connection, RespServer};
@@ -15,7 +13,7 @@ pub const MAX_AUTH_FAILURES: u32 = 3;
 
 impl RespServer {
     /// `HELLO [protover [AUTH username password] [SETNAME name]]`.
-    pub(super) fn hello(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+    pub(super) fn hello(&self, conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
         let mut resp3 = conn.replies.resp3;
         if let Some(version) = args.get(1) {
             match std::str::from_utf8(version)
@@ -51,7 +49,7 @@ impl RespServer {
             }
         }
         if let Some((user, password)) = auth {
-            self.check_token(conn, Some(user), password)?;
+            self.check_token(conn, Some(*user), password)?;
         }
         if !conn.authenticated {
             return Err(fail(
@@ -84,10 +82,10 @@ impl RespServer {
     }
 
     /// `AUTH [username] password`.
-    pub(super) fn auth(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+    pub(super) fn auth(&self, conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
         let (user, password) = match args {
             [_, password] => (None, password),
-            [_, user, password] => (Some(user), password),
+            [_, user, password] => (Some(*user), password),
             _ => return Err(arity("auth")),
         };
         if self.token.is_none() {
@@ -105,7 +103,7 @@ impl RespServer {
     fn check_token(
         &self,
         conn: &mut Connection,
-        user: Option<&Bytes>,
+        user: Option<&[u8]>,
         password: &[u8],
     ) -> Result<(), Failure> {
         let Some(token) = &self.token else {
@@ -126,7 +124,7 @@ impl RespServer {
                 Flow::Close("auth_locked"),
             ));
         }
-        let user_ok = user.is_none_or(|u| &u[..] == b"default");
+        let user_ok = user.is_none_or(|u| u == b"default");
         if token.matches(password) && user_ok {
             conn.authenticated = true;
             return Ok(());

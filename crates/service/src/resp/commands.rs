@@ -41,8 +41,8 @@ pub(super) fn arity(command: &str) -> Failure {
 
 impl RespServer {
     /// Runs one command, its reply appended to the connection's replies.
-    pub(super) async fn execute(&self, conn: &mut Connection, args: &[Bytes]) -> Flow {
-        let command = Command::of(&args[0]);
+    pub(super) async fn execute(&self, conn: &mut Connection, args: &[&[u8]]) -> Flow {
+        let command = Command::of(args[0]);
         if !conn.authenticated && !matches!(command, Command::Auth | Command::Hello | Command::Quit)
         {
             conn.replies.error("NOAUTH Authentication required.");
@@ -67,7 +67,7 @@ impl RespServer {
                     Ok(())
                 }
                 2 => {
-                    conn.replies.bulk(&args[1]);
+                    conn.replies.bulk(args[1]);
                     Ok(())
                 }
                 _ => Err(arity("ping")),
@@ -126,7 +126,7 @@ impl RespServer {
     }
 
     /// `CL.THROTTLE key max_burst count period [quantity]`: the five numbers.
-    pub(super) async fn throttle(&self, args: &[Bytes]) -> Result<[i64; 5], Failure> {
+    pub(super) async fn throttle(&self, args: &[&[u8]]) -> Result<[i64; 5], Failure> {
         if args.len() != 5 && args.len() != 6 {
             return Err(fail(USAGE));
         }
@@ -136,7 +136,7 @@ impl RespServer {
             *slot = arg;
         }
         let cell = Cell::parse(&numbers[..args.len() - 2]).map_err(fail)?;
-        let key = key_text(&args[1], "Cell error:")?;
+        let key = key_text(args[1], "Cell error:")?;
         let spend = cell
             .spend()
             .map_err(|e: CellError| fail(format!("Cell error: {e}")))?;
@@ -146,7 +146,7 @@ impl RespServer {
 
     /// `RL.THROTTLE key max_burst count period [quantity]` (valkey-io/valkey#4081): the
     /// arguments, bucket and five numbers of `CL.THROTTLE`, with Valkey's `ERR` errors.
-    async fn rl_throttle(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+    async fn rl_throttle(&self, conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
         if args.len() != 5 && args.len() != 6 {
             return Err(arity("rl.throttle"));
         }
@@ -163,9 +163,9 @@ impl RespServer {
 
     /// `GCRA key max_burst tokens_per_period period [TOKENS count]` as Redis 8.8 answers it
     /// ([`gcra`]), on the bucket `CL.THROTTLE` of the same key uses.
-    async fn gcra(&self, conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+    async fn gcra(&self, conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
         let call = gcra::parse(args).map_err(fail)?;
-        let key = key_text(&args[1], "ERR")?;
+        let key = key_text(args[1], "ERR")?;
         let spend = call.spend().map_err(fail)?;
         let decision = self.decide(key, &spend, "ERR").await?;
         integers(conn, &gcra::reply(&spend, &decision));
@@ -212,7 +212,7 @@ impl RespServer {
 }
 
 /// A key as the rate-limit commands take it: UTF-8, at most [`MAX_KEY`] bytes.
-fn key_text<'a>(arg: &'a Bytes, prefix: &str) -> Result<&'a str, Failure> {
+fn key_text<'a>(arg: &'a [u8], prefix: &str) -> Result<&'a str, Failure> {
     let key =
         std::str::from_utf8(arg).map_err(|_| fail(format!("{prefix} key must be UTF-8 text")))?;
     if key.len() > MAX_KEY {
@@ -230,7 +230,7 @@ fn integers(conn: &mut Connection, numbers: &[i64]) {
 }
 
 /// A client name as Redis accepts it: printable, no spaces, bounded.
-pub(super) fn client_name(name: &Bytes) -> Result<Bytes, Failure> {
+pub(super) fn client_name(name: &[u8]) -> Result<Bytes, Failure> {
     if name.len() > MAX_CLIENT_NAME {
         return Err(fail(format!(
             "ERR Client names are at most {MAX_CLIENT_NAME} bytes here"
@@ -241,18 +241,18 @@ pub(super) fn client_name(name: &Bytes) -> Result<Bytes, Failure> {
             "ERR Client names cannot contain spaces, newlines or special characters.",
         ));
     }
-    Ok(name.clone())
+    Ok(Bytes::copy_from_slice(name))
 }
 
 /// `CLIENT SETNAME | GETNAME | ID | SETINFO`.
-fn client(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+fn client(conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
     let Some(sub) = args.get(1) else {
         return Err(arity("client"));
     };
     let is = |name: &str| sub.eq_ignore_ascii_case(name.as_bytes());
     match args.len() {
         3 if is("SETNAME") => {
-            conn.name = Some(client_name(&args[2])?);
+            conn.name = Some(client_name(args[2])?);
             conn.replies.simple("OK");
         }
         2 if is("GETNAME") => match &conn.name {
@@ -287,7 +287,7 @@ fn client(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
 
 /// `COMMAND`, `COMMAND COUNT | LIST | INFO name... | DOCS [name...]`: enough for clients
 /// that look the commands up (redis-cli's hints, cluster-aware clients' key positions).
-fn command_info(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+fn command_info(conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
     let r = &mut conn.replies;
     let info = |r: &mut Replies, c: &(Command, &str, i64, &str)| {
         let keys = i64::from(matches!(
@@ -344,7 +344,7 @@ fn command_info(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
 }
 
 /// `SELECT 0`: there is one database.
-fn select(conn: &mut Connection, args: &[Bytes]) -> Result<(), Failure> {
+fn select(conn: &mut Connection, args: &[&[u8]]) -> Result<(), Failure> {
     let [_, index] = args else {
         return Err(arity("select"));
     };
@@ -367,7 +367,7 @@ fn truncated(arg: &[u8]) -> String {
 }
 
 /// Redis's words for a command it does not know, quoting at most 128 bytes of arguments.
-fn unknown_command(args: &[Bytes]) -> String {
+fn unknown_command(args: &[&[u8]]) -> String {
     let mut quoted = String::new();
     for arg in &args[1..] {
         if quoted.len() >= 128 {
@@ -380,6 +380,6 @@ fn unknown_command(args: &[Bytes]) -> String {
     }
     format!(
         "ERR unknown command '{}', with args beginning with: {quoted}",
-        truncated(&args[0])
+        truncated(args[0])
     )
 }

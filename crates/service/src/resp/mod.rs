@@ -3,6 +3,7 @@
 //! for any application with a Redis client, on an optional listener (`--resp-listen`).
 //!
 //! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
+//! - [`frame`]: where a command's arguments lie once read: in the read buffer, in place;
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
 //! - [`gcra`]: the `GCRA` command's arguments and five numbers;
 //! - [`server`]: one connection: read, answer what is complete (pipelines), write, bounded;
@@ -16,6 +17,7 @@
 pub mod auth;
 pub mod command;
 pub mod commands;
+pub mod frame;
 /// Redis 8.8's `GCRA`: the core's, which the Redis module answers with too.
 pub use cellrate_core::redis_gcra as gcra;
 pub mod lockout;

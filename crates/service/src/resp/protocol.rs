@@ -7,7 +7,9 @@
 //! malformed stream with a [`ProtocolError`] worded as Redis words it (the server replies
 //! with it and closes the connection).
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
+
+use super::frame::{split_inline, Frame};
 
 /// Size limits on what a client may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,16 +47,19 @@ const MAX_HEADER: usize = 32;
 #[derive(Debug, Default)]
 pub struct Parser {
     bounds: Bounds,
-    /// The arguments read so far of the array command under way.
-    args: Vec<Bytes>,
     /// Elements still due in the array under way (`None`: between commands).
     due: Option<usize>,
     /// The announced length of the bulk string under way.
     bulk: Option<usize>,
-    /// Bytes of the current line already searched for its end.
+    /// Bytes of the read buffer the command under way has been read to (its arguments'
+    /// spans are counted from the buffer's start, where the command begins).
+    pos: usize,
+    /// Bytes of the buffer already searched for the current line's end.
     scanned: usize,
     /// Bytes the command under way has taken so far.
     taken: usize,
+    /// Bytes of the buffer the last command returned took: consumed at the next call.
+    spent: usize,
 }
 
 impl Parser {
@@ -67,25 +72,28 @@ impl Parser {
 
     /// Whether a command has begun and is not complete (its bytes are due in time).
     pub fn in_command(&self, buf: &BytesMut) -> bool {
-        self.due.is_some() || !buf.is_empty()
+        self.due.is_some() || buf.len() > self.spent
     }
 
-    /// The next complete command in `buf` (consumed), `None` if more bytes are needed.
-    /// Empty commands (`*0`, `*-1`, blank lines) are skipped, as Redis skips them.
-    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    /// Reads the next complete command in `buf` into `frame` (whose arguments are then
+    /// [`Frame::args`] of `buf`, until the next call, which consumes its bytes); `false`
+    /// if more bytes are needed. Empty commands (`*0`, `*-1`, blank lines) are skipped, as
+    /// Redis skips them.
+    pub fn next(&mut self, buf: &mut BytesMut, frame: &mut Frame) -> Result<bool, ProtocolError> {
+        buf.advance(std::mem::take(&mut self.spent));
         loop {
             let Some(due) = self.due else {
                 let Some(&first) = buf.first() else {
-                    return Ok(None);
+                    return Ok(false);
                 };
                 if first != b'*' {
-                    match self.inline(buf)? {
-                        Some(args) if args.is_empty() => continue,
-                        other => return Ok(other),
+                    match self.inline(buf, frame)? {
+                        true if frame.spans.is_empty() => continue,
+                        complete => return Ok(complete),
                     }
                 }
                 let Some((_, n)) = self.header(buf, "invalid multibulk length")? else {
-                    return Ok(None);
+                    return Ok(false);
                 };
                 let n = n.ok_or_else(|| error("invalid multibulk length"))?;
                 if n > self.bounds.max_args as i64 {
@@ -95,23 +103,25 @@ impl Parser {
                     )));
                 }
                 if n <= 0 {
+                    buf.advance(std::mem::take(&mut self.pos));
                     self.taken = 0;
                     continue;
                 }
                 self.due = Some(n as usize);
-                self.args = Vec::with_capacity(n as usize);
+                frame.begin_array(n as usize);
                 continue;
             };
             if due == 0 {
                 self.due = None;
                 self.taken = 0;
-                return Ok(Some(std::mem::take(&mut self.args)));
+                self.spent = std::mem::take(&mut self.pos);
+                return Ok(true);
             }
             let len = match self.bulk {
                 Some(len) => len,
                 None => {
                     let Some((kind, len)) = self.header(buf, "invalid bulk length")? else {
-                        return Ok(None);
+                        return Ok(false);
                     };
                     if kind != b'$' {
                         return Err(ProtocolError(format!(
@@ -133,17 +143,17 @@ impl Parser {
                     len
                 }
             };
-            if buf.len() < len + 2 {
+            let start = self.pos;
+            if buf.len() < start + len + 2 {
                 self.charge(0, len + 2)?;
-                return Ok(None);
+                return Ok(false);
             }
-            if &buf[len..len + 2] != b"\r\n" {
+            if &buf[start + len..start + len + 2] != b"\r\n" {
                 return Err(error("bulk string not ended by CRLF"));
             }
             self.charge(len + 2, 0)?;
-            let value = buf.split_to(len).freeze();
-            buf.advance(2);
-            self.args.push(value);
+            frame.spans.push((start, start + len));
+            self.pos = start + len + 2;
             self.bulk = None;
             self.due = Some(due - 1);
         }
@@ -161,35 +171,31 @@ impl Parser {
         Ok(())
     }
 
-    /// One CRLF- (or LF-) ended header line of at most [`MAX_HEADER`] bytes, consumed:
-    /// its first byte and the decimal length after it (`None` when that is not one). Read
-    /// in place: a header split off as its own `Bytes` cost two atomic reference counts
-    /// and some 60 instructions, and a command has one header for each argument and one
-    /// more (#62).
+    /// One CRLF- (or LF-) ended header line of at most [`MAX_HEADER`] bytes at `pos`, read
+    /// past: its first byte and the decimal length after it (`None` when that is not one).
     fn header(
         &mut self,
-        buf: &mut BytesMut,
+        buf: &BytesMut,
         too_long: &str,
     ) -> Result<Option<(u8, Option<i64>)>, ProtocolError> {
-        let from = self.scanned.min(buf.len());
+        let from = self.scanned.max(self.pos).min(buf.len());
         match buf[from..].iter().position(|&b| b == b'\n') {
             Some(at) => {
                 let end = from + at;
                 self.scanned = 0;
-                if end > MAX_HEADER {
+                if end - self.pos > MAX_HEADER {
                     return Err(error(too_long));
                 }
-                self.charge(end + 1, 0)?;
-                let line = &buf[..end];
+                self.charge(end + 1 - self.pos, 0)?;
+                let line = &buf[self.pos..end];
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
                 let Some((&kind, digits)) = line.split_first() else {
                     return Err(error(too_long));
                 };
-                let header = (kind, parse_length(digits));
-                buf.advance(end + 1);
-                Ok(Some(header))
+                self.pos = end + 1;
+                Ok(Some((kind, parse_length(digits))))
             }
-            None if buf.len() > MAX_HEADER => Err(error(too_long)),
+            None if buf.len() - self.pos > MAX_HEADER => Err(error(too_long)),
             None => {
                 self.scanned = buf.len();
                 Ok(None)
@@ -197,15 +203,16 @@ impl Parser {
         }
     }
 
-    /// An inline command: one line split into arguments as Redis splits it.
-    fn inline(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    /// An inline command: one line split into arguments as Redis splits it, into `frame`
+    /// (the line is consumed at once).
+    fn inline(&mut self, buf: &mut BytesMut, frame: &mut Frame) -> Result<bool, ProtocolError> {
         let from = self.scanned.min(buf.len());
         let Some(at) = buf[from..].iter().position(|&b| b == b'\n') else {
             if buf.len() > self.bounds.max_inline {
                 return Err(error("too big inline request"));
             }
             self.scanned = buf.len();
-            return Ok(None);
+            return Ok(false);
         };
         let end = from + at;
         self.scanned = 0;
@@ -213,16 +220,16 @@ impl Parser {
         if end > self.bounds.max_inline {
             return Err(error("too big inline request"));
         }
-        let line = buf.split_to(end + 1);
-        let args = split_inline(&line[..end])?;
-        if args.len() > self.bounds.max_args {
+        split_inline(&buf[..end], frame)?;
+        buf.advance(end + 1);
+        if frame.spans.len() > self.bounds.max_args {
             return Err(ProtocolError(format!(
                 "a command of {} arguments is above this server's maximum of {}",
-                args.len(),
+                frame.spans.len(),
                 self.bounds.max_args
             )));
         }
-        Ok(Some(args))
+        Ok(true)
     }
 }
 
@@ -255,84 +262,6 @@ fn parse_length(digits: &[u8]) -> Option<i64> {
         _ => None,
     })?;
     Some(if negative { -n } else { n })
-}
-
-/// Splits an inline line at blanks, honouring Redis's quotes: `"..."` with `\n`, `\r`,
-/// `\t`, `\b`, `\a`, `\xHH` and `\<any>` escapes, `'...'` with `\'` only; a closing quote
-/// must be followed by a blank or the end.
-fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
-    let unbalanced = || error("unbalanced quotes in request");
-    let mut args = Vec::new();
-    let mut i = 0;
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    loop {
-        while i < line.len() && line[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if i == line.len() {
-            return Ok(args);
-        }
-        let mut arg = Vec::new();
-        match line[i] {
-            b'"' => {
-                i += 1;
-                loop {
-                    let &b = line.get(i).ok_or_else(unbalanced)?;
-                    i += 1;
-                    match b {
-                        b'"' => break,
-                        b'\\' => {
-                            let &e = line.get(i).ok_or_else(unbalanced)?;
-                            i += 1;
-                            let hex = line
-                                .get(i..i + 2)
-                                .and_then(|h| std::str::from_utf8(h).ok())
-                                .and_then(|h| u8::from_str_radix(h, 16).ok());
-                            match (e, hex) {
-                                (b'x', Some(v)) => {
-                                    arg.push(v);
-                                    i += 2;
-                                }
-                                (b'n', _) => arg.push(b'\n'),
-                                (b'r', _) => arg.push(b'\r'),
-                                (b't', _) => arg.push(b'\t'),
-                                (b'b', _) => arg.push(8),
-                                (b'a', _) => arg.push(7),
-                                (other, _) => arg.push(other),
-                            }
-                        }
-                        other => arg.push(other),
-                    }
-                }
-            }
-            b'\'' => {
-                i += 1;
-                loop {
-                    let &b = line.get(i).ok_or_else(unbalanced)?;
-                    i += 1;
-                    match b {
-                        b'\'' => break,
-                        b'\\' if line.get(i) == Some(&b'\'') => {
-                            arg.push(b'\'');
-                            i += 1;
-                        }
-                        other => arg.push(other),
-                    }
-                }
-            }
-            _ => {
-                while i < line.len() && !line[i].is_ascii_whitespace() {
-                    arg.push(line[i]);
-                    i += 1;
-                }
-            }
-        }
-        // A closing quote must be followed by a blank or the end (a bare word stops at one).
-        if line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
-            return Err(unbalanced());
-        }
-        args.push(Bytes::from(arg));
-    }
 }
 
 /// Writes replies into a buffer, in the protocol version the connection chose.
@@ -436,9 +365,10 @@ mod tests {
     fn all(input: &[u8], bounds: Bounds) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
         let mut parser = Parser::new(bounds);
         let mut buf = BytesMut::from(input);
+        let mut frame = Frame::default();
         let mut out = Vec::new();
-        while let Some(args) = parser.next(&mut buf)? {
-            out.push(args.iter().map(|a| a.to_vec()).collect());
+        while parser.next(&mut buf, &mut frame)? {
+            out.push(frame.args(&buf).iter().map(|a| a.to_vec()).collect());
         }
         Ok(out)
     }
@@ -466,11 +396,18 @@ mod tests {
         let input = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nv\r\nxy\r\nPING hello\r\n";
         let mut parser = Parser::new(Bounds::default());
         let mut buf = BytesMut::new();
+        let mut frame = Frame::default();
         let mut got = Vec::new();
         for &b in input.iter() {
             buf.extend_from_slice(&[b]);
-            while let Some(args) = parser.next(&mut buf).unwrap() {
-                got.push(args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+            while parser.next(&mut buf, &mut frame).unwrap() {
+                got.push(
+                    frame
+                        .args(&buf)
+                        .iter()
+                        .map(|a| a.to_vec())
+                        .collect::<Vec<_>>(),
+                );
             }
         }
         assert_eq!(
@@ -481,26 +418,6 @@ mod tests {
             ]
         );
         assert!(!parser.in_command(&buf));
-    }
-
-    #[test]
-    fn inline_quotes_as_redis_splits_them() {
-        let got = all(b"SET \"a b\\x41\\n\" 'it\\'s' plain\r\n", Bounds::default()).unwrap();
-        assert_eq!(
-            got,
-            vec![vec![
-                b"SET".to_vec(),
-                b"a bA\n".to_vec(),
-                b"it's".to_vec(),
-                b"plain".to_vec()
-            ]]
-        );
-        let bad = all(b"\"unbalanced\r\n", Bounds::default()).unwrap_err();
-        assert_eq!(
-            bad.to_string(),
-            "Protocol error: unbalanced quotes in request"
-        );
-        assert!(all(b"\"a\"b\r\n", Bounds::default()).is_err());
     }
 
     #[test]

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::command::{Command, Flow};
+use super::frame::{Args, Frame};
 use super::lockout::AuthLockout;
 use super::protocol::{Bounds, Parser, Replies};
 use crate::service::token::Token;
@@ -91,10 +92,13 @@ pub(super) struct Connection {
     pub(super) replies: Replies,
 }
 
-/// Consecutive `CL.THROTTLE`s of a pipeline, waiting to be decided together; at most
-/// [`RUN_COMMANDS`] commands and [`RUN_BYTES`] bytes of arguments.
+/// Consecutive `CL.THROTTLE`s of a pipeline, waiting to be decided together by a store that
+/// waits (Redis); at most [`RUN_COMMANDS`] commands and [`RUN_BYTES`] bytes of arguments. A
+/// store that answers at once (memory) decides each as it is read, its arguments read in
+/// place.
 #[derive(Default)]
 struct Run {
+    /// Each command's arguments, copied out of the read buffer.
     commands: Vec<Vec<Bytes>>,
     bytes: usize,
 }
@@ -108,9 +112,10 @@ pub const RUN_BYTES: usize = 64 * 1024;
 
 impl Run {
     /// Adds a throttle; whether the run has room for more.
-    fn push(&mut self, args: Vec<Bytes>) -> bool {
-        self.bytes += args.iter().map(Bytes::len).sum::<usize>();
-        self.commands.push(args);
+    fn push(&mut self, args: &[&[u8]]) -> bool {
+        self.bytes += args.iter().map(|a| a.len()).sum::<usize>();
+        self.commands
+            .push(args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
         self.commands.len() < RUN_COMMANDS && self.bytes < RUN_BYTES
     }
 }
@@ -213,13 +218,14 @@ impl RespServer {
         };
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut begun: Option<Instant> = None;
+        let mut frame = Frame::default();
         let mut run = Run::default();
         // With a token, a connection must authenticate within the handshake timeout,
         // whatever else it sends meanwhile (PINGs answered NOAUTH would hold the slot).
         let auth_by = (!conn.authenticated).then(|| Instant::now() + self.command_timeout);
         let end = loop {
             let completed = match self
-                .answer(&mut conn, &mut buf, &mut run, &mut stream)
+                .answer(&mut conn, &mut buf, &mut frame, &mut run, &mut stream)
                 .await
             {
                 Ok(completed) => completed,
@@ -255,6 +261,7 @@ impl RespServer {
         &self,
         conn: &mut Connection,
         buf: &mut BytesMut,
+        frame: &mut Frame,
         run: &mut Run,
         stream: &mut S,
     ) -> Result<bool, End>
@@ -263,12 +270,9 @@ impl RespServer {
     {
         let mut completed = false;
         loop {
-            let args = match conn.parser.next(buf) {
-                Ok(Some(args)) => {
-                    completed = true;
-                    args
-                }
-                Ok(None) => break,
+            match conn.parser.next(buf, frame) {
+                Ok(true) => completed = true,
+                Ok(false) => break,
                 Err(e) => {
                     self.throttle_run(conn, run).await;
                     conn.replies.error(&format!("ERR {e}"));
@@ -276,12 +280,20 @@ impl RespServer {
                     return Err(End::Close);
                 }
             };
-            if conn.authenticated && Command::of(&args[0]) == Command::Throttle && !self.waiting() {
+            let args = frame.args(buf);
+            let throttle =
+                conn.authenticated && Command::of(args[0]) == Command::Throttle && !self.waiting();
+            if throttle && self.store.waits() {
                 // Decided with the ones next to it in the pipeline (see Run).
-                if run.push(args) {
+                if run.push(&args) {
                     continue;
                 }
                 self.throttle_run(conn, run).await;
+            } else if throttle {
+                // A store that answers at once (memory) gains nothing from a run: decided
+                // here, its arguments read where they lie.
+                let answer = self.throttle(&args).await;
+                self.throttle_reply(conn, answer);
             } else {
                 self.throttle_run(conn, run).await;
                 if let Flow::Close(reason) = self.execute(conn, &args).await {
@@ -370,20 +382,16 @@ impl RespServer {
     /// in that order, so that a pipeline costs a few round trips instead of one each, with
     /// the answers they would have had one after another.
     async fn throttle_run(&self, conn: &mut Connection, run: &mut Run) {
-        if run.commands.len() > 1 && self.store.waits() {
-            let answers =
-                futures_util::future::join_all(run.commands.iter().map(|a| self.throttle(a))).await;
-            for answer in answers {
-                self.throttle_reply(conn, answer);
-            }
-        } else {
-            // A store that answers at once (memory) gains nothing from starting them
-            // together.
-            for args in &run.commands {
-                let answer = self.throttle(args).await;
-                self.throttle_reply(conn, answer);
-            }
+        let views: Vec<Args> = run
+            .commands
+            .iter()
+            .map(|command| command.iter().map(|a| &a[..]).collect())
+            .collect();
+        let answers = futures_util::future::join_all(views.iter().map(|a| self.throttle(a))).await;
+        for answer in answers {
+            self.throttle_reply(conn, answer);
         }
+        drop(views);
         run.commands.clear();
         run.bytes = 0;
     }
