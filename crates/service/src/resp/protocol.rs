@@ -178,6 +178,25 @@ impl Parser {
         buf: &BytesMut,
         too_long: &str,
     ) -> Result<Option<(u8, Option<i64>)>, ProtocolError> {
+        // What clients send, read in one pass: the kind, 1 to 18 digits, CRLF. Anything
+        // else (a sign, more digits, a bare LF, a line not yet whole) takes the general
+        // path below, which reads it the same way.
+        let rest = &buf[self.pos.min(buf.len())..];
+        let digits = rest
+            .iter()
+            .skip(1)
+            .take(18)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits > 0 && rest.get(digits + 1..digits + 3) == Some(b"\r\n") {
+            self.charge(digits + 3, 0)?;
+            let n = rest[1..=digits]
+                .iter()
+                .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+            self.pos += digits + 3;
+            self.scanned = 0;
+            return Ok(Some((rest[0], Some(n))));
+        }
         let from = self.scanned.max(self.pos).min(buf.len());
         match buf[from..].iter().position(|&b| b == b'\n') {
             Some(at) => {
@@ -418,6 +437,35 @@ mod tests {
             ]
         );
         assert!(!parser.in_command(&buf));
+    }
+
+    #[test]
+    fn a_header_reads_the_same_on_its_fast_path_and_its_general_one() {
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        for kind in [b'$', b'*', b'x'] {
+            for digits in ["", "0", "7", "-1", "+3", "3a", "00012", "-0"] {
+                lines.push([&[kind][..], digits.as_bytes()].concat());
+            }
+            for len in 1..=21 {
+                lines.push([&[kind][..], "9".repeat(len).as_bytes()].concat());
+                lines.push([&[kind][..], "1".repeat(len).as_bytes()].concat());
+            }
+        }
+        for line in lines {
+            for end in [&b"\r\n"[..], b"\n"] {
+                let input = [&line[..], end, b"rest"].concat();
+                let mut parser = Parser::new(Bounds::default());
+                let got = parser.header(&BytesMut::from(&input[..]), "bad");
+                let expected = (line[0], parse_length(&line[1..]));
+                match got {
+                    Ok(Some(header)) => {
+                        assert_eq!(header, expected, "{input:?}");
+                        assert_eq!(parser.pos, line.len() + end.len(), "{input:?}");
+                    }
+                    other => assert!(line.len() > MAX_HEADER, "{input:?}: {other:?}"),
+                }
+            }
+        }
     }
 
     #[test]
