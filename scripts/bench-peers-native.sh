@@ -17,6 +17,8 @@
 # Scenarios (loadgen on one thread, 4 connections x 64 streams): hot (one key, never
 # denied), distinct (100 000 keys in turn, 100 a second each), denied (one key, one an
 # hour). BENCH_PIN=1 runs the servers on CPU 0 and the load generator on CPU 1 (taskset).
+# CELLRATE_BIN=<binary> runs that cellrate instead of target/release-lto's (the
+# profile-guided one of scripts/build-pgo.sh: target/pgo-use/release-lto/cellrate).
 # Prints what scripts/bench-peers.sh prints, then RSS per live key at 10^6 keys.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +39,7 @@ start() { # name: (re)starts a server with no buckets
   case $1 in
     baseline) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
     shaped) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" shaped 2>/dev/null & ;;
-    cellrate) "${pin_server[@]}" "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
+    cellrate) "${pin_server[@]}" "${CELLRATE_BIN:-$bin/cellrate}" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
     throttlecrab) "${pin_server[@]}" "$crab" --grpc --grpc-host 127.0.0.1 --grpc-port "$p" \
       --log-level error >/dev/null 2>&1 & ;;

@@ -20,6 +20,8 @@
 # burst) and 10^9 a second), distinct (100 000
 # keys at random, 100 a second each), denied (one key, burst 1, one an hour: all but the first two
 # denied). BENCH_PIN=1 runs the servers on CPU 0 and redis-benchmark on CPU 1 (taskset).
+# CELLRATE_BIN=<binary> runs that cellrate instead of target/release-lto's (the
+# profile-guided one of scripts/build-pgo.sh: target/pgo-use/release-lto/cellrate).
 # Prints requests/s, p50/p99 (redis-benchmark's, in µs), server CPU per call (the
 # server's threads' run time from /proc/PID/task/*/schedstat, in ns, over the whole run
 # of `requests` calls, five times as many pipelined) and RSS, then the
@@ -49,7 +51,7 @@ start() { # name: (re)starts a server with no buckets
   local p; p=$(free_port)
   case $1 in
     floor) "${pin_server[@]}" "$bin/examples/resp_floor" "127.0.0.1:$p" 2>/dev/null & ;;
-    cellrate) "${pin_server[@]}" "$bin/cellrate" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+    cellrate) "${pin_server[@]}" "${CELLRATE_BIN:-$bin/cellrate}" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --resp-listen "127.0.0.1:$p" --config config/ >/dev/null 2>&1 & ;;
     redis-cell) mkdir -p "$work/redis"; "${pin_server[@]}" redis-server --port "$p" --bind 127.0.0.1 \
       --save "" --appendonly no --dir "$work/redis" --loadmodule "$PWD/$module" >/dev/null & ;;

@@ -29,6 +29,8 @@
 #   million   1 000 000 keys in turn, each kept an hour: RSS per live key afterwards
 # BENCH_PIN=1 runs the servers on CPU 0 and the load generator on CPU 1 (taskset), so that
 # they do not share a core's time and caches (each server then has one core).
+# CELLRATE_BIN=<binary> runs that cellrate instead of target/release-lto's (the
+# profile-guided one of scripts/build-pgo.sh: target/pgo-use/release-lto/cellrate).
 # The servers take turns within each round (A B C D A B C D). Prints requests/s, latency,
 # server CPU per request (utime+stime from /proc) and RSS, then the median and min-max of
 # cellrate/baseline, cellrate/shaped and limitador/cellrate, and memory per live key at 10^6 keys.
@@ -70,7 +72,7 @@ start() { # name: (re)starts a server with no buckets
   case $1 in
     baseline) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" 2>/dev/null & ;;
     shaped) "${pin_server[@]}" "$bin/examples/baseline" "127.0.0.1:$p" shaped 2>/dev/null & ;;
-    cellrate) "${pin_server[@]}" "$bin/cellrate" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
+    cellrate) "${pin_server[@]}" "${CELLRATE_BIN:-$bin/cellrate}" serve --listen "127.0.0.1:$p" --admin-listen 127.0.0.1:0 \
       --metrics-listen 127.0.0.1:0 --config benches/grpc/limits >/dev/null 2>&1 & ;;
     limitador) "${pin_server[@]}" "$peers/limitador/target/release/limitador-server" -b 127.0.0.1 -p "$p" \
       -B 127.0.0.1 -P "$(free_port)" benches/grpc/limitador.yaml memory >/dev/null 2>&1 & ;;

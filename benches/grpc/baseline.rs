@@ -283,8 +283,16 @@ async fn main() {
         .add_service(RateLimitServiceServer::new(baseline))
         .add_service(pb::rate_limiter_server::RateLimiterServer::new(baseline))
         // TCP_NODELAY, as cellrate sets it.
-        .serve_with_incoming(
+        // Ends on SIGTERM by returning from main, so that a profile-instrumented build
+        // writes its profile as it exits (scripts/bench-pgo.sh).
+        .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut term) => drop(term.recv().await),
+                    Err(_) => std::future::pending().await,
+                }
+            },
         )
         .await
         .expect("serve");
