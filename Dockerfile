@@ -17,11 +17,19 @@ FROM rust:1.95-slim-bookworm AS build
 # profiles"); `--build-arg PROFILE=release` builds in a fraction of the time.
 ARG PROFILE=release-lto
 # libclang for the Redis module's bindings (redis-module runs bindgen on redismodule.h),
-# and a static busybox, the module image's one tool (it copies the module out): in a
-# layer of their own, before any source, so that it is cached with the base image.
-RUN apt-get update \
+# a static busybox, the module image's one tool (it copies the module out), and for the
+# profile llvm-profdata of rustc's own LLVM (Debian's llvm-NN, from the security suite,
+# added where the sources lack it) and redis-benchmark: in a layer of their own, before
+# any source, so that it is cached with the base image.
+RUN . /etc/os-release \
+    && llvm="llvm-$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')" \
+    && if ! grep -rqs -- "$VERSION_CODENAME-security" /etc/apt/sources.list /etc/apt/sources.list.d; then \
+         echo "deb http://deb.debian.org/debian-security $VERSION_CODENAME-security main" \
+           > /etc/apt/sources.list.d/security.list; \
+       fi \
+    && apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       libclang-dev busybox-static \
+       libclang-dev busybox-static $llvm redis-tools \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only the manifests, the build script and the protos: this layer is rebuilt when
@@ -58,14 +66,23 @@ RUN mkdir -p src benches/grpc benches/resp crates/alloc/src crates/core/src crat
 COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
+COPY scripts/build-pgo.sh ./scripts/
 # The library embeds the example limits (src/fuzzing.rs).
 COPY config ./config
+# PGO=1 (the default) lays the server out by a profile of its own load: built instrumented,
+# driven on loopback inside this stage, rebuilt with the profile (scripts/build-pgo.sh;
+# 12-22 % less CPU per ShouldRateLimit, BENCHMARKS.md "A profile-guided build"), at about
+# twice the build time. `--build-arg PGO=0` builds without.
+ARG PGO=1
 RUN touch src/main.rs src/lib.rs crates/alloc/src/lib.rs crates/core/src/lib.rs crates/observe/src/lib.rs \
        crates/limits/src/lib.rs crates/store/src/lib.rs crates/service/src/lib.rs \
        crates/module/src/lib.rs \
-    && cargo build --profile "$PROFILE" --locked --bin cellrate \
+    && if [ "$PGO" = 1 ]; then \
+         PROFILE="$PROFILE" scripts/build-pgo.sh 3 && cp "target/pgo-use/$PROFILE/cellrate" cellrate; \
+       else \
+         cargo build --profile "$PROFILE" --locked --bin cellrate && cp "target/$PROFILE/cellrate" cellrate; \
+       fi \
     && cargo build --profile "$PROFILE" --locked -p cellrate-redis-module --lib \
-    && cp "target/$PROFILE/cellrate" cellrate \
     && cp "target/$PROFILE/libcellrate_redis.so" libcellrate_redis.so \
     && mkdir modules
 

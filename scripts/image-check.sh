@@ -6,7 +6,8 @@
 #                (scripts/stand-in-images.sh: no registry is reachable here), in a build
 #                container whose cargo home is empty, so the build needs nothing but the
 #                crates Cargo.lock names (fetched from crates.io over the host's network,
-#                with the host's CA bundle mounted read-only)
+#                with the host's CA bundle mounted read-only); with CELLRATE_IMAGE_PGO=1
+#                its server profile-guided, as the build stage shows
 #   2. serve     `podman run --read-only` with the image's ENTRYPOINT and CMD: the process
 #                is uid/gid 65532, its root is mounted read-only, and it answers the
 #                README's first `Check` (grpcurl over loopback)
@@ -26,7 +27,10 @@
 # Host network, loopback addresses and ports the kernel picks (port 0, read back from the
 # JSON log); every wait is bounded. Needs root (podman runs rootful here).
 # PROFILE is the Dockerfile's build argument: `release` (the default here) keeps CI's time
-# reasonable; CELLRATE_IMAGE_PROFILE=release-lto builds what `docker build .` builds.
+# reasonable; CELLRATE_IMAGE_PROFILE=release-lto builds what `docker build .` builds. So is
+# PGO: 0 here (the profile-guided build doubles the image's build, about 25 minutes more on
+# two cores), CELLRATE_IMAGE_PGO=1 builds the server profile-guided as `docker build .` does,
+# and checks that the image got that build.
 # Usage: scripts/image-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +38,7 @@ export CONTAINERS_CONF="$PWD/scripts/podman-containers.conf"
 [ "$(id -u)" = 0 ] || { echo "image-check: needs root (rootful podman)" >&2; exit 1; }
 
 profile="${CELLRATE_IMAGE_PROFILE:-release}"
+pgo="${CELLRATE_IMAGE_PGO:-0}"
 image=localhost/cellrate-image-check
 STOP_BOUND_S=15
 FIRST_REQUEST='{"items": [{"name": "NewOrdersPerAccount", "id": "12345678"}]}'
@@ -56,14 +61,22 @@ ca_mount=()
 # The build stage is tagged too, so that it is not "dangling": the prune below removes what
 # earlier checks built from other sources (gigabytes of target directory each) and keeps
 # what this one built, the next run's layer cache.
-podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
+podman build --pull=never --network=host --build-arg "PROFILE=$profile" --build-arg "PGO=$pgo" "${ca_mount[@]}" \
   --target build -t "$image-build" .
-podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
+podman build --pull=never --network=host --build-arg "PROFILE=$profile" --build-arg "PGO=$pgo" "${ca_mount[@]}" \
   -t "$image" .
-podman build --pull=never --network=host --build-arg "PROFILE=$profile" "${ca_mount[@]}" \
+podman build --pull=never --network=host --build-arg "PROFILE=$profile" --build-arg "PGO=$pgo" "${ca_mount[@]}" \
   --target module -t "$image-module" .
 podman image prune -f --filter label=cellrate.stand-in=true >/dev/null
-log "podman build (PROFILE=$profile) took $(since "$build_started") s"
+log "podman build (PROFILE=$profile PGO=$pgo) took $(since "$build_started") s"
+if [ "$pgo" = 1 ]; then
+  # The server was laid out by a profile of its own load: the build stage holds the merged
+  # profile, and the binary the image got is the one rebuilt with it.
+  podman run --rm --network=none "$image-build" sh -c \
+    "test -s target/pgo-data/merged.profdata && cmp -s cellrate target/pgo-use/$profile/cellrate" \
+    || { log "the image's server is not the profile-guided build"; exit 1; }
+  log "the server is the profile-guided build"
+fi
 
 work=$(mktemp -d /tmp/cellrate-image-check.XXXXXX)
 containers=()

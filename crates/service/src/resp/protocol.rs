@@ -239,7 +239,7 @@ impl Parser {
         if end > self.bounds.max_inline {
             return Err(error("too big inline request"));
         }
-        split_inline(&buf[..end], frame)?;
+        split_inline(&buf[..end], frame).map_err(|_| error("unbalanced quotes in request"))?;
         buf.advance(end + 1);
         if frame.spans.len() > self.bounds.max_args {
             return Err(ProtocolError(format!(
@@ -469,6 +469,36 @@ mod tests {
     }
 
     #[test]
+    fn a_pipeline_read_in_two_parts_at_every_cut_gives_the_same_commands() {
+        let input: &[u8] = b"*3\r\n$11\r\nCL.THROTTLE\r\n$1\r\nk\r\n$0\r\n\r\n*0\r\n\
+            PING 'a b'\r\n\r\n*2\r\n$4\r\nECHO\r\n$4\r\nx\r\ny\r\n\"q\\x41\" z\n*-1\r\n";
+        let whole = all(input, Bounds::default()).unwrap();
+        assert_eq!(whole.len(), 4, "{whole:?}");
+        assert_eq!(whole[1], vec![b"PING".to_vec(), b"a b".to_vec()]);
+        assert_eq!(whole[3], vec![b"qA".to_vec(), b"z".to_vec()]);
+        for cut in 0..=input.len() {
+            let mut parser = Parser::new(Bounds::default());
+            let mut frame = Frame::default();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            for part in [&input[..cut], &input[cut..]] {
+                buf.extend_from_slice(part);
+                while parser.next(&mut buf, &mut frame).unwrap() {
+                    got.push(
+                        frame
+                            .args(&buf)
+                            .iter()
+                            .map(|a| a.to_vec())
+                            .collect::<Vec<_>>(),
+                    );
+                }
+            }
+            assert_eq!(got, whole, "cut at {cut}");
+            assert!(buf.is_empty() && !parser.in_command(&buf), "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn malformed_streams_are_protocol_errors() {
         for (input, message) in [
             (&b"*x\r\n"[..], "invalid multibulk length"),
@@ -480,6 +510,7 @@ mod tests {
             (b"*1\r\n$+3\r\n", "invalid bulk length"),
             (b"*1\r\n$3a\r\n", "invalid bulk length"),
             (b"*-\r\n", "invalid multibulk length"),
+            (b"\"unbalanced\r\n", "unbalanced quotes in request"),
         ] {
             let err = all(input, Bounds::default()).unwrap_err();
             assert_eq!(err.0, message, "{input:?}");
