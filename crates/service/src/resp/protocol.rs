@@ -392,6 +392,22 @@ mod tests {
         Ok(out)
     }
 
+    /// The commands parsed from `parts` read one after another, and whether the parser is
+    /// then between commands with nothing left in its buffer.
+    fn fed<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> (Vec<Vec<Vec<u8>>>, bool) {
+        let mut parser = Parser::new(Bounds::default());
+        let mut frame = Frame::default();
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for part in parts {
+            buf.extend_from_slice(part);
+            while parser.next(&mut buf, &mut frame).unwrap() {
+                got.push(frame.args(&buf).iter().map(|a| a.to_vec()).collect());
+            }
+        }
+        (got, buf.is_empty() && !parser.in_command(&buf))
+    }
+
     fn args(list: &[&str]) -> Vec<Vec<u8>> {
         list.iter().map(|a| a.as_bytes().to_vec()).collect()
     }
@@ -413,22 +429,7 @@ mod tests {
     #[test]
     fn a_command_trickled_byte_by_byte_is_parsed_once_complete() {
         let input = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nv\r\nxy\r\nPING hello\r\n";
-        let mut parser = Parser::new(Bounds::default());
-        let mut buf = BytesMut::new();
-        let mut frame = Frame::default();
-        let mut got = Vec::new();
-        for &b in input.iter() {
-            buf.extend_from_slice(&[b]);
-            while parser.next(&mut buf, &mut frame).unwrap() {
-                got.push(
-                    frame
-                        .args(&buf)
-                        .iter()
-                        .map(|a| a.to_vec())
-                        .collect::<Vec<_>>(),
-                );
-            }
-        }
+        let (got, idle) = fed(input.chunks(1));
         assert_eq!(
             got,
             vec![
@@ -436,7 +437,7 @@ mod tests {
                 args(&["PING", "hello"])
             ]
         );
-        assert!(!parser.in_command(&buf));
+        assert!(idle);
     }
 
     #[test]
@@ -477,24 +478,9 @@ mod tests {
         assert_eq!(whole[1], vec![b"PING".to_vec(), b"a b".to_vec()]);
         assert_eq!(whole[3], vec![b"qA".to_vec(), b"z".to_vec()]);
         for cut in 0..=input.len() {
-            let mut parser = Parser::new(Bounds::default());
-            let mut frame = Frame::default();
-            let mut buf = BytesMut::new();
-            let mut got = Vec::new();
-            for part in [&input[..cut], &input[cut..]] {
-                buf.extend_from_slice(part);
-                while parser.next(&mut buf, &mut frame).unwrap() {
-                    got.push(
-                        frame
-                            .args(&buf)
-                            .iter()
-                            .map(|a| a.to_vec())
-                            .collect::<Vec<_>>(),
-                    );
-                }
-            }
+            let (got, idle) = fed([&input[..cut], &input[cut..]]);
             assert_eq!(got, whole, "cut at {cut}");
-            assert!(buf.is_empty() && !parser.in_command(&buf), "cut at {cut}");
+            assert!(idle, "cut at {cut}");
         }
     }
 
