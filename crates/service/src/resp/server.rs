@@ -382,6 +382,9 @@ impl RespServer {
     /// in that order, so that a pipeline costs a few round trips instead of one each, with
     /// the answers they would have had one after another.
     async fn throttle_run(&self, conn: &mut Connection, run: &mut Run) {
+        if run.commands.is_empty() {
+            return;
+        }
         let views: Vec<Args> = run
             .commands
             .iter()
