@@ -68,7 +68,8 @@
 //!
 //! resp/                            the Redis protocol (beside service/)
 //! resp/mod.rs                      CL.THROTTLE, GCRA, RL.THROTTLE over RESP
-//! resp/protocol.rs                 RESP framing in and out
+//! resp/protocol.rs                 RESP framing in
+//! resp/replies.rs                  RESP replies out (RESP2, RESP3)
 //! resp/frame.rs                    where a read command's arguments lie (in place)
 //! resp/server.rs                   one connection of --resp-listen
 //! resp/command.rs                  the commands known (names, arities, flags)

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::command::{Command, Flow, COMMANDS};
 use super::gcra;
-use super::protocol::Replies;
+use super::replies::Replies;
 use super::server::{Connection, RespServer};
 use super::throttle::{reply, Cell, CellError, Spend, USAGE};
 use cellrate_core::gcra::{Decision, Mode};

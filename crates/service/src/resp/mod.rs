@@ -2,7 +2,8 @@
 //! `RL.THROTTLE` (Valkey's proposal of the same) and `GCRA` as Redis 8.8's clients send it,
 //! for any application with a Redis client, on an optional listener (`--resp-listen`).
 //!
-//! - [`protocol`]: RESP in (arrays and inline commands, bounded) and out (RESP2, RESP3);
+//! - [`protocol`]: RESP in: arrays and inline commands, bounded;
+//! - [`replies`]: RESP out, in RESP2 or RESP3;
 //! - [`frame`]: where a command's arguments lie once read: in the read buffer, in place;
 //! - [`throttle`]: redis-cell's five numbers from cellrate's GCRA decision;
 //! - [`gcra`]: the `GCRA` command's arguments and five numbers;
@@ -22,6 +23,7 @@ pub mod frame;
 pub use cellrate_core::redis_gcra as gcra;
 pub mod lockout;
 pub mod protocol;
+pub mod replies;
 pub mod server;
 /// redis-cell's numbers: the core's, which the Redis module answers with too.
 pub use cellrate_core::cell as throttle;
